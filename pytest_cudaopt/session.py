@@ -1,0 +1,75 @@
+"""One object per pytest session: settings, built extensions, loaded workdirs, faults and results."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Any
+
+from pytest_cudaopt.settings import Settings
+
+
+def cuda_device_name() -> str | None:
+    """Name of the visible CUDA device, or None when there is none."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name()
+
+
+def device_summary() -> str:
+    """Report-header line: torch, CUDA, GPU name and compute capability, build arch."""
+    import torch
+
+    from pytest_cudaopt import build
+
+    parts = [f"torch {torch.__version__}", f"CUDA {torch.version.cuda or 'none'}"]
+    name = cuda_device_name()
+    if name is None:
+        parts.append("no CUDA device")
+    else:
+        major, minor = torch.cuda.get_device_capability()
+        parts.append(f"GPU {name} (sm_{major}{minor})")
+    parts.append(f"arch {build.resolve_arch()}")
+    return "cudaopt: " + ", ".join(parts)
+
+
+class CudaoptSession:
+    def __init__(self, settings: Settings, rootpath: Path):
+        self.settings = settings
+        self.rootpath = Path(rootpath)
+        # The seed from which every trial's secret seed is derived; a replay fixes it.
+        self.seed: int = settings.seed if settings.seed is not None else secrets.randbits(32)
+        self.results: list[Any] = []
+        self._extensions: dict[Path, Any] = {}
+        self._workdirs: dict[Path, Any] = {}
+        # Set by the first CUDA fault: (item id, message). Later GPU items report it.
+        self.fault: tuple[str, str] | None = None
+
+    def reproduce_line(self) -> str:
+        return (f"cudaopt: seed {self.seed} (replay with --cudaopt-seed={self.seed}), "
+                f"device {self.settings.device}, hypothesis profile {self.settings.profile}")
+
+    def gpu_unavailable_reason(self) -> str | None:
+        if self.settings.device != "cuda":
+            return None
+        if cuda_device_name() is None:
+            return "no CUDA device visible (torch.cuda.is_available() is False)"
+        return None
+
+    def extension(self, workdir: Path):
+        """The workdir's `cuda_extension`, built at most once per session."""
+        from pytest_cudaopt import build
+
+        workdir = Path(workdir).resolve()
+        if workdir not in self._extensions:
+            self._extensions[workdir] = build.build_extension(workdir, settings=self.settings)
+        return self._extensions[workdir]
+
+    def terminal_summary(self, terminalreporter) -> None:
+        if not self.results:
+            return
+        from pytest_cudaopt import report
+
+        report.terminal_summary(terminalreporter, self)

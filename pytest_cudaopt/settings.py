@@ -1,0 +1,174 @@
+"""Every cudaopt setting in one table, resolved in one order: command line, environment, ini, default."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+
+class SettingError(ValueError):
+    """A setting has a value that cannot be used; the message names where it came from."""
+
+
+def _bool(text: str) -> bool:
+    lowered = str(text).strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected true/false, got {text!r}")
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}; got {text!r}")
+        return text
+
+    parse.__name__ = "one of " + "|".join(choices)
+    return parse
+
+
+def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value <= 0:
+            raise ValueError(f"expected a positive number, got {text!r}")
+        return value
+
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: `--cudaopt-<name>` on the command line, `CUDAOPT_<NAME>` in the
+    environment, `cudaopt_<name>` in the ini file."""
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    help: str
+    cli: bool = True
+    ini: bool = True
+
+    @property
+    def flag(self) -> str:
+        return "--cudaopt-" + self.name.replace("_", "-")
+
+    @property
+    def ini_key(self) -> str:
+        return "cudaopt_" + self.name
+
+    @property
+    def env_var(self) -> str:
+        return "CUDAOPT_" + self.name.upper()
+
+    @property
+    def full_help(self) -> str:
+        return f"{self.help} (env {self.env_var}; default: {self.default})"
+
+
+OPTIONS: tuple[Option, ...] = (
+    # where and how the workdir runs
+    Option("device", _choice("cuda", "cpu"), "cuda",
+           "device the workdir's inputs live on; 'cpu' for workdirs whose kernels are C++ CPU code"),
+    Option("timeout", _positive(float), 600.0,
+           "seconds one generated test may run before it is reported as hung"),
+    # correctness
+    Option("atol", _positive(float), 1e-2, "absolute tolerance of the correctness comparison"),
+    Option("rtol", _positive(float), 1e-2, "relative tolerance of the correctness comparison"),
+    Option("seeds", _positive(int), 3, "number of secret seeds for the canonical inputs of get_inputs()"),
+    Option("seed", int, None,
+           "replay: use this seed instead of a secret one (printed by every failure)", ini=False),
+    Option("profile", _choice("ci", "thorough"), "ci",
+           "Hypothesis profile for the drawn shapes: 'ci' (derandomised, modest count) or 'thorough'"),
+    Option("max_examples", _positive(int), None,
+           "override the number of Hypothesis-drawn shapes of the chosen profile"),
+    # speed
+    Option("min_speedup", _positive(float), 1.05,
+           "the perf gate: median(custom) <= median(torch.compile) / min_speedup"),
+    Option("gate", _choice("compile", "precision-matched"), "compile",
+           "baseline the perf gate compares with; 'precision-matched' is torch.compile with TF32 allowed"),
+    Option("compile_mode", str, "default",
+           "torch.compile mode of the baseline, e.g. max-autotune-no-cudagraphs"),
+    Option("warmup", _positive(float), 1.0, "seconds of warm-up per contender before timing"),
+    Option("max_time", _positive(float), 20.0, "seconds of timing per perf test before it stops"),
+    Option("target_rse", _positive(float), 0.005,
+           "stop timing once the relative standard error of every median is below this"),
+    Option("input_sets", _positive(int), 4, "input sets rotated during timing"),
+    Option("cuda_graph", _bool, False, "time each contender as CUDA-graph replays (for tiny kernels)"),
+    Option("report", str, None, "write the verdicts as JSON to this path", ini=False),
+    # build
+    Option("build_dir", str, None, "root of the extension build directories (default: <workdir>/build)"),
+    Option("cxx_flags", str, "", "extra host compiler flags for the extension, space separated"),
+    Option("nvcc_flags", str, "", "extra nvcc flags for the extension, space separated"),
+)
+
+BY_NAME: dict[str, Option] = {option.name: option for option in OPTIONS}
+
+
+def resolve(
+    name: str,
+    *,
+    cli: Any = None,
+    ini: Any = None,
+    env: Mapping[str, str] | None = None,
+) -> Any:
+    """The value of setting `name`: command line, then environment, then ini, then default.
+
+    `cli` and `ini` are the raw values pytest (or the `cudaopt` command) found, None when
+    absent. A value that does not parse raises SettingError naming its source."""
+    option = BY_NAME[name]
+    env = os.environ if env is None else env
+    for source, raw in (
+        (option.flag, cli),
+        (f"environment variable {option.env_var}", env.get(option.env_var)),
+        (f"ini option {option.ini_key}", ini),
+    ):
+        if raw is None or raw == "":
+            continue
+        if not isinstance(raw, str):
+            return raw
+        try:
+            return option.parse(raw)
+        except ValueError as exc:
+            raise SettingError(f"{source}={raw!r}: {exc}") from None
+    return option.default
+
+
+class Settings:
+    """Resolved settings, read as attributes (`settings.atol`)."""
+
+    def __init__(self, values: Mapping[str, Any]):
+        unknown = set(values) - set(BY_NAME)
+        if unknown:
+            raise SettingError(f"unknown cudaopt settings: {', '.join(sorted(unknown))}")
+        self._values = {name: values.get(name, BY_NAME[name].default) for name in BY_NAME}
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["_values"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    @classmethod
+    def resolve_all(
+        cls,
+        cli: Callable[[str], Any] = lambda name: None,
+        ini: Callable[[str], Any] = lambda name: None,
+        env: Mapping[str, str] | None = None,
+    ) -> "Settings":
+        return cls({
+            option.name: resolve(
+                option.name,
+                cli=cli(option.name) if option.cli else None,
+                ini=ini(option.name) if option.ini else None,
+                env=env,
+            )
+            for option in OPTIONS
+        })

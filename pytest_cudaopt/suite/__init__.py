@@ -1,0 +1,1 @@
+"""The verdict suite that the plugin collects for every workdir (see `items.py`)."""

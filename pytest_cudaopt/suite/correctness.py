@@ -1,0 +1,5 @@
+"""Placeholder: the correctness verdict's items (being written)."""
+
+
+class TestCorrectness:
+    pass

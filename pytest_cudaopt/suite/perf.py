@@ -1,0 +1,5 @@
+"""Placeholder: the perf verdict's items (being written)."""
+
+
+class TestPerf:
+    pass

@@ -1,0 +1,5 @@
+"""Placeholder: the policy verdict's items (being written)."""
+
+
+class TestPolicy:
+    pass
