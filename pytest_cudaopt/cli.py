@@ -39,7 +39,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     from pytest_cudaopt import build
 
     try:
-        result = build.build_extension(args.workdir, verbose=True)
+        result = build.build(args.workdir, verbose=True)
     except build.BuildError as exc:
         print(exc.report(), file=sys.stderr)
         return 1
@@ -67,6 +67,12 @@ def cmd_init(args: argparse.Namespace) -> int:
     from pytest_cudaopt import scaffold
 
     try:
+        if args.lock_only:
+            print(f"recorded model.py and utils/ in {scaffold.lock_workdir(Path(args.dir))}")
+            return 0
+        if args.model is None:
+            print("cudaopt init: --model path/to/model.py is required (or --lock-only)", file=sys.stderr)
+            return 2
         created = scaffold.init_workdir(Path(args.dir), Path(args.model))
     except scaffold.ScaffoldError as exc:
         print(f"cudaopt init: {exc}", file=sys.stderr)
@@ -79,7 +85,11 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from pytest_cudaopt import report
 
-    print(report.render_file(Path(args.json), fmt=args.format))
+    try:
+        print(report.render_file(Path(args.json), fmt=args.format))
+    except ValueError as exc:
+        print(f"cudaopt report: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -108,7 +118,9 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("init", help="create a workdir around a model.py")
     p.add_argument("dir", help="the folder to create (must not exist or be empty)")
-    p.add_argument("--model", required=True, help="path to the reference model.py (KernelBench format)")
+    p.add_argument("--model", help="path to the reference model.py (KernelBench format)")
+    p.add_argument("--lock-only", action="store_true",
+                   help="only (re)record DIR's model.py and utils/ in DIR/cudaopt.lock (an existing workdir)")
     p.set_defaults(func=cmd_init)
     p = sub.add_parser("report", help="render a --cudaopt-report JSON file")
     p.add_argument("json", help="the JSON file written by --cudaopt-report")

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from pytest_cudaopt import settings as _settings
+# Imported first so that the timing functions are bound before any workdir code runs.
+from pytest_cudaopt import timing as _timing  # noqa: F401
 from pytest_cudaopt.session import CudaoptSession, device_summary
 
 SESSION_KEY = pytest.StashKey[CudaoptSession]()
@@ -41,6 +43,32 @@ def pytest_configure(config: pytest.Config) -> None:
     except _settings.SettingError as exc:
         raise pytest.UsageError(f"cudaopt: {exc}") from None
     config.stash[SESSION_KEY] = CudaoptSession(resolved, rootpath=config.rootpath)
+    from pytest_cudaopt import guards
+
+    guards.keep_stderr()  # the terminal's stderr, for the watchdog (fd 2 is captured during tests)
+    if config.pluginmanager.hasplugin("benchmark"):
+        config.pluginmanager.register(_BenchmarkHooks(), "cudaopt-benchmark")
+    else:
+        config.pluginmanager.register(_NoBenchmark(), "cudaopt-no-benchmark")
+
+
+class _BenchmarkHooks:
+    """pytest-benchmark's hooks, registered only when pytest-benchmark is loaded."""
+
+    @staticmethod
+    def pytest_benchmark_update_machine_info(config, machine_info) -> None:
+        from pytest_cudaopt import report
+
+        report.machine_info(machine_info)
+
+
+class _NoBenchmark:
+    """Without pytest-benchmark (absent, or `-p no:benchmark`) the perf items' `benchmark`
+    argument is None and only the gate runs."""
+
+    @pytest.fixture
+    def benchmark(self):
+        return None
 
 
 def _session(config: pytest.Config) -> CudaoptSession:
@@ -51,10 +79,27 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [device_summary(), _session(config).reproduce_line()]
 
 
+def _is_workdir_file(file_path: Path) -> bool:
+    return file_path.name == "model_new.py" and (file_path.parent / "model.py").is_file()
+
+
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):
-    """A `model_new.py` next to a `model.py` is a workdir: collect the verdict suite for it."""
-    if file_path.name == "model_new.py" and (file_path.parent / "model.py").is_file():
+    """A `model_new.py` next to a `model.py` is a workdir: collect the verdict suite for it.
+    Where pytest's python plugin collects the file itself (a path named on the command
+    line, or one matching python_files), it asks pytest_pycollect_makemodule below."""
+    from _pytest.python import path_matches_patterns
+
+    if _is_workdir_file(file_path) and not (
+            parent.session.isinitpath(file_path)
+            or path_matches_patterns(file_path, parent.config.getini("python_files"))):
         return WorkdirModule.from_parent(parent, path=file_path)
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector):
+    if _is_workdir_file(module_path):
+        return WorkdirModule.from_parent(parent, path=module_path)
     return None
 
 
@@ -92,8 +137,48 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             pytest.skip(reason)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """Correctness and perf items run under the `cudaopt_timeout` watchdog; a CUDA fault
+    they raise is kept so that later items report it instead of failing in its wake."""
+    if not any(item.get_closest_marker(m) for m in ("correctness", "perf")):
+        return (yield)
+    from pytest_cudaopt import guards
+
+    session = _session(item.config)
+    try:
+        with guards.Watchdog(session.settings.timeout, item.nodeid):
+            return (yield)
+    except BaseException as exc:
+        if session.fault is None and guards.is_cuda_fault(exc):
+            session.fault = (item.nodeid, str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
+        raise
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
     _session(config).terminal_summary(terminalreporter)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
+    config = session.config
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller reports
+        config.workeroutput["cudaopt_records"] = _session(config).records()
+    else:
+        _session(config).write_report()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist controller: collect the results of a finished worker."""
+    records = getattr(node, "workeroutput", {}).get("cudaopt_records", [])
+    _session(node.config).add_records(records)
+
+
+@pytest.fixture
+def cudaopt_perf_clock():
+    """The clock of the perf items; None means CUDA events on a GPU, perf_counter on the CPU.
+    Override in a conftest.py (e.g. a `timing.FakeClock`) to test the perf machinery."""
+    return None
 
 
 @pytest.fixture(scope="session")
@@ -115,7 +200,27 @@ def cudaopt_workdir_path(request: pytest.FixtureRequest, cudaopt_session: Cudaop
     return node.workdir_path if node is not None else cudaopt_session.rootpath
 
 
+def _built_extension(session: CudaoptSession, workdir: Path):
+    """A build that fails fails the item with the compiler's report, not a traceback."""
+    from pytest_cudaopt import build
+
+    try:
+        return session.extension(workdir)
+    except build.BuildError as exc:
+        pytest.fail(exc.report(), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def cudaopt_root_extension(cudaopt_session: CudaoptSession):
+    """The rootdir workdir's built `cuda_extension` module, built once per session."""
+    return _built_extension(cudaopt_session, cudaopt_session.rootpath)
+
+
 @pytest.fixture
-def cuda_extension(cudaopt_session: CudaoptSession, cudaopt_workdir_path: Path):
-    """The workdir's built `cuda_extension` module; built once per workdir per session."""
-    return cudaopt_session.extension(cudaopt_workdir_path)
+def cuda_extension(request: pytest.FixtureRequest, cudaopt_session: CudaoptSession,
+                   cudaopt_workdir_path: Path):
+    """The item's workdir's built `cuda_extension` module (the rootdir's outside workdir
+    items); built once per workdir per session."""
+    if cudaopt_workdir_path.resolve() == cudaopt_session.rootpath.resolve():
+        return request.getfixturevalue("cudaopt_root_extension")
+    return _built_extension(cudaopt_session, cudaopt_workdir_path)

@@ -64,8 +64,25 @@ class CudaoptSession:
 
         workdir = Path(workdir).resolve()
         if workdir not in self._extensions:
-            self._extensions[workdir] = build.build_extension(workdir, settings=self.settings)
-        return self._extensions[workdir]
+            try:
+                self._extensions[workdir] = build.build_extension(workdir, settings=self.settings)
+            except build.BuildError as exc:
+                # Every later item of this workdir reports the same failure without rebuilding.
+                self._extensions[workdir] = exc
+        found = self._extensions[workdir]
+        if isinstance(found, BaseException):
+            raise found
+        return found
+
+    def workdir(self, path: Path):
+        """The loaded workdir (`workdir.Workdir`: model.py, model_new.py, its extension),
+        loaded at most once per session. Raises build.BuildError or workdir.WorkdirError."""
+        from pytest_cudaopt.workdir import load_workdir
+
+        path = Path(path).resolve()
+        if path not in self._workdirs:
+            self._workdirs[path] = load_workdir(path, self.extension(path))
+        return self._workdirs[path]
 
     def terminal_summary(self, terminalreporter) -> None:
         if not self.results:
@@ -73,3 +90,23 @@ class CudaoptSession:
         from pytest_cudaopt import report
 
         report.terminal_summary(terminalreporter, self)
+
+    def records(self) -> list[dict]:
+        """The results as plain data (sent from pytest-xdist workers to the controller)."""
+        from pytest_cudaopt import report
+
+        return [report.record(r) for r in self.results]
+
+    def add_records(self, records: list[dict]) -> None:
+        from pytest_cudaopt import report
+
+        self.results.extend(report.RecordedResult(r) for r in records)
+
+    def write_report(self) -> None:
+        """Write the JSON report to `--cudaopt-report` (if given)."""
+        if not self.settings.report:
+            return
+        from pytest_cudaopt import report
+
+        report.write_json(self.settings.report, self.results, seed=self.seed,
+                          settings=self.settings.as_dict())

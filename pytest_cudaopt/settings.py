@@ -86,6 +86,17 @@ OPTIONS: tuple[Option, ...] = (
            "Hypothesis profile for the drawn shapes: 'ci' (derandomised, modest count) or 'thorough'"),
     Option("max_examples", _positive(int), None,
            "override the number of Hypothesis-drawn shapes of the chosen profile"),
+    Option("max_elements", _positive(int), None,
+           "most input elements a drawn shape may hold (None: twice the canonical inputs', at least 4096)"),
+    Option("case", str, None,
+           "replay one drawn shape instead of drawing, e.g. 'batch_size=3,dim=17' (printed by every failure)",
+           ini=False),
+    Option("nondeterministic", _bool, False,
+           "compare two candidate runs within the tolerance instead of bit for bit (kernels with atomics); "
+           "model_new.py can say so with CUDAOPT_NONDETERMINISTIC = True"),
+    Option("allow_ops", str, "",
+           "ATen ops ModelNew.forward may run besides allocation, creation, views and metadata, "
+           "comma separated, e.g. 'aten::copy_,aten::as_strided'"),
     # speed
     Option("min_speedup", _positive(float), 1.05,
            "the perf gate: median(custom) <= median(torch.compile) / min_speedup"),
@@ -93,6 +104,8 @@ OPTIONS: tuple[Option, ...] = (
            "baseline the perf gate compares with; 'precision-matched' is torch.compile with TF32 allowed"),
     Option("compile_mode", str, "default",
            "torch.compile mode of the baseline, e.g. max-autotune-no-cudagraphs"),
+    Option("compile_backend", str, "inductor",
+           "torch.compile backend of the baselines; 'eager' (Dynamo only, no code generation) keeps CPU self-tests fast"),
     Option("warmup", _positive(float), 1.0, "seconds of warm-up per contender before timing"),
     Option("max_time", _positive(float), 20.0, "seconds of timing per perf test before it stops"),
     Option("target_rse", _positive(float), 0.005,
@@ -101,7 +114,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("cuda_graph", _bool, False, "time each contender as CUDA-graph replays (for tiny kernels)"),
     Option("report", str, None, "write the verdicts as JSON to this path", ini=False),
     # build
-    Option("build_dir", str, None, "root of the extension build directories (default: <workdir>/build)"),
+    Option("build_dir", str, None,
+           "root of the extension build folders, relative to the workdir; unset: <workdir>/build/cudaopt"),
     Option("cxx_flags", str, "", "extra host compiler flags for the extension, space separated"),
     Option("nvcc_flags", str, "", "extra nvcc flags for the extension, space separated"),
 )

@@ -21,7 +21,8 @@
 #include <utility>
 #include <vector>
 
-namespace cudaopt {
+// Hidden: each extension keeps its own registry even when several are loaded in one process.
+namespace cudaopt __attribute__((visibility("hidden"))) {
 
 struct Binding {
   std::string name;
