@@ -1,0 +1,635 @@
+"""Runtime guards of the correctness verdict: secret inputs, clones, fresh outputs, poison, determinism, op audit."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import faulthandler
+import hashlib
+import os
+import sys
+import threading
+import time
+import warnings
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from pytest_cudaopt import compare
+
+# Ops ModelNew.forward may send to the dispatcher, besides views (ops whose schema says
+# they return an alias of an input: view, reshape, t, detach, ...; they move no data).
+ALLOCATION_OPS = frozenset({
+    "aten::empty.memory_format", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
+    "aten::new_empty_strided", "aten::empty.names",
+})
+# Creation with a fill: the workdir rules allow tensor creation in model_new.py.
+CREATION_OPS = frozenset({
+    "aten::zeros", "aten::zeros.names", "aten::zeros_like", "aten::new_zeros",
+    "aten::ones", "aten::ones.names", "aten::ones_like", "aten::new_ones",
+    "aten::full", "aten::full.names", "aten::full_like", "aten::new_full",
+    "aten::zero_", "aten::fill_.Scalar",
+})
+# Metadata queries, for the rare tensors whose sizes/strides are answered by the dispatcher.
+METADATA_OPS = frozenset({
+    "aten::size.int", "aten::stride.int", "aten::sym_size.int", "aten::sym_stride.int",
+    "aten::sym_size", "aten::sym_stride", "aten::sym_numel", "aten::sym_storage_offset",
+    "aten::is_contiguous", "aten::is_contiguous.memory_format", "aten::dim", "aten::numel",
+    "aten::is_same_size", "aten::is_nonzero",
+})
+ALLOWED_OPS = ALLOCATION_OPS | CREATION_OPS | METADATA_OPS
+POISON_BYTES = 1 << 30  # CUDA: freed caching-allocator memory filled with NaN, up to this much
+
+
+class GuardFailure(AssertionError):
+    """A guard caught the candidate; `check` names the guard, the message says what it saw."""
+
+    def __init__(self, check: str, message: str, comparison: "compare.Comparison | None" = None):
+        super().__init__(message)
+        self.check = check
+        self.message = message
+        self.comparison = comparison
+
+
+class CandidateError(Exception):
+    """ModelNew (or its extension) raised; the message has the workdir's traceback lines."""
+
+
+class ReferenceError_(Exception):
+    """model.py's Model raised on a case (for a drawn shape: the shape is not valid)."""
+
+
+class CudaFault(Exception):
+    """A CUDA error (illegal memory access, launch failure): the CUDA context of this
+    process is unusable for every later GPU test."""
+
+
+# -- seeds -------------------------------------------------------------------------------------
+
+def derive_seed(session_seed: int, *parts: Any) -> int:
+    """A 63-bit seed for one trial, derived from the session's secret seed and the trial's
+    identity, so each trial gets fresh inputs and `--cudaopt-seed` replays them all."""
+    text = repr((int(session_seed), *parts)).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
+
+
+# -- faults ------------------------------------------------------------------------------------
+
+_FAULT_MARKERS = ("CUDA error", "illegal memory access", "unspecified launch failure",
+                  "device-side assert", "misaligned address", "an illegal instruction",
+                  "CUBLAS_STATUS_EXECUTION_FAILED", "CUDNN_STATUS_EXECUTION_FAILED")
+
+
+def is_cuda_fault(exc: BaseException) -> bool:
+    """True for errors that leave the CUDA context unusable (sticky errors)."""
+    accel = getattr(torch, "AcceleratorError", None)
+    if accel is not None and isinstance(exc, accel):
+        return True
+    if isinstance(exc, CudaFault):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(marker in text for marker in _FAULT_MARKERS)
+
+
+# -- the watchdog --------------------------------------------------------------------------------
+
+_STDERR_FD: int | None = None
+
+
+def keep_stderr() -> None:
+    """Keep a duplicate of the process's stderr as it is now (pytest_configure, before
+    output capturing swaps fd 2 out during tests), for the watchdog's last words."""
+    global _STDERR_FD
+    if _STDERR_FD is None:
+        try:
+            _STDERR_FD = os.dup(2)
+        except OSError:
+            _STDERR_FD = None
+
+
+class Watchdog:
+    """Ends the process when one test runs longer than `timeout` seconds, after printing the
+    test, the case it was on and every thread's stack (pytest-timeout's `thread` method). A
+    thread prints the message; faulthandler's C thread is the backstop for a hang that
+    holds the GIL."""
+
+    current: "Watchdog | None" = None
+
+    def __init__(self, timeout: float, test: str, stream=None):
+        self.timeout = timeout
+        self.test = test
+        self.case = ""
+        self._stream = stream
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _fd(self) -> int:
+        if self._stream is not None:
+            return self._stream.fileno()
+        return _STDERR_FD if _STDERR_FD is not None else 2
+
+    def _fire(self) -> None:
+        if self._done.wait(self.timeout):
+            return
+        case = f" on case {self.case}" if self.case else ""
+        text = (f"\n\ncudaopt: TIMEOUT: {self.test} ran longer than cudaopt_timeout={self.timeout:g}s{case}; "
+                f"a kernel that never finishes, or a deadlock. The process exits with status 1. "
+                f"Where the test was (innermost last):\n")
+        fd = self._fd()
+        try:
+            os.write(fd, (text + _main_stack()).encode())
+        finally:
+            os._exit(1)
+
+    def __enter__(self) -> "Watchdog":
+        Watchdog.current = self
+        self._thread = threading.Thread(target=self._fire, name="cudaopt-watchdog", daemon=True)
+        self._thread.start()
+        # Backstop: faulthandler needs no GIL (a C++ loop that never releases it).
+        faulthandler.dump_traceback_later(self.timeout + 10.0, exit=True, file=self._fd())
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._done.set()
+        faulthandler.cancel_dump_traceback_later()
+        if Watchdog.current is self:
+            Watchdog.current = None
+
+
+def _main_stack(limit: int = 12) -> str:
+    import traceback
+
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    if frame is None:
+        return "  (no stack)\n"
+    return "".join(traceback.format_stack(frame)[-limit:])
+
+
+def set_case(text: str) -> None:
+    """Tell the running watchdog which case is running (printed if it fires)."""
+    if Watchdog.current is not None:
+        Watchdog.current.case = text
+
+
+# -- inputs: clones and mutation ------------------------------------------------------------------
+
+def clone_inputs(inputs: list) -> list:
+    """A deep copy of the inputs: every tensor cloned (same strides), other values copied."""
+    return [x.clone() if isinstance(x, torch.Tensor) else copy.deepcopy(x) for x in inputs]
+
+
+def _label(index: int, names: list[str] | None) -> str:
+    if names and index < len(names):
+        return f"input {index} ({names[index]})"
+    return f"input {index}"
+
+
+def check_inputs_unchanged(before: list, after: list, names: list[str] | None = None,
+                           file: str = "model_new.py") -> None:
+    """After the candidate's call its inputs must be bit-identical to their copies."""
+    for i, (b, a) in enumerate(zip(before, after)):
+        if not isinstance(b, torch.Tensor):
+            continue
+        if a.shape != b.shape or a.dtype != b.dtype:
+            raise GuardFailure("input mutated", (
+                f"{file}: ModelNew.forward changed {_label(i, names)} from {compare.describe_tensor(b)} "
+                f"to {compare.describe_tensor(a)} in place; a candidate must leave its inputs alone"))
+        count, index, was, now = compare.first_difference(b, a)
+        if count:
+            raise GuardFailure("input mutated", (
+                f"{file}: ModelNew.forward wrote into {_label(i, names)} {compare.describe_tensor(b)}: "
+                f"{count} of {b.numel()} elements changed (first at {list(index)}: {was:.6g} -> {now:.6g}); "
+                f"a candidate must leave its inputs alone"))
+
+
+def check_state_unchanged(before: dict[str, torch.Tensor], model_new: torch.nn.Module,
+                          file: str = "model_new.py") -> None:
+    """ModelNew's parameters and buffers must be as they were before the call."""
+    for name, now in model_new.state_dict().items():
+        was = before.get(name)
+        if was is None or not isinstance(now, torch.Tensor):
+            continue
+        if not compare.bitwise_equal(was, now):
+            count, index, a, b = (compare.first_difference(was, now) if was.shape == now.shape
+                                  else (now.numel(), (), 0.0, 0.0))
+            raise GuardFailure("state mutated", (
+                f"{file}: ModelNew.forward changed its parameter/buffer '{name}' "
+                f"({count} elements; first at {list(index)}: {a:.6g} -> {b:.6g})"))
+
+
+def state_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: t.detach().clone() for name, t in model.state_dict().items() if isinstance(t, torch.Tensor)}
+
+
+# -- outputs: plain tensors with storage of their own ---------------------------------------------
+
+def _storage_span(t: torch.Tensor) -> tuple[torch.device, int, int] | None:
+    storage = t.untyped_storage()
+    start = storage.data_ptr()
+    if start == 0 or storage.nbytes() == 0:
+        return None
+    return t.device, start, start + storage.nbytes()
+
+
+def _overlaps(a: tuple | None, b: tuple | None) -> bool:
+    return a is not None and b is not None and a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
+
+
+class OutputHistory:
+    """Weak references to what earlier candidate calls returned. A legitimate output is freed
+    when the caller drops it; one that is still alive and comes back is a cached output."""
+
+    def __init__(self) -> None:
+        self._refs: list[weakref.ref] = []
+
+    def add(self, output: Any) -> None:
+        for _, leaf in compare.leaves(output):
+            if isinstance(leaf, torch.Tensor):
+                self._refs.append(weakref.ref(leaf))
+        self._refs = [r for r in self._refs if r() is not None]
+
+    def alive(self) -> list[torch.Tensor]:
+        return [t for t in (r() for r in self._refs) if t is not None]
+
+
+def check_fresh_outputs(output: Any, inputs: list, model_new: torch.nn.Module,
+                        earlier: list[torch.Tensor], names: list[str] | None = None,
+                        file: str = "model_new.py") -> None:
+    """Every output tensor is a plain torch.Tensor whose storage overlaps no input, no
+    parameter or buffer of ModelNew, and no output of an earlier call that is still alive."""
+    input_spans = [(i, _storage_span(x)) for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
+    state_spans = [(n, _storage_span(t)) for n, t in
+                   [*model_new.named_parameters(), *model_new.named_buffers()]]
+    earlier_spans = [(t, _storage_span(t)) for t in earlier]
+    for path, leaf in compare.leaves(output):
+        if not isinstance(leaf, torch.Tensor):
+            continue
+        if type(leaf) is not torch.Tensor:
+            raise GuardFailure("output type", (
+                f"{file}: ModelNew.forward returned a {type(leaf).__module__}.{type(leaf).__qualname__} as {path}; "
+                f"outputs must be plain torch.Tensor objects"))
+        for old, span in earlier_spans:
+            if leaf is old or _overlaps(_storage_span(leaf), span):
+                what = "the same tensor object" if leaf is old else "a tensor sharing storage with the output"
+                raise GuardFailure("cached output", (
+                    f"{file}: ModelNew.forward returned {what} returned by an earlier call as {path} "
+                    f"({compare.describe_tensor(leaf)}); every call must compute a fresh output "
+                    f"(a cached or reused output)"))
+        span = _storage_span(leaf)
+        for i, other in input_spans:
+            if _overlaps(span, other):
+                what = "is" if leaf is inputs[i] else "shares storage with (a view of)"
+                raise GuardFailure("output aliases input", (
+                    f"{file}: {path} {compare.describe_tensor(leaf)} {what} {_label(i, names)}; "
+                    f"outputs must own fresh storage, not return an input or a view of one"))
+        for name, other in state_spans:
+            if _overlaps(span, other):
+                raise GuardFailure("output aliases state", (
+                    f"{file}: {path} {compare.describe_tensor(leaf)} shares storage with ModelNew's "
+                    f"parameter/buffer '{name}'; outputs must own fresh storage"))
+
+
+# -- poisoned memory ----------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def poisoned_memory(device: torch.device | str) -> Iterator[None]:
+    """For the duration, memory that torch allocates without initialising (torch.empty,
+    torch::empty in C++) is filled with NaN (integers: their maximum), on CPU and CUDA
+    alike; on CUDA the caching allocator's free memory is also overwritten with NaN first.
+    An output element the candidate never writes then reads as NaN, not as a stale copy
+    of the right answer."""
+    import torch.utils.deterministic as det
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        _poison_cuda_cache(device)
+    was_on = torch.are_deterministic_algorithms_enabled()
+    was_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    was_fill = det.fill_uninitialized_memory
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # warn_only: non-deterministic ops would only warn
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        det.fill_uninitialized_memory = True
+        try:
+            yield
+        finally:
+            det.fill_uninitialized_memory = was_fill
+            torch.use_deterministic_algorithms(was_on, warn_only=was_warn)
+
+
+def _poison_cuda_cache(device: torch.device) -> None:
+    free = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    size = min(max(free, 0), POISON_BYTES) // 4
+    if size <= 0:
+        return
+    try:
+        block = torch.empty(size, dtype=torch.float32, device=device)
+    except torch.OutOfMemoryError:
+        return
+    block.fill_(float("nan"))
+    del block
+
+
+# -- the op audit -------------------------------------------------------------------------------
+
+@dataclass
+class AuditedOp:
+    op: str                  # "aten::mul.Tensor"
+    caller: str              # "torch.matmul", "Tensor.mul", "cuda_extension.scale", "a Python operator"
+    from_cpp: bool           # sent by the extension's C++ code
+    where: str               # "model_new.py:14" (the workdir's innermost line)
+    via: str = ""            # the torch Python function in between, e.g. "torch/nn/functional.py:2140 softmax"
+
+    def describe(self) -> str:
+        if self.from_cpp:
+            return (f"{self.where}: {self.op} sent from C++ inside {self.caller} "
+                    f"(an ATen op in the extension; allocate with torch::empty* only)")
+        via = f" via {self.via}" if self.via else ""
+        return f"{self.where}: {self.op} from {self.caller}{via}"
+
+
+_INTERNAL = ("_dynamo", "_python_dispatch.py", "_ops.py", "_compile.py", "guards.py", "contextlib.py")
+
+
+def _internal(path: Path) -> bool:
+    """Frames between an op's caller and the audit: dispatch machinery, not the caller."""
+    text = str(path)
+    return any(part in text for part in _INTERNAL)
+
+
+def op_name(func: Any) -> str:
+    """`aten::mul.Tensor` for an OpOverload (`aten::empty_like` for a default overload)."""
+    schema = func._schema
+    return f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
+
+
+def is_allowed(func: Any, extra: frozenset[str] = frozenset()) -> bool:
+    name = op_name(func)
+    packet = func._schema.name
+    if name in ALLOWED_OPS or name in extra or packet in extra:
+        return True
+    # Views move no data (view, reshape, t, transpose, detach, alias, ...).
+    return bool(getattr(func, "is_view", False))
+
+
+class OpAudit(TorchDispatchMode):
+    """Records every op that reaches the dispatcher while active, from Python and from C++
+    alike, with the Python line in the workdir that led to it and the builtin (torch
+    function, tensor method or extension function) that sent it."""
+
+    def __init__(self, workdir: Path, extension: Any = None, extra_allowed: frozenset[str] = frozenset()):
+        super().__init__()
+        self.workdir = Path(workdir).resolve()
+        self.extra = extra_allowed
+        self.extension_functions = {id(v): name for name, v in vars(extension).items()
+                                    if callable(v)} if extension is not None else {}
+        self.ops: list[AuditedOp] = []
+        self._builtins: list[Any] = []   # builtins being called right now (innermost last)
+        self._previous_profile = None
+
+    # sys.setprofile sees calls of builtins (c_call/c_return): the innermost one running when
+    # an op arrives is what sent it.
+    def _profile(self, frame, event, arg):
+        if event == "c_call":
+            self._builtins.append(arg)
+        elif event in ("c_return", "c_exception") and self._builtins:
+            self._builtins.pop()
+
+    def __enter__(self):
+        self._previous_profile = sys.getprofile()
+        result = super().__enter__()
+        sys.setprofile(self._profile)
+        return result
+
+    def __exit__(self, *exc):
+        sys.setprofile(self._previous_profile)
+        return super().__exit__(*exc)
+
+    def _where(self) -> tuple[str, str]:
+        """(the innermost workdir line, the torch Python function it called, if any)."""
+        frame = sys._getframe(2)
+        callee = None
+        while frame is not None:
+            path = Path(frame.f_code.co_filename)
+            if path.is_absolute() and self.workdir in path.parents:
+                via = ""
+                if callee is not None and "torch" in callee.parts:
+                    parts = callee.parts[callee.parts.index("torch"):]
+                    via = f"{'/'.join(parts)}:{callee_line} {callee_name}"
+                return f"{path.relative_to(self.workdir)}:{frame.f_lineno}", via
+            if not _internal(path):
+                callee, callee_line, callee_name = path, frame.f_lineno, frame.f_code.co_name
+            frame = frame.f_back
+        return "(outside the workdir)", ""
+
+    def _caller(self) -> tuple[str, bool]:
+        for builtin in reversed(self._builtins):
+            name = self.extension_functions.get(id(builtin))
+            if name is not None:
+                return f"cuda_extension.{name}", True
+            if getattr(builtin, "__module__", None) == __name__ or builtin is sys.setprofile:
+                continue
+            owner = getattr(builtin, "__self__", None)
+            qual = getattr(builtin, "__qualname__", getattr(builtin, "__name__", repr(builtin)))
+            if isinstance(owner, torch.Tensor):
+                return f"Tensor.{getattr(builtin, '__name__', qual)}", False
+            if qual.startswith("_VariableFunctionsClass."):
+                return "torch." + qual.split(".", 1)[1], False
+            module = getattr(builtin, "__module__", None) or ""
+            return (f"{module}.{qual}" if module else qual), False
+        return "a Python operator on tensors (+, *, @, ...)", False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not is_allowed(func, self.extra):
+            caller, from_cpp = self._caller()
+            where, via = self._where()
+            self.ops.append(AuditedOp(op_name(func), caller, from_cpp, where, "" if from_cpp else via))
+        return func(*args, **(kwargs or {}))
+
+    def violations(self) -> list[AuditedOp]:
+        seen, unique = set(), []
+        for op in self.ops:
+            key = (op.op, op.where, op.caller)
+            if key not in seen:
+                seen.add(key)
+                unique.append(op)
+        return unique
+
+
+def check_audit(audit: OpAudit, file: str = "model_new.py") -> None:
+    found = audit.violations()
+    if not found:
+        return
+    lines = [f"{file}: ModelNew.forward ran {len(found)} operator(s) outside the allow-list "
+             f"(allocation, creation, views, metadata):"]
+    lines += [f"  {op.describe()}" for op in found[:10]]
+    if len(found) > 10:
+        lines.append(f"  ... and {len(found) - 10} more")
+    lines.append("the custom path must compute with cuda_extension kernels, not torch operators "
+                 "(extend the allow-list with cudaopt_allow_ops if an op is only bookkeeping)")
+    raise GuardFailure("op audit", "\n".join(lines))
+
+
+# -- determinism ------------------------------------------------------------------------------
+
+def check_deterministic(first: Any, second: Any, nondeterministic: bool, atol: float, rtol: float,
+                        file: str = "model_new.py") -> None:
+    """Two candidate runs on the same inputs must be bit-identical; within the tolerance
+    when model_new.py declares CUDAOPT_NONDETERMINISTIC = True."""
+    if nondeterministic:
+        result = compare.compare_outputs(second, first, atol=atol, rtol=rtol)
+        if not result.passed:
+            raise GuardFailure("nondeterministic", (
+                f"{file}: two runs of ModelNew on the same inputs differ beyond the tolerance "
+                f"(declared CUDAOPT_NONDETERMINISTIC, so bitwise differences are allowed):\n{result.table()}"))
+        return
+    for (path, a), (_, b) in zip(compare.leaves(first), compare.leaves(second)):
+        if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+            continue
+        if a.shape != b.shape or a.dtype != b.dtype:
+            raise GuardFailure("nondeterministic", (
+                f"{file}: two runs of ModelNew on the same inputs returned {compare.describe_tensor(a)} "
+                f"and {compare.describe_tensor(b)} as {path}"))
+        count, index, va, vb = compare.first_difference(a, b)
+        if count:
+            raise GuardFailure("nondeterministic", (
+                f"{file}: two runs of ModelNew on the same inputs differ in {count} of {a.numel()} elements "
+                f"of {path} (first at {list(index)}: {va!r} then {vb!r}); a race or a read of "
+                f"uninitialised memory? If the kernels are non-deterministic by design (atomics), declare "
+                f"CUDAOPT_NONDETERMINISTIC = True in {file} to compare the runs within the tolerance"))
+
+
+# -- one case through every guard ----------------------------------------------------------------
+
+@dataclass
+class CaseOutcome:
+    comparison: compare.Comparison
+    precision: compare.Precision
+    seconds: float = 0.0
+
+
+@dataclass
+class Trial:
+    """What a case needs besides its inputs: the models, the workdir, the tolerance."""
+
+    model: torch.nn.Module
+    model_new: torch.nn.Module
+    model64: torch.nn.Module | None
+    workdir: Path
+    extension: Any
+    device: torch.device
+    atol: float
+    rtol: float
+    nondeterministic: bool = False
+    extra_allowed: frozenset[str] = frozenset()
+    history: OutputHistory = field(default_factory=OutputHistory)
+    input_names: list[str] | None = None
+
+
+def _run_candidate(trial: Trial, inputs: list) -> tuple[Any, OpAudit]:
+    audit = OpAudit(trial.workdir, trial.extension, trial.extra_allowed)
+    try:
+        with torch.no_grad(), poisoned_memory(trial.device), audit:
+            output = trial.model_new(*inputs)
+        _synchronize(trial.device)
+    except Exception as exc:
+        _raise_user_error(exc, trial.workdir, "ModelNew.forward", CandidateError)
+    return output, audit
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _raise_user_error(exc: Exception, workdir: Path, what: str, kind: type) -> None:
+    from pytest_cudaopt.workdir import user_traceback
+
+    text = f"{what} raised:\n{user_traceback(exc, [workdir])}"
+    if is_cuda_fault(exc):
+        raise CudaFault(text) from exc
+    raise kind(text) from exc
+
+
+def run_case(trial: Trial, inputs: list) -> CaseOutcome:
+    """One case through every guard, in this order (the first that fails raises
+    GuardFailure): candidate on clones under poison and the op audit; its outputs are fresh
+    plain tensors; its inputs and state unchanged; the reference on its own copy; the
+    candidate again, fresh again and bit-identical to its first run; the comparison with
+    the reference; the precision against the float64 reference."""
+    started = time.perf_counter()
+    file = "model_new.py"
+    names = trial.input_names
+    pristine = clone_inputs(inputs)
+    state = state_snapshot(trial.model_new)
+
+    first_inputs = clone_inputs(inputs)
+    first, audit = _run_candidate(trial, first_inputs)
+    check_audit(audit, file)
+    check_fresh_outputs(first, first_inputs, trial.model_new, trial.history.alive(), names, file)
+    check_inputs_unchanged(pristine, first_inputs, names, file)
+    check_state_unchanged(state, trial.model_new, file)
+    trial.history.add(first)
+
+    try:
+        with torch.no_grad():
+            expected = trial.model(*clone_inputs(inputs))
+        _synchronize(trial.device)
+    except Exception as exc:
+        _raise_user_error(exc, trial.workdir, "Model.forward (model.py)", ReferenceError_)
+
+    second_inputs = clone_inputs(inputs)
+    second, audit = _run_candidate(trial, second_inputs)
+    check_audit(audit, file)
+    check_fresh_outputs(second, second_inputs, trial.model_new, trial.history.alive(), names, file)
+    check_inputs_unchanged(pristine, second_inputs, names, file)
+    trial.history.add(second)
+    check_deterministic(first, second, trial.nondeterministic, trial.atol, trial.rtol, file)
+
+    comparison = compare.compare_outputs(first, expected, atol=trial.atol, rtol=trial.rtol)
+    if not comparison.passed:
+        hint = ""
+        if comparison.nan_mismatched:
+            hint = ("\nNaN where the reference has a value: output elements the candidate never wrote "
+                    "(memory is filled with NaN before each call), or a NaN it computed")
+        raise GuardFailure("mismatch", f"{file}: ModelNew's output differs from Model's (model.py):\n"
+                                       f"{comparison.table()}{hint}", comparison)
+    precision = _precision(trial, inputs, first, expected)
+    return CaseOutcome(comparison, precision, time.perf_counter() - started)
+
+
+def _precision(trial: Trial, inputs: list, candidate_out: Any, expected: Any) -> compare.Precision:
+    if trial.model64 is None:
+        return compare.Precision.unknown("no float64 copy of the reference")
+    try:
+        with torch.no_grad():
+            reference64 = trial.model64(*compare.to_float64(clone_inputs(inputs)))
+        _synchronize(trial.device)
+    except Exception as exc:
+        if is_cuda_fault(exc):
+            raise CudaFault(f"Model.forward in float64 raised: {exc}") from exc
+        return compare.Precision.unknown(f"the reference does not run in float64: {type(exc).__name__}")
+    return compare.Precision.measure(candidate_out, expected, reference64)
+
+
+def float64_copy(model: torch.nn.Module) -> torch.nn.Module | None:
+    """A float64 copy of the reference (None when it cannot be made)."""
+    try:
+        return copy.deepcopy(model).double()
+    except Exception:
+        return None
+
+
+def input_names(forward: Callable) -> list[str] | None:
+    """The names of forward's parameters, for messages ("input 0 (x)")."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]

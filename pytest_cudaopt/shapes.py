@@ -1,0 +1,276 @@
+"""Hypothesis strategies for a workdir's input shapes: declared in model.py, else inferred from its constants."""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
+from hypothesis import HealthCheck, settings as hsettings, strategies as st
+from hypothesis.strategies import SearchStrategy
+
+DECLARATION = "CUDAOPT_SHAPES"
+ENTRY_POINTS = ("get_inputs", "get_init_inputs")
+# Edge sizes mixed into every inferred constant: 1, primes, and sizes just off the
+# multiples of 32 and 128 that kernels like to assume.
+EDGE_SIZES = (1, 2, 3, 5, 7, 13, 17, 31, 33, 61, 67, 97, 127, 129, 191, 251, 257, 509, 1021)
+# A drawn case may hold this many times the canonical inputs' elements (see max_elements).
+GROWTH = 2
+
+PROFILES = {
+    # Same shapes on every run (derandomised), a modest count, no deadline, no database.
+    "ci": dict(max_examples=25, derandomize=True, deadline=None, database=None),
+    # Many shapes, drawn from the session seed (replayable with --cudaopt-seed).
+    "thorough": dict(max_examples=300, derandomize=False, deadline=None, database=None),
+}
+SUPPRESSED = (HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large,
+              HealthCheck.large_base_example)
+
+
+class ShapeError(ValueError):
+    """model.py declares shapes in a form that cannot be used; the message says why."""
+
+
+def hypothesis_settings(profile: str, max_examples: int | None = None) -> hsettings:
+    """The Hypothesis settings of a cudaopt profile ("ci" or "thorough"); `max_examples`
+    (--cudaopt-max-examples) overrides the profile's count."""
+    options = dict(PROFILES[profile])
+    if max_examples is not None:
+        options["max_examples"] = max_examples
+    return hsettings(suppress_health_check=SUPPRESSED, report_multiple_bugs=False,
+                     print_blob=False, **options)
+
+
+# -- finding the constants ---------------------------------------------------------------------
+
+def _names_read(func: Callable, module: types.ModuleType, seen: set[int]) -> set[str]:
+    """Global names read by `func`, its nested code (comprehensions, lambdas) and the
+    module-level functions it calls."""
+    code = getattr(func, "__code__", None)
+    if code is None or id(code) in seen:
+        return set()
+    seen.add(id(code))
+    names: set[str] = set()
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        names.update(c.co_names)
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    for name in list(names):
+        value = module.__dict__.get(name)
+        if isinstance(value, types.FunctionType) and value.__module__ == module.__name__:
+            names |= _names_read(value, module, seen)
+    return names
+
+
+def infer_constants(module: types.ModuleType) -> dict[str, int]:
+    """The module-level int constants (not bools) that get_inputs/get_init_inputs read,
+    with their current values, in the order the module defines them."""
+    read: set[str] = set()
+    seen: set[int] = set()
+    for entry in ENTRY_POINTS:
+        func = module.__dict__.get(entry)
+        if callable(func):
+            read |= _names_read(func, module, seen)
+    return {name: value for name, value in module.__dict__.items()
+            if name in read and type(value) is int and value > 0}
+
+
+@contextlib.contextmanager
+def applied(module: types.ModuleType, constants: Mapping[str, int]) -> Iterator[None]:
+    """Set the module's constants to `constants` for the duration, then restore them."""
+    missing = [name for name in constants if name not in module.__dict__]
+    if missing:
+        raise ShapeError(f"{_file(module)} defines no constant {', '.join(missing)}")
+    saved = {name: module.__dict__[name] for name in constants}
+    module.__dict__.update(constants)
+    try:
+        yield
+    finally:
+        module.__dict__.update(saved)
+
+
+def _file(module: types.ModuleType) -> str:
+    return getattr(module, "__file__", None) or module.__name__
+
+
+# -- strategies --------------------------------------------------------------------------------
+
+def around(default: int) -> SearchStrategy[int]:
+    """Sizes around a constant's default: the default itself (what failing cases shrink
+    towards), edge sizes (1, primes, non-multiples of 32 and 128, default +-1), and any
+    size from 1 to the default."""
+    upper = max(2 * default, 8)
+    edges = {e for e in EDGE_SIZES if e <= upper}
+    edges |= {e for e in (default - 1, default + 1, default // 2 + 1, 2 * default - 1) if 1 <= e <= upper}
+    edges.discard(default)
+    return st.one_of(st.just(default), st.sampled_from(sorted(edges)),
+                     st.integers(min_value=1, max_value=max(default, 2)))
+
+
+def _declared_values(name: str, spec: Any, where: str) -> SearchStrategy[int]:
+    if isinstance(spec, SearchStrategy):
+        return spec
+    if isinstance(spec, bool):
+        raise ShapeError(f"{where}: {name!r}: expected (low, high), a list, a range or a strategy; got {spec!r}")
+    if isinstance(spec, int):
+        return st.just(spec)
+    if isinstance(spec, range):
+        if len(spec) == 0:
+            raise ShapeError(f"{where}: {name!r}: {spec!r} is empty")
+        return st.sampled_from(spec)
+    if isinstance(spec, tuple) and len(spec) == 2 and all(type(v) is int for v in spec):
+        low, high = spec
+        if low > high:
+            raise ShapeError(f"{where}: {name!r}: low {low} > high {high}")
+        return st.integers(min_value=low, max_value=high)
+    if isinstance(spec, (list, tuple)) and spec and all(type(v) is int for v in spec):
+        return st.sampled_from(list(spec))
+    raise ShapeError(f"{where}: {name!r}: expected (low, high) (inclusive), a list of values, a range "
+                     f"or a Hypothesis strategy; got {spec!r}")
+
+
+def declared_strategy(module: types.ModuleType) -> SearchStrategy[dict[str, int]] | None:
+    """The strategy of dicts {constant: value} that model.py declares in CUDAOPT_SHAPES,
+    None when it declares none. Forms:
+
+        CUDAOPT_SHAPES = {"batch_size": (1, 64),          # inclusive range
+                          "seq_len": [1, 7, 128, 1000],   # these values
+                          "n_embd": range(64, 1025, 64),  # a range with a step
+                          "n_head": st.sampled_from([4, 8])}  # any strategy of ints
+        def CUDAOPT_SHAPES():                               # dependent constants
+            return st.integers(1, 16).map(lambda h: {"n_head": h, "n_embd": 64 * h})
+
+    Constants not named keep their default; an empty dict turns the drawn shapes off."""
+    if DECLARATION not in module.__dict__:
+        return None
+    spec = module.__dict__[DECLARATION]
+    where = f"{_file(module)}: {DECLARATION}"
+    if callable(spec) and not isinstance(spec, SearchStrategy):
+        try:
+            spec = spec()
+        except Exception as exc:
+            raise ShapeError(f"{where}() raised {type(exc).__name__}: {exc}") from exc
+        if not isinstance(spec, SearchStrategy):
+            raise ShapeError(f"{where}() must return a Hypothesis strategy of dicts, got {type(spec).__name__}")
+    if isinstance(spec, SearchStrategy):
+        return spec.map(lambda d: _checked(module, d, where))
+    if not isinstance(spec, Mapping):
+        raise ShapeError(f"{where} must be a dict {{constant: values}} or a function returning a "
+                         f"strategy; got {type(spec).__name__}")
+    unknown = [name for name in spec if name not in module.__dict__]
+    if unknown:
+        raise ShapeError(f"{where} names {', '.join(map(repr, unknown))}, which {_file(module)} does not define")
+    return st.fixed_dictionaries({name: _declared_values(name, values, where) for name, values in spec.items()})
+
+
+def _checked(module: types.ModuleType, draw: Any, where: str) -> dict[str, int]:
+    if not isinstance(draw, Mapping):
+        raise ShapeError(f"{where} must draw dicts {{constant: value}}, drew {draw!r}")
+    unknown = [name for name in draw if name not in module.__dict__]
+    if unknown:
+        raise ShapeError(f"{where} drew {', '.join(map(repr, unknown))}, which {_file(module)} does not define")
+    return dict(draw)
+
+
+@dataclass
+class ShapeSpace:
+    """Where the drawn shapes come from and how large they may be."""
+
+    strategy: SearchStrategy[dict[str, int]] | None
+    defaults: dict[str, int]
+    source: str                          # one line for the report and the skip reason
+    declared: bool = False
+    max_elements: int | None = None      # total input elements a drawn case may hold
+    canonical_elements: int = 0
+    meta_usable: bool = True             # the reference runs on the meta device
+    meta_note: str = ""
+
+
+def shape_space(module: types.ModuleType, max_elements: int | None = None) -> ShapeSpace:
+    """The drawn-shape space of a reference module. `strategy` is None (with `source`
+    saying why) when there is nothing to vary."""
+    declared = declared_strategy(module)
+    defaults = infer_constants(module)
+    canonical = check_on_meta(module, {})
+    space = ShapeSpace(strategy=None, defaults=defaults, source="",
+                       meta_usable=canonical.valid, meta_note=canonical.reason,
+                       canonical_elements=canonical.elements)
+    if max_elements is None and canonical.valid:
+        max_elements = max(GROWTH * canonical.elements, 4096)
+    space.max_elements = max_elements
+    if declared is not None:
+        spec = module.__dict__[DECLARATION]
+        if isinstance(spec, Mapping) and not spec:
+            space.source = f"{_file(module)} declares {DECLARATION} = {{}} (no drawn shapes)"
+            return space
+        space.strategy, space.declared = declared, True
+        space.source = f"declared by {DECLARATION} in {_file(module)}"
+        return space
+    if not defaults:
+        space.source = (f"{_file(module)}: get_inputs/get_init_inputs read no module-level int constants "
+                        f"to vary; declare {DECLARATION} in model.py to draw shapes")
+        return space
+    space.strategy = st.fixed_dictionaries({name: around(value) for name, value in defaults.items()})
+    space.source = "inferred from " + ", ".join(f"{k}={v}" for k, v in defaults.items())
+    return space
+
+
+# -- validity on the meta device ---------------------------------------------------------------
+
+@dataclass
+class MetaCheck:
+    valid: bool
+    reason: str = ""
+    elements: int = 0                                # total elements of the tensor inputs
+    shapes: list[tuple[int, ...]] = field(default_factory=list)
+
+
+def _numel_and_shapes(values: Any) -> tuple[int, list[tuple[int, ...]]]:
+    total, found = 0, []
+    for value in values if isinstance(values, (list, tuple)) else [values]:
+        if isinstance(value, torch.Tensor):
+            total += value.numel()
+            found.append(tuple(value.shape))
+    return total, found
+
+
+def check_on_meta(module: types.ModuleType, constants: Mapping[str, int]) -> MetaCheck:
+    """Run the reference with `constants` applied on the meta device (no memory, no compute):
+    valid when get_init_inputs, Model(...), get_inputs and forward all succeed."""
+    try:
+        with applied(module, constants), torch.device("meta"), torch.no_grad():
+            init = module.get_init_inputs()
+            model = module.Model(*init)
+            inputs = module.get_inputs()
+            inputs = [x.to("meta") if isinstance(x, torch.Tensor) else x for x in inputs]
+            model.eval()
+            model(*inputs)
+    except ShapeError:
+        raise
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return MetaCheck(False, f"{type(exc).__name__}: {first}"[:300])
+    total, found = _numel_and_shapes(inputs)
+    return MetaCheck(True, "", total, found)
+
+
+def parse_case(text: str) -> dict[str, int]:
+    """`--cudaopt-case='batch_size=3,dim=17'` -> {"batch_size": 3, "dim": 17}."""
+    constants: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep:
+            raise ShapeError(f"--cudaopt-case: expected name=value, got {part!r}")
+        try:
+            constants[name.strip()] = int(value)
+        except ValueError:
+            raise ShapeError(f"--cudaopt-case: {name.strip()}: expected an int, got {value!r}") from None
+    return constants
+
+
+def format_case(constants: Mapping[str, int]) -> str:
+    """{"batch_size": 3, "dim": 17} -> 'batch_size=3,dim=17' (the --cudaopt-case form)."""
+    return ",".join(f"{k}={v}" for k, v in constants.items())

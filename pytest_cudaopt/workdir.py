@@ -1,0 +1,233 @@
+"""Load a workdir: model.py and model_new.py as distinct modules, Model/ModelNew pairs, seeded inputs."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import random
+import sys
+import traceback
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+MODULE_PREFIX = "cudaopt_workdir_"
+NONDETERMINISTIC = "CUDAOPT_NONDETERMINISTIC"  # model_new.py: kernels use atomics, results vary in the last bits
+
+
+class WorkdirError(Exception):
+    """The workdir cannot be loaded or its models built; the message names the file and
+    shows the workdir's own traceback lines. `file` is that file's name, when known."""
+
+    def __init__(self, message: str, file: str | None = None):
+        super().__init__(message)
+        self.file = file
+
+
+def module_prefix(path: Path) -> str:
+    """`cudaopt_workdir_<hash>`: the package name under which a workdir's files are imported,
+    distinct for every workdir folder."""
+    digest = hashlib.sha1(str(Path(path).resolve()).encode()).hexdigest()[:12]
+    return MODULE_PREFIX + digest
+
+
+def user_traceback(exc: BaseException, roots: list[Path]) -> str:
+    """The exception with only the traceback frames inside `roots` (the workdir's files):
+    `  model.py:12 in get_inputs: return torch.randn(n)` lines, then `Type: message`."""
+    roots = [Path(r).resolve() for r in roots]
+    lines = []
+    for frame in traceback.extract_tb(exc.__traceback__):
+        path = Path(frame.filename)
+        try:
+            resolved = path.resolve()
+        except OSError:
+            continue
+        if any(resolved == r or r in resolved.parents for r in roots):
+            rel = _short(resolved, roots)
+            code = f": {frame.line.strip()}" if frame.line else ""
+            lines.append(f"  {rel}:{frame.lineno} in {frame.name}{code}")
+    message = str(exc).strip()
+    # C++ exceptions carry a long native backtrace after the message; keep the message.
+    kept = [ln for ln in message.splitlines() if ln.strip()]
+    cut = next((i for i, ln in enumerate(kept) if ln.startswith(("Exception raised from", "frame #"))), len(kept))
+    kept = kept[:min(cut, 12)]
+    lines.append(f"{type(exc).__name__}: " + "\n".join(kept))
+    return "\n".join(lines)
+
+
+def _short(path: Path, roots: list[Path]) -> str:
+    for root in roots:
+        if root.is_dir() and root in path.parents:
+            return str(path.relative_to(root))
+    return path.name
+
+
+@contextlib.contextmanager
+def _temporary_modules(replacements: dict[str, types.ModuleType | None], path: Path) -> Iterator[None]:
+    """sys.modules entries (and the workdir first on sys.path) for the duration of an import."""
+    saved = {name: sys.modules.get(name) for name in replacements}
+    saved_path = list(sys.path)
+    for name, module in replacements.items():
+        if module is None:
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = module
+    sys.path.insert(0, str(path))
+    try:
+        yield
+    finally:
+        sys.path[:] = saved_path
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+
+
+def _import_file(name: str, file: Path, workdir: Path) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise WorkdirError(f"{file}: cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        raise WorkdirError(f"importing {file} failed:\n{user_traceback(exc, [workdir])}") from exc
+    return module
+
+
+def _to_device(value: Any, device: torch.device | str) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_device(v, device) for v in value)
+    return value
+
+
+@contextlib.contextmanager
+def private_rng(seed: int) -> Iterator[None]:
+    """Torch (CPU and the current CUDA device), Python `random` and NumPy seeded with `seed`
+    for the duration; the global generators are left as they were."""
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    py_state = random.getstate()
+    np = sys.modules.get("numpy")
+    np_state = np.random.get_state() if np is not None else None
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        random.seed(seed)
+        if np is not None:
+            np.random.seed(seed % 2**32)
+        try:
+            yield
+        finally:
+            random.setstate(py_state)
+            if np is not None:
+                np.random.set_state(np_state)
+
+
+@dataclass
+class Workdir:
+    """A loaded workdir. `reference` is model.py, `candidate` model_new.py, each imported
+    under its own module name so that several workdirs can share a process."""
+
+    path: Path
+    reference: types.ModuleType
+    candidate: types.ModuleType
+    extension: Any
+
+    @property
+    def model_file(self) -> Path:
+        return self.path / "model.py"
+
+    @property
+    def model_new_file(self) -> Path:
+        return self.path / "model_new.py"
+
+    @property
+    def nondeterministic(self) -> bool:
+        """model_new.py declares `CUDAOPT_NONDETERMINISTIC = True`: two runs on the same
+        inputs may differ within the tolerance (atomics) instead of bit for bit."""
+        return bool(getattr(self.candidate, NONDETERMINISTIC, False))
+
+    def _call(self, file: Path, what: str, func, *args):
+        try:
+            return func(*args)
+        except WorkdirError:
+            raise
+        except Exception as exc:
+            raise WorkdirError(f"{file.name}: {what} raised:\n{user_traceback(exc, [self.path])}",
+                               file.name) from exc
+
+    def init_inputs(self) -> list:
+        """model.py's get_init_inputs(), as a list."""
+        return list(self._call(self.model_file, "get_init_inputs()", self.reference.get_init_inputs))
+
+    def inputs(self, seed: int, device: torch.device | str = "cpu") -> list:
+        """model.py's get_inputs() under a private RNG seeded by `seed`, moved to `device`."""
+        with private_rng(seed):
+            values = self._call(self.model_file, "get_inputs()", self.reference.get_inputs)
+        return [_to_device(v, device) for v in values]
+
+    def make_models(self, device: torch.device | str = "cpu", seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
+        """(Model, ModelNew) built from get_init_inputs(); Model's parameters initialised
+        under a private RNG seeded by `seed` and copied into ModelNew (strict); both in eval
+        mode on `device`."""
+        init = self.init_inputs()
+        with private_rng(seed):
+            model = self._call(self.model_file, "Model(*get_init_inputs())", self.reference.Model, *init)
+            model_new = self._call(self.model_new_file, "ModelNew(*get_init_inputs())",
+                                   self.candidate.ModelNew, *init)
+        self.copy_state(model, model_new)
+        return model.eval().to(device), model_new.eval().to(device)
+
+    def copy_state(self, model: torch.nn.Module, model_new: torch.nn.Module) -> None:
+        """Load Model's state dict into ModelNew, strict: the same keys, the same shapes."""
+        state = model.state_dict()
+        expected = set(state)
+        present = set(model_new.state_dict())
+        missing, unexpected = sorted(expected - present), sorted(present - expected)
+        if missing or unexpected:
+            parts = []
+            if missing:
+                parts.append(f"missing (in Model, not in ModelNew): {', '.join(missing)}")
+            if unexpected:
+                parts.append(f"unexpected (in ModelNew, not in Model): {', '.join(unexpected)}")
+            raise WorkdirError(f"{self.model_new_file.name}: ModelNew's state_dict keys differ from Model's "
+                               f"({self.model_file.name}): " + "; ".join(parts))
+        try:
+            model_new.load_state_dict(state, strict=True)
+        except RuntimeError as exc:
+            raise WorkdirError(f"{self.model_new_file.name}: loading Model's state_dict into ModelNew "
+                               f"failed: {exc}") from exc
+
+
+def load_workdir(path: Path, extension: Any) -> Workdir:
+    """Import `path`/model.py and `path`/model_new.py as `cudaopt_workdir_<hash>.model` and
+    `.model_new`. While model_new.py is imported, `import cuda_extension` finds `extension`
+    and `import model` finds this workdir's model.py; both names are restored afterwards."""
+    path = Path(path).resolve()
+    for name in ("model.py", "model_new.py"):
+        if not (path / name).is_file():
+            raise WorkdirError(f"{path} is not a workdir: it has no {name}")
+    prefix = module_prefix(path)
+    package = types.ModuleType(prefix, f"cudaopt workdir {path}")
+    package.__path__ = []  # a namespace for the two modules; nothing is imported through it
+    sys.modules[prefix] = package
+    with _temporary_modules({"cuda_extension": None, "model": None}, path):
+        reference = _import_file(f"{prefix}.model", path / "model.py", path)
+    for required in ("Model", "get_inputs", "get_init_inputs"):
+        if not hasattr(reference, required):
+            raise WorkdirError(f"{path / 'model.py'} defines no {required} (KernelBench format: "
+                               f"class Model, get_inputs(), get_init_inputs())")
+    with _temporary_modules({"cuda_extension": extension, "model": reference}, path):
+        candidate = _import_file(f"{prefix}.model_new", path / "model_new.py", path)
+    if not hasattr(candidate, "ModelNew"):
+        raise WorkdirError(f"{path / 'model_new.py'} defines no class ModelNew")
+    package.model, package.model_new = reference, candidate
+    return Workdir(path=path, reference=reference, candidate=candidate, extension=extension)

@@ -1,0 +1,320 @@
+"""`pytest -m correctness` end to end on CPU workdirs: an honest workdir passes, every planted cheat fails naming its cause."""
+
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+from conftest import PREBUILT_ROOT, WORKDIRS, plugin_args, run_pytest, subprocess_env
+
+VARIANTS = WORKDIRS / "cheat_kernels" / "variants"
+INI = "[pytest]\ncudaopt_device = cpu\n"
+CANONICAL = ("test_canonical[seed0]", "test_canonical[seed1]", "test_canonical[seed2]")
+DRAWN = "test_drawn_shapes"
+# Workdirs judged together in one pytest session (one start-up for all; several workdirs in
+# one process must not clash): "honest" is cheat_kernels' own model_new.py, the others are
+# that workdir with model_new.py replaced by variants/<name>.py.
+SHARED = ("honest", "canonical_only", "rejects_odd_sizes", "caches_output", "mutates_input",
+          "returns_input", "returns_view", "python_matmul", "python_softmax", "python_method",
+          "cpp_aten", "unwritten", "flaky", "flaky_declared", "bf16", "wrong_state", "import_error")
+
+
+def copy_cheat(prebuilt_workdir, dest: Path, variant: str = "honest") -> Path:
+    """A copy of the built cheat_kernels workdir at `dest`, with model_new.py replaced by
+    variants/<variant>.py (the extension stays built: the copy builds in about a second)."""
+    src = prebuilt_workdir("cheat_kernels")
+    with FileLock(str(PREBUILT_ROOT / "cheat_kernels.lock")):
+        shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.lock"))
+    if variant != "honest":
+        shutil.copyfile(VARIANTS / f"{variant}.py", dest / "model_new.py")
+    return dest
+
+
+@dataclass
+class Verdicts:
+    """The outcome of one pytest session over the SHARED workdirs."""
+
+    output: str
+    cases: dict[tuple[str, str], tuple[str, str]]  # (workdir, test name) -> (outcome, text)
+    report: dict
+
+    def outcome(self, workdir: str, test: str) -> str:
+        return self.cases[(workdir, test)][0]
+
+    def text(self, workdir: str, test: str) -> str:
+        return self.cases[(workdir, test)][1]
+
+    def result(self, workdir: str, case_prefix: str) -> dict:
+        """The JSON report's data of a workdir's result whose case starts with `case_prefix`."""
+        for rec in self.report["results"]:
+            data = rec["data"]
+            if Path(data["workdir"]).name == workdir and data["case"].startswith(case_prefix):
+                return data
+        raise KeyError(f"no result {case_prefix!r} for {workdir} in the report")
+
+
+def _junit_cases(path: Path) -> dict[tuple[str, str], tuple[str, str]]:
+    cases = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        workdir = case.get("classname", "").split(".")[0]
+        outcome, text = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            found = case.find(tag)
+            if found is not None:
+                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
+                text = (found.get("message") or "") + "\n" + (found.text or "")
+                break
+        cases[(workdir, case.get("name"))] = (outcome, text)
+    return cases
+
+
+@pytest.fixture(scope="module")
+def verdicts(prebuilt_workdir, tmp_path_factory) -> Verdicts:
+    root = tmp_path_factory.mktemp("verdicts")
+    for name in SHARED:
+        copy_cheat(prebuilt_workdir, root / name, name)
+    (root / "pytest.ini").write_text(INI)
+    cmd = [sys.executable, "-m", "pytest", *plugin_args(), "-p", "no:cacheprovider", "-m", "correctness",
+           f"--junitxml={root / 'junit.xml'}", f"--cudaopt-report={root / 'report.json'}",
+           *[f"{name}/model_new.py" for name in SHARED]]
+    done = subprocess.run(cmd, cwd=root, env=subprocess_env(), capture_output=True, text=True, timeout=900)
+    output = done.stdout + done.stderr
+    assert (root / "junit.xml").is_file(), output
+    return Verdicts(output, _junit_cases(root / "junit.xml"), json.loads((root / "report.json").read_text()))
+
+
+# -- the honest workdir and the candidates that are right ---------------------------------------
+
+def test_it_passes_an_honest_workdir_on_every_seed_and_drawn_shape(verdicts):
+    for test in (*CANONICAL, DRAWN):
+        assert verdicts.outcome("honest", test) == "passed", verdicts.text("honest", test)
+    drawn = verdicts.result("honest", "drawn shapes")
+    assert drawn["passed"] and drawn["cases"] >= 20  # the ci profile's count
+    assert drawn["precision"]["tier"] == "fp32"
+    canonical = verdicts.result("honest", "canonical seed0")
+    assert canonical["inputs"] == "x: float32[16, 64]" and canonical["max_abs"] == 0.0
+
+
+def test_the_three_canonical_seeds_give_three_different_secret_inputs(verdicts):
+    seeds = {verdicts.result("honest", f"canonical seed{i}")["seed"] for i in range(3)}
+    assert len(seeds) == 3
+
+
+def test_it_passes_a_reduced_precision_candidate_and_reports_it_as_half_like(verdicts):
+    for test in (*CANONICAL, DRAWN):
+        assert verdicts.outcome("bf16", test) == "passed", verdicts.text("bf16", test)
+    data = verdicts.result("bf16", "canonical seed0")
+    assert data["precision"]["tier"] == "half-like"
+    assert 1e-3 < data["precision"]["candidate_error"] < 4e-3
+    assert data["precision"]["reference_error"] < 1e-6
+    assert any("bf16" in line and "half-like" in line and "pass" in line for line in verdicts.output.splitlines())
+
+
+def test_it_accepts_last_bit_differences_from_a_workdir_that_declares_them(verdicts):
+    for test in (*CANONICAL, DRAWN):
+        assert verdicts.outcome("flaky_declared", test) == "passed", verdicts.text("flaky_declared", test)
+
+
+def test_the_summary_prints_one_correctness_table_for_every_workdir(verdicts):
+    # Every item that ran has a row (import_error's items never ran): 16 workdirs x 4 items.
+    # Passed: honest, bf16, flaky_declared (4 each), canonical_only and rejects_odd_sizes (3 each).
+    assert "cudaopt summary" in verdicts.output
+    assert "cudaopt correctness: 18 of 64 passed" in verdicts.output
+    rows = [line for line in verdicts.output.splitlines() if line.startswith(("honest ", "bf16 "))]
+    assert len(rows) == 8, verdicts.output
+    assert len(verdicts.report["results"]) == 64
+
+
+# -- cheats --------------------------------------------------------------------------------------
+
+def test_it_fails_a_candidate_that_is_correct_only_at_the_canonical_shape(verdicts):
+    for test in CANONICAL:
+        assert verdicts.outcome("canonical_only", test) == "passed"
+    assert verdicts.outcome("canonical_only", DRAWN) == "failed"
+    text = verdicts.text("canonical_only", DRAWN)
+    assert "ModelNew's output differs from Model's" in text
+    assert "NaN where the reference has a value" in text        # the unwritten tail
+    assert "case: drawn shape batch_size=" in text and "inputs x: float32[" in text
+    assert "replay: pytest " in text and "--cudaopt-seed=" in text and "--cudaopt-case=batch_size=" in text
+
+
+def test_it_fails_a_candidate_that_raises_on_a_valid_drawn_shape_with_its_line(verdicts):
+    assert verdicts.outcome("rejects_odd_sizes", "test_canonical[seed0]") == "passed"
+    text = verdicts.text("rejects_odd_sizes", DRAWN)
+    assert verdicts.outcome("rejects_odd_sizes", DRAWN) == "failed"
+    assert "ModelNew.forward raised" in text
+    assert "model_new.py:17 in forward" in text and "ValueError: features must be a multiple of 4" in text
+
+
+def test_it_fails_a_candidate_that_caches_its_output(verdicts):
+    for test in (*CANONICAL, DRAWN):
+        assert verdicts.outcome("caches_output", test) == "failed"
+    text = verdicts.text("caches_output", "test_canonical[seed0]")
+    assert "returned the same tensor object returned by an earlier call" in text and "cached" in text
+
+
+def test_it_fails_a_candidate_that_mutates_an_input(verdicts):
+    text = verdicts.text("mutates_input", "test_canonical[seed0]")
+    assert verdicts.outcome("mutates_input", "test_canonical[seed0]") == "failed"
+    assert "ModelNew.forward wrote into input 0 (x) float32[16, 64]" in text
+    assert "1024 of 1024 elements changed" in text
+
+
+def test_it_fails_a_candidate_that_returns_its_input(verdicts):
+    text = verdicts.text("returns_input", "test_canonical[seed0]")
+    assert verdicts.outcome("returns_input", "test_canonical[seed0]") == "failed"
+    assert "output float32[16, 64] on cpu is input 0 (x)" in text
+
+
+def test_it_fails_a_candidate_that_returns_a_view_of_its_input(verdicts):
+    text = verdicts.text("returns_view", "test_canonical[seed0]")
+    assert verdicts.outcome("returns_view", "test_canonical[seed0]") == "failed"
+    assert "shares storage with (a view of) input 0 (x)" in text
+
+
+@pytest.mark.parametrize("variant, expected", [
+    ("python_matmul", ["model_new.py:16: aten::mm from torch.matmul", "aten::diag_embed from torch.diag"]),
+    ("python_softmax", ["model_new.py:17: aten::_softmax from Tensor.softmax via torch/nn/functional.py",
+                        "model_new.py:18: aten::mul.Tensor from a Python operator"]),
+    ("python_method", ["model_new.py:16: aten::mul.Tensor from Tensor.mul",
+                       "model_new.py:16: aten::add.Tensor from Tensor.add"]),
+])
+def test_it_fails_a_candidate_that_computes_with_torch_in_python_naming_op_and_line(verdicts, variant, expected):
+    text = verdicts.text(variant, "test_canonical[seed0]")
+    assert verdicts.outcome(variant, "test_canonical[seed0]") == "failed"
+    assert "operator(s) outside the allow-list" in text
+    for line in expected:
+        assert line in text
+
+
+def test_it_fails_a_candidate_whose_cpp_binding_calls_aten_ops(verdicts):
+    text = verdicts.text("cpp_aten", "test_canonical[seed0]")
+    assert verdicts.outcome("cpp_aten", "test_canonical[seed0]") == "failed"
+    assert "model_new.py:16: aten::mul.Tensor sent from C++ inside cuda_extension.scale_aten" in text
+    assert "aten::add.Tensor sent from C++ inside cuda_extension.scale_aten" in text
+
+
+def test_it_fails_a_candidate_that_leaves_part_of_the_output_unwritten(verdicts):
+    text = verdicts.text("unwritten", "test_canonical[seed0]")
+    assert verdicts.outcome("unwritten", "test_canonical[seed0]") == "failed"
+    assert "1 of 1024 elements" in text and "actual nan" in text and "[15, 63]" in text
+    assert "output elements the candidate never wrote" in text
+
+
+def test_it_fails_a_candidate_that_gives_different_results_on_two_runs(verdicts):
+    text = verdicts.text("flaky", "test_canonical[seed0]")
+    assert verdicts.outcome("flaky", "test_canonical[seed0]") == "failed"
+    assert "two runs of ModelNew on the same inputs differ in 1 of 1024 elements" in text
+    assert "CUDAOPT_NONDETERMINISTIC = True" in text
+    assert verdicts.result("flaky", "canonical seed0")["check"] == "nondeterministic"
+
+
+# -- workdirs that do not load ---------------------------------------------------------------------
+
+def test_a_state_dict_mismatch_names_the_missing_and_unexpected_keys(verdicts):
+    text = verdicts.text("wrong_state", "test_canonical[seed0]")
+    assert verdicts.outcome("wrong_state", "test_canonical[seed0]") == "failed"
+    assert "ModelNew's state_dict keys differ from Model's (model.py)" in text
+    assert "missing (in Model, not in ModelNew): bias, weight" in text
+    assert "unexpected (in ModelNew, not in Model): scale, shift" in text
+
+
+def test_an_import_error_names_the_file_and_the_line(verdicts):
+    outcome, text = verdicts.cases[("import_error", "test_canonical[seed0]")]
+    assert outcome == "error"  # the workdir fixture fails: no test of it can run
+    assert "import_error/model_new.py failed" in text
+    assert "model_new.py:7 in <module>: from helpers_that_do_not_exist import fused_scale" in text
+    assert "ModuleNotFoundError: No module named 'helpers_that_do_not_exist'" in text
+    assert "Traceback" not in text
+
+
+# -- sessions of their own -----------------------------------------------------------------------
+
+@pytest.fixture
+def cheat(pytester, prebuilt_workdir):
+    """`cheat(variant)`: pytester.path/wd, the built cheat workdir with that model_new.py."""
+
+    def make(variant: str = "honest") -> Path:
+        pytester.makeini(INI)
+        return copy_cheat(prebuilt_workdir, pytester.path / "wd", variant)
+
+    return make
+
+
+def test_a_cuda_fault_fails_its_test_and_the_later_ones_report_it_instead_of_cascading(pytester, cheat):
+    cheat("fault")
+    result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness")
+    result.assert_outcomes(failed=1, errors=3)
+    result.stdout.fnmatch_lines([
+        "*CUDA fault on case canonical inputs of get_inputs(), seed *",
+        "*CUDA error: an illegal memory access was encountered*",
+        "*compute-sanitizer pytest 'wd/model_new.py::TestCorrectness::test_canonical[[]seed0]' --cudaopt-seed=*",
+    ])
+    result.stdout.fnmatch_lines([
+        "*not run: an earlier CUDA fault in wd/model_new.py::TestCorrectness::test_canonical[[]seed0] *",
+    ])
+    result.stdout.fnmatch_lines(["*cudaopt summary*", "*FAIL (CUDA fault)*"])
+
+
+def test_a_hanging_candidate_is_stopped_by_the_timeout_naming_the_test_and_case(pytester, cheat):
+    cheat("hangs")
+    result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness", "--cudaopt-timeout=20", timeout=300)
+    assert result.ret == 1
+    result.stderr.fnmatch_lines([
+        "*cudaopt: TIMEOUT: wd/model_new.py::TestCorrectness::test_canonical[[]seed0] ran longer than "
+        "cudaopt_timeout=20s on case canonical inputs of get_inputs(), seed *",
+        "*model_new.py*line 18, in forward*",
+        "*time.sleep(3600)*",
+    ])
+
+
+def test_a_drawn_failure_replays_from_the_printed_command(pytester, cheat):
+    cheat("canonical_only")
+    first = run_pytest(pytester, "wd/model_new.py::TestCorrectness::test_drawn_shapes")
+    first.assert_outcomes(failed=1)
+    replay = next(line for line in first.stdout.lines if line.startswith("replay: pytest "))
+    again = run_pytest(pytester, *shlex.split(replay.removeprefix("replay: pytest ")))
+    again.assert_outcomes(failed=1)
+    case = next(line for line in first.stdout.lines if line.startswith("case: drawn shape"))
+    assert case in again.stdout.lines  # same shape, same seed, same inputs
+    assert "max abs err" in again.stdout.str()
+
+
+def test_a_replayed_shape_that_passes_passes(pytester, cheat):
+    cheat("canonical_only")
+    result = run_pytest(pytester, "wd/model_new.py::TestCorrectness::test_drawn_shapes",
+                        "--cudaopt-case=batch_size=3,features=8")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*drawn shapes (1 cases)*x: float32[[]3, 8]*pass*"])
+
+
+def test_a_build_error_fails_every_item_with_the_compiler_report(pytester, cheat):
+    workdir = cheat()
+    broken = workdir / "kernels" / "broken.cpp"
+    broken.write_text('#error "deliberately broken kernel"\n')
+    result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness")
+    result.assert_outcomes(errors=4)
+    result.stdout.fnmatch_lines(["*kernels/broken.cpp:1*deliberately broken kernel*"])
+    assert "Traceback" not in result.stdout.str()
+
+
+def test_cudaopt_verify_prints_the_same_verdict_and_exits_non_zero_on_a_cheat(pytester, cheat):
+    env = {**subprocess_env(), "CUDAOPT_DEVICE": "cpu"}
+    command = [sys.executable, "-m", "pytest_cudaopt.cli", "verify", "wd"]
+    cheat("unwritten")
+    failing = subprocess.run(command, cwd=pytester.path, env=env, capture_output=True, text=True, timeout=600)
+    assert failing.returncode == 1, failing.stdout + failing.stderr
+    assert "cudaopt correctness: 0 of 4 passed" in failing.stdout
+    assert "FAIL (mismatch)" in failing.stdout and "output elements the candidate never wrote" in failing.stdout
+    cheat("flaky_declared")
+    passing = subprocess.run(command, cwd=pytester.path, env=env, capture_output=True, text=True, timeout=600)
+    assert passing.returncode == 0, passing.stdout + passing.stderr
+    assert "cudaopt correctness: 4 of 4 passed" in passing.stdout

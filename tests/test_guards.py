@@ -1,0 +1,279 @@
+"""guards.py in process: each guard against a planted cheat, with NumPy standing in for a kernel."""
+
+import importlib.util
+import math
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+import torch
+
+from conftest import subprocess_env
+from pytest_cudaopt import guards
+
+# A "kernel" that never reaches the dispatcher: NumPy on the tensors' memory.
+KERNELS = """
+import numpy as np
+import torch
+
+calls = 0
+
+
+def scale(x, w):
+    out = torch.empty_like(x)
+    np.multiply(x.numpy(), w.detach().numpy(), out=out.numpy())
+    return out
+
+
+def scale_skip_last(x, w):
+    out = torch.empty_like(x)
+    flat, xs = out.numpy().reshape(-1), x.numpy().reshape(-1)
+    ws = np.broadcast_to(w.detach().numpy(), x.shape).reshape(-1)
+    flat[:-1] = xs[:-1] * ws[:-1]
+    return out
+
+
+def scale_flaky(x, w):
+    global calls
+    out = scale(x, w)
+    calls += 1
+    if calls % 2 == 0:
+        out.numpy().reshape(-1)[0] = np.nextafter(out.numpy().reshape(-1)[0], np.inf)
+    return out
+
+
+def scale_in_place(x, w):
+    np.multiply(x.numpy(), w.detach().numpy(), out=x.numpy())
+    return x
+"""
+
+CANDIDATE = """
+import torch
+import torch.nn as nn
+
+import kernels
+
+CACHE = []
+
+
+class Model(nn.Module):
+    def __init__(self, n=8):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(n))
+
+    def forward(self, x):
+        return x * self.w
+
+
+class Honest(Model):
+    def forward(self, x):
+        return kernels.scale(x, self.w)
+
+
+class Cached(Model):
+    def forward(self, x):
+        if not CACHE:
+            CACHE.append(kernels.scale(x, self.w))
+        return CACHE[0]
+
+
+class Mutates(Model):
+    def forward(self, x):
+        out = kernels.scale(x, self.w)
+        x.numpy()[0, 0] = 123.0
+        return out
+
+
+class ReturnsInput(Model):
+    def forward(self, x):
+        return kernels.scale_in_place(x, self.w)
+
+
+class ReturnsParameter(Model):
+    def forward(self, x):
+        return self.w.detach()
+
+
+class ReturnsParameterObject(Model):
+    def forward(self, x):
+        return self.w
+
+
+class Unwritten(Model):
+    def forward(self, x):
+        return kernels.scale_skip_last(x, self.w)
+
+
+class Flaky(Model):
+    def forward(self, x):
+        return kernels.scale_flaky(x, self.w)
+
+
+class TorchInPython(Model):
+    def forward(self, x):
+        y = torch.empty_like(x)          # allocation: allowed
+        z = x.view(-1).view(x.shape)     # views: allowed
+        return torch.mul(z, self.w)      # line 67: an op
+
+
+class ChangesWeight(Model):
+    def forward(self, x):
+        self.w.detach().numpy()[0] = 0.0
+        return kernels.scale(x, self.w)
+"""
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    """A folder with the candidate module and its NumPy "kernels", imported."""
+    (tmp_path / "kernels.py").write_text(textwrap.dedent(KERNELS))
+    (tmp_path / "model_new.py").write_text(textwrap.dedent(CANDIDATE))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        spec = importlib.util.spec_from_file_location("guarded_model_new", tmp_path / "model_new.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(tmp_path))
+        kernels = sys.modules.pop("kernels")
+    module.kernels_module = kernels
+    module.path = tmp_path
+    return module
+
+
+def trial(workdir, cls_name: str, **options) -> tuple[guards.Trial, list]:
+    torch.manual_seed(0)
+    model = workdir.Model()
+    candidate = getattr(workdir, cls_name)()
+    candidate.load_state_dict(model.state_dict())
+    model.eval(), candidate.eval()
+    t = guards.Trial(model=model, model_new=candidate, model64=guards.float64_copy(model),
+                     workdir=workdir.path, extension=None, device=torch.device("cpu"),
+                     atol=1e-2, rtol=1e-2, input_names=["x"], **options)
+    return t, [torch.randn(4, 8)]
+
+
+def test_an_honest_candidate_passes_every_guard_and_is_fp32(workdir):
+    t, inputs = trial(workdir, "Honest")
+    outcome = guards.run_case(t, inputs)
+    assert outcome.comparison.passed and outcome.comparison.max_abs == 0.0
+    assert outcome.precision.tier == "fp32"
+
+
+@pytest.mark.parametrize("cls_name, check, words", [
+    ("Cached", "cached output", "returned the same tensor object returned by an earlier call"),
+    ("Mutates", "input mutated", "wrote into input 0 (x) float32[4, 8] on cpu: 1 of 32 elements changed "
+                                 "(first at [0, 0]:"),
+    ("ReturnsInput", "output aliases input", "output float32[4, 8] on cpu is input 0 (x)"),
+    ("ReturnsParameter", "output aliases state", "shares storage with ModelNew's parameter/buffer 'w'"),
+    ("ReturnsParameterObject", "output type", "returned a torch.nn.parameter.Parameter as output"),
+    ("Unwritten", "mismatch", "1 of 32 elements"),
+    ("Flaky", "nondeterministic", "two runs of ModelNew on the same inputs differ in 1 of 32 elements"),
+    ("TorchInPython", "op audit", "model_new.py:67: aten::mul.Tensor from torch.mul"),
+    ("ChangesWeight", "state mutated", "changed its parameter/buffer 'w'"),
+])
+def test_each_guard_catches_its_cheat(workdir, cls_name, check, words):
+    t, inputs = trial(workdir, cls_name)
+    with pytest.raises(guards.GuardFailure) as info:
+        guards.run_case(t, inputs)
+    assert info.value.check == check
+    assert words in info.value.message
+
+
+def test_the_op_audit_lists_only_the_op_not_the_allocation_or_views(workdir):
+    t, inputs = trial(workdir, "TorchInPython")
+    with pytest.raises(guards.GuardFailure) as info:
+        guards.run_case(t, inputs)
+    assert "1 operator(s) outside the allow-list" in info.value.message
+    assert "aten::empty" not in info.value.message and "aten::view" not in info.value.message
+
+
+def test_allow_ops_extends_the_allow_list(workdir):
+    t, inputs = trial(workdir, "TorchInPython", extra_allowed=frozenset({"aten::mul"}))
+    assert guards.run_case(t, inputs).comparison.passed
+
+
+def test_a_declared_nondeterministic_candidate_passes_within_the_tolerance(workdir):
+    t, inputs = trial(workdir, "Flaky", nondeterministic=True)
+    assert guards.run_case(t, inputs).comparison.passed
+
+
+def test_an_op_sent_by_an_extension_function_is_attributed_to_cpp(workdir):
+    extension = types.ModuleType("cuda_extension")
+    extension.fused = torch.mul  # a builtin that sends aten::mul, like a C++ binding calling at::mul
+    audit = guards.OpAudit(workdir.path, extension)
+    with audit:
+        extension.fused(torch.ones(2), 2.0)
+    (op,) = audit.violations()
+    assert op.from_cpp and op.caller == "cuda_extension.fused" and op.op == "aten::mul.Tensor"
+    assert "sent from C++ inside cuda_extension.fused" in op.describe()
+
+
+def test_memory_is_filled_with_nan_while_poisoned_and_the_flags_are_restored():
+    import torch.utils.deterministic as det
+
+    before = (torch.are_deterministic_algorithms_enabled(), det.fill_uninitialized_memory)
+    with guards.poisoned_memory("cpu"):
+        assert torch.isnan(torch.empty(64)).all()
+        assert (torch.empty(4, dtype=torch.int32) == torch.iinfo(torch.int32).max).all()
+    assert (torch.are_deterministic_algorithms_enabled(), det.fill_uninitialized_memory) == before
+
+
+def test_fresh_outputs_may_not_share_storage_with_a_still_alive_earlier_output():
+    kept = torch.zeros(10)
+    history = guards.OutputHistory()
+    history.add(kept)
+    with pytest.raises(guards.GuardFailure, match="sharing storage with the output"):
+        guards.check_fresh_outputs(kept[2:5], [], torch.nn.Module(), history.alive())
+    dropped = torch.zeros(10)
+    history.add(dropped)
+    del dropped
+    assert [t is kept for t in history.alive()] == [True]
+
+
+def test_seeds_are_derived_per_trial_and_reproducible():
+    a = guards.derive_seed(42, "canonical", 0)
+    assert a == guards.derive_seed(42, "canonical", 0)
+    assert a != guards.derive_seed(42, "canonical", 1) and a != guards.derive_seed(43, "canonical", 0)
+    assert 0 <= a < 2**63
+
+
+@pytest.mark.parametrize("exc, fault", [
+    (RuntimeError("CUDA error: an illegal memory access was encountered"), True),
+    (RuntimeError("CUDA error: unspecified launch failure"), True),
+    (RuntimeError("expected scalar type Float"), False),
+    (ValueError("CUDA error: but not a RuntimeError"), False),
+])
+def test_cuda_faults_are_told_from_ordinary_errors(exc, fault):
+    assert guards.is_cuda_fault(exc) is fault
+
+
+def test_the_watchdog_ends_a_hung_process_naming_the_test_and_case(tmp_path):
+    script = tmp_path / "hang.py"
+    script.write_text(textwrap.dedent("""
+        import time
+        from pytest_cudaopt import guards
+        with guards.Watchdog(1.0, "t.py::test_x"):
+            guards.set_case("shape n=3")
+            time.sleep(60)
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                          env=subprocess_env())
+    assert done.returncode == 1
+    assert "cudaopt: TIMEOUT: t.py::test_x ran longer than cudaopt_timeout=1s on case shape n=3" in done.stderr
+    assert "time.sleep(60)" in done.stderr
+
+
+def test_the_watchdog_lets_a_quick_test_finish():
+    with guards.Watchdog(30.0, "t.py::test_quick") as dog:
+        assert guards.Watchdog.current is dog
+    assert guards.Watchdog.current is None
+
+
+def test_inputs_unchanged_compares_bits_so_a_nan_stays_a_nan():
+    before = [torch.tensor([math.nan, 1.0])]
+    guards.check_inputs_unchanged(before, [before[0].clone()])
+    with pytest.raises(guards.GuardFailure, match="1 of 2 elements changed"):
+        guards.check_inputs_unchanged(before, [torch.tensor([math.nan, 2.0])])

@@ -1,0 +1,215 @@
+"""shapes.py: constants found in KernelBench files, declared shapes, meta-device checks, profiles."""
+
+import textwrap
+import types
+
+import pytest
+from hypothesis import given, settings as hsettings, strategies as st
+
+from pytest_cudaopt import shapes
+
+
+def module_from(source: str, name: str = "model_under_test") -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__file__ = f"/work/{name}.py"
+    exec(compile(textwrap.dedent(source), module.__file__, "exec"), module.__dict__)
+    return module
+
+
+KERNELBENCH = textwrap.dedent("""
+    import torch
+    import torch.nn as nn
+
+    batch_size = 16
+    n_head = 4
+    n_embd = 64
+    dropout = 0.0      # a float: not varied
+    use_bias = True    # a bool: not varied
+    unrelated = 99     # not read by get_inputs/get_init_inputs
+
+    def _shape():
+        return (batch_size, n_embd)
+
+    class Model(nn.Module):
+        def __init__(self, n_embd, n_head):
+            super().__init__()
+            assert n_embd % n_head == 0, "n_embd must be a multiple of n_head"
+            self.proj = nn.Linear(n_embd, n_embd)
+            self.n_head = n_head
+
+        def forward(self, x):
+            return self.proj(x)
+
+    def get_inputs():
+        return [torch.randn(*_shape())]
+
+    def get_init_inputs():
+        return [n_embd, n_head]
+""")
+
+
+def test_it_infers_the_int_constants_that_get_inputs_and_get_init_inputs_read():
+    module = module_from(KERNELBENCH)
+    # batch_size is read through the helper _shape(); floats, bools and unread names are not.
+    assert shapes.infer_constants(module) == {"batch_size": 16, "n_head": 4, "n_embd": 64}
+
+
+def test_constants_read_inside_a_comprehension_are_found():
+    module = module_from("""
+        import torch
+        count = 3
+        size = 5
+        def get_inputs():
+            return [torch.randn(size) for _ in range(count)]
+        def get_init_inputs():
+            return []
+    """)
+    assert shapes.infer_constants(module) == {"count": 3, "size": 5}
+
+
+def test_applied_sets_the_constants_and_restores_them():
+    module = module_from(KERNELBENCH)
+    with shapes.applied(module, {"batch_size": 3}):
+        assert module.get_inputs()[0].shape == (3, 64)
+    assert module.batch_size == 16
+    with pytest.raises(shapes.ShapeError, match="defines no constant nope"):
+        with shapes.applied(module, {"nope": 1}):
+            pass
+
+
+def test_the_meta_device_accepts_valid_shapes_and_rejects_invalid_ones():
+    module = module_from(KERNELBENCH)
+    ok = shapes.check_on_meta(module, {"batch_size": 7, "n_embd": 12, "n_head": 3})
+    assert ok.valid and ok.shapes == [(7, 12)] and ok.elements == 84
+    bad = shapes.check_on_meta(module, {"n_embd": 10, "n_head": 3})
+    assert not bad.valid and "n_embd must be a multiple of n_head" in bad.reason
+    assert module.n_embd == 64  # restored after a failing check too
+
+
+@given(st.data())
+@hsettings(max_examples=60, deadline=None)
+def test_drawn_sizes_stay_between_1_and_twice_the_default(data):
+    default = data.draw(st.integers(1, 5000))
+    value = data.draw(shapes.around(default))
+    assert 1 <= value <= max(2 * default, 8)
+
+
+def test_drawn_sizes_include_edge_sizes_around_the_default():
+    seen = set()
+
+    @given(shapes.around(256))
+    @hsettings(max_examples=300, deadline=None, derandomize=True, database=None)
+    def collect(value):
+        seen.add(value)
+
+    collect()
+    assert 256 in seen and 1 in seen
+    assert {255, 257} & seen                       # just off the multiple of 32/128
+    assert any(v % 32 for v in seen)
+    assert {127, 129, 31, 33, 251, 509} & seen     # primes and off-by-one sizes
+
+
+def test_the_inferred_space_names_its_constants_and_caps_the_elements():
+    space = shapes.shape_space(module_from(KERNELBENCH))
+    assert space.strategy is not None and not space.declared
+    assert space.source == "inferred from batch_size=16, n_head=4, n_embd=64"
+    assert space.canonical_elements == 16 * 64
+    assert space.max_elements == 4096  # max(2 * 1024, 4096)
+    assert shapes.shape_space(module_from(KERNELBENCH), max_elements=100).max_elements == 100
+
+
+def test_declared_ranges_lists_and_ranges_are_drawn_as_declared():
+    module = module_from(KERNELBENCH + textwrap.dedent("""
+    CUDAOPT_SHAPES = {"batch_size": (1, 4), "n_head": [2, 4], "n_embd": range(8, 33, 8)}
+    """))
+    space = shapes.shape_space(module)
+    assert space.declared and "declared by CUDAOPT_SHAPES" in space.source
+    drawn = []
+
+    @given(space.strategy)
+    @hsettings(max_examples=50, deadline=None, database=None)
+    def collect(case):
+        drawn.append(case)
+
+    collect()
+    assert all(set(c) == {"batch_size", "n_head", "n_embd"} for c in drawn)
+    assert all(1 <= c["batch_size"] <= 4 and c["n_head"] in (2, 4) and c["n_embd"] in (8, 16, 24, 32)
+               for c in drawn)
+
+
+def test_a_declared_strategy_function_draws_dependent_constants():
+    module = module_from(KERNELBENCH + textwrap.dedent("""
+    from hypothesis import strategies as st
+    def CUDAOPT_SHAPES():
+        return st.integers(1, 8).map(lambda h: {"n_head": h, "n_embd": 8 * h})
+    """))
+    space = shapes.shape_space(module)
+
+    @given(space.strategy)
+    @hsettings(max_examples=20, deadline=None, database=None)
+    def check(case):
+        assert case["n_embd"] == 8 * case["n_head"]
+        assert shapes.check_on_meta(module, case).valid
+
+    check()
+
+
+@pytest.mark.parametrize("declaration, message", [
+    ('{"nope": (1, 2)}', "names 'nope', which /work/model_under_test.py does not define"),
+    ('{"batch_size": (5, 1)}', "low 5 > high 1"),
+    ('{"batch_size": "big"}', "expected (low, high) (inclusive), a list of values"),
+    ('[1, 2]', "must be a dict"),
+])
+def test_a_bad_declaration_says_what_is_wrong(declaration, message):
+    module = module_from(KERNELBENCH + f"\nCUDAOPT_SHAPES = {declaration}\n")
+    with pytest.raises(shapes.ShapeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        shapes.shape_space(module)
+
+
+def test_an_empty_declaration_turns_the_drawn_shapes_off():
+    space = shapes.shape_space(module_from(KERNELBENCH + "\nCUDAOPT_SHAPES = {}\n"))
+    assert space.strategy is None and "no drawn shapes" in space.source
+
+
+def test_a_module_without_constants_has_no_space_and_says_how_to_declare_one():
+    space = shapes.shape_space(module_from("""
+        import torch
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return x
+        def get_inputs():
+            return [torch.randn(4, 4)]
+        def get_init_inputs():
+            return []
+    """))
+    assert space.strategy is None and "declare CUDAOPT_SHAPES" in space.source
+
+
+def test_a_reference_that_cannot_run_on_meta_is_noted_not_fatal():
+    space = shapes.shape_space(module_from("""
+        import torch
+        n = 8
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return x[x > 0]     # data-dependent: no meta kernel can size it
+        def get_inputs():
+            return [torch.randn(n)]
+        def get_init_inputs():
+            return []
+    """))
+    assert space.strategy is not None and not space.meta_usable and space.meta_note
+
+
+def test_case_text_round_trips():
+    assert shapes.parse_case("batch_size=3, dim=17") == {"batch_size": 3, "dim": 17}
+    assert shapes.format_case({"batch_size": 3, "dim": 17}) == "batch_size=3,dim=17"
+    with pytest.raises(shapes.ShapeError, match="expected an int"):
+        shapes.parse_case("dim=x")
+
+
+def test_profiles_ci_is_derandomised_and_modest_thorough_is_large():
+    ci = shapes.hypothesis_settings("ci")
+    thorough = shapes.hypothesis_settings("thorough")
+    assert ci.derandomize and ci.deadline is None and ci.database is None and 20 <= ci.max_examples <= 30
+    assert not thorough.derandomize and thorough.max_examples >= 200
+    assert shapes.hypothesis_settings("ci", max_examples=7).max_examples == 7

@@ -1,0 +1,163 @@
+"""workdir.py on small pure-Python workdirs: distinct modules, cuda_extension per workdir, strict state dicts, seeded inputs."""
+
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from pytest_cudaopt.workdir import WorkdirError, load_workdir, module_prefix
+
+MODEL = """
+import torch
+import torch.nn as nn
+
+batch_size = 4
+features = 8
+
+
+class Model(nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(features))
+
+    def forward(self, x):
+        return x * self.weight
+
+
+def get_inputs():
+    return [torch.randn(batch_size, features)]
+
+
+def get_init_inputs():
+    return [features]
+"""
+
+MODEL_NEW = """
+import torch
+import torch.nn as nn
+
+import cuda_extension
+
+TAG = cuda_extension.TAG
+
+
+class ModelNew(nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(features))
+
+    def forward(self, x):
+        return cuda_extension.scale(x, self.weight)
+"""
+
+
+def fake_extension(tag: str) -> types.ModuleType:
+    """A stand-in for a built cuda_extension: a module with a `scale` function."""
+    module = types.ModuleType("cuda_extension")
+    module.TAG = tag
+    module.scale = lambda x, w: x * w
+    return module
+
+
+def make(tmp_path: Path, name: str, model: str = MODEL, model_new: str = MODEL_NEW) -> Path:
+    path = tmp_path / name
+    path.mkdir()
+    (path / "model.py").write_text(textwrap.dedent(model))
+    (path / "model_new.py").write_text(textwrap.dedent(model_new))
+    return path
+
+
+def test_two_workdirs_load_side_by_side_each_with_its_own_extension(tmp_path):
+    a = load_workdir(make(tmp_path, "a"), fake_extension("A"))
+    b = load_workdir(make(tmp_path, "b"), fake_extension("B"))
+    assert a.candidate.TAG == "A" and b.candidate.TAG == "B"
+    assert a.reference is not b.reference
+    assert a.reference.__name__ == f"{module_prefix(a.path)}.model"
+    assert a.candidate.__name__ == f"{module_prefix(a.path)}.model_new"
+    assert module_prefix(a.path) != module_prefix(b.path)
+    # The import-time names are put back as they were.
+    assert "cuda_extension" not in sys.modules and "model" not in sys.modules
+
+
+def test_make_models_copies_the_state_dict_and_sets_eval_mode(tmp_path):
+    wd = load_workdir(make(tmp_path, "w"), fake_extension("A"))
+    model, model_new = wd.make_models("cpu", seed=1)
+    assert torch.equal(model.weight, model_new.weight)
+    assert not model.training and not model_new.training
+    again, _ = wd.make_models("cpu", seed=1)
+    other, _ = wd.make_models("cpu", seed=2)
+    assert torch.equal(again.weight, model.weight) and not torch.equal(other.weight, model.weight)
+
+
+def test_inputs_depend_on_the_seed_only_and_leave_the_global_rng_alone(tmp_path):
+    wd = load_workdir(make(tmp_path, "w"), fake_extension("A"))
+    torch.manual_seed(123)
+    expected_next = torch.rand(1)
+    torch.manual_seed(123)
+    first = wd.inputs(7)
+    assert torch.equal(torch.rand(1), expected_next)  # the global generator did not move
+    assert torch.equal(wd.inputs(7)[0], first[0])
+    assert not torch.equal(wd.inputs(8)[0], first[0])
+    assert first[0].shape == (4, 8)
+
+
+def test_a_state_dict_mismatch_names_missing_and_unexpected_keys_and_the_file(tmp_path):
+    renamed = MODEL_NEW.replace("self.weight", "self.scale")
+    wd = load_workdir(make(tmp_path, "w", model_new=renamed), fake_extension("A"))
+    with pytest.raises(WorkdirError) as info:
+        wd.make_models("cpu")
+    message = str(info.value)
+    assert message.startswith("model_new.py: ModelNew's state_dict keys differ from Model's (model.py)")
+    assert "missing (in Model, not in ModelNew): weight" in message
+    assert "unexpected (in ModelNew, not in Model): scale" in message
+
+
+def test_a_state_dict_shape_mismatch_is_reported(tmp_path):
+    wrong = MODEL_NEW.replace("torch.randn(features)", "torch.randn(features + 1)")
+    wd = load_workdir(make(tmp_path, "w", model_new=wrong), fake_extension("A"))
+    with pytest.raises(WorkdirError, match="size mismatch for weight"):
+        wd.make_models("cpu")
+
+
+def test_an_error_while_importing_shows_the_workdir_line_not_the_loader(tmp_path):
+    broken = MODEL_NEW.replace("TAG = cuda_extension.TAG", "TAG = cuda_extension.NOPE")
+    with pytest.raises(WorkdirError) as info:
+        load_workdir(make(tmp_path, "w", model_new=broken), fake_extension("A"))
+    message = str(info.value)
+    assert "importing" in message and "model_new.py failed" in message
+    assert "model_new.py:7 in <module>: TAG = cuda_extension.NOPE" in message
+    assert "AttributeError" in message
+    assert "importlib" not in message and "workdir.py" not in message
+
+
+def test_an_error_in_the_constructor_names_the_call_and_the_line(tmp_path):
+    broken = MODEL.replace("super().__init__()", "super().__init__()\n        raise ValueError('bad features')")
+    wd = load_workdir(make(tmp_path, "w", model=broken), fake_extension("A"))
+    with pytest.raises(WorkdirError) as info:
+        wd.make_models("cpu")
+    message = str(info.value)
+    assert message.startswith("model.py: Model(*get_init_inputs()) raised:")
+    assert "model.py:12 in __init__: raise ValueError('bad features')" in message
+
+
+def test_model_new_can_import_helpers_and_the_reference_from_its_workdir(tmp_path):
+    uses_model = MODEL_NEW.replace("import cuda_extension", "import cuda_extension\nimport model\nfrom helper import K")
+    path = make(tmp_path, "w", model_new=uses_model)
+    (path / "helper.py").write_text("K = 3\n")
+    wd = load_workdir(path, fake_extension("A"))
+    assert wd.candidate.model is wd.reference and wd.candidate.K == 3
+
+
+def test_a_folder_without_model_py_is_not_a_workdir(tmp_path):
+    (tmp_path / "model_new.py").write_text("")
+    with pytest.raises(WorkdirError, match="is not a workdir: it has no model.py"):
+        load_workdir(tmp_path, None)
+
+
+def test_the_nondeterministic_declaration_is_read_from_model_new(tmp_path):
+    declared = MODEL_NEW + "\nCUDAOPT_NONDETERMINISTIC = True\n"
+    assert load_workdir(make(tmp_path, "a", model_new=declared), fake_extension("A")).nondeterministic
+    assert not load_workdir(make(tmp_path, "b"), fake_extension("A")).nondeterministic
