@@ -1,5 +1,177 @@
-"""Placeholder: the perf verdict's items (being written)."""
+"""The speed verdict's items: eager, torch.compile, peers and the custom path timed by one engine, then gated."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from pytest_cudaopt import baselines, report, timing
+
+# pytest-benchmark rounds of the custom path (bounded: the engine's medians are the verdict).
+BENCHMARK_ROUNDS = (5, 200)
 
 
+def _derive_seed(session_seed: int, *parts: Any) -> int:
+    from pytest_cudaopt.guards import derive_seed
+
+    return derive_seed(session_seed, *parts)
+
+
+def _compare(settings: Any):
+    from pytest_cudaopt.compare import compare_outputs
+
+    def check(output: Any, expected: Any) -> str | None:
+        result = compare_outputs(output, expected, atol=settings.atol, rtol=settings.rtol)
+        return None if result.passed else result.table()
+
+    return check
+
+
+def _tier(model: torch.nn.Module, candidate: Any, inputs: list,
+          scope: Any = None) -> tuple[str, str]:
+    """(tier, note) of a contender's precision, measured against a float64 reference
+    (the contender runs inside its scope, e.g. with TF32 allowed)."""
+    from pytest_cudaopt.compare import measure_precision
+
+    def call(*args: Any) -> Any:
+        if scope is None:
+            return candidate(*args)
+        with scope():
+            return candidate(*args)
+
+    try:
+        with baselines.fp32_strict():
+            precision = measure_precision(model, call, inputs)
+    except Exception as exc:
+        return "unknown", f"not measured: {type(exc).__name__}: {exc}"
+    return precision.tier, precision.describe()
+
+
+def _load(session: Any, path: Path, extension: Any):
+    from pytest_cudaopt.workdir import load_workdir
+
+    cached = getattr(session, "workdir", None)
+    if callable(cached):
+        return cached(path)
+    return load_workdir(path, extension)
+
+
+def _is_fault(exc: BaseException | None) -> bool:
+    if exc is None:
+        return False
+    from pytest_cudaopt.guards import is_cuda_fault
+
+    return is_cuda_fault(exc)
+
+
+def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str) -> tuple[report.PerfResult, dict]:
+    """Time every contender of `workdir` and decide the gate. Returns the result and what
+    the pytest-benchmark recording needs (the custom model and the input sets)."""
+    device = torch.device(settings.device)
+    model, model_new = workdir.make_models(device, seed=_derive_seed(seed, "perf", "weights"))
+    input_sets = [workdir.inputs(_derive_seed(seed, "perf", "inputs", i), device)
+                  for i in range(settings.input_sets)]
+    with baselines.fp32_strict():
+        expected = [model(*timing.clone_inputs(s)) for s in input_sets]
+    tier, note = _tier(model, model_new, input_sets[0])
+    precision_matched = baselines.below_fp32(tier) or settings.gate == "precision-matched"
+    lineup = baselines.lineup(
+        model, model_new, timing.clone_inputs(input_sets[0]), device,
+        compile_mode=settings.compile_mode, compile_backend=settings.compile_backend,
+        precision_matched=precision_matched, workdir=workdir.path,
+        reference_module=workdir.reference, init_inputs=workdir.init_inputs())
+    # Eager Model is the float32 reference; every other contender's tier is measured.
+    tiers = {baselines.EAGER: "fp32", baselines.CUSTOM: tier}
+    for contender in lineup.contenders:
+        if contender.key not in tiers:
+            tiers[contender.key] = _tier(model, contender.fn, input_sets[0], contender.scope)[0]
+    config = timing.Config.from_settings(settings, seed=_derive_seed(seed, "perf", "checks"))
+    measurement = timing.measure(lineup.contenders, input_sets, clock=clock, config=config,
+                                 expected=expected, compare=_compare(settings))
+    failures = {k: r.failure for k, r in measurement.results.items() if r.failure}
+    failures.update(lineup.errors)
+    medians = {k: r.summary.median for k, r in measurement.results.items() if r.samples}
+    gate = report.gate_verdict(medians, failures, gate=settings.gate, min_speedup=settings.min_speedup)
+    result = report.PerfResult(
+        workdir=str(workdir.path), test=test, gate=gate, measurement=measurement,
+        labels={c.key: c.label for c in lineup.contenders}, tiers=tiers, precision_note=note,
+        compile_seconds=lineup.compile_seconds, errors=lineup.errors,
+        environment=report.environment())
+    return result, {"model_new": model_new, "input_sets": input_sets, "device": device}
+
+
+def record_benchmark(benchmark: Any, result: report.PerfResult, clock: Any,
+                     model_new: Any, input_sets: list, device: torch.device) -> None:
+    """Time the custom path once more through pytest-benchmark's `benchmark` fixture, for
+    --benchmark-autosave / --benchmark-compare. Each round: input set rotated, cache flushed,
+    device idle (setup, untimed); then the call and a device-wide synchronise (timed), so
+    the numbers are host time to completion. No-op without pytest-benchmark (None)."""
+    if benchmark is None:
+        return
+    benchmark.extra_info.update(result.extra_info())
+    custom = result.measurement.results.get(baselines.CUSTOM) if result.measurement else None
+    if custom is None or custom.failure or not custom.samples:
+        benchmark.skipped = True  # nothing worth recording (and no "fixture not used" warning)
+        return
+    sets = [timing.clone_inputs(s) for s in input_sets]
+    order = itertools.cycle(range(len(sets)))
+    flush = getattr(clock, "flush", None)
+
+    def setup():
+        baselines.synchronize(device)
+        if callable(flush):
+            flush()
+        baselines.synchronize(device)
+        return (sets[next(order)],), {}
+
+    def target(args):
+        output = model_new(*args)
+        baselines.synchronize(device)
+        return output
+
+    low, high = BENCHMARK_ROUNDS
+    rounds = max(low, min(high, len(custom.samples)))
+    benchmark.pedantic(target, setup=setup, rounds=rounds, warmup_rounds=2)
+
+
+@pytest.mark.perf
 class TestPerf:
-    pass
+    """`pytest -m perf`: the custom path must beat torch.compile by `cudaopt_min_speedup`."""
+
+    def test_speedup(self, request, cudaopt_session, cudaopt_settings, cudaopt_workdir_path,
+                     cuda_extension, cudaopt_perf_clock, benchmark):
+        if cudaopt_session.fault is not None:
+            where, message = cudaopt_session.fault
+            pytest.fail(f"not timed: an earlier CUDA fault in {where} left this process's CUDA "
+                        f"context unusable: {message}", pytrace=False)
+        changed = timing.tampered()
+        if changed:
+            pytest.fail(f"{cudaopt_workdir_path / 'model_new.py'} (or code it imports) replaced "
+                        f"{', '.join(changed)}; the speed verdict does not trust a patched clock",
+                        pytrace=False)
+        from pytest_cudaopt.workdir import WorkdirError
+
+        clock = cudaopt_perf_clock or timing.default_clock(cudaopt_settings.device,
+                                                           cuda_graph=cudaopt_settings.cuda_graph)
+        with torch.no_grad():
+            try:
+                workdir = _load(cudaopt_session, cudaopt_workdir_path, cuda_extension)
+                result, extra = judge(workdir=workdir, settings=cudaopt_settings, seed=cudaopt_session.seed,
+                                      clock=clock, test=request.node.nodeid)
+            except WorkdirError as exc:
+                pytest.fail(str(exc), pytrace=False)
+            changed = timing.tampered()
+            if changed:
+                result.failure = (f"the timing functions {', '.join(changed)} were replaced while "
+                                  "the contenders ran")
+            cudaopt_session.results.append(result)
+            for contender in result.measurement.results.values():
+                if _is_fault(contender.error) and cudaopt_session.fault is None:
+                    cudaopt_session.fault = (request.node.nodeid, contender.failure)
+            record_benchmark(benchmark, result, clock, **extra)
+        if not result.passed:
+            pytest.fail(result.table(), pytrace=False)

@@ -1,0 +1,229 @@
+"""The contenders of the speed verdict: eager Model, torch.compile(Model), ModelNew, peers, the precision-matched baseline."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from pytest_cudaopt import timing
+
+PEERS_FILE = "peers.py"
+# Contender keys; tables and the gate refer to contenders by these.
+EAGER, COMPILE, CUSTOM, PRECISION_MATCHED = "eager", "compile", "custom", "precision-matched"
+PEER_PREFIX = "peer:"
+# Measured precision tiers (pytest_cudaopt.compare.precision_tier), best first.
+TIERS = ("fp32", "tf32-like", "half-like")
+
+
+class PeerError(Exception):
+    """peers.py cannot be loaded or one of its peers cannot be built (message names which)."""
+
+
+def below_fp32(tier: str | None) -> bool:
+    """True for a measured tier less precise than fp32 ("unknown" is not)."""
+    return tier in TIERS[1:]
+
+
+@contextmanager
+def tf32_allowed() -> Iterator[None]:
+    """TF32 for float32 matmuls (cuBLAS) and convolutions (cuDNN) inside the block only."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = (matmul.allow_tf32, cudnn.allow_tf32)
+    matmul.allow_tf32 = True
+    cudnn.allow_tf32 = True
+    try:
+        yield
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = saved
+
+
+@contextmanager
+def fp32_strict() -> Iterator[None]:
+    """TF32 off for matmuls and convolutions: the fp32 baselines are compiled and timed so,
+    whatever the process-wide flags say."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = (matmul.allow_tf32, cudnn.allow_tf32)
+    matmul.allow_tf32 = False
+    cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = saved
+
+
+def synchronize(device: Any) -> None:
+    if torch.device(device).type == "cuda":
+        timing.synchronize_device()
+
+
+def fresh_caller(model: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """A new function `name(*args) -> model(*args)` with a code object of its own. Dynamo
+    caches compiled graphs per code object and does not guard on the TF32 flags, so each
+    compiled baseline gets its own function: the TF32 one cannot reuse the fp32 graph."""
+    namespace: dict[str, Any] = {"model": model}
+    code = compile(f"def {name}(*args):\n    return model(*args)\n", f"<cudaopt {name}>", "exec")
+    exec(code, namespace)
+    return namespace[name]
+
+
+def compile_model(model: Callable[..., Any], example_inputs: Sequence[Any], device: Any, *,
+                  mode: str = "default", backend: str = "inductor", name: str = "compiled",
+                  scope: Callable[[], Any] = fp32_strict) -> tuple[Callable[..., Any], float]:
+    """torch.compile(model) under `scope`, compiled by one call on `example_inputs`.
+    Returns the compiled callable and the seconds that first call took (the compile time)."""
+    kwargs: dict[str, Any] = {"backend": backend}
+    if mode and mode != "default":
+        kwargs["mode"] = mode
+    compiled = torch.compile(fresh_caller(model, name.replace("-", "_")), **kwargs)
+    with scope():
+        synchronize(device)
+        start = timing.host_time()
+        compiled(*example_inputs)
+        synchronize(device)
+        seconds = timing.host_time() - start
+    return compiled, seconds
+
+
+def _import_file(path: Path, module_name: str, aliases: dict[str, Any]) -> Any:
+    """Import `path` as `module_name`, with the workdir on sys.path and `aliases` (e.g.
+    `model` -> the already loaded reference module) visible to its imports."""
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    saved_path = list(sys.path)
+    saved_modules = {name: sys.modules.get(name) for name in aliases}
+    sys.path.insert(0, str(path.parent))
+    sys.modules.update(aliases)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = saved_path
+        for name, previous in saved_modules.items():
+            if previous is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = previous
+    return module
+
+
+def load_peer_factories(workdir: Path, reference_module: Any = None) -> dict[str, Callable[..., Any]]:
+    """`PEERS` of the workdir's peers.py ({} when there is no peers.py).
+
+    peers.py format: a module-level dict `PEERS = {"name": factory, ...}`; each factory (a
+    class or a function) takes Model's init arguments (`*get_init_inputs()`) and returns an
+    nn.Module with the same state-dict keys as Model (Model's weights are loaded into it,
+    strict) or any callable taking get_inputs()'s inputs. `import model` inside peers.py
+    gives the workdir's reference module."""
+    path = Path(workdir) / PEERS_FILE
+    if not path.is_file():
+        return {}
+    aliases = {"model": reference_module} if reference_module is not None else {}
+    name = f"cudaopt_peers_{abs(hash(str(path.resolve()))):x}"
+    try:
+        module = _import_file(path, name, aliases)
+    except Exception as exc:
+        raise PeerError(f"{path}: import failed: {type(exc).__name__}: {exc}") from exc
+    peers = getattr(module, "PEERS", None)
+    if not isinstance(peers, dict) or not all(isinstance(k, str) and callable(v) for k, v in peers.items()):
+        raise PeerError(f"{path}: expected a module-level PEERS = {{'name': factory, ...}} "
+                        f"mapping names to classes or functions; got {type(peers).__name__}")
+    return dict(peers)
+
+
+def make_peer(name: str, factory: Callable[..., Any], init_inputs: Sequence[Any],
+              state_dict: dict[str, Any], device: Any) -> Callable[..., Any]:
+    """Build peer `name` from Model's init arguments, load Model's state dict into it."""
+    try:
+        peer = factory(*init_inputs)
+    except Exception as exc:
+        raise PeerError(f"peers.py: PEERS[{name!r}] failed to build with Model's init arguments "
+                        f"{list(init_inputs)!r}: {type(exc).__name__}: {exc}") from exc
+    if isinstance(peer, torch.nn.Module):
+        try:
+            peer.load_state_dict(state_dict, strict=True)
+        except RuntimeError as exc:
+            raise PeerError(f"peers.py: PEERS[{name!r}] does not take Model's state dict: {exc}") from exc
+        peer = peer.to(device).eval()
+    elif not callable(peer):
+        raise PeerError(f"peers.py: PEERS[{name!r}] returned {type(peer).__name__}, not a module or callable")
+    return peer
+
+
+@dataclass
+class Lineup:
+    """The contenders of one perf test, plus what happened while preparing them."""
+
+    contenders: list[timing.Contender] = field(default_factory=list)
+    compile_seconds: dict[str, float] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)   # key -> why it is not in the lineup
+
+    def keys(self) -> list[str]:
+        return [c.key for c in self.contenders]
+
+
+def compile_label(mode: str, backend: str) -> str:
+    extra = [] if mode in ("", "default") else [mode]
+    if backend != "inductor":
+        extra.append(f"backend={backend}")
+    return "torch.compile" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def lineup(
+    model: torch.nn.Module,
+    model_new: torch.nn.Module,
+    example_inputs: Sequence[Any],
+    device: Any,
+    *,
+    compile_mode: str = "default",
+    compile_backend: str = "inductor",
+    precision_matched: bool = False,
+    workdir: Path | None = None,
+    reference_module: Any = None,
+    init_inputs: Sequence[Any] = (),
+) -> Lineup:
+    """Eager Model, torch.compile(Model) (compiled now, on `example_inputs`), ModelNew, the
+    workdir's peers and, when `precision_matched`, torch.compile(Model) compiled and timed
+    with TF32 allowed. A baseline that cannot be prepared is left out with its reason in
+    `errors` (the gate reports it); the custom path is always in."""
+    out = Lineup()
+    out.contenders.append(timing.Contender(EAGER, model, "Model (eager)", scope=fp32_strict))
+    label = compile_label(compile_mode, compile_backend)
+    try:
+        compiled, seconds = compile_model(model, example_inputs, device, mode=compile_mode,
+                                          backend=compile_backend, name="compiled_fp32")
+        out.contenders.append(timing.Contender(COMPILE, compiled, label, scope=fp32_strict))
+        out.compile_seconds[COMPILE] = seconds
+    except Exception as exc:
+        out.errors[COMPILE] = f"{label} failed: {type(exc).__name__}: {exc}"
+    if precision_matched:
+        try:
+            compiled, seconds = compile_model(model, example_inputs, device, mode=compile_mode,
+                                              backend=compile_backend, name="compiled_tf32",
+                                              scope=tf32_allowed)
+            out.contenders.append(timing.Contender(PRECISION_MATCHED, compiled, label + " + TF32",
+                                                   scope=tf32_allowed))
+            out.compile_seconds[PRECISION_MATCHED] = seconds
+        except Exception as exc:
+            out.errors[PRECISION_MATCHED] = f"{label} + TF32 failed: {type(exc).__name__}: {exc}"
+    if workdir is not None:
+        try:
+            factories = load_peer_factories(workdir, reference_module)
+        except PeerError as exc:
+            out.errors[PEER_PREFIX + "*"] = str(exc)
+            factories = {}
+        state = model.state_dict()
+        for name, factory in factories.items():
+            key = PEER_PREFIX + name
+            try:
+                peer = make_peer(name, factory, init_inputs, state, device)
+            except PeerError as exc:
+                out.errors[key] = str(exc)
+                continue
+            out.contenders.append(timing.Contender(key, peer, f"peer: {name}"))
+    out.contenders.append(timing.Contender(CUSTOM, model_new, "ModelNew (custom)"))
+    return out

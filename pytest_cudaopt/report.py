@@ -1,0 +1,464 @@
+"""Verdicts as tables: the perf result model and gate, terminal summary, JSON and Markdown for every result kind."""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from pytest_cudaopt.timing import Measurement, format_seconds
+
+SCHEMA = "cudaopt-report/1"
+KIND_ORDER = ("correctness", "perf", "policy")
+# Contender keys (as in baselines.py; repeated here so that rendering needs no torch).
+EAGER, COMPILE, CUSTOM, PRECISION_MATCHED = "eager", "compile", "custom", "precision-matched"
+GATES = {"compile": COMPILE, "precision-matched": PRECISION_MATCHED}
+PERF_COLUMNS = ("contender", "median", "IQR", "n", "vs eager", "vs compile", "vs compile+TF32",
+                "precision", "verdict")
+
+
+# ---------------------------------------------------------------------------------------
+# Environment: for the JSON report, pytest-benchmark's machine info and extra_info
+
+
+def environment() -> dict[str, Any]:
+    """torch, CUDA, cuDNN, Python versions and the GPU (name, compute capability)."""
+    import torch
+
+    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
+                            "cuda": torch.version.cuda, "cudnn": None, "gpu": None,
+                            "gpu_capability": None}
+    try:
+        info["cudnn"] = torch.backends.cudnn.version()
+    except Exception:
+        pass
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        info["gpu"] = torch.cuda.get_device_name()
+        info["gpu_capability"] = f"sm_{major}{minor}"
+    return info
+
+
+def machine_info(info: dict[str, Any]) -> None:
+    """Add the GPU and the torch/CUDA versions to pytest-benchmark's machine info, so that
+    --benchmark-compare shows when two runs come from different GPUs."""
+    env = environment()
+    info.update({"gpu": env["gpu"] or "none", "gpu_capability": env["gpu_capability"],
+                 "torch": env["torch"], "cuda": env["cuda"], "cudnn": env["cudnn"]})
+
+
+# ---------------------------------------------------------------------------------------
+# The gate
+
+
+@dataclass(frozen=True)
+class GateVerdict:
+    """`median(custom) <= median(baseline) / min_speedup`, or why it could not be decided."""
+
+    passed: bool
+    baseline: str                    # contender key of the baseline
+    custom_median: float | None
+    baseline_median: float | None
+    min_speedup: float
+    reason: str = ""                 # why it failed (empty when passed)
+
+    @property
+    def speedup(self) -> float | None:
+        if self.custom_median and self.baseline_median:
+            return self.baseline_median / self.custom_median
+        return None
+
+    @property
+    def limit(self) -> float | None:
+        """The largest custom median that passes."""
+        return None if self.baseline_median is None else self.baseline_median / self.min_speedup
+
+    def describe(self, labels: Mapping[str, str]) -> str:
+        base = labels.get(self.baseline, self.baseline)
+        custom = labels.get(CUSTOM, CUSTOM)
+        rule = f"median({custom}) <= median({base}) / {self.min_speedup:g}"
+        if self.custom_median is None or self.baseline_median is None:
+            return f"gate: {rule}: FAIL, {self.reason}"
+        arithmetic = (f"gate: {rule}: {format_seconds(self.custom_median)} <= "
+                      f"{format_seconds(self.baseline_median)} / {self.min_speedup:g} = "
+                      f"{format_seconds(self.limit)}")
+        speed = f"speedup {self.speedup:.3f}x, needed {self.min_speedup:g}x"
+        if self.passed:
+            return f"{arithmetic}: PASS ({speed})"
+        if self.reason.startswith("speedup"):
+            return f"{arithmetic}: FAIL ({speed})"
+        # A failed contender: its median does not count; the reason is in the notes.
+        return f"{arithmetic}: FAIL, {self.reason.split(':')[0]} (see below)"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"passed": self.passed, "baseline": self.baseline, "custom_median_s": self.custom_median,
+                "baseline_median_s": self.baseline_median, "min_speedup": self.min_speedup,
+                "speedup": self.speedup, "limit_s": self.limit, "reason": self.reason}
+
+
+def gate_verdict(medians: Mapping[str, float], failures: Mapping[str, str], *,
+                 gate: str = "compile", min_speedup: float = 1.05) -> GateVerdict:
+    """Decide the gate from the contenders' medians (seconds, by key) and their failures.
+
+    Passes iff the custom path and the baseline chosen by `gate` ("compile" or
+    "precision-matched") were both timed without failure and
+    `medians["custom"] <= medians[baseline] / min_speedup`."""
+    if gate not in GATES:
+        raise ValueError(f"unknown gate {gate!r}; expected one of {', '.join(GATES)}")
+    baseline = GATES[gate]
+    custom_median = _finite(medians.get(CUSTOM))
+    baseline_median = _finite(medians.get(baseline))
+
+    def fail(reason: str) -> GateVerdict:
+        return GateVerdict(False, baseline, custom_median, baseline_median, min_speedup, reason)
+
+    if failures.get(CUSTOM):
+        return fail(f"the custom path failed: {failures[CUSTOM]}")
+    if custom_median is None:
+        return fail("the custom path was not timed")
+    if failures.get(baseline):
+        return fail(f"the gate's baseline failed: {failures[baseline]}")
+    if baseline_median is None:
+        return fail(f"the gate's baseline {baseline!r} was not timed")
+    if custom_median <= baseline_median / min_speedup:
+        return GateVerdict(True, baseline, custom_median, baseline_median, min_speedup)
+    return fail(f"speedup {baseline_median / custom_median:.3f}x is below the required {min_speedup:g}x")
+
+
+def _finite(value: float | None) -> float | None:
+    if value is None or math.isnan(value) or math.isinf(value) or value <= 0:
+        return None
+    return float(value)
+
+
+# ---------------------------------------------------------------------------------------
+# The perf result
+
+
+@dataclass
+class PerfResult:
+    """One perf item's verdict, appended to `cudaopt_session.results`: the measurement of
+    every contender, their precision tiers, the compile times and the gate."""
+
+    workdir: str
+    test: str
+    gate: GateVerdict
+    measurement: Measurement | None = None
+    labels: dict[str, str] = field(default_factory=dict)         # key -> table label
+    tiers: dict[str, str] = field(default_factory=dict)          # key -> measured precision tier
+    precision_note: str = ""                                     # the candidate's measured errors
+    compile_seconds: dict[str, float] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)         # key -> why it was not timed
+    environment: dict[str, Any] = field(default_factory=dict)
+    failure: str = ""                                            # a failure outside the gate
+    kind: str = "perf"
+
+    @property
+    def passed(self) -> bool:
+        return self.gate.passed and not self.failure
+
+    @property
+    def title(self) -> str:
+        return f"cudaopt perf: {self.workdir} ({self.test})"
+
+    @property
+    def precision(self) -> str:
+        return self.tiers.get(CUSTOM, "-")
+
+    def medians(self) -> dict[str, float]:
+        if self.measurement is None:
+            return {}
+        return {k: r.summary.median for k, r in self.measurement.results.items() if r.samples}
+
+    def failures(self) -> dict[str, str]:
+        out = dict(self.errors)
+        if self.measurement is not None:
+            out.update({k: r.failure for k, r in self.measurement.results.items() if r.failure})
+        return out
+
+    def label(self, key: str) -> str:
+        return self.labels.get(key, key)
+
+    def rows(self) -> list[dict[str, str]]:
+        """One row per contender (PERF_COLUMNS); 'vs compile+TF32' only when it was timed."""
+        medians = self.medians()
+        failures = self.failures()
+        with_tf32 = PRECISION_MATCHED in medians or PRECISION_MATCHED in self.errors
+        keys = list(self.measurement.results) if self.measurement is not None else []
+        keys += [k for k in self.errors if k not in keys and not k.endswith("*")]
+        rows = []
+        for key in keys:
+            result = self.measurement.results.get(key) if self.measurement is not None else None
+            s = result.summary if result is not None and result.samples else None
+            mid = s.median if s else None
+            row = {
+                "contender": self.label(key),
+                "median": format_seconds(mid),
+                "IQR": format_seconds(s.iqr) if s else "-",
+                "n": str(s.n) if s else "0",
+                "vs eager": _ratio(medians.get(EAGER), mid),
+                "vs compile": _ratio(medians.get(COMPILE), mid),
+                "vs compile+TF32": _ratio(medians.get(PRECISION_MATCHED), mid),
+                "precision": self.tiers.get(key, "-"),
+                "verdict": self._verdict(key, failures),
+            }
+            if not with_tf32:
+                del row["vs compile+TF32"]
+            rows.append(row)
+        return rows
+
+    def _verdict(self, key: str, failures: Mapping[str, str]) -> str:
+        if key == CUSTOM:
+            if self.gate.passed and not self.failure:
+                return f"PASS (>= {self.gate.min_speedup:g}x)"
+            if failures.get(CUSTOM):
+                return "FAIL (see below)"
+            speed = self.gate.speedup
+            return f"FAIL (< {self.gate.min_speedup:g}x)" if speed else "FAIL (see below)"
+        if failures.get(key):
+            return "error (see below)"
+        if key == self.gate.baseline:
+            return "gate baseline"
+        if key == EAGER:
+            return "reference"
+        if key.startswith("peer:"):
+            return "not gated"
+        return "baseline"
+
+    def row(self) -> dict[str, str]:
+        """The one-line summary of this verdict."""
+        medians = self.medians()
+        mid = medians.get(CUSTOM)
+        return {"workdir": self.workdir, "custom": format_seconds(mid),
+                "compile": format_seconds(medians.get(COMPILE)),
+                "vs compile": _ratio(medians.get(COMPILE), mid),
+                "vs eager": _ratio(medians.get(EAGER), mid),
+                "precision": self.precision,
+                "verdict": "pass" if self.passed else "FAIL"}
+
+    def notes(self) -> list[str]:
+        lines = []
+        if self.failure:
+            lines.append(f"FAIL: {self.failure}")
+        lines.append(self.gate.describe(self.labels))
+        failures = self.failures()
+        for key, reason in failures.items():
+            lines.append(reason if key.endswith("*") else f"{self.label(key)}: {reason}")
+        if self.precision_note:
+            lines.append(f"precision of {self.label(CUSTOM)}: {self.precision_note}")
+        if self.compile_seconds:
+            lines.append("compile time (first call, not in the medians): " + "; ".join(
+                f"{self.label(k)} {v:.1f} s" for k, v in self.compile_seconds.items()))
+        m = self.measurement
+        if m is not None:
+            flush = f"L2 flushed with {m.flush_bytes / 2**20:.0f} MiB before each run" if m.flush_bytes else "no cache flush"
+            stop = {"target_rse": f"every median's relative standard error <= {m.config.target_rse:g}",
+                    "max_time": f"time cap of {m.config.max_time:g} s",
+                    "max_rounds": "round cap", "all failed": "every contender failed"}.get(m.stop_reason, m.stop_reason)
+            lines.append(f"timing: {m.clock}, {m.rounds} interleaved rounds in {m.seconds:.1f} s, "
+                         f"stopped by {stop}; {flush}; warm-up {m.config.warmup:g} s per contender")
+        env = self.environment
+        if env:
+            gpu = f"{env.get('gpu')} ({env.get('gpu_capability')})" if env.get("gpu") else "no GPU"
+            lines.append(f"environment: {gpu}, torch {env.get('torch')}, CUDA {env.get('cuda')}")
+        return lines
+
+    def table(self) -> str:
+        """The failure message and the terminal section: title, table, notes."""
+        return render_rows(self.rows(), title=self.title, notes=self.notes())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "workdir": self.workdir, "test": self.test, "passed": self.passed,
+                "failure": self.failure, "precision": self.precision, "tiers": self.tiers,
+                "precision_note": self.precision_note, "labels": self.labels,
+                "gate": self.gate.to_json(), "compile_seconds": self.compile_seconds,
+                "errors": self.errors, "environment": self.environment,
+                "timing": self.measurement.to_json() if self.measurement is not None else None}
+
+    def extra_info(self) -> dict[str, Any]:
+        """pytest-benchmark `extra_info`: medians, speedups, GPU, versions, precision tier."""
+        medians = self.medians()
+        info: dict[str, Any] = {"workdir": self.workdir}
+        for key, value in medians.items():
+            info[f"{key.replace('peer:', 'peer_').replace('-', '_')}_median_s"] = value
+        custom = medians.get(CUSTOM)
+        for key, name in ((EAGER, "eager"), (COMPILE, "compile"), (PRECISION_MATCHED, "precision_matched")):
+            if custom and key in medians:
+                info[f"speedup_vs_{name}"] = medians[key] / custom
+        for key in medians:
+            if key.startswith("peer:") and custom:
+                info[f"speedup_vs_peer_{key[5:]}"] = medians[key] / custom
+        info.update({"precision_tier": self.precision, "gate": self.gate.baseline,
+                     "min_speedup": self.gate.min_speedup, "gate_passed": self.passed,
+                     "compile_seconds": self.compile_seconds.get(COMPILE),
+                     "gpu": self.environment.get("gpu"), "gpu_capability": self.environment.get("gpu_capability"),
+                     "torch": self.environment.get("torch"), "cuda": self.environment.get("cuda")})
+        return info
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> str:
+    if not numerator or not denominator or math.isnan(numerator) or math.isnan(denominator):
+        return "-"
+    return f"{numerator / denominator:.2f}x"
+
+
+# ---------------------------------------------------------------------------------------
+# Rendering: any result with `kind`, `passed`, `row()`, `to_json()` (and perhaps `rows()`)
+
+
+def record(result: Any) -> dict[str, Any]:
+    """A result as plain data: kind, passed, its summary row, and for results with several
+    rows (perf) the rows, a title and notes. What the JSON report holds and renders from."""
+    rec: dict[str, Any] = {"kind": getattr(result, "kind", "other"), "passed": bool(result.passed),
+                           "row": {str(k): str(v) for k, v in result.row().items()},
+                           "data": result.to_json()}
+    rows = getattr(result, "rows", None)
+    if callable(rows):
+        rec["rows"] = rows()
+        rec["title"] = getattr(result, "title", rec["kind"])
+        notes = getattr(result, "notes", None)
+        rec["notes"] = list(notes()) if callable(notes) else []
+    return rec
+
+
+class RecordedResult:
+    """A result rebuilt from its record (results sent from pytest-xdist workers)."""
+
+    def __init__(self, rec: Mapping[str, Any]):
+        self._rec = dict(rec)
+        self.kind = rec["kind"]
+        self.passed = rec["passed"]
+        if "rows" in rec:
+            self.title = rec.get("title", self.kind)
+            self.rows = lambda: list(self._rec["rows"])
+            self.notes = lambda: list(self._rec.get("notes", []))
+
+    def row(self) -> dict[str, str]:
+        return dict(self._rec["row"])
+
+    def to_json(self) -> dict[str, Any]:
+        return self._rec["data"]
+
+
+def render_rows(rows: Sequence[Mapping[str, str]], *, title: str = "", notes: Iterable[str] = (),
+                fmt: str = "table") -> str:
+    """Rows (dicts with the same keys, in column order) as a fixed-width table or a
+    Markdown table, with a title line above and notes below."""
+    columns: list[str] = []
+    for row in rows:
+        columns += [c for c in row if c not in columns]
+    cells = [[str(row.get(c, "")) for c in columns] for row in rows]
+    notes = list(notes)
+    if fmt == "markdown":
+        out = [f"### {title}", ""] if title else []
+        if columns:
+            out.append("| " + " | ".join(columns) + " |")
+            out.append("|" + "|".join("---" if i == 0 else "---:" if _numeric(cells, i) else "---"
+                                      for i in range(len(columns))) + "|")
+            out += ["| " + " | ".join(c.replace("|", "\\|") for c in line) + " |" for line in cells]
+        if notes:
+            out += [""] + [f"- {n}" for n in notes]
+        return "\n".join(out)
+    if fmt != "table":
+        raise ValueError(f"unknown format {fmt!r}; expected 'table' or 'markdown'")
+    widths = [max([len(c)] + [len(line[i]) for line in cells]) for i, c in enumerate(columns)]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(v.rjust(w) if _numeric(cells, i) else v.ljust(w)
+                         for i, (v, w) in enumerate(zip(values, widths))).rstrip()
+
+    out = [title] if title else []
+    if columns:
+        out += [line(columns), "  ".join("-" * w for w in widths), *[line(c) for c in cells]]
+    out += notes
+    return "\n".join(out)
+
+
+def _numeric(cells: Sequence[Sequence[str]], column: int) -> bool:
+    """Right-align columns whose cells start with a digit (or are '-')."""
+    values = [line[column] for line in cells if line[column] not in ("-", "")]
+    return bool(values) and all(v[:1].isdigit() for v in values)
+
+
+def render_records(records: Sequence[Mapping[str, Any]], fmt: str = "table") -> str:
+    """Every record: results with several rows as a table each, the others one table per
+    kind (correctness, perf, policy, then any other kind)."""
+    kinds = [k for k in KIND_ORDER if any(r["kind"] == k for r in records)]
+    kinds += sorted({r["kind"] for r in records} - set(kinds))
+    sections = []
+    for kind in kinds:
+        mine = [r for r in records if r["kind"] == kind]
+        flat = [r for r in mine if "rows" not in r]
+        if flat:
+            passed = sum(1 for r in flat if r["passed"])
+            sections.append(render_rows([r["row"] for r in flat], fmt=fmt,
+                                        title=f"cudaopt {kind}: {passed} of {len(flat)} passed"))
+        for r in mine:
+            if "rows" in r:
+                sections.append(render_rows(r["rows"], title=r.get("title", kind),
+                                            notes=r.get("notes", ()), fmt=fmt))
+    return "\n\n".join(sections)
+
+
+def terminal_summary(terminalreporter: Any, session: Any) -> None:
+    """The cudaopt section of pytest's terminal summary: one table per kind (perf: one per
+    workdir with its notes)."""
+    records = [record(r) for r in session.results]
+    if not records:
+        return
+    terminalreporter.write_sep("=", "cudaopt summary")
+    for line in render_records(records, "table").splitlines():
+        terminalreporter.write_line(line)
+    path = getattr(session.settings, "report", None)
+    if path:
+        terminalreporter.write_line(f"cudaopt: report written to {path}")
+
+
+def document(results: Sequence[Any], *, seed: int | None = None,
+             settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON report: schema, time, environment, seed, settings and every result's record."""
+    return {"schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "environment": environment(), "seed": seed, "settings": dict(settings or {}),
+            "passed": all(bool(r.passed) for r in results),
+            "results": [record(r) for r in results]}
+
+
+def write_json(path: str | Path, results: Sequence[Any], *, seed: int | None = None,
+               settings: Mapping[str, Any] | None = None) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(document(results, seed=seed, settings=settings), indent=2, default=_json_default)
+    path.write_text(text + "\n")
+    return path
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    if isinstance(value, Path):
+        return str(value)
+    return repr(value)
+
+
+def render_file(path: str | Path, fmt: str = "table") -> str:
+    """Render a `--cudaopt-report` JSON file as tables (`cudaopt report`) or Markdown."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a cudaopt JSON report ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: not a cudaopt JSON report (schema {doc.get('schema') if isinstance(doc, dict) else None!r}, "
+                         f"expected {SCHEMA!r})")
+    env = doc.get("environment") or {}
+    gpu = f"{env.get('gpu')} ({env.get('gpu_capability')})" if env.get("gpu") else "no GPU"
+    head = (f"cudaopt report {path.name}: {doc.get('created', '?')}, {gpu}, torch {env.get('torch')}, "
+            f"CUDA {env.get('cuda')}, seed {doc.get('seed')}")
+    body = render_records(doc.get("results", []), fmt)
+    if fmt == "markdown":
+        head = f"_{head}_"
+    return head + ("\n\n" + body if body else "\n\n(no results)")

@@ -1,0 +1,198 @@
+"""`pytest -m perf` end to end on the CPU example workdir: the gate, the table, the JSON report, pytest-benchmark."""
+
+import json
+import sys
+import textwrap
+
+import pytest
+
+from conftest import run_pytest, subprocess_env
+
+MS = 1e-3
+INI = """\
+[pytest]
+cudaopt_device = cpu
+cudaopt_compile_backend = eager
+cudaopt_warmup = 0.01
+cudaopt_max_time = 0.5
+"""
+# The perf items take their clock from the `cudaopt_perf_clock` fixture; this one returns
+# scripted durations per contender, so the verdict does not depend on this machine's speed.
+FAKE_CLOCK = """\
+import pytest
+
+from pytest_cudaopt.timing import FakeClock
+
+
+@pytest.fixture
+def cudaopt_perf_clock():
+    return FakeClock({durations!r}, escaped={escaped!r})
+"""
+
+
+@pytest.fixture
+def workdir(pytester, make_workdir):
+    """`workdir(durations=None, escaped=None)`: the built cpu_scale workdir at
+    pytester.path/wd with a CPU ini, and a fake clock when durations are given."""
+
+    def make(durations=None, escaped=None):
+        path = make_workdir("cpu_scale", dest=pytester.path / "wd")
+        (path / "pytest.ini").write_text(INI)
+        if durations is not None:
+            (path / "conftest.py").write_text(FAKE_CLOCK.format(durations=durations, escaped=escaped or {}))
+        return path
+
+    return make
+
+
+def speeds(custom, compile_, eager=3 * MS, **others):
+    return {"custom": custom, "compile": compile_, "eager": eager, **others}
+
+
+def test_it_passes_a_custom_path_faster_than_torch_compile_and_records_everything(pytester, workdir):
+    workdir(speeds(custom=1 * MS, compile_=2 * MS))
+    result = run_pytest(pytester, "wd", "-m", "perf", "--cudaopt-report=report.json",
+                        "--benchmark-json=bench.json", "--benchmark-only")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "*= cudaopt summary =*",
+        "cudaopt perf: *wd (model_new.py::TestPerf::test_speedup)",
+        "contender *median *IQR *n *vs eager *vs compile *precision *verdict",
+        "Model (eager) *3.00 ms *0.00 ns *50 *1.00x *0.67x *fp32 *reference",
+        "torch.compile (backend=eager) *2.00 ms *0.00 ns *50 *1.50x *1.00x *fp32 *gate baseline",
+        "ModelNew (custom) *1.00 ms *0.00 ns *50 *3.00x *2.00x *fp32 *PASS (>= 1.05x)",
+        "gate: median(ModelNew (custom)) <= median(torch.compile (backend=eager)) / 1.05: "
+        "1.00 ms <= 2.00 ms / 1.05 = 1.90 ms: PASS (speedup 2.000x, needed 1.05x)",
+        "cudaopt: report written to report.json",
+    ])
+    doc = json.loads((pytester.path / "report.json").read_text())
+    (perf,) = doc["results"]
+    assert perf["kind"] == "perf" and perf["passed"] is True
+    assert perf["data"]["gate"]["speedup"] == pytest.approx(2.0)
+    assert perf["data"]["precision"] == "fp32"
+    bench = json.loads((pytester.path / "bench.json").read_text())
+    (entry,) = bench["benchmarks"]
+    assert entry["name"] == "test_speedup"
+    info = entry["extra_info"]
+    assert info["speedup_vs_compile"] == pytest.approx(2.0)
+    assert info["speedup_vs_eager"] == pytest.approx(3.0)
+    assert info["compile_median_s"] == pytest.approx(2 * MS)
+    assert info["precision_tier"] == "fp32" and info["gate_passed"] is True
+    assert {"gpu", "torch", "cuda"} <= set(info)
+    assert entry["stats"]["rounds"] == 50
+    assert bench["machine_info"]["gpu"] == "none"
+    assert "torch" in bench["machine_info"]
+
+
+@pytest.mark.parametrize("min_speedup, outcome", [("1.05", "failed"), ("1.02", "passed")])
+def test_it_fails_a_custom_path_less_than_min_speedup_faster_with_the_table_as_message(
+        pytester, workdir, min_speedup, outcome):
+    workdir(speeds(custom=1 * MS, compile_=1.04 * MS))
+    result = run_pytest(pytester, "wd", "-m", "perf", f"--cudaopt-min-speedup={min_speedup}")
+    result.assert_outcomes(**{outcome: 1})
+    if outcome == "failed":
+        result.stdout.fnmatch_lines([
+            "*FAILED wd/model_new.py::TestPerf::test_speedup*",
+        ])
+        result.stdout.fnmatch_lines([
+            "*ModelNew (custom) *1.00 ms*1.04x*FAIL (< 1.05x)",
+            "*FAIL (speedup 1.040x, needed 1.05x)",
+        ])
+        assert "Traceback" not in result.stdout.str()
+
+
+@pytest.mark.parametrize("flag", ["--benchmark-disable", "-p no:benchmark"])
+def test_the_gate_runs_without_pytest_benchmark(pytester, workdir, flag):
+    workdir(speeds(custom=1 * MS, compile_=1.01 * MS))
+    result = run_pytest(pytester, "wd", "-m", "perf", *flag.split())
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*FAIL (speedup 1.010x, needed 1.05x)"])
+
+
+def test_it_fails_a_candidate_whose_work_escapes_the_measured_stream(pytester, workdir):
+    workdir(speeds(custom=0.1 * MS, compile_=2 * MS), escaped={"custom": 1 * MS})
+    result = run_pytest(pytester, "wd", "-m", "perf")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*ModelNew (custom) *FAIL (see below)",
+        "gate: * FAIL, the custom path failed (see below)",
+        "ModelNew (custom): work escaped the measured stream: the device stayed busy 1.00 ms "
+        "(median of 50 runs) after the current stream's end event, against 100 us measured on that stream*",
+    ])
+
+
+def test_it_fails_a_candidate_that_replays_cached_outputs_during_timing(pytester, workdir):
+    path = workdir(speeds(custom=1 * MS, compile_=2 * MS))
+    source = (path / "model_new.py").read_text()
+    (path / "model_new.py").write_text(source.replace(
+        "        return cuda_extension.scale(x, self.weight, self.bias)",
+        textwrap.indent(textwrap.dedent("""\
+            # A cheat: the first output for each input tensor is kept and returned again.
+            cache = self.__dict__.setdefault("_cache", {})
+            if x.data_ptr() not in cache:
+                cache[x.data_ptr()] = cuda_extension.scale(x, self.weight, self.bias)
+            return cache[x.data_ptr()].clone()"""), " " * 8)))
+    result = run_pytest(pytester, "wd", "-m", "perf")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*ModelNew (custom): output of timed run * (input set *) differs from the reference*"])
+
+
+PEERS = """\
+from model import Model
+
+
+def broken(features):
+    raise RuntimeError("no such library")
+
+
+PEERS = {"torch": Model, "broken": broken}
+"""
+
+
+def test_it_times_peers_beside_the_others_without_gating_them(pytester, workdir):
+    path = workdir(speeds(custom=1 * MS, compile_=2 * MS, **{"peer:torch": 0.5 * MS}))
+    (path / "peers.py").write_text(PEERS)
+    result = run_pytest(pytester, "wd", "-m", "perf")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "peer: torch *500 us *0.00 ns *50 *6.00x *4.00x *fp32 *not gated",
+        "ModelNew (custom) *1.00 ms *PASS (>= 1.05x)",
+        "peer:broken: peers.py: PEERS['broken'] failed to build with Model's init arguments [64]: "
+        "RuntimeError: no such library",
+    ])
+
+
+def test_it_gates_on_the_precision_matched_baseline_when_asked(pytester, workdir):
+    workdir(speeds(custom=1 * MS, compile_=2 * MS, **{"precision-matched": 1.02 * MS}))
+    result = run_pytest(pytester, "wd", "-m", "perf", "--cudaopt-gate=precision-matched")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*contender *median *IQR *n *vs eager *vs compile *vs compile+TF32 *precision *verdict",
+        "*torch.compile (backend=eager) + TF32 *1.02 ms *2.94x *1.96x *1.00x *fp32 *gate baseline",
+        "*ModelNew (custom) *1.00 ms *3.00x *2.00x *1.02x *fp32 *FAIL (< 1.05x)",
+    ])
+
+
+def test_it_times_the_workdir_with_the_cpu_clock_end_to_end(pytester, workdir):
+    workdir()
+    result = run_pytest(pytester, "wd", "-m", "perf", "--cudaopt-min-speedup=0.001",
+                        "--cudaopt-report=report.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "contender *median *IQR *n *vs eager *vs compile *precision *verdict",
+        "ModelNew (custom) * fp32 *PASS (>= 0.001x)",
+        "timing: perf-counter, * interleaved rounds in *",
+    ])
+    doc = json.loads((pytester.path / "report.json").read_text())
+    contenders = doc["results"][0]["data"]["timing"]["contenders"]
+    assert [c["key"] for c in contenders] == ["eager", "compile", "custom"]
+    assert all(c["n"] >= 10 and c["failure"] is None for c in contenders)
+
+
+def test_cudaopt_profile_prints_the_table_and_exits_non_zero_when_the_gate_fails(pytester, workdir):
+    workdir(speeds(custom=1 * MS, compile_=1.0 * MS))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", subprocess_env()["PYTHONPATH"])
+        result = pytester.run(sys.executable, "-m", "pytest_cudaopt.cli", "profile", "wd")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*ModelNew (custom) *1.00 ms*FAIL (< 1.05x)"])

@@ -1,0 +1,251 @@
+"""The gate's arithmetic and the report formats: terminal table, JSON, Markdown, `cudaopt report`."""
+
+import json
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from pytest_cudaopt import report, timing
+from pytest_cudaopt.cli import main as cli_main
+from pytest_cudaopt.report import GateVerdict, PerfResult, gate_verdict
+from pytest_cudaopt.timing import Config, Contender, FakeClock, measure
+
+MS = 1e-3
+
+
+# -- the gate --------------------------------------------------------------------------------
+
+def test_the_gate_passes_when_custom_is_at_most_compile_over_min_speedup():
+    v = gate_verdict({"custom": 1.0 * MS, "compile": 1.2 * MS, "eager": 3 * MS}, {}, min_speedup=1.05)
+    assert v.passed and v.baseline == "compile"
+    assert v.speedup == pytest.approx(1.2)
+    assert v.limit == pytest.approx(1.2 * MS / 1.05)
+
+
+def test_the_gate_fails_below_min_speedup_and_says_by_how_much():
+    v = gate_verdict({"custom": 1.0 * MS, "compile": 1.04 * MS}, {}, min_speedup=1.05)
+    assert not v.passed
+    assert v.reason == "speedup 1.040x is below the required 1.05x"
+
+
+def test_the_gate_boundary_is_inclusive():
+    # 1.5 / 1.5 == 1.0 exactly in binary floating point.
+    assert gate_verdict({"custom": 1.0, "compile": 1.5}, {}, min_speedup=1.5).passed
+    assert not gate_verdict({"custom": 1.0000001, "compile": 1.5}, {}, min_speedup=1.5).passed
+
+
+def test_the_gate_can_compare_with_the_precision_matched_baseline():
+    medians = {"custom": 1.0 * MS, "compile": 2.0 * MS, "precision-matched": 1.02 * MS}
+    assert gate_verdict(medians, {}, gate="compile").passed
+    v = gate_verdict(medians, {}, gate="precision-matched")
+    assert not v.passed and v.baseline == "precision-matched"
+    with pytest.raises(ValueError, match="unknown gate"):
+        gate_verdict(medians, {}, gate="eager")
+
+
+def test_the_gate_fails_when_the_custom_path_or_its_baseline_failed_or_was_not_timed():
+    medians = {"custom": 1.0 * MS, "compile": 2.0 * MS}
+    v = gate_verdict(medians, {"custom": "work escaped the measured stream"})
+    assert not v.passed and v.reason == "the custom path failed: work escaped the measured stream"
+    v = gate_verdict(medians, {"compile": "torch.compile failed: no C++ compiler"})
+    assert not v.passed and "the gate's baseline failed: torch.compile failed" in v.reason
+    assert "not timed" in gate_verdict({"compile": 2.0 * MS}, {}).reason
+    assert "'compile' was not timed" in gate_verdict({"custom": 1.0 * MS}, {}).reason
+
+
+def test_the_gate_description_shows_the_arithmetic():
+    v = gate_verdict({"custom": 1.0 * MS, "compile": 2.1 * MS}, {}, min_speedup=1.05)
+    text = v.describe({"custom": "ModelNew (custom)", "compile": "torch.compile"})
+    assert text == ("gate: median(ModelNew (custom)) <= median(torch.compile) / 1.05: "
+                    "1.00 ms <= 2.10 ms / 1.05 = 2.00 ms: PASS (speedup 2.100x, needed 1.05x)")
+
+
+# -- the perf result -------------------------------------------------------------------------
+
+def perf_result(custom=1.0 * MS, compile_=1.5 * MS, eager=3.0 * MS, tf32=None, escaped=0.0, min_speedup=1.05):
+    durations = {"eager": eager, "compile": compile_, "custom": custom}
+    keys = ["eager", "compile"] + (["precision-matched"] if tf32 else []) + ["custom"]
+    if tf32:
+        durations["precision-matched"] = tf32
+    labels = {"eager": "Model (eager)", "compile": "torch.compile", "precision-matched": "torch.compile + TF32",
+              "custom": "ModelNew (custom)"}
+    clock = FakeClock(durations, escaped={"custom": escaped})
+    m = measure([Contender(k, lambda x: x, labels[k]) for k in keys], [[torch.ones(2)]], clock=clock,
+                config=Config(warmup=0.0, min_warmup_runs=1, min_runs=10))
+    failures = {k: r.failure for k, r in m.results.items() if r.failure}
+    gate = gate_verdict({k: r.summary.median for k, r in m.results.items()}, failures,
+                        gate="precision-matched" if tf32 else "compile", min_speedup=min_speedup)
+    return PerfResult(workdir="/w/attn", test="model_new.py::TestPerf::test_speedup", gate=gate, measurement=m,
+                      labels=labels, tiers={"eager": "fp32", "compile": "fp32", "precision-matched": "fp32",
+                                            "custom": "tf32-like" if tf32 else "fp32"},
+                      compile_seconds={"compile": 12.34},
+                      environment={"gpu": "NVIDIA H200", "gpu_capability": "sm_90", "torch": "2.11", "cuda": "13.0"})
+
+
+def test_perf_rows_show_median_iqr_n_speedups_precision_and_verdict():
+    rows = perf_result().rows()
+    assert [r["contender"] for r in rows] == ["Model (eager)", "torch.compile", "ModelNew (custom)"]
+    custom = rows[-1]
+    assert custom == {"contender": "ModelNew (custom)", "median": "1.00 ms", "IQR": "0.00 ns", "n": "10",
+                      "vs eager": "3.00x", "vs compile": "1.50x", "precision": "fp32",
+                      "verdict": "PASS (>= 1.05x)"}
+    assert rows[0]["verdict"] == "reference" and rows[0]["vs eager"] == "1.00x"
+    assert rows[1]["verdict"] == "gate baseline" and rows[1]["vs compile"] == "1.00x"
+
+
+def test_a_slow_custom_path_fails_and_its_table_says_why():
+    result = perf_result(custom=1.45 * MS)
+    assert not result.passed
+    assert result.rows()[-1]["verdict"] == "FAIL (< 1.05x)"
+    text = result.table()
+    lines = text.splitlines()
+    assert lines[0] == "cudaopt perf: /w/attn (model_new.py::TestPerf::test_speedup)"
+    assert lines[1].split() == ["contender", "median", "IQR", "n", "vs", "eager", "vs", "compile",
+                                "precision", "verdict"]
+    assert "FAIL (speedup 1.034x, needed 1.05x)" in text
+    assert "compile time (first call, not in the medians): torch.compile 12.3 s" in text
+    assert "environment: NVIDIA H200 (sm_90), torch 2.11, CUDA 13.0" in text
+
+
+def test_an_escaping_custom_path_fails_with_its_reason_in_the_notes():
+    result = perf_result(custom=0.1 * MS, escaped=1.0 * MS)
+    assert not result.passed
+    assert result.rows()[-1]["verdict"] == "FAIL (see below)"
+    assert "ModelNew (custom): work escaped the measured stream" in result.table()
+    assert ": FAIL, the custom path failed (see below)" in result.table()
+
+
+def test_a_baseline_that_could_not_be_compiled_is_a_row_and_fails_the_gate():
+    m = measure([Contender(k, lambda x: x, k) for k in ("eager", "custom")], [[torch.ones(2)]],
+                clock=FakeClock({"eager": 3 * MS, "custom": MS}), config=Config(warmup=0.0, min_warmup_runs=1))
+    errors = {"compile": "torch.compile failed: InvalidCxxCompiler: no working C++ compiler found",
+              "peer:*": "peers.py: import failed: SyntaxError: invalid syntax"}
+    gate = gate_verdict({k: r.summary.median for k, r in m.results.items()}, errors)
+    result = PerfResult(workdir="w", test="t", gate=gate, measurement=m, labels={"compile": "torch.compile"},
+                        errors=errors)
+    assert not result.passed
+    rows = {r["contender"]: r for r in result.rows()}
+    assert list(rows) == ["eager", "custom", "torch.compile"]
+    assert rows["torch.compile"]["median"] == "-" and rows["torch.compile"]["n"] == "0"
+    assert rows["torch.compile"]["verdict"] == "error (see below)"
+    assert rows["custom"]["vs compile"] == "-"
+    text = result.table()
+    assert "gate: median(custom) <= median(torch.compile) / 1.05: FAIL, the gate's baseline failed" in text
+    assert "\npeers.py: import failed: SyntaxError: invalid syntax" in text
+
+
+def test_the_precision_matched_column_appears_only_when_that_baseline_ran():
+    assert "vs compile+TF32" not in perf_result().rows()[0]
+    result = perf_result(custom=1.0 * MS, compile_=2.0 * MS, tf32=1.2 * MS)
+    rows = {r["contender"]: r for r in result.rows()}
+    assert rows["ModelNew (custom)"]["vs compile+TF32"] == "1.20x"
+    assert rows["ModelNew (custom)"]["precision"] == "tf32-like"
+    assert rows["torch.compile + TF32"]["verdict"] == "gate baseline"
+    assert rows["torch.compile"]["verdict"] == "baseline"
+
+
+def test_extra_info_carries_medians_speedups_gpu_versions_and_precision():
+    info = perf_result().extra_info()
+    assert info["custom_median_s"] == pytest.approx(1.0 * MS)
+    assert info["compile_median_s"] == pytest.approx(1.5 * MS)
+    assert info["eager_median_s"] == pytest.approx(3.0 * MS)
+    assert info["speedup_vs_compile"] == pytest.approx(1.5)
+    assert info["speedup_vs_eager"] == pytest.approx(3.0)
+    assert (info["gpu"], info["torch"], info["cuda"], info["precision_tier"]) == ("NVIDIA H200", "2.11", "13.0", "fp32")
+    assert info["compile_seconds"] == 12.34 and info["gate_passed"] is True
+    json.dumps(info)
+
+
+# -- rendering of any result kind ------------------------------------------------------------
+
+@dataclass
+class Checked:
+    """A result of another kind, as the correctness verdict appends them."""
+
+    case: str
+    passed: bool
+    kind: str = "correctness"
+
+    def row(self):
+        return {"case": self.case, "max abs err": "1.2e-06", "verdict": "pass" if self.passed else "FAIL"}
+
+    def to_json(self):
+        return {"case": self.case, "passed": self.passed}
+
+
+def test_results_of_other_kinds_render_as_one_table_per_kind():
+    text = report.render_records([report.record(r) for r in
+                                  (Checked("canonical seed0", True), Checked("drawn shapes", False))])
+    lines = text.splitlines()
+    assert lines[0] == "cudaopt correctness: 1 of 2 passed"
+    assert lines[1].split() == ["case", "max", "abs", "err", "verdict"]
+    assert lines[3].split() == ["canonical", "seed0", "1.2e-06", "pass"]
+    assert lines[4].split() == ["drawn", "shapes", "1.2e-06", "FAIL"]
+
+
+def test_correctness_tables_come_before_perf_tables():
+    records = [report.record(perf_result()), report.record(Checked("canonical seed0", True))]
+    text = report.render_records(records)
+    assert text.index("cudaopt correctness") < text.index("cudaopt perf")
+
+
+def test_markdown_tables_have_a_header_rule_and_right_aligned_numbers():
+    text = report.render_rows([{"name": "a|b", "median": "1.00 ms"}], title="T", notes=["note"], fmt="markdown")
+    assert text.splitlines() == ["### T", "", "| name | median |", "|---|---:|", "| a\\|b | 1.00 ms |", "",
+                                 "- note"]
+
+
+def test_the_json_report_renders_back_to_the_same_tables(tmp_path):
+    results = [perf_result(), Checked("canonical seed0", True)]
+    path = report.write_json(tmp_path / "sub" / "report.json", results, seed=1234, settings={"min_speedup": 1.05})
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == report.SCHEMA and doc["seed"] == 1234 and doc["passed"] is True
+    assert [r["kind"] for r in doc["results"]] == ["perf", "correctness"]
+    perf = doc["results"][0]
+    assert perf["data"]["gate"]["speedup"] == pytest.approx(1.5)
+    assert perf["data"]["timing"]["contenders"][2]["key"] == "custom"
+    live = report.render_records([report.record(r) for r in results])
+    rendered = report.render_file(path)
+    assert rendered.splitlines()[0].startswith("cudaopt report report.json:")
+    assert rendered.endswith(live)
+    assert "| ModelNew (custom) | 1.00 ms |" in report.render_file(path, fmt="markdown")
+
+
+def test_recorded_results_from_workers_render_like_the_originals():
+    original = perf_result()
+    copy = report.RecordedResult(json.loads(json.dumps(report.record(original))))
+    assert copy.kind == "perf" and copy.passed is True
+    assert report.render_records([report.record(copy)]) == report.render_records([report.record(original)])
+
+
+def test_the_report_command_prints_the_tables_and_rejects_other_files(tmp_path, capsys):
+    path = report.write_json(tmp_path / "r.json", [perf_result()])
+    assert cli_main(["report", str(path)]) == 0
+    assert "ModelNew (custom)" in capsys.readouterr().out
+    (tmp_path / "other.json").write_text('{"a": 1}')
+    with pytest.raises(ValueError, match="not a cudaopt JSON report"):
+        report.render_file(tmp_path / "other.json")
+    assert cli_main(["report", str(tmp_path / "other.json")]) == 2
+    assert "other.json: not a cudaopt JSON report" in capsys.readouterr().err
+
+
+def test_machine_info_records_the_gpu_and_versions():
+    info = {}
+    report.machine_info(info)
+    assert info["torch"] == torch.__version__
+    assert info["gpu"] == (torch.cuda.get_device_name() if torch.cuda.is_available() else "none")
+    assert "cuda" in info
+
+
+def test_gate_verdict_to_json_is_plain_data():
+    data = GateVerdict(False, "compile", 1.0, None, 1.05, "not timed").to_json()
+    assert data == {"passed": False, "baseline": "compile", "custom_median_s": 1.0, "baseline_median_s": None,
+                    "min_speedup": 1.05, "speedup": None, "limit_s": None, "reason": "not timed"}
+
+
+def test_timing_summary_in_the_notes_names_the_stop_rule():
+    notes = perf_result().notes()
+    assert any(n.startswith("timing: fake, 10 interleaved rounds") and "relative standard error <= 0.005" in n
+               for n in notes)
+    assert timing.format_seconds(perf_result().medians()["custom"]) == "1.00 ms"

@@ -1,0 +1,266 @@
+"""The timing engine on CPU contenders: order, warm-up, stop rule, output checks, escapes, tampering."""
+
+from collections import Counter
+
+import pytest
+import torch
+
+from pytest_cudaopt import timing
+from pytest_cudaopt.timing import Config, Contender, FakeClock, PerfCounterClock, measure
+
+MS = 1e-3
+
+
+def doubler(x):
+    return x * 2
+
+
+def sets(n=3, size=8):
+    gen = torch.Generator().manual_seed(0)
+    inputs = [[torch.randn(size, generator=gen)] for _ in range(n)]
+    return inputs, [s[0] * 2 for s in inputs]
+
+
+def quick(**overrides):
+    values = dict(warmup=0.0, min_warmup_runs=1, max_time=10.0, target_rse=0.01, min_runs=10)
+    values.update(overrides)
+    return Config(**values)
+
+
+def test_contenders_are_interleaved_with_a_rotating_start_on_a_shared_input_set():
+    inputs, expected = sets(3)
+    contenders = [Contender(k, doubler) for k in "abc"]
+    m = measure(contenders, inputs, clock=FakeClock({}, default=MS), config=quick(), expected=expected)
+    assert m.schedule[:9] == [
+        (0, "a", 0), (0, "b", 0), (0, "c", 0),
+        (1, "b", 1), (1, "c", 1), (1, "a", 1),
+        (2, "c", 2), (2, "a", 2), (2, "b", 2),
+    ]
+    firsts = Counter(key for (r, key, _), i in zip(m.schedule, range(len(m.schedule))) if i % 3 == 0)
+    assert set(firsts) == {"a", "b", "c"}
+    assert max(firsts.values()) - min(firsts.values()) <= 1
+
+
+def test_round_order_rotates_by_the_round_number():
+    assert timing.round_order(["a", "b", "c"], 0) == ["a", "b", "c"]
+    assert timing.round_order(["a", "b", "c"], 1) == ["b", "c", "a"]
+    assert timing.round_order(["a", "b", "c"], 5) == ["c", "a", "b"]
+
+
+def test_identical_runs_stop_at_min_runs_by_the_error_target():
+    inputs, _ = sets(2)
+    m = measure([Contender("a", doubler), Contender("b", doubler)], inputs,
+                clock=FakeClock({"a": MS, "b": 2 * MS}), config=quick(min_runs=12))
+    assert m.stop_reason == "target_rse"
+    assert m.rounds == 12
+    assert m["a"].summary.median == pytest.approx(MS)
+    assert m["b"].summary.median == pytest.approx(2 * MS)
+    assert m["a"].summary.iqr == 0.0
+
+
+def test_noisy_runs_stop_at_the_time_cap():
+    inputs, _ = sets(2)
+    # 1, 2, 3, 4 ms over and over: the error never reaches 1e-9.
+    clock = FakeClock({"a": [MS, 2 * MS, 3 * MS, 4 * MS]})
+    m = measure([Contender("a", doubler)], inputs, clock=clock, config=quick(max_time=0.5, target_rse=1e-9))
+    assert m.stop_reason == "max_time"
+    assert 0.5 <= m.seconds < 0.5 + 4 * MS
+    assert m["a"].summary.median == pytest.approx(2.5 * MS)
+    assert m["a"].summary.iqr == pytest.approx(1.5 * MS, rel=0.05)
+
+
+def test_warm_up_runs_for_its_time_and_at_least_min_warmup_runs():
+    inputs, _ = sets(2)
+    clock = FakeClock({"fast": 1 / 64, "slow": 0.25})  # binary fractions: exact virtual time
+    m = measure([Contender("fast", doubler), Contender("slow", doubler)], inputs, clock=clock,
+                config=quick(warmup=0.5, min_warmup_runs=3, min_runs=2))
+    assert m["fast"].warmup_runs == 32     # 32 x 1/64 s = 0.5 s
+    assert m["slow"].warmup_runs == 3      # 2 x 0.25 s would do, 3 is the minimum
+    assert clock.calls[:35] == ["fast"] * 32 + ["slow"] * 3
+    assert m["fast"].summary.n == m.rounds  # warm-up runs are not samples
+
+
+def test_every_contender_gets_its_own_copies_of_the_inputs():
+    inputs, expected = sets(2)
+
+    def vandal(x):
+        out = x * 2
+        x.fill_(1e6)  # corrupts only its own copy
+        return out
+
+    m = measure([Contender("vandal", vandal, check=False), Contender("honest", doubler)], inputs,
+                clock=FakeClock({}, default=MS), config=quick(), expected=expected)
+    assert m["honest"].failure is None
+    assert torch.equal(inputs[0][0] * 2, expected[0])
+
+
+def test_a_contender_that_replays_an_earlier_output_fails_the_output_check():
+    inputs, expected = sets(3)
+
+    class Replay:
+        """Caches its output by the input's address (the values are never looked at)."""
+
+        def __init__(self):
+            self.cache = {}
+
+        def __call__(self, x):
+            if x.data_ptr() not in self.cache:
+                self.cache[x.data_ptr()] = x * 2
+            return self.cache[x.data_ptr()].clone()
+
+    m = measure([Contender("honest", doubler), Contender("replay", Replay())], inputs,
+                clock=FakeClock({}, default=MS), config=quick(), expected=expected)
+    assert m["honest"].failure is None
+    assert m["honest"].checked >= 3
+    assert "differs from the reference" in m["replay"].failure
+    assert "input set" in m["replay"].failure
+
+
+def test_a_contender_that_changes_once_timing_starts_fails():
+    inputs, expected = sets(2)
+    calls = Counter()
+
+    def lazy(x):
+        calls["n"] += 1
+        return x * 2 if calls["n"] <= 3 else torch.zeros_like(x)
+
+    m = measure([Contender("lazy", lazy)], inputs, clock=FakeClock({}, default=MS),
+                config=quick(min_warmup_runs=3), expected=expected)
+    assert "differs from the reference" in m["lazy"].failure
+    assert m.stop_reason == "all failed"
+
+
+def test_a_contender_that_raises_is_marked_failed_and_the_others_continue():
+    inputs, _ = sets(2)
+    calls = Counter()
+
+    def flaky(x):
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise ValueError("kernel launch failed")
+        return x * 2
+
+    m = measure([Contender("flaky", flaky), Contender("steady", doubler)], inputs,
+                clock=FakeClock({}, default=MS), config=quick(min_warmup_runs=2, min_runs=10))
+    assert m["flaky"].failure == "raised ValueError: kernel launch failed"
+    assert isinstance(m["flaky"].error, ValueError)
+    assert m["steady"].failure is None
+    assert m["steady"].summary.n == 10
+
+
+def test_work_that_escapes_the_measured_stream_fails_with_that_reason():
+    inputs, _ = sets(2)
+    clock = FakeClock({"honest": 100e-6, "side-stream": 20e-6},
+                      escaped={"honest": 3e-6, "side-stream": 500e-6}, escape_floor=2e-6)
+    m = measure([Contender("honest", doubler), Contender("side-stream", doubler)], inputs,
+                clock=clock, config=quick())
+    assert m["honest"].failure is None
+    assert "escaped the measured stream" in m["side-stream"].failure
+    assert "current_stream" in m["side-stream"].failure
+
+
+def test_an_escape_just_under_the_limit_passes_and_just_over_fails():
+    inputs, _ = sets(1)
+    config = quick()
+    limit = timing.escape_limit(1e-3, 0.0, config)  # 5 us + 50 us
+    for escaped, fails in ((0.9 * limit, False), (1.1 * limit, True)):
+        clock = FakeClock({"a": 1e-3}, escaped={"a": escaped})
+        m = measure([Contender("a", doubler)], inputs, clock=clock, config=config)
+        assert (m["a"].failure is not None) is fails
+
+
+def test_scopes_are_entered_around_every_call():
+    inputs, _ = sets(1)
+    seen = []
+
+    class Scope:
+        def __enter__(self):
+            seen.append("enter")
+
+        def __exit__(self, *exc):
+            seen.append("exit")
+
+    def fn(x):
+        seen.append("call")
+        return x
+
+    measure([Contender("a", fn, scope=Scope)], inputs, clock=FakeClock({}, default=MS),
+            config=quick(min_runs=2, min_warmup_runs=1))
+    assert seen[:6] == ["enter", "call", "exit", "enter", "call", "exit"]
+    assert seen.count("call") == seen.count("enter") == seen.count("exit")
+
+
+def test_the_perf_counter_clock_times_cpu_contenders():
+    inputs, expected = sets(2, size=64)
+    m = measure([Contender("a", doubler), Contender("b", lambda x: x + x)], inputs,
+                clock=PerfCounterClock(), config=quick(max_time=0.2, target_rse=0.5), expected=expected)
+    for key in "ab":
+        assert m[key].failure is None
+        assert m[key].summary.n >= 10
+        assert all(s > 0 for s in m[key].samples)
+        assert m[key].escapes == [0.0] * m[key].summary.n
+    assert m.clock == "perf-counter"
+
+
+def test_measure_rejects_duplicate_keys_and_empty_lineups():
+    inputs, _ = sets(1)
+    with pytest.raises(ValueError, match="distinct"):
+        measure([Contender("a", doubler), Contender("a", doubler)], inputs, clock=FakeClock({}, default=MS))
+    with pytest.raises(ValueError):
+        measure([], inputs, clock=FakeClock({}, default=MS))
+
+
+def test_measurement_json_names_every_contender_with_its_statistics():
+    inputs, _ = sets(2)
+    m = measure([Contender("a", doubler, "A label")], inputs, clock=FakeClock({"a": MS}), config=quick())
+    data = m.to_json()
+    assert data["stop_reason"] == "target_rse"
+    (entry,) = data["contenders"]
+    assert entry["key"] == "a" and entry["label"] == "A label"
+    assert entry["median_s"] == pytest.approx(MS) and entry["iqr_s"] == 0.0 and entry["n"] == 10
+
+
+def test_default_compare_names_the_first_mismatch():
+    assert timing.default_compare(torch.ones(3), torch.ones(3)) is None
+    problem = timing.default_compare(torch.tensor([1.0, 5.0, 1.0]), torch.ones(3))
+    assert "1 of 3 elements differ" in problem and "(1,)" in problem
+    assert "shape" in timing.default_compare(torch.ones(2), torch.ones(3))
+    assert timing.default_compare((torch.ones(1), torch.zeros(1)), (torch.ones(1), torch.ones(1))).startswith("output[1]")
+
+
+def test_replacing_a_timing_function_is_noticed(monkeypatch):
+    assert timing.tampered() == []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda.Event, "elapsed_time", lambda self, end: 0.001)
+    assert timing.tampered() == ["torch.cuda.synchronize", "torch.cuda.Event.elapsed_time"]
+    monkeypatch.undo()
+    assert timing.tampered() == []
+
+
+def test_the_engine_keeps_the_functions_bound_at_import(monkeypatch):
+    # A replaced time.perf_counter does not reach the engine's CPU clock.
+    monkeypatch.setattr("time.perf_counter", lambda: 0.0)
+    sample = PerfCounterClock().time("a", lambda: sum(range(1000)))
+    assert sample.seconds > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")
+def test_the_cuda_clock_catches_work_on_a_side_stream():
+    a = torch.randn(2048, 2048, device="cuda")
+    side = torch.cuda.Stream()
+
+    def honest(x):
+        return x @ x
+
+    def hidden(x):
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = x @ x
+            for _ in range(4):
+                out = out @ x
+        return out
+
+    m = measure([Contender("honest", honest, check=False), Contender("hidden", hidden, check=False)],
+                [[a]], clock=timing.CudaClock(), config=Config(warmup=0.1, max_time=2.0))
+    assert m["honest"].failure is None
+    assert "escaped the measured stream" in m["hidden"].failure
