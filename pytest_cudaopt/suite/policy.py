@@ -1,5 +1,35 @@
-"""Placeholder: the policy verdict's items (being written)."""
+"""The policy verdict's items: one per rule id, failing with `path:line: RULE-ID: what was found` lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_cudaopt import policy
+
+_REPORTS = pytest.StashKey[dict]()
 
 
+def _report(config: pytest.Config, workdir: Path) -> tuple[policy.Config, list[policy.Violation]]:
+    """The workdir's configuration and violations, computed once per session."""
+    reports = config.stash.setdefault(_REPORTS, {})
+    key = Path(workdir).resolve()
+    if key not in reports:
+        settings = policy.load_config(key)
+        reports[key] = (settings, policy.check_workdir(key, settings))
+    return reports[key]
+
+
+@pytest.mark.policy
 class TestPolicy:
-    pass
+    """Static checks of the workdir rules (`cudaopt check` gives the same lines); no GPU needed."""
+
+    @pytest.mark.parametrize("rule", policy.RULE_IDS)
+    def test_rule(self, rule: str, cudaopt_workdir_path: Path, request: pytest.FixtureRequest) -> None:
+        settings, violations = _report(request.config, cudaopt_workdir_path)
+        if rule in settings.disable:
+            pytest.skip(f"{rule} is disabled by [tool.cudaopt] in {cudaopt_workdir_path / 'pyproject.toml'}")
+        lines = list(policy.iter_rule_lines(violations, rule, cudaopt_workdir_path))
+        if lines:
+            pytest.fail(f"{rule}: {policy.RULES[rule]}\n" + "\n".join(lines), pytrace=False)

@@ -1,0 +1,17 @@
+"""Gallery: x @ w dispatches aten::matmul."""
+
+import torch
+import torch.nn as nn
+
+import cuda_extension
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        super().__init__()
+        self.fc = nn.Linear(in_features, out_features, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.fc.weight
+        y = x @ w  # EXPECT: MN005
+        return cuda_extension.gelu(y, self.fc.bias, 0.7978845608)

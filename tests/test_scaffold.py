@@ -1,0 +1,192 @@
+"""`cudaopt init`: the new workdir passes `cudaopt check`, mirrors Model, and fails correctness until kernels exist."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from pytest_cudaopt import cli, policy, scaffold
+
+GALLERY_MODEL = Path(__file__).resolve().parent / "policy_gallery" / "clean" / "model.py"
+
+MLP_MODEL = '''\
+"""Reference: a transformer MLP block with its own GELU module (minGPT style)."""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+EXPANSION = 4
+batch_size = 2
+n_embd = 32
+
+
+class NewGELU(nn.Module):
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def hidden_size(n_embd):
+    return EXPANSION * n_embd
+
+
+class Model(nn.Module):
+    def __init__(self, n_embd, dropout=0.0):
+        super(Model, self).__init__()
+        self.ln = nn.LayerNorm(n_embd)
+        self.c_fc = nn.Linear(n_embd, hidden_size(n_embd))
+        self.c_proj = nn.Linear(hidden_size(n_embd), n_embd)
+        self.act = NewGELU()
+        self.register_buffer("mask", torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(self.c_proj(self.act(self.c_fc(self.ln(x)))), 0.0)
+
+
+def get_inputs():
+    return [torch.randn(batch_size, 8, n_embd)]
+
+
+def get_init_inputs():
+    return [n_embd]
+'''
+
+CONV_MODEL = '''\
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1):
+        super().__init__()
+        self.conv = nn.ConvTranspose2d(in_channels, out_channels, kernel_size, stride=stride)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+def get_inputs():
+    return [torch.randn(2, 3, 8, 8)]
+
+
+def get_init_inputs():
+    return [3, 4, 3]
+'''
+
+
+def write_model(tmp_path: Path, source: str) -> Path:
+    path = tmp_path / "models" / "model.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source)
+    return path
+
+
+def import_file(path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """Import `path` as module `name`, with a stand-in `cuda_extension` (nothing is built here)."""
+    monkeypatch.setitem(sys.modules, "cuda_extension", types.ModuleType("cuda_extension"))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("source", [GALLERY_MODEL.read_text(), MLP_MODEL, CONV_MODEL], ids=["linear", "mlp", "conv"])
+def test_init_creates_a_workdir_that_passes_check(source: str, tmp_path: Path) -> None:
+    workdir = scaffold.init_workdir(tmp_path / "wd", write_model(tmp_path, source))
+    assert workdir == (tmp_path / "wd").resolve()
+    assert [str(v) for v in policy.check_workdir(workdir)] == []
+    assert (workdir / "model.py").read_text() == source
+    assert sorted(p.name for p in (workdir / "kernels").iterdir()) == [".gitkeep"]
+    for name in ("binding.cpp", "binding_registry.h", "utils/compile.sh", "utils/verification.py"):
+        assert (workdir / name).read_bytes() == (policy.TEMPLATES / name).read_bytes()
+
+
+def test_the_generated_model_new_mirrors_the_constructor_and_the_state_dict(tmp_path: Path, monkeypatch) -> None:
+    workdir = scaffold.init_workdir(tmp_path / "wd", write_model(tmp_path, MLP_MODEL))
+    text = (workdir / "model_new.py").read_text()
+    assert "class NewGELU(nn.Module)" in text and "EXPANSION = 4" in text and "def hidden_size" in text
+    assert "batch_size" not in text and "import torch.nn.functional" not in text and "Model," not in text
+    reference = import_file(workdir / "model.py", "scaffold_reference", monkeypatch)
+    candidate = import_file(workdir / "model_new.py", "scaffold_candidate", monkeypatch)
+    model, model_new = reference.Model(32, dropout=0.1), candidate.ModelNew(32, dropout=0.1)
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    assert shapes == {k: v.shape for k, v in model_new.state_dict().items()}
+    model_new.load_state_dict(model.state_dict(), strict=True)
+    with pytest.raises(NotImplementedError, match="ModelNew.forward is not implemented yet: write kernels in "
+                                                   "kernels/ and call them through cuda_extension"):
+        model_new(*reference.get_inputs())
+
+
+def test_the_generated_forward_keeps_model_forward_parameters(tmp_path: Path) -> None:
+    workdir = scaffold.init_workdir(tmp_path / "wd", write_model(tmp_path, MLP_MODEL))
+    tree = ast.parse((workdir / "model_new.py").read_text())
+    [cls] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelNew"]
+    forward = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "forward")
+    assert ast.unparse(forward.args) == "self, x: torch.Tensor" and ast.unparse(forward.returns) == "torch.Tensor"
+
+
+def test_init_refuses_to_overwrite_a_workdir(tmp_path: Path) -> None:
+    model = write_model(tmp_path, MLP_MODEL)
+    workdir = scaffold.init_workdir(tmp_path / "wd", model)
+    (workdir / "model_new.py").write_text("# my work\n")
+    with pytest.raises(scaffold.ScaffoldError, match="already exists and is not an empty folder"):
+        scaffold.init_workdir(workdir, model)
+    assert (workdir / "model_new.py").read_text() == "# my work\n"
+
+
+def test_init_accepts_an_existing_empty_folder(tmp_path: Path) -> None:
+    (tmp_path / "wd").mkdir()
+    scaffold.init_workdir(tmp_path / "wd", write_model(tmp_path, MLP_MODEL))
+    assert (tmp_path / "wd" / "cudaopt.lock").is_file()
+
+
+@pytest.mark.parametrize("source, message", [
+    ("import torch\n\nclass Net(torch.nn.Module):\n    pass\n", "defines no class Model"),
+    ("class Model:\n    def forward(self, x):\n        return x\n", "defines no get_inputs and no get_init_inputs()"),
+    ("class Model(:\n", "model.py:1: does not parse"),
+    (MLP_MODEL.replace("EXPANSION = 4\n", ""), "Model.__init__ uses EXPANSION"),
+], ids=["no-Model", "no-get_inputs", "syntax-error", "undefined-name"])
+def test_init_explains_a_model_it_cannot_use_and_writes_nothing(source: str, message: str, tmp_path: Path) -> None:
+    with pytest.raises(scaffold.ScaffoldError, match=message):
+        scaffold.init_workdir(tmp_path / "wd", write_model(tmp_path, source))
+    assert not (tmp_path / "wd").exists()
+
+
+def test_cudaopt_init_and_lock_only_from_the_command_line(tmp_path: Path, capsys) -> None:
+    model = write_model(tmp_path, MLP_MODEL)
+    workdir = tmp_path / "wd"
+    assert cli.main(["init", str(workdir), "--model", str(model)]) == 0
+    assert f"created workdir {workdir}" in capsys.readouterr().out
+    assert cli.main(["init", str(workdir), "--model", str(model)]) == 1
+    assert "never overwrites a workdir" in capsys.readouterr().err
+    (workdir / "model.py").write_text(MLP_MODEL.replace("batch_size = 2", "batch_size = 4"))
+    assert cli.main(["check", str(workdir)]) == 1
+    assert "model.py:1: PF003: model.py changed since it was recorded" in capsys.readouterr().out
+    assert cli.main(["init", str(workdir), "--lock-only"]) == 0
+    assert cli.main(["check", str(workdir)]) == 0
+
+
+def test_cudaopt_init_needs_a_model(tmp_path: Path, capsys) -> None:
+    assert cli.main(["init", str(tmp_path / "wd")]) == 2
+    assert "--model path/to/model.py is required" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_an_initialised_workdir_fails_correctness_with_the_not_implemented_error(
+        pytester: pytest.Pytester, run_pytest) -> None:
+    scaffold.init_workdir(pytester.path / "wd", GALLERY_MODEL)
+    result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness", "--cudaopt-device=cpu", timeout=900)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) >= 1 and outcomes.get("passed", 0) == 0
+    result.stdout.fnmatch_lines(["*ModelNew.forward is not implemented yet: write kernels in kernels/ and call "
+                                 "them through cuda_extension*"])
