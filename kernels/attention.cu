@@ -1,0 +1,830 @@
+// attention.cu: GPT-2 causal self-attention core, flash style, at float32 accuracy.
+//
+// Computes, for every batch b, head h and query row i (C = H * D, D = head size):
+//   y[b, i, h*D:(h+1)*D] = sum_{j <= i} softmax_j(q_i . k_j / sqrt(D)) v_j
+// reading q, k, v straight from the c_attn output qkv (B, T, 3C) = [q | k | v] along the last
+// axis and writing y in the (B, T, C) layout that c_proj reads: no transposes, no copies, and
+// the T x T score matrix never reaches memory (online softmax over key tiles).
+//
+// Napkin math at the canonical shape B=16, T=1024, C=768, H=12, D=64:
+//   FLOPs: QK^T and PV are 2*B*H*T*T*D each, halved by the causal mask: 2 x 12.9 = 25.8 GFLOP
+//          (64x64 tiles compute the whole diagonal tile: +6%), and B*H*T*T/2 = 101 M exp2.
+//   bytes: qkv read once from HBM (151 MB; K/V tiles are re-read per query tile, from L2) and
+//          y written once (50 MB): 201 MB / 4.3 TB/s = 47 us, so the kernel is compute-bound.
+//   floor: 25.8 GFLOP / ~60 TFLOP/s of fp32 FFMA = 0.43 ms. On the tensor cores with 3xTF32
+//          (x = hi + lo, x*y ~ hi*hi + hi*lo + lo*hi: three tf32 products per fp32 product,
+//          fp32-level error) and mma.sync at ~300 TFLOP/s tf32: 77 GFLOP / 300 = 0.26 ms.
+//   measured (H200, config 0): 0.469 ms = 55 TFLOP/s of fp32-accurate attention (165 TFLOP/s of
+//          tf32 MMA work); FFMA (config 6) 0.853 ms; torch's fp32 SDPA 0.896 ms.
+//          Error vs float64 0.55x-2.5x the fp32 reference's, flat in T up to 4096.
+//
+// Kernels (a launcher `config` picks one; see attention_launcher at the end):
+//   attention_kernel_mma     3xTF32 mma.sync m16n8k8, 16 query rows per warp slab, K/V tiles
+//                            double-buffered in shared memory by cp.async; D in {32, 64, 96, 128}.
+//   attention_kernel_ffma    plain fp32 FFMA, 64 x 64 tiles, 8 x 4 register blocking; D = 64.
+//   attention_kernel_generic one warp per query row, any head size D (slow, always correct).
+// Masking: tiles wholly below the diagonal run a code path with no mask at all; only the tiles
+// that cross the diagonal take the masked path (a select per score, no branch). Tiles above the
+// diagonal are never loaded. The 1/sqrt(D) scale and log2(e) are folded into one multiplier of
+// exp2. Build: part of cuda_extension (bash utils/compile.sh); bench: benchmarks/bench_attention.py.
+#include "attention.h"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+namespace {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// ---------------------------------------------------------------------------------------------
+// Small device helpers
+// ---------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));  // 2 ulp; exp2(-inf) = +0
+  return r;
+}
+
+// x = hi + lo for 3xTF32. hi = x rounded to tf32 by adding half a tf32 ulp to the bit pattern and
+// truncating (2 integer ops; cvt.rna.tf32.f32 costs 4 SASS ops with its inf/NaN handling, and
+// every operand here is finite); lo = x - hi, exact by Sterbenz. lo goes in unconverted: the tensor
+// core reads only its top 19 bits, truncating lo at ~2^-21 |x|. In a float64 emulation of a K=64
+// dot product this gives 2.5e-7 relative error either way (lo rounded or not), against 1.5e-7 for
+// an fp32 dot product and 2.9e-4 for plain TF32.
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi));
+}
+
+// D (16x8, fp32) += A (16x8, tf32, row) * B (8x8, tf32, col).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// 16-byte global -> shared copy; when `full` is false nothing is read and the 16 bytes are zeroed.
+__device__ __forceinline__ void cp_async16(float* smem, const float* gmem, bool full) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_bytes = full ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernel 1: 3xTF32 tensor-core flash attention
+// ---------------------------------------------------------------------------------------------
+//
+// Block = WARPS warps on BR = 16*MS*WARPS consecutive query rows of one (b, h); each warp owns
+// MS slabs of 16 rows. Per key tile of BC keys: S = Q K^T (mma m16n8k8, A = Q slab, B = K^T),
+// online softmax on the S fragments in registers, O += P V (A = P straight from the S fragments,
+// B = V). The S accumulator holds columns (2t, 2t+1) of each n8 tile while the A operand wants
+// columns (t, t+4): instead of shuffling, PV's k index is permuted (k = t <-> key 2t,
+// k = t+4 <-> key 2t+1) and V's rows are read in that same order. Shared-memory rows are padded
+// to D+4 words (= 4 mod 32), which makes both fragment patterns conflict-free.
+
+// Where the Q operand lives: split into tf32 hi/lo once and kept in registers (2 x D/2 per
+// thread), or in shared memory and split at every use (the path for D > 64 and 2-slab warps).
+enum QMode { kQSplitRegs = 0, kQSmem = 1 };
+
+constexpr int largest_divisor_upto(int n, int cap) {
+  int d = cap < n ? cap : n;
+  while (n % d != 0) --d;
+  return d;
+}
+
+template <int D_, int WARPS_, int MS_, int BC_, int STAGES_, int QMODE_ = kQSplitRegs,
+          int KSTAGE_ = 8, int MIN_BLOCKS_ = 1, int PV_CHUNK_ = 0>
+struct MmaTile {
+  static constexpr int D = D_;
+  static constexpr int WARPS = WARPS_;
+  static constexpr int MS = MS_;            // 16-row slabs per warp (K/V fragments reused MS times)
+  static constexpr int BC = BC_;            // keys per tile
+  static constexpr int STAGES = STAGES_;    // K/V shared-memory buffers in the cp.async pipeline
+  static constexpr int QMODE = (MS > 1 || D > 64) ? kQSmem : QMODE_;
+  static constexpr int NT = BC / 8;         // n8 tiles of S; k8 steps of PV
+  static constexpr int KS = D / 8;          // k8 steps of QK^T; n8 tiles of O
+  // K (resp. V) fragments loaded and split at a time, in n8 tiles: fewer live registers.
+  static constexpr int KSTAGE = largest_divisor_upto(NT, KSTAGE_);
+  static constexpr int VSTAGE = largest_divisor_upto(KS, KSTAGE_);
+  static constexpr int MIN_BLOCKS = MIN_BLOCKS_;  // resident blocks per SM asked of the allocator
+  // PV accumulation. 0: straight into O across the whole key loop. The tensor core truncates as
+  // it accumulates, so over T/8 steps the error grows with T (measured: 9x the fp32 reference's
+  // at T=1024, 14x at 2049). > 0: each tile's PV goes into a zeroed accumulator, PV_CHUNK n8
+  // tiles of D at a time, merged as O = O*alpha + acc in fp32 (round to nearest).
+  static constexpr int PV_CHUNK = PV_CHUNK_ == 0 ? 0 : largest_divisor_upto(D / 8, PV_CHUNK_);
+  static constexpr int THREADS = 32 * WARPS;
+  static constexpr int BR = 16 * MS * WARPS;
+  static constexpr int STRIDE = D + 4;
+  static constexpr int KV_FLOATS = STAGES * BC * STRIDE;
+  static constexpr int Q_FLOATS = QMODE == kQSmem ? BR * STRIDE : 0;
+  static constexpr int SMEM_BYTES = (2 * KV_FLOATS + Q_FLOATS) * static_cast<int>(sizeof(float));
+  static_assert(D % 32 == 0, "padding D+4 is conflict-free only for D a multiple of 32");
+  static_assert(BC % 8 == 0 && STAGES >= 2, "BC must be a multiple of 8, STAGES at least 2");
+  static_assert(NT % KSTAGE == 0 && KS % VSTAGE == 0, "KSTAGE must divide BC/8 and D/8");
+  static_assert(PV_CHUNK == 0 || KS % PV_CHUNK == 0, "PV_CHUNK must divide D/8");
+  static_assert((BC * D / 4) % THREADS == 0, "K/V tile copy must divide evenly among threads");
+  static_assert((BR * D / 4) % THREADS == 0, "Q tile copy must divide evenly among threads");
+};
+
+// P (the exp'd S fragments of n8 tile kt8) as PV's A operand: k = t <-> key 2t, k = t+4 <-> key 2t+1.
+template <int MS, int NT>
+__device__ __forceinline__ void split_p(const float (&s)[MS][NT][4], int kt8, uint32_t (&ph)[MS][4],
+                                        uint32_t (&pl)[MS][4]) {
+#pragma unroll
+  for (int ms = 0; ms < MS; ++ms) {
+    split_tf32(s[ms][kt8][0], ph[ms][0], pl[ms][0]);  // (row g,   key 2t)
+    split_tf32(s[ms][kt8][2], ph[ms][1], pl[ms][1]);  // (row g+8, key 2t)
+    split_tf32(s[ms][kt8][1], ph[ms][2], pl[ms][2]);  // (row g,   key 2t+1)
+    split_tf32(s[ms][kt8][3], ph[ms][3], pl[ms][3]);  // (row g+8, key 2t+1)
+  }
+}
+
+// V fragments of N n8 tiles of D from d-tile d0: b0 = V[key 2t][d*8+g], b1 = V[key 2t+1][d*8+g],
+// `vr` pointing at V[key 2t][g] of the current key sub-tile.
+template <int S, int N>
+__device__ __forceinline__ void split_v(const float* vr, int d0, uint32_t (&vh)[N][2], uint32_t (&vl)[N][2]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    split_tf32(vr[(d0 + n) * 8], vh[n][0], vl[n][0]);
+    split_tf32(vr[S + (d0 + n) * 8], vh[n][1], vl[n][1]);
+  }
+}
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
+attention_kernel_mma(const float* __restrict__ qkv, float* __restrict__ y, int BH, int H, int T,
+                     float scale_log2) {
+  constexpr int D = Tr::D, BC = Tr::BC, BR = Tr::BR, S = Tr::STRIDE, NT = Tr::NT, KS = Tr::KS;
+  constexpr int MS = Tr::MS, STAGES = Tr::STAGES, THREADS = Tr::THREADS;
+  constexpr int QMODE = Tr::QMODE, KSTAGE = Tr::KSTAGE, VSTAGE = Tr::VSTAGE, PVC = Tr::PV_CHUNK;
+
+  extern __shared__ __align__(16) float smem[];
+  float* k_s = smem;                        // [STAGES][BC][S]
+  float* v_s = smem + Tr::KV_FLOATS;        // [STAGES][BC][S]
+  float* q_s = smem + 2 * Tr::KV_FLOATS;    // [BR][S] when QMODE == kQSmem
+
+  const int C = H * D;
+  const long rs = 3L * C;                   // qkv row stride
+  const int n_qt = (T + BR - 1) / BR;
+  const int bh = blockIdx.x % BH;
+  const int qt = n_qt - 1 - static_cast<int>(blockIdx.x / BH);  // longest query tiles first
+  const int b = bh / H, h = bh - b * H;
+  const int q0 = qt * BR;
+  const float* qg = qkv + static_cast<long>(b) * T * rs + h * D;
+  const float* kg = qg + C;
+  const float* vg = qg + 2 * C;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;    // mma fragment coordinates
+  const int wrow = warp * MS * 16;          // first row of this warp in the block tile
+
+  const int kv_end = min(q0 + BR, T);       // keys [0, kv_end) are needed
+  const int n_kt = (kv_end + BC - 1) / BC;
+  const int n_full = min(q0 / BC, n_kt);    // tiles whose keys all precede row q0: no mask
+
+  auto load_kv = [&](int tile, int stage) {
+    constexpr int CPR = D / 4;              // 16-byte chunks per row
+    float* kd = k_s + stage * BC * S;
+    float* vd = v_s + stage * BC * S;
+    const int k0 = tile * BC;
+#pragma unroll
+    for (int it = 0; it < BC * CPR / THREADS; ++it) {
+      const int c = tid + it * THREADS;
+      const int r = c / CPR, col = (c % CPR) * 4;
+      const int key = k0 + r;
+      const bool ok = key < T;              // rows past T are zero-filled (V must be finite)
+      const long off = static_cast<long>(ok ? key : 0) * rs + col;
+      cp_async16(kd + r * S + col, kg + off, ok);
+      cp_async16(vd + r * S + col, vg + off, ok);
+    }
+  };
+
+  // Q fragments for the whole key loop (register modes) or the Q tile in shared memory.
+  constexpr int QR = QMODE == kQSmem ? 1 : KS;
+  uint32_t qh[QR][4], ql[QR][4];
+  if constexpr (QMODE == kQSmem) {
+    constexpr int CPR = D / 4;
+#pragma unroll
+    for (int it = 0; it < BR * CPR / THREADS; ++it) {
+      const int c = tid + it * THREADS;
+      const int r = c / CPR, col = (c % CPR) * 4;
+      const int row = q0 + r;
+      const bool ok = row < T;
+      cp_async16(q_s + r * S + col, qg + static_cast<long>(ok ? row : 0) * rs + col, ok);
+    }
+  }
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; ++st) {
+    if (st < n_kt) load_kv(st, st);
+    cp_async_commit();                      // group st (group 0 also holds the Q tile)
+  }
+  if constexpr (QMODE != kQSmem) {
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {         // a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4)
+        const int row = q0 + wrow + g + (i & 1) * 8;
+        const int col = kk * 8 + t + (i >> 1) * 4;
+        const float x = row < T ? qg[static_cast<long>(row) * rs + col] : 0.f;
+        split_tf32(x, qh[kk][i], ql[kk][i]);
+      }
+    }
+  }
+
+  float o[MS][KS][4];
+  float m_run[MS][2], l_run[MS][2];         // running max (raw score) and per-thread partial sum
+#pragma unroll
+  for (int ms = 0; ms < MS; ++ms) {
+#pragma unroll
+    for (int dt = 0; dt < KS; ++dt) o[ms][dt][0] = o[ms][dt][1] = o[ms][dt][2] = o[ms][dt][3] = 0.f;
+    m_run[ms][0] = m_run[ms][1] = -INFINITY;
+    l_run[ms][0] = l_run[ms][1] = 0.f;
+  }
+
+  auto advance = [&](int j) {
+    const int nx = j + STAGES - 1;
+    if (nx < n_kt) load_kv(nx, nx % STAGES);
+    cp_async_commit();
+    cp_async_wait<STAGES - 1>();            // tile j has landed
+    __syncthreads();
+  };
+
+  auto tile = [&](int j, auto mask_tag) {
+    constexpr bool MASK = decltype(mask_tag)::value;
+    const int k0 = j * BC;
+    if (MASK && k0 > q0 + wrow + MS * 16 - 1) return;  // every key after every row of this warp
+    const float* kt = k_s + (j % STAGES) * BC * S;
+    const float* vt = v_s + (j % STAGES) * BC * S;
+
+    // S = Q K^T, three tf32 products per fp32 product (small terms first).
+    float s[MS][NT][4];
+#pragma unroll
+    for (int ms = 0; ms < MS; ++ms)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) s[ms][nt][0] = s[ms][nt][1] = s[ms][nt][2] = s[ms][nt][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+      uint32_t ah[MS][4], al[MS][4];
+#pragma unroll
+      for (int ms = 0; ms < MS; ++ms) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if constexpr (QMODE == kQSplitRegs) {
+            ah[ms][i] = qh[kk][i];
+            al[ms][i] = ql[kk][i];
+          } else {
+            const int r = wrow + ms * 16 + g + (i & 1) * 8;
+            split_tf32(q_s[r * S + kk * 8 + t + (i >> 1) * 4], ah[ms][i], al[ms][i]);
+          }
+        }
+      }
+#pragma unroll
+      for (int n0 = 0; n0 < NT; n0 += KSTAGE) {
+        uint32_t bh[KSTAGE][2], bl[KSTAGE][2];  // b0 = K[key nt*8+g][d t], b1 = K[..][d t+4]
+#pragma unroll
+        for (int n = 0; n < KSTAGE; ++n) {
+          const float* kr = kt + ((n0 + n) * 8 + g) * S + kk * 8 + t;
+          split_tf32(kr[0], bh[n][0], bl[n][0]);
+          split_tf32(kr[4], bh[n][1], bl[n][1]);
+        }
+#pragma unroll
+        for (int ms = 0; ms < MS; ++ms)
+#pragma unroll
+          for (int n = 0; n < KSTAGE; ++n) mma_tf32(s[ms][n0 + n], al[ms], bh[n]);
+#pragma unroll
+        for (int ms = 0; ms < MS; ++ms)
+#pragma unroll
+          for (int n = 0; n < KSTAGE; ++n) mma_tf32(s[ms][n0 + n], ah[ms], bl[n]);
+#pragma unroll
+        for (int ms = 0; ms < MS; ++ms)
+#pragma unroll
+          for (int n = 0; n < KSTAGE; ++n) mma_tf32(s[ms][n0 + n], ah[ms], bh[n]);
+      }
+    }
+
+    // Online softmax. Fragment (ms, nt, e) is row g + 8*(e>>1), key nt*8 + 2t + (e&1).
+    float alpha[MS][2];
+#pragma unroll
+    for (int ms = 0; ms < MS; ++ms) {
+      if constexpr (MASK) {
+        const int row0 = q0 + wrow + ms * 16 + g;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = k0 + nt * 8 + 2 * t + (e & 1);
+            const int row = row0 + (e >> 1) * 8;
+            s[ms][nt][e] = key <= row ? s[ms][nt][e] : -INFINITY;
+          }
+      }
+      float mx0 = m_run[ms][0], mx1 = m_run[ms][1];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        mx0 = fmaxf(mx0, fmaxf(s[ms][nt][0], s[ms][nt][1]));
+        mx1 = fmaxf(mx1, fmaxf(s[ms][nt][2], s[ms][nt][3]));
+      }
+      mx0 = fmaxf(mx0, __shfl_xor_sync(kFullMask, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(kFullMask, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(kFullMask, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(kFullMask, mx1, 2));
+      // Tile 0 holds key 0 <= every row, so mx is finite from the first tile on.
+      const float alpha0 = fast_exp2((m_run[ms][0] - mx0) * scale_log2);
+      const float alpha1 = fast_exp2((m_run[ms][1] - mx1) * scale_log2);
+      m_run[ms][0] = mx0;
+      m_run[ms][1] = mx1;
+      const float nm0 = -mx0 * scale_log2, nm1 = -mx1 * scale_log2;
+      float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        s[ms][nt][0] = fast_exp2(fmaf(s[ms][nt][0], scale_log2, nm0));
+        s[ms][nt][1] = fast_exp2(fmaf(s[ms][nt][1], scale_log2, nm0));
+        s[ms][nt][2] = fast_exp2(fmaf(s[ms][nt][2], scale_log2, nm1));
+        s[ms][nt][3] = fast_exp2(fmaf(s[ms][nt][3], scale_log2, nm1));
+        sum0 += s[ms][nt][0] + s[ms][nt][1];
+        sum1 += s[ms][nt][2] + s[ms][nt][3];
+      }
+      l_run[ms][0] = l_run[ms][0] * alpha0 + sum0;
+      l_run[ms][1] = l_run[ms][1] * alpha1 + sum1;
+      alpha[ms][0] = alpha0;
+      alpha[ms][1] = alpha1;
+      if constexpr (PVC == 0) {
+#pragma unroll
+        for (int dt = 0; dt < KS; ++dt) {
+          o[ms][dt][0] *= alpha0;
+          o[ms][dt][1] *= alpha0;
+          o[ms][dt][2] *= alpha1;
+          o[ms][dt][3] *= alpha1;
+        }
+      }
+    }
+
+    // O += P V. A = P with k index t <-> key 2t, t+4 <-> key 2t+1; B = V rows in that order.
+    if constexpr (PVC == 0) {
+#pragma unroll
+      for (int kt8 = 0; kt8 < NT; ++kt8) {
+        uint32_t ph[MS][4], pl[MS][4];
+        split_p(s, kt8, ph, pl);
+        const float* vr = vt + (kt8 * 8 + 2 * t) * S + g;
+#pragma unroll
+        for (int d0 = 0; d0 < KS; d0 += VSTAGE) {
+          uint32_t vh[VSTAGE][2], vl[VSTAGE][2];  // b0 = V[key 2t][d dt*8+g], b1 = V[key 2t+1][..]
+          split_v<S>(vr, d0, vh, vl);
+          // Three passes (small terms first) so that no MMA waits on the one just issued.
+#pragma unroll
+          for (int ms = 0; ms < MS; ++ms)
+#pragma unroll
+            for (int n = 0; n < VSTAGE; ++n) mma_tf32(o[ms][d0 + n], pl[ms], vh[n]);
+#pragma unroll
+          for (int ms = 0; ms < MS; ++ms)
+#pragma unroll
+            for (int n = 0; n < VSTAGE; ++n) mma_tf32(o[ms][d0 + n], ph[ms], vl[n]);
+#pragma unroll
+          for (int ms = 0; ms < MS; ++ms)
+#pragma unroll
+            for (int n = 0; n < VSTAGE; ++n) mma_tf32(o[ms][d0 + n], ph[ms], vh[n]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int c0 = 0; c0 < KS; c0 += PVC) {   // PVC n8 tiles of D per zeroed accumulator
+        float acc[MS][PVC][4];
+#pragma unroll
+        for (int ms = 0; ms < MS; ++ms)
+#pragma unroll
+          for (int n = 0; n < PVC; ++n) acc[ms][n][0] = acc[ms][n][1] = acc[ms][n][2] = acc[ms][n][3] = 0.f;
+#pragma unroll
+        for (int kt8 = 0; kt8 < NT; ++kt8) {
+          uint32_t ph[MS][4], pl[MS][4];
+          split_p(s, kt8, ph, pl);
+          const float* vr = vt + (kt8 * 8 + 2 * t) * S + g;
+          uint32_t vh[PVC][2], vl[PVC][2];
+          split_v<S>(vr, c0, vh, vl);
+#pragma unroll
+          for (int ms = 0; ms < MS; ++ms)
+#pragma unroll
+            for (int n = 0; n < PVC; ++n) mma_tf32(acc[ms][n], pl[ms], vh[n]);
+#pragma unroll
+          for (int ms = 0; ms < MS; ++ms)
+#pragma unroll
+            for (int n = 0; n < PVC; ++n) mma_tf32(acc[ms][n], ph[ms], vl[n]);
+#pragma unroll
+          for (int ms = 0; ms < MS; ++ms)
+#pragma unroll
+            for (int n = 0; n < PVC; ++n) mma_tf32(acc[ms][n], ph[ms], vh[n]);
+        }
+#pragma unroll
+        for (int ms = 0; ms < MS; ++ms)
+#pragma unroll
+          for (int n = 0; n < PVC; ++n) {
+            o[ms][c0 + n][0] = fmaf(o[ms][c0 + n][0], alpha[ms][0], acc[ms][n][0]);
+            o[ms][c0 + n][1] = fmaf(o[ms][c0 + n][1], alpha[ms][0], acc[ms][n][1]);
+            o[ms][c0 + n][2] = fmaf(o[ms][c0 + n][2], alpha[ms][1], acc[ms][n][2]);
+            o[ms][c0 + n][3] = fmaf(o[ms][c0 + n][3], alpha[ms][1], acc[ms][n][3]);
+          }
+      }
+    }
+  };
+
+  int j = 0;
+  for (; j < n_full; ++j) {                 // hot loop: no mask
+    advance(j);
+    tile(j, std::false_type{});
+    __syncthreads();                        // stage j % STAGES is refilled next
+  }
+  for (; j < n_kt; ++j) {                   // tiles that cross the diagonal
+    advance(j);
+    tile(j, std::true_type{});
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int ms = 0; ms < MS; ++ms) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float l = l_run[ms][i];
+      l += __shfl_xor_sync(kFullMask, l, 1);
+      l += __shfl_xor_sync(kFullMask, l, 2);
+      const int row = q0 + wrow + ms * 16 + g + i * 8;
+      if (row < T) {
+        float* yr = y + (static_cast<long>(b) * T + row) * C + h * D + 2 * t;
+#pragma unroll
+        for (int dt = 0; dt < KS; ++dt) {
+          *reinterpret_cast<float2*>(yr + dt * 8) =
+              make_float2(o[ms][dt][2 * i] / l, o[ms][dt][2 * i + 1] / l);
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernel 2: FFMA flash attention, D = 64
+// ---------------------------------------------------------------------------------------------
+//
+// 128 threads on 64 query rows x 64 keys; thread (rg, cg) = (tid/16, tid%16) owns score rows
+// 8rg..8rg+7 x keys 4cg..4cg+3 and output rows 8rg.. x dims 4cg..4cg+3. Q and K are stored
+// d-major and P key-major so every inner-loop operand is one float4 (3 LDS.128 per 32 FFMA).
+struct FfmaTile {
+  static constexpr int D = 64, BR = 64, BC = 64, THREADS = 128, TM = 8, TN = 4;
+  static constexpr int STRIDE = 68;         // 64 + 4: float4-aligned rows, staggered banks
+  static constexpr int SMEM_BYTES = 4 * 64 * STRIDE * static_cast<int>(sizeof(float));
+};
+
+__global__ void __launch_bounds__(FfmaTile::THREADS)
+attention_kernel_ffma(const float* __restrict__ qkv, float* __restrict__ y, int BH, int H, int T,
+                      float scale_log2) {
+  constexpr int D = FfmaTile::D, BR = FfmaTile::BR, BC = FfmaTile::BC, S = FfmaTile::STRIDE;
+  constexpr int TM = FfmaTile::TM, TN = FfmaTile::TN, THREADS = FfmaTile::THREADS;
+  extern __shared__ __align__(16) float smem[];
+  float* q_t = smem;                        // [D][S]: q_t[d][row]
+  float* k_t = smem + 1 * D * S;            // [D][S]: k_t[d][key]
+  float* v_s = smem + 2 * D * S;            // [BC][S]: v_s[key][d]
+  float* p_t = smem + 3 * D * S;            // [BC][S]: p_t[key][row]
+
+  const int C = H * D;
+  const long rs = 3L * C;
+  const int n_qt = (T + BR - 1) / BR;
+  const int bh = blockIdx.x % BH;
+  const int qt = n_qt - 1 - static_cast<int>(blockIdx.x / BH);
+  const int b = bh / H, h = bh - b * H;
+  const int q0 = qt * BR;
+  const float* qg = qkv + static_cast<long>(b) * T * rs + h * D;
+  const float* kg = qg + C;
+  const float* vg = qg + 2 * C;
+  const int tid = threadIdx.x, rg = tid >> 4, cg = tid & 15;
+
+  const int kv_end = min(q0 + BR, T);
+  const int n_kt = (kv_end + BC - 1) / BC;
+  const int n_full = min(q0 / BC, n_kt);
+
+  // Q^T once: lanes walk rows so the transposed stores hit consecutive banks.
+#pragma unroll
+  for (int it = 0; it < BR * D / 4 / THREADS; ++it) {
+    const int c = tid + it * THREADS;
+    const int r = c & (BR - 1), ch = c / BR;
+    const int row = q0 + r;
+    float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (row < T) x = *reinterpret_cast<const float4*>(qg + static_cast<long>(row) * rs + ch * 4);
+    q_t[(ch * 4 + 0) * S + r] = x.x;
+    q_t[(ch * 4 + 1) * S + r] = x.y;
+    q_t[(ch * 4 + 2) * S + r] = x.z;
+    q_t[(ch * 4 + 3) * S + r] = x.w;
+  }
+
+  float o[TM][TN], m_run[TM], l_run[TM];
+#pragma unroll
+  for (int i = 0; i < TM; ++i) {
+    m_run[i] = -INFINITY;
+    l_run[i] = 0.f;
+#pragma unroll
+    for (int jj = 0; jj < TN; ++jj) o[i][jj] = 0.f;
+  }
+
+  auto tile = [&](int j, auto mask_tag) {
+    constexpr bool MASK = decltype(mask_tag)::value;
+    const int k0 = j * BC;
+#pragma unroll
+    for (int it = 0; it < BC * D / 4 / THREADS; ++it) {
+      const int c = tid + it * THREADS;
+      {  // K^T
+        const int r = c & (BC - 1), ch = c / BC;
+        const int key = k0 + r;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (key < T) x = *reinterpret_cast<const float4*>(kg + static_cast<long>(key) * rs + ch * 4);
+        k_t[(ch * 4 + 0) * S + r] = x.x;
+        k_t[(ch * 4 + 1) * S + r] = x.y;
+        k_t[(ch * 4 + 2) * S + r] = x.z;
+        k_t[(ch * 4 + 3) * S + r] = x.w;
+      }
+      {  // V, natural layout (zero past T: P is 0 there but 0 * garbage may be NaN)
+        const int r = c / (D / 4), ch = c % (D / 4);
+        const int key = k0 + r;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (key < T) x = *reinterpret_cast<const float4*>(vg + static_cast<long>(key) * rs + ch * 4);
+        *reinterpret_cast<float4*>(v_s + r * S + ch * 4) = x;
+      }
+    }
+    __syncthreads();
+
+    float s[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+      for (int jj = 0; jj < TN; ++jj) s[i][jj] = 0.f;
+#pragma unroll 8
+    for (int d = 0; d < D; ++d) {
+      const float4 a0 = *reinterpret_cast<const float4*>(q_t + d * S + rg * TM);
+      const float4 a1 = *reinterpret_cast<const float4*>(q_t + d * S + rg * TM + 4);
+      const float4 bb = *reinterpret_cast<const float4*>(k_t + d * S + cg * TN);
+      const float a[TM] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+      const float bv[TN] = {bb.x, bb.y, bb.z, bb.w};
+#pragma unroll
+      for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int jj = 0; jj < TN; ++jj) s[i][jj] = fmaf(a[i], bv[jj], s[i][jj]);
+    }
+
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+      const int row = q0 + rg * TM + i;
+      if constexpr (MASK) {
+#pragma unroll
+        for (int jj = 0; jj < TN; ++jj) s[i][jj] = (k0 + cg * TN + jj <= row) ? s[i][jj] : -INFINITY;
+      }
+      float mx = m_run[i];
+#pragma unroll
+      for (int jj = 0; jj < TN; ++jj) mx = fmaxf(mx, s[i][jj]);
+#pragma unroll
+      for (int off = 1; off < 16; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, off));
+      const float alpha = fast_exp2((m_run[i] - mx) * scale_log2);
+      m_run[i] = mx;
+      const float nm = -mx * scale_log2;
+      float sum = 0.f;
+#pragma unroll
+      for (int jj = 0; jj < TN; ++jj) {
+        s[i][jj] = fast_exp2(fmaf(s[i][jj], scale_log2, nm));
+        sum += s[i][jj];
+      }
+      l_run[i] = l_run[i] * alpha + sum;
+#pragma unroll
+      for (int jj = 0; jj < TN; ++jj) o[i][jj] *= alpha;
+    }
+#pragma unroll
+    for (int jj = 0; jj < TN; ++jj) {
+      float* pr = p_t + (cg * TN + jj) * S + rg * TM;
+      *reinterpret_cast<float4*>(pr) = make_float4(s[0][jj], s[1][jj], s[2][jj], s[3][jj]);
+      *reinterpret_cast<float4*>(pr + 4) = make_float4(s[4][jj], s[5][jj], s[6][jj], s[7][jj]);
+    }
+    __syncthreads();
+
+#pragma unroll 8
+    for (int c = 0; c < BC; ++c) {
+      const float4 p0 = *reinterpret_cast<const float4*>(p_t + c * S + rg * TM);
+      const float4 p1 = *reinterpret_cast<const float4*>(p_t + c * S + rg * TM + 4);
+      const float4 vv = *reinterpret_cast<const float4*>(v_s + c * S + cg * TN);
+      const float p[TM] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+      const float vx[TN] = {vv.x, vv.y, vv.z, vv.w};
+#pragma unroll
+      for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int jj = 0; jj < TN; ++jj) o[i][jj] = fmaf(p[i], vx[jj], o[i][jj]);
+    }
+    __syncthreads();                        // k_t, v_s, p_t are rewritten by the next tile
+  };
+
+  int j = 0;
+  for (; j < n_full; ++j) tile(j, std::false_type{});
+  for (; j < n_kt; ++j) tile(j, std::true_type{});
+
+#pragma unroll
+  for (int i = 0; i < TM; ++i) {
+    float l = l_run[i];
+#pragma unroll
+    for (int off = 1; off < 16; off <<= 1) l += __shfl_xor_sync(kFullMask, l, off);
+    const int row = q0 + rg * TM + i;
+    if (row < T) {
+      float* yr = y + (static_cast<long>(b) * T + row) * C + h * D + cg * TN;
+      *reinterpret_cast<float4*>(yr) = make_float4(o[i][0] / l, o[i][1] / l, o[i][2] / l, o[i][3] / l);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernel 3: generic head size
+// ---------------------------------------------------------------------------------------------
+//
+// One warp per (b, h, query row), lane d-strided. R > 0: the row's q and output accumulator live
+// in R registers per lane (D <= 32 R). R == 0: any D, the output row in y is the accumulator
+// (each lane only ever touches its own elements of it).
+constexpr int kGenericWarps = 4;
+
+template <int R>
+__global__ void __launch_bounds__(32 * kGenericWarps)
+attention_kernel_generic(const float* __restrict__ qkv, float* __restrict__ y, int BH, int H, int T,
+                         int D, float scale_log2) {
+  const int lane = threadIdx.x & 31;
+  const long gw = static_cast<long>(blockIdx.x) * kGenericWarps + (threadIdx.x >> 5);
+  if (gw >= static_cast<long>(BH) * T) return;  // whole warps only
+  const int i = T - 1 - static_cast<int>(gw / BH);  // longest rows first
+  const int bh = static_cast<int>(gw % BH);
+  const int b = bh / H, h = bh - b * H;
+  const int C = H * D;
+  const long rs = 3L * C;
+  const float* q = qkv + (static_cast<long>(b) * T + i) * rs + static_cast<long>(h) * D;
+  const float* kbase = qkv + static_cast<long>(b) * T * rs + C + static_cast<long>(h) * D;
+  const float* vbase = kbase + C;
+  float* yr = y + (static_cast<long>(b) * T + i) * C + static_cast<long>(h) * D;
+
+  float m = -INFINITY, l = 0.f;
+  if constexpr (R > 0) {
+    float qr[R], o[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int d = lane + 32 * r;
+      qr[r] = d < D ? q[d] : 0.f;
+      o[r] = 0.f;
+    }
+    for (int j = 0; j <= i; ++j) {
+      const float* kj = kbase + static_cast<long>(j) * rs;
+      const float* vj = vbase + static_cast<long>(j) * rs;
+      float part = 0.f;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int d = lane + 32 * r;
+        if (d < D) part = fmaf(qr[r], kj[d], part);
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(kFullMask, part, off);
+      const float mn = fmaxf(m, part);
+      const float alpha = fast_exp2((m - mn) * scale_log2);
+      const float p = fast_exp2((part - mn) * scale_log2);
+      l = l * alpha + p;
+      m = mn;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int d = lane + 32 * r;
+        if (d < D) o[r] = fmaf(p, vj[d], o[r] * alpha);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int d = lane + 32 * r;
+      if (d < D) yr[d] = o[r] / l;
+    }
+  } else {
+    for (int d = lane; d < D; d += 32) yr[d] = 0.f;
+    for (int j = 0; j <= i; ++j) {
+      const float* kj = kbase + static_cast<long>(j) * rs;
+      const float* vj = vbase + static_cast<long>(j) * rs;
+      float part = 0.f;
+      for (int d = lane; d < D; d += 32) part = fmaf(q[d], kj[d], part);
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(kFullMask, part, off);
+      const float mn = fmaxf(m, part);
+      const float alpha = fast_exp2((m - mn) * scale_log2);
+      const float p = fast_exp2((part - mn) * scale_log2);
+      l = l * alpha + p;
+      m = mn;
+      for (int d = lane; d < D; d += 32) yr[d] = fmaf(p, vj[d], yr[d] * alpha);
+    }
+    for (int d = lane; d < D; d += 32) yr[d] = yr[d] / l;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launchers
+// ---------------------------------------------------------------------------------------------
+
+template <class Tr>
+cudaError_t launch_mma(const float* qkv, float* y, int B, int T, int H, float scale_log2,
+                       cudaStream_t stream) {
+  auto kernel = attention_kernel_mma<Tr>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Tr::SMEM_BYTES);
+  if (err != cudaSuccess) return err;
+  const long blocks = static_cast<long>((T + Tr::BR - 1) / Tr::BR) * B * H;
+  kernel<<<static_cast<unsigned>(blocks), Tr::THREADS, Tr::SMEM_BYTES, stream>>>(qkv, y, B * H, H, T,
+                                                                                 scale_log2);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_ffma(const float* qkv, float* y, int B, int T, int H, float scale_log2,
+                        cudaStream_t stream) {
+  cudaError_t err = cudaFuncSetAttribute(attention_kernel_ffma,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         FfmaTile::SMEM_BYTES);
+  if (err != cudaSuccess) return err;
+  const long blocks = static_cast<long>((T + FfmaTile::BR - 1) / FfmaTile::BR) * B * H;
+  attention_kernel_ffma<<<static_cast<unsigned>(blocks), FfmaTile::THREADS, FfmaTile::SMEM_BYTES,
+                          stream>>>(qkv, y, B * H, H, T, scale_log2);
+  return cudaGetLastError();
+}
+
+template <int R>
+cudaError_t launch_generic_r(const float* qkv, float* y, int B, int T, int H, int D, float scale_log2,
+                             cudaStream_t stream) {
+  const long warps = static_cast<long>(B) * H * T;
+  const long blocks = (warps + kGenericWarps - 1) / kGenericWarps;
+  attention_kernel_generic<R><<<static_cast<unsigned>(blocks), 32 * kGenericWarps, 0, stream>>>(
+      qkv, y, B * H, H, T, D, scale_log2);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_generic(const float* qkv, float* y, int B, int T, int H, int D, float scale_log2,
+                           cudaStream_t stream) {
+  if (D <= 32) return launch_generic_r<1>(qkv, y, B, T, H, D, scale_log2, stream);
+  if (D <= 64) return launch_generic_r<2>(qkv, y, B, T, H, D, scale_log2, stream);
+  if (D <= 128) return launch_generic_r<4>(qkv, y, B, T, H, D, scale_log2, stream);
+  if (D <= 256) return launch_generic_r<8>(qkv, y, B, T, H, D, scale_log2, stream);
+  if (D <= 512) return launch_generic_r<16>(qkv, y, B, T, H, D, scale_log2, stream);
+  if (D <= 1024) return launch_generic_r<32>(qkv, y, B, T, H, D, scale_log2, stream);
+  return launch_generic_r<0>(qkv, y, B, T, H, D, scale_log2, stream);
+}
+
+// Named tile shapes (ThunderKittens style):
+//   MmaTile<D, warps, 16-row slabs per warp, keys per tile, stages, Q mode, K/V staging,
+//           min blocks, PV chunk (0: accumulate PV straight into O)>
+// Configs 1..5 accumulate PV straight into O (error grows with T); 8..10 and the other head
+// sizes use a zeroed per-tile PV accumulator (error flat in T).
+using Mma64_W4 = MmaTile<64, 4, 1, 64, 2>;                      // 64 rows/block, 2 blocks/SM
+using Mma64_W8 = MmaTile<64, 8, 1, 64, 2>;                      // 128 rows: half the K/V copies per row
+using Mma64_MS2 = MmaTile<64, 4, 2, 64, 2, kQSmem>;             // 128 rows, each K/V fragment feeds 2 slabs
+using Mma64_BC32 = MmaTile<64, 4, 1, 32, 3>;                    // short key tiles, 3-stage pipeline
+using Mma64_W4_OCC3 = MmaTile<64, 4, 1, 64, 2, kQSplitRegs, 2, 3>;  // capped at 168 regs: 3 blocks/SM
+using Mma64_W4_F = MmaTile<64, 4, 1, 64, 2, kQSplitRegs, 8, 1, 8>;  // config 1 + per-tile PV (240 regs)
+using Mma64_MS2_BC32_F = MmaTile<64, 4, 2, 32, 3, kQSmem, 8, 1, 8>; // 2 slabs, 32-key tiles (242 regs): default
+using Mma64_MS2_BC32_S2_F = MmaTile<64, 4, 2, 32, 2, kQSmem, 8, 1, 8>;  // same, 2-stage (equal within noise)
+using Mma32 = MmaTile<32, 4, 1, 64, 2, kQSplitRegs, 8, 1, 4>;
+using Mma96 = MmaTile<96, 4, 1, 32, 2, kQSmem, 8, 1, 4>;
+using Mma128 = MmaTile<128, 4, 1, 32, 2, kQSmem, 8, 1, 4>;
+
+}  // namespace
+
+// config: 0 = the default (best measured on the H200), 1..5 and 8..10 = the D=64 tensor-core
+// shapes above, 6 = FFMA (D = 64), 7 = the generic path (kAttentionConfigs in attention.h).
+// Head sizes 32, 96, 128 use one tensor-core shape each for every config but 6 and 7; any other
+// head size (and misaligned pointers) takes the generic path.
+constexpr int kConfigFfma = 6;
+constexpr int kConfigGeneric = 7;
+
+extern "C" cudaError_t attention_launcher(const float* qkv, float* y, int B, int T, int H, int D,
+                                          int config, cudaStream_t stream) {
+  if (B <= 0 || T <= 0 || H <= 0 || D <= 0 || config < 0 || config >= kAttentionConfigs) {
+    return cudaErrorInvalidValue;
+  }
+  const float scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(D)));
+  const bool aligned = reinterpret_cast<uintptr_t>(qkv) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+  if (config == kConfigGeneric || !aligned) return launch_generic(qkv, y, B, T, H, D, scale_log2, stream);
+  if (config == kConfigFfma) {
+    if (D == 64) return launch_ffma(qkv, y, B, T, H, scale_log2, stream);
+    return launch_generic(qkv, y, B, T, H, D, scale_log2, stream);
+  }
+  switch (D) {
+    case 64:
+      switch (config) {
+        case 1: return launch_mma<Mma64_W4>(qkv, y, B, T, H, scale_log2, stream);
+        case 2: return launch_mma<Mma64_W8>(qkv, y, B, T, H, scale_log2, stream);
+        case 3: return launch_mma<Mma64_MS2>(qkv, y, B, T, H, scale_log2, stream);
+        case 4: return launch_mma<Mma64_BC32>(qkv, y, B, T, H, scale_log2, stream);
+        case 5: return launch_mma<Mma64_W4_OCC3>(qkv, y, B, T, H, scale_log2, stream);
+        case 8: return launch_mma<Mma64_W4_F>(qkv, y, B, T, H, scale_log2, stream);
+        case 10: return launch_mma<Mma64_MS2_BC32_S2_F>(qkv, y, B, T, H, scale_log2, stream);
+        default: return launch_mma<Mma64_MS2_BC32_F>(qkv, y, B, T, H, scale_log2, stream);  // 0, 9
+      }
+    case 32: return launch_mma<Mma32>(qkv, y, B, T, H, scale_log2, stream);
+    case 96: return launch_mma<Mma96>(qkv, y, B, T, H, scale_log2, stream);
+    case 128: return launch_mma<Mma128>(qkv, y, B, T, H, scale_log2, stream);
+    default: return launch_generic(qkv, y, B, T, H, D, scale_log2, stream);
+  }
+}
