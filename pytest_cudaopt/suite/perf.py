@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -49,15 +48,6 @@ def _tier(model: torch.nn.Module, candidate: Any, inputs: list,
     except Exception as exc:
         return "unknown", f"not measured: {type(exc).__name__}: {exc}"
     return precision.tier, precision.describe()
-
-
-def _load(session: Any, path: Path, extension: Any):
-    from pytest_cudaopt.workdir import load_workdir
-
-    cached = getattr(session, "workdir", None)
-    if callable(cached):
-        return cached(path)
-    return load_workdir(path, extension)
 
 
 def _is_fault(exc: BaseException | None) -> bool:
@@ -159,7 +149,7 @@ class TestPerf:
                                                            cuda_graph=cudaopt_settings.cuda_graph)
         with torch.no_grad():
             try:
-                workdir = _load(cudaopt_session, cudaopt_workdir_path, cuda_extension)
+                workdir = cudaopt_session.workdir(cudaopt_workdir_path)
                 result, extra = judge(workdir=workdir, settings=cudaopt_settings, seed=cudaopt_session.seed,
                                       clock=clock, test=request.node.nodeid)
             except WorkdirError as exc:
