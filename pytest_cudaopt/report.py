@@ -29,7 +29,7 @@ def environment() -> dict[str, Any]:
     """torch, CUDA, cuDNN, Python versions and the GPU (name, compute capability)."""
     import torch
 
-    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
+    info: dict[str, Any] = {"python": platform.python_version(), "torch": str(torch.__version__),
                             "cuda": torch.version.cuda, "cudnn": None, "gpu": None,
                             "gpu_capability": None}
     try:
@@ -322,7 +322,8 @@ def record(result: Any) -> dict[str, Any]:
         rec["title"] = getattr(result, "title", rec["kind"])
         notes = getattr(result, "notes", None)
         rec["notes"] = list(notes()) if callable(notes) else []
-    return rec
+    # Plain types only: records cross from pytest-xdist workers through execnet.
+    return json.loads(json.dumps(rec, default=_json_default))
 
 
 class RecordedResult:

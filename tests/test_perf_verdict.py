@@ -196,3 +196,14 @@ def test_cudaopt_profile_prints_the_table_and_exits_non_zero_when_the_gate_fails
         result = pytester.run(sys.executable, "-m", "pytest_cudaopt.cli", "profile", "wd")
     assert result.ret == 1
     result.stdout.fnmatch_lines(["*ModelNew (custom) *1.00 ms*FAIL (< 1.05x)"])
+
+
+def test_results_of_pytest_xdist_workers_reach_the_controllers_summary_and_report(pytester, workdir):
+    pytest.importorskip("xdist", reason="pytest-xdist is not installed (it is in the test extra)")
+    workdir(speeds(custom=1 * MS, compile_=2 * MS))
+    result = run_pytest(pytester, "wd", "-m", "correctness or perf", "-n", "2", "-p", "no:randomly",
+                        "--cudaopt-report=report.json")
+    result.assert_outcomes(passed=5)
+    result.stdout.fnmatch_lines(["*cudaopt correctness: 4 of 4 passed*", "*ModelNew (custom) *1.00 ms*PASS*"])
+    kinds = sorted(r["kind"] for r in json.loads((pytester.path / "report.json").read_text())["results"])
+    assert kinds == ["correctness"] * 4 + ["perf"]
