@@ -10,7 +10,7 @@ import pytest
 from pytest_cudaopt import settings as _settings
 # Imported first so that the timing functions are bound before any workdir code runs.
 from pytest_cudaopt import timing as _timing  # noqa: F401
-from pytest_cudaopt.session import CudaoptSession, device_summary
+from pytest_cudaopt.session import CudaoptSession, device_summary, pin_worker_to_gpu
 
 SESSION_KEY = pytest.StashKey[CudaoptSession]()
 SUITE_MODULE = "pytest_cudaopt.suite.items"
@@ -43,6 +43,8 @@ def pytest_configure(config: pytest.Config) -> None:
     except _settings.SettingError as exc:
         raise pytest.UsageError(f"cudaopt: {exc}") from None
     config.stash[SESSION_KEY] = CudaoptSession(resolved, rootpath=config.rootpath)
+    if hasattr(config, "workerinput"):
+        pin_worker_to_gpu(config.workerinput["workerid"])
     from pytest_cudaopt import guards
 
     guards.keep_stderr()  # the terminal's stderr, for the watchdog (fd 2 is captured during tests)

@@ -116,3 +116,19 @@ def test_help_lists_every_cudaopt_option_and_ini_key(pytester, run_pytest, monke
         "                        whose kernels are C++ CPU code (env CUDAOPT_DEVICE;",
         "                        default: cuda)",
     ])
+
+
+@pytest.mark.parametrize("worker, devices, expected", [
+    ("gw0", 4, 0), ("gw5", 4, 1), ("gw1", 1, None), ("master", 4, None),
+])
+def test_each_xdist_worker_is_pinned_to_its_own_gpu(monkeypatch, worker, devices, expected):
+    import torch
+
+    from pytest_cudaopt.session import pin_worker_to_gpu
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: devices)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    assert pin_worker_to_gpu(worker) == expected
+    assert chosen == ([] if expected is None else [expected])
