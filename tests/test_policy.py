@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from pytest_cudaopt import cli, policy
+from pytest_cudaopt.policy import cpp_checks, rules
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GALLERY = Path(__file__).resolve().parent / "policy_gallery"
@@ -372,11 +373,11 @@ def test_arithmetic_on_tensor_metadata_is_not_an_operator(line: str, clean_workd
     ("curand_kernel.h", False), ("flash_attn/flash_api.h", False), ("triton/runtime.h", False),
 ])
 def test_include_allow_list(header: str, allowed: bool) -> None:
-    assert policy._include_allowed(header, policy.Config())[0] is allowed
+    assert cpp_checks._include_allowed(header, policy.Config())[0] is allowed
 
 
 def test_allow_includes_extends_the_list() -> None:
-    assert policy._include_allowed("cub/cub.cuh", policy.Config(allow_includes=("cub/",)))[0]
+    assert cpp_checks._include_allowed("cub/cub.cuh", policy.Config(allow_includes=("cub/",)))[0]
 
 
 # --------------------------------------------------------------------------- protected files, lock, config
@@ -428,7 +429,7 @@ def test_a_bad_configuration_is_reported(table: str, message: str, clean_workdir
 
 def test_without_a_toml_reader_the_configuration_is_skipped_with_a_warning(clean_workdir: Path, monkeypatch) -> None:
     (clean_workdir / "pyproject.toml").write_text('[tool.cudaopt]\ndisable = ["MN005"]\n')
-    monkeypatch.setattr(policy, "_load_toml", lambda path: None)
+    monkeypatch.setattr(rules, "_load_toml", lambda path: None)
     with pytest.warns(UserWarning, match="strict default rules apply"):
         config = policy.load_config(clean_workdir)
     assert config == policy.Config()

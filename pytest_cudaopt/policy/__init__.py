@@ -1,0 +1,36 @@
+"""Static checks of the workdir rules; `check_workdir` runs them all, `render` prints them for `cudaopt check`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pytest_cudaopt.policy.cpp_checks import KernelScan, check_convolution
+from pytest_cudaopt.policy.cpp_lexer import Include, Token, lex_cpp
+from pytest_cudaopt.policy.files import (
+    PROTECTED_TEMPLATES, TEMPLATES, check_kernels_dir, check_protected, write_lock,
+)
+from pytest_cudaopt.policy.model_new_checks import check_model_new
+from pytest_cudaopt.policy.rules import (
+    CONFIG_KEYS, LOCK_NAME, RULE_IDS, RULES, Config, Violation, format_violation, iter_rule_lines, load_config,
+    render,
+)
+
+__all__ = [
+    "CONFIG_KEYS", "LOCK_NAME", "PROTECTED_TEMPLATES", "RULE_IDS", "RULES", "TEMPLATES", "Config", "Include",
+    "Token", "Violation", "check_workdir", "format_violation", "iter_rule_lines", "lex_cpp", "load_config",
+    "render", "write_lock",
+]
+
+
+def check_workdir(workdir: Path, config: Config | None = None) -> list[Violation]:
+    """Every violation of the workdir rules in `workdir`, sorted; rules disabled by the config are left out."""
+    workdir = Path(workdir).resolve()
+    config = load_config(workdir) if config is None else config
+    found: list[Violation] = list(config.problems)
+    found += check_model_new(workdir, config)
+    scan = KernelScan(workdir, config)
+    found += scan.violations
+    found += check_convolution(workdir, scan)
+    found += check_protected(workdir)
+    found += check_kernels_dir(workdir, scan.reached)
+    return sorted({v for v in found if v.rule not in config.disable})

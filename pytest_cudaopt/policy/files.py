@@ -1,0 +1,137 @@
+"""Files the optimiser must leave alone (PF001-PF003: fixed bindings, the lock) and a clean kernels/ (KD001-KD003)."""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+from pathlib import Path
+
+from pytest_cudaopt.policy.rules import LOCK_NAME, Violation
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+PROTECTED_TEMPLATES = ("binding.cpp", "binding_registry.h")
+LOCK_COMMAND = "cudaopt init --lock-only {workdir}"
+
+
+# --------------------------------------------------------------------------- lock file (PF002, PF003)
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _locked_files(workdir: Path) -> list[str]:
+    names = ["model.py"]
+    utils = workdir / "utils"
+    if utils.is_dir():
+        names += sorted(p.relative_to(workdir).as_posix() for p in utils.rglob("*")
+                        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+    return names
+
+
+def write_lock(workdir: Path) -> Path:
+    """Record the sha256 of model.py and every file of utils/ in `<workdir>/cudaopt.lock`."""
+    workdir = Path(workdir).resolve()
+    if not (workdir / "model.py").is_file():
+        raise FileNotFoundError(f"{workdir} has no model.py to lock")
+    files = {name: _sha256(workdir / name) for name in _locked_files(workdir)}
+    lock = workdir / LOCK_NAME
+    lock.write_text(json.dumps({
+        "about": "sha256 of the files the optimiser must not change; checked by `cudaopt check` (PF003)",
+        "files": files,
+    }, indent=2) + "\n", encoding="utf-8")
+    return lock
+
+
+def check_protected(workdir: Path) -> list[Violation]:
+    """PF001-PF003: the fixed binding files match the shipped copies; model.py and utils/ match the lock."""
+    found = []
+    for name in PROTECTED_TEMPLATES:
+        path, master = workdir / name, TEMPLATES / name
+        if not path.is_file():
+            found.append(Violation(name, 1, "PF001", f"{name} is missing; copy it from {master}"))
+            continue
+        mine, theirs = path.read_bytes(), master.read_bytes()
+        if mine != theirs:
+            line = next((i for i, (a, b) in enumerate(
+                zip(mine.splitlines(), theirs.splitlines()), 1) if a != b),
+                min(len(mine.splitlines()), len(theirs.splitlines())) + 1)
+            found.append(Violation(name, line, "PF001",
+                                   f"{name} differs from the copy shipped in pytest_cudaopt (first difference "
+                                   f"at line {line}); restore it: cp {master} {name}"))
+    lock_path = workdir / LOCK_NAME
+    hint = f"record the current files with `{LOCK_COMMAND.format(workdir=workdir)}`"
+    if not lock_path.is_file():
+        return found + [Violation(LOCK_NAME, 1, "PF002",
+                                  f"no lock file: model.py and utils/ cannot be proven unchanged; {hint}")]
+    try:
+        recorded = json.loads(lock_path.read_text(encoding="utf-8"))["files"]
+        if not isinstance(recorded, dict):
+            raise TypeError("files is not a table")
+    except (ValueError, KeyError, TypeError) as exc:
+        return found + [Violation(LOCK_NAME, 1, "PF002", f"lock file is not valid ({exc}); {hint}")]
+    if "model.py" not in recorded:
+        found.append(Violation(LOCK_NAME, 1, "PF002", f"lock file records no model.py; {hint}"))
+    current = _locked_files(workdir)
+    for name in sorted(set(recorded) | set(current)):
+        path = workdir / name
+        if name not in recorded:
+            found.append(Violation(name, 1, "PF003", f"{name} was added after the workdir was locked"))
+        elif not path.is_file():
+            found.append(Violation(LOCK_NAME, 1, "PF003", f"{name} was recorded in {LOCK_NAME} but is missing"))
+        elif _sha256(path) != recorded[name]:
+            found.append(Violation(name, 1, "PF003", f"{name} changed since it was recorded in {LOCK_NAME} "
+                                                     f"(sha256 differs); restore it from version control"))
+    return found
+
+
+# --------------------------------------------------------------------------- kernels/ clean (KD001-KD003)
+
+INTERMEDIATE_PATTERNS = ("*_v[0-9]*", "*_old*", "*_test*", "*_backup*", "*.bak", "*.orig", "*.rej", "*.tmp", "*~")
+SOURCE_SUFFIXES = (".cu", ".cpp")
+HEADER_SUFFIXES = (".h", ".cuh", ".hpp")
+
+
+def kernel_files(workdir: Path) -> list[Path]:
+    """Every file under `<workdir>/kernels`, sorted."""
+    kernels = workdir / "kernels"
+    if not kernels.is_dir():
+        return []
+    return sorted(p for p in kernels.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+
+
+def _is_intermediate(path: Path) -> bool:
+    return any(fnmatch.fnmatchcase(path.name, pattern) for pattern in INTERMEDIATE_PATTERNS)
+
+
+def check_kernels_dir(workdir: Path, reached: set[Path]) -> list[Violation]:
+    """KD001-KD003; `reached` holds the (resolved) files that a kernels/ source includes."""
+    found, final = [], []
+    for path in kernel_files(workdir):
+        rel = path.relative_to(workdir).as_posix()
+        if _is_intermediate(path):
+            found.append(Violation(rel, 1, "KD001", f"{path.name} looks like an intermediate version; "
+                                                    "kernels/ holds only the final one (delete it, git keeps history)"))
+        else:
+            final.append(path)
+    stems = {(p.parent, p.stem) for p in final if p.suffix in SOURCE_SUFFIXES and not p.stem.endswith("_binding")}
+    for path in final:
+        rel = path.relative_to(workdir).as_posix()
+        if path.suffix == ".cpp" and path.stem.endswith("_binding"):
+            op = path.stem[: -len("_binding")]
+            if (path.parent, op) not in stems:
+                found.append(Violation(rel, 1, "KD002", f"binding without a launcher: no {op}.cu or {op}.cpp "
+                                                        f"next to {path.name}"))
+        elif path.suffix in SOURCE_SUFFIXES:
+            if not (path.parent / f"{path.stem}_binding.cpp").is_file():
+                found.append(Violation(rel, 1, "KD002", f"launcher without a binding: no {path.stem}_binding.cpp "
+                                                        f"registers {path.name}'s functions"))
+        elif path.suffix in HEADER_SUFFIXES:
+            if path.resolve() not in reached:
+                found.append(Violation(rel, 1, "KD003", f"header {path.name} is included by no source in kernels/, "
+                                                        "so it is never compiled"))
+        elif path.name != ".gitkeep":
+            found.append(Violation(rel, 1, "KD003", f"{path.name} is not compiled (kernels/ holds .cu/.cpp sources "
+                                                    "and their headers only)"))
+    return found
+

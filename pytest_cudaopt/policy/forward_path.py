@@ -1,0 +1,532 @@
+"""MN003-MN005: the forward path of ModelNew, walked with a small type inference (tensor or not)."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import functools
+import re
+from typing import TYPE_CHECKING
+
+from pytest_cudaopt.policy.allowlists import (
+    ALLOWED_TENSOR_ATTRIBUTES, ALLOWED_TENSOR_METHODS, ALLOWED_TORCH_CREATION, ALLOWED_TORCH_OTHER, DYNAMIC_BUILTINS,
+    FILE_READ_CALLS, FILE_READ_METHODS, GLOBAL_STATE_CALLS, HOOK_METHODS, REDUCING_BUILTINS, SAFE_CALL_MODULES,
+    TENSOR_DISPATCHING_BUILTINS, TENSOR_OP_ATTRIBUTES, TORCH_SETTER,
+)
+from pytest_cudaopt.policy.python_ast import (
+    EXT, MODULE, NON, SHAPE, SUPER, TENSOR, TENSORS, TRY_NODES, UNKNOWN, const_str, is_module_class,
+)
+
+if TYPE_CHECKING:
+    from pytest_cudaopt.policy.model_new_checks import ModelNewCheck
+
+# The allowed tensor methods that return a new tensor.
+_TENSOR_CREATING_METHODS = frozenset({"new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full"})
+# Methods of Python containers and strings: fine on a receiver whose type is unknown.
+_CONTAINER_METHODS = frozenset({
+    "append", "extend", "insert", "pop", "remove", "clear", "copy", "count", "index", "reverse", "items",
+    "keys", "values", "get", "setdefault", "update", "format", "join", "split", "strip", "lower", "upper",
+    "startswith", "endswith", "replace", "add", "discard", "bit_length", "is_integer",
+})
+# Builtins that, on values that are not tensors, return no tensor.
+_SCALAR_BUILTINS = frozenset({
+    "len", "range", "int", "float", "bool", "str", "abs", "min", "max", "round", "divmod", "pow", "sum",
+    "sorted", "any", "all", "list", "tuple", "dict", "set", "frozenset", "enumerate", "zip", "isinstance",
+    "issubclass", "print", "repr", "format", "hash", "id", "type", "iter", "next", "reversed", "slice",
+    "callable", "complex", "hex", "oct", "bin", "chr", "ord", "map", "filter",
+})
+# Parameter annotations that say the argument is not a tensor.
+_SCALAR_ANNOTATIONS = frozenset({"int", "float", "bool", "str", "tuple", "list", "dict", "Sequence",
+                                 "Tuple", "List", "Optional", "Union", "Callable"})
+
+
+def _tensorish(kind: object) -> bool:
+    return kind in (TENSOR, EXT)
+
+
+def _join(*types: object) -> object:
+    """The kind of a value computed from values of these kinds."""
+    if any(map(_tensorish, types)):
+        return TENSOR
+    if types and all(t in (NON, SHAPE) for t in types):
+        return NON
+    return UNKNOWN
+
+
+class ForwardChecker:
+    """Walks one function on the forward path with a small type inference (tensor or not)."""
+
+    def __init__(self, mn: ModelNewCheck, fn: ast.FunctionDef, owner: str | None, arg_types: list | None):
+        self.mn, self.fn, self.owner = mn, fn, owner
+        self.env: dict[str, object] = {}
+        self.returns: list[object] = []
+        self.where = f"{owner}.{fn.name}" if owner else fn.name
+        params = [*fn.args.posonlyargs, *fn.args.args]
+        defaults = [None] * (len(params) - len(fn.args.defaults)) + list(fn.args.defaults)
+        for index, (param, default) in enumerate(zip(params, defaults)):
+            if index == 0 and owner is not None and param.arg in ("self", "cls"):
+                self.env[param.arg] = ("obj", owner) if param.arg == "self" else ("class", owner)
+                continue
+            position = index - (1 if owner is not None else 0)
+            if arg_types is not None and 0 <= position < len(arg_types):
+                self.env[param.arg] = arg_types[position]
+            else:
+                self.env[param.arg] = self.param_type(param, default)
+        for param in fn.args.kwonlyargs:
+            self.env[param.arg] = self.param_type(param, None)
+        for param in (fn.args.vararg, fn.args.kwarg):
+            if param is not None:
+                self.env[param.arg] = NON
+
+    @staticmethod
+    def param_type(param: ast.arg, default: ast.AST | None) -> object:
+        if param.annotation is not None:
+            text = ast.unparse(param.annotation)
+            if "Tensor" in text:
+                return TENSOR
+            if re.match(r"(typing\.)?(\w+)", text).group(2) in _SCALAR_ANNOTATIONS:
+                return NON
+        if isinstance(default, ast.Constant) and default.value is not None:
+            return NON
+        return TENSOR
+
+    def add(self, node: ast.AST, rule: str, message: str) -> None:
+        self.mn.add(node, rule, f"{message} (in {self.where})")
+
+    def run(self) -> object:
+        for decorator in self.fn.decorator_list:  # @torch.compile, @torch.jit.script wrap the function
+            self.check_function_value(decorator, self.expr(decorator))
+        for stmt in self.fn.body:
+            self.stmt(stmt)
+        return _join(*self.returns) if self.returns else NON
+
+    # -- statements
+    def stmt(self, node: ast.stmt) -> None:
+        if isinstance(node, ast.Assign):
+            value = self.expr(node.value)
+            for target in node.targets:
+                self.bind(target, value, node.value)
+        elif isinstance(node, ast.AnnAssign):
+            value = self.expr(node.value) if node.value is not None else UNKNOWN
+            self.bind(node.target, value, node.value)
+        elif isinstance(node, ast.AugAssign):
+            current, value = self.expr(_as_load(node.target)), self.expr(node.value)
+            if _tensorish(current) or _tensorish(value):
+                self.add(node, "MN005", f"in-place `{_OPS.get(type(node.op), '?')}=` on a tensor dispatches a torch op")
+            self.bind(node.target, _join(current, value), None)
+        elif isinstance(node, ast.Return):
+            self.returns.append(self.expr(node.value) if node.value is not None else NON)
+        elif isinstance(node, (ast.If, ast.While)):
+            self.test(node.test)
+            self.block(node.body + node.orelse)
+        elif isinstance(node, (ast.For, ast.AsyncFor)):
+            self.bind(node.target, self.iteration(node.iter), None)
+            self.block(node.body + node.orelse)
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            for item in node.items:
+                self.expr(item.context_expr)
+                if item.optional_vars is not None:
+                    self.bind(item.optional_vars, UNKNOWN, None)
+            self.block(node.body)
+        elif isinstance(node, TRY_NODES):
+            self.block(node.body + node.orelse + node.finalbody + [s for h in node.handlers for s in h.body])
+        elif isinstance(node, ast.Assert):
+            self.test(node.test)
+            if node.msg is not None:
+                self.expr(node.msg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            nested = ForwardChecker(self.mn, node, None, None)
+            nested.env = {**self.env, **nested.env}
+            nested.where = self.where
+            nested.run()
+            self.env[node.name] = ("local", node)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                bound = alias.asname or alias.name.split(".")[0]
+                self.env[bound] = ("alias", self.mn.aliases.get(bound, bound))
+        else:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.expr):
+                    self.expr(child)
+                elif isinstance(child, ast.stmt):
+                    self.stmt(child)
+
+    def block(self, body: list[ast.stmt]) -> None:
+        for stmt in body:
+            self.stmt(stmt)
+
+    def iteration(self, iterable: ast.expr) -> object:
+        """The type of the loop variable over `iterable`."""
+        kind = self.expr(iterable)
+        if kind == TENSOR:
+            self.add(iterable, "MN005", "iterating over a tensor dispatches torch ops (unbind/select)")
+        if kind in (TENSOR, EXT, TENSORS):
+            return TENSOR
+        return NON if _is_range(iterable) or kind == SHAPE else UNKNOWN
+
+    def test(self, node: ast.expr) -> None:
+        if _tensorish(self.expr(node)):
+            self.add(node, "MN005", "the truth value of a tensor dispatches a torch op (and synchronises)")
+
+    def bind(self, target: ast.AST, value: object, source: ast.AST | None) -> None:
+        if isinstance(target, ast.Name):
+            self.env[target.id] = value
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            items = source.elts if isinstance(source, (ast.Tuple, ast.List)) and \
+                len(source.elts) == len(target.elts) else None
+            for index, element in enumerate(target.elts):
+                if items is not None:
+                    element_type = self.env_type_of(items[index])
+                elif value == SHAPE:
+                    element_type = NON
+                elif value in (EXT, TENSORS):
+                    element_type = TENSOR  # `a, b = cuda_extension.op(x)`
+                else:
+                    element_type = UNKNOWN
+                self.bind(element, element_type, None)
+        elif isinstance(target, ast.Starred):
+            self.bind(target.value, UNKNOWN, None)
+        elif isinstance(target, ast.Subscript):
+            container = self.expr(target.value)
+            self.expr(target.slice)
+            if _tensorish(container):
+                self.add(target, "MN005", "assigning into a tensor (`x[...] = ...`) dispatches a torch op")
+        elif isinstance(target, ast.Attribute):
+            self.expr(target.value)
+
+    def env_type_of(self, node: ast.AST) -> object:
+        if isinstance(node, ast.Name):
+            return self.env.get(node.id, UNKNOWN)
+        if isinstance(node, ast.Constant):
+            return NON
+        return UNKNOWN
+
+    # -- expressions
+    def lookup(self, name: str) -> object:
+        if name in self.env:
+            return self.env[name]
+        if name in self.mn.functions:
+            return ("func", name)
+        if name in self.mn.classes:
+            return ("class", name)
+        if name in self.mn.aliases:
+            return ("alias", self.mn.aliases[name])
+        if hasattr(builtins, name):
+            return ("builtin", name)
+        return UNKNOWN
+
+    def qualified(self, node: ast.AST) -> str | None:
+        """Dotted name of a module attribute chain, resolving import aliases and local aliases."""
+        parts = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" \
+                and len(node.args) >= 2 and const_str(node.args[1]):
+            base = self.qualified(node.args[0])
+            return None if base is None else ".".join([base, node.args[1].value, *reversed(parts)])
+        if isinstance(node, ast.Name):
+            kind = self.lookup(node.id)
+            if isinstance(kind, tuple) and kind[0] == "alias":
+                return ".".join([kind[1], *reversed(parts)])
+        return None
+
+    def expr(self, node: ast.AST | None) -> object:
+        if node is None:
+            return NON
+        if isinstance(node, ast.Constant):
+            return NON
+        if isinstance(node, ast.Name):
+            return self.lookup(node.id)
+        if isinstance(node, ast.Attribute):
+            return self.attribute(node)
+        if isinstance(node, ast.Call):
+            return self.call(node)
+        if isinstance(node, ast.BinOp):
+            left, right = self.expr(node.left), self.expr(node.right)
+            if _tensorish(left) or _tensorish(right):
+                self.add(node, "MN005", f"operator `{_OPS.get(type(node.op), '?')}` on a tensor dispatches a "
+                                        "torch op; compute it in a kernel")
+                return TENSOR
+            return _join(left, right)
+        if isinstance(node, ast.UnaryOp):
+            operand = self.expr(node.operand)
+            if _tensorish(operand):
+                self.add(node, "MN005", f"unary `{_OPS.get(type(node.op), '?')}` on a tensor dispatches a torch op")
+                return TENSOR
+            return NON if operand in (NON, SHAPE) else UNKNOWN
+        if isinstance(node, ast.BoolOp):
+            for value in node.values:
+                self.test(value)
+            return NON
+        if isinstance(node, ast.Compare):
+            types = [self.expr(node.left), *(self.expr(c) for c in node.comparators)]
+            identity = all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops)
+            if any(map(_tensorish, types)) and not identity:
+                self.add(node, "MN005", "comparing a tensor dispatches a torch op")
+                return TENSOR
+            return NON
+        if isinstance(node, ast.Subscript):
+            value = self.expr(node.value)
+            self.expr(node.slice)
+            if value == EXT and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, int):
+                return TENSOR  # out[0] of an op that returns a tuple
+            if _tensorish(value):
+                self.add(node, "MN005", "indexing a tensor (`x[...]`) dispatches a torch op (select/slice/index)")
+                return TENSOR
+            if value == TENSORS:
+                return TENSOR
+            if value == SHAPE:
+                return NON
+            return MODULE if value == MODULE else UNKNOWN
+        if isinstance(node, ast.IfExp):
+            self.test(node.test)
+            return _join(self.expr(node.body), self.expr(node.orelse))
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            elements = [self.expr(element) for element in node.elts]
+            return TENSORS if any(_tensorish(e) or e == TENSORS for e in elements) else NON
+        if isinstance(node, ast.Dict):
+            for part in [*node.keys, *node.values]:
+                self.expr(part)
+            return NON
+        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+            for gen in node.generators:
+                self.bind(gen.target, self.iteration(gen.iter), None)
+                for cond in gen.ifs:
+                    self.test(cond)
+            parts = [self.expr(p) for p in ([node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt])]
+            return TENSORS if any(_tensorish(p) for p in parts) else NON
+        if isinstance(node, ast.Lambda):
+            saved = dict(self.env)
+            for param in node.args.args:
+                self.env[param.arg] = UNKNOWN
+            self.expr(node.body)
+            self.env = saved
+            return NON
+        if isinstance(node, ast.NamedExpr):
+            value = self.expr(node.value)
+            self.bind(node.target, value, node.value)
+            return value
+        if isinstance(node, ast.JoinedStr):
+            for value in node.values:
+                if isinstance(value, ast.FormattedValue):
+                    self.expr(value.value)
+            return NON
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.expr):
+                self.expr(child)
+        return UNKNOWN
+
+    def attribute(self, node: ast.Attribute) -> object:
+        name = self.qualified(node)
+        if name is not None:
+            return ("alias", name)
+        receiver = self.expr(node.value)
+        attr = node.attr
+        if _tensorish(receiver):
+            if attr in ALLOWED_TENSOR_ATTRIBUTES | ALLOWED_TENSOR_METHODS | self.mn.config.allow_tensor_methods:
+                return SHAPE if attr == "shape" else NON
+            self.add(node, "MN004", f"tensor attribute .{attr} is a torch op")
+            return TENSOR
+        if receiver == UNKNOWN and attr in TENSOR_OP_ATTRIBUTES:
+            self.add(node, "MN004", f"tensor attribute .{attr} is a torch op")
+            return TENSOR
+        if isinstance(receiver, tuple) and receiver[0] == "obj":
+            types = self.mn.class_attr_types(receiver[1])
+            if attr in types:
+                return types[attr]
+            return ("bound", receiver[1], attr)
+        if isinstance(receiver, tuple) and receiver[0] == "class":
+            return ("bound", receiver[1], attr)
+        if receiver == MODULE:
+            return TENSOR if re.search(r"weight|bias|running_", attr) else UNKNOWN
+        if receiver in (NON, SHAPE):
+            return NON
+        return UNKNOWN
+
+    def call(self, node: ast.Call) -> object:
+        arg_types = [self.expr(a) for a in node.args]
+        for value, value_type in [*zip(node.args, arg_types), *((k.value, self.expr(k.value)) for k in node.keywords)]:
+            self.check_function_value(value, value_type)
+        func = node.func
+        name = self.qualified(func)
+        if isinstance(func, ast.Name) and name is None:
+            kind = self.lookup(func.id)
+            return self.call_kind(node, kind, func.id, arg_types)
+        if name is not None:
+            return self.call_qualified(node, name)
+        if isinstance(func, ast.Call) and isinstance(func.func, ast.Name) and func.func.id == "getattr" \
+                and len(func.args) >= 2 and const_str(func.args[1]):
+            receiver = self.expr(func.args[0])
+            return self.call_method(node, receiver, func.args[1].value, ast.unparse(func.args[0]), arg_types)
+        if isinstance(func, ast.Attribute):
+            receiver = self.expr(func.value)
+            return self.call_method(node, receiver, func.attr, ast.unparse(func.value), arg_types)
+        kind = self.expr(func)
+        return self.call_kind(node, kind, ast.unparse(func), arg_types)
+
+    def check_function_value(self, node: ast.AST, kind: object) -> None:
+        """A torch function handed to something else (`map(torch.relu, xs)`, `partial(F.gelu)`) runs as an op."""
+        if isinstance(kind, tuple) and kind[0] == "alias" and kind[1].split(".")[0] == "torch" \
+                and kind[1] not in ALLOWED_TORCH_CREATION | ALLOWED_TORCH_OTHER | self.mn.config.allow_python_calls \
+                and _is_torch_function(kind[1]):
+            self.add(node, "MN003", f"{kind[1]} is passed as a function; it runs torch ops when called")
+
+    def call_kind(self, node: ast.Call, kind: object, text: str, arg_types: list) -> object:
+        if isinstance(kind, tuple):
+            if kind[0] == "alias":
+                return self.call_qualified(node, kind[1])
+            if kind[0] == "func":
+                return self.mn.analyze(("func", kind[1], tuple(map(str, arg_types))), self.mn.functions[kind[1]],
+                                       None, arg_types)
+            if kind[0] == "local":
+                return UNKNOWN
+            if kind[0] == "class":
+                cls = self.mn.classes[kind[1]]
+                return MODULE if is_module_class(cls, self.mn.aliases) else ("obj", kind[1])
+            if kind[0] == "bound":
+                return self.call_method(node, ("obj", kind[1]), kind[2], kind[1], arg_types)
+            if kind[0] == "builtin":
+                return self.call_builtin(node, kind[1], arg_types)
+        if kind == MODULE:
+            self.add(node, "MN004", f"calling the nn.Module {text} runs torch ops; call a cuda_extension op")
+            return TENSOR
+        self.add(node, "MN003", f"calls {text}, which the checker cannot resolve to a cuda_extension op")
+        return UNKNOWN
+
+    def call_qualified(self, node: ast.Call, name: str) -> object:
+        root = name.split(".")[0]
+        config = self.mn.config
+        if root == "cuda_extension":
+            return EXT
+        if name in FILE_READ_CALLS:
+            return NON  # MN008 reports it wherever it is
+        if name in GLOBAL_STATE_CALLS or name == "contextlib.suppress" \
+                or name.startswith(("torch.backends.", "importlib.")) or TORCH_SETTER.fullmatch(name):
+            return UNKNOWN  # MN006, MN007 and MN009 report these wherever they are
+        if name in ALLOWED_TORCH_CREATION or name in config.allow_python_calls:
+            return TENSOR
+        if name in ALLOWED_TORCH_OTHER:
+            return NON
+        if root in SAFE_CALL_MODULES:
+            return NON
+        if root == "torch":
+            self.add(node, "MN003", f"{name}() is a torch op; the forward path may call only cuda_extension ops, "
+                                    "tensor creation (torch.empty*, zeros*, ones*, full*) and tensor properties")
+        else:
+            self.add(node, "MN003", f"{name}() is not a cuda_extension op (other libraries do not belong in "
+                                    "the forward path)")
+        return UNKNOWN
+
+    def call_builtin(self, node: ast.Call, name: str, arg_types: list) -> object:
+        if name == "open":
+            return NON  # MN008 reports it
+        if name in ("__import__", "getattr", "hasattr"):
+            if name == "getattr" and len(node.args) >= 2 and const_str(node.args[1]) is None:
+                receiver = arg_types[0]
+                if _tensorish(receiver) or (isinstance(receiver, tuple) and receiver[0] == "alias"):
+                    self.add(node, "MN003", "getattr with a computed name hides which op is called")
+            if name == "getattr" and len(node.args) >= 2 and const_str(node.args[1]):
+                return self.attribute(ast.Attribute(value=node.args[0], attr=node.args[1].value,
+                                                    ctx=ast.Load(), lineno=node.lineno))
+            return UNKNOWN
+        if name in DYNAMIC_BUILTINS:
+            if name != "setattr":
+                self.add(node, "MN003", f"{name}() runs or reaches code the checker cannot see")
+            return UNKNOWN
+        if name == "super":
+            return SUPER
+        if name == "type" and arg_types and _tensorish(arg_types[0]):
+            return ("alias", "torch.Tensor")
+        if (name in TENSOR_DISPATCHING_BUILTINS and any(map(_tensorish, arg_types))) \
+                or (name in REDUCING_BUILTINS and TENSORS in arg_types):
+            self.add(node, "MN005", f"{name}() on tensors dispatches torch ops")
+            return TENSOR
+        if name in _SCALAR_BUILTINS:
+            return NON if name not in ("enumerate", "zip", "map", "filter", "iter", "next", "reversed") else UNKNOWN
+        return NON  # exceptions (raise ValueError(...)) and other harmless builtins
+
+    def call_method(self, node: ast.Call, receiver: object, attr: str, text: str, arg_types: list) -> object:
+        config = self.mn.config
+        allowed = ALLOWED_TENSOR_METHODS | config.allow_tensor_methods
+        if HOOK_METHODS.fullmatch(attr):
+            self.add(node, "MN004", f"{text}.{attr}() installs a hook that runs outside forward")
+            return NON
+        if receiver == SUPER:
+            self.add(node, "MN004", f"super().{attr}() runs the base class's torch path")
+            return UNKNOWN
+        if isinstance(receiver, tuple) and receiver[0] == "alias":
+            return self.call_qualified(node, f"{receiver[1]}.{attr}")
+        if isinstance(receiver, tuple) and receiver[0] in ("obj", "class"):
+            cls_name = receiver[1]
+            types = self.mn.class_attr_types(cls_name)
+            member = types.get(attr)
+            if member == MODULE:
+                self.add(node, "MN004", f"calling the submodule {text}.{attr} runs torch ops; keep it for its "
+                                        "parameters and pass them to a cuda_extension op")
+                return TENSOR
+            if isinstance(member, tuple) and member[0] == "alias":
+                return self.call_qualified(node, member[1])
+            cls = self.mn.classes.get(cls_name)
+            method = next((n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                           and n.name == attr), None) if cls else None
+            if method is not None:
+                static = any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in method.decorator_list)
+                return self.mn.analyze((cls_name, attr, tuple(map(str, arg_types))), method,
+                                       None if static else cls_name, arg_types)
+            self.add(node, "MN004", f"{text}.{attr}() is neither a method of {cls_name} nor a cuda_extension op")
+            return UNKNOWN
+        if receiver == MODULE:
+            self.add(node, "MN004", f"{text}.{attr}() calls into an nn.Module: a torch op")
+            return TENSOR
+        if _tensorish(receiver):
+            if attr in allowed:
+                if attr in _TENSOR_CREATING_METHODS:
+                    return TENSOR
+                return SHAPE if attr in ("size", "stride") and not node.args else NON
+            self.add(node, "MN004", f"tensor method {text}.{attr}() is a torch op; the forward path may use "
+                                    "tensor properties (.shape, .size(), .stride(), ...) and creation only")
+            return TENSOR
+        if receiver in (NON, SHAPE, TENSORS):
+            if attr in ("append", "extend", "insert") and any(_tensorish(t) or t == TENSORS for t in arg_types) \
+                    and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name):
+                self.env[node.func.value.id] = TENSORS  # outs.append(y): outs now holds tensors
+            return NON
+        if receiver == UNKNOWN:
+            if attr in allowed:
+                return TENSOR if attr in _TENSOR_CREATING_METHODS else NON
+            if attr in _CONTAINER_METHODS or attr in FILE_READ_METHODS:
+                return UNKNOWN
+            self.add(node, "MN004", f"{text}.{attr}() looks like a tensor method, which is a torch op")
+            return TENSOR
+        return UNKNOWN
+
+
+@functools.lru_cache(maxsize=None)
+def _is_torch_function(name: str) -> bool:
+    """`torch.relu` is a function; `torch.float32` and `torch.contiguous_format` are values."""
+    import importlib
+
+    parts = name.split(".")
+    try:
+        obj = importlib.import_module(parts[0])
+        for part in parts[1:]:
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return parts[-1][:1].islower()
+    return callable(obj) and not isinstance(obj, type)
+
+
+def _as_load(node: ast.AST) -> ast.AST:
+    if isinstance(node, ast.Name):
+        return ast.Name(id=node.id, ctx=ast.Load(), lineno=node.lineno)
+    return node
+
+
+def _is_range(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range"
+
+
+_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.MatMult: "@", ast.Div: "/", ast.FloorDiv: "//",
+        ast.Mod: "%", ast.Pow: "**", ast.LShift: "<<", ast.RShift: ">>", ast.BitOr: "|", ast.BitXor: "^",
+        ast.BitAnd: "&", ast.USub: "-", ast.UAdd: "+", ast.Invert: "~", ast.Not: "not"}
