@@ -5,8 +5,8 @@ import math
 import pytest
 
 from pytest_cudaopt import timing
-from pytest_cudaopt.timing import Config, Summary, iqr, median, median_standard_error, precise_enough, quantile, \
-    relative_standard_error
+from pytest_cudaopt.stats import Summary, iqr, median, median_standard_error, quantile, relative_standard_error
+from pytest_cudaopt.timing import Config, precise_enough
 
 
 def test_quantiles_interpolate_linearly_between_order_statistics():
