@@ -95,6 +95,16 @@ def is_cuda_fault(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(marker in text for marker in _FAULT_MARKERS)
 
 
+def fault_line(text: str) -> str:
+    """The line of a fault's message that names the error. torch follows "CUDA error: an
+    illegal memory access was encountered" with advice lines ("Compile with
+    `TORCH_USE_CUDA_DSA` ..."), so neither the first nor the last line will do."""
+    lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return next((line for line in lines if any(marker in line for marker in _FAULT_MARKERS)), lines[-1])
+
+
 # -- the watchdog --------------------------------------------------------------------------------
 
 _STDERR_FD: int | None = None

@@ -66,8 +66,8 @@ class CudaoptSession:
                 f"device {self.settings.device}, hypothesis profile {self.settings.profile}")
 
     def gpu_unavailable_reason(self) -> str | None:
-        if self.settings.device != "cuda":
-            return None
+        """Why a `gpu` item cannot run here, or None. Workdir items carry the marker only
+        when `cudaopt_device` is cuda; the plugin's own GPU tests carry it always."""
         if cuda_device_name() is None:
             return "no CUDA device visible (torch.cuda.is_available() is False)"
         return None

@@ -250,6 +250,18 @@ def test_cuda_faults_are_told_from_ordinary_errors(exc, fault):
     assert guards.is_cuda_fault(exc) is fault
 
 
+def test_a_faults_summary_is_the_line_naming_the_error_not_torchs_advice_after_it():
+    # What torch 2.11 raises at the synchronise after a kernel wrote out of bounds.
+    text = ("ModelNew.forward raised:\n"
+            "AcceleratorError: CUDA error: an illegal memory access was encountered\n"
+            "CUDA kernel errors might be asynchronously reported at some other API call, so the "
+            "stacktrace below might be incorrect.\n"
+            "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
+            "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n")
+    assert guards.fault_line(text) == "AcceleratorError: CUDA error: an illegal memory access was encountered"
+    assert guards.fault_line("first\nlast\n") == "last"
+
+
 def test_the_watchdog_ends_a_hung_process_naming_the_test_and_case(tmp_path):
     script = tmp_path / "hang.py"
     script.write_text(textwrap.dedent("""

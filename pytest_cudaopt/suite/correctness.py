@@ -285,7 +285,7 @@ def _fault(request, session, result: compare.CorrectnessResult, started: float, 
     message = (f"CUDA fault on case {exc.case}:\n{exc.fault}\nThe CUDA context of this process is now "
                f"unusable: the remaining GPU tests of this session are not run and report this fault.{replay}")
     if session.fault is None:
-        session.fault = (request.node.nodeid, str(exc.fault).strip().splitlines()[-1])
+        session.fault = (request.node.nodeid, guards.fault_line(str(exc.fault)))
     _finish(session, result, started, "CUDA fault", message)
     return message
 
