@@ -6,6 +6,7 @@ import filecmp
 import os
 import shutil
 import sys
+import xml.etree.ElementTree as ET
 from functools import lru_cache
 from pathlib import Path
 
@@ -166,3 +167,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if COMPILING_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+
+def junit_cases(path: Path) -> dict[tuple[str, str], tuple[str, str]]:
+    """(workdir, test name) -> (outcome, message and text) of a --junitxml file."""
+    cases = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        workdir = case.get("classname", "").split(".")[0]
+        outcome, text = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            found = case.find(tag)
+            if found is not None:
+                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
+                text = (found.get("message") or "") + "\n" + (found.text or "")
+                break
+        cases[(workdir, case.get("name"))] = (outcome, text)
+    return cases

@@ -5,14 +5,13 @@ import shlex
 import shutil
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from filelock import FileLock
 
-from conftest import PREBUILT_ROOT, WORKDIRS, plugin_args, run_pytest, subprocess_env
+from conftest import PREBUILT_ROOT, WORKDIRS, junit_cases, plugin_args, run_pytest, subprocess_env
 
 VARIANTS = WORKDIRS / "cheat_kernels" / "variants"
 INI = "[pytest]\ncudaopt_device = cpu\n"
@@ -61,21 +60,6 @@ class Verdicts:
         raise KeyError(f"no result {case_prefix!r} for {workdir} in the report")
 
 
-def _junit_cases(path: Path) -> dict[tuple[str, str], tuple[str, str]]:
-    cases = {}
-    for case in ET.parse(path).getroot().iter("testcase"):
-        workdir = case.get("classname", "").split(".")[0]
-        outcome, text = "passed", ""
-        for tag in ("failure", "error", "skipped"):
-            found = case.find(tag)
-            if found is not None:
-                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
-                text = (found.get("message") or "") + "\n" + (found.text or "")
-                break
-        cases[(workdir, case.get("name"))] = (outcome, text)
-    return cases
-
-
 @pytest.fixture(scope="module")
 def verdicts(prebuilt_workdir, tmp_path_factory) -> Verdicts:
     root = tmp_path_factory.mktemp("verdicts")
@@ -88,7 +72,7 @@ def verdicts(prebuilt_workdir, tmp_path_factory) -> Verdicts:
     done = subprocess.run(cmd, cwd=root, env=subprocess_env(), capture_output=True, text=True, timeout=900)
     output = done.stdout + done.stderr
     assert (root / "junit.xml").is_file(), output
-    return Verdicts(output, _junit_cases(root / "junit.xml"), json.loads((root / "report.json").read_text()))
+    return Verdicts(output, junit_cases(root / "junit.xml"), json.loads((root / "report.json").read_text()))
 
 
 # -- the honest workdir and the candidates that are right ---------------------------------------

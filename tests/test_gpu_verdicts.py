@@ -5,14 +5,13 @@ import re
 import shutil
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from filelock import FileLock
 
-from conftest import PREBUILT_ROOT, WORKDIRS, plugin_args, run_pytest, subprocess_env
+from conftest import PREBUILT_ROOT, WORKDIRS, junit_cases, plugin_args, run_pytest, subprocess_env
 
 # Every test here runs CUDA kernels: without a CUDA device the plugin skips them with its reason.
 pytestmark = pytest.mark.gpu
@@ -44,22 +43,6 @@ def copy_cheat(prebuilt_workdir, dest: Path, variant: str = "honest") -> Path:
     if variant != "honest":
         shutil.copyfile(VARIANTS / f"{variant}.py", dest / "model_new.py")
     return dest
-
-
-def junit_cases(path: Path) -> dict[tuple[str, str], tuple[str, str]]:
-    """(workdir, test name) -> (outcome, message and text) of a --junitxml file."""
-    cases = {}
-    for case in ET.parse(path).getroot().iter("testcase"):
-        workdir = case.get("classname", "").split(".")[0]
-        outcome, text = "passed", ""
-        for tag in ("failure", "error", "skipped"):
-            found = case.find(tag)
-            if found is not None:
-                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
-                text = (found.get("message") or "") + "\n" + (found.text or "")
-                break
-        cases[(workdir, case.get("name"))] = (outcome, text)
-    return cases
 
 
 def report_results(path: Path) -> list[dict]:
