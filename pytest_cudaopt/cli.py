@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
@@ -23,13 +24,15 @@ def _run_pytest(workdir: Path, marker: str, extra: Sequence[str]) -> int:
     args = [str(workdir / "model_new.py"), "-m", marker, "-p", "pytest_cudaopt.plugin",
             "--rootdir", str(workdir), "-q", *extra]
     # The plugin may already be registered through its entry point.
-    if "pytest_cudaopt.plugin" in sys.modules or _entry_point_installed():
+    if "pytest_cudaopt.plugin" in sys.modules or entry_point_installed():
         args.remove("-p")
         args.remove("pytest_cudaopt.plugin")
     return int(pytest.main(args))
 
 
-def _entry_point_installed() -> bool:
+@lru_cache(maxsize=None)
+def entry_point_installed() -> bool:
+    """True when the installed package's pytest11 entry point loads the plugin by itself."""
     from importlib.metadata import entry_points
 
     return any(ep.value == "pytest_cudaopt.plugin" for ep in entry_points(group="pytest11"))

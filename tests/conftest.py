@@ -7,11 +7,12 @@ import os
 import shutil
 import sys
 import xml.etree.ElementTree as ET
-from functools import lru_cache
 from pathlib import Path
 
 import pytest
 from filelock import FileLock
+
+from pytest_cudaopt.cli import entry_point_installed
 
 pytest_plugins = ["pytester"]
 
@@ -32,14 +33,6 @@ collect_ignore = ["workdirs", "policy_gallery"]
 # the name `conftest`, so a nested one would shadow this module; pytest_collectstart below
 # puts this one back before each test module of this folder is imported.
 _THIS = sys.modules[__name__]
-
-
-@lru_cache(maxsize=None)
-def entry_point_installed() -> bool:
-    """True when the installed package's pytest11 entry point loads the plugin by itself."""
-    from importlib.metadata import entry_points
-
-    return any(ep.value == "pytest_cudaopt.plugin" for ep in entry_points(group="pytest11"))
 
 
 def plugin_args() -> list[str]:
