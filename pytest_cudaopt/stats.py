@@ -1,8 +1,9 @@
-"""Statistics of timed runs: quantiles, median, IQR and the median's standard error (pure functions)."""
+"""Statistics of timed runs: quartiles and IQR (from `statistics`), and the median's standard error."""
 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -13,27 +14,27 @@ IQR_PER_SIGMA = 1.349
 MEDIAN_SE_FACTOR = 1.2533
 
 
-def quantile(values: Sequence[float], q: float) -> float:
-    """The q-quantile, linear interpolation between order statistics (numpy's default):
-    position h = (n - 1) * q, value v[floor h] + (h - floor h) * (v[floor h + 1] - v[floor h])."""
+def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+    """(q1, median, q3), interpolated linearly between order statistics (numpy's default, which
+    is `statistics.quantiles(..., method="inclusive")`)."""
     if not values:
-        raise ValueError("quantile of no values")
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"quantile {q} outside [0, 1]")
-    ordered = sorted(values)
-    h = (len(ordered) - 1) * q
-    lo = math.floor(h)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (h - lo) * (ordered[hi] - ordered[lo])
+        raise ValueError("quartiles of no values")
+    if len(values) == 1:  # statistics.quantiles needs two points before Python 3.13
+        return values[0], values[0], values[0]
+    q1, mid, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, mid, q3
 
 
 def median(values: Sequence[float]) -> float:
-    return quantile(values, 0.5)
+    if not values:
+        raise ValueError("median of no values")
+    return statistics.median(values)
 
 
 def iqr(values: Sequence[float]) -> float:
-    """Interquartile range, quantile(0.75) - quantile(0.25)."""
-    return quantile(values, 0.75) - quantile(values, 0.25)
+    """Interquartile range, q3 - q1."""
+    q1, _, q3 = quartiles(values)
+    return q3 - q1
 
 
 def median_standard_error(values: Sequence[float]) -> float:
@@ -71,5 +72,5 @@ class Summary:
         if not values:
             nan = math.nan
             return cls(0, nan, nan, nan, nan, math.inf, nan)
-        q1, mid, q3 = (quantile(values, q) for q in (0.25, 0.5, 0.75))
+        q1, mid, q3 = quartiles(values)
         return cls(len(values), mid, q1, q3, q3 - q1, relative_standard_error(values), min(values))

@@ -5,18 +5,17 @@ import math
 import pytest
 
 from pytest_cudaopt import timing
-from pytest_cudaopt.stats import Summary, iqr, median, median_standard_error, quantile, relative_standard_error
+from pytest_cudaopt.stats import Summary, iqr, median, median_standard_error, quartiles, relative_standard_error
 from pytest_cudaopt.timing import Config, precise_enough
 
 
-def test_quantiles_interpolate_linearly_between_order_statistics():
+def test_quartiles_interpolate_linearly_between_order_statistics():
     # Sorted 10 20 30 40: q25 at position 0.75 -> 17.5, median at 1.5 -> 25, q75 at 2.25 -> 32.5.
     values = [40.0, 10.0, 30.0, 20.0]
-    assert quantile(values, 0.25) == pytest.approx(17.5)
+    assert quartiles(values) == pytest.approx((17.5, 25.0, 32.5))
     assert median(values) == pytest.approx(25.0)
-    assert quantile(values, 0.75) == pytest.approx(32.5)
     assert iqr(values) == pytest.approx(15.0)
-    assert quantile(values, 0.0) == 10.0 and quantile(values, 1.0) == 40.0
+    assert quartiles([7.0]) == (7.0, 7.0, 7.0)
 
 
 def test_median_of_an_odd_count_is_the_middle_value():
@@ -24,11 +23,11 @@ def test_median_of_an_odd_count_is_the_middle_value():
     assert median([7.0]) == 7.0
 
 
-def test_quantile_rejects_nothing_and_bad_levels():
+def test_quartiles_and_median_reject_no_values():
     with pytest.raises(ValueError):
-        quantile([], 0.5)
+        quartiles([])
     with pytest.raises(ValueError):
-        quantile([1.0], 1.5)
+        median([])
 
 
 def test_median_standard_error_uses_the_iqr_estimate_of_sigma():
