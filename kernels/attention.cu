@@ -14,14 +14,13 @@
 //   floor: 25.8 GFLOP / ~60 TFLOP/s of fp32 FFMA = 0.43 ms. On the tensor cores with 3xTF32
 //          (x = hi + lo, x*y ~ hi*hi + hi*lo + lo*hi: three tf32 products per fp32 product,
 //          fp32-level error) and mma.sync at ~300 TFLOP/s tf32: 77 GFLOP / 300 = 0.26 ms.
-//   measured (H200, config 0): 0.469 ms = 55 TFLOP/s of fp32-accurate attention (165 TFLOP/s of
-//          tf32 MMA work); FFMA (config 6) 0.853 ms; torch's fp32 SDPA 0.896 ms.
+//   measured (H200): 0.469 ms = 55 TFLOP/s of fp32-accurate attention (165 TFLOP/s of tf32 MMA
+//          work); a plain FFMA flash kernel 0.853 ms; torch's fp32 SDPA 0.896 ms.
 //          Error vs float64 0.55x-2.5x the fp32 reference's, flat in T up to 4096.
 //
-// Kernels (a launcher `config` picks one; see attention_launcher at the end):
+// Kernels (the launcher's `config` picks one; see attention_launcher at the end):
 //   attention_kernel_mma     3xTF32 mma.sync m16n8k8, 16 query rows per warp slab, K/V tiles
-//                            double-buffered in shared memory by cp.async; D in {32, 64, 96, 128}.
-//   attention_kernel_ffma    plain fp32 FFMA, 64 x 64 tiles, 8 x 4 register blocking; D = 64.
+//                            pipelined in shared memory by cp.async; D in {32, 64, 96, 128}.
 //   attention_kernel_generic one warp per query row, any head size D (slow, always correct).
 // Masking: tiles wholly below the diagonal run a code path with no mask at all; only the tiles
 // that cross the diagonal take the masked path (a select per score, no branch). Tiles above the
@@ -33,11 +32,18 @@
 
 #include <cmath>
 #include <cstdint>
+#include <mutex>
 #include <type_traits>
 
 namespace {
 
 constexpr unsigned kFullMask = 0xffffffffu;
+constexpr double kLog2e = 1.4426950408889634;  // log2(e): exp(x) = exp2(x * log2(e))
+constexpr int kMaxDevices = 64;
+// tf32 keeps the top 19 bits of an fp32 (sign, 8 exponent, 10 mantissa bits): the mask clears the
+// 13 low mantissa bits, and adding half of the lowest kept bit first rounds to nearest.
+constexpr uint32_t kTf32KeepMask = 0xffffe000u;
+constexpr uint32_t kTf32HalfUlp = 0x1000u;
 
 // ---------------------------------------------------------------------------------------------
 // Small device helpers
@@ -56,7 +62,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // dot product this gives 2.5e-7 relative error either way (lo rounded or not), against 1.5e-7 for
 // an fp32 dot product and 2.9e-4 for plain TF32.
 __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-  hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+  hi = (__float_as_uint(x) + kTf32HalfUlp) & kTf32KeepMask;
   lo = __float_as_uint(x - __uint_as_float(hi));
 }
 
@@ -120,8 +126,8 @@ struct MmaTile {
   static constexpr int MIN_BLOCKS = MIN_BLOCKS_;  // resident blocks per SM asked of the allocator
   // PV accumulation. 0: straight into O across the whole key loop. The tensor core truncates as
   // it accumulates, so over T/8 steps the error grows with T (measured: 9x the fp32 reference's
-  // at T=1024, 14x at 2049). > 0: each tile's PV goes into a zeroed accumulator, PV_CHUNK n8
-  // tiles of D at a time, merged as O = O*alpha + acc in fp32 (round to nearest).
+  // at T=1024, 14x at 2049), which is why every shipped shape uses > 0: each tile's PV goes into a
+  // zeroed accumulator, PV_CHUNK n8 tiles of D at a time, merged as O = O*alpha + acc in fp32.
   static constexpr int PV_CHUNK = PV_CHUNK_ == 0 ? 0 : largest_divisor_upto(D / 8, PV_CHUNK_);
   static constexpr int THREADS = 32 * WARPS;
   static constexpr int BR = 16 * MS * WARPS;
@@ -469,179 +475,7 @@ attention_kernel_mma(const float* __restrict__ qkv, float* __restrict__ y, int B
 }
 
 // ---------------------------------------------------------------------------------------------
-// Kernel 2: FFMA flash attention, D = 64
-// ---------------------------------------------------------------------------------------------
-//
-// 128 threads on 64 query rows x 64 keys; thread (rg, cg) = (tid/16, tid%16) owns score rows
-// 8rg..8rg+7 x keys 4cg..4cg+3 and output rows 8rg.. x dims 4cg..4cg+3. Q and K are stored
-// d-major and P key-major so every inner-loop operand is one float4 (3 LDS.128 per 32 FFMA).
-struct FfmaTile {
-  static constexpr int D = 64, BR = 64, BC = 64, THREADS = 128, TM = 8, TN = 4;
-  static constexpr int STRIDE = 68;         // 64 + 4: float4-aligned rows, staggered banks
-  static constexpr int SMEM_BYTES = 4 * 64 * STRIDE * static_cast<int>(sizeof(float));
-};
-
-__global__ void __launch_bounds__(FfmaTile::THREADS)
-attention_kernel_ffma(const float* __restrict__ qkv, float* __restrict__ y, int BH, int H, int T,
-                      float scale_log2) {
-  constexpr int D = FfmaTile::D, BR = FfmaTile::BR, BC = FfmaTile::BC, S = FfmaTile::STRIDE;
-  constexpr int TM = FfmaTile::TM, TN = FfmaTile::TN, THREADS = FfmaTile::THREADS;
-  extern __shared__ __align__(16) float smem[];
-  float* q_t = smem;                        // [D][S]: q_t[d][row]
-  float* k_t = smem + 1 * D * S;            // [D][S]: k_t[d][key]
-  float* v_s = smem + 2 * D * S;            // [BC][S]: v_s[key][d]
-  float* p_t = smem + 3 * D * S;            // [BC][S]: p_t[key][row]
-
-  const int C = H * D;
-  const long rs = 3L * C;
-  const int n_qt = (T + BR - 1) / BR;
-  const int bh = blockIdx.x % BH;
-  const int qt = n_qt - 1 - static_cast<int>(blockIdx.x / BH);
-  const int b = bh / H, h = bh - b * H;
-  const int q0 = qt * BR;
-  const float* qg = qkv + static_cast<long>(b) * T * rs + h * D;
-  const float* kg = qg + C;
-  const float* vg = qg + 2 * C;
-  const int tid = threadIdx.x, rg = tid >> 4, cg = tid & 15;
-
-  const int kv_end = min(q0 + BR, T);
-  const int n_kt = (kv_end + BC - 1) / BC;
-  const int n_full = min(q0 / BC, n_kt);
-
-  // Q^T once: lanes walk rows so the transposed stores hit consecutive banks.
-#pragma unroll
-  for (int it = 0; it < BR * D / 4 / THREADS; ++it) {
-    const int c = tid + it * THREADS;
-    const int r = c & (BR - 1), ch = c / BR;
-    const int row = q0 + r;
-    float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (row < T) x = *reinterpret_cast<const float4*>(qg + static_cast<long>(row) * rs + ch * 4);
-    q_t[(ch * 4 + 0) * S + r] = x.x;
-    q_t[(ch * 4 + 1) * S + r] = x.y;
-    q_t[(ch * 4 + 2) * S + r] = x.z;
-    q_t[(ch * 4 + 3) * S + r] = x.w;
-  }
-
-  float o[TM][TN], m_run[TM], l_run[TM];
-#pragma unroll
-  for (int i = 0; i < TM; ++i) {
-    m_run[i] = -INFINITY;
-    l_run[i] = 0.f;
-#pragma unroll
-    for (int jj = 0; jj < TN; ++jj) o[i][jj] = 0.f;
-  }
-
-  auto tile = [&](int j, auto mask_tag) {
-    constexpr bool MASK = decltype(mask_tag)::value;
-    const int k0 = j * BC;
-#pragma unroll
-    for (int it = 0; it < BC * D / 4 / THREADS; ++it) {
-      const int c = tid + it * THREADS;
-      {  // K^T
-        const int r = c & (BC - 1), ch = c / BC;
-        const int key = k0 + r;
-        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (key < T) x = *reinterpret_cast<const float4*>(kg + static_cast<long>(key) * rs + ch * 4);
-        k_t[(ch * 4 + 0) * S + r] = x.x;
-        k_t[(ch * 4 + 1) * S + r] = x.y;
-        k_t[(ch * 4 + 2) * S + r] = x.z;
-        k_t[(ch * 4 + 3) * S + r] = x.w;
-      }
-      {  // V, natural layout (zero past T: P is 0 there but 0 * garbage may be NaN)
-        const int r = c / (D / 4), ch = c % (D / 4);
-        const int key = k0 + r;
-        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (key < T) x = *reinterpret_cast<const float4*>(vg + static_cast<long>(key) * rs + ch * 4);
-        *reinterpret_cast<float4*>(v_s + r * S + ch * 4) = x;
-      }
-    }
-    __syncthreads();
-
-    float s[TM][TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-      for (int jj = 0; jj < TN; ++jj) s[i][jj] = 0.f;
-#pragma unroll 8
-    for (int d = 0; d < D; ++d) {
-      const float4 a0 = *reinterpret_cast<const float4*>(q_t + d * S + rg * TM);
-      const float4 a1 = *reinterpret_cast<const float4*>(q_t + d * S + rg * TM + 4);
-      const float4 bb = *reinterpret_cast<const float4*>(k_t + d * S + cg * TN);
-      const float a[TM] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-      const float bv[TN] = {bb.x, bb.y, bb.z, bb.w};
-#pragma unroll
-      for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int jj = 0; jj < TN; ++jj) s[i][jj] = fmaf(a[i], bv[jj], s[i][jj]);
-    }
-
-#pragma unroll
-    for (int i = 0; i < TM; ++i) {
-      const int row = q0 + rg * TM + i;
-      if constexpr (MASK) {
-#pragma unroll
-        for (int jj = 0; jj < TN; ++jj) s[i][jj] = (k0 + cg * TN + jj <= row) ? s[i][jj] : -INFINITY;
-      }
-      float mx = m_run[i];
-#pragma unroll
-      for (int jj = 0; jj < TN; ++jj) mx = fmaxf(mx, s[i][jj]);
-#pragma unroll
-      for (int off = 1; off < 16; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, off));
-      const float alpha = fast_exp2((m_run[i] - mx) * scale_log2);
-      m_run[i] = mx;
-      const float nm = -mx * scale_log2;
-      float sum = 0.f;
-#pragma unroll
-      for (int jj = 0; jj < TN; ++jj) {
-        s[i][jj] = fast_exp2(fmaf(s[i][jj], scale_log2, nm));
-        sum += s[i][jj];
-      }
-      l_run[i] = l_run[i] * alpha + sum;
-#pragma unroll
-      for (int jj = 0; jj < TN; ++jj) o[i][jj] *= alpha;
-    }
-#pragma unroll
-    for (int jj = 0; jj < TN; ++jj) {
-      float* pr = p_t + (cg * TN + jj) * S + rg * TM;
-      *reinterpret_cast<float4*>(pr) = make_float4(s[0][jj], s[1][jj], s[2][jj], s[3][jj]);
-      *reinterpret_cast<float4*>(pr + 4) = make_float4(s[4][jj], s[5][jj], s[6][jj], s[7][jj]);
-    }
-    __syncthreads();
-
-#pragma unroll 8
-    for (int c = 0; c < BC; ++c) {
-      const float4 p0 = *reinterpret_cast<const float4*>(p_t + c * S + rg * TM);
-      const float4 p1 = *reinterpret_cast<const float4*>(p_t + c * S + rg * TM + 4);
-      const float4 vv = *reinterpret_cast<const float4*>(v_s + c * S + cg * TN);
-      const float p[TM] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
-      const float vx[TN] = {vv.x, vv.y, vv.z, vv.w};
-#pragma unroll
-      for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int jj = 0; jj < TN; ++jj) o[i][jj] = fmaf(p[i], vx[jj], o[i][jj]);
-    }
-    __syncthreads();                        // k_t, v_s, p_t are rewritten by the next tile
-  };
-
-  int j = 0;
-  for (; j < n_full; ++j) tile(j, std::false_type{});
-  for (; j < n_kt; ++j) tile(j, std::true_type{});
-
-#pragma unroll
-  for (int i = 0; i < TM; ++i) {
-    float l = l_run[i];
-#pragma unroll
-    for (int off = 1; off < 16; off <<= 1) l += __shfl_xor_sync(kFullMask, l, off);
-    const int row = q0 + rg * TM + i;
-    if (row < T) {
-      float* yr = y + (static_cast<long>(b) * T + row) * C + h * D + cg * TN;
-      *reinterpret_cast<float4*>(yr) = make_float4(o[i][0] / l, o[i][1] / l, o[i][2] / l, o[i][3] / l);
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Kernel 3: generic head size
+// Kernel 2: generic head size
 // ---------------------------------------------------------------------------------------------
 //
 // One warp per (b, h, query row), lane d-strided. R > 0: the row's q and output accumulator live
@@ -726,28 +560,31 @@ attention_kernel_generic(const float* __restrict__ qkv, float* __restrict__ y, i
 // Launchers
 // ---------------------------------------------------------------------------------------------
 
+// The dynamic shared-memory limit is raised once per kernel instantiation and device, not at
+// every launch (it is a property of the function in the device's context).
+template <class Tr>
+cudaError_t raise_smem_limit_once(int device) {
+  static std::once_flag done[kMaxDevices];
+  static cudaError_t status[kMaxDevices];
+  if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
+  std::call_once(done[device], [device] {
+    status[device] = cudaFuncSetAttribute(attention_kernel_mma<Tr>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          Tr::SMEM_BYTES);
+  });
+  return status[device];
+}
+
 template <class Tr>
 cudaError_t launch_mma(const float* qkv, float* y, int B, int T, int H, float scale_log2,
                        cudaStream_t stream) {
-  auto kernel = attention_kernel_mma<Tr>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         Tr::SMEM_BYTES);
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  err = raise_smem_limit_once<Tr>(device);
   if (err != cudaSuccess) return err;
   const long blocks = static_cast<long>((T + Tr::BR - 1) / Tr::BR) * B * H;
-  kernel<<<static_cast<unsigned>(blocks), Tr::THREADS, Tr::SMEM_BYTES, stream>>>(qkv, y, B * H, H, T,
-                                                                                 scale_log2);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_ffma(const float* qkv, float* y, int B, int T, int H, float scale_log2,
-                        cudaStream_t stream) {
-  cudaError_t err = cudaFuncSetAttribute(attention_kernel_ffma,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         FfmaTile::SMEM_BYTES);
-  if (err != cudaSuccess) return err;
-  const long blocks = static_cast<long>((T + FfmaTile::BR - 1) / FfmaTile::BR) * B * H;
-  attention_kernel_ffma<<<static_cast<unsigned>(blocks), FfmaTile::THREADS, FfmaTile::SMEM_BYTES,
-                          stream>>>(qkv, y, B * H, H, T, scale_log2);
+  attention_kernel_mma<Tr><<<static_cast<unsigned>(blocks), Tr::THREADS, Tr::SMEM_BYTES, stream>>>(
+      qkv, y, B * H, H, T, scale_log2);
   return cudaGetLastError();
 }
 
@@ -772,59 +609,40 @@ cudaError_t launch_generic(const float* qkv, float* y, int B, int T, int H, int 
   return launch_generic_r<0>(qkv, y, B, T, H, D, scale_log2, stream);
 }
 
-// Named tile shapes (ThunderKittens style):
+// The tile shape per head size (ThunderKittens style):
 //   MmaTile<D, warps, 16-row slabs per warp, keys per tile, stages, Q mode, K/V staging,
-//           min blocks, PV chunk (0: accumulate PV straight into O)>
-// Configs 1..5 accumulate PV straight into O (error grows with T); 8..10 and the other head
-// sizes use a zeroed per-tile PV accumulator (error flat in T).
-using Mma64_W4 = MmaTile<64, 4, 1, 64, 2>;                      // 64 rows/block, 2 blocks/SM
-using Mma64_W8 = MmaTile<64, 8, 1, 64, 2>;                      // 128 rows: half the K/V copies per row
-using Mma64_MS2 = MmaTile<64, 4, 2, 64, 2, kQSmem>;             // 128 rows, each K/V fragment feeds 2 slabs
-using Mma64_BC32 = MmaTile<64, 4, 1, 32, 3>;                    // short key tiles, 3-stage pipeline
-using Mma64_W4_OCC3 = MmaTile<64, 4, 1, 64, 2, kQSplitRegs, 2, 3>;  // capped at 168 regs: 3 blocks/SM
-using Mma64_W4_F = MmaTile<64, 4, 1, 64, 2, kQSplitRegs, 8, 1, 8>;  // config 1 + per-tile PV (240 regs)
-using Mma64_MS2_BC32_F = MmaTile<64, 4, 2, 32, 3, kQSmem, 8, 1, 8>; // 2 slabs, 32-key tiles (242 regs): default
-using Mma64_MS2_BC32_S2_F = MmaTile<64, 4, 2, 32, 2, kQSmem, 8, 1, 8>;  // same, 2-stage (equal within noise)
+//           min blocks, PV chunk>
+// D = 64 (GPT-2): 2 slabs per warp so that each K/V fragment feeds 32 rows, 32-key tiles in a
+// 3-stage pipeline, a zeroed per-tile PV accumulator (error flat in T); 242 registers, the
+// fastest of 11 shapes measured on the H200 (docs/perf-notes.md keeps the others' numbers).
 using Mma32 = MmaTile<32, 4, 1, 64, 2, kQSplitRegs, 8, 1, 4>;
+using Mma64 = MmaTile<64, 4, 2, 32, 3, kQSmem, 8, 1, 8>;
 using Mma96 = MmaTile<96, 4, 1, 32, 2, kQSmem, 8, 1, 4>;
 using Mma128 = MmaTile<128, 4, 1, 32, 2, kQSmem, 8, 1, 4>;
 
+cudaError_t launch_tensor_core(const float* qkv, float* y, int B, int T, int H, int D, float scale_log2,
+                               cudaStream_t stream) {
+  switch (D) {
+    case 32: return launch_mma<Mma32>(qkv, y, B, T, H, scale_log2, stream);
+    case 64: return launch_mma<Mma64>(qkv, y, B, T, H, scale_log2, stream);
+    case 96: return launch_mma<Mma96>(qkv, y, B, T, H, scale_log2, stream);
+    case 128: return launch_mma<Mma128>(qkv, y, B, T, H, scale_log2, stream);
+    default: return launch_generic(qkv, y, B, T, H, D, scale_log2, stream);
+  }
+}
+
 }  // namespace
 
-// config: 0 = the default (best measured on the H200), 1..5 and 8..10 = the D=64 tensor-core
-// shapes above, 6 = FFMA (D = 64), 7 = the generic path (kAttentionConfigs in attention.h).
-// Head sizes 32, 96, 128 use one tensor-core shape each for every config but 6 and 7; any other
-// head size (and misaligned pointers) takes the generic path.
-constexpr int kConfigFfma = 6;
-constexpr int kConfigGeneric = 7;
-
+// config (kAttentionConfigs in attention.h): kAttentionTensorCore = the 3xTF32 tensor-core kernel
+// for head sizes 32, 64, 96 and 128 (any other head size, and misaligned pointers, take the
+// generic path); kAttentionGeneric = the generic path for every shape (slow, the fallback).
 extern "C" cudaError_t attention_launcher(const float* qkv, float* y, int B, int T, int H, int D,
                                           int config, cudaStream_t stream) {
   if (B <= 0 || T <= 0 || H <= 0 || D <= 0 || config < 0 || config >= kAttentionConfigs) {
     return cudaErrorInvalidValue;
   }
-  const float scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(D)));
+  const float scale_log2 = static_cast<float>(kLog2e / std::sqrt(static_cast<double>(D)));
   const bool aligned = reinterpret_cast<uintptr_t>(qkv) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
-  if (config == kConfigGeneric || !aligned) return launch_generic(qkv, y, B, T, H, D, scale_log2, stream);
-  if (config == kConfigFfma) {
-    if (D == 64) return launch_ffma(qkv, y, B, T, H, scale_log2, stream);
-    return launch_generic(qkv, y, B, T, H, D, scale_log2, stream);
-  }
-  switch (D) {
-    case 64:
-      switch (config) {
-        case 1: return launch_mma<Mma64_W4>(qkv, y, B, T, H, scale_log2, stream);
-        case 2: return launch_mma<Mma64_W8>(qkv, y, B, T, H, scale_log2, stream);
-        case 3: return launch_mma<Mma64_MS2>(qkv, y, B, T, H, scale_log2, stream);
-        case 4: return launch_mma<Mma64_BC32>(qkv, y, B, T, H, scale_log2, stream);
-        case 5: return launch_mma<Mma64_W4_OCC3>(qkv, y, B, T, H, scale_log2, stream);
-        case 8: return launch_mma<Mma64_W4_F>(qkv, y, B, T, H, scale_log2, stream);
-        case 10: return launch_mma<Mma64_MS2_BC32_S2_F>(qkv, y, B, T, H, scale_log2, stream);
-        default: return launch_mma<Mma64_MS2_BC32_F>(qkv, y, B, T, H, scale_log2, stream);  // 0, 9
-      }
-    case 32: return launch_mma<Mma32>(qkv, y, B, T, H, scale_log2, stream);
-    case 96: return launch_mma<Mma96>(qkv, y, B, T, H, scale_log2, stream);
-    case 128: return launch_mma<Mma128>(qkv, y, B, T, H, scale_log2, stream);
-    default: return launch_generic(qkv, y, B, T, H, D, scale_log2, stream);
-  }
+  if (config == kAttentionGeneric || !aligned) return launch_generic(qkv, y, B, T, H, D, scale_log2, stream);
+  return launch_tensor_core(qkv, y, B, T, H, D, scale_log2, stream);
 }

@@ -3,8 +3,10 @@
 
 #include <cuda_runtime.h>
 
-// Tile-shape variants the launcher's `config` selects among (see attention.cu): 0 is the default.
-constexpr int kAttentionConfigs = 11;
+// What the launcher's `config` selects (see attention.cu).
+constexpr int kAttentionTensorCore = 0;  // the default: 3xTF32 tensor cores for D in {32, 64, 96, 128}
+constexpr int kAttentionGeneric = 1;     // one warp per query row, any head size (the fallback)
+constexpr int kAttentionConfigs = 2;
 
 // y (B, T, C) = causal softmax(q k^T / sqrt(D)) v per head, q|k|v read from qkv (B, T, 3C),
 // C = H * D. Returns the launch status (cudaErrorInvalidValue for bad sizes or config).

@@ -1,5 +1,6 @@
 // linear_binding.cpp: Python entry of kernels/linear.cpp (nn.Linear forward on cuBLASLt).
 #include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAContextLight.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/generated/variable_factories.h>
 #include <torch/csrc/utils/pybind.h>
@@ -33,14 +34,17 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
     TORCH_CHECK(K > 0 || M == 0, "linear: in_features must be positive, got weight shape ", weight.sizes());
     return y;
   }
-  at::Tensor workspace =
-      torch::empty({static_cast<int64_t>(kLinearWorkspaceBytes)}, x.options().dtype(at::kByte));
+  // torch's cuBLASLt handle and workspace for the current device and stream (x's device is current
+  // under the caller's device guard; checked so a mismatch is an error, not a wrong-device launch).
   const int device = x.get_device();
+  TORCH_CHECK(device == c10::cuda::current_device(), "linear: x is on cuda:", device,
+              " but the current device is cuda:", c10::cuda::current_device(),
+              " (call under torch.cuda.device(x.device))");
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-  const cublasStatus_t status =
-      linear_launcher(x.data_ptr<float>(), weight.data_ptr<float>(), bias.data_ptr<float>(),
-                      y.data_ptr<float>(), M, N, K, workspace.data_ptr(), kLinearWorkspaceBytes, device,
-                      stream);
+  const cublasStatus_t status = linear_launcher(
+      at::cuda::getCurrentCUDABlasLtHandle(), x.data_ptr<float>(), weight.data_ptr<float>(),
+      bias.data_ptr<float>(), y.data_ptr<float>(), M, N, K, at::cuda::getCUDABlasLtWorkspace(),
+      at::cuda::getCUDABlasLtWorkspaceSize(), device, stream);
   TORCH_CHECK(status == CUBLAS_STATUS_SUCCESS, "linear: cuBLASLt matmul failed for x ", x.sizes(),
               " and weight ", weight.sizes(), ": ", linear_status_string(status));
   return y;

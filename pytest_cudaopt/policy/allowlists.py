@@ -70,6 +70,7 @@ ALLOWED_CPP_CALLS = frozenset({
     # the current stream and handles bound to it, device properties
     "at::cuda::getCurrentCUDAStream", "c10::cuda::getCurrentCUDAStream",
     "at::cuda::getCurrentCUDABlasHandle", "at::cuda::getCurrentCUDABlasLtHandle",
+    "at::cuda::getCUDABlasLtWorkspace", "at::cuda::getCUDABlasLtWorkspaceSize",
     "at::cuda::getCurrentDeviceProperties", "at::cuda::getDeviceProperties",
     "at::cuda::current_device", "c10::cuda::current_device",
     # metadata helpers and lower-case types
