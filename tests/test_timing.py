@@ -64,7 +64,7 @@ def test_noisy_runs_stop_at_the_time_cap():
     clock = FakeClock({"a": [MS, 2 * MS, 3 * MS, 4 * MS]})
     m = measure([Contender("a", doubler)], inputs, clock=clock, config=quick(max_time=0.5, target_rse=1e-9))
     assert m.stop_reason == "max_time"
-    assert 0.5 <= m.seconds < 0.5 + 4 * MS
+    assert 0.5 <= m.seconds < 0.5 + 2 * 4 * MS  # the round that crosses the cap completes (two runs each)
     assert m["a"].summary.median == pytest.approx(2.5 * MS)
     assert m["a"].summary.iqr == pytest.approx(1.5 * MS, rel=0.05)
 
