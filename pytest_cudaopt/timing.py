@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Mapping, Sequence
 
 import torch
+import torch.profiler
 
 from pytest_cudaopt.stats import Summary, median, relative_standard_error
 
@@ -41,6 +42,7 @@ _WATCHED: dict[str, tuple[Any, str, Any]] = {
     "torch.cuda.current_stream": (torch.cuda, "current_stream", torch.cuda.current_stream),
     "torch.cuda.graph": (torch.cuda, "graph", torch.cuda.graph),
     "torch.cuda._sleep": (torch.cuda, "_sleep", _gpu_sleep),
+    "torch.profiler.profile": (torch.profiler, "profile", torch.profiler.profile),
 }
 CLOCKS = ("device", "latency")  # what the gate can compare: see Config.clock
 
