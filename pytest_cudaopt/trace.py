@@ -53,7 +53,7 @@ class Kernel:
 
     @property
     def short_name(self) -> str:
-        return short_name(self.name)
+        return short_name(self.name) if self.kind == "kernel" else self.name
 
     def describe(self) -> str:
         grid = f", grid {'x'.join(map(str, self.grid))}" if self.grid else ""
