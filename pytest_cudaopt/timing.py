@@ -656,8 +656,14 @@ def measure(
             results[key].fail(f"raised {type(exc).__name__}: {exc}")
             results[key].error = exc
 
-    def queue(order: Sequence[str], slot: int) -> list[Any]:
-        return clock.queue([(key, runners[key][slot], by_key[key].context) for key in order])
+    def queue(order: Sequence[str], slot: int, keep: Sequence[str] = ()) -> list[Any]:
+        """One queued pass; outputs are kept only for `keep` (the others are dropped at once,
+        so a round holds one output at a time, as the latency runs do)."""
+        def dropping(run: Callable[[], Any]) -> Callable[[], Any]:
+            return lambda: (run(), None)[1]
+
+        return clock.queue([(key, runners[key][slot] if key in keep else dropping(runners[key][slot]),
+                             by_key[key].context) for key in order])
 
     def check_output(key: str, slot: int, output: Any, which: str) -> None:
         result = results[key]
@@ -718,7 +724,7 @@ def measure(
                 refill_inputs(slots[key][slot], input_sets[source])
                 content[key][slot] = source
             schedule.append((rounds, key, slot))
-        device = dict(zip(order, queue(order, slot)))
+        device = dict(zip(order, queue(order, slot, keep=[k for k in order if checks[k]])))
         for key in order:
             outcome = device.pop(key)
             if isinstance(outcome, BaseException):
