@@ -776,7 +776,7 @@ def _check_escape(result: ContenderResult, floor: float, config: Config) -> None
     if result.failure is not None or len(result.escapes) < 3:
         return
     escaped = median(result.escapes)
-    mid = median(result.samples)
+    mid = median(result.latency or result.samples)  # the escapes come from the latency runs
     if escaped > escape_limit(mid, floor, config):
         result.fail(
             f"work escaped the measured stream: the device stayed busy {format_seconds(escaped)} "
