@@ -318,9 +318,14 @@ class PerfResult:
         if others:
             lines.append("kernels of the others (one call): " + "; ".join(
                 f"{self.label(k)} {t.summary()}, {format_seconds(t.kernel_sum)}" for k, t in others))
+        failures = self.failures()
         for key, found in self.traces.items():
             if found.error:
                 lines.append(f"kernel trace of {self.label(key)}: {found.error}")
+                continue
+            escaped = found.escape_message()
+            if escaped and failures.get(key) != escaped:  # failed by another check first
+                lines.append(f"{self.label(key)}: {escaped}")
         result = self.measurement.results.get(CUSTOM) if self.measurement is not None else None
         if result is not None and result.samples and not result.failure:
             lines += [f"{self.label(CUSTOM)}: {w}" for w in figure_warnings(

@@ -112,6 +112,9 @@ class Trace:
     def escapes(self) -> list[Escape]:
         return find_escapes(self)
 
+    def escape_message(self) -> str | None:
+        return escape_failure(self)
+
     def summary(self) -> str:
         """'3 kernels, 1 copy on 1 stream' style count."""
         kinds = defaultdict(int)

@@ -336,3 +336,12 @@ def test_device_time_far_from_the_kernel_sum_is_named_in_the_notes():
     assert gaps.startswith("device time 1.00 ms and kernel sum 500 us differ by 50% (more than 15%): idle gaps")
     (overlap,) = report.figure_warnings(1.0 * MS, 1.0 * MS, 1.5 * MS)
     assert "differ by 50%" in overlap and "overlap" in overlap
+
+
+def test_a_trace_escape_is_in_the_notes_even_when_another_check_failed_the_contender_first():
+    escaped = Trace([kernel("scale_kernel", 0, 5, stream=13, grid=(4, 1, 1))], calling_stream=7, window=(0.0, 1e-6))
+    result = perf_result(custom=0.1 * MS, escaped=1.0 * MS, traces={"custom": escaped})
+    notes = result.notes()
+    assert any(n.startswith("ModelNew (custom): work escaped the measured stream") for n in notes)
+    assert any(n.startswith("ModelNew (custom): work escaped the calling stream (kernel trace): kernel scale_kernel, "
+                            "grid 4x1x1 on stream 13 (calling stream 7, 5.00 us) ended 4.00 us after") for n in notes)
