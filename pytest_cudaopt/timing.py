@@ -7,7 +7,7 @@ import random
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Mapping, Sequence
+from typing import Any, Callable, ContextManager, Mapping, Protocol, Sequence
 
 import torch
 import torch.profiler
@@ -170,6 +170,24 @@ class Config:
 # queue returns, per run and in order, a Sample or the exception the call raised.
 
 Run = tuple[str, Callable[[], Any], Callable[[], ContextManager]]
+
+
+class Clock(Protocol):
+    """What `measure` needs of a clock (CudaClock, PerfCounterClock, FakeClock)."""
+
+    name: str
+    flush_bytes: int
+    escape_floor: float
+
+    def now(self) -> float: ...
+
+    def prepare(self) -> None: ...
+
+    def runner(self, contender: Contender, args: Sequence[Any]) -> Callable[[], Any]: ...
+
+    def queue(self, runs: Sequence[Run]) -> list[Any]: ...
+
+    def time(self, key: str, run: Callable[[], Any]) -> Sample: ...
 
 
 class CudaClock:
@@ -594,7 +612,7 @@ def measure(
     contenders: Sequence[Contender],
     input_sets: Sequence[Sequence[Any]],
     *,
-    clock: Any,
+    clock: Clock,
     config: Config = Config(),
     expected: Sequence[Any] | None = None,
     compare: Compare | None = None,
