@@ -688,7 +688,7 @@ def measure(
         result.checked += 1
         problem = compare(output, expected[content[key][slot]])
         if problem:
-            result.fail(f"output of timed run {len(result.samples)} ({which}, input set "
+            result.fail(f"output of timed round {rounds + 1} ({which}, input set "
                         f"{content[key][slot]}) differs from the reference: {problem}")
 
     for contender in contenders:
@@ -742,27 +742,30 @@ def measure(
                 refill_inputs(slots[key][slot], input_sets[source])
                 content[key][slot] = source
             schedule.append((rounds, key, slot))
-        device = dict(zip(order, queue(order, slot, keep=[k for k in order if checks[k]])))
-        for key in order:
-            outcome = device.pop(key)
+        device: dict[str, float] = {}
+        for key, outcome in zip(order, queue(order, slot, keep=[k for k in order if checks[k]])):
             if isinstance(outcome, BaseException):
                 record_error(key, outcome)
                 continue
-            if failed(key):
+            device[key] = outcome.seconds
+            if checks[key]:  # the queued outputs are checked (and freed) before the latency runs
+                check_output(key, slot, outcome.output, "queued")
+            del outcome
+        for key in order:
+            if failed(key) or key not in device:
                 continue
             sample = run_once(key, slot)
             if sample is None:
                 continue
             result = results[key]
-            result.device.append(outcome.seconds)
+            result.device.append(device[key])
             result.latency.append(sample.seconds)
-            result.samples.append(outcome.seconds if config.clock == "device" else sample.seconds)
+            result.samples.append(device[key] if config.clock == "device" else sample.seconds)
             result.walls.append(sample.wall)
             result.escapes.append(sample.escaped)
             if checks[key]:
-                check_output(key, slot, outcome.output, "queued")
                 check_output(key, slot, sample.output, "from an idle device")
-            del sample, outcome
+            del sample
         rounds += 1
         live = [results[k] for k in keys if not failed(k)]
         if rounds >= next_check or rounds <= 50:

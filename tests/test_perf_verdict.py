@@ -152,7 +152,7 @@ def test_it_fails_a_candidate_that_replays_cached_outputs_during_timing(pytester
             return cache[x.data_ptr()].clone()"""), " " * 8)))
     result = run_pytest(pytester, "wd", "-m", "perf")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*ModelNew (custom): output of timed run * (*input set *) differs from the reference*"])
+    result.stdout.fnmatch_lines(["*ModelNew (custom): output of timed round * (*input set *) differs from the reference*"])
 
 
 PEERS = """\
