@@ -281,7 +281,7 @@ def check_side_stream() -> None:
         r = m[key]
         caught = r.failure is not None and "escaped the measured stream" in r.failure
         ok = caught if should_fail else r.failure is None
-        limit = timing.escape_limit(r.summary.median, m.escape_floor, CONFIG) if r.samples else None
+        limit = timing.escape_limit(r.latency_summary.median, m.escape_floor, CONFIG) if r.samples else None
         row("side stream", key, r.summary.median, None, None,
             f"escape <= {timing.format_seconds(limit)}", ok,
             f"escape median {timing.format_seconds(r.escape_median)}; "
