@@ -327,9 +327,8 @@ class PerfResult:
             if escaped and failures.get(key) != escaped:  # failed by another check first
                 lines.append(f"{self.label(key)}: {escaped}")
         result = self.measurement.results.get(CUSTOM) if self.measurement is not None else None
-        if result is not None and result.samples and not result.failure:
-            lines += [f"{self.label(CUSTOM)}: {w}" for w in figure_warnings(
-                result.device_summary.median, result.latency_summary.median, self.kernel_sum(CUSTOM))]
+        if result is not None and not result.failure:
+            lines += [f"{self.label(CUSTOM)}: {w}" for w in self._custom_warnings()]
         return lines
 
     def table(self) -> str:
@@ -348,7 +347,8 @@ class PerfResult:
 
     def _custom_warnings(self) -> list[str]:
         result = self.measurement.results.get(CUSTOM) if self.measurement is not None else None
-        if result is None or not result.samples:
+        # On the host clock (CPU workdirs) both figures are host time: their difference is noise.
+        if result is None or not result.samples or self.measurement.clock == "perf-counter":
             return []
         return figure_warnings(result.device_summary.median, result.latency_summary.median,
                                self.kernel_sum(CUSTOM))
