@@ -345,3 +345,11 @@ def test_a_trace_escape_is_in_the_notes_even_when_another_check_failed_the_conte
     assert any(n.startswith("ModelNew (custom): work escaped the measured stream") for n in notes)
     assert any(n.startswith("ModelNew (custom): work escaped the calling stream (kernel trace): kernel scale_kernel, "
                             "grid 4x1x1 on stream 13 (calling stream 7, 5.00 us) ended 4.00 us after") for n in notes)
+
+
+def test_cpu_workdirs_get_no_figure_warnings_since_both_figures_are_host_time():
+    result = perf_result(custom=20e-6, compile_=1 * MS, latency={"custom": 80e-6})
+    assert result.to_json()["figure_warnings"]  # a device clock: warned
+    result.measurement.clock = timing.PerfCounterClock.name
+    assert result.to_json()["figure_warnings"] == []
+    assert not any("launch-bound" in n for n in result.notes())
