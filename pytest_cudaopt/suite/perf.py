@@ -86,8 +86,8 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
                                  expected=expected, compare=_compare(settings))
     traces: dict[str, trace.Trace] = {}
     if tracer is not None:
-        # After the timing: the profiler's first use costs a second, and it leaves nothing
-        # behind that could change the medians.
+        # After the timing, so that the profiler (its first use in a process costs about a
+        # second) cannot touch the medians.
         timed = [c for c in lineup.contenders if measurement.results[c.key].error is None
                  and measurement.results[c.key].samples]
         leads = {c.key: measurement.results[c.key].latency_summary.median for c in timed}
