@@ -25,6 +25,6 @@ step correctness 200 python3 -m pytest model_new.py -m correctness -p no:cachepr
   --cudaopt-report="$OUT/correctness.json" ${CORRECTNESS_ARGS:-}
 step perf 200 python3 -m pytest model_new.py -m perf -p no:cacheprovider --benchmark-autosave \
   --benchmark-storage="file://$OUT/benchmarks" --cudaopt-report="$OUT/perf.json" ${PERF_ARGS:-}
-step timing 90 python3 benchmarks/check_timing.py
+step timing 300 env OUT="$OUT" python3 benchmarks/check_timing.py
 step gpu_tests 60 python3 -m pytest tests/test_timing.py tests/test_guards.py -q -p no:cacheprovider
 cat "$OUT/gpu.txt"; echo; cat "$summary"

@@ -10,6 +10,7 @@ import pytest
 from pytest_cudaopt import settings as _settings
 # Imported first so that the timing functions are bound before any workdir code runs.
 from pytest_cudaopt import timing as _timing  # noqa: F401
+from pytest_cudaopt import trace as _trace  # noqa: F401
 from pytest_cudaopt.session import CudaoptSession, device_summary, pin_worker_to_gpu
 
 SESSION_KEY = pytest.StashKey[CudaoptSession]()
@@ -180,6 +181,14 @@ def pytest_testnodedown(node, error) -> None:
 def cudaopt_perf_clock():
     """The clock of the perf items; None means CUDA events on a GPU, perf_counter on the CPU.
     Override in a conftest.py (e.g. a `timing.FakeClock`) to test the perf machinery."""
+    return None
+
+
+@pytest.fixture
+def cudaopt_perf_tracer():
+    """The kernel tracer of the perf items; None means torch.profiler on a GPU (when the
+    `trace` setting is on), no trace on the CPU. Override in a conftest.py (e.g. a
+    `trace.FakeTracer`) to test the trace machinery."""
     return None
 
 

@@ -17,8 +17,12 @@ KIND_ORDER = ("correctness", "perf", "policy")
 # Contender keys (as in baselines.py; repeated here so that rendering needs no torch).
 EAGER, COMPILE, CUSTOM, PRECISION_MATCHED = "eager", "compile", "custom", "precision-matched"
 GATES = {"compile": COMPILE, "precision-matched": PRECISION_MATCHED}
-PERF_COLUMNS = ("contender", "median", "IQR", "n", "vs eager", "vs compile", "vs compile+TF32",
-                "precision", "verdict")
+PERF_COLUMNS = ("contender", "device time", "latency", "kernel sum", "IQR", "n", "vs eager", "vs compile",
+                "vs compile+TF32", "precision", "verdict")  # the gate's clock is marked "(gate)"
+# The three figures of the candidate (device time, latency, summed kernel time) are expected to
+# agree within this share; beyond it the notes say so and what it suggests.
+FIGURE_MARGIN = 0.15
+TOP_KERNELS = 5
 
 
 # ---------------------------------------------------------------------------------------
@@ -155,6 +159,7 @@ class PerfResult:
     errors: dict[str, str] = field(default_factory=dict)         # key -> why it was not timed
     environment: dict[str, Any] = field(default_factory=dict)
     failure: str = ""                                            # a failure outside the gate
+    traces: dict[str, Any] = field(default_factory=dict)         # key -> trace.Trace of one call
     kind: str = "perf"
 
     @property
@@ -183,21 +188,38 @@ class PerfResult:
     def label(self, key: str) -> str:
         return self.labels.get(key, key)
 
+    @property
+    def gate_clock(self) -> str:
+        return self.measurement.gate_clock if self.measurement is not None else "device"
+
+    def kernel_sum(self, key: str) -> float | None:
+        found = self.traces.get(key)
+        if found is None or getattr(found, "error", None):
+            return None
+        return found.kernel_sum
+
     def rows(self) -> list[dict[str, str]]:
-        """One row per contender (PERF_COLUMNS); 'vs compile+TF32' only when it was timed."""
+        """One row per contender (PERF_COLUMNS): device time and latency (medians; the
+        gate's clock marked "(gate)"; IQR and n are its), the summed kernel time of one
+        traced call when there is a trace; 'vs compile+TF32' only when it was timed."""
         medians = self.medians()
         failures = self.failures()
         with_tf32 = PRECISION_MATCHED in medians or PRECISION_MATCHED in self.errors
         keys = list(self.measurement.results) if self.measurement is not None else []
         keys += [k for k in self.errors if k not in keys and not k.endswith("*")]
+        gated = {clock: f"{name} (gate)" if clock == self.gate_clock else name
+                 for clock, name in (("device", "device time"), ("latency", "latency"))}
         rows = []
         for key in keys:
             result = self.measurement.results.get(key) if self.measurement is not None else None
             s = result.summary if result is not None and result.samples else None
             mid = s.median if s else None
+            timed = result is not None and result.samples
             row = {
                 "contender": self.label(key),
-                "median": format_seconds(mid),
+                gated["device"]: format_seconds(result.device_summary.median) if timed else "-",
+                gated["latency"]: format_seconds(result.latency_summary.median) if timed else "-",
+                "kernel sum": format_seconds(self.kernel_sum(key)),
                 "IQR": format_seconds(s.iqr) if s else "-",
                 "n": str(s.n) if s else "0",
                 "vs eager": _ratio(medians.get(EAGER), mid),
@@ -208,6 +230,8 @@ class PerfResult:
             }
             if not with_tf32:
                 del row["vs compile+TF32"]
+            if not self.traces:
+                del row["kernel sum"]
             rows.append(row)
         return rows
 
@@ -248,6 +272,7 @@ class PerfResult:
         failures = self.failures()
         for key, reason in failures.items():
             lines.append(reason if key.endswith("*") else f"{self.label(key)}: {reason}")
+        lines += self.figure_notes()
         if self.precision_note:
             lines.append(f"precision of {self.label(CUSTOM)}: {self.precision_note}")
         if self.compile_seconds:
@@ -261,10 +286,49 @@ class PerfResult:
                     "max_rounds": "round cap", "all failed": "every contender failed"}.get(m.stop_reason, m.stop_reason)
             lines.append(f"timing: {m.clock}, {m.rounds} interleaved rounds in {m.seconds:.1f} s, "
                          f"stopped by {stop}; {flush}; warm-up {m.config.warmup:g} s per contender")
+            ahead = (f"; the host stayed ahead in {m.queued_rounds - m.behind_rounds} of {m.queued_rounds} rounds"
+                     if m.queued_rounds else "")
+            lines.append(f"clocks: the gate compares {'device time' if m.gate_clock == 'device' else 'latency'}. "
+                         "device time: each call queued behind the previous ones with the host ahead of the "
+                         f"GPU, L2 flush kernel before the start event{ahead}; latency: each call from an "
+                         "idle device, launches included"
+                         + ("; kernel sum: the kernels, copies and memsets of one profiled call"
+                            if self.traces else ""))
         env = self.environment
         if env:
             gpu = f"{env.get('gpu')} ({env.get('gpu_capability')})" if env.get("gpu") else "no GPU"
             lines.append(f"environment: {gpu}, torch {env.get('torch')}, CUDA {env.get('cuda')}")
+        return lines
+
+    def figure_notes(self) -> list[str]:
+        """The kernel trace (the candidate's top kernels, the others' kernel counts, traces
+        that could not be taken) and where the candidate's three figures disagree."""
+        lines = []
+        custom = self.traces.get(CUSTOM)
+        if custom is not None and not custom.error:
+            top = ", ".join(
+                f"{name}{f' x{calls}' if calls > 1 else ''} {format_seconds(total)}"
+                f" ({total / custom.kernel_sum:.0%}"
+                + (f", grid {'x'.join(map(str, first.grid))}" if first.grid else "") + ")"
+                for name, calls, total, first in custom.top(TOP_KERNELS)
+                if custom.kernel_sum > 0)
+            lines.append(f"kernels of {self.label(CUSTOM)} (one call: {custom.summary()}, "
+                         f"{format_seconds(custom.kernel_sum)}): {top or 'none'}")
+        others = [(k, t) for k, t in self.traces.items() if k != CUSTOM and not t.error]
+        if others:
+            lines.append("kernels of the others (one call): " + "; ".join(
+                f"{self.label(k)} {t.summary()}, {format_seconds(t.kernel_sum)}" for k, t in others))
+        failures = self.failures()
+        for key, found in self.traces.items():
+            if found.error:
+                lines.append(f"kernel trace of {self.label(key)}: {found.error}")
+                continue
+            escaped = found.escape_message()
+            if escaped and failures.get(key) != escaped:  # failed by another check first
+                lines.append(f"{self.label(key)}: {escaped}")
+        result = self.measurement.results.get(CUSTOM) if self.measurement is not None else None
+        if result is not None and not result.failure:
+            lines += [f"{self.label(CUSTOM)}: {w}" for w in self._custom_warnings()]
         return lines
 
     def table(self) -> str:
@@ -276,8 +340,18 @@ class PerfResult:
                 "failure": self.failure, "precision": self.precision, "tiers": self.tiers,
                 "precision_note": self.precision_note, "labels": self.labels,
                 "gate": self.gate.to_json(), "compile_seconds": self.compile_seconds,
-                "errors": self.errors, "environment": self.environment,
-                "timing": self.measurement.to_json() if self.measurement is not None else None}
+                "errors": self.errors, "environment": self.environment, "gate_clock": self.gate_clock,
+                "timing": self.measurement.to_json() if self.measurement is not None else None,
+                "traces": {k: t.to_json() for k, t in self.traces.items()},
+                "figure_warnings": self._custom_warnings()}
+
+    def _custom_warnings(self) -> list[str]:
+        result = self.measurement.results.get(CUSTOM) if self.measurement is not None else None
+        # On the host clock (CPU workdirs) both figures are host time: their difference is noise.
+        if result is None or not result.samples or self.measurement.clock == "perf-counter":
+            return []
+        return figure_warnings(result.device_summary.median, result.latency_summary.median,
+                               self.kernel_sum(CUSTOM))
 
     def extra_info(self) -> dict[str, Any]:
         """pytest-benchmark `extra_info`: medians, speedups, GPU, versions, precision tier."""
@@ -292,12 +366,44 @@ class PerfResult:
         for key in medians:
             if key.startswith("peer:") and custom:
                 info[f"speedup_vs_peer_{key[5:]}"] = medians[key] / custom
-        info.update({"precision_tier": self.precision, "gate": self.gate.baseline,
+        result = self.measurement.results.get(CUSTOM) if self.measurement is not None else None
+        if result is not None and result.samples:
+            info["custom_device_median_s"] = result.device_summary.median
+            info["custom_latency_median_s"] = result.latency_summary.median
+        if self.kernel_sum(CUSTOM) is not None:
+            info["custom_kernel_sum_s"] = self.kernel_sum(CUSTOM)
+        info.update({"precision_tier": self.precision, "gate": self.gate.baseline, "gate_clock": self.gate_clock,
                      "min_speedup": self.gate.min_speedup, "gate_passed": self.passed,
                      "compile_seconds": self.compile_seconds.get(COMPILE),
                      "gpu": self.environment.get("gpu"), "gpu_capability": self.environment.get("gpu_capability"),
                      "torch": self.environment.get("torch"), "cuda": self.environment.get("cuda")})
         return info
+
+
+def figure_warnings(device: float | None, latency: float | None, kernel_sum: float | None,
+                    margin: float = FIGURE_MARGIN) -> list[str]:
+    """Where device time, latency and summed kernel time (seconds; None when absent) of one
+    contender disagree by more than `margin`, with what it suggests."""
+    out = []
+    device = _finite(device)
+    latency = _finite(latency)
+    if device and kernel_sum is not None:
+        gap = (device - kernel_sum) / device
+        if abs(gap) > margin:
+            why = ("idle gaps between its kernels, or device work the trace did not attribute to the call"
+                   if gap > 0 else "kernels that overlap (several streams), or kernels slower in the profiled call")
+            out.append(f"device time {format_seconds(device)} and kernel sum {format_seconds(kernel_sum)} "
+                       f"differ by {abs(gap):.0%} (more than {margin:.0%}): {why}")
+    if device and latency:
+        ratio = latency / device
+        if ratio > 1 + margin:
+            out.append(f"latency {format_seconds(latency)} is {ratio:.2f}x the device time "
+                       f"{format_seconds(device)}: launch-bound (host work between launches), which device "
+                       "time does not count (--cudaopt-clock=latency gates on latency)")
+        elif ratio < 1 - margin:
+            out.append(f"latency {format_seconds(latency)} is below the device time {format_seconds(device)} "
+                       f"by {1 - ratio:.0%}: queued calls ran slower than calls from an idle device")
+    return out
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> str:

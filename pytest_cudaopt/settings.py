@@ -112,6 +112,12 @@ OPTIONS: tuple[Option, ...] = (
            "stop timing once the relative standard error of every median is below this"),
     Option("input_sets", _positive(int), 4, "input sets rotated during timing"),
     Option("cuda_graph", _bool, False, "time each contender as CUDA-graph replays (for tiny kernels)"),
+    Option("clock", _choice("device", "latency"), "device",
+           "the figure the perf gate compares: 'device' (CUDA events with the host ahead of the GPU) or "
+           "'latency' (each call from an idle device, launches included); both are reported"),
+    Option("trace", _bool, True,
+           "profile one call of each contender (torch.profiler, CUDA activity): kernels, summed kernel "
+           "time, and stream escapes at any duration"),
     Option("report", str, None, "write the verdicts as JSON to this path", ini=False),
     # build
     Option("build_dir", str, None,

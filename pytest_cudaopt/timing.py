@@ -1,4 +1,4 @@
-"""The timing engine: every contender timed alike, interleaved, cache-flushed, until the medians are tight."""
+"""The timing engine: every contender timed alike by two clocks (device time, latency), interleaved, until the medians are tight."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import random
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Mapping, Sequence
+from typing import Any, Callable, ContextManager, Mapping, Protocol, Sequence
 
 import torch
+import torch.profiler
 
 from pytest_cudaopt.stats import Summary, median, relative_standard_error
 
@@ -29,6 +30,7 @@ _device_properties = torch.cuda.get_device_properties
 _CUDAGraph = torch.cuda.CUDAGraph
 _graph = torch.cuda.graph
 _torch_empty = torch.empty
+_gpu_sleep = getattr(torch.cuda, "_sleep", None)  # a kernel that spins for a number of clock cycles
 
 _WATCHED: dict[str, tuple[Any, str, Any]] = {
     "time.perf_counter": (time, "perf_counter", time.perf_counter),
@@ -39,7 +41,10 @@ _WATCHED: dict[str, tuple[Any, str, Any]] = {
     "torch.cuda.Event.synchronize": (torch.cuda.Event, "synchronize", torch.cuda.Event.synchronize),
     "torch.cuda.current_stream": (torch.cuda, "current_stream", torch.cuda.current_stream),
     "torch.cuda.graph": (torch.cuda, "graph", torch.cuda.graph),
+    "torch.cuda._sleep": (torch.cuda, "_sleep", _gpu_sleep),
+    "torch.profiler.profile": (torch.profiler, "profile", torch.profiler.profile),
 }
+CLOCKS = ("device", "latency")  # what the gate can compare: see Config.clock
 
 
 def host_time() -> float:
@@ -94,6 +99,35 @@ class Sample:
     output: Any = None
 
 
+class GpuLead:
+    """Keeps the host ahead of the GPU: `enqueue(seconds)` puts a kernel that spins for
+    about that long on the current stream, so whatever the host enqueues meanwhile runs back
+    to back once it ends. The spin is in clock cycles (torch.cuda._sleep); `calibrate`
+    measures cycles per second with CUDA events (the SM clock varies by GPU and power state)."""
+
+    def __init__(self, device: Any):
+        self.device = device
+        self.cycles_per_second = 0.0
+
+    def calibrate(self, cycles: int = 1_000_000) -> None:
+        start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+        stream = _current_stream(self.device)
+        values = []
+        for _ in range(3):
+            _device_synchronize()
+            _event_record(start, stream)
+            _gpu_sleep(cycles)
+            _event_record(end, stream)
+            _event_synchronize(end)
+            values.append(_event_elapsed_ms(start, end) / 1e3)
+        self.cycles_per_second = cycles / max(median(values), 1e-9)
+
+    def enqueue(self, seconds: float) -> None:
+        if not self.cycles_per_second:
+            self.calibrate()
+        _gpu_sleep(max(1, int(seconds * self.cycles_per_second)))
+
+
 @dataclass(frozen=True)
 class Config:
     """How long and how carefully to time. `from_settings` maps the cudaopt options."""
@@ -108,33 +142,75 @@ class Config:
     escape_abs: float = 5e-6       # seconds of device work after the stream's end event that are tolerated ...
     escape_rel: float = 0.05       # ... plus this share of the contender's median
     seed: int = 0                  # which runs are checked
+    clock: str = "device"          # the figure the stop rule and the gate use: "device" or "latency"
+
+    def __post_init__(self) -> None:
+        if self.clock not in CLOCKS:
+            raise ValueError(f"unknown clock {self.clock!r}; expected one of {', '.join(CLOCKS)}")
 
     @classmethod
     def from_settings(cls, settings: Any, **overrides: Any) -> "Config":
         values = dict(warmup=settings.warmup, max_time=settings.max_time,
                       target_rse=settings.target_rse)
+        if getattr(settings, "clock", None):
+            values["clock"] = settings.clock
         values.update(overrides)
         return cls(**values)
 
 
 # ---------------------------------------------------------------------------------------
 # Clocks: CUDA events (the real one), perf_counter (CPU contenders), fake (unit tests)
+#
+# A clock times one contender's call in two ways, and the engine uses both every round:
+#   queue(runs)      device time: the round's calls enqueued back to back with the host ahead
+#                    of the GPU; each figure is the time between two events on the GPU;
+#   time(key, run)   latency: one call from an idle device, the host's launches included, with
+#                    a device-wide synchronise after it (the wall-clock escape check).
+# `runs` are (key, run, scope) with `scope()` a context manager entered around the call.
+# queue returns, per run and in order, a Sample or the exception the call raised.
+
+Run = tuple[str, Callable[[], Any], Callable[[], ContextManager]]
+
+
+class Clock(Protocol):
+    """What `measure` needs of a clock (CudaClock, PerfCounterClock, FakeClock)."""
+
+    name: str
+    flush_bytes: int
+    escape_floor: float
+
+    def now(self) -> float: ...
+
+    def prepare(self) -> None: ...
+
+    def runner(self, contender: Contender, args: Sequence[Any]) -> Callable[[], Any]: ...
+
+    def queue(self, runs: Sequence[Run]) -> list[Any]: ...
+
+    def time(self, key: str, run: Callable[[], Any]) -> Sample: ...
 
 
 class CudaClock:
-    """CUDA events on the current stream around each call, on an idle device with a cold L2.
+    """CUDA events on the current stream, with a cold L2 before every timed call.
 
-    One run: synchronise the device, zero a buffer twice the size of L2 (the flush), wait
-    for it, record `start` on the current stream, call, record `end`, wait for `end`
-    (host time t1), synchronise the whole device (t2). The event time is the measurement;
-    t2 - t1 is how long work launched by the call kept the device busy after the measured
-    stream had finished (a side stream, deferred work). Starting from an idle device means
-    side-stream work cannot hide behind the flush: it either ends inside [start, end] and is
-    measured, or it ends after `end` and shows in t2 - t1. The price is that the event time
-    includes the host's launch latency of the first kernel (a few microseconds; the
-    CUDA-graph mode removes it)."""
+    Device time (`queue`): from an idle device, a spin kernel long enough for the host to
+    enqueue the whole round (GpuLead), then for each call: the L2 flush (a kernel that zeroes
+    a buffer twice the size of L2), `start`, the call, `end`; one synchronise at the end of
+    the round. The GPU runs flush, start, kernels, end back to back, so the events bracket
+    the kernels and the gaps between them, not the host's launch latency. The lead adapts
+    to the host's enqueue time of the previous rounds; a round where the host needed longer
+    than the lead is counted (`behind_rounds`) and shown in the notes.
+
+    Latency (`time`): synchronise the device, flush, wait, record `start`, call, record
+    `end`, wait for `end` (host time t1), synchronise the whole device (t2). The event time
+    includes the host's launch latency; t2 - t1 is how long work launched by the call kept
+    the device busy after the measured stream had finished (a side stream, deferred work).
+    Starting from an idle device means side-stream work cannot hide behind the flush: it
+    either ends inside [start, end] or shows in t2 - t1."""
 
     name = "cuda-events"
+    min_lead = 200e-6
+    max_lead = 0.1
 
     def __init__(self, device: Any = None, *, graphs: bool = False, flush_factor: int = 2):
         self.device = torch.device("cuda") if device is None else torch.device(device)
@@ -143,7 +219,12 @@ class CudaClock:
         self._flush: torch.Tensor | None = None
         self._start = None
         self._end = None
+        self._events: list[Any] = []
         self.escape_floor = 0.0
+        self.lead = GpuLead(self.device)
+        self._hosts: list[float] = []      # host enqueue time of recent rounds
+        self.queued_rounds = 0
+        self.behind_rounds = 0
 
     def now(self) -> float:
         return _perf_counter()
@@ -160,6 +241,7 @@ class CudaClock:
         self._start = _Event(enable_timing=True)
         self._end = _Event(enable_timing=True)
         self.escape_floor = self._calibrate_escape()
+        self.lead.calibrate()
 
     def flush(self) -> None:
         """Overwrite the flush buffer (evicts L2); enqueued on the current stream."""
@@ -190,6 +272,49 @@ class CudaClock:
         _device_synchronize()
         return lambda: (graph.replay(), static_output)[1]
 
+    def _lead_seconds(self) -> float:
+        if not self._hosts:
+            return 2e-3
+        return min(self.max_lead, max(self.min_lead, 1.5 * max(self._hosts) + 100e-6))
+
+    def queue(self, runs: Sequence[Run]) -> list[Any]:
+        while len(self._events) < 2 * len(runs):
+            self._events.append(_Event(enable_timing=True))
+        _device_synchronize()
+        stream = _current_stream(self.device)
+        lead = self._lead_seconds()
+        self.lead.enqueue(lead)
+        t0 = _perf_counter()
+        outcomes: list[Any] = []
+        for i, (key, run, scope) in enumerate(runs):
+            start, end = self._events[2 * i], self._events[2 * i + 1]
+            try:
+                with scope():
+                    self.flush()
+                    _event_record(start, stream)
+                    output = run()
+                    _event_record(end, stream)
+                if not _current_stream(self.device) == stream:
+                    _set_stream(stream)
+                    raise TimingError(f"{key} left a different CUDA stream current after its call; "
+                                      "launch on torch.cuda.current_stream() and do not change it")
+                outcomes.append(output)
+            except Exception as exc:
+                outcomes.append(exc)
+        host = _perf_counter() - t0
+        _device_synchronize()
+        self._hosts = (self._hosts + [host])[-8:]
+        self.queued_rounds += 1
+        self.behind_rounds += host > lead
+        samples: list[Any] = []
+        for i, outcome in enumerate(outcomes):
+            if isinstance(outcome, BaseException):
+                samples.append(outcome)
+                continue
+            seconds = _event_elapsed_ms(self._events[2 * i], self._events[2 * i + 1]) / 1e3
+            samples.append(Sample(seconds=seconds, wall=seconds, escaped=0.0, output=outcome))
+        return samples
+
     def time(self, key: str, run: Callable[[], Any]) -> Sample:
         _device_synchronize()
         self.flush()
@@ -211,9 +336,22 @@ class CudaClock:
         return Sample(seconds=seconds, wall=t2 - t0, escaped=t2 - t1, output=output)
 
 
+def _queue_each(runs: Sequence[Run], time_one: Callable[[str, Callable[[], Any]], Sample]) -> list[Any]:
+    """`queue` for clocks without a device: each run timed alone."""
+    samples: list[Any] = []
+    for key, run, scope in runs:
+        try:
+            with scope():
+                samples.append(time_one(key, run))
+        except Exception as exc:
+            samples.append(exc)
+    return samples
+
+
 class PerfCounterClock:
     """Host wall clock around each call, for CPU contenders (used to exercise the
-    machinery on CPU workdirs; nothing is flushed and nothing can escape)."""
+    machinery on CPU workdirs; nothing is flushed and nothing can escape). Device time and
+    latency are the same thing here, measured separately."""
 
     name = "perf-counter"
     escape_floor = 0.0
@@ -232,6 +370,9 @@ class PerfCounterClock:
         fn = contender.fn
         return lambda: fn(*args)
 
+    def queue(self, runs: Sequence[Run]) -> list[Any]:
+        return _queue_each(runs, self.time)
+
     def time(self, key: str, run: Callable[[], Any]) -> Sample:
         t0 = _perf_counter()
         output = run()
@@ -240,17 +381,22 @@ class PerfCounterClock:
 
 
 class FakeClock:
-    """Scripted durations per contender key, for tests: `durations[key]` is a number or a
-    sequence cycled run by run; `escaped[key]` likewise. Virtual time advances by each
-    duration (plus `overhead`), so warm-up and the time cap behave as with a real clock.
-    The calls are real (outputs are checked); `calls` lists the keys in the order run."""
+    """Scripted durations per contender key, for tests: `durations[key]` is the device time,
+    a number or a sequence cycled run by run; `latency[key]` likewise (default: the
+    durations, cycled separately); `escaped[key]` the escape of the latency runs. Virtual
+    time advances by each figure (plus `overhead`), so warm-up and the time cap behave as
+    with a real clock. The calls are real (outputs are checked); `calls` lists the keys in
+    the order run."""
 
     name = "fake"
     flush_bytes = 0
 
     def __init__(self, durations: Mapping[str, Any], *, escaped: Mapping[str, Any] | None = None,
-                 default: float | None = None, overhead: float = 0.0, escape_floor: float = 0.0):
+                 latency: Mapping[str, Any] | None = None, default: float | None = None,
+                 overhead: float = 0.0, escape_floor: float = 0.0):
         self.durations = {key: _cycle(value) for key, value in durations.items()}
+        latency = {**durations, **(latency or {})}
+        self.latencies = {key: _cycle(value) for key, value in latency.items()}
         self.escapes = {key: _cycle(value) for key, value in (escaped or {}).items()}
         self.default = default
         self.overhead = overhead
@@ -268,15 +414,27 @@ class FakeClock:
         fn = contender.fn
         return lambda: fn(*args)
 
+    def _next(self, table: Mapping[str, Any], key: str) -> float:
+        if key in table:
+            return next(table[key])
+        if self.default is not None:
+            return self.default
+        raise KeyError(f"FakeClock has no duration for contender {key!r}")
+
+    def queue(self, runs: Sequence[Run]) -> list[Any]:
+        def one(key: str, run: Callable[[], Any]) -> Sample:
+            output = run()
+            self.calls.append(key)
+            seconds = self._next(self.durations, key)
+            self.virtual += seconds + self.overhead
+            return Sample(seconds=seconds, wall=seconds, escaped=0.0, output=output)
+
+        return _queue_each(runs, one)
+
     def time(self, key: str, run: Callable[[], Any]) -> Sample:
         output = run()
         self.calls.append(key)
-        if key in self.durations:
-            seconds = next(self.durations[key])
-        elif self.default is not None:
-            seconds = self.default
-        else:
-            raise KeyError(f"FakeClock has no duration for contender {key!r}")
+        seconds = self._next(self.latencies, key)
         escaped = next(self.escapes[key]) if key in self.escapes else 0.0
         self.virtual += seconds + escaped + self.overhead
         return Sample(seconds=seconds, wall=seconds + escaped, escaped=escaped, output=output)
@@ -305,9 +463,14 @@ class TimingError(RuntimeError):
 
 @dataclass
 class ContenderResult:
+    """One contender's runs: `device` and `latency` per timed round, `samples` the ones of
+    the clock that gates (Config.clock), `walls`/`escapes` of the latency runs."""
+
     key: str
     label: str
     samples: list[float] = field(default_factory=list)
+    device: list[float] = field(default_factory=list)
+    latency: list[float] = field(default_factory=list)
     walls: list[float] = field(default_factory=list)
     escapes: list[float] = field(default_factory=list)
     warmup_runs: int = 0
@@ -319,6 +482,14 @@ class ContenderResult:
     @property
     def summary(self) -> Summary:
         return Summary.of(self.samples)
+
+    @property
+    def device_summary(self) -> Summary:
+        return Summary.of(self.device)
+
+    @property
+    def latency_summary(self) -> Summary:
+        return Summary.of(self.latency)
 
     @property
     def wall_median(self) -> float:
@@ -336,7 +507,12 @@ class ContenderResult:
         s = self.summary
         return {"key": self.key, "label": self.label, "n": s.n, "median_s": _num(s.median),
                 "q1_s": _num(s.q1), "q3_s": _num(s.q3), "iqr_s": _num(s.iqr), "rse": _num(s.rse),
-                "min_s": _num(s.minimum), "wall_median_s": _num(self.wall_median),
+                "min_s": _num(s.minimum),
+                "device_median_s": _num(self.device_summary.median),
+                "device_iqr_s": _num(self.device_summary.iqr),
+                "latency_median_s": _num(self.latency_summary.median),
+                "latency_iqr_s": _num(self.latency_summary.iqr),
+                "wall_median_s": _num(self.wall_median),
                 "escape_median_s": _num(self.escape_median), "warmup_runs": self.warmup_runs,
                 "warmup_s": self.warmup_seconds, "outputs_checked": self.checked,
                 "failure": self.failure}
@@ -357,12 +533,19 @@ class Measurement:
     flush_bytes: int
     escape_floor: float
     config: Config
+    queued_rounds: int = 0     # rounds timed with the host ahead of the GPU (device time) ...
+    behind_rounds: int = 0     # ... and among them, rounds where the host needed longer than the lead
+
+    @property
+    def gate_clock(self) -> str:
+        return self.config.clock
 
     def __getitem__(self, key: str) -> ContenderResult:
         return self.results[key]
 
     def to_json(self) -> dict[str, Any]:
-        return {"clock": self.clock, "rounds": self.rounds, "stop_reason": self.stop_reason,
+        return {"clock": self.clock, "gate_clock": self.gate_clock, "queued_rounds": self.queued_rounds,
+                "behind_rounds": self.behind_rounds, "rounds": self.rounds, "stop_reason": self.stop_reason,
                 "seconds": self.seconds, "flush_bytes": self.flush_bytes,
                 "escape_floor_s": self.escape_floor,
                 "target_rse": self.config.target_rse, "max_time_s": self.config.max_time,
@@ -429,7 +612,7 @@ def measure(
     contenders: Sequence[Contender],
     input_sets: Sequence[Sequence[Any]],
     *,
-    clock: Any,
+    clock: Clock,
     config: Config = Config(),
     expected: Sequence[Any] | None = None,
     compare: Compare | None = None,
@@ -438,15 +621,20 @@ def measure(
 
     Each contender gets its own clones of the input sets (slots). Warm-up: each contender in
     turn is called until it has run `min_warmup_runs` times and for `warmup` seconds. Then
-    rounds: every contender once, in `round_order`, all on the same slot (round r uses slot
-    r mod the number of sets), until every median's relative standard error is at most
-    `target_rse` (after `min_runs` runs each; checked every round up to 50 rounds, then
-    whenever the count grew by 5%) or `max_time` seconds of rounds have passed.
+    one untimed queued pass of every contender (the clock learns the host's enqueue time).
+    Then rounds, all contenders on the same slot (round r uses slot r mod the number of
+    sets), in `round_order`: first queued back to back with the host ahead of the GPU
+    (`clock.queue`: device time), then each from an idle device (`clock.time`: latency).
+    The clock named by `config.clock` gives `samples`, which the stop rule and the gate use:
+    until every such median's relative standard error is at most `target_rse` (after
+    `min_runs` runs each; checked every round up to 50 rounds, then whenever the count grew
+    by 5%) or `max_time` seconds of rounds have passed.
 
     With `expected` (the reference output of each input set), the outputs of the first run
     of each slot and of a random `check_fraction` of the others are compared with `compare`;
     before such a run the slot is refilled, in place, with the values of another input set,
     so a contender that replays the output of an earlier call on the same tensors fails.
+    Both runs of a checked round are compared (the queued one after the round's synchronise).
     A contender that raises, mismatches, or whose work escapes the measured stream is marked
     failed (`failure`) and leaves the remaining rounds."""
     if not contenders:
@@ -475,12 +663,33 @@ def measure(
         try:
             with contender.context():
                 return clock.time(key, runners[key][slot])
-        except TimingError as exc:
+        except Exception as exc:
+            record_error(key, exc)
+        return None
+
+    def record_error(key: str, exc: BaseException) -> None:
+        if isinstance(exc, TimingError):
             results[key].fail(str(exc))
-        except Exception as exc:  # the contender's own error ends its timing, not the run
+        else:  # the contender's own error ends its timing, not the run
             results[key].fail(f"raised {type(exc).__name__}: {exc}")
             results[key].error = exc
-        return None
+
+    def queue(order: Sequence[str], slot: int, keep: Sequence[str] = ()) -> list[Any]:
+        """One queued pass; outputs are kept only for `keep` (the others are dropped at once,
+        so a round holds one output at a time, as the latency runs do)."""
+        def dropping(run: Callable[[], Any]) -> Callable[[], Any]:
+            return lambda: (run(), None)[1]
+
+        return clock.queue([(key, runners[key][slot] if key in keep else dropping(runners[key][slot]),
+                             by_key[key].context) for key in order])
+
+    def check_output(key: str, slot: int, output: Any, which: str) -> None:
+        result = results[key]
+        result.checked += 1
+        problem = compare(output, expected[content[key][slot]])
+        if problem:
+            result.fail(f"output of timed round {rounds + 1} ({which}, input set "
+                        f"{content[key][slot]}) differs from the reference: {problem}")
 
     for contender in contenders:
         key = contender.key
@@ -506,6 +715,12 @@ def measure(
             for slot in range(n_sets):  # each captured graph replays once before it is timed
                 if run_once(key, slot) is None:
                     break
+    alive = [k for k in keys if not failed(k)]
+    for key, outcome in zip(alive, queue(alive, 0) if alive else []):
+        if isinstance(outcome, BaseException):
+            record_error(key, outcome)
+    queued_before = getattr(clock, "queued_rounds", 0)
+    behind_before = getattr(clock, "behind_rounds", 0)
 
     schedule: list[tuple[int, str, int]] = []
     began = clock.now()
@@ -519,28 +734,37 @@ def measure(
             break
         slot = rounds % n_sets
         checked_round = expected is not None and (rounds < n_sets or rng.random() < config.check_fraction)
-        for key in round_order(keys, rounds):
-            if failed(key):
-                continue
-            check = checked_round and by_key[key].check
-            if check and n_sets > 1:
+        order = [k for k in round_order(keys, rounds) if not failed(k)]
+        checks = {key: checked_round and by_key[key].check for key in order}
+        for key in order:
+            if checks[key] and n_sets > 1:
                 source = (content[key][slot] + 1) % n_sets
                 refill_inputs(slots[key][slot], input_sets[source])
                 content[key][slot] = source
             schedule.append((rounds, key, slot))
+        device: dict[str, float] = {}
+        for key, outcome in zip(order, queue(order, slot, keep=[k for k in order if checks[k]])):
+            if isinstance(outcome, BaseException):
+                record_error(key, outcome)
+                continue
+            device[key] = outcome.seconds
+            if checks[key]:  # the queued outputs are checked (and freed) before the latency runs
+                check_output(key, slot, outcome.output, "queued")
+            del outcome
+        for key in order:
+            if failed(key) or key not in device:
+                continue
             sample = run_once(key, slot)
             if sample is None:
                 continue
             result = results[key]
-            result.samples.append(sample.seconds)
+            result.device.append(device[key])
+            result.latency.append(sample.seconds)
+            result.samples.append(device[key] if config.clock == "device" else sample.seconds)
             result.walls.append(sample.wall)
             result.escapes.append(sample.escaped)
-            if check:
-                result.checked += 1
-                problem = compare(sample.output, expected[content[key][slot]])
-                if problem:
-                    result.fail(f"output of timed run {len(result.samples)} (input set "
-                                f"{content[key][slot]}) differs from the reference: {problem}")
+            if checks[key]:
+                check_output(key, slot, sample.output, "from an idle device")
             del sample
         rounds += 1
         live = [results[k] for k in keys if not failed(k)]
@@ -558,7 +782,9 @@ def measure(
     return Measurement(results=results, schedule=schedule, rounds=rounds, stop_reason=stop_reason,
                        seconds=clock.now() - began, clock=clock.name,
                        flush_bytes=getattr(clock, "flush_bytes", 0),
-                       escape_floor=clock.escape_floor, config=config)
+                       escape_floor=clock.escape_floor, config=config,
+                       queued_rounds=getattr(clock, "queued_rounds", 0) - queued_before,
+                       behind_rounds=getattr(clock, "behind_rounds", 0) - behind_before)
 
 
 def escape_limit(median_seconds: float, floor: float, config: Config) -> float:
@@ -571,7 +797,7 @@ def _check_escape(result: ContenderResult, floor: float, config: Config) -> None
     if result.failure is not None or len(result.escapes) < 3:
         return
     escaped = median(result.escapes)
-    mid = median(result.samples)
+    mid = median(result.latency or result.samples)  # the escapes come from the latency runs
     if escaped > escape_limit(mid, floor, config):
         result.fail(
             f"work escaped the measured stream: the device stayed busy {format_seconds(escaped)} "

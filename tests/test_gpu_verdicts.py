@@ -200,3 +200,20 @@ def test_a_kernel_on_an_unjoined_side_stream_fails_the_speed_verdict_as_escaped_
         "ModelNew (custom) *FAIL (see below)",
         "ModelNew (custom): work escaped the measured stream: the device stayed busy *",
     ])
+
+
+def test_a_short_kernel_on_an_unjoined_side_stream_is_caught_by_the_kernel_trace(pytester, cuda_cheat):
+    # A few microseconds on the side stream: below the wall-clock check's noise, not below the trace's.
+    cuda_cheat("short_side_stream", "short")
+    result = run_pytest(pytester, "short/model_new.py", *PERF, "--junitxml=junit.xml",
+                        "--cudaopt-report=report.json", timeout=SESSION_TIMEOUT)
+    outcome, text = junit_cases(pytester.path / "junit.xml")[("short", "test_speedup")]
+    assert outcome == "failed", result.stdout.str()
+    # The trace's finding is in the notes even if the wall-clock check happened to flag it first.
+    assert re.search(r"ModelNew \(custom\): work escaped the calling stream \(kernel trace\): kernel scale_kernel, "
+                     r"grid 4x1x1 on stream \d+ \(calling stream \d+, ", text), text
+    (data,) = report_results(pytester.path / "report.json")
+    custom = data["traces"]["custom"]
+    (escape,) = custom["escapes"]
+    assert escape["kernel"]["stream"] != custom["calling_stream"]
+    assert escape["kernel"]["duration_s"] < 50e-6

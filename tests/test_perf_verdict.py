@@ -14,7 +14,7 @@ INI = """\
 cudaopt_device = cpu
 cudaopt_compile_backend = eager
 cudaopt_warmup = 0.01
-cudaopt_max_time = 0.5
+cudaopt_max_time = 1.0
 """
 # The perf items take their clock from the `cudaopt_perf_clock` fixture; this one returns
 # scripted durations per contender, so the verdict does not depend on this machine's speed.
@@ -26,20 +26,38 @@ from pytest_cudaopt.timing import FakeClock
 
 @pytest.fixture
 def cudaopt_perf_clock():
-    return FakeClock({durations!r}, escaped={escaped!r})
+    return FakeClock({durations!r}, escaped={escaped!r}, latency={latency!r})
+"""
+# A scripted kernel trace per contender (the perf items' `cudaopt_perf_tracer` fixture).
+FAKE_TRACER = """
+from pytest_cudaopt.trace import FakeTracer, Kernel, Trace
+
+
+def _trace(kernels, calling=7, window=(0.0, 1e-3)):
+    return Trace([Kernel(name, stream, start, duration, grid=(64, 1, 1)) for name, stream, start, duration in kernels],
+                 calling_stream=calling, window=window)
+
+
+@pytest.fixture
+def cudaopt_perf_tracer():
+    return FakeTracer({{key: _trace(kernels) for key, kernels in {traces!r}.items()}})
 """
 
 
 @pytest.fixture
 def workdir(pytester, make_workdir):
-    """`workdir(durations=None, escaped=None)`: the built cpu_scale workdir at
-    pytester.path/wd with a CPU ini, and a fake clock when durations are given."""
+    """`workdir(durations=None, escaped=None, latency=None, traces=None)`: the built cpu_scale
+    workdir at pytester.path/wd with a CPU ini, a fake clock when durations are given, and
+    a fake tracer when traces ({key: [(name, stream, start, duration)]}) are given."""
 
-    def make(durations=None, escaped=None):
+    def make(durations=None, escaped=None, latency=None, traces=None):
         path = make_workdir("cpu_scale", dest=pytester.path / "wd")
         (path / "pytest.ini").write_text(INI)
         if durations is not None:
-            (path / "conftest.py").write_text(FAKE_CLOCK.format(durations=durations, escaped=escaped or {}))
+            text = FAKE_CLOCK.format(durations=durations, escaped=escaped or {}, latency=latency or {})
+            if traces is not None:
+                text += FAKE_TRACER.format(traces=traces)
+            (path / "conftest.py").write_text(text)
         return path
 
     return make
@@ -57,10 +75,10 @@ def test_it_passes_a_custom_path_faster_than_torch_compile_and_records_everythin
     result.stdout.fnmatch_lines([
         "*= cudaopt summary =*",
         "cudaopt perf: *wd (model_new.py::TestPerf::test_speedup)",
-        "contender *median *IQR *n *vs eager *vs compile *precision *verdict",
-        "Model (eager) *3.00 ms *0.00 ns *50 *1.00x *0.67x *fp32 *reference",
-        "torch.compile (backend=eager) *2.00 ms *0.00 ns *50 *1.50x *1.00x *fp32 *gate baseline",
-        "ModelNew (custom) *1.00 ms *0.00 ns *50 *3.00x *2.00x *fp32 *PASS (>= 1.05x)",
+        "contender *device time (gate) *latency *IQR *n *vs eager *vs compile *precision *verdict",
+        "Model (eager) *3.00 ms *3.00 ms *0.00 ns *50 *1.00x *0.67x *fp32 *reference",
+        "torch.compile (backend=eager) *2.00 ms *2.00 ms *0.00 ns *50 *1.50x *1.00x *fp32 *gate baseline",
+        "ModelNew (custom) *1.00 ms *1.00 ms *0.00 ns *50 *3.00x *2.00x *fp32 *PASS (>= 1.05x)",
         "gate: median(ModelNew (custom)) <= median(torch.compile (backend=eager)) / 1.05: "
         "1.00 ms <= 2.00 ms / 1.05 = 1.90 ms: PASS (speedup 2.000x, needed 1.05x)",
         "cudaopt: report written to report.json",
@@ -134,7 +152,7 @@ def test_it_fails_a_candidate_that_replays_cached_outputs_during_timing(pytester
             return cache[x.data_ptr()].clone()"""), " " * 8)))
     result = run_pytest(pytester, "wd", "-m", "perf")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*ModelNew (custom): output of timed run * (input set *) differs from the reference*"])
+    result.stdout.fnmatch_lines(["*ModelNew (custom): output of timed round * (*input set *) differs from the reference*"])
 
 
 PEERS = """\
@@ -155,7 +173,7 @@ def test_it_times_peers_beside_the_others_without_gating_them(pytester, workdir)
     result = run_pytest(pytester, "wd", "-m", "perf")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
-        "peer: torch *500 us *0.00 ns *50 *6.00x *4.00x *fp32 *not gated",
+        "peer: torch *500 us *500 us *0.00 ns *50 *6.00x *4.00x *fp32 *not gated",
         "ModelNew (custom) *1.00 ms *PASS (>= 1.05x)",
         "peer:broken: peers.py: PEERS['broken'] failed to build with Model's init arguments [64]: "
         "RuntimeError: no such library",
@@ -167,7 +185,7 @@ def test_it_gates_on_the_precision_matched_baseline_when_asked(pytester, workdir
     result = run_pytest(pytester, "wd", "-m", "perf", "--cudaopt-gate=precision-matched")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
-        "*contender *median *IQR *n *vs eager *vs compile *vs compile+TF32 *precision *verdict",
+        "*contender *device time (gate) *latency *IQR *n *vs eager *vs compile *vs compile+TF32 *precision *verdict",
         "*torch.compile (backend=eager) + TF32 *1.02 ms *2.94x *1.96x *1.00x *fp32 *gate baseline",
         "*ModelNew (custom) *1.00 ms *3.00x *2.00x *1.02x *fp32 *FAIL (< 1.05x)",
     ])
@@ -179,7 +197,7 @@ def test_it_times_the_workdir_with_the_cpu_clock_end_to_end(pytester, workdir):
                         "--cudaopt-report=report.json")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
-        "contender *median *IQR *n *vs eager *vs compile *precision *verdict",
+        "contender *device time (gate) *latency *IQR *n *vs eager *vs compile *precision *verdict",
         "ModelNew (custom) * fp32 *PASS (>= 0.001x)",
         "timing: perf-counter, * interleaved rounds in *",
     ])
@@ -187,6 +205,8 @@ def test_it_times_the_workdir_with_the_cpu_clock_end_to_end(pytester, workdir):
     contenders = doc["results"][0]["data"]["timing"]["contenders"]
     assert [c["key"] for c in contenders] == ["eager", "compile", "custom"]
     assert all(c["n"] >= 10 and c["failure"] is None for c in contenders)
+    assert all(c["device_median_s"] > 0 and c["latency_median_s"] > 0 for c in contenders)
+    assert doc["results"][0]["data"]["traces"] == {}  # no kernel trace on the CPU
 
 
 def test_cudaopt_profile_prints_the_table_and_exits_non_zero_when_the_gate_fails(pytester, workdir):
@@ -207,3 +227,73 @@ def test_results_of_pytest_xdist_workers_reach_the_controllers_summary_and_repor
     result.stdout.fnmatch_lines(["*cudaopt correctness: 4 of 4 passed*", "*ModelNew (custom) *1.00 ms*PASS*"])
     kinds = sorted(r["kind"] for r in json.loads((pytester.path / "report.json").read_text())["results"])
     assert kinds == ["correctness"] * 4 + ["perf"]
+
+
+def test_the_latency_clock_setting_makes_the_gate_compare_latencies(pytester, workdir):
+    # Device time: 2x faster than torch.compile; latency (launches included): slower.
+    workdir(speeds(custom=1 * MS, compile_=2 * MS), latency={"custom": 2.5 * MS})
+    result = run_pytest(pytester, "wd", "-m", "perf")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "ModelNew (custom) *1.00 ms *2.50 ms *2.00x *PASS (>= 1.05x)",
+        "ModelNew (custom): latency 2.50 ms is 2.50x the device time 1.00 ms: launch-bound*",
+        "clocks: the gate compares device time.*",
+    ])
+    result = run_pytest(pytester, "wd", "-m", "perf", "--cudaopt-clock=latency")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "contender *device time *latency (gate) *IQR *n *vs eager *vs compile *precision *verdict",
+        "ModelNew (custom) *1.00 ms *2.50 ms *0.80x *FAIL (< 1.05x)",
+        "*FAIL (speedup 0.800x, needed 1.05x)",
+        "clocks: the gate compares latency.*",
+    ])
+
+
+TRACED = {
+    "eager": [("void at::native::elementwise_kernel<128>(int)", 7, 0.0, 2e-3)],
+    "compile": [("triton_poi_fused_mul_0", 7, 0.0, 1e-3), ("triton_poi_fused_add_1", 7, 1e-3, 0.9e-3)],
+}
+
+
+def test_the_kernel_trace_is_in_the_table_notes_and_report(pytester, workdir):
+    traces = dict(TRACED, custom=[("void scale_kernel<float>(float const*)", 7, 0.0, 0.6e-3),
+                                  ("side_kernel", 13, 0.1e-3, 0.3e-3)])  # joined: inside the window
+    workdir(speeds(custom=1 * MS, compile_=2 * MS), traces=traces)
+    result = run_pytest(pytester, "wd", "-m", "perf", "--cudaopt-report=report.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "contender *device time (gate) *latency *kernel sum *IQR *n *vs eager*",
+        "Model (eager) *3.00 ms *3.00 ms *2.00 ms *0.00 ns*",
+        "torch.compile (backend=eager) *2.00 ms *2.00 ms *1.90 ms *0.00 ns*",
+        "ModelNew (custom) *1.00 ms *1.00 ms *900 us *0.00 ns*PASS*",
+        "kernels of ModelNew (custom) (one call: 2 kernels on 2 streams, 900 us): scale_kernel 600 us (67%, grid 64x1x1), "
+        "side_kernel 300 us (33%, grid 64x1x1)",
+        "kernels of the others (one call): Model (eager) 1 kernel on 1 stream, 2.00 ms; "
+        "torch.compile (backend=eager) 2 kernels (2 Triton) on 1 stream, 1.90 ms",
+    ])
+    data = json.loads((pytester.path / "report.json").read_text())["results"][0]["data"]
+    assert sorted(data["traces"]) == ["compile", "custom", "eager"]
+    assert data["traces"]["custom"]["kernels"][1]["stream"] == 13
+    assert data["traces"]["custom"]["escapes"] == []
+
+
+def test_a_kernel_left_on_an_unjoined_side_stream_fails_at_any_duration(pytester, workdir):
+    # 5 us on stream 13, ending after the calling stream's work continued (the window ends at 1 ms).
+    traces = dict(TRACED, custom=[("void scale_kernel<float>(float const*)", 7, 0.0, 0.5e-3),
+                                  ("void side_kernel<float>(float*)", 13, 0.999e-3, 5e-6)])
+    workdir(speeds(custom=1 * MS, compile_=2 * MS), traces=traces)
+    result = run_pytest(pytester, "wd", "-m", "perf")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "ModelNew (custom) *FAIL (see below)",
+        "ModelNew (custom): work escaped the calling stream (kernel trace): kernel side_kernel, grid 64x1x1 on "
+        "stream 13 (calling stream 7, 5.00 us) ended 4.00 us after the calling stream's work had continued past "
+        "the call: it was not joined back before the call returned; launch on torch.cuda.current_stream()*",
+    ])
+
+
+def test_the_trace_setting_turns_the_kernel_trace_off(pytester, workdir):
+    workdir(speeds(custom=1 * MS, compile_=2 * MS), traces=dict(TRACED, custom=[("k", 13, 0.0, 2e-3)]))
+    result = run_pytest(pytester, "wd", "-m", "perf", "--cudaopt-trace=false")
+    result.assert_outcomes(passed=1)
+    assert "kernel sum" not in result.stdout.str()

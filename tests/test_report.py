@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from pytest_cudaopt import report, timing
+from pytest_cudaopt.trace import Kernel, Trace
 from pytest_cudaopt.cli import main as cli_main
 from pytest_cudaopt.report import GateVerdict, PerfResult, gate_verdict
 from pytest_cudaopt.timing import Config, Contender, FakeClock, measure
@@ -63,23 +64,24 @@ def test_the_gate_description_shows_the_arithmetic():
 
 # -- the perf result -------------------------------------------------------------------------
 
-def perf_result(custom=1.0 * MS, compile_=1.5 * MS, eager=3.0 * MS, tf32=None, escaped=0.0, min_speedup=1.05):
+def perf_result(custom=1.0 * MS, compile_=1.5 * MS, eager=3.0 * MS, tf32=None, escaped=0.0, min_speedup=1.05,
+                latency=None, traces=None, gate_clock="device"):
     durations = {"eager": eager, "compile": compile_, "custom": custom}
     keys = ["eager", "compile"] + (["precision-matched"] if tf32 else []) + ["custom"]
     if tf32:
         durations["precision-matched"] = tf32
     labels = {"eager": "Model (eager)", "compile": "torch.compile", "precision-matched": "torch.compile + TF32",
               "custom": "ModelNew (custom)"}
-    clock = FakeClock(durations, escaped={"custom": escaped})
+    clock = FakeClock(durations, escaped={"custom": escaped}, latency=latency)
     m = measure([Contender(k, lambda x: x, labels[k]) for k in keys], [[torch.ones(2)]], clock=clock,
-                config=Config(warmup=0.0, min_warmup_runs=1, min_runs=10))
+                config=Config(warmup=0.0, min_warmup_runs=1, min_runs=10, clock=gate_clock))
     failures = {k: r.failure for k, r in m.results.items() if r.failure}
     gate = gate_verdict({k: r.summary.median for k, r in m.results.items()}, failures,
                         gate="precision-matched" if tf32 else "compile", min_speedup=min_speedup)
     return PerfResult(workdir="/w/attn", test="model_new.py::TestPerf::test_speedup", gate=gate, measurement=m,
                       labels=labels, tiers={"eager": "fp32", "compile": "fp32", "precision-matched": "fp32",
                                             "custom": "tf32-like" if tf32 else "fp32"},
-                      compile_seconds={"compile": 12.34},
+                      compile_seconds={"compile": 12.34}, traces=traces or {},
                       environment={"gpu": "NVIDIA H200", "gpu_capability": "sm_90", "torch": "2.11", "cuda": "13.0"})
 
 
@@ -87,8 +89,8 @@ def test_perf_rows_show_median_iqr_n_speedups_precision_and_verdict():
     rows = perf_result().rows()
     assert [r["contender"] for r in rows] == ["Model (eager)", "torch.compile", "ModelNew (custom)"]
     custom = rows[-1]
-    assert custom == {"contender": "ModelNew (custom)", "median": "1.00 ms", "IQR": "0.00 ns", "n": "10",
-                      "vs eager": "3.00x", "vs compile": "1.50x", "precision": "fp32",
+    assert custom == {"contender": "ModelNew (custom)", "device time (gate)": "1.00 ms", "latency": "1.00 ms",
+                      "IQR": "0.00 ns", "n": "10", "vs eager": "3.00x", "vs compile": "1.50x", "precision": "fp32",
                       "verdict": "PASS (>= 1.05x)"}
     assert rows[0]["verdict"] == "reference" and rows[0]["vs eager"] == "1.00x"
     assert rows[1]["verdict"] == "gate baseline" and rows[1]["vs compile"] == "1.00x"
@@ -101,8 +103,8 @@ def test_a_slow_custom_path_fails_and_its_table_says_why():
     text = result.table()
     lines = text.splitlines()
     assert lines[0] == "cudaopt perf: /w/attn (model_new.py::TestPerf::test_speedup)"
-    assert lines[1].split() == ["contender", "median", "IQR", "n", "vs", "eager", "vs", "compile",
-                                "precision", "verdict"]
+    assert lines[1].split() == ["contender", "device", "time", "(gate)", "latency", "IQR", "n", "vs", "eager",
+                                "vs", "compile", "precision", "verdict"]
     assert "FAIL (speedup 1.034x, needed 1.05x)" in text
     assert "compile time (first call, not in the medians): torch.compile 12.3 s" in text
     assert "environment: NVIDIA H200 (sm_90), torch 2.11, CUDA 13.0" in text
@@ -127,7 +129,7 @@ def test_a_baseline_that_could_not_be_compiled_is_a_row_and_fails_the_gate():
     assert not result.passed
     rows = {r["contender"]: r for r in result.rows()}
     assert list(rows) == ["eager", "custom", "torch.compile"]
-    assert rows["torch.compile"]["median"] == "-" and rows["torch.compile"]["n"] == "0"
+    assert rows["torch.compile"]["device time (gate)"] == "-" and rows["torch.compile"]["n"] == "0"
     assert rows["torch.compile"]["verdict"] == "error (see below)"
     assert rows["custom"]["vs compile"] == "-"
     text = result.table()
@@ -249,3 +251,105 @@ def test_timing_summary_in_the_notes_names_the_stop_rule():
     assert any(n.startswith("timing: fake, 10 interleaved rounds") and "relative standard error <= 0.005" in n
                for n in notes)
     assert timing.format_seconds(perf_result().medians()["custom"]) == "1.00 ms"
+
+
+# -- the three figures and the kernel trace ---------------------------------------------------
+
+def kernel(name, start_us, dur_us, stream=7, grid=(128, 1, 1)):
+    return Kernel(name, stream, start_us * 1e-6, dur_us * 1e-6, grid=grid)
+
+
+def traces():
+    return {
+        "custom": Trace([kernel("void gemm_kernel<128>(float*)", 0, 600), kernel("attention_kernel", 600, 300),
+                         kernel("void gemm_kernel<128>(float*)", 900, 100, grid=(64, 1, 1))],
+                        calling_stream=7, window=(0.0, 1e-3)),
+        "compile": Trace([kernel("triton_poi_fused_0", 0, 500), kernel("triton_red_fused_1", 500, 400),
+                          kernel("sm90_gemm", 900, 500)], calling_stream=7, window=(0.0, 2e-3)),
+        "eager": Trace(error="not traced: RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"),
+    }
+
+
+def test_the_table_shows_device_time_latency_and_kernel_sum_and_marks_the_gates_clock():
+    result = perf_result(latency={"custom": 1.2 * MS, "compile": 1.6 * MS, "eager": 3.1 * MS}, traces=traces())
+    rows = {r["contender"]: r for r in result.rows()}
+    custom = rows["ModelNew (custom)"]
+    assert (custom["device time (gate)"], custom["latency"], custom["kernel sum"]) == ("1.00 ms", "1.20 ms", "1.00 ms")
+    assert rows["torch.compile"]["kernel sum"] == "1.40 ms"
+    assert rows["Model (eager)"]["kernel sum"] == "-"  # its trace failed: the notes say why
+    assert custom["vs compile"] == "1.50x"  # device time gates
+    text = result.table()
+    assert "clocks: the gate compares device time. device time: each call queued behind" in text
+    assert "kernel sum: the kernels, copies and memsets of one profiled call" in text
+    data = json.loads(json.dumps(report.record(result)))["data"]
+    assert data["gate_clock"] == "device"
+    custom_trace = data["traces"]["custom"]
+    assert custom_trace["kernel_sum_s"] == pytest.approx(1.0 * MS) and custom_trace["kernels_n"] == 3
+    assert custom_trace["kernels"][0] == {"name": "void gemm_kernel<128>(float*)", "kind": "kernel", "stream": 7,
+                                          "start_s": 0.0, "duration_s": pytest.approx(600e-6),
+                                          "grid": [128, 1, 1], "block": None}
+    assert data["traces"]["eager"] == {"error": "not traced: RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"}
+    contender = data["timing"]["contenders"][2]
+    assert contender["device_median_s"] == pytest.approx(1.0 * MS)
+    assert contender["latency_median_s"] == pytest.approx(1.2 * MS)
+    info = result.extra_info()
+    assert info["custom_kernel_sum_s"] == pytest.approx(1.0 * MS) and info["gate_clock"] == "device"
+
+
+def test_with_the_latency_clock_the_gate_compares_latencies():
+    # Device time says 1.5x; latency says the candidate is no faster: the latency gate fails.
+    result = perf_result(latency={"custom": 1.5 * MS, "compile": 1.5 * MS, "eager": 3.0 * MS},
+                         gate_clock="latency")
+    assert not result.passed
+    assert result.gate.custom_median == pytest.approx(1.5 * MS)
+    custom = result.rows()[-1]
+    assert (custom["device time"], custom["latency (gate)"]) == ("1.00 ms", "1.50 ms")
+    assert "clocks: the gate compares latency." in result.table()
+    assert perf_result(latency={"custom": 1.5 * MS, "compile": 1.5 * MS, "eager": 3.0 * MS}).passed
+
+
+def test_the_notes_show_the_candidates_top_kernels_and_the_others_kernel_counts():
+    notes = perf_result(traces=traces()).notes()
+    (top,) = [n for n in notes if n.startswith("kernels of ModelNew")]
+    assert top == ("kernels of ModelNew (custom) (one call: 3 kernels on 1 stream, 1.00 ms): "
+                   "gemm_kernel x2 700 us (70%, grid 128x1x1), attention_kernel 300 us (30%, grid 128x1x1)")
+    (others,) = [n for n in notes if n.startswith("kernels of the others")]
+    assert others == "kernels of the others (one call): torch.compile 3 kernels (2 Triton) on 1 stream, 1.40 ms"
+    assert "kernel trace of Model (eager): not traced: RuntimeError: CUPTI_ERROR_NOT_INITIALIZED" in notes
+
+
+def test_figures_that_agree_within_the_margin_give_no_warning():
+    assert report.figure_warnings(1.0 * MS, 1.1 * MS, 0.9 * MS) == []
+    assert report.figure_warnings(1.0 * MS, None, None) == []
+
+
+def test_a_launch_bound_candidate_is_named_in_the_notes():
+    (warning,) = report.figure_warnings(20e-6, 80e-6, 19e-6)
+    assert warning.startswith("latency 80.0 us is 4.00x the device time 20.0 us: launch-bound")
+    result = perf_result(custom=20e-6, compile_=1 * MS, latency={"custom": 80e-6})
+    assert "ModelNew (custom): " + warning in result.notes()
+    assert result.to_json()["figure_warnings"] == [warning]
+
+
+def test_device_time_far_from_the_kernel_sum_is_named_in_the_notes():
+    (gaps,) = report.figure_warnings(1.0 * MS, 1.0 * MS, 0.5 * MS)
+    assert gaps.startswith("device time 1.00 ms and kernel sum 500 us differ by 50% (more than 15%): idle gaps")
+    (overlap,) = report.figure_warnings(1.0 * MS, 1.0 * MS, 1.5 * MS)
+    assert "differ by 50%" in overlap and "overlap" in overlap
+
+
+def test_a_trace_escape_is_in_the_notes_even_when_another_check_failed_the_contender_first():
+    escaped = Trace([kernel("scale_kernel", 0, 5, stream=13, grid=(4, 1, 1))], calling_stream=7, window=(0.0, 1e-6))
+    result = perf_result(custom=0.1 * MS, escaped=1.0 * MS, traces={"custom": escaped})
+    notes = result.notes()
+    assert any(n.startswith("ModelNew (custom): work escaped the measured stream") for n in notes)
+    assert any(n.startswith("ModelNew (custom): work escaped the calling stream (kernel trace): kernel scale_kernel, "
+                            "grid 4x1x1 on stream 13 (calling stream 7, 5.00 us) ended 4.00 us after") for n in notes)
+
+
+def test_cpu_workdirs_get_no_figure_warnings_since_both_figures_are_host_time():
+    result = perf_result(custom=20e-6, compile_=1 * MS, latency={"custom": 80e-6})
+    assert result.to_json()["figure_warnings"]  # a device clock: warned
+    result.measurement.clock = timing.PerfCounterClock.name
+    assert result.to_json()["figure_warnings"] == []
+    assert not any("launch-bound" in n for n in result.notes())

@@ -64,7 +64,7 @@ def test_noisy_runs_stop_at_the_time_cap():
     clock = FakeClock({"a": [MS, 2 * MS, 3 * MS, 4 * MS]})
     m = measure([Contender("a", doubler)], inputs, clock=clock, config=quick(max_time=0.5, target_rse=1e-9))
     assert m.stop_reason == "max_time"
-    assert 0.5 <= m.seconds < 0.5 + 4 * MS
+    assert 0.5 <= m.seconds < 0.5 + 2 * 4 * MS  # the round that crosses the cap completes (two runs each)
     assert m["a"].summary.median == pytest.approx(2.5 * MS)
     assert m["a"].summary.iqr == pytest.approx(1.5 * MS, rel=0.05)
 
@@ -264,3 +264,101 @@ def test_the_cuda_clock_catches_work_on_a_side_stream():
                 [[a]], clock=timing.CudaClock(), config=Config(warmup=0.1, max_time=2.0))
     assert m["honest"].failure is None
     assert "escaped the measured stream" in m["hidden"].failure
+
+
+def test_every_round_times_each_contender_queued_and_from_an_idle_device():
+    inputs, _ = sets(2)
+    clock = FakeClock({"a": MS, "b": 2 * MS}, latency={"a": 5 * MS, "b": 3 * MS})
+    m = measure([Contender("a", doubler), Contender("b", doubler)], inputs, clock=clock, config=quick(min_runs=10))
+    assert m["a"].device == [MS] * m.rounds and m["a"].latency == [5 * MS] * m.rounds
+    assert m["b"].device_summary.median == pytest.approx(2 * MS)
+    assert m["b"].latency_summary.median == pytest.approx(3 * MS)
+    # Round 1 (after warm-up and the untimed queued pass): b then a queued, then b then a alone.
+    warm = m["a"].warmup_runs + m["b"].warmup_runs + 2
+    assert clock.calls[warm + 4:warm + 8] == ["b", "a", "b", "a"]
+
+
+@pytest.mark.parametrize("clock_name, gated", [("device", MS), ("latency", 5 * MS)])
+def test_the_clock_setting_chooses_the_figure_that_the_stop_rule_and_the_gate_use(clock_name, gated):
+    inputs, _ = sets(2)
+    clock = FakeClock({"a": MS}, latency={"a": 5 * MS})
+    m = measure([Contender("a", doubler)], inputs, clock=clock, config=quick(clock=clock_name))
+    assert m.gate_clock == clock_name
+    assert m["a"].summary.median == pytest.approx(gated)
+    assert m.to_json()["gate_clock"] == clock_name
+
+
+def test_an_unknown_clock_is_refused():
+    with pytest.raises(ValueError, match="unknown clock 'wall'"):
+        Config(clock="wall")
+
+
+def test_both_runs_of_a_checked_round_are_compared_with_the_reference():
+    inputs, expected = sets(2)
+    m = measure([Contender("a", doubler)], inputs, clock=FakeClock({}, default=MS), config=quick(min_runs=2),
+                expected=expected)
+    assert m["a"].failure is None
+    assert m["a"].checked >= 4  # rounds 0 and 1 (one per input set), two runs each
+
+
+def test_a_contender_that_cheats_only_when_queued_fails_the_output_check():
+    inputs, expected = sets(2)
+
+    class QueueOnlyCheat(FakeClock):
+        """Runs queued calls on a flag the contender can read (a stand-in for a contender
+        that notices the device is busy)."""
+
+        queued = False
+
+        def queue(self, runs):
+            QueueOnlyCheat.queued = True
+            try:
+                return super().queue(runs)
+            finally:
+                QueueOnlyCheat.queued = False
+
+    def cheat(x):
+        return torch.zeros_like(x) if QueueOnlyCheat.queued else x * 2
+
+    m = measure([Contender("cheat", cheat)], inputs, clock=QueueOnlyCheat({}, default=MS), config=quick(),
+                expected=expected)
+    assert "(queued, input set" in m["cheat"].failure
+
+
+def test_an_error_in_a_queued_run_fails_that_contender_only():
+    inputs, _ = sets(2)
+
+    class Failing(FakeClock):
+        def queue(self, runs):
+            out = super().queue(runs)
+            return [RuntimeError("launch failed") if key == "bad" and len(self.calls) > 12 else o
+                    for (key, _, _), o in zip(runs, out)]
+
+    m = measure([Contender("bad", doubler), Contender("good", doubler)], inputs, clock=Failing({}, default=MS),
+                config=quick())
+    assert m["bad"].failure == "raised RuntimeError: launch failed"
+    assert m["good"].failure is None and m["good"].summary.n == 10
+
+
+def test_the_perf_counter_clock_gives_both_figures_on_the_cpu():
+    inputs, _ = sets(2, size=64)
+    m = measure([Contender("a", doubler)], inputs, clock=PerfCounterClock(), config=quick(max_time=0.2, target_rse=0.5))
+    assert len(m["a"].device) == len(m["a"].latency) == m["a"].summary.n >= 10
+    assert all(v > 0 for v in m["a"].device + m["a"].latency)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")
+def test_device_time_leaves_out_the_launches_that_latency_counts():
+    x = torch.randn(256, device="cuda")
+
+    def launches(v):  # 50 tiny kernels: launch-bound
+        for _ in range(50):
+            v = v + 1
+        return v
+
+    m = measure([Contender("tiny", launches, check=False)], [[x]], clock=timing.CudaClock(),
+                config=Config(warmup=0.1, max_time=2.0))
+    r = m["tiny"]
+    assert r.failure is None
+    assert r.latency_summary.median > 1.5 * r.device_summary.median
+    assert m.behind_rounds <= m.queued_rounds // 10

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_cudaopt import baselines, report, timing
+from pytest_cudaopt import baselines, report, timing, trace
 
 # pytest-benchmark rounds of the custom path (bounded: the engine's medians are the verdict).
 BENCHMARK_ROUNDS = (5, 200)
@@ -58,9 +58,11 @@ def _is_fault(exc: BaseException | None) -> bool:
     return is_cuda_fault(exc)
 
 
-def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str) -> tuple[report.PerfResult, dict]:
-    """Time every contender of `workdir` and decide the gate. Returns the result and what
-    the pytest-benchmark recording needs (the custom model and the input sets)."""
+def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
+          tracer: Any = None) -> tuple[report.PerfResult, dict]:
+    """Time every contender of `workdir`, trace one call of each (with `tracer`, if any)
+    and decide the gate. Returns the result and what the pytest-benchmark recording needs
+    (the custom model and the input sets)."""
     device = torch.device(settings.device)
     model, model_new = workdir.make_models(device, seed=_derive_seed(seed, "perf", "weights"))
     input_sets = [workdir.inputs(_derive_seed(seed, "perf", "inputs", i), device)
@@ -82,6 +84,18 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str) -> t
     config = timing.Config.from_settings(settings, seed=_derive_seed(seed, "perf", "checks"))
     measurement = timing.measure(lineup.contenders, input_sets, clock=clock, config=config,
                                  expected=expected, compare=_compare(settings))
+    traces: dict[str, trace.Trace] = {}
+    if tracer is not None:
+        # After the timing, so that the profiler (its first use in a process costs about a
+        # second) cannot touch the medians.
+        timed = [c for c in lineup.contenders if measurement.results[c.key].error is None
+                 and measurement.results[c.key].samples]
+        leads = {c.key: measurement.results[c.key].latency_summary.median for c in timed}
+        traces = trace.trace_lineup(timed, input_sets[0], tracer, leads)
+        for key, found in traces.items():
+            escaped = trace.escape_failure(found)
+            if escaped:
+                measurement.results[key].fail(escaped)
     failures = {k: r.failure for k, r in measurement.results.items() if r.failure}
     failures.update(lineup.errors)
     medians = {k: r.summary.median for k, r in measurement.results.items() if r.samples}
@@ -90,7 +104,7 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str) -> t
         workdir=str(workdir.path), test=test, gate=gate, measurement=measurement,
         labels={c.key: c.label for c in lineup.contenders}, tiers=tiers, precision_note=note,
         compile_seconds=lineup.compile_seconds, errors=lineup.errors,
-        environment=report.environment())
+        environment=report.environment(), traces=traces)
     return result, {"model_new": model_new, "input_sets": input_sets, "device": device}
 
 
@@ -133,7 +147,7 @@ class TestPerf:
     """`pytest -m perf`: the custom path must beat torch.compile by `cudaopt_min_speedup`."""
 
     def test_speedup(self, request, cudaopt_session, cudaopt_settings, cudaopt_workdir_path,
-                     cuda_extension, cudaopt_perf_clock, benchmark):
+                     cuda_extension, cudaopt_perf_clock, cudaopt_perf_tracer, benchmark):
         if cudaopt_session.fault is not None:
             where, message = cudaopt_session.fault
             pytest.fail(f"not timed: an earlier CUDA fault in {where} left this process's CUDA "
@@ -147,11 +161,14 @@ class TestPerf:
 
         clock = cudaopt_perf_clock or timing.default_clock(cudaopt_settings.device,
                                                            cuda_graph=cudaopt_settings.cuda_graph)
+        tracer = None
+        if cudaopt_settings.trace:
+            tracer = cudaopt_perf_tracer or trace.default_tracer(cudaopt_settings.device)
         with torch.no_grad():
             try:
                 workdir = cudaopt_session.workdir(cudaopt_workdir_path)
                 result, extra = judge(workdir=workdir, settings=cudaopt_settings, seed=cudaopt_session.seed,
-                                      clock=clock, test=request.node.nodeid)
+                                      clock=clock, test=request.node.nodeid, tracer=tracer)
             except WorkdirError as exc:
                 pytest.fail(str(exc), pytrace=False)
             changed = timing.tampered()

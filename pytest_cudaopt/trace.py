@@ -1,0 +1,351 @@
+"""The kernel trace: one profiled call per contender, its kernels with stream, grid and duration, and stream escapes."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import torch
+import torch.profiler
+
+from pytest_cudaopt import timing
+
+# Bound at import, before any workdir code runs (see timing.py): the profiler is how escapes
+# are found, so model_new.py must not be able to replace it.
+_profile = torch.profiler.profile
+_record_function = torch.profiler.record_function
+_ProfilerActivity = torch.profiler.ProfilerActivity
+
+# Ranges the tracer puts around its own work on the calling stream, in this order:
+#   LEAD   a spin kernel (the host gets ahead) and the L2 flush
+#   BEGIN  a one-element fill: where the calling stream reaches the call
+#   CALL   the contender's call
+#   END    a one-element fill: where the calling stream's work continues after the call
+LEAD, BEGIN, CALL, END = "cudaopt::lead", "cudaopt::begin", "cudaopt::call", "cudaopt::end"
+OWN_RANGES = (LEAD, BEGIN, END)
+# Chrome-trace categories of device activity, and of the host calls that launch it.
+DEVICE_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
+# Timestamps are in microseconds with nanosecond digits; differences below this are ties.
+TIE = 50e-9
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One piece of device work: a kernel, a copy or a memset (`kind`), with its stream,
+    start and duration in seconds (the trace's clock), and grid/block for kernels."""
+
+    name: str
+    stream: int
+    start: float
+    duration: float
+    kind: str = "kernel"
+    grid: tuple[int, ...] | None = None
+    block: tuple[int, ...] | None = None
+
+    @property
+    def end(self) -> float:
+        return self.start + self.duration
+
+    @property
+    def short_name(self) -> str:
+        return short_name(self.name) if self.kind == "kernel" else self.name
+
+    def describe(self) -> str:
+        grid = f", grid {'x'.join(map(str, self.grid))}" if self.grid else ""
+        return f"{self.kind} {self.short_name}{grid} on stream {self.stream}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "stream": self.stream, "start_s": self.start,
+                "duration_s": self.duration, "grid": list(self.grid) if self.grid else None,
+                "block": list(self.block) if self.block else None}
+
+
+@dataclass(frozen=True)
+class Escape:
+    """Work of the call on another stream that the calling stream does not bracket."""
+
+    kernel: Kernel
+    reason: str
+
+    def describe(self, calling_stream: int | None) -> str:
+        return (f"{self.kernel.describe()} (calling stream {calling_stream}, "
+                f"{timing.format_seconds(self.kernel.duration)}) {self.reason}")
+
+
+@dataclass
+class Trace:
+    """The device work of one profiled call. `window` is (where the calling stream reached
+    the call, where its work continued after the call), in the trace's clock."""
+
+    kernels: list[Kernel] = field(default_factory=list)
+    calling_stream: int | None = None
+    window: tuple[float, float] | None = None
+    host_ahead: bool | None = None    # the host enqueued the call before the GPU got to it
+    error: str | None = None          # why there is no trace
+
+    @property
+    def kernel_sum(self) -> float:
+        """Summed duration of every kernel, copy and memset of the call."""
+        return sum(k.duration for k in self.kernels)
+
+    @property
+    def count(self) -> int:
+        return sum(1 for k in self.kernels if k.kind == "kernel")
+
+    @property
+    def streams(self) -> list[int]:
+        return sorted({k.stream for k in self.kernels})
+
+    def top(self, n: int = 5) -> list[tuple[str, int, float, Kernel]]:
+        """(short name, calls, total seconds, first kernel) by total time, largest first."""
+        groups: dict[str, list[Kernel]] = defaultdict(list)
+        for k in self.kernels:
+            groups[k.short_name].append(k)
+        ranked = sorted(groups.items(), key=lambda item: -sum(k.duration for k in item[1]))
+        return [(name, len(ks), sum(k.duration for k in ks), ks[0]) for name, ks in ranked[:n]]
+
+    def escapes(self) -> list[Escape]:
+        return find_escapes(self)
+
+    def escape_message(self) -> str | None:
+        return escape_failure(self)
+
+    def summary(self) -> str:
+        """'3 kernels, 1 copy on 1 stream' style count."""
+        kinds = defaultdict(int)
+        for k in self.kernels:
+            kinds[k.kind] += 1
+        parts = [f"{kinds[kind]} {kind}{'s' if kinds[kind] != 1 else ''}"
+                 for kind in ("kernel", "memcpy", "memset") if kinds[kind] or kind == "kernel"]
+        triton = sum(1 for k in self.kernels if k.kind == "kernel" and k.short_name.startswith("triton"))
+        if triton:
+            parts[0] += f" ({triton} Triton)"
+        streams = len(self.streams)
+        return f"{', '.join(parts)} on {streams} stream{'s' if streams != 1 else ''}"
+
+    def to_json(self) -> dict[str, Any]:
+        if self.error:
+            return {"error": self.error}
+        return {"calling_stream": self.calling_stream, "kernel_sum_s": self.kernel_sum,
+                "kernels_n": self.count, "streams": self.streams, "host_ahead": self.host_ahead,
+                "window_s": list(self.window) if self.window else None,
+                "escapes": [{"kernel": e.kernel.to_json(), "reason": e.reason} for e in self.escapes()],
+                "kernels": [k.to_json() for k in self.kernels]}
+
+
+def short_name(name: str, limit: int = 60) -> str:
+    """A kernel's name without 'void ', template arguments and parameters, at most `limit` chars."""
+    text = name.strip()
+    if text.startswith("void "):
+        text = text[5:]
+    for stop in ("<", "("):
+        if stop in text and not text.startswith(stop):
+            text = text[:text.index(stop)]
+    text = text.rsplit("::", 1)[-1] if "::" in text and len(text) > limit else text
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+# ---------------------------------------------------------------------------------------
+# The escape rule (pure)
+
+
+def find_escapes(trace: Trace) -> list[Escape]:
+    """Device work of the call on a stream other than the calling one that the calling
+    stream does not bracket, at any duration.
+
+    The tracer enqueues on the calling stream a marker right before the call (BEGIN) and
+    right after it (END), with the host ahead of the GPU so that timestamps reflect the
+    streams' ordering rather than the host's launch times. Work forked from the calling
+    stream (its stream waits on an event recorded there) starts after BEGIN ends; work
+    joined back (the calling stream waits on an event recorded after it) ends before END
+    starts, because END waits for it. So side-stream work that ends after END starts was
+    not joined back before the call returned (it outlives the calling stream's work), and
+    side-stream work that starts before BEGIN ends did not wait for the calling stream (it
+    can run before the inputs are ready, outside any timed window). Either fails. Joined
+    work passes. Not caught: an unjoined side-stream kernel that happens to start and end
+    inside the calling stream's own work (it is timed; its result races)."""
+    if trace.error or trace.calling_stream is None or trace.window is None:
+        return []
+    begin, end = trace.window
+    found = []
+    for k in trace.kernels:
+        if k.stream == trace.calling_stream:
+            continue
+        if k.end > end + TIE:
+            found.append(Escape(k, f"ended {timing.format_seconds(k.end - end)} after the calling stream's "
+                                   "work had continued past the call: it was not joined back before "
+                                   "the call returned"))
+        elif k.start < begin - TIE:
+            found.append(Escape(k, f"started {timing.format_seconds(begin - k.start)} before the calling "
+                                   "stream reached the call: it does not wait for the calling stream"))
+    return found
+
+
+def escape_failure(trace: Trace, limit: int = 3) -> str | None:
+    """The failure message for a trace with escapes, else None."""
+    escapes = trace.escapes()
+    if not escapes:
+        return None
+    shown = "; ".join(e.describe(trace.calling_stream) for e in escapes[:limit])
+    more = f" (and {len(escapes) - limit} more)" if len(escapes) > limit else ""
+    return (f"work escaped the calling stream (kernel trace): {shown}{more}; launch on "
+            "torch.cuda.current_stream(), or join side streams back before returning (record an "
+            "event on the side stream and make the current stream wait on it)")
+
+
+# ---------------------------------------------------------------------------------------
+# Parsing a Chrome trace (torch.profiler's export_chrome_trace) (pure)
+
+
+def parse_chrome(events: Iterable[Mapping[str, Any]]) -> Trace:
+    """The call's device work from Chrome-trace events: every kernel, copy and memset in the
+    trace except those launched inside the tracer's own ranges (OWN_RANGES, matched through
+    the launch's correlation id). The BEGIN and END markers give the calling stream and the
+    window (see find_escapes)."""
+    events = [e for e in events if isinstance(e, Mapping) and e.get("ph", "X") == "X"]
+    ranges: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for e in events:
+        if e.get("cat") == "user_annotation" and e.get("name") in (*OWN_RANGES, CALL):
+            start = float(e.get("ts", 0.0))
+            ranges[e["name"]].append((start, start + float(e.get("dur", 0.0))))
+    launches = [(float(e.get("ts", 0.0)), (e.get("args") or {}).get("correlation"))
+                for e in events if e.get("cat") in LAUNCH_CATEGORIES]
+
+    def correlations(name: str) -> set[Any]:
+        return {corr for ts, corr in launches if corr is not None
+                and any(lo <= ts <= hi for lo, hi in ranges.get(name, ()))}
+
+    own = {name: correlations(name) for name in OWN_RANGES}
+    mine: list[Kernel] = []
+    markers: dict[str, list[Kernel]] = {BEGIN: [], END: []}
+    for e in events:
+        kind = DEVICE_KINDS.get(e.get("cat"))
+        if kind is None:
+            continue
+        args = e.get("args") or {}
+        kernel = Kernel(name=str(e.get("name", "?")), stream=int(args.get("stream", -1)),
+                        start=float(e.get("ts", 0.0)) * 1e-6, duration=float(e.get("dur", 0.0)) * 1e-6,
+                        kind=kind, grid=_dims(args.get("grid")), block=_dims(args.get("block")))
+        corr = args.get("correlation")
+        owner = next((name for name in OWN_RANGES if corr is not None and corr in own[name]), None)
+        if owner is None:
+            mine.append(kernel)
+        elif owner in markers:
+            markers[owner].append(kernel)
+    mine.sort(key=lambda k: k.start)
+    if not markers[BEGIN] or not markers[END]:
+        missing = " and ".join(n for n in (BEGIN, END) if not markers[n])
+        return Trace(kernels=mine, error=f"the profiler recorded no kernel for the tracer's {missing} "
+                                         "marker (is CUPTI available to torch.profiler?)")
+    begin = max(markers[BEGIN], key=lambda k: k.end)
+    end = min(markers[END], key=lambda k: k.start)
+    if begin.stream != end.stream:
+        return Trace(kernels=mine, error=f"the markers before and after the call ran on different "
+                                         f"streams ({begin.stream}, {end.stream})")
+    return Trace(kernels=mine, calling_stream=begin.stream, window=(begin.end, end.start))
+
+
+def _dims(value: Any) -> tuple[int, ...] | None:
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) for v in value):
+        return tuple(int(v) for v in value)
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# Tracers: torch.profiler on a CUDA device, scripted traces for tests
+
+
+class ProfilerTracer:
+    """One call of a contender under torch.profiler with CUDA activity (CUPTI): on the
+    calling stream a spin kernel long enough for the host to enqueue the call (`lead`
+    seconds), the L2 flush, the BEGIN marker, the call, the END marker; then a device-wide
+    synchronise so that all of the call's work is in the trace."""
+
+    def __init__(self, device: Any, *, flush_bytes: int | None = None):
+        self.device = torch.device(device)
+        self.lead = timing.GpuLead(self.device)
+        if flush_bytes is None:
+            l2 = int(getattr(torch.cuda.get_device_properties(self.device), "L2_cache_size", 0) or 0)
+            flush_bytes = max(2 * l2, 64 << 20)
+        self.flush_bytes = flush_bytes
+        self._flush: torch.Tensor | None = None
+        self._marker: torch.Tensor | None = None
+
+    def trace(self, contender: timing.Contender, args: Sequence[Any], *, lead: float = 2e-3) -> Trace:
+        if self._flush is None:
+            self._flush = torch.empty(self.flush_bytes // 4, dtype=torch.int32, device=self.device)
+            self._marker = torch.zeros(1, dtype=torch.int32, device=self.device)
+            self.lead.calibrate()
+        timing.synchronize_device()
+        activities = [_ProfilerActivity.CPU, _ProfilerActivity.CUDA]
+        with _profile(activities=activities) as prof:
+            with _record_function(LEAD):
+                self.lead.enqueue(lead)
+                self._flush.zero_()
+            with _record_function(BEGIN):
+                self._marker.fill_(1)
+            t0 = timing.host_time()
+            with contender.context(), _record_function(CALL):
+                output = contender.fn(*args)
+            host = timing.host_time() - t0
+            with _record_function(END):
+                self._marker.fill_(2)
+            timing.synchronize_device()
+        del output
+        found = parse_chrome(export_events(prof))
+        found.host_ahead = host < lead
+        return found
+
+
+def export_events(prof: Any) -> list[dict[str, Any]]:
+    """The Chrome-trace events of a finished torch.profiler session."""
+    fd, path = tempfile.mkstemp(prefix="cudaopt-trace-", suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            doc = json.load(f)
+    finally:
+        os.unlink(path)
+    return doc.get("traceEvents", []) if isinstance(doc, dict) else list(doc)
+
+
+class FakeTracer:
+    """Scripted traces per contender key, for tests (keys without one get no trace)."""
+
+    def __init__(self, traces: Mapping[str, Trace]):
+        self.traces = dict(traces)
+        self.calls: list[str] = []
+
+    def trace(self, contender: timing.Contender, args: Sequence[Any], *, lead: float = 2e-3) -> Trace | None:
+        self.calls.append(contender.key)
+        contender.fn(*args)
+        return self.traces.get(contender.key)
+
+
+def trace_lineup(contenders: Sequence[timing.Contender], args: Sequence[Any], tracer: Any,
+                 leads: Mapping[str, float] | None = None) -> dict[str, Trace]:
+    """One traced call of each contender on clones of `args`. A contender whose trace
+    cannot be taken gets a Trace with `error` (the verdict does not depend on it)."""
+    out: dict[str, Trace] = {}
+    for contender in contenders:
+        lead = min(0.1, max(2e-3, 2 * (leads or {}).get(contender.key, 0.0) + 1e-3))
+        try:
+            found = tracer.trace(contender, timing.clone_inputs(args), lead=lead)
+        except Exception as exc:
+            found = Trace(error=f"not traced: {type(exc).__name__}: {exc}")
+        if found is not None:
+            out[contender.key] = found
+    return out
+
+
+def default_tracer(device: Any, enabled: bool = True) -> ProfilerTracer | None:
+    """ProfilerTracer on a CUDA device when enabled, else None (no trace)."""
+    if not enabled or torch.device(device).type != "cuda":
+        return None
+    return ProfilerTracer(device)
