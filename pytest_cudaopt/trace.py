@@ -140,7 +140,7 @@ class Trace:
 
 def short_name(name: str, limit: int = 60) -> str:
     """A kernel's name without 'void ', template arguments and parameters, at most `limit` chars."""
-    text = name.strip()
+    text = name.strip().replace("(anonymous namespace)::", "")
     if text.startswith("void "):
         text = text[5:]
     for stop in ("<", "("):

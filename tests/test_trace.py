@@ -139,6 +139,8 @@ def test_short_names_drop_templates_parameters_and_void():
                             "(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)") == \
         "at::native::vectorized_elementwise_kernel"
     assert trace.short_name("triton_poi_fused_0") == "triton_poi_fused_0"
+    # nvcc names kernels of an anonymous namespace with a leading "(anonymous namespace)::"
+    assert trace.short_name("(anonymous namespace)::scale_kernel(float const*, float*, int)") == "scale_kernel"
     assert len(trace.short_name("k" * 100)) == 60
 
 
