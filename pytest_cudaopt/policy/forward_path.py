@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import ast
-import builtins
 import functools
 import re
-from typing import TYPE_CHECKING
+from typing import Callable
 
 from pytest_cudaopt.policy.allowlists import (
     ALLOWED_TENSOR_ATTRIBUTES, ALLOWED_TENSOR_METHODS, ALLOWED_TORCH_CREATION, ALLOWED_TORCH_OTHER, DYNAMIC_BUILTINS,
@@ -14,11 +13,10 @@ from pytest_cudaopt.policy.allowlists import (
     TENSOR_DISPATCHING_BUILTINS, TENSOR_OP_ATTRIBUTES, TORCH_SETTER,
 )
 from pytest_cudaopt.policy.python_ast import (
-    EXT, MODULE, NON, SHAPE, SUPER, TENSOR, TENSORS, TRY_NODES, UNKNOWN, const_str, is_module_class,
+    EXT, MODULE, NON, SHAPE, SUPER, TENSOR, TENSORS, TRY_NODES, UNKNOWN, const_str,
 )
-
-if TYPE_CHECKING:
-    from pytest_cudaopt.policy.model_new_checks import ModelNewCheck
+from pytest_cudaopt.policy.rules import Config
+from pytest_cudaopt.policy.symbols import Symbols, method
 
 # The allowed tensor methods that return a new tensor.
 _TENSOR_CREATING_METHODS = frozenset({"new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full"})
@@ -53,11 +51,29 @@ def _join(*types: object) -> object:
     return UNKNOWN
 
 
+class ForwardPath:
+    """The functions that ModelNew.forward reaches, each walked once per kinds of its arguments."""
+
+    def __init__(self, symbols: Symbols, config: Config, report: Callable[[ast.AST, str, str], None]):
+        self.symbols, self.config, self.report = symbols, config, report
+        self.analyzed: dict[tuple, object] = {}
+
+    def analyze(self, name: tuple, fn: ast.FunctionDef, owner: str | None, arg_types: list | None) -> object:
+        """Check one function of the forward path; returns the type of what it returns."""
+        key = (*name, None if arg_types is None else tuple(map(str, arg_types)))
+        if key in self.analyzed:
+            return self.analyzed[key]
+        self.analyzed[key] = UNKNOWN  # recursion guard
+        result = ForwardChecker(self, fn, owner, arg_types).run()
+        self.analyzed[key] = result
+        return result
+
+
 class ForwardChecker:
     """Walks one function on the forward path with a small type inference (tensor or not)."""
 
-    def __init__(self, mn: ModelNewCheck, fn: ast.FunctionDef, owner: str | None, arg_types: list | None):
-        self.mn, self.fn, self.owner = mn, fn, owner
+    def __init__(self, path: ForwardPath, fn: ast.FunctionDef, owner: str | None, arg_types: list | None):
+        self.path, self.symbols, self.fn, self.owner = path, path.symbols, fn, owner
         self.env: dict[str, object] = {}
         self.returns: list[object] = []
         self.where = f"{owner}.{fn.name}" if owner else fn.name
@@ -91,7 +107,7 @@ class ForwardChecker:
         return TENSOR
 
     def add(self, node: ast.AST, rule: str, message: str) -> None:
-        self.mn.add(node, rule, f"{message} (in {self.where})")
+        self.path.report(node, rule, f"{message} (in {self.where})")
 
     def run(self) -> object:
         for decorator in self.fn.decorator_list:  # @torch.compile, @torch.jit.script wrap the function
@@ -135,7 +151,7 @@ class ForwardChecker:
             if node.msg is not None:
                 self.expr(node.msg)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            nested = ForwardChecker(self.mn, node, None, None)
+            nested = ForwardChecker(self.path, node, None, None)
             nested.env = {**self.env, **nested.env}
             nested.where = self.where
             nested.run()
@@ -143,7 +159,7 @@ class ForwardChecker:
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
                 bound = alias.asname or alias.name.split(".")[0]
-                self.env[bound] = ("alias", self.mn.aliases.get(bound, bound))
+                self.env[bound] = ("alias", self.symbols.aliases.get(bound, bound))
         else:
             for child in ast.iter_child_nodes(node):
                 if isinstance(child, ast.expr):
@@ -203,17 +219,7 @@ class ForwardChecker:
 
     # -- expressions
     def lookup(self, name: str) -> object:
-        if name in self.env:
-            return self.env[name]
-        if name in self.mn.functions:
-            return ("func", name)
-        if name in self.mn.classes:
-            return ("class", name)
-        if name in self.mn.aliases:
-            return ("alias", self.mn.aliases[name])
-        if hasattr(builtins, name):
-            return ("builtin", name)
-        return UNKNOWN
+        return self.env[name] if name in self.env else self.symbols.lookup(name)
 
     def qualified(self, node: ast.AST) -> str | None:
         """Dotted name of a module attribute chain, resolving import aliases and local aliases."""
@@ -324,7 +330,7 @@ class ForwardChecker:
         receiver = self.expr(node.value)
         attr = node.attr
         if _tensorish(receiver):
-            if attr in ALLOWED_TENSOR_ATTRIBUTES | ALLOWED_TENSOR_METHODS | self.mn.config.allow_tensor_methods:
+            if attr in ALLOWED_TENSOR_ATTRIBUTES | ALLOWED_TENSOR_METHODS | self.path.config.allow_tensor_methods:
                 return SHAPE if attr == "shape" else NON
             self.add(node, "MN004", f"tensor attribute .{attr} is a torch op")
             return TENSOR
@@ -332,7 +338,7 @@ class ForwardChecker:
             self.add(node, "MN004", f"tensor attribute .{attr} is a torch op")
             return TENSOR
         if isinstance(receiver, tuple) and receiver[0] == "obj":
-            types = self.mn.class_attr_types(receiver[1])
+            types = self.symbols.class_attr_types(receiver[1])
             if attr in types:
                 return types[attr]
             return ("bound", receiver[1], attr)
@@ -368,7 +374,7 @@ class ForwardChecker:
     def check_function_value(self, node: ast.AST, kind: object) -> None:
         """A torch function handed to something else (`map(torch.relu, xs)`, `partial(F.gelu)`) runs as an op."""
         if isinstance(kind, tuple) and kind[0] == "alias" and kind[1].split(".")[0] == "torch" \
-                and kind[1] not in ALLOWED_TORCH_CREATION | ALLOWED_TORCH_OTHER | self.mn.config.allow_python_calls \
+                and kind[1] not in ALLOWED_TORCH_CREATION | ALLOWED_TORCH_OTHER | self.path.config.allow_python_calls \
                 and _is_torch_function(kind[1]):
             self.add(node, "MN003", f"{kind[1]} is passed as a function; it runs torch ops when called")
 
@@ -377,13 +383,11 @@ class ForwardChecker:
             if kind[0] == "alias":
                 return self.call_qualified(node, kind[1])
             if kind[0] == "func":
-                return self.mn.analyze(("func", kind[1], tuple(map(str, arg_types))), self.mn.functions[kind[1]],
-                                       None, arg_types)
+                return self.path.analyze(("func", kind[1]), self.symbols.functions[kind[1]], None, arg_types)
             if kind[0] == "local":
                 return UNKNOWN
             if kind[0] == "class":
-                cls = self.mn.classes[kind[1]]
-                return MODULE if is_module_class(cls, self.mn.aliases) else ("obj", kind[1])
+                return MODULE if self.symbols.is_module(self.symbols.classes[kind[1]]) else ("obj", kind[1])
             if kind[0] == "bound":
                 return self.call_method(node, ("obj", kind[1]), kind[2], kind[1], arg_types)
             if kind[0] == "builtin":
@@ -396,7 +400,7 @@ class ForwardChecker:
 
     def call_qualified(self, node: ast.Call, name: str) -> object:
         root = name.split(".")[0]
-        config = self.mn.config
+        config = self.path.config
         if root == "cuda_extension":
             return EXT
         if name in FILE_READ_CALLS:
@@ -447,7 +451,7 @@ class ForwardChecker:
         return NON  # exceptions (raise ValueError(...)) and other harmless builtins
 
     def call_method(self, node: ast.Call, receiver: object, attr: str, text: str, arg_types: list) -> object:
-        config = self.mn.config
+        config = self.path.config
         allowed = ALLOWED_TENSOR_METHODS | config.allow_tensor_methods
         if HOOK_METHODS.fullmatch(attr):
             self.add(node, "MN004", f"{text}.{attr}() installs a hook that runs outside forward")
@@ -459,7 +463,7 @@ class ForwardChecker:
             return self.call_qualified(node, f"{receiver[1]}.{attr}")
         if isinstance(receiver, tuple) and receiver[0] in ("obj", "class"):
             cls_name = receiver[1]
-            types = self.mn.class_attr_types(cls_name)
+            types = self.symbols.class_attr_types(cls_name)
             member = types.get(attr)
             if member == MODULE:
                 self.add(node, "MN004", f"calling the submodule {text}.{attr} runs torch ops; keep it for its "
@@ -467,13 +471,10 @@ class ForwardChecker:
                 return TENSOR
             if isinstance(member, tuple) and member[0] == "alias":
                 return self.call_qualified(node, member[1])
-            cls = self.mn.classes.get(cls_name)
-            method = next((n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                           and n.name == attr), None) if cls else None
-            if method is not None:
-                static = any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in method.decorator_list)
-                return self.mn.analyze((cls_name, attr, tuple(map(str, arg_types))), method,
-                                       None if static else cls_name, arg_types)
+            found = method(self.symbols.classes.get(cls_name), attr)
+            if found is not None:
+                static = any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in found.decorator_list)
+                return self.path.analyze((cls_name, attr), found, None if static else cls_name, arg_types)
             self.add(node, "MN004", f"{text}.{attr}() is neither a method of {cls_name} nor a cuda_extension op")
             return UNKNOWN
         if receiver == MODULE:
