@@ -69,7 +69,7 @@ class ForwardPath:
         return result
 
 
-class ForwardChecker:
+class ForwardChecker(ast.NodeVisitor):
     """Walks one function on the forward path with a small type inference (tensor or not)."""
 
     def __init__(self, path: ForwardPath, fn: ast.FunctionDef, owner: str | None, arg_types: list | None):
@@ -112,64 +112,83 @@ class ForwardChecker:
     def run(self) -> object:
         for decorator in self.fn.decorator_list:  # @torch.compile, @torch.jit.script wrap the function
             self.check_function_value(decorator, self.expr(decorator))
-        for stmt in self.fn.body:
-            self.stmt(stmt)
+        self.block(self.fn.body)
         return _join(*self.returns) if self.returns else NON
 
-    # -- statements
-    def stmt(self, node: ast.stmt) -> None:
-        if isinstance(node, ast.Assign):
-            value = self.expr(node.value)
-            for target in node.targets:
-                self.bind(target, value, node.value)
-        elif isinstance(node, ast.AnnAssign):
-            value = self.expr(node.value) if node.value is not None else UNKNOWN
-            self.bind(node.target, value, node.value)
-        elif isinstance(node, ast.AugAssign):
-            current, value = self.expr(_as_load(node.target)), self.expr(node.value)
-            if _tensorish(current) or _tensorish(value):
-                self.add(node, "MN005", f"in-place `{_OPS.get(type(node.op), '?')}=` on a tensor dispatches a torch op")
-            self.bind(node.target, _join(current, value), None)
-        elif isinstance(node, ast.Return):
-            self.returns.append(self.expr(node.value) if node.value is not None else NON)
-        elif isinstance(node, (ast.If, ast.While)):
-            self.test(node.test)
-            self.block(node.body + node.orelse)
-        elif isinstance(node, (ast.For, ast.AsyncFor)):
-            self.bind(node.target, self.iteration(node.iter), None)
-            self.block(node.body + node.orelse)
-        elif isinstance(node, (ast.With, ast.AsyncWith)):
-            for item in node.items:
-                self.expr(item.context_expr)
-                if item.optional_vars is not None:
-                    self.bind(item.optional_vars, UNKNOWN, None)
-            self.block(node.body)
-        elif isinstance(node, TRY_NODES):
-            self.block(node.body + node.orelse + node.finalbody + [s for h in node.handlers for s in h.body])
-        elif isinstance(node, ast.Assert):
-            self.test(node.test)
-            if node.msg is not None:
-                self.expr(node.msg)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            nested = ForwardChecker(self.path, node, None, None)
-            nested.env = {**self.env, **nested.env}
-            nested.where = self.where
-            nested.run()
-            self.env[node.name] = ("local", node)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                bound = alias.asname or alias.name.split(".")[0]
-                self.env[bound] = ("alias", self.symbols.aliases.get(bound, bound))
-        else:
-            for child in ast.iter_child_nodes(node):
-                if isinstance(child, ast.expr):
-                    self.expr(child)
-                elif isinstance(child, ast.stmt):
-                    self.stmt(child)
+    # -- statements: visit_* return nothing; the kinds are bound in self.env
+    def visit_Assign(self, node: ast.Assign) -> None:
+        value = self.expr(node.value)
+        for target in node.targets:
+            self.bind(target, value, node.value)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        self.bind(node.target, self.expr(node.value) if node.value is not None else UNKNOWN, node.value)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        current, value = self.expr(_as_load(node.target)), self.expr(node.value)
+        if _tensorish(current) or _tensorish(value):
+            self.add(node, "MN005", f"in-place `{_OPS.get(type(node.op), '?')}=` on a tensor dispatches a torch op")
+        self.bind(node.target, _join(current, value), None)
+
+    def visit_Return(self, node: ast.Return) -> None:
+        self.returns.append(self.expr(node.value))
+
+    def visit_If(self, node: ast.If | ast.While) -> None:
+        self.test(node.test)
+        self.block(node.body + node.orelse)
+
+    visit_While = visit_If
+
+    def visit_For(self, node: ast.For | ast.AsyncFor) -> None:
+        self.bind(node.target, self.iteration(node.iter), None)
+        self.block(node.body + node.orelse)
+
+    visit_AsyncFor = visit_For
+
+    def visit_With(self, node: ast.With | ast.AsyncWith) -> None:
+        for item in node.items:
+            self.expr(item.context_expr)
+            if item.optional_vars is not None:
+                self.bind(item.optional_vars, UNKNOWN, None)
+        self.block(node.body)
+
+    visit_AsyncWith = visit_With
+
+    def visit_Try(self, node: ast.Try) -> None:
+        self.block(node.body + node.orelse + node.finalbody + [s for h in node.handlers for s in h.body])
+
+    visit_TryStar = visit_Try
+
+    def visit_Assert(self, node: ast.Assert) -> None:
+        self.test(node.test)
+        self.expr(node.msg)
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        nested = ForwardChecker(self.path, node, None, None)
+        nested.env = {**self.env, **nested.env}
+        nested.where = self.where
+        nested.run()
+        self.env[node.name] = ("local", node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Import(self, node: ast.Import | ast.ImportFrom) -> None:
+        for alias in node.names:
+            bound = alias.asname or alias.name.split(".")[0]
+            self.env[bound] = ("alias", self.symbols.aliases.get(bound, bound))
+
+    visit_ImportFrom = visit_Import
+
+    def generic_visit(self, node: ast.AST) -> object:
+        """Any other statement or expression: its parts are checked; an expression's kind is unknown."""
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.expr, ast.stmt)):
+                self.visit(child)
+        return UNKNOWN
 
     def block(self, body: list[ast.stmt]) -> None:
         for stmt in body:
-            self.stmt(stmt)
+            self.visit(stmt)
 
     def iteration(self, iterable: ast.expr) -> object:
         """The type of the loop variable over `iterable`."""
@@ -217,7 +236,10 @@ class ForwardChecker:
             return NON
         return UNKNOWN
 
-    # -- expressions
+    # -- expressions: visit_* return the kind of the value
+    def expr(self, node: ast.AST | None) -> object:
+        return NON if node is None else self.visit(node)
+
     def lookup(self, name: str) -> object:
         return self.env[name] if name in self.env else self.symbols.lookup(name)
 
@@ -237,93 +259,99 @@ class ForwardChecker:
                 return ".".join([kind[1], *reversed(parts)])
         return None
 
-    def expr(self, node: ast.AST | None) -> object:
-        if node is None:
-            return NON
-        if isinstance(node, ast.Constant):
-            return NON
-        if isinstance(node, ast.Name):
-            return self.lookup(node.id)
-        if isinstance(node, ast.Attribute):
-            return self.attribute(node)
-        if isinstance(node, ast.Call):
-            return self.call(node)
-        if isinstance(node, ast.BinOp):
-            left, right = self.expr(node.left), self.expr(node.right)
-            if _tensorish(left) or _tensorish(right):
-                self.add(node, "MN005", f"operator `{_OPS.get(type(node.op), '?')}` on a tensor dispatches a "
-                                        "torch op; compute it in a kernel")
-                return TENSOR
-            return _join(left, right)
-        if isinstance(node, ast.UnaryOp):
-            operand = self.expr(node.operand)
-            if _tensorish(operand):
-                self.add(node, "MN005", f"unary `{_OPS.get(type(node.op), '?')}` on a tensor dispatches a torch op")
-                return TENSOR
-            return NON if operand in (NON, SHAPE) else UNKNOWN
-        if isinstance(node, ast.BoolOp):
-            for value in node.values:
-                self.test(value)
-            return NON
-        if isinstance(node, ast.Compare):
-            types = [self.expr(node.left), *(self.expr(c) for c in node.comparators)]
-            identity = all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops)
-            if any(map(_tensorish, types)) and not identity:
-                self.add(node, "MN005", "comparing a tensor dispatches a torch op")
-                return TENSOR
-            return NON
-        if isinstance(node, ast.Subscript):
-            value = self.expr(node.value)
-            self.expr(node.slice)
-            if value == EXT and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, int):
-                return TENSOR  # out[0] of an op that returns a tuple
-            if _tensorish(value):
-                self.add(node, "MN005", "indexing a tensor (`x[...]`) dispatches a torch op (select/slice/index)")
-                return TENSOR
-            if value == TENSORS:
-                return TENSOR
-            if value == SHAPE:
-                return NON
-            return MODULE if value == MODULE else UNKNOWN
-        if isinstance(node, ast.IfExp):
-            self.test(node.test)
-            return _join(self.expr(node.body), self.expr(node.orelse))
-        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-            elements = [self.expr(element) for element in node.elts]
-            return TENSORS if any(_tensorish(e) or e == TENSORS for e in elements) else NON
-        if isinstance(node, ast.Dict):
-            for part in [*node.keys, *node.values]:
-                self.expr(part)
-            return NON
-        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
-            for gen in node.generators:
-                self.bind(gen.target, self.iteration(gen.iter), None)
-                for cond in gen.ifs:
-                    self.test(cond)
-            parts = [self.expr(p) for p in ([node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt])]
-            return TENSORS if any(_tensorish(p) for p in parts) else NON
-        if isinstance(node, ast.Lambda):
-            saved = dict(self.env)
-            for param in node.args.args:
-                self.env[param.arg] = UNKNOWN
-            self.expr(node.body)
-            self.env = saved
-            return NON
-        if isinstance(node, ast.NamedExpr):
-            value = self.expr(node.value)
-            self.bind(node.target, value, node.value)
-            return value
-        if isinstance(node, ast.JoinedStr):
-            for value in node.values:
-                if isinstance(value, ast.FormattedValue):
-                    self.expr(value.value)
-            return NON
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.expr):
-                self.expr(child)
-        return UNKNOWN
+    def visit_Constant(self, node: ast.Constant) -> object:
+        return NON
 
-    def attribute(self, node: ast.Attribute) -> object:
+    def visit_Name(self, node: ast.Name) -> object:
+        return self.lookup(node.id)
+
+    def visit_BinOp(self, node: ast.BinOp) -> object:
+        left, right = self.expr(node.left), self.expr(node.right)
+        if _tensorish(left) or _tensorish(right):
+            self.add(node, "MN005", f"operator `{_OPS.get(type(node.op), '?')}` on a tensor dispatches a "
+                                    "torch op; compute it in a kernel")
+            return TENSOR
+        return _join(left, right)
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> object:
+        operand = self.expr(node.operand)
+        if _tensorish(operand):
+            self.add(node, "MN005", f"unary `{_OPS.get(type(node.op), '?')}` on a tensor dispatches a torch op")
+            return TENSOR
+        return NON if operand in (NON, SHAPE) else UNKNOWN
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> object:
+        for value in node.values:
+            self.test(value)
+        return NON
+
+    def visit_Compare(self, node: ast.Compare) -> object:
+        types = [self.expr(node.left), *(self.expr(c) for c in node.comparators)]
+        identity = all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops)
+        if any(map(_tensorish, types)) and not identity:
+            self.add(node, "MN005", "comparing a tensor dispatches a torch op")
+            return TENSOR
+        return NON
+
+    def visit_Subscript(self, node: ast.Subscript) -> object:
+        value = self.expr(node.value)
+        self.expr(node.slice)
+        if value == EXT and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, int):
+            return TENSOR  # out[0] of an op that returns a tuple
+        if _tensorish(value):
+            self.add(node, "MN005", "indexing a tensor (`x[...]`) dispatches a torch op (select/slice/index)")
+            return TENSOR
+        if value == TENSORS:
+            return TENSOR
+        if value == SHAPE:
+            return NON
+        return MODULE if value == MODULE else UNKNOWN
+
+    def visit_IfExp(self, node: ast.IfExp) -> object:
+        self.test(node.test)
+        return _join(self.expr(node.body), self.expr(node.orelse))
+
+    def visit_Tuple(self, node: ast.Tuple | ast.List | ast.Set) -> object:
+        elements = [self.expr(element) for element in node.elts]
+        return TENSORS if any(_tensorish(e) or e == TENSORS for e in elements) else NON
+
+    visit_List = visit_Set = visit_Tuple
+
+    def visit_Dict(self, node: ast.Dict) -> object:
+        for part in [*node.keys, *node.values]:
+            self.expr(part)
+        return NON
+
+    def visit_ListComp(self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp) -> object:
+        for gen in node.generators:
+            self.bind(gen.target, self.iteration(gen.iter), None)
+            for cond in gen.ifs:
+                self.test(cond)
+        parts = [self.expr(p) for p in ([node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt])]
+        return TENSORS if any(_tensorish(p) for p in parts) else NON
+
+    visit_SetComp = visit_GeneratorExp = visit_DictComp = visit_ListComp
+
+    def visit_Lambda(self, node: ast.Lambda) -> object:
+        saved = dict(self.env)
+        for param in node.args.args:
+            self.env[param.arg] = UNKNOWN
+        self.expr(node.body)
+        self.env = saved
+        return NON
+
+    def visit_NamedExpr(self, node: ast.NamedExpr) -> object:
+        value = self.expr(node.value)
+        self.bind(node.target, value, node.value)
+        return value
+
+    def visit_JoinedStr(self, node: ast.JoinedStr) -> object:
+        for value in node.values:
+            if isinstance(value, ast.FormattedValue):
+                self.expr(value.value)
+        return NON
+
+    def visit_Attribute(self, node: ast.Attribute) -> object:
         name = self.qualified(node)
         if name is not None:
             return ("alias", name)
@@ -350,7 +378,7 @@ class ForwardChecker:
             return NON
         return UNKNOWN
 
-    def call(self, node: ast.Call) -> object:
+    def visit_Call(self, node: ast.Call) -> object:
         arg_types = [self.expr(a) for a in node.args]
         for value, value_type in [*zip(node.args, arg_types), *((k.value, self.expr(k.value)) for k in node.keywords)]:
             self.check_function_value(value, value_type)
@@ -431,7 +459,7 @@ class ForwardChecker:
                 if _tensorish(receiver) or (isinstance(receiver, tuple) and receiver[0] == "alias"):
                     self.add(node, "MN003", "getattr with a computed name hides which op is called")
             if name == "getattr" and len(node.args) >= 2 and const_str(node.args[1]):
-                return self.attribute(ast.Attribute(value=node.args[0], attr=node.args[1].value,
+                return self.visit_Attribute(ast.Attribute(value=node.args[0], attr=node.args[1].value,
                                                     ctx=ast.Load(), lineno=node.lineno))
             return UNKNOWN
         if name in DYNAMIC_BUILTINS:
