@@ -3,48 +3,26 @@
 from __future__ import annotations
 
 import ast
-import functools
 import re
 from typing import Callable
 
-from pytest_cudaopt.policy.allowlists import (
-    ALLOWED_TENSOR_ATTRIBUTES, ALLOWED_TENSOR_METHODS, ALLOWED_TORCH_CREATION, ALLOWED_TORCH_OTHER, DYNAMIC_BUILTINS,
-    FILE_READ_CALLS, FILE_READ_METHODS, GLOBAL_STATE_CALLS, HOOK_METHODS, REDUCING_BUILTINS, SAFE_CALL_MODULES,
-    TENSOR_DISPATCHING_BUILTINS, TENSOR_OP_ATTRIBUTES, TORCH_SETTER,
+from pytest_cudaopt.policy.forward_calls import (
+    attribute, builtin_call, method_call, passed_function, qualified_call, tensorish,
 )
 from pytest_cudaopt.policy.python_ast import (
-    EXT, MODULE, NON, SHAPE, SUPER, TENSOR, TENSORS, TRY_NODES, UNKNOWN, const_str,
+    EXT, MODULE, NON, SHAPE, TENSOR, TENSORS, UNKNOWN, const_str,
 )
 from pytest_cudaopt.policy.rules import Config
 from pytest_cudaopt.policy.symbols import Symbols, method
 
-# The allowed tensor methods that return a new tensor.
-_TENSOR_CREATING_METHODS = frozenset({"new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full"})
-# Methods of Python containers and strings: fine on a receiver whose type is unknown.
-_CONTAINER_METHODS = frozenset({
-    "append", "extend", "insert", "pop", "remove", "clear", "copy", "count", "index", "reverse", "items",
-    "keys", "values", "get", "setdefault", "update", "format", "join", "split", "strip", "lower", "upper",
-    "startswith", "endswith", "replace", "add", "discard", "bit_length", "is_integer",
-})
-# Builtins that, on values that are not tensors, return no tensor.
-_SCALAR_BUILTINS = frozenset({
-    "len", "range", "int", "float", "bool", "str", "abs", "min", "max", "round", "divmod", "pow", "sum",
-    "sorted", "any", "all", "list", "tuple", "dict", "set", "frozenset", "enumerate", "zip", "isinstance",
-    "issubclass", "print", "repr", "format", "hash", "id", "type", "iter", "next", "reversed", "slice",
-    "callable", "complex", "hex", "oct", "bin", "chr", "ord", "map", "filter",
-})
 # Parameter annotations that say the argument is not a tensor.
 _SCALAR_ANNOTATIONS = frozenset({"int", "float", "bool", "str", "tuple", "list", "dict", "Sequence",
                                  "Tuple", "List", "Optional", "Union", "Callable"})
 
 
-def _tensorish(kind: object) -> bool:
-    return kind in (TENSOR, EXT)
-
-
 def _join(*types: object) -> object:
     """The kind of a value computed from values of these kinds."""
-    if any(map(_tensorish, types)):
+    if any(map(tensorish, types)):
         return TENSOR
     if types and all(t in (NON, SHAPE) for t in types):
         return NON
@@ -111,7 +89,7 @@ class ForwardChecker(ast.NodeVisitor):
 
     def run(self) -> object:
         for decorator in self.fn.decorator_list:  # @torch.compile, @torch.jit.script wrap the function
-            self.check_function_value(decorator, self.expr(decorator))
+            self.judge(decorator, (None, passed_function(self.expr(decorator), self.path.config)))
         self.block(self.fn.body)
         return _join(*self.returns) if self.returns else NON
 
@@ -126,7 +104,7 @@ class ForwardChecker(ast.NodeVisitor):
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         current, value = self.expr(_as_load(node.target)), self.expr(node.value)
-        if _tensorish(current) or _tensorish(value):
+        if tensorish(current) or tensorish(value):
             self.add(node, "MN005", f"in-place `{_OPS.get(type(node.op), '?')}=` on a tensor dispatches a torch op")
         self.bind(node.target, _join(current, value), None)
 
@@ -200,7 +178,7 @@ class ForwardChecker(ast.NodeVisitor):
         return NON if _is_range(iterable) or kind == SHAPE else UNKNOWN
 
     def test(self, node: ast.expr) -> None:
-        if _tensorish(self.expr(node)):
+        if tensorish(self.expr(node)):
             self.add(node, "MN005", "the truth value of a tensor dispatches a torch op (and synchronises)")
 
     def bind(self, target: ast.AST, value: object, source: ast.AST | None) -> None:
@@ -224,7 +202,7 @@ class ForwardChecker(ast.NodeVisitor):
         elif isinstance(target, ast.Subscript):
             container = self.expr(target.value)
             self.expr(target.slice)
-            if _tensorish(container):
+            if tensorish(container):
                 self.add(target, "MN005", "assigning into a tensor (`x[...] = ...`) dispatches a torch op")
         elif isinstance(target, ast.Attribute):
             self.expr(target.value)
@@ -267,7 +245,7 @@ class ForwardChecker(ast.NodeVisitor):
 
     def visit_BinOp(self, node: ast.BinOp) -> object:
         left, right = self.expr(node.left), self.expr(node.right)
-        if _tensorish(left) or _tensorish(right):
+        if tensorish(left) or tensorish(right):
             self.add(node, "MN005", f"operator `{_OPS.get(type(node.op), '?')}` on a tensor dispatches a "
                                     "torch op; compute it in a kernel")
             return TENSOR
@@ -275,7 +253,7 @@ class ForwardChecker(ast.NodeVisitor):
 
     def visit_UnaryOp(self, node: ast.UnaryOp) -> object:
         operand = self.expr(node.operand)
-        if _tensorish(operand):
+        if tensorish(operand):
             self.add(node, "MN005", f"unary `{_OPS.get(type(node.op), '?')}` on a tensor dispatches a torch op")
             return TENSOR
         return NON if operand in (NON, SHAPE) else UNKNOWN
@@ -288,7 +266,7 @@ class ForwardChecker(ast.NodeVisitor):
     def visit_Compare(self, node: ast.Compare) -> object:
         types = [self.expr(node.left), *(self.expr(c) for c in node.comparators)]
         identity = all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops)
-        if any(map(_tensorish, types)) and not identity:
+        if any(map(tensorish, types)) and not identity:
             self.add(node, "MN005", "comparing a tensor dispatches a torch op")
             return TENSOR
         return NON
@@ -298,7 +276,7 @@ class ForwardChecker(ast.NodeVisitor):
         self.expr(node.slice)
         if value == EXT and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, int):
             return TENSOR  # out[0] of an op that returns a tuple
-        if _tensorish(value):
+        if tensorish(value):
             self.add(node, "MN005", "indexing a tensor (`x[...]`) dispatches a torch op (select/slice/index)")
             return TENSOR
         if value == TENSORS:
@@ -313,7 +291,7 @@ class ForwardChecker(ast.NodeVisitor):
 
     def visit_Tuple(self, node: ast.Tuple | ast.List | ast.Set) -> object:
         elements = [self.expr(element) for element in node.elts]
-        return TENSORS if any(_tensorish(e) or e == TENSORS for e in elements) else NON
+        return TENSORS if any(tensorish(e) or e == TENSORS for e in elements) else NON
 
     visit_List = visit_Set = visit_Tuple
 
@@ -328,7 +306,7 @@ class ForwardChecker(ast.NodeVisitor):
             for cond in gen.ifs:
                 self.test(cond)
         parts = [self.expr(p) for p in ([node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt])]
-        return TENSORS if any(_tensorish(p) for p in parts) else NON
+        return TENSORS if any(tensorish(p) for p in parts) else NON
 
     visit_SetComp = visit_GeneratorExp = visit_DictComp = visit_ListComp
 
@@ -356,39 +334,22 @@ class ForwardChecker(ast.NodeVisitor):
         if name is not None:
             return ("alias", name)
         receiver = self.expr(node.value)
-        attr = node.attr
-        if _tensorish(receiver):
-            if attr in ALLOWED_TENSOR_ATTRIBUTES | ALLOWED_TENSOR_METHODS | self.path.config.allow_tensor_methods:
-                return SHAPE if attr == "shape" else NON
-            self.add(node, "MN004", f"tensor attribute .{attr} is a torch op")
-            return TENSOR
-        if receiver == UNKNOWN and attr in TENSOR_OP_ATTRIBUTES:
-            self.add(node, "MN004", f"tensor attribute .{attr} is a torch op")
-            return TENSOR
         if isinstance(receiver, tuple) and receiver[0] == "obj":
-            types = self.symbols.class_attr_types(receiver[1])
-            if attr in types:
-                return types[attr]
-            return ("bound", receiver[1], attr)
+            return self.symbols.class_attr_types(receiver[1]).get(node.attr, ("bound", receiver[1], node.attr))
         if isinstance(receiver, tuple) and receiver[0] == "class":
-            return ("bound", receiver[1], attr)
-        if receiver == MODULE:
-            return TENSOR if re.search(r"weight|bias|running_", attr) else UNKNOWN
-        if receiver in (NON, SHAPE):
-            return NON
-        return UNKNOWN
+            return ("bound", receiver[1], node.attr)
+        return self.judge(node, attribute(receiver, node.attr, self.path.config))
 
     def visit_Call(self, node: ast.Call) -> object:
         arg_types = [self.expr(a) for a in node.args]
         for value, value_type in [*zip(node.args, arg_types), *((k.value, self.expr(k.value)) for k in node.keywords)]:
-            self.check_function_value(value, value_type)
+            self.judge(value, (None, passed_function(value_type, self.path.config)))
         func = node.func
         name = self.qualified(func)
         if isinstance(func, ast.Name) and name is None:
-            kind = self.lookup(func.id)
-            return self.call_kind(node, kind, func.id, arg_types)
+            return self.call_kind(node, self.lookup(func.id), func.id, arg_types)
         if name is not None:
-            return self.call_qualified(node, name)
+            return self.judge(node, qualified_call(name, self.path.config))
         if isinstance(func, ast.Call) and isinstance(func.func, ast.Name) and func.func.id == "getattr" \
                 and len(func.args) >= 2 and const_str(func.args[1]):
             receiver = self.expr(func.args[0])
@@ -396,20 +357,19 @@ class ForwardChecker(ast.NodeVisitor):
         if isinstance(func, ast.Attribute):
             receiver = self.expr(func.value)
             return self.call_method(node, receiver, func.attr, ast.unparse(func.value), arg_types)
-        kind = self.expr(func)
-        return self.call_kind(node, kind, ast.unparse(func), arg_types)
+        return self.call_kind(node, self.expr(func), ast.unparse(func), arg_types)
 
-    def check_function_value(self, node: ast.AST, kind: object) -> None:
-        """A torch function handed to something else (`map(torch.relu, xs)`, `partial(F.gelu)`) runs as an op."""
-        if isinstance(kind, tuple) and kind[0] == "alias" and kind[1].split(".")[0] == "torch" \
-                and kind[1] not in ALLOWED_TORCH_CREATION | ALLOWED_TORCH_OTHER | self.path.config.allow_python_calls \
-                and _is_torch_function(kind[1]):
-            self.add(node, "MN003", f"{kind[1]} is passed as a function; it runs torch ops when called")
+    def judge(self, node: ast.AST, verdict: tuple) -> object:
+        """Report the problem of a forward_calls verdict, if any; the kind it gives."""
+        kind, problem = verdict
+        if problem is not None:
+            self.add(node, *problem)
+        return kind
 
     def call_kind(self, node: ast.Call, kind: object, text: str, arg_types: list) -> object:
         if isinstance(kind, tuple):
             if kind[0] == "alias":
-                return self.call_qualified(node, kind[1])
+                return self.judge(node, qualified_call(kind[1], self.path.config))
             if kind[0] == "func":
                 return self.path.analyze(("func", kind[1]), self.symbols.functions[kind[1]], None, arg_types)
             if kind[0] == "local":
@@ -419,131 +379,43 @@ class ForwardChecker(ast.NodeVisitor):
             if kind[0] == "bound":
                 return self.call_method(node, ("obj", kind[1]), kind[2], kind[1], arg_types)
             if kind[0] == "builtin":
-                return self.call_builtin(node, kind[1], arg_types)
+                if kind[1] == "getattr" and len(node.args) >= 2 and const_str(node.args[1]):
+                    return self.visit_Attribute(ast.Attribute(value=node.args[0], attr=node.args[1].value,
+                                                              ctx=ast.Load(), lineno=node.lineno))
+                return self.judge(node, builtin_call(kind[1], node.args, arg_types))
         if kind == MODULE:
             self.add(node, "MN004", f"calling the nn.Module {text} runs torch ops; call a cuda_extension op")
             return TENSOR
         self.add(node, "MN003", f"calls {text}, which the checker cannot resolve to a cuda_extension op")
         return UNKNOWN
 
-    def call_qualified(self, node: ast.Call, name: str) -> object:
-        root = name.split(".")[0]
-        config = self.path.config
-        if root == "cuda_extension":
-            return EXT
-        if name in FILE_READ_CALLS:
-            return NON  # MN008 reports it wherever it is
-        if name in GLOBAL_STATE_CALLS or name == "contextlib.suppress" \
-                or name.startswith(("torch.backends.", "importlib.")) or TORCH_SETTER.fullmatch(name):
-            return UNKNOWN  # MN006, MN007 and MN009 report these wherever they are
-        if name in ALLOWED_TORCH_CREATION or name in config.allow_python_calls:
-            return TENSOR
-        if name in ALLOWED_TORCH_OTHER:
-            return NON
-        if root in SAFE_CALL_MODULES:
-            return NON
-        if root == "torch":
-            self.add(node, "MN003", f"{name}() is a torch op; the forward path may call only cuda_extension ops, "
-                                    "tensor creation (torch.empty*, zeros*, ones*, full*) and tensor properties")
-        else:
-            self.add(node, "MN003", f"{name}() is not a cuda_extension op (other libraries do not belong in "
-                                    "the forward path)")
-        return UNKNOWN
-
-    def call_builtin(self, node: ast.Call, name: str, arg_types: list) -> object:
-        if name == "open":
-            return NON  # MN008 reports it
-        if name in ("__import__", "getattr", "hasattr"):
-            if name == "getattr" and len(node.args) >= 2 and const_str(node.args[1]) is None:
-                receiver = arg_types[0]
-                if _tensorish(receiver) or (isinstance(receiver, tuple) and receiver[0] == "alias"):
-                    self.add(node, "MN003", "getattr with a computed name hides which op is called")
-            if name == "getattr" and len(node.args) >= 2 and const_str(node.args[1]):
-                return self.visit_Attribute(ast.Attribute(value=node.args[0], attr=node.args[1].value,
-                                                    ctx=ast.Load(), lineno=node.lineno))
-            return UNKNOWN
-        if name in DYNAMIC_BUILTINS:
-            if name != "setattr":
-                self.add(node, "MN003", f"{name}() runs or reaches code the checker cannot see")
-            return UNKNOWN
-        if name == "super":
-            return SUPER
-        if name == "type" and arg_types and _tensorish(arg_types[0]):
-            return ("alias", "torch.Tensor")
-        if (name in TENSOR_DISPATCHING_BUILTINS and any(map(_tensorish, arg_types))) \
-                or (name in REDUCING_BUILTINS and TENSORS in arg_types):
-            self.add(node, "MN005", f"{name}() on tensors dispatches torch ops")
-            return TENSOR
-        if name in _SCALAR_BUILTINS:
-            return NON if name not in ("enumerate", "zip", "map", "filter", "iter", "next", "reversed") else UNKNOWN
-        return NON  # exceptions (raise ValueError(...)) and other harmless builtins
-
     def call_method(self, node: ast.Call, receiver: object, attr: str, text: str, arg_types: list) -> object:
-        config = self.path.config
-        allowed = ALLOWED_TENSOR_METHODS | config.allow_tensor_methods
-        if HOOK_METHODS.fullmatch(attr):
-            self.add(node, "MN004", f"{text}.{attr}() installs a hook that runs outside forward")
-            return NON
-        if receiver == SUPER:
-            self.add(node, "MN004", f"super().{attr}() runs the base class's torch path")
-            return UNKNOWN
+        verdict = method_call(receiver, attr, text, bool(node.args), self.path.config)
+        if verdict is not None:
+            return self.judge(node, verdict)
         if isinstance(receiver, tuple) and receiver[0] == "alias":
-            return self.call_qualified(node, f"{receiver[1]}.{attr}")
+            return self.judge(node, qualified_call(f"{receiver[1]}.{attr}", self.path.config))
         if isinstance(receiver, tuple) and receiver[0] in ("obj", "class"):
             cls_name = receiver[1]
-            types = self.symbols.class_attr_types(cls_name)
-            member = types.get(attr)
+            member = self.symbols.class_attr_types(cls_name).get(attr)
             if member == MODULE:
                 self.add(node, "MN004", f"calling the submodule {text}.{attr} runs torch ops; keep it for its "
                                         "parameters and pass them to a cuda_extension op")
                 return TENSOR
             if isinstance(member, tuple) and member[0] == "alias":
-                return self.call_qualified(node, member[1])
+                return self.judge(node, qualified_call(member[1], self.path.config))
             found = method(self.symbols.classes.get(cls_name), attr)
             if found is not None:
                 static = any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in found.decorator_list)
                 return self.path.analyze((cls_name, attr), found, None if static else cls_name, arg_types)
             self.add(node, "MN004", f"{text}.{attr}() is neither a method of {cls_name} nor a cuda_extension op")
             return UNKNOWN
-        if receiver == MODULE:
-            self.add(node, "MN004", f"{text}.{attr}() calls into an nn.Module: a torch op")
-            return TENSOR
-        if _tensorish(receiver):
-            if attr in allowed:
-                if attr in _TENSOR_CREATING_METHODS:
-                    return TENSOR
-                return SHAPE if attr in ("size", "stride") and not node.args else NON
-            self.add(node, "MN004", f"tensor method {text}.{attr}() is a torch op; the forward path may use "
-                                    "tensor properties (.shape, .size(), .stride(), ...) and creation only")
-            return TENSOR
         if receiver in (NON, SHAPE, TENSORS):
-            if attr in ("append", "extend", "insert") and any(_tensorish(t) or t == TENSORS for t in arg_types) \
+            if attr in ("append", "extend", "insert") and any(tensorish(t) or t == TENSORS for t in arg_types) \
                     and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name):
                 self.env[node.func.value.id] = TENSORS  # outs.append(y): outs now holds tensors
             return NON
-        if receiver == UNKNOWN:
-            if attr in allowed:
-                return TENSOR if attr in _TENSOR_CREATING_METHODS else NON
-            if attr in _CONTAINER_METHODS or attr in FILE_READ_METHODS:
-                return UNKNOWN
-            self.add(node, "MN004", f"{text}.{attr}() looks like a tensor method, which is a torch op")
-            return TENSOR
         return UNKNOWN
-
-
-@functools.lru_cache(maxsize=None)
-def _is_torch_function(name: str) -> bool:
-    """`torch.relu` is a function; `torch.float32` and `torch.contiguous_format` are values."""
-    import importlib
-
-    parts = name.split(".")
-    try:
-        obj = importlib.import_module(parts[0])
-        for part in parts[1:]:
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError):
-        return parts[-1][:1].islower()
-    return callable(obj) and not isinstance(obj, type)
 
 
 def _as_load(node: ast.AST) -> ast.AST:
