@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import ast
-import re
 from typing import Callable
 
 from pytest_cudaopt.policy.forward_calls import (
     attribute, builtin_call, method_call, passed_function, qualified_call, tensorish,
 )
-from pytest_cudaopt.policy.python_ast import (
-    EXT, MODULE, NON, SHAPE, TENSOR, TENSORS, UNKNOWN, const_str,
-)
+from pytest_cudaopt.policy.python_ast import EXT, MODULE, NON, SHAPE, TENSOR, TENSORS, UNKNOWN, attribute_chain, \
+    const_str
 from pytest_cudaopt.policy.rules import Config
-from pytest_cudaopt.policy.symbols import Symbols, method
-
-# Parameter annotations that say the argument is not a tensor.
-_SCALAR_ANNOTATIONS = frozenset({"int", "float", "bool", "str", "tuple", "list", "dict", "Sequence",
-                                 "Tuple", "List", "Optional", "Union", "Callable"})
-
+from pytest_cudaopt.policy.symbols import Symbols, method, param_kinds
 
 def _join(*types: object) -> object:
     """The kind of a value computed from values of these kinds."""
@@ -52,37 +45,9 @@ class ForwardChecker(ast.NodeVisitor):
 
     def __init__(self, path: ForwardPath, fn: ast.FunctionDef, owner: str | None, arg_types: list | None):
         self.path, self.symbols, self.fn, self.owner = path, path.symbols, fn, owner
-        self.env: dict[str, object] = {}
+        self.env: dict[str, object] = param_kinds(fn, owner, arg_types)
         self.returns: list[object] = []
         self.where = f"{owner}.{fn.name}" if owner else fn.name
-        params = [*fn.args.posonlyargs, *fn.args.args]
-        defaults = [None] * (len(params) - len(fn.args.defaults)) + list(fn.args.defaults)
-        for index, (param, default) in enumerate(zip(params, defaults)):
-            if index == 0 and owner is not None and param.arg in ("self", "cls"):
-                self.env[param.arg] = ("obj", owner) if param.arg == "self" else ("class", owner)
-                continue
-            position = index - (1 if owner is not None else 0)
-            if arg_types is not None and 0 <= position < len(arg_types):
-                self.env[param.arg] = arg_types[position]
-            else:
-                self.env[param.arg] = self.param_type(param, default)
-        for param in fn.args.kwonlyargs:
-            self.env[param.arg] = self.param_type(param, None)
-        for param in (fn.args.vararg, fn.args.kwarg):
-            if param is not None:
-                self.env[param.arg] = NON
-
-    @staticmethod
-    def param_type(param: ast.arg, default: ast.AST | None) -> object:
-        if param.annotation is not None:
-            text = ast.unparse(param.annotation)
-            if "Tensor" in text:
-                return TENSOR
-            if re.match(r"(typing\.)?(\w+)", text).group(2) in _SCALAR_ANNOTATIONS:
-                return NON
-        if isinstance(default, ast.Constant) and default.value is not None:
-            return NON
-        return TENSOR
 
     def add(self, node: ast.AST, rule: str, message: str) -> None:
         self.path.report(node, rule, f"{message} (in {self.where})")
@@ -223,18 +188,15 @@ class ForwardChecker(ast.NodeVisitor):
 
     def qualified(self, node: ast.AST) -> str | None:
         """Dotted name of a module attribute chain, resolving import aliases and local aliases."""
-        parts = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
+        node, parts = attribute_chain(node)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" \
                 and len(node.args) >= 2 and const_str(node.args[1]):
             base = self.qualified(node.args[0])
-            return None if base is None else ".".join([base, node.args[1].value, *reversed(parts)])
+            return None if base is None else ".".join([base, node.args[1].value, *parts])
         if isinstance(node, ast.Name):
             kind = self.lookup(node.id)
             if isinstance(kind, tuple) and kind[0] == "alias":
-                return ".".join([kind[1], *reversed(parts)])
+                return ".".join([kind[1], *parts])
         return None
 
     def visit_Constant(self, node: ast.Constant) -> object:

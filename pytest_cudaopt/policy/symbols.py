@@ -1,12 +1,17 @@
-"""The symbol table of one model_new.py: import aliases, top-level functions and classes, `self.<attr>` kinds."""
+"""The symbol table of one model_new.py: import aliases, functions and classes, kinds of attributes and parameters."""
 
 from __future__ import annotations
 
 import ast
 import builtins
+import re
 
 from pytest_cudaopt.policy.python_ast import MODULE, NON, TENSOR, UNKNOWN, const_str, dotted, import_aliases, \
     is_module_class
+
+# Parameter annotations that say the argument is not a tensor.
+_SCALAR_ANNOTATIONS = frozenset({"int", "float", "bool", "str", "tuple", "list", "dict", "Sequence",
+                                 "Tuple", "List", "Optional", "Union", "Callable"})
 
 
 def method(cls: ast.ClassDef | None, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
@@ -80,3 +85,38 @@ class Symbols:
         if name is not None:
             return ("alias", name)
         return NON
+
+
+def param_kinds(fn: ast.FunctionDef, owner: str | None, arg_types: list | None) -> dict[str, object]:
+    """The kinds of `fn`'s parameters: from the call's arguments where known, else from annotations and defaults;
+    `self`/`cls` of a method of `owner` are its object/class."""
+    kinds: dict[str, object] = {}
+    params = [*fn.args.posonlyargs, *fn.args.args]
+    defaults = [None] * (len(params) - len(fn.args.defaults)) + list(fn.args.defaults)
+    for index, (param, default) in enumerate(zip(params, defaults)):
+        if index == 0 and owner is not None and param.arg in ("self", "cls"):
+            kinds[param.arg] = ("obj", owner) if param.arg == "self" else ("class", owner)
+            continue
+        position = index - (1 if owner is not None else 0)
+        if arg_types is not None and 0 <= position < len(arg_types):
+            kinds[param.arg] = arg_types[position]
+        else:
+            kinds[param.arg] = _param_kind(param, default)
+    for param in fn.args.kwonlyargs:
+        kinds[param.arg] = _param_kind(param, None)
+    for param in (fn.args.vararg, fn.args.kwarg):
+        if param is not None:
+            kinds[param.arg] = NON
+    return kinds
+
+
+def _param_kind(param: ast.arg, default: ast.AST | None) -> object:
+    if param.annotation is not None:
+        text = ast.unparse(param.annotation)
+        if "Tensor" in text:
+            return TENSOR
+        if re.match(r"(typing\.)?(\w+)", text).group(2) in _SCALAR_ANNOTATIONS:
+            return NON
+    if isinstance(default, ast.Constant) and default.value is not None:
+        return NON
+    return TENSOR
