@@ -8,10 +8,12 @@ from typing import Callable
 from pytest_cudaopt.policy.forward_calls import (
     attribute, builtin_call, method_call, passed_function, qualified_call, tensorish,
 )
-from pytest_cudaopt.policy.python_ast import EXT, MODULE, NON, SHAPE, TENSOR, TENSORS, UNKNOWN, attribute_chain, \
-    const_str
+from pytest_cudaopt.policy.python_ast import (
+    EXT, MODULE, NON, SHAPE, TENSOR, TENSORS, UNKNOWN, attribute_chain, const_str,
+)
 from pytest_cudaopt.policy.rules import Config
 from pytest_cudaopt.policy.symbols import Symbols, method, param_kinds
+
 
 def _join(*types: object) -> object:
     """The kind of a value computed from values of these kinds."""
@@ -44,7 +46,7 @@ class ForwardChecker(ast.NodeVisitor):
     """Walks one function on the forward path with a small type inference (tensor or not)."""
 
     def __init__(self, path: ForwardPath, fn: ast.FunctionDef, owner: str | None, arg_types: list | None):
-        self.path, self.symbols, self.fn, self.owner = path, path.symbols, fn, owner
+        self.path, self.symbols, self.fn = path, path.symbols, fn
         self.env: dict[str, object] = param_kinds(fn, owner, arg_types)
         self.returns: list[object] = []
         self.where = f"{owner}.{fn.name}" if owner else fn.name
@@ -54,7 +56,7 @@ class ForwardChecker(ast.NodeVisitor):
 
     def run(self) -> object:
         for decorator in self.fn.decorator_list:  # @torch.compile, @torch.jit.script wrap the function
-            self.judge(decorator, (None, passed_function(self.expr(decorator), self.path.config)))
+            self.check_passed(decorator, self.expr(decorator))
         self.block(self.fn.body)
         return _join(*self.returns) if self.returns else NON
 
@@ -305,7 +307,7 @@ class ForwardChecker(ast.NodeVisitor):
     def visit_Call(self, node: ast.Call) -> object:
         arg_types = [self.expr(a) for a in node.args]
         for value, value_type in [*zip(node.args, arg_types), *((k.value, self.expr(k.value)) for k in node.keywords)]:
-            self.judge(value, (None, passed_function(value_type, self.path.config)))
+            self.check_passed(value, value_type)
         func = node.func
         name = self.qualified(func)
         if isinstance(func, ast.Name) and name is None:
@@ -327,6 +329,11 @@ class ForwardChecker(ast.NodeVisitor):
         if problem is not None:
             self.add(node, *problem)
         return kind
+
+    def check_passed(self, node: ast.AST, kind: object) -> None:
+        problem = passed_function(kind, self.path.config)
+        if problem is not None:
+            self.add(node, *problem)
 
     def call_kind(self, node: ast.Call, kind: object, text: str, arg_types: list) -> object:
         if isinstance(kind, tuple):
