@@ -15,11 +15,12 @@ ALLOWED_TORCH_OTHER = frozenset({
     "torch.device", "torch.Size", "torch.finfo", "torch.iinfo", "torch.is_tensor", "torch.is_floating_point",
     "torch.no_grad", "torch.inference_mode",
 })
-ALLOWED_TENSOR_METHODS = frozenset({
+# The allowed tensor methods that return a new tensor.
+TENSOR_CREATING_METHODS = frozenset({"new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full"})
+ALLOWED_TENSOR_METHODS = TENSOR_CREATING_METHODS | {
     "size", "stride", "numel", "nelement", "dim", "ndimension", "element_size", "is_contiguous",
     "data_ptr", "get_device", "storage_offset", "is_floating_point", "is_complex",
-    "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full",
-})
+}
 ALLOWED_TENSOR_ATTRIBUTES = frozenset({
     "shape", "dtype", "device", "ndim", "is_cuda", "layout", "requires_grad", "itemsize", "nbytes", "is_meta",
 })

@@ -144,7 +144,7 @@ class KernelScan:
             return None
         for inc in unit.includes:
             target = unit.local.get(inc.line)
-            shown = f"#include <{inc.name}>" if inc.angled else f'#include "{inc.name}"'
+            shown = f"#include {inc.spelled}"
             if predicate(inc.name):
                 return inc.line, shown
             if target is not None and target not in seen and self._inside(target):
@@ -177,7 +177,7 @@ class KernelScan:
         is_binding = suffix == ".cpp" and stem.endswith("_binding")
         for inc in unit.includes:
             target = unit.local.get(inc.line)
-            shown = f"<{inc.name}>" if inc.angled else f'"{inc.name}"'
+            shown = inc.spelled
             if not inc.name:
                 self._add(unit, inc.line, "KC002", "computed #include: the checker cannot see which header it names")
             elif target is not None:

@@ -19,6 +19,11 @@ class Include:
     angled: bool
     line: int
 
+    @property
+    def spelled(self) -> str:
+        """The header as the directive names it: `<name>` or `"name"`."""
+        return f"<{self.name}>" if self.angled else f'"{self.name}"'
+
 
 _PUNCT2 = ("::", "->")
 _ID_START = re.compile(r"[A-Za-z_$]")

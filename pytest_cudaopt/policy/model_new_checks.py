@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import builtins
 import sys
 from pathlib import Path
 
@@ -11,11 +10,10 @@ from pytest_cudaopt.policy.allowlists import (
     FILE_READ_ATTRIBUTES, FILE_READ_CALLS, FILE_READ_METHODS, FORBIDDEN_METHODS_OF_SELF, FORBIDDEN_STDLIB,
     GLOBAL_STATE_CALLS, TORCH_SETTER,
 )
-from pytest_cudaopt.policy.forward_path import ForwardChecker
-from pytest_cudaopt.policy.python_ast import (
-    MODULE, NON, TENSOR, TRY_NODES, UNKNOWN, const_str, dotted, import_aliases, is_module_class,
-)
+from pytest_cudaopt.policy.forward_path import ForwardPath
+from pytest_cudaopt.policy.python_ast import TRY_NODES
 from pytest_cudaopt.policy.rules import Config, Violation
+from pytest_cudaopt.policy.symbols import Symbols
 
 
 class ModelNewCheck:
@@ -24,11 +22,7 @@ class ModelNewCheck:
     def __init__(self, tree: ast.Module, model_tree: ast.Module | None, config: Config):
         self.tree, self.model_tree, self.config = tree, model_tree, config
         self.found: list[Violation] = []
-        self.aliases = import_aliases(tree)
-        self.functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-        self.classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
-        self.attr_types: dict[str, dict[str, object]] = {}
-        self.analyzed: dict[tuple, object] = {}
+        self.symbols = Symbols(tree)
 
     def add(self, node: ast.AST | int, rule: str, message: str) -> None:
         line = node if isinstance(node, int) else getattr(node, "lineno", 1)
@@ -37,11 +31,11 @@ class ModelNewCheck:
     def run(self) -> list[Violation]:
         self.check_imports()
         self.check_global()
-        cls = self.classes.get("ModelNew")
+        cls = self.symbols.classes.get("ModelNew")
         if cls is None:
             self.add(1, "MN001", "model_new.py defines no class ModelNew")
             return self.found
-        if not is_module_class(cls, self.aliases):
+        if not self.symbols.is_module(cls):
             self.add(cls, "MN001", "ModelNew must subclass torch.nn.Module directly, got "
                                    f"({', '.join(ast.unparse(b) for b in cls.bases)})")
         methods = {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
@@ -62,7 +56,8 @@ class ModelNewCheck:
         if forward is None:
             self.add(cls, "MN001", "ModelNew defines no forward method")
         else:
-            self.analyze(("ModelNew", "forward"), forward, "ModelNew", None)
+            ForwardPath(self.symbols, config=self.config, report=self.add).analyze(
+                ("ModelNew", "forward"), forward, "ModelNew", None)
         return self.found
 
     # -- MN002
@@ -145,7 +140,7 @@ class ModelNewCheck:
                 elif name == "setattr" and node.args and (self.callee(node.args[0]) or "").startswith("torch"):
                     self.add(node, "MN009", f"setattr on {self.callee(node.args[0])} patches torch")
             elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
-                name = dotted(node, self.aliases)
+                name = self.symbols.dotted(node)
                 if name in FILE_READ_ATTRIBUTES:
                     self.add(node, "MN008", f"{name} reads the environment")
                 elif name in ("sys.modules", "sys.path"):
@@ -153,70 +148,18 @@ class ModelNewCheck:
             elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
                 targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
                 for target in targets:
-                    name = dotted(target, self.aliases) if isinstance(target, ast.Attribute) else None
+                    name = self.symbols.dotted(target) if isinstance(target, ast.Attribute) else None
                     if name and name.split(".")[0] == "torch":
                         self.add(node, "MN009", f"assignment to {name} changes torch's global state")
                     elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
-                            and target.value.id in self.classes and target.attr in ("forward", "__call__"):
+                            and target.value.id in self.symbols.classes and target.attr in ("forward", "__call__"):
                         self.add(node, "MN001", f"{target.value.id}.{target.attr} is replaced after the class")
 
     def callee(self, func: ast.AST) -> str | None:
-        name = dotted(func, self.aliases)
-        if name is None and isinstance(func, ast.Name) and func.id not in self.functions \
-                and func.id not in self.classes and hasattr(builtins, func.id):
+        name = self.symbols.dotted(func)
+        if name is None and isinstance(func, ast.Name) and self.symbols.lookup(func.id) == ("builtin", func.id):
             return func.id
         return name
-
-    # -- MN003-MN005 on the forward path
-    def class_attr_types(self, cls_name: str) -> dict[str, object]:
-        """Types of `self.<attr>` from the class's __init__: submodules, parameters/buffers, other values."""
-        if cls_name in self.attr_types:
-            return self.attr_types[cls_name]
-        types: dict[str, object] = {}
-        self.attr_types[cls_name] = types
-        cls = self.classes.get(cls_name)
-        init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None) \
-            if cls else None
-        for node in ast.walk(init) if init else ():
-            if isinstance(node, ast.Assign):
-                for target in node.targets:
-                    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
-                            and target.value.id == "self":
-                        types[target.attr] = self.init_value_type(node.value)
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                    and node.func.attr in ("register_buffer", "register_parameter") and node.args:
-                name = const_str(node.args[0])
-                if name:
-                    types[name] = TENSOR
-        return types
-
-    def init_value_type(self, value: ast.AST) -> object:
-        if isinstance(value, ast.Call):
-            name = dotted(value.func, self.aliases) or ""
-            if name.startswith("cuda_extension"):
-                return TENSOR
-            if name in ("torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.Tensor") \
-                    or (name.startswith("torch.") and name.split(".")[-1][:1].islower()):
-                return TENSOR
-            if name.startswith("torch.nn.") and name.split(".")[-1][:1].isupper():
-                return MODULE
-            if isinstance(value.func, ast.Name) and value.func.id in self.classes:
-                cls = self.classes[value.func.id]
-                return MODULE if is_module_class(cls, self.aliases) else ("obj", cls.name)
-            return UNKNOWN
-        name = dotted(value, self.aliases)
-        if name is not None:
-            return ("alias", name)
-        return NON
-
-    def analyze(self, key: tuple, fn: ast.FunctionDef, owner: str | None, arg_types: list | None) -> object:
-        """Check one function of the forward path; returns the type of what it returns."""
-        if key in self.analyzed:
-            return self.analyzed[key]
-        self.analyzed[key] = UNKNOWN  # recursion guard
-        result = ForwardChecker(self, fn, owner, arg_types).run()
-        self.analyzed[key] = result
-        return result
 
 
 def _parse(path: Path) -> tuple[ast.Module | None, Violation | None]:

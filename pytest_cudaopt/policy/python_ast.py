@@ -21,13 +21,19 @@ def is_module_class(node: ast.ClassDef, aliases: dict[str, str]) -> bool:
 
 def dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
     """`F.relu` -> "torch.nn.functional.relu" when `F` is an import alias; None otherwise."""
+    node, parts = attribute_chain(node)
+    if isinstance(node, ast.Name) and node.id in aliases:
+        return ".".join([aliases[node.id], *parts])
+    return None
+
+
+def attribute_chain(node: ast.AST) -> tuple[ast.AST, list[str]]:
+    """`a.b.c` -> (the node of `a`, ["b", "c"])."""
     parts = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)
         node = node.value
-    if isinstance(node, ast.Name) and node.id in aliases:
-        return ".".join([aliases[node.id], *reversed(parts)])
-    return None
+    return node, parts[::-1]
 
 
 def import_aliases(tree: ast.Module) -> dict[str, str]:
