@@ -164,6 +164,7 @@ ALLOWED_FORWARDS = [
     "return self._helper(x, 3)",
     "out = cuda_extension.op_with_two_outputs(x)\nreturn cuda_extension.add(out[0], out[1])",
     "outs = [cuda_extension.op(x, k) for k in range(3)]\nfor out in outs:\n    cuda_extension.op(out)\nreturn outs",
+    "def inner(t: 'Batch'):\n    return cuda_extension.op(t)\nreturn inner(x)",  # a quoted annotation
 ]
 
 

@@ -115,7 +115,8 @@ def _param_kind(param: ast.arg, default: ast.AST | None) -> object:
         text = ast.unparse(param.annotation)
         if "Tensor" in text:
             return TENSOR
-        if re.match(r"(typing\.)?(\w+)", text).group(2) in _SCALAR_ANNOTATIONS:
+        name = re.match(r"(typing\.)?(\w+)", text)  # None for a quoted annotation: judged as none
+        if name is not None and name.group(2) in _SCALAR_ANNOTATIONS:
             return NON
     if isinstance(default, ast.Constant) and default.value is not None:
         return NON
