@@ -220,12 +220,14 @@ def test_measurement_json_names_every_contender_with_its_statistics():
     assert entry["median_s"] == pytest.approx(MS) and entry["iqr_s"] == 0.0 and entry["n"] == 10
 
 
-def test_default_compare_names_the_first_mismatch():
-    assert timing.default_compare(torch.ones(3), torch.ones(3)) is None
-    problem = timing.default_compare(torch.tensor([1.0, 5.0, 1.0]), torch.ones(3))
-    assert "1 of 3 elements differ" in problem and "(1,)" in problem
-    assert "shape" in timing.default_compare(torch.ones(2), torch.ones(3))
-    assert timing.default_compare((torch.ones(1), torch.zeros(1)), (torch.ones(1), torch.ones(1))).startswith("output[1]")
+def test_the_default_output_check_is_the_correctness_comparison():
+    inputs = [[torch.ones(3)], [torch.full((3,), 2.0)]]
+    expected = [x * 2 for (x,) in inputs]
+    wrong = Contender("wrong", lambda x: x * 2 + torch.tensor([0.0, 1.0, 0.0]))
+    m = measure([Contender("right", lambda x: x * 2), wrong], inputs,
+                clock=FakeClock({}, default=MS), config=quick(), expected=expected)
+    assert m["right"].failure is None
+    assert "1 of 3" in m["wrong"].failure and "[1]" in m["wrong"].failure, m["wrong"].failure
 
 
 def test_replacing_a_timing_function_is_noticed(monkeypatch):

@@ -1,0 +1,403 @@
+"""The clocks of the timing engine: CUDA events (device time and latency), the host's perf_counter, a fake for tests; and the timing functions bound before any workdir code runs."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Mapping, Protocol, Sequence
+
+import torch
+import torch.profiler
+
+from pytest_cudaopt.stats import median
+
+# What measures a contender is bound here, when this module is first imported (the plugin's
+# pytest_configure imports it, before any workdir code runs), so that model_new.py cannot replace it (torch.cuda.synchronize = noop).
+# `tampered()` reports any of the public names that were replaced after this point.
+_perf_counter = time.perf_counter
+_Event = torch.cuda.Event
+_event_record = torch.cuda.Event.record
+_event_elapsed_ms = torch.cuda.Event.elapsed_time
+_event_synchronize = torch.cuda.Event.synchronize
+# torch.cuda.synchronize() is a Python wrapper around this (cudaDeviceSynchronize).
+_device_synchronize = getattr(torch._C, "_cuda_synchronize", None) or torch.cuda.synchronize
+_current_stream = torch.cuda.current_stream
+_set_stream = torch.cuda.set_stream
+_device_properties = torch.cuda.get_device_properties
+_CUDAGraph = torch.cuda.CUDAGraph
+_graph = torch.cuda.graph
+_torch_empty = torch.empty
+_gpu_sleep = getattr(torch.cuda, "_sleep", None)  # a kernel that spins for a number of clock cycles
+
+_WATCHED: dict[str, tuple[Any, str, Any]] = {
+    "time.perf_counter": (time, "perf_counter", time.perf_counter),
+    "torch.cuda.synchronize": (torch.cuda, "synchronize", torch.cuda.synchronize),
+    "torch.cuda.Event": (torch.cuda, "Event", torch.cuda.Event),
+    "torch.cuda.Event.record": (torch.cuda.Event, "record", torch.cuda.Event.record),
+    "torch.cuda.Event.elapsed_time": (torch.cuda.Event, "elapsed_time", torch.cuda.Event.elapsed_time),
+    "torch.cuda.Event.synchronize": (torch.cuda.Event, "synchronize", torch.cuda.Event.synchronize),
+    "torch.cuda.current_stream": (torch.cuda, "current_stream", torch.cuda.current_stream),
+    "torch.cuda.graph": (torch.cuda, "graph", torch.cuda.graph),
+    "torch.cuda._sleep": (torch.cuda, "_sleep", _gpu_sleep),
+    "torch.profiler.profile": (torch.profiler, "profile", torch.profiler.profile),
+}
+
+
+class TimingError(RuntimeError):
+    """A contender cannot be timed as it is (the message says why)."""
+
+
+def host_time() -> float:
+    """time.perf_counter as it was when this module was imported."""
+    return _perf_counter()
+
+
+def synchronize_device() -> None:
+    """Wait for all work on the current CUDA device (every stream)."""
+    _device_synchronize()
+
+
+def tampered() -> list[str]:
+    """Names of the timing functions that were replaced since this module was imported."""
+    return [name for name, (owner, attr, bound) in _WATCHED.items()
+            if getattr(owner, attr, None) is not bound]
+
+
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One timed run: `seconds` measured by the clock (CUDA events on device), `wall` the
+    host time from before the call to the end of a device-wide synchronise, `escaped` the
+    host time the device stayed busy after the measured stream had finished."""
+
+    seconds: float
+    wall: float
+    escaped: float
+    output: Any = None
+
+
+
+class GpuLead:
+    """Keeps the host ahead of the GPU: `enqueue(seconds)` puts a kernel that spins for
+    about that long on the current stream, so whatever the host enqueues meanwhile runs back
+    to back once it ends. The spin is in clock cycles (torch.cuda._sleep); `calibrate`
+    measures cycles per second with CUDA events (the SM clock varies by GPU and power state)."""
+
+    def __init__(self, device: Any):
+        self.device = device
+        self.cycles_per_second = 0.0
+
+    def calibrate(self, cycles: int = 1_000_000) -> None:
+        start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+        stream = _current_stream(self.device)
+        values = []
+        for _ in range(3):
+            _device_synchronize()
+            _event_record(start, stream)
+            _gpu_sleep(cycles)
+            _event_record(end, stream)
+            _event_synchronize(end)
+            values.append(_event_elapsed_ms(start, end) / 1e3)
+        self.cycles_per_second = cycles / max(median(values), 1e-9)
+
+    def enqueue(self, seconds: float) -> None:
+        if not self.cycles_per_second:
+            self.calibrate()
+        _gpu_sleep(max(1, int(seconds * self.cycles_per_second)))
+
+
+
+# ---------------------------------------------------------------------------------------
+# Clocks: CUDA events (the real one), perf_counter (CPU contenders), fake (unit tests)
+#
+# A clock times one contender's call in two ways, and the engine uses both every round:
+#   queue(runs)      device time: the round's calls enqueued back to back with the host ahead
+#                    of the GPU; each figure is the time between two events on the GPU;
+#   time(key, run)   latency: one call from an idle device, the host's launches included, with
+#                    a device-wide synchronise after it (the wall-clock escape check).
+# `runs` are (key, run, scope) with `scope()` a context manager entered around the call.
+# queue returns, per run and in order, a Sample or the exception the call raised.
+
+Run = tuple[str, Callable[[], Any], Callable[[], ContextManager]]
+
+
+class Clock(Protocol):
+    """What `measure` needs of a clock (CudaClock, PerfCounterClock, FakeClock)."""
+
+    name: str
+    flush_bytes: int
+    escape_floor: float
+
+    def now(self) -> float: ...
+
+    def prepare(self) -> None: ...
+
+    def runner(self, fn: Callable[..., Any], scope: Callable[[], ContextManager], args: Sequence[Any]) -> Callable[[], Any]: ...
+
+    def queue(self, runs: Sequence[Run]) -> list[Any]: ...
+
+    def time(self, key: str, run: Callable[[], Any]) -> Sample: ...
+
+
+class CudaClock:
+    """CUDA events on the current stream, with a cold L2 before every timed call.
+
+    Device time (`queue`): from an idle device, a spin kernel long enough for the host to
+    enqueue the whole round (GpuLead), then for each call: the L2 flush (a kernel that zeroes
+    a buffer twice the size of L2), `start`, the call, `end`; one synchronise at the end of
+    the round. The GPU runs flush, start, kernels, end back to back, so the events bracket
+    the kernels and the gaps between them, not the host's launch latency. The lead adapts
+    to the host's enqueue time of the previous rounds; a round where the host needed longer
+    than the lead is counted (`behind_rounds`) and shown in the notes.
+
+    Latency (`time`): synchronise the device, flush, wait, record `start`, call, record
+    `end`, wait for `end` (host time t1), synchronise the whole device (t2). The event time
+    includes the host's launch latency; t2 - t1 is how long work launched by the call kept
+    the device busy after the measured stream had finished (a side stream, deferred work).
+    Starting from an idle device means side-stream work cannot hide behind the flush: it
+    either ends inside [start, end] or shows in t2 - t1."""
+
+    name = "cuda-events"
+    min_lead = 200e-6
+    max_lead = 0.1
+
+    def __init__(self, device: Any = None, *, graphs: bool = False, flush_factor: int = 2):
+        self.device = torch.device("cuda") if device is None else torch.device(device)
+        self.graphs = graphs
+        self.flush_factor = flush_factor
+        self._flush: torch.Tensor | None = None
+        self._start = None
+        self._end = None
+        self._events: list[Any] = []
+        self.escape_floor = 0.0
+        self.lead = GpuLead(self.device)
+        self._hosts: list[float] = []      # host enqueue time of recent rounds
+        self.queued_rounds = 0
+        self.behind_rounds = 0
+
+    def now(self) -> float:
+        return _perf_counter()
+
+    @property
+    def flush_bytes(self) -> int:
+        return 0 if self._flush is None else self._flush.numel() * self._flush.element_size()
+
+    def prepare(self) -> None:
+        l2 = int(getattr(_device_properties(self.device), "L2_cache_size", 0) or 0)
+        # At least 2x L2 (at least 64 MiB if the property is missing), in int32 words.
+        nbytes = max(self.flush_factor * l2, 64 << 20)
+        self._flush = _torch_empty(nbytes // 4, dtype=torch.int32, device=self.device)
+        self._start = _Event(enable_timing=True)
+        self._end = _Event(enable_timing=True)
+        self.escape_floor = self._calibrate_escape()
+        self.lead.calibrate()
+
+    def flush(self) -> None:
+        """Overwrite the flush buffer (evicts L2); enqueued on the current stream."""
+        self._flush.zero_()
+
+    def _calibrate_escape(self, runs: int = 30) -> float:
+        """The escape time of a call that does one tiny kernel on the current stream: what
+        a device-wide synchronise costs on a device that is already idle."""
+        probe = self._flush[:1]
+        values = [self.time("escape-probe", lambda: probe.add_(1)).escaped for _ in range(runs)]
+        return median(values)
+
+    def runner(self, fn: Callable[..., Any], scope: Callable[[], ContextManager],
+               args: Sequence[Any]) -> Callable[[], Any]:
+        if not self.graphs:
+            return lambda: fn(*args)
+        graph = _CUDAGraph()
+        with scope():
+            # As torch.cuda.graph asks: a few calls on a side stream before the capture.
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(_current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    fn(*args)
+            _current_stream(self.device).wait_stream(side)
+            with _graph(graph):
+                static_output = fn(*args)
+        _device_synchronize()
+        return lambda: (graph.replay(), static_output)[1]
+
+    def _lead_seconds(self) -> float:
+        if not self._hosts:
+            return 2e-3
+        return min(self.max_lead, max(self.min_lead, 1.5 * max(self._hosts) + 100e-6))
+
+    def queue(self, runs: Sequence[Run]) -> list[Any]:
+        while len(self._events) < 2 * len(runs):
+            self._events.append(_Event(enable_timing=True))
+        _device_synchronize()
+        stream = _current_stream(self.device)
+        lead = self._lead_seconds()
+        self.lead.enqueue(lead)
+        t0 = _perf_counter()
+        outcomes: list[Any] = []
+        for i, (key, run, scope) in enumerate(runs):
+            start, end = self._events[2 * i], self._events[2 * i + 1]
+            try:
+                with scope():
+                    self.flush()
+                    _event_record(start, stream)
+                    output = run()
+                    _event_record(end, stream)
+                if not _current_stream(self.device) == stream:
+                    _set_stream(stream)
+                    raise TimingError(f"{key} left a different CUDA stream current after its call; "
+                                      "launch on torch.cuda.current_stream() and do not change it")
+                outcomes.append(output)
+            except Exception as exc:
+                outcomes.append(exc)
+        host = _perf_counter() - t0
+        _device_synchronize()
+        self._hosts = (self._hosts + [host])[-8:]
+        self.queued_rounds += 1
+        self.behind_rounds += host > lead
+        samples: list[Any] = []
+        for i, outcome in enumerate(outcomes):
+            if isinstance(outcome, BaseException):
+                samples.append(outcome)
+                continue
+            seconds = _event_elapsed_ms(self._events[2 * i], self._events[2 * i + 1]) / 1e3
+            samples.append(Sample(seconds=seconds, wall=seconds, escaped=0.0, output=outcome))
+        return samples
+
+    def time(self, key: str, run: Callable[[], Any]) -> Sample:
+        _device_synchronize()
+        self.flush()
+        _device_synchronize()
+        stream = _current_stream(self.device)
+        t0 = _perf_counter()
+        _event_record(self._start, stream)
+        output = run()
+        _event_record(self._end, stream)
+        _event_synchronize(self._end)
+        t1 = _perf_counter()
+        _device_synchronize()
+        t2 = _perf_counter()
+        if not _current_stream(self.device) == stream:
+            _set_stream(stream)
+            raise TimingError(f"{key} left a different CUDA stream current after its call; "
+                              "launch on torch.cuda.current_stream() and do not change it")
+        seconds = _event_elapsed_ms(self._start, self._end) / 1e3
+        return Sample(seconds=seconds, wall=t2 - t0, escaped=t2 - t1, output=output)
+
+
+def _queue_each(runs: Sequence[Run], time_one: Callable[[str, Callable[[], Any]], Sample]) -> list[Any]:
+    """`queue` for clocks without a device: each run timed alone."""
+    samples: list[Any] = []
+    for key, run, scope in runs:
+        try:
+            with scope():
+                samples.append(time_one(key, run))
+        except Exception as exc:
+            samples.append(exc)
+    return samples
+
+
+class PerfCounterClock:
+    """Host wall clock around each call, for CPU contenders (used to exercise the
+    machinery on CPU workdirs; nothing is flushed and nothing can escape). Device time and
+    latency are the same thing here, measured separately."""
+
+    name = "perf-counter"
+    escape_floor = 0.0
+    flush_bytes = 0
+
+    def now(self) -> float:
+        return _perf_counter()
+
+    def prepare(self) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def runner(self, fn: Callable[..., Any], scope: Callable[[], ContextManager],
+               args: Sequence[Any]) -> Callable[[], Any]:
+        return lambda: fn(*args)
+
+    def queue(self, runs: Sequence[Run]) -> list[Any]:
+        return _queue_each(runs, self.time)
+
+    def time(self, key: str, run: Callable[[], Any]) -> Sample:
+        t0 = _perf_counter()
+        output = run()
+        seconds = _perf_counter() - t0
+        return Sample(seconds=seconds, wall=seconds, escaped=0.0, output=output)
+
+
+class FakeClock:
+    """Scripted durations per contender key, for tests: `durations[key]` is the device time,
+    a number or a sequence cycled run by run; `latency[key]` likewise (default: the
+    durations, cycled separately); `escaped[key]` the escape of the latency runs. Virtual
+    time advances by each figure (plus `overhead`), so warm-up and the time cap behave as
+    with a real clock. The calls are real (outputs are checked); `calls` lists the keys in
+    the order run."""
+
+    name = "fake"
+    flush_bytes = 0
+
+    def __init__(self, durations: Mapping[str, Any], *, escaped: Mapping[str, Any] | None = None,
+                 latency: Mapping[str, Any] | None = None, default: float | None = None,
+                 overhead: float = 0.0, escape_floor: float = 0.0):
+        self.durations = {key: _cycle(value) for key, value in durations.items()}
+        latency = {**durations, **(latency or {})}
+        self.latencies = {key: _cycle(value) for key, value in latency.items()}
+        self.escapes = {key: _cycle(value) for key, value in (escaped or {}).items()}
+        self.default = default
+        self.overhead = overhead
+        self.escape_floor = escape_floor
+        self.virtual = 0.0
+        self.calls: list[str] = []
+
+    def now(self) -> float:
+        return self.virtual
+
+    def prepare(self) -> None:
+        pass
+
+    def runner(self, fn: Callable[..., Any], scope: Callable[[], ContextManager],
+               args: Sequence[Any]) -> Callable[[], Any]:
+        return lambda: fn(*args)
+
+    def _next(self, table: Mapping[str, Any], key: str) -> float:
+        if key in table:
+            return next(table[key])
+        if self.default is not None:
+            return self.default
+        raise KeyError(f"FakeClock has no duration for contender {key!r}")
+
+    def queue(self, runs: Sequence[Run]) -> list[Any]:
+        def one(key: str, run: Callable[[], Any]) -> Sample:
+            output = run()
+            self.calls.append(key)
+            seconds = self._next(self.durations, key)
+            self.virtual += seconds + self.overhead
+            return Sample(seconds=seconds, wall=seconds, escaped=0.0, output=output)
+
+        return _queue_each(runs, one)
+
+    def time(self, key: str, run: Callable[[], Any]) -> Sample:
+        output = run()
+        self.calls.append(key)
+        seconds = self._next(self.latencies, key)
+        escaped = next(self.escapes[key]) if key in self.escapes else 0.0
+        self.virtual += seconds + escaped + self.overhead
+        return Sample(seconds=seconds, wall=seconds + escaped, escaped=escaped, output=output)
+
+
+def _cycle(value: Any):
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    while True:
+        yield from values
+
+
+def default_clock(device: Any, *, cuda_graph: bool = False):
+    """CudaClock for a CUDA device, PerfCounterClock otherwise."""
+    if torch.device(device).type == "cuda":
+        return CudaClock(device, graphs=cuda_graph)
+    return PerfCounterClock()
