@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ from pytest_cudaopt import timing as _timing  # noqa: F401
 from pytest_cudaopt.session import CudaoptSession, device_summary, pin_worker_to_gpu
 
 SESSION_KEY = pytest.StashKey[CudaoptSession]()
+# CUDAOPT_SELF_TEST as it was when the plugin loaded, before any conftest.py could set it.
+_SELF_TEST_AT_LOAD = os.environ.get("CUDAOPT_SELF_TEST", "")
 SUITE_MODULE = "pytest_cudaopt.suite.items"
 MARKERS = {
     "correctness": "the custom path computes the same function as model.py (generated per workdir)",
@@ -39,10 +42,13 @@ def pytest_configure(config: pytest.Config) -> None:
         resolved = _settings.Settings.resolve_all(
             cli=lambda name: config.getoption("cudaopt_" + name, default=None),
             ini=lambda name: config.getini("cudaopt_" + name),
+            env={**os.environ, "CUDAOPT_SELF_TEST": _SELF_TEST_AT_LOAD},
         )
     except _settings.SettingError as exc:
         raise pytest.UsageError(f"cudaopt: {exc}") from None
-    config.stash[SESSION_KEY] = CudaoptSession(resolved, rootpath=config.rootpath)
+    # A pytest-xdist worker uses the seed its controller drew (pytest_configure_node).
+    seed = getattr(config, "workerinput", {}).get("cudaopt_seed")
+    config.stash[SESSION_KEY] = CudaoptSession(resolved, rootpath=config.rootpath, seed=seed)
     if hasattr(config, "workerinput"):
         pin_worker_to_gpu(config.workerinput["workerid"])
     from pytest_cudaopt import guards
@@ -170,6 +176,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
 
 
 @pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """pytest-xdist controller: every worker gets the controller's seed, so the seed in the
+    header replays a failure of any worker."""
+    node.workerinput["cudaopt_seed"] = _session(node.config).seed
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error) -> None:
     """pytest-xdist controller: collect the results of a finished worker."""
     records = getattr(node, "workeroutput", {}).get("cudaopt_records", [])
@@ -179,7 +192,8 @@ def pytest_testnodedown(node, error) -> None:
 @pytest.fixture
 def cudaopt_perf_clock():
     """The clock of the perf items; None means CUDA events on a GPU, perf_counter on the CPU.
-    Override in a conftest.py (e.g. a `timing.FakeClock`) to test the perf machinery."""
+    It decides a verdict, so a conftest.py may override it (e.g. with a `timing.FakeClock`,
+    to test the perf machinery) only under `--cudaopt-self-test` / `CUDAOPT_SELF_TEST=1`."""
     return None
 
 

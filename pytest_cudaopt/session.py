@@ -50,11 +50,14 @@ def pin_worker_to_gpu(worker_id: str) -> int | None:
 
 
 class CudaoptSession:
-    def __init__(self, settings: Settings, rootpath: Path):
+    def __init__(self, settings: Settings, rootpath: Path, seed: int | None = None):
         self.settings = settings
         self.rootpath = Path(rootpath)
-        # The seed from which every trial's secret seed is derived; a replay fixes it.
-        self.seed: int = settings.seed if settings.seed is not None else secrets.randbits(32)
+        # The seed from which every trial's secret seed is derived; a replay fixes it, and
+        # pytest-xdist workers receive the controller's (`seed`).
+        if seed is None:
+            seed = settings.seed if settings.seed is not None else secrets.randbits(32)
+        self.seed: int = seed
         self.results: list[Any] = []
         self._extensions: dict[Path, Any] = {}
         self._workdirs: dict[Path, Any] = {}
@@ -71,6 +74,22 @@ class CudaoptSession:
         if cuda_device_name() is None:
             return "no CUDA device visible (torch.cuda.is_available() is False)"
         return None
+
+    def verdict_fixture(self, request, name: str):
+        """The value of fixture `name`, which decides a verdict: refused (the item fails)
+        when a conftest.py overrides the plugin's definition, unless `self_test` is set."""
+        import pytest
+
+        defs = request._pyfuncitem._fixtureinfo.name2fixturedefs.get(name, ())
+        active = defs[-1] if defs else None
+        module = getattr(getattr(active, "func", None), "__module__", "pytest_cudaopt.plugin")
+        if module != "pytest_cudaopt.plugin" and not self.settings.self_test:
+            where = getattr(getattr(active, "func", None), "__code__", None)
+            place = f"{where.co_filename}:{where.co_firstlineno}" if where else module
+            pytest.fail(f"the fixture {name} decides the verdict and is overridden in {place}; "
+                        "a workdir cannot replace it (the plugin's own tests allow it with "
+                        "--cudaopt-self-test or CUDAOPT_SELF_TEST=1)", pytrace=False)
+        return request.getfixturevalue(name)
 
     def extension(self, workdir: Path):
         """The workdir's `cuda_extension`, built at most once per session."""

@@ -118,6 +118,11 @@ OPTIONS: tuple[Option, ...] = (
            "root of the extension build folders, relative to the workdir; unset: <workdir>/build/cudaopt"),
     Option("cxx_flags", str, "", "extra host compiler flags for the extension, space separated"),
     Option("nvcc_flags", str, "", "extra nvcc flags for the extension, space separated"),
+    # trust
+    Option("self_test", _bool, False,
+           "let a conftest.py override fixtures that decide a verdict (cudaopt_perf_clock), for the "
+           "plugin's own tests; never read from an ini file, and the environment variable only as it "
+           "was before any conftest.py ran", ini=False),
 )
 
 BY_NAME: dict[str, Option] = {option.name: option for option in OPTIONS}

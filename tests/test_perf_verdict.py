@@ -31,9 +31,11 @@ def cudaopt_perf_clock():
 
 
 @pytest.fixture
-def workdir(pytester, make_workdir):
+def workdir(pytester, make_workdir, monkeypatch):
     """`workdir(durations=None, escaped=None)`: the built cpu_scale workdir at
-    pytester.path/wd with a CPU ini, and a fake clock when durations are given."""
+    pytester.path/wd with a CPU ini, and a fake clock when durations are given (allowed by
+    CUDAOPT_SELF_TEST, which the pytest subprocesses inherit)."""
+    monkeypatch.setenv("CUDAOPT_SELF_TEST", "1")
 
     def make(durations=None, escaped=None):
         path = make_workdir("cpu_scale", dest=pytester.path / "wd")
@@ -207,3 +209,36 @@ def test_results_of_pytest_xdist_workers_reach_the_controllers_summary_and_repor
     result.stdout.fnmatch_lines(["*cudaopt correctness: 4 of 4 passed*", "*ModelNew (custom) *1.00 ms*PASS*"])
     kinds = sorted(r["kind"] for r in json.loads((pytester.path / "report.json").read_text())["results"])
     assert kinds == ["correctness"] * 4 + ["perf"]
+
+
+def test_a_workdir_conftest_cannot_replace_the_perf_clock_without_the_self_test_setting(
+        pytester, workdir, monkeypatch):
+    workdir(speeds(custom=1 * MS, compile_=2 * MS))
+    monkeypatch.delenv("CUDAOPT_SELF_TEST")
+    result = run_pytest(pytester, "wd", "-m", "perf")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*the fixture cudaopt_perf_clock decides the verdict and is overridden in "
+                                 "*wd*conftest.py:*; a workdir cannot replace it*"])
+    # A conftest.py that sets the variable itself is too late: the plugin read it at load.
+    conftest = pytester.path / "wd" / "conftest.py"
+    conftest.write_text("import os\nos.environ['CUDAOPT_SELF_TEST'] = '1'\n" + conftest.read_text())
+    run_pytest(pytester, "wd", "-m", "perf").assert_outcomes(failed=1)
+    run_pytest(pytester, "wd", "-m", "perf", "--cudaopt-self-test=1").assert_outcomes(passed=1)
+
+
+def test_pytest_xdist_workers_use_the_seed_the_controller_printed(pytester, workdir):
+    pytest.importorskip("xdist", reason="pytest-xdist is not installed (it is in the test extra)")
+    workdir()
+    (pytester.path / "wd" / "conftest.py").write_text(
+        "from pytest_cudaopt import plugin\n"
+        "def pytest_runtest_setup(item):\n"
+        "    print(f'WORKER-SEED {item.config.stash[plugin.SESSION_KEY].seed}')\n")
+    result = run_pytest(pytester, "wd", "-m", "correctness", "-n", "2", "-p", "no:randomly", "-rA",
+                        "--cudaopt-report=report.json")
+    result.assert_outcomes(passed=4)
+    seed = json.loads((pytester.path / "report.json").read_text())["seed"]
+    header = [line for line in result.outlines if line.startswith("cudaopt: seed ")]
+    assert header == [f"cudaopt: seed {seed} (replay with --cudaopt-seed={seed}), device cpu, "
+                      "hypothesis profile ci"]
+    worker_seeds = {line.split()[-1] for line in result.outlines if line.startswith("WORKER-SEED ")}
+    assert worker_seeds == {str(seed)}

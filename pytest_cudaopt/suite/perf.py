@@ -145,8 +145,9 @@ class TestPerf:
                         pytrace=False)
         from pytest_cudaopt.workdir import WorkdirError
 
-        clock = cudaopt_perf_clock or timing.default_clock(cudaopt_settings.device,
-                                                           cuda_graph=cudaopt_settings.cuda_graph)
+        # The clock decides the verdict: a conftest.py's override is refused outside self-tests.
+        clock = cudaopt_session.verdict_fixture(request, "cudaopt_perf_clock")
+        clock = clock or timing.default_clock(cudaopt_settings.device, cuda_graph=cudaopt_settings.cuda_graph)
         with torch.no_grad():
             try:
                 workdir = cudaopt_session.workdir(cudaopt_workdir_path)
