@@ -71,7 +71,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
     try:
         if args.lock_only:
-            print(f"recorded model.py and utils/ in {scaffold.lock_workdir(Path(args.dir))}")
+            print(f"recorded model.py, conftest.py, peers.py, utils/ and the cudaopt settings in "
+                  f"{scaffold.lock_workdir(Path(args.dir))}")
             return 0
         if args.model is None:
             print("cudaopt init: --model path/to/model.py is required (or --lock-only)", file=sys.stderr)
@@ -123,7 +124,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("dir", help="the folder to create (must not exist or be empty)")
     p.add_argument("--model", help="path to the reference model.py (KernelBench format)")
     p.add_argument("--lock-only", action="store_true",
-                   help="only (re)record DIR's model.py and utils/ in DIR/cudaopt.lock (an existing workdir)")
+                   help="only (re)record what DIR/cudaopt.lock protects (an existing workdir, after an intended change)")
     p.set_defaults(func=cmd_init)
     p = sub.add_parser("report", help="render a --cudaopt-report JSON file")
     p.add_argument("json", help="the JSON file written by --cudaopt-report")
