@@ -11,7 +11,7 @@ import pytest
 from pytest_cudaopt import settings as _settings
 # Imported first so that the timing functions are bound before any workdir code runs.
 from pytest_cudaopt import timing as _timing  # noqa: F401
-from pytest_cudaopt.session import CudaoptSession, device_summary, pin_worker_to_gpu
+from pytest_cudaopt.session import CudaoptSession, device_summary, pin_worker_to_gpu, workdirs_in
 
 SESSION_KEY = pytest.StashKey[CudaoptSession]()
 # CUDAOPT_SELF_TEST as it was when the plugin loaded, before any conftest.py could set it.
@@ -49,6 +49,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # A pytest-xdist worker uses the seed its controller drew (pytest_configure_node).
     seed = getattr(config, "workerinput", {}).get("cudaopt_seed")
     config.stash[SESSION_KEY] = CudaoptSession(resolved, rootpath=config.rootpath, seed=seed)
+    config.stash[SESSION_KEY].workdir_paths = workdirs_in(config.args, config.invocation_params.dir, config.rootpath)
     if hasattr(config, "workerinput"):
         pin_worker_to_gpu(config.workerinput["workerid"])
     from pytest_cudaopt import guards
@@ -84,7 +85,7 @@ def _session(config: pytest.Config) -> CudaoptSession:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    return [device_summary(), _session(config).reproduce_line()]
+    return [device_summary(), *_session(config).header_lines()]
 
 
 def _is_workdir_file(file_path: Path) -> bool:

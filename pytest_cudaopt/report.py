@@ -420,19 +420,23 @@ def terminal_summary(terminalreporter: Any, session: Any) -> None:
 
 
 def document(results: Sequence[Any], *, seed: int | None = None,
-             settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The JSON report: schema, time, environment, seed, settings and every result's record."""
+             settings: Mapping[str, Any] | None = None,
+             relaxations: Sequence[str] = ()) -> dict[str, Any]:
+    """The JSON report: schema, time, environment, seed, settings, the relaxations in force
+    and every result's record."""
     return {"schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "environment": environment(), "seed": seed, "settings": dict(settings or {}),
+            "relaxations": list(relaxations),
             "passed": all(bool(r.passed) for r in results),
             "results": [record(r) for r in results]}
 
 
 def write_json(path: str | Path, results: Sequence[Any], *, seed: int | None = None,
-               settings: Mapping[str, Any] | None = None) -> Path:
+               settings: Mapping[str, Any] | None = None, relaxations: Sequence[str] = ()) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(document(results, seed=seed, settings=settings), indent=2, default=_json_default)
+    text = json.dumps(document(results, seed=seed, settings=settings, relaxations=relaxations),
+                      indent=2, default=_json_default)
     path.write_text(text + "\n")
     return path
 

@@ -49,6 +49,18 @@ def pin_worker_to_gpu(worker_id: str) -> int | None:
     return index
 
 
+def workdirs_in(args, invocation_dir: Path, rootpath: Path) -> list[Path]:
+    """The workdirs a pytest command line names (a workdir folder, its model_new.py or an
+    item of it; relative to `invocation_dir`), and the rootdir when it is one."""
+    found = []
+    for arg in [*args, str(rootpath)]:
+        path = Path(invocation_dir, str(arg).split("::")[0])
+        folder = path.parent if path.name == "model_new.py" else path
+        if (folder / "model.py").is_file() and (folder / "model_new.py").is_file():
+            found.append(folder.resolve())
+    return list(dict.fromkeys(found))
+
+
 class CudaoptSession:
     def __init__(self, settings: Settings, rootpath: Path, seed: int | None = None):
         self.settings = settings
@@ -59,10 +71,25 @@ class CudaoptSession:
             seed = settings.seed if settings.seed is not None else secrets.randbits(32)
         self.seed: int = seed
         self.results: list[Any] = []
+        # The workdirs this run judges (set by the plugin from the command line).
+        self.workdir_paths: list[Path] = []
         self._extensions: dict[Path, Any] = {}
         self._workdirs: dict[Path, Any] = {}
         # Set by the first CUDA fault: (item id, message). Later GPU items report it.
         self.fault: tuple[str, str] | None = None
+
+    def relaxations(self) -> list[str]:
+        from pytest_cudaopt import trust
+
+        return trust.relaxations(self.settings, self.workdir_paths)
+
+    def header_lines(self) -> list[str]:
+        """The reproduce line, then every relaxation in force, loudly."""
+        relaxed = self.relaxations()
+        lines = [self.reproduce_line()]
+        if relaxed:
+            lines.append(f"cudaopt: RELAXED ({len(relaxed)}): " + "; ".join(relaxed))
+        return lines
 
     def reproduce_line(self) -> str:
         return (f"cudaopt: seed {self.seed} (replay with --cudaopt-seed={self.seed}), "
@@ -142,4 +169,4 @@ class CudaoptSession:
         from pytest_cudaopt import report
 
         report.write_json(self.settings.report, self.results, seed=self.seed,
-                          settings=self.settings.as_dict())
+                          settings=self.settings.as_dict(), relaxations=self.relaxations())
