@@ -128,6 +128,7 @@ def _workdir_node(item: pytest.Item) -> WorkdirModule | None:
     return item.getparent(WorkdirModule)
 
 
+@pytest.hookimpl(trylast=True)  # after reordering plugins (pytest-randomly), for the gate's order
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     session = _session(config)
     for item in items:
@@ -137,11 +138,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         needs_device = any(item.get_closest_marker(m) for m in ("correctness", "perf"))
         if needs_device and session.settings.device == "cuda":
             item.add_marker(pytest.mark.gpu)
+    if session.settings.ci_gate:  # policy, then correctness, then perf (a stable sort)
+        order = ("policy", "correctness", "perf")
+        items.sort(key=lambda i: next((n for n, m in enumerate(order) if i.get_closest_marker(m)), len(order)))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("gpu"):
-        reason = _session(item.config).gpu_unavailable_reason()
+        session = _session(item.config)
+        reason = session.gpu_unavailable_reason()
+        if reason and session.settings.ci_gate:
+            from pytest_cudaopt.gate import SETUP_PROPERTY
+
+            item.user_properties.append((SETUP_PROPERTY, reason))
+            pytest.fail(f"{reason}: the CI gate never passes without the device", pytrace=False)
         if reason:
             pytest.skip(reason)
 

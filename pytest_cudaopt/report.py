@@ -129,6 +129,22 @@ def gate_verdict(medians: Mapping[str, float], failures: Mapping[str, str], *,
     return fail(f"speedup {baseline_median / custom_median:.3f}x is below the required {min_speedup:g}x")
 
 
+def regression_verdict(medians: Mapping[str, float], *, margin: float) -> dict[str, Any]:
+    """The candidate against the target branch's ModelNew timed in the same run: passes iff
+    `median(custom) <= median(target) * (1 + margin)`. {} when either was not timed (a
+    missing baseline never fails a run)."""
+    custom, target = _finite(medians.get(CUSTOM)), _finite(medians.get("target"))
+    if custom is None or target is None:
+        return {}
+    ratio = custom / target
+    passed = ratio <= 1 + margin
+    note = (f"regression check: median(ModelNew (custom)) / median(ModelNew (target branch)) = "
+            f"{format_seconds(custom)} / {format_seconds(target)} = {ratio:.3f} "
+            f"{'<=' if passed else '>'} 1 + {margin:g}: {'PASS' if passed else 'FAIL'}")
+    return {"passed": passed, "ratio": ratio, "margin": margin, "custom_median_s": custom,
+            "target_median_s": target, "note": note}
+
+
 def _finite(value: float | None) -> float | None:
     if value is None or math.isnan(value) or math.isinf(value) or value <= 0:
         return None
@@ -155,6 +171,7 @@ class PerfResult:
     errors: dict[str, str] = field(default_factory=dict)         # key -> why it was not timed
     environment: dict[str, Any] = field(default_factory=dict)
     failure: str = ""                                            # a failure outside the gate
+    regression: dict[str, Any] = field(default_factory=dict)     # the check against the target branch
     kind: str = "perf"
 
     @property
@@ -215,7 +232,7 @@ class PerfResult:
         if key == CUSTOM:
             if self.gate.passed and not self.failure:
                 return f"PASS (>= {self.gate.min_speedup:g}x)"
-            if failures.get(CUSTOM):
+            if failures.get(CUSTOM) or self.gate.passed:
                 return "FAIL (see below)"
             speed = self.gate.speedup
             return f"FAIL (< {self.gate.min_speedup:g}x)" if speed else "FAIL (see below)"
@@ -227,6 +244,8 @@ class PerfResult:
             return "reference"
         if key.startswith("peer:"):
             return "not gated"
+        if key == "target":
+            return "regression baseline"
         return "baseline"
 
     def row(self) -> dict[str, str]:
@@ -245,6 +264,8 @@ class PerfResult:
         if self.failure:
             lines.append(f"FAIL: {self.failure}")
         lines.append(self.gate.describe(self.labels))
+        if self.regression:
+            lines.append(self.regression["note"])
         failures = self.failures()
         for key, reason in failures.items():
             lines.append(reason if key.endswith("*") else f"{self.label(key)}: {reason}")
@@ -276,7 +297,7 @@ class PerfResult:
                 "failure": self.failure, "precision": self.precision, "tiers": self.tiers,
                 "precision_note": self.precision_note, "labels": self.labels,
                 "gate": self.gate.to_json(), "compile_seconds": self.compile_seconds,
-                "errors": self.errors, "environment": self.environment,
+                "errors": self.errors, "environment": self.environment, "regression": self.regression,
                 "timing": self.measurement.to_json() if self.measurement is not None else None}
 
     def extra_info(self) -> dict[str, Any]:

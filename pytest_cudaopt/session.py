@@ -144,6 +144,19 @@ class CudaoptSession:
             self._workdirs[path] = load_workdir(path, self.extension(path))
         return self._workdirs[path]
 
+    def target_workdir(self):
+        """The loaded `baseline_workdir` (the target branch's checkout; its extension builds
+        and loads beside the candidate's), the error that loading it raised, or None."""
+        if not self.settings.baseline_workdir:
+            return None
+        from pytest_cudaopt.build import BuildError
+        from pytest_cudaopt.workdir import WorkdirError
+
+        try:
+            return self.workdir(Path(self.settings.baseline_workdir))
+        except (BuildError, WorkdirError, OSError) as exc:
+            return exc
+
     def terminal_summary(self, terminalreporter) -> None:
         if not self.results:
             return

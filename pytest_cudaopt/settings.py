@@ -113,6 +113,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("input_sets", _positive(int), 4, "input sets rotated during timing"),
     Option("cuda_graph", _bool, False, "time each contender as CUDA-graph replays (for tiny kernels)"),
     Option("report", str, None, "write the verdicts as JSON to this path", ini=False),
+    Option("baseline_workdir", str, None,
+           "a checkout of the target branch's workdir: its ModelNew is timed as one more contender and "
+           "the candidate fails when slower than it by more than regression_margin", ini=False),
+    Option("regression_margin", _positive(float), 0.03,
+           "how much slower than the baseline workdir's ModelNew the candidate may be (0.03: 3%)"),
+    Option("ci_gate", _bool, False,
+           "the CI gate: items run policy, correctness, perf; a GPU item that would be skipped fails",
+           ini=False),
     # build
     Option("build_dir", str, None,
            "root of the extension build folders, relative to the workdir; unset: <workdir>/build/cudaopt"),

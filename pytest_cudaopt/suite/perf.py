@@ -58,9 +58,26 @@ def _is_fault(exc: BaseException | None) -> bool:
     return is_cuda_fault(exc)
 
 
-def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str) -> tuple[report.PerfResult, dict]:
+def _target_model(target: Any, model: torch.nn.Module, device: torch.device, seed: int) -> Any:
+    """The target branch's ModelNew with Model's weights, or why it cannot be built (a
+    broken target branch is reported, not held against the candidate)."""
+    if target is None:
+        return None
+    if isinstance(target, BaseException):
+        return f"the baseline workdir cannot be loaded: {str(target).strip().splitlines()[0]}"
+    try:
+        _, target_new = target.make_models(device, seed=seed)
+        target_new.load_state_dict(model.state_dict(), strict=True)
+    except Exception as exc:
+        return f"the baseline workdir's ModelNew cannot be built: {type(exc).__name__}: {exc}"
+    return target_new
+
+
+def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
+          target: Any = None) -> tuple[report.PerfResult, dict]:
     """Time every contender of `workdir` and decide the gate. Returns the result and what
-    the pytest-benchmark recording needs (the custom model and the input sets)."""
+    the pytest-benchmark recording needs (the custom model and the input sets). `target` is
+    the loaded baseline workdir (the target branch), or the error that loading it raised."""
     device = torch.device(settings.device)
     model, model_new = workdir.make_models(device, seed=_derive_seed(seed, "perf", "weights"))
     input_sets = [workdir.inputs(_derive_seed(seed, "perf", "inputs", i), device)
@@ -73,7 +90,8 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str) -> t
         model, model_new, timing.clone_inputs(input_sets[0]), device,
         compile_mode=settings.compile_mode, compile_backend=settings.compile_backend,
         precision_matched=precision_matched, workdir=workdir.path,
-        reference_module=workdir.reference, init_inputs=workdir.init_inputs())
+        reference_module=workdir.reference, init_inputs=workdir.init_inputs(),
+        target=_target_model(target, model, device, _derive_seed(seed, "perf", "weights")))
     # Eager Model is the float32 reference; every other contender's tier is measured.
     tiers = {baselines.EAGER: "fp32", baselines.CUSTOM: tier}
     for contender in lineup.contenders:
@@ -91,6 +109,11 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str) -> t
         labels={c.key: c.label for c in lineup.contenders}, tiers=tiers, precision_note=note,
         compile_seconds=lineup.compile_seconds, errors=lineup.errors,
         environment=report.environment())
+    result.regression = report.regression_verdict(medians, margin=settings.regression_margin)
+    if result.regression and not result.regression["passed"]:
+        result.failure = (f"slower than the target branch's ModelNew by "
+                          f"{(result.regression['ratio'] - 1) * 100:.1f}% (margin "
+                          f"{settings.regression_margin * 100:g}%)")
     return result, {"model_new": model_new, "input_sets": input_sets, "device": device}
 
 
@@ -152,7 +175,8 @@ class TestPerf:
             try:
                 workdir = cudaopt_session.workdir(cudaopt_workdir_path)
                 result, extra = judge(workdir=workdir, settings=cudaopt_settings, seed=cudaopt_session.seed,
-                                      clock=clock, test=request.node.nodeid)
+                                      clock=clock, test=request.node.nodeid,
+                                      target=cudaopt_session.target_workdir())
             except WorkdirError as exc:
                 pytest.fail(str(exc), pytrace=False)
             changed = timing.tampered()
