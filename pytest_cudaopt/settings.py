@@ -117,7 +117,7 @@ OPTIONS: tuple[Option, ...] = (
            "a checkout of the target branch's workdir: its ModelNew is timed as one more contender and "
            "the candidate fails when slower than it by more than regression_margin", ini=False),
     Option("regression_margin", _positive(float), 0.03,
-           "how much slower than the baseline workdir's ModelNew the candidate may be (0.03: 3%)"),
+           "how much slower than the baseline workdir's ModelNew the candidate may be, as a fraction (0.03 is 3 percent)"),
     Option("ci_gate", _bool, False,
            "the CI gate: items run policy, correctness, perf; a GPU item that would be skipped fails",
            ini=False),
