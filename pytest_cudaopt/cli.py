@@ -90,7 +90,8 @@ def cmd_gate(args: argparse.Namespace) -> int:
     from pytest_cudaopt import gate
 
     return gate.run(args.workdir, out=Path(args.out).resolve(), baseline_workdir=args.baseline_workdir,
-                    regression_margin=args.regression_margin, pytest_args=args.pytest_args)
+                    regression_margin=args.regression_margin, pytest_args=args.pytest_args,
+                    allow_lock_change=args.allow_lock_change)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -141,6 +142,8 @@ def parser() -> argparse.ArgumentParser:
                    help="a checkout of the target branch's workdir: its ModelNew is timed beside the candidate")
     p.add_argument("--regression-margin", type=float, default=None,
                    help="how much slower than the target branch the candidate may be (default 0.03)")
+    p.add_argument("--allow-lock-change", action="store_true",
+                   help="accept a cudaopt.lock that differs from the baseline workdir's (the owner's pull requests)")
     p.set_defaults(func=cmd_gate, pytest_args=[])  # further arguments (after `--`) go to pytest
     p = sub.add_parser("report", help="render a --cudaopt-report JSON file")
     p.add_argument("json", help="the JSON file written by --cudaopt-report")

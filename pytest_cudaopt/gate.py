@@ -43,6 +43,22 @@ class Observer:
             self.counts[outcome] = self.counts.get(outcome, 0) + 1
 
 
+def lock_change(workdir: Path, baseline_workdir: Path | None) -> str | None:
+    """Why the candidate's cudaopt.lock cannot be trusted, or None. The candidate could
+    rewrite its own lock after editing a locked file, so with a target branch the lock must
+    be the target branch's, byte for byte."""
+    if baseline_workdir is None:
+        return None
+    mine, theirs = Path(workdir) / "cudaopt.lock", Path(baseline_workdir) / "cudaopt.lock"
+    if not theirs.is_file():
+        return None  # the target branch has no lock yet: PF002 judges the candidate's
+    if not mine.is_file() or mine.read_bytes() != theirs.read_bytes():
+        return (f"{mine} differs from the target branch's {theirs}: a change to the locked files "
+                "(model.py, conftest.py, peers.py, utils/, the cudaopt settings) needs the owner's "
+                "review; run the gate with --allow-lock-change for such a pull request")
+    return None
+
+
 def exit_code(pytest_status: int, observer: Observer) -> tuple[int, list[str]]:
     """The gate's exit code and the reasons for it, from pytest's status and what was seen."""
     reasons = []
@@ -82,7 +98,8 @@ def summary_markdown(code: int, reasons: Sequence[str], observer: Observer, repo
 
 
 def run(workdir: Path, *, out: Path, baseline_workdir: Path | None = None,
-        regression_margin: float | None = None, pytest_args: Sequence[str] = ()) -> int:
+        regression_margin: float | None = None, pytest_args: Sequence[str] = (),
+        allow_lock_change: bool = False) -> int:
     """Run the gate on `workdir`; write report.json, junit.xml and summary.md to `out` (and
     the summary to $GITHUB_STEP_SUMMARY when set). Returns the gate's exit code."""
     import pytest
@@ -104,6 +121,11 @@ def run(workdir: Path, *, out: Path, baseline_workdir: Path | None = None,
     observer = Observer()
     status = int(pytest.main([*args, *pytest_args], plugins=[observer]))
     code, reasons = exit_code(status, observer)
+    changed = None if allow_lock_change else lock_change(workdir, baseline_workdir)
+    if changed and code == PASSED:
+        code = FAILED
+    if changed:
+        reasons.append(changed)
     relaxations = []
     if report_path.is_file():
         relaxations = json.loads(report_path.read_text()).get("relaxations", [])

@@ -77,6 +77,17 @@ def test_the_exit_code_tells_a_failed_verdict_from_a_broken_setup():
     assert (code, reasons) == (gate.BROKEN, ["no perf items were collected: the gate needs all three verdicts"])
 
 
+def test_with_a_target_branch_the_lock_must_be_the_target_branchs(tmp_path):
+    candidate, target = (copy_workdir("cpu_scale", tmp_path / name) for name in ("wd", "target"))
+    assert gate.lock_change(candidate, None) is None
+    assert gate.lock_change(candidate, target) is None
+    # A candidate that edits its conftest.py and relocks passes PF003 but not this.
+    (candidate / "conftest.py").write_text("import pytest\n")
+    policy.write_lock(candidate)
+    assert all(v.rule != "PF003" for v in policy.check_workdir(candidate))
+    assert "differs from the target branch's" in gate.lock_change(candidate, target)
+
+
 def test_gate_options_are_checked_before_anything_runs(pytester):
     result = run_gate(pytester, "nowhere")
     assert result.ret == gate.USAGE
@@ -91,10 +102,10 @@ def test_the_gate_runs_the_three_verdicts_in_order_and_fails_on_a_regression(pyt
     for path in (candidate, target):
         (path / "pytest.ini").write_text(CPU_INI)
 
-    def clock(**durations):
-        (candidate / "conftest.py").write_text(FAKE_CLOCK.format(durations=durations))
-        own_workdir(candidate)
-        own_workdir(target)
+    def clock(**durations):  # the same conftest.py on both branches, so their locks agree
+        for path in (candidate, target):
+            (path / "conftest.py").write_text(FAKE_CLOCK.format(durations=durations))
+            own_workdir(path)
 
     # Within the margin of the target branch: passes, with both ModelNew rows in the table.
     clock(custom=1.0 * MS, target=1.02 * MS, compile=2 * MS, eager=3 * MS)
@@ -121,6 +132,14 @@ def test_the_gate_runs_the_three_verdicts_in_order_and_fails_on_a_regression(pyt
     result = run_gate(pytester, "wd", "--out", "out", "--baseline-workdir", "target", "--regression-margin", "0.2")
     assert result.ret == gate.PASSED
     assert "setting regression_margin 0.2 (default 0.03)" in (pytester.path / "out" / "summary.md").read_text()
+    # A lock rewritten in the candidate's checkout fails the gate (the target branch's lock rules).
+    (candidate / "peers.py").write_text("PEERS = {}\n")
+    own_workdir(candidate)
+    result = run_gate(pytester, "wd", "--out", "out", "--baseline-workdir", "target", "--regression-margin", "0.2")
+    assert result.ret == gate.FAILED
+    assert "differs from the target branch's" in (pytester.path / "out" / "summary.md").read_text()
+    (candidate / "peers.py").unlink()
+    own_workdir(candidate)
     # A rule broken in the candidate's own files is a failed verdict, not a broken setup.
     (candidate / "kernels" / "scale_v2.cpp").write_text("// an older version\n")
     assert run_gate(pytester, "wd", "--out", "out").ret == gate.FAILED
