@@ -26,13 +26,12 @@ class Observer:
     broken: list[tuple[str, str]] = field(default_factory=list)     # (node id, why)
     counts: dict[str, int] = field(default_factory=dict)
 
-    def pytest_collection_finish(self, session) -> None:
-        for item in session.items:
-            for kind in KINDS:
-                if item.get_closest_marker(kind):
-                    self.kinds[kind] = self.kinds.get(kind, 0) + 1
-
     def pytest_runtest_logreport(self, report) -> None:
+        # From the reports, not the collection: a pytest-xdist controller collects nothing.
+        if report.when == "setup":
+            for kind in KINDS:
+                if kind in report.keywords:
+                    self.kinds[kind] = self.kinds.get(kind, 0) + 1
         broken = dict(report.user_properties).get(SETUP_PROPERTY)
         if broken and report.failed:
             self.broken.append((report.nodeid, broken))

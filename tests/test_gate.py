@@ -63,6 +63,12 @@ def test_without_a_device_the_gate_is_broken_not_passed_and_writes_its_summaries
     junit = ET.parse(pytester.path / "out" / "junit.xml").getroot()
     assert int(junit.find("testsuite").get("errors")) == 5  # 4 correctness + 1 perf, none skipped
     assert json.loads((pytester.path / "out" / "report.json").read_text())["relaxations"]
+    # The same under pytest-xdist: the workers' reports reach the gate on the controller.
+    result = run_gate(pytester, "wd", "--out", "out", "--", "-n", "2", "-p", "no:randomly")
+    assert result.ret == gate.BROKEN
+    assert "were collected" not in (pytester.path / "out" / "summary.md").read_text()
+    assert "- model_new.py::TestPerf::test_speedup: no CUDA device visible" in (
+        pytester.path / "out" / "summary.md").read_text()
 
 
 def test_the_exit_code_tells_a_failed_verdict_from_a_broken_setup():
