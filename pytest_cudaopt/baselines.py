@@ -16,6 +16,8 @@ from pytest_cudaopt import timing
 PEERS_FILE = "peers.py"
 # Contender keys; tables and the gate refer to contenders by these.
 EAGER, COMPILE, CUSTOM, PRECISION_MATCHED = "eager", "compile", "custom", "precision-matched"
+# The target branch's ModelNew (--cudaopt-baseline-workdir), timed for the regression check.
+TARGET = "target"
 PEER_PREFIX = "peer:"
 # Measured precision tiers (pytest_cudaopt.compare.precision_tier), best first.
 TIERS = ("fp32", "tf32-like", "half-like")
@@ -185,11 +187,13 @@ def lineup(
     workdir: Path | None = None,
     reference_module: Any = None,
     init_inputs: Sequence[Any] = (),
+    target: Callable[..., Any] | str | None = None,
 ) -> Lineup:
     """Eager Model, torch.compile(Model) (compiled now, on `example_inputs`), ModelNew, the
     workdir's peers and, when `precision_matched`, torch.compile(Model) compiled and timed
     with TF32 allowed. A baseline that cannot be prepared is left out with its reason in
-    `errors` (the gate reports it); the custom path is always in."""
+    `errors` (the gate reports it); the custom path is always in. `target` is the target
+    branch's ModelNew (timed for the regression check), or why it could not be built."""
     out = Lineup()
     out.contenders.append(timing.Contender(EAGER, model, "Model (eager)", scope=fp32_strict))
     label = compile_label(compile_mode, compile_backend)
@@ -225,5 +229,9 @@ def lineup(
                 out.errors[key] = str(exc)
                 continue
             out.contenders.append(timing.Contender(key, peer, f"peer: {name}"))
+    if isinstance(target, str):
+        out.errors[TARGET] = target
+    elif target is not None:
+        out.contenders.append(timing.Contender(TARGET, target, "ModelNew (target branch)"))
     out.contenders.append(timing.Contender(CUSTOM, model_new, "ModelNew (custom)"))
     return out

@@ -71,7 +71,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
     try:
         if args.lock_only:
-            print(f"recorded model.py and utils/ in {scaffold.lock_workdir(Path(args.dir))}")
+            print(f"recorded model.py, conftest.py, peers.py, utils/ and the cudaopt settings in "
+                  f"{scaffold.lock_workdir(Path(args.dir))}")
             return 0
         if args.model is None:
             print("cudaopt init: --model path/to/model.py is required (or --lock-only)", file=sys.stderr)
@@ -83,6 +84,14 @@ def cmd_init(args: argparse.Namespace) -> int:
     print(f"created workdir {created}; next: write kernels/, then `cudaopt check {created}`"
           f" and `pytest {created} -m correctness`")
     return 0
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    from pytest_cudaopt import gate
+
+    return gate.run(args.workdir, out=Path(args.out).resolve(), baseline_workdir=args.baseline_workdir,
+                    regression_margin=args.regression_margin, pytest_args=args.pytest_args,
+                    allow_lock_change=args.allow_lock_change)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -123,8 +132,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("dir", help="the folder to create (must not exist or be empty)")
     p.add_argument("--model", help="path to the reference model.py (KernelBench format)")
     p.add_argument("--lock-only", action="store_true",
-                   help="only (re)record DIR's model.py and utils/ in DIR/cudaopt.lock (an existing workdir)")
+                   help="only (re)record what DIR/cudaopt.lock protects (an existing workdir, after an intended change)")
     p.set_defaults(func=cmd_init)
+    p = with_workdir("gate", "the CI gate: policy, correctness and perf in one pytest session; exit 0 passed, "
+                             "1 a verdict failed, 2 bad arguments, 3 broken setup (no GPU, nothing collected)")
+    p.add_argument("--out", default="cudaopt-gate", help="folder for report.json, junit.xml and summary.md "
+                                                         "(default: ./cudaopt-gate)")
+    p.add_argument("--baseline-workdir", type=_workdir, default=None,
+                   help="a checkout of the target branch's workdir: its ModelNew is timed beside the candidate")
+    p.add_argument("--regression-margin", type=float, default=None,
+                   help="how much slower than the target branch the candidate may be (default 0.03)")
+    p.add_argument("--allow-lock-change", action="store_true",
+                   help="accept a cudaopt.lock that differs from the baseline workdir's (the owner's pull requests)")
+    p.set_defaults(func=cmd_gate, pytest_args=[])  # further arguments (after `--`) go to pytest
     p = sub.add_parser("report", help="render a --cudaopt-report JSON file")
     p.add_argument("json", help="the JSON file written by --cudaopt-report")
     p.add_argument("--format", choices=("table", "markdown"), default="table")
@@ -133,7 +153,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    top = parser()
+    args, extra = top.parse_known_args(argv)
+    if extra:  # `cudaopt gate [options] [WORKDIR] -- PYTEST_ARGS`
+        if args.command != "gate":
+            top.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.pytest_args = extra[1:] if extra[0] == "--" else extra
     return args.func(args)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,11 @@ from pytest_cudaopt import settings as _settings
 # Imported first so that the timing functions are bound before any workdir code runs.
 from pytest_cudaopt import timing as _timing  # noqa: F401
 from pytest_cudaopt import trace as _trace  # noqa: F401
-from pytest_cudaopt.session import CudaoptSession, device_summary, pin_worker_to_gpu
+from pytest_cudaopt.session import CudaoptSession, device_summary, pin_worker_to_gpu, workdirs_in
 
 SESSION_KEY = pytest.StashKey[CudaoptSession]()
+# CUDAOPT_SELF_TEST as it was when the plugin loaded, before any conftest.py could set it.
+_SELF_TEST_AT_LOAD = os.environ.get("CUDAOPT_SELF_TEST", "")
 SUITE_MODULE = "pytest_cudaopt.suite.items"
 MARKERS = {
     "correctness": "the custom path computes the same function as model.py (generated per workdir)",
@@ -40,10 +43,14 @@ def pytest_configure(config: pytest.Config) -> None:
         resolved = _settings.Settings.resolve_all(
             cli=lambda name: config.getoption("cudaopt_" + name, default=None),
             ini=lambda name: config.getini("cudaopt_" + name),
+            env={**os.environ, "CUDAOPT_SELF_TEST": _SELF_TEST_AT_LOAD},
         )
     except _settings.SettingError as exc:
         raise pytest.UsageError(f"cudaopt: {exc}") from None
-    config.stash[SESSION_KEY] = CudaoptSession(resolved, rootpath=config.rootpath)
+    # A pytest-xdist worker uses the seed its controller drew (pytest_configure_node).
+    seed = getattr(config, "workerinput", {}).get("cudaopt_seed")
+    config.stash[SESSION_KEY] = CudaoptSession(resolved, rootpath=config.rootpath, seed=seed)
+    config.stash[SESSION_KEY].workdir_paths = workdirs_in(config.args, config.invocation_params.dir, config.rootpath)
     if hasattr(config, "workerinput"):
         pin_worker_to_gpu(config.workerinput["workerid"])
     from pytest_cudaopt import guards
@@ -79,7 +86,7 @@ def _session(config: pytest.Config) -> CudaoptSession:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    return [device_summary(), _session(config).reproduce_line()]
+    return [device_summary(), *_session(config).header_lines()]
 
 
 def _is_workdir_file(file_path: Path) -> bool:
@@ -122,6 +129,7 @@ def _workdir_node(item: pytest.Item) -> WorkdirModule | None:
     return item.getparent(WorkdirModule)
 
 
+@pytest.hookimpl(trylast=True)  # after reordering plugins (pytest-randomly), for the gate's order
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     session = _session(config)
     for item in items:
@@ -131,11 +139,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         needs_device = any(item.get_closest_marker(m) for m in ("correctness", "perf"))
         if needs_device and session.settings.device == "cuda":
             item.add_marker(pytest.mark.gpu)
+    if session.settings.ci_gate:  # policy, then correctness, then perf (a stable sort)
+        order = ("policy", "correctness", "perf")
+        items.sort(key=lambda i: next((n for n, m in enumerate(order) if i.get_closest_marker(m)), len(order)))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("gpu"):
-        reason = _session(item.config).gpu_unavailable_reason()
+        session = _session(item.config)
+        reason = session.gpu_unavailable_reason()
+        if reason and session.settings.ci_gate:
+            from pytest_cudaopt.gate import SETUP_PROPERTY
+
+            item.user_properties.append((SETUP_PROPERTY, reason))
+            pytest.fail(f"{reason}: the CI gate never passes without the device", pytrace=False)
         if reason:
             pytest.skip(reason)
 
@@ -171,6 +188,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
 
 
 @pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """pytest-xdist controller: every worker gets the controller's seed, so the seed in the
+    header replays a failure of any worker."""
+    node.workerinput["cudaopt_seed"] = _session(node.config).seed
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error) -> None:
     """pytest-xdist controller: collect the results of a finished worker."""
     records = getattr(node, "workeroutput", {}).get("cudaopt_records", [])
@@ -180,7 +204,8 @@ def pytest_testnodedown(node, error) -> None:
 @pytest.fixture
 def cudaopt_perf_clock():
     """The clock of the perf items; None means CUDA events on a GPU, perf_counter on the CPU.
-    Override in a conftest.py (e.g. a `timing.FakeClock`) to test the perf machinery."""
+    It decides a verdict, so a conftest.py may override it (e.g. with a `timing.FakeClock`,
+    to test the perf machinery) only under `--cudaopt-self-test` / `CUDAOPT_SELF_TEST=1`."""
     return None
 
 

@@ -133,6 +133,22 @@ def gate_verdict(medians: Mapping[str, float], failures: Mapping[str, str], *,
     return fail(f"speedup {baseline_median / custom_median:.3f}x is below the required {min_speedup:g}x")
 
 
+def regression_verdict(medians: Mapping[str, float], *, margin: float) -> dict[str, Any]:
+    """The candidate against the target branch's ModelNew timed in the same run: passes iff
+    `median(custom) <= median(target) * (1 + margin)`. {} when either was not timed (a
+    missing baseline never fails a run)."""
+    custom, target = _finite(medians.get(CUSTOM)), _finite(medians.get("target"))
+    if custom is None or target is None:
+        return {}
+    ratio = custom / target
+    passed = ratio <= 1 + margin
+    note = (f"regression check: median(ModelNew (custom)) / median(ModelNew (target branch)) = "
+            f"{format_seconds(custom)} / {format_seconds(target)} = {ratio:.3f} "
+            f"{'<=' if passed else '>'} 1 + {margin:g}: {'PASS' if passed else 'FAIL'}")
+    return {"passed": passed, "ratio": ratio, "margin": margin, "custom_median_s": custom,
+            "target_median_s": target, "note": note}
+
+
 def _finite(value: float | None) -> float | None:
     if value is None or math.isnan(value) or math.isinf(value) or value <= 0:
         return None
@@ -160,6 +176,7 @@ class PerfResult:
     environment: dict[str, Any] = field(default_factory=dict)
     failure: str = ""                                            # a failure outside the gate
     traces: dict[str, Any] = field(default_factory=dict)         # key -> trace.Trace of one call
+    regression: dict[str, Any] = field(default_factory=dict)     # the check against the target branch
     kind: str = "perf"
 
     @property
@@ -239,7 +256,7 @@ class PerfResult:
         if key == CUSTOM:
             if self.gate.passed and not self.failure:
                 return f"PASS (>= {self.gate.min_speedup:g}x)"
-            if failures.get(CUSTOM):
+            if failures.get(CUSTOM) or self.gate.passed:
                 return "FAIL (see below)"
             speed = self.gate.speedup
             return f"FAIL (< {self.gate.min_speedup:g}x)" if speed else "FAIL (see below)"
@@ -251,6 +268,8 @@ class PerfResult:
             return "reference"
         if key.startswith("peer:"):
             return "not gated"
+        if key == "target":
+            return "regression baseline"
         return "baseline"
 
     def row(self) -> dict[str, str]:
@@ -269,6 +288,8 @@ class PerfResult:
         if self.failure:
             lines.append(f"FAIL: {self.failure}")
         lines.append(self.gate.describe(self.labels))
+        if self.regression:
+            lines.append(self.regression["note"])
         failures = self.failures()
         for key, reason in failures.items():
             lines.append(reason if key.endswith("*") else f"{self.label(key)}: {reason}")
@@ -341,6 +362,7 @@ class PerfResult:
                 "precision_note": self.precision_note, "labels": self.labels,
                 "gate": self.gate.to_json(), "compile_seconds": self.compile_seconds,
                 "errors": self.errors, "environment": self.environment, "gate_clock": self.gate_clock,
+                "regression": self.regression,
                 "timing": self.measurement.to_json() if self.measurement is not None else None,
                 "traces": {k: t.to_json() for k, t in self.traces.items()},
                 "figure_warnings": self._custom_warnings()}
@@ -526,19 +548,23 @@ def terminal_summary(terminalreporter: Any, session: Any) -> None:
 
 
 def document(results: Sequence[Any], *, seed: int | None = None,
-             settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The JSON report: schema, time, environment, seed, settings and every result's record."""
+             settings: Mapping[str, Any] | None = None,
+             relaxations: Sequence[str] = ()) -> dict[str, Any]:
+    """The JSON report: schema, time, environment, seed, settings, the relaxations in force
+    and every result's record."""
     return {"schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "environment": environment(), "seed": seed, "settings": dict(settings or {}),
+            "relaxations": list(relaxations),
             "passed": all(bool(r.passed) for r in results),
             "results": [record(r) for r in results]}
 
 
 def write_json(path: str | Path, results: Sequence[Any], *, seed: int | None = None,
-               settings: Mapping[str, Any] | None = None) -> Path:
+               settings: Mapping[str, Any] | None = None, relaxations: Sequence[str] = ()) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(document(results, seed=seed, settings=settings), indent=2, default=_json_default)
+    text = json.dumps(document(results, seed=seed, settings=settings, relaxations=relaxations),
+                      indent=2, default=_json_default)
     path.write_text(text + "\n")
     return path
 

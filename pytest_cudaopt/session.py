@@ -49,17 +49,47 @@ def pin_worker_to_gpu(worker_id: str) -> int | None:
     return index
 
 
+def workdirs_in(args, invocation_dir: Path, rootpath: Path) -> list[Path]:
+    """The workdirs a pytest command line names (a workdir folder, its model_new.py or an
+    item of it; relative to `invocation_dir`), and the rootdir when it is one."""
+    found = []
+    for arg in [*args, str(rootpath)]:
+        path = Path(invocation_dir, str(arg).split("::")[0])
+        folder = path.parent if path.name == "model_new.py" else path
+        if (folder / "model.py").is_file() and (folder / "model_new.py").is_file():
+            found.append(folder.resolve())
+    return list(dict.fromkeys(found))
+
+
 class CudaoptSession:
-    def __init__(self, settings: Settings, rootpath: Path):
+    def __init__(self, settings: Settings, rootpath: Path, seed: int | None = None):
         self.settings = settings
         self.rootpath = Path(rootpath)
-        # The seed from which every trial's secret seed is derived; a replay fixes it.
-        self.seed: int = settings.seed if settings.seed is not None else secrets.randbits(32)
+        # The seed from which every trial's secret seed is derived; a replay fixes it, and
+        # pytest-xdist workers receive the controller's (`seed`).
+        if seed is None:
+            seed = settings.seed if settings.seed is not None else secrets.randbits(32)
+        self.seed: int = seed
         self.results: list[Any] = []
+        # The workdirs this run judges (set by the plugin from the command line).
+        self.workdir_paths: list[Path] = []
         self._extensions: dict[Path, Any] = {}
         self._workdirs: dict[Path, Any] = {}
         # Set by the first CUDA fault: (item id, message). Later GPU items report it.
         self.fault: tuple[str, str] | None = None
+
+    def relaxations(self) -> list[str]:
+        from pytest_cudaopt import trust
+
+        return trust.relaxations(self.settings, self.workdir_paths)
+
+    def header_lines(self) -> list[str]:
+        """The reproduce line, then every relaxation in force, loudly."""
+        relaxed = self.relaxations()
+        lines = [self.reproduce_line()]
+        if relaxed:
+            lines.append(f"cudaopt: RELAXED ({len(relaxed)}): " + "; ".join(relaxed))
+        return lines
 
     def reproduce_line(self) -> str:
         return (f"cudaopt: seed {self.seed} (replay with --cudaopt-seed={self.seed}), "
@@ -71,6 +101,22 @@ class CudaoptSession:
         if cuda_device_name() is None:
             return "no CUDA device visible (torch.cuda.is_available() is False)"
         return None
+
+    def verdict_fixture(self, request, name: str):
+        """The value of fixture `name`, which decides a verdict: refused (the item fails)
+        when a conftest.py overrides the plugin's definition, unless `self_test` is set."""
+        import pytest
+
+        defs = request._pyfuncitem._fixtureinfo.name2fixturedefs.get(name, ())
+        active = defs[-1] if defs else None
+        module = getattr(getattr(active, "func", None), "__module__", "pytest_cudaopt.plugin")
+        if module != "pytest_cudaopt.plugin" and not self.settings.self_test:
+            where = getattr(getattr(active, "func", None), "__code__", None)
+            place = f"{where.co_filename}:{where.co_firstlineno}" if where else module
+            pytest.fail(f"the fixture {name} decides the verdict and is overridden in {place}; "
+                        "a workdir cannot replace it (the plugin's own tests allow it with "
+                        "--cudaopt-self-test or CUDAOPT_SELF_TEST=1)", pytrace=False)
+        return request.getfixturevalue(name)
 
     def extension(self, workdir: Path):
         """The workdir's `cuda_extension`, built at most once per session."""
@@ -98,6 +144,19 @@ class CudaoptSession:
             self._workdirs[path] = load_workdir(path, self.extension(path))
         return self._workdirs[path]
 
+    def target_workdir(self):
+        """The loaded `baseline_workdir` (the target branch's checkout; its extension builds
+        and loads beside the candidate's), the error that loading it raised, or None."""
+        if not self.settings.baseline_workdir:
+            return None
+        from pytest_cudaopt.build import BuildError
+        from pytest_cudaopt.workdir import WorkdirError
+
+        try:
+            return self.workdir(Path(self.settings.baseline_workdir))
+        except (BuildError, WorkdirError, OSError) as exc:
+            return exc
+
     def terminal_summary(self, terminalreporter) -> None:
         if not self.results:
             return
@@ -123,4 +182,4 @@ class CudaoptSession:
         from pytest_cudaopt import report
 
         report.write_json(self.settings.report, self.results, seed=self.seed,
-                          settings=self.settings.as_dict())
+                          settings=self.settings.as_dict(), relaxations=self.relaxations())

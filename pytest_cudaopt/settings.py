@@ -119,11 +119,24 @@ OPTIONS: tuple[Option, ...] = (
            "profile one call of each contender (torch.profiler, CUDA activity): kernels, summed kernel "
            "time, and stream escapes at any duration"),
     Option("report", str, None, "write the verdicts as JSON to this path", ini=False),
+    Option("baseline_workdir", str, None,
+           "a checkout of the target branch's workdir: its ModelNew is timed as one more contender and "
+           "the candidate fails when slower than it by more than regression_margin", ini=False),
+    Option("regression_margin", _positive(float), 0.03,
+           "how much slower than the baseline workdir's ModelNew the candidate may be, as a fraction (0.03 is 3 percent)"),
+    Option("ci_gate", _bool, False,
+           "the CI gate: items run policy, correctness, perf; a GPU item that would be skipped fails",
+           ini=False),
     # build
     Option("build_dir", str, None,
            "root of the extension build folders, relative to the workdir; unset: <workdir>/build/cudaopt"),
     Option("cxx_flags", str, "", "extra host compiler flags for the extension, space separated"),
     Option("nvcc_flags", str, "", "extra nvcc flags for the extension, space separated"),
+    # trust
+    Option("self_test", _bool, False,
+           "let a conftest.py override fixtures that decide a verdict (cudaopt_perf_clock), for the "
+           "plugin's own tests; never read from an ini file, and the environment variable only as it "
+           "was before any conftest.py ran", ini=False),
 )
 
 BY_NAME: dict[str, Option] = {option.name: option for option in OPTIONS}

@@ -45,10 +45,12 @@ def cudaopt_perf_tracer():
 
 
 @pytest.fixture
-def workdir(pytester, make_workdir):
+def workdir(pytester, make_workdir, monkeypatch):
     """`workdir(durations=None, escaped=None, latency=None, traces=None)`: the built cpu_scale
     workdir at pytester.path/wd with a CPU ini, a fake clock when durations are given, and
-    a fake tracer when traces ({key: [(name, stream, start, duration)]}) are given."""
+    a fake tracer when traces ({key: [(name, stream, start, duration)]}) are given (both
+    allowed by CUDAOPT_SELF_TEST, which the pytest subprocesses inherit)."""
+    monkeypatch.setenv("CUDAOPT_SELF_TEST", "1")
 
     def make(durations=None, escaped=None, latency=None, traces=None):
         path = make_workdir("cpu_scale", dest=pytester.path / "wd")
@@ -297,3 +299,36 @@ def test_the_trace_setting_turns_the_kernel_trace_off(pytester, workdir):
     result = run_pytest(pytester, "wd", "-m", "perf", "--cudaopt-trace=false")
     result.assert_outcomes(passed=1)
     assert "kernel sum" not in result.stdout.str()
+
+
+def test_a_workdir_conftest_cannot_replace_the_perf_clock_without_the_self_test_setting(
+        pytester, workdir, monkeypatch):
+    workdir(speeds(custom=1 * MS, compile_=2 * MS))
+    monkeypatch.delenv("CUDAOPT_SELF_TEST")
+    result = run_pytest(pytester, "wd", "-m", "perf")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*the fixture cudaopt_perf_clock decides the verdict and is overridden in "
+                                 "*wd*conftest.py:*; a workdir cannot replace it*"])
+    # A conftest.py that sets the variable itself is too late: the plugin read it at load.
+    conftest = pytester.path / "wd" / "conftest.py"
+    conftest.write_text("import os\nos.environ['CUDAOPT_SELF_TEST'] = '1'\n" + conftest.read_text())
+    run_pytest(pytester, "wd", "-m", "perf").assert_outcomes(failed=1)
+    run_pytest(pytester, "wd", "-m", "perf", "--cudaopt-self-test=1").assert_outcomes(passed=1)
+
+
+def test_pytest_xdist_workers_use_the_seed_the_controller_printed(pytester, workdir):
+    pytest.importorskip("xdist", reason="pytest-xdist is not installed (it is in the test extra)")
+    workdir()
+    (pytester.path / "wd" / "conftest.py").write_text(
+        "from pytest_cudaopt import plugin\n"
+        "def pytest_runtest_setup(item):\n"
+        "    print(f'WORKER-SEED {item.config.stash[plugin.SESSION_KEY].seed}')\n")
+    result = run_pytest(pytester, "wd", "-m", "correctness", "-n", "2", "-p", "no:randomly", "-rA",
+                        "--cudaopt-report=report.json")
+    result.assert_outcomes(passed=4)
+    seed = json.loads((pytester.path / "report.json").read_text())["seed"]
+    header = [line for line in result.outlines if line.startswith("cudaopt: seed ")]
+    assert header == [f"cudaopt: seed {seed} (replay with --cudaopt-seed={seed}), device cpu, "
+                      "hypothesis profile ci"]
+    worker_seeds = {line.split()[-1] for line in result.outlines if line.startswith("WORKER-SEED ")}
+    assert worker_seeds == {str(seed)}

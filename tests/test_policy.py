@@ -410,6 +410,39 @@ def test_an_edited_binding_registry_names_the_first_changed_line(clean_workdir: 
     assert (violation.path, violation.line, violation.rule) == ("binding_registry.h", 30, "PF001")
 
 
+def test_the_lock_covers_the_workdirs_conftest_and_peers(clean_workdir: Path) -> None:
+    (clean_workdir / "conftest.py").write_text("import pytest\n")
+    (clean_workdir / "peers.py").write_text("PEERS = {}\n")
+    assert [(v.path, v.rule) for v in policy.check_workdir(clean_workdir)] == [
+        ("conftest.py", "PF003"), ("peers.py", "PF003")]
+    policy.write_lock(clean_workdir)
+    assert policy.check_workdir(clean_workdir) == []
+    (clean_workdir / "conftest.py").write_text("import pytest\n\n@pytest.fixture\ndef cudaopt_perf_clock(): ...\n")
+    [violation] = policy.check_workdir(clean_workdir)
+    assert (violation.path, violation.rule) == ("conftest.py", "PF003") and "changed since" in violation.message
+
+
+def test_the_lock_covers_the_cudaopt_settings_not_the_rest_of_pyproject(clean_workdir: Path) -> None:
+    pyproject = clean_workdir / "pyproject.toml"
+    pyproject.write_text('[project]\nname = "x"\n[tool.pytest.ini_options]\ncudaopt_min_speedup = "1.05"\n'
+                         'addopts = "-ra"\n[tool.cudaopt]\nallow-imports = ["numpy"]\n')
+    policy.write_lock(clean_workdir)
+    # Reformatting, reordering and unrelated keys do not count.
+    pyproject.write_text('[tool.cudaopt]\nallow-imports = [ "numpy" ]\n\n[project]\nname = "y"\n'
+                         '[tool.pytest.ini_options]\naddopts = "-q"\ncudaopt_min_speedup = "1.05"\n')
+    assert policy.check_workdir(clean_workdir) == []
+    pyproject.write_text('[tool.pytest.ini_options]\ncudaopt_min_speedup = "0.5"\n'
+                         '[tool.cudaopt]\nallow-imports = ["numpy"]\ndisable = ["PF003", "MN003"]\n')
+    messages = sorted(v.message.split(";")[0] for v in policy.check_workdir(clean_workdir))
+    assert messages == [
+        "setting pyproject.toml [tool.cudaopt] disable was added after the workdir was locked",
+        "setting pyproject.toml [tool.pytest.ini_options] cudaopt_min_speedup changed since it was "
+        "recorded in cudaopt.lock"]
+    (clean_workdir / "pytest.ini").write_text("[pytest]\ncudaopt_atol = 1\n")
+    assert any(v.path == "pytest.ini" and "cudaopt_atol was added" in v.message
+               for v in policy.check_workdir(clean_workdir))
+
+
 def test_disable_skips_a_rule(clean_workdir: Path) -> None:
     (clean_workdir / "cudaopt.lock").unlink()
     (clean_workdir / "pyproject.toml").write_text('[tool.cudaopt]\ndisable = ["PF002"]\n')
@@ -423,6 +456,7 @@ def test_disable_skips_a_rule(clean_workdir: Path) -> None:
 ])
 def test_a_bad_configuration_is_reported(table: str, message: str, clean_workdir: Path) -> None:
     (clean_workdir / "pyproject.toml").write_text(f'[project]\nname = "x"\n\n[tool.cudaopt]\n{table}\n')
+    policy.write_lock(clean_workdir)
     [violation] = policy.check_workdir(clean_workdir)
     assert (violation.path, violation.line, violation.rule) == ("pyproject.toml", 4, "CF001")
     assert message in violation.message

@@ -20,8 +20,12 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+# Files outside kernels/ and model_new.py that can move a verdict, locked when present.
+LOCKED_FILES = ("model.py", "conftest.py", "peers.py")
+
+
 def _locked_files(workdir: Path) -> list[str]:
-    names = ["model.py"]
+    names = [name for name in LOCKED_FILES if name == "model.py" or (workdir / name).is_file()]
     utils = workdir / "utils"
     if utils.is_dir():
         names += sorted(p.relative_to(workdir).as_posix() for p in utils.rglob("*")
@@ -29,22 +33,73 @@ def _locked_files(workdir: Path) -> list[str]:
     return names
 
 
+def _canonical(value) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def locked_settings(workdir: Path) -> dict[str, str]:
+    """The verdict-moving settings held in the workdir's own files, each rendered canonically
+    (so reformatting or unrelated edits of the file do not count): the `[tool.cudaopt]` table
+    and the `cudaopt_*` ini keys of pyproject.toml, and the `cudaopt_*` keys of pytest.ini."""
+    from pytest_cudaopt.policy.rules import _load_toml
+
+    found: dict[str, str] = {}
+    pyproject = workdir / "pyproject.toml"
+    if pyproject.is_file():
+        try:
+            data = _load_toml(pyproject)
+        except Exception:  # unparseable: CF001 says why; any change of the file counts
+            data = None
+        if data is None:
+            found["pyproject.toml (unparsed)"] = _sha256(pyproject)
+        else:
+            tool = data.get("tool", {}) if isinstance(data.get("tool"), dict) else {}
+            table = tool.get("cudaopt", {})
+            for key, value in (table.items() if isinstance(table, dict) else [("", table)]):
+                found[f"pyproject.toml [tool.cudaopt] {key}".rstrip()] = _canonical(value)
+            ini = tool.get("pytest", {}).get("ini_options", {}) if isinstance(tool.get("pytest"), dict) else {}
+            for key, value in (ini.items() if isinstance(ini, dict) else []):
+                if key.startswith("cudaopt_"):
+                    found[f"pyproject.toml [tool.pytest.ini_options] {key}"] = _canonical(value)
+    pytest_ini = workdir / "pytest.ini"
+    if pytest_ini.is_file():
+        import configparser
+
+        parser = configparser.ConfigParser(interpolation=None)
+        try:
+            parser.read(pytest_ini, encoding="utf-8")
+            items = parser.items("pytest") if parser.has_section("pytest") else []
+        except configparser.Error:
+            items = [("(unparsed)", _sha256(pytest_ini))]
+        for key, value in items:
+            if key.startswith("cudaopt_") or key == "(unparsed)":
+                found[f"pytest.ini [pytest] {key}"] = _canonical(value.strip())
+    return found
+
+
 def write_lock(workdir: Path) -> Path:
-    """Record the sha256 of model.py and every file of utils/ in `<workdir>/cudaopt.lock`."""
+    """Record what the optimiser must not change in `<workdir>/cudaopt.lock`: the sha256 of
+    model.py, conftest.py, peers.py and every file of utils/, and of each verdict-moving
+    setting (`locked_settings`). The one writer of the lock (`cudaopt init`, `--lock-only`)."""
     workdir = Path(workdir).resolve()
     if not (workdir / "model.py").is_file():
         raise FileNotFoundError(f"{workdir} has no model.py to lock")
     files = {name: _sha256(workdir / name) for name in _locked_files(workdir)}
+    settings = {key: hashlib.sha256(text.encode()).hexdigest()
+                for key, text in sorted(locked_settings(workdir).items())}
     lock = workdir / LOCK_NAME
     lock.write_text(json.dumps({
-        "about": "sha256 of the files the optimiser must not change; checked by `cudaopt check` (PF003)",
+        "about": "sha256 of the files and settings the optimiser must not change; checked by "
+                 "`cudaopt check` (PF003)",
         "files": files,
+        "settings": settings,
     }, indent=2) + "\n", encoding="utf-8")
     return lock
 
 
 def check_protected(workdir: Path) -> list[Violation]:
-    """PF001-PF003: the fixed binding files match the shipped copies; model.py and utils/ match the lock."""
+    """PF001-PF003: the fixed binding files match the shipped copies; model.py, conftest.py,
+    peers.py, utils/ and the cudaopt settings of pyproject.toml/pytest.ini match the lock."""
     found = []
     for name in PROTECTED_TEMPLATES:
         path, master = workdir / name, TEMPLATES / name
@@ -65,10 +120,12 @@ def check_protected(workdir: Path) -> list[Violation]:
         return found + [Violation(LOCK_NAME, 1, "PF002",
                                   f"no lock file: model.py and utils/ cannot be proven unchanged; {hint}")]
     try:
-        recorded = json.loads(lock_path.read_text(encoding="utf-8"))["files"]
-        if not isinstance(recorded, dict):
-            raise TypeError("files is not a table")
-    except (ValueError, KeyError, TypeError) as exc:
+        document = json.loads(lock_path.read_text(encoding="utf-8"))
+        recorded = document["files"]
+        recorded_settings = document.get("settings", {})
+        if not isinstance(recorded, dict) or not isinstance(recorded_settings, dict):
+            raise TypeError("files or settings is not a table")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         return found + [Violation(LOCK_NAME, 1, "PF002", f"lock file is not valid ({exc}); {hint}")]
     if "model.py" not in recorded:
         found.append(Violation(LOCK_NAME, 1, "PF002", f"lock file records no model.py; {hint}"))
@@ -82,6 +139,19 @@ def check_protected(workdir: Path) -> list[Violation]:
         elif _sha256(path) != recorded[name]:
             found.append(Violation(name, 1, "PF003", f"{name} changed since it was recorded in {LOCK_NAME} "
                                                      f"(sha256 differs); restore it from version control"))
+    settings = {key: hashlib.sha256(text.encode()).hexdigest() for key, text in locked_settings(workdir).items()}
+    for key in sorted(set(recorded_settings) | set(settings)):
+        source = key.split(" ", 1)[0]
+        if key not in recorded_settings:
+            message = f"setting {key} was added after the workdir was locked"
+        elif key not in settings:
+            message = f"setting {key} was recorded in {LOCK_NAME} but is gone"
+        elif settings[key] != recorded_settings[key]:
+            message = f"setting {key} changed since it was recorded in {LOCK_NAME}"
+        else:
+            continue
+        found.append(Violation(source, 1, "PF003", message + "; only the owner changes it (then `"
+                               + LOCK_COMMAND.format(workdir=workdir) + "`)"))
     return found
 
 

@@ -46,7 +46,8 @@ RULES: dict[str, str] = {
     "PF001": "binding.cpp and binding_registry.h are byte-identical to the copies shipped in "
              "pytest_cudaopt",
     "PF002": f"the workdir has a valid lock file `{LOCK_NAME}` (written by `cudaopt init`)",
-    "PF003": f"model.py and utils/ are identical to what `{LOCK_NAME}` recorded",
+    "PF003": f"model.py, conftest.py, peers.py, utils/ and the cudaopt settings of pyproject.toml/pytest.ini "
+             f"are identical to what `{LOCK_NAME}` recorded",
     "KD001": "kernels/ holds no intermediate versions (`*_v2*`, `*_old*`, `*_test*`, `*_backup*`, "
              "`*.bak`, `*.orig`, `*.rej`, `*.tmp`, `*~`)",
     "KD002": "every kernels/<op>_binding.cpp has its <op>.cu or <op>.cpp, and every <op>.cu / <op>.cpp"

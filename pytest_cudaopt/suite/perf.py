@@ -58,11 +58,27 @@ def _is_fault(exc: BaseException | None) -> bool:
     return is_cuda_fault(exc)
 
 
+def _target_model(target: Any, model: torch.nn.Module, device: torch.device, seed: int) -> Any:
+    """The target branch's ModelNew with Model's weights, or why it cannot be built (a
+    broken target branch is reported, not held against the candidate)."""
+    if target is None:
+        return None
+    if isinstance(target, BaseException):
+        return f"the baseline workdir cannot be loaded: {str(target).strip().splitlines()[0]}"
+    try:
+        _, target_new = target.make_models(device, seed=seed)
+        target_new.load_state_dict(model.state_dict(), strict=True)
+    except Exception as exc:
+        return f"the baseline workdir's ModelNew cannot be built: {type(exc).__name__}: {exc}"
+    return target_new
+
+
 def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
-          tracer: Any = None) -> tuple[report.PerfResult, dict]:
+          tracer: Any = None, target: Any = None) -> tuple[report.PerfResult, dict]:
     """Time every contender of `workdir`, trace one call of each (with `tracer`, if any)
     and decide the gate. Returns the result and what the pytest-benchmark recording needs
-    (the custom model and the input sets)."""
+    (the custom model and the input sets). `target` is the loaded baseline workdir (the
+    target branch), or the error that loading it raised."""
     device = torch.device(settings.device)
     model, model_new = workdir.make_models(device, seed=_derive_seed(seed, "perf", "weights"))
     input_sets = [workdir.inputs(_derive_seed(seed, "perf", "inputs", i), device)
@@ -75,7 +91,8 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
         model, model_new, timing.clone_inputs(input_sets[0]), device,
         compile_mode=settings.compile_mode, compile_backend=settings.compile_backend,
         precision_matched=precision_matched, workdir=workdir.path,
-        reference_module=workdir.reference, init_inputs=workdir.init_inputs())
+        reference_module=workdir.reference, init_inputs=workdir.init_inputs(),
+        target=_target_model(target, model, device, _derive_seed(seed, "perf", "weights")))
     # Eager Model is the float32 reference; every other contender's tier is measured.
     tiers = {baselines.EAGER: "fp32", baselines.CUSTOM: tier}
     for contender in lineup.contenders:
@@ -105,6 +122,11 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
         labels={c.key: c.label for c in lineup.contenders}, tiers=tiers, precision_note=note,
         compile_seconds=lineup.compile_seconds, errors=lineup.errors,
         environment=report.environment(), traces=traces)
+    result.regression = report.regression_verdict(medians, margin=settings.regression_margin)
+    if result.regression and not result.regression["passed"]:
+        result.failure = (f"slower than the target branch's ModelNew by "
+                          f"{(result.regression['ratio'] - 1) * 100:.1f}% (margin "
+                          f"{settings.regression_margin * 100:g}%)")
     return result, {"model_new": model_new, "input_sets": input_sets, "device": device}
 
 
@@ -159,16 +181,20 @@ class TestPerf:
                         pytrace=False)
         from pytest_cudaopt.workdir import WorkdirError
 
-        clock = cudaopt_perf_clock or timing.default_clock(cudaopt_settings.device,
-                                                           cuda_graph=cudaopt_settings.cuda_graph)
+        # The clock and the tracer decide the verdict: a conftest.py's override is refused
+        # outside self-tests.
+        clock = cudaopt_session.verdict_fixture(request, "cudaopt_perf_clock")
+        clock = clock or timing.default_clock(cudaopt_settings.device, cuda_graph=cudaopt_settings.cuda_graph)
         tracer = None
         if cudaopt_settings.trace:
-            tracer = cudaopt_perf_tracer or trace.default_tracer(cudaopt_settings.device)
+            tracer = cudaopt_session.verdict_fixture(request, "cudaopt_perf_tracer")
+            tracer = tracer or trace.default_tracer(cudaopt_settings.device)
         with torch.no_grad():
             try:
                 workdir = cudaopt_session.workdir(cudaopt_workdir_path)
                 result, extra = judge(workdir=workdir, settings=cudaopt_settings, seed=cudaopt_session.seed,
-                                      clock=clock, test=request.node.nodeid, tracer=tracer)
+                                      clock=clock, test=request.node.nodeid, tracer=tracer,
+                                      target=cudaopt_session.target_workdir())
             except WorkdirError as exc:
                 pytest.fail(str(exc), pytrace=False)
             changed = timing.tampered()

@@ -1,0 +1,139 @@
+"""The CI gate: one pytest session (policy, correctness, perf), its exit code and its summary files."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+# Exit codes of `cudaopt gate`: a failed verdict is the candidate's; a broken setup is the runner's.
+PASSED = 0        # every verdict passed (and no regression against the target branch)
+FAILED = 1        # a verdict failed: a rule, correctness, the speed gate or the regression check
+USAGE = 2         # bad arguments (argparse)
+BROKEN = 3        # the setup is broken: no CUDA device, a verdict kind not collected, pytest error
+KINDS = ("policy", "correctness", "perf")
+SETUP_PROPERTY = "cudaopt_setup_broken"  # user property of an item that failed for the runner's sake
+
+
+@dataclass(eq=False)  # hashable: pytest keeps plugins in sets
+class Observer:
+    """A pytest plugin object that records what the gate needs to decide its exit code."""
+
+    kinds: dict[str, int] = field(default_factory=dict)
+    failed: list[tuple[str, str]] = field(default_factory=list)     # (node id, failure text)
+    broken: list[tuple[str, str]] = field(default_factory=list)     # (node id, why)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def pytest_runtest_logreport(self, report) -> None:
+        # From the reports, not the collection: a pytest-xdist controller collects nothing.
+        if report.when == "setup":
+            for kind in KINDS:
+                if kind in report.keywords:
+                    self.kinds[kind] = self.kinds.get(kind, 0) + 1
+        broken = dict(report.user_properties).get(SETUP_PROPERTY)
+        if broken and report.failed:
+            self.broken.append((report.nodeid, broken))
+        elif report.failed:
+            self.failed.append((report.nodeid, report.longreprtext))
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            outcome = report.outcome
+            self.counts[outcome] = self.counts.get(outcome, 0) + 1
+
+
+def lock_change(workdir: Path, baseline_workdir: Path | None) -> str | None:
+    """Why the candidate's cudaopt.lock cannot be trusted, or None. The candidate could
+    rewrite its own lock after editing a locked file, so with a target branch the lock must
+    be the target branch's, byte for byte."""
+    if baseline_workdir is None:
+        return None
+    mine, theirs = Path(workdir) / "cudaopt.lock", Path(baseline_workdir) / "cudaopt.lock"
+    if not theirs.is_file():
+        return None  # the target branch has no lock yet: PF002 judges the candidate's
+    if not mine.is_file() or mine.read_bytes() != theirs.read_bytes():
+        return (f"{mine} differs from the target branch's {theirs}: a change to the locked files "
+                "(model.py, conftest.py, peers.py, utils/, the cudaopt settings) needs the owner's "
+                "review; run the gate with --allow-lock-change for such a pull request")
+    return None
+
+
+def exit_code(pytest_status: int, observer: Observer) -> tuple[int, list[str]]:
+    """The gate's exit code and the reasons for it, from pytest's status and what was seen."""
+    reasons = []
+    missing = [k for k in KINDS if not observer.kinds.get(k)]
+    if missing:
+        reasons.append(f"no {', '.join(missing)} items were collected: the gate needs all three verdicts")
+    reasons += [f"{node}: {why}" for node, why in observer.broken]
+    if pytest_status not in (0, 1):
+        reasons.append(f"pytest ended with status {pytest_status} (interrupted, internal error, "
+                       "usage error or nothing collected)")
+    if reasons:
+        return BROKEN, reasons
+    if pytest_status == 1 or observer.failed:
+        return FAILED, [f"{node} failed" for node, _ in observer.failed]
+    return PASSED, []
+
+
+def summary_markdown(code: int, reasons: Sequence[str], observer: Observer, report_path: Path,
+                     relaxations: Sequence[str]) -> str:
+    """The job summary: the outcome, why, the relaxations in force, the verdict tables and
+    the first lines of each failure."""
+    from pytest_cudaopt import report
+
+    title = {PASSED: "PASSED", FAILED: "FAILED (a verdict failed)", BROKEN: "BROKEN (the setup, not the candidate)"}
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(observer.counts.items()))
+    out = [f"## cudaopt gate: {title.get(code, code)}", "", f"exit code {code}; items: {counts or 'none'}", ""]
+    out += [f"- {line}" for line in reasons]
+    if relaxations:
+        out += ["", f"**Relaxations in force ({len(relaxations)}):**", ""] + [f"- {r}" for r in relaxations]
+    if report_path.is_file():
+        out += ["", report.render_file(report_path, fmt="markdown")]
+    for node, text in observer.failed:
+        lines = text.strip().splitlines()
+        out += ["", f"<details><summary>{node}</summary>", "", "```",
+                *lines[:40], *(["..."] if len(lines) > 40 else []), "```", "</details>"]
+    return "\n".join(out) + "\n"
+
+
+def run(workdir: Path, *, out: Path, baseline_workdir: Path | None = None,
+        regression_margin: float | None = None, pytest_args: Sequence[str] = (),
+        allow_lock_change: bool = False) -> int:
+    """Run the gate on `workdir`; write report.json, junit.xml and summary.md to `out` (and
+    the summary to $GITHUB_STEP_SUMMARY when set). Returns the gate's exit code."""
+    import pytest
+
+    from pytest_cudaopt.cli import entry_point_installed
+
+    out.mkdir(parents=True, exist_ok=True)
+    report_path = out / "report.json"
+    report_path.unlink(missing_ok=True)
+    args = [str(workdir / "model_new.py"), "--rootdir", str(workdir), "-p", "no:cacheprovider",
+            "--cudaopt-ci-gate=1", f"--cudaopt-report={report_path}", f"--junitxml={out / 'junit.xml'}",
+            "-o", "junit_family=xunit2"]
+    if baseline_workdir is not None:
+        args.append(f"--cudaopt-baseline-workdir={baseline_workdir}")
+    if regression_margin is not None:
+        args.append(f"--cudaopt-regression-margin={regression_margin}")
+    if not entry_point_installed():
+        args[:0] = ["-p", "pytest_cudaopt.plugin"]
+    observer = Observer()
+    status = int(pytest.main([*args, *pytest_args], plugins=[observer]))
+    code, reasons = exit_code(status, observer)
+    changed = None if allow_lock_change else lock_change(workdir, baseline_workdir)
+    if changed and code == PASSED:
+        code = FAILED
+    if changed:
+        reasons.append(changed)
+    relaxations = []
+    if report_path.is_file():
+        relaxations = json.loads(report_path.read_text()).get("relaxations", [])
+    text = summary_markdown(code, reasons, observer, report_path, relaxations)
+    (out / "summary.md").write_text(text)
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary:
+        with open(step_summary, "a", encoding="utf-8") as handle:
+            handle.write(text)
+    print(f"cudaopt gate: exit {code} ({'; '.join(reasons) or 'all verdicts passed'}); "
+          f"summary, report.json and junit.xml in {out}")
+    return code
