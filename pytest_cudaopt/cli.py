@@ -8,6 +8,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
+DESCRIPTION = (
+    "Judge a workdir that accelerates a PyTorch model (model.py) with a hand-written CUDA C++ "
+    "extension (model_new.py + kernels/): build it, verify it against model.py on many shapes, "
+    "time it against torch.compile, check the workdir rules, create a workdir, render a report.")
+
 
 def _workdir(text: str) -> Path:
     path = Path(text).resolve()
@@ -46,6 +51,10 @@ def cmd_build(args: argparse.Namespace) -> int:
     except build.BuildError as exc:
         print(exc.report(), file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        # ninja was interrupted too (same process group) and the lock is released.
+        print("cudaopt build: interrupted", file=sys.stderr)
+        return 130
     print(build.describe(result))
     return 0
 
@@ -76,7 +85,10 @@ def cmd_init(args: argparse.Namespace) -> int:
         if args.model is None:
             print("cudaopt init: --model path/to/model.py is required (or --lock-only)", file=sys.stderr)
             return 2
-        created = scaffold.init_workdir(Path(args.dir), Path(args.model))
+        notes: list[str] = []
+        created = scaffold.init_workdir(Path(args.dir), Path(args.model), notes)
+        for note in notes:
+            print(f"cudaopt init: warning: {note}", file=sys.stderr)
     except scaffold.ScaffoldError as exc:
         print(f"cudaopt init: {exc}", file=sys.stderr)
         return 1
@@ -97,7 +109,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="cudaopt", description=__doc__)
+    top = argparse.ArgumentParser(prog="cudaopt", description=DESCRIPTION)
+    top.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = top.add_subparsers(dest="command", required=True)
 
     def with_workdir(name: str, help: str) -> argparse.ArgumentParser:
@@ -132,8 +145,24 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pytest-cudaopt")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    top = parser()
+    # `cudaopt verify --cudaopt-device=cpu` (workdir omitted): options before the workdir
+    # that argparse does not know are pytest's.
+    args, unknown = top.parse_known_args(argv)
+    if unknown:
+        if not hasattr(args, "pytest_args"):
+            top.error(f"unrecognized arguments: {' '.join(unknown)}")
+        args.pytest_args = unknown + list(args.pytest_args)
     return args.func(args)
 
 

@@ -78,7 +78,8 @@ def _session(config: pytest.Config) -> CudaoptSession:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    return [device_summary(), _session(config).reproduce_line()]
+    session = _session(config)
+    return [device_summary(session.settings.device), session.reproduce_line()]
 
 
 def _is_workdir_file(file_path: Path) -> bool:
@@ -130,13 +131,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         needs_device = any(item.get_closest_marker(m) for m in ("correctness", "perf"))
         if needs_device and session.settings.device == "cuda":
             item.add_marker(pytest.mark.gpu)
-
-
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker("gpu"):
-        reason = _session(item.config).gpu_unavailable_reason()
-        if reason:
-            pytest.skip(reason)
+    # A skip mark (not pytest.skip in a hook) so that `-rs` shows the item's own location.
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    reason = session.gpu_unavailable_reason() if gpu_items else None
+    if reason:
+        for item in gpu_items:
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.hookimpl(wrapper=True)

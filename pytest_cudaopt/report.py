@@ -448,6 +448,8 @@ def _json_default(value: Any) -> Any:
 def render_file(path: str | Path, fmt: str = "table") -> str:
     """Render a `--cudaopt-report` JSON file as tables (`cudaopt report`) or Markdown."""
     path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError) as exc:

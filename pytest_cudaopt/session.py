@@ -18,8 +18,9 @@ def cuda_device_name() -> str | None:
     return torch.cuda.get_device_name()
 
 
-def device_summary() -> str:
-    """Report-header line: torch, CUDA, GPU name and compute capability, build arch."""
+def device_summary(device: str = "cuda") -> str:
+    """Report-header line: torch, CUDA, GPU name and compute capability, and the build arch
+    when the workdir runs on cuda."""
     import torch
 
     from pytest_cudaopt import build
@@ -31,7 +32,8 @@ def device_summary() -> str:
     else:
         major, minor = torch.cuda.get_device_capability()
         parts.append(f"GPU {name} (sm_{major}{minor})")
-    parts.append(f"arch {build.resolve_arch()}")
+    if device == "cuda":
+        parts.append(f"arch {build.resolve_arch()}")
     return "cudaopt: " + ", ".join(parts)
 
 
