@@ -45,9 +45,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = CudaoptSession(resolved, rootpath=config.rootpath)
     if hasattr(config, "workerinput"):
         pin_worker_to_gpu(config.workerinput["workerid"])
-    from pytest_cudaopt import guards
+    from pytest_cudaopt import watchdog
 
-    guards.keep_stderr()  # the terminal's stderr, for the watchdog (fd 2 is captured during tests)
+    watchdog.keep_stderr()  # the terminal's stderr, for the watchdog (fd 2 is captured during tests)
     if config.pluginmanager.hasplugin("benchmark"):
         config.pluginmanager.register(_BenchmarkHooks(), "cudaopt-benchmark")
     else:
@@ -139,18 +139,46 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
+def _judged(item: pytest.Item) -> bool:
+    return any(item.get_closest_marker(m) for m in ("correctness", "perf"))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    node = _workdir_node(item)
+    if node is not None and _judged(item):
+        reason = _session(item.config).not_run_reason(node.workdir_path)
+        if reason:
+            pytest.fail(reason, pytrace=False)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
-    """Correctness and perf items run under the `cudaopt_timeout` watchdog; a CUDA fault
-    they raise is kept so that later items report it instead of failing in its wake."""
-    if not any(item.get_closest_marker(m) for m in ("correctness", "perf")):
+    """Correctness and perf items run under the `cudaopt_timeout` watchdog (watchdog.py); a
+    CUDA fault they raise is kept so that later items report it instead of failing in its wake."""
+    if not _judged(item):
         return (yield)
-    from pytest_cudaopt import guards
+    from pytest_cudaopt import guards, watchdog
 
     session = _session(item.config)
+    node = _workdir_node(item)
+    workdir = node.workdir_path if node is not None else session.rootpath
+    session.write_report(running=item.nodeid)  # what remains if nothing can interrupt a hang
+
+    def on_stuck(message: str) -> None:
+        session.record_hang(workdir, item.nodeid, dog.case, message, bool(item.get_closest_marker("correctness")))
+        watchdog.end_pytest_session(item, message)
+
+    # pytest's faulthandler_timeout owns faulthandler's single timer when it is set.
+    backstop = not float(item.config.getini("faulthandler_timeout") or 0)
+    dog = watchdog.Watchdog(session.settings.timeout, item.nodeid, on_stuck=on_stuck, backstop=backstop)
     try:
-        with guards.Watchdog(session.settings.timeout, item.nodeid):
+        with dog:
             return (yield)
+    except watchdog.HangTimeout:
+        message = dog.message()
+        session.record_hang(workdir, item.nodeid, dog.case, message, bool(item.get_closest_marker("correctness")))
+        pytest.fail(f"{message}; the later correctness and perf items of this workdir are not run",
+                    pytrace=False)
     except BaseException as exc:
         if session.fault is None and guards.is_cuda_fault(exc):
             session.fault = (item.nodeid, str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))

@@ -62,6 +62,9 @@ class CudaoptSession:
         self._workdirs: dict[Path, Any] = {}
         # Set by the first CUDA fault: (item id, message). Later GPU items report it.
         self.fault: tuple[str, str] | None = None
+        # Workdir → (item id, message) of a correctness or perf item that timed out: the
+        # workdir's later correctness and perf items are not run.
+        self.hung: dict[Path, tuple[str, str]] = {}
 
     def reproduce_line(self) -> str:
         return (f"cudaopt: seed {self.seed} (replay with --cudaopt-seed={self.seed}), "
@@ -118,11 +121,27 @@ class CudaoptSession:
 
         self.results.extend(report.RecordedResult(r) for r in records)
 
-    def write_report(self) -> None:
-        """Write the JSON report to `--cudaopt-report` (if given)."""
+    def record_hang(self, workdir: Path, test: str, case: str, message: str, correctness: bool) -> None:
+        """A correctness or perf item of `workdir` timed out; a correctness item's row says so."""
+        self.hung.setdefault(Path(workdir).resolve(), (test, message))
+        if correctness:
+            from pytest_cudaopt.compare import CorrectnessResult
+
+            self.results.append(CorrectnessResult(workdir=str(workdir), test=test, case=case or "?",
+                                                  passed=False, check="timeout", message=message))
+
+    def not_run_reason(self, workdir: Path) -> str | None:
+        hung = self.hung.get(Path(workdir).resolve())
+        if hung is None:
+            return None
+        return f"not run: {hung[0]} timed out ({hung[1]})"
+
+    def write_report(self, running: str | None = None) -> None:
+        """Write the JSON report to `--cudaopt-report` (if given); `running`: written before
+        that item, as an incomplete report that survives a hang nothing can interrupt."""
         if not self.settings.report:
             return
         from pytest_cudaopt import report
 
         report.write_json(self.settings.report, self.results, seed=self.seed,
-                          settings=self.settings.as_dict())
+                          settings=self.settings.as_dict(), running=running)

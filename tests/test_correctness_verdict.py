@@ -5,6 +5,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -248,16 +249,99 @@ def test_a_cuda_fault_fails_its_test_and_the_later_ones_report_it_instead_of_cas
     result.stdout.fnmatch_lines(["*cudaopt summary*", "*FAIL (CUDA fault)*"])
 
 
-def test_a_hanging_candidate_is_stopped_by_the_timeout_naming_the_test_and_case(pytester, cheat):
-    cheat("hangs")
-    result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness", "--cudaopt-timeout=20", timeout=300)
+# Three kinds of hang (see pytest_cudaopt/watchdog.py): Python code the watchdog's signal
+# interrupts; a C call that released the GIL and never returns (a CUDA kernel that never ends;
+# here a second lock of a pthread mutex, which no signal interrupts); a C call that holds the
+# GIL (ctypes.PyDLL does not release it).
+HANGS = {
+    "sleeps": "time.sleep(3600)",
+    "python_loop": "while True:\n            pass",
+    "blocked_in_c": ("mutex = ctypes.create_string_buffer(64)\n"
+                     "        libc = ctypes.CDLL(None)\n"
+                     "        libc.pthread_mutex_lock(mutex)\n"
+                     "        libc.pthread_mutex_lock(mutex)"),
+    "holds_the_gil": "ctypes.PyDLL(None).sleep(3600)",
+}
+
+
+def _hanging(workdir: Path, kind: str) -> None:
+    source = (VARIANTS / "hangs.py").read_text().replace("import time", "import ctypes\nimport time")
+    (workdir / "model_new.py").write_text(source.replace("time.sleep(3600)", HANGS[kind]))
+
+
+def _run_hang(pytester, cheat, kind: str):
+    _hanging(cheat(), kind)
+    return run_pytest(pytester, "wd/model_new.py", "-m", "correctness or policy", "--cudaopt-timeout=2",
+                      "--cudaopt-report=r.json", "--junitxml=j.xml", "-rA", timeout=120)
+
+
+@pytest.mark.parametrize("kind", ["sleeps", "python_loop", "blocked_in_c"])
+def test_a_hang_fails_its_test_with_the_case_and_the_run_still_reports(pytester, cheat, kind):
+    result = _run_hang(pytester, cheat, kind)
     assert result.ret == 1
-    result.stderr.fnmatch_lines([
-        "*cudaopt: TIMEOUT: wd/model_new.py::TestCorrectness::test_canonical[[]seed0] ran longer than "
-        "cudaopt_timeout=20s on case canonical inputs of get_inputs(), seed *",
-        "*model_new.py*line 18, in forward*",
-        "*time.sleep(3600)*",
+    hung = "wd/model_new.py::TestCorrectness::test_canonical[[]seed0]"
+    result.stdout.fnmatch_lines([
+        f"*TIMEOUT: {hung} ran longer than cudaopt_timeout=2s on case canonical inputs of get_inputs(), seed *",
     ])
+    result.stdout.fnmatch_lines(["*cudaopt summary*", "*FAIL (timeout)*"])
+    cases = junit_cases(pytester.path / "j.xml")
+    assert cases[("wd", "test_canonical[seed0]")][0] == "failed"
+    assert "on case canonical inputs of get_inputs()" in cases[("wd", "test_canonical[seed0]")][1]
+    for later in ("test_canonical[seed1]", "test_canonical[seed2]", "test_drawn_shapes"):
+        outcome, text = cases[("wd", later)]
+        assert outcome in ("error", "skipped") and "not run" in text and "test_canonical[seed0]" in text, later
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report.get("complete", True) and not report["passed"]
+    [row] = [r["data"] for r in report["results"] if r["data"].get("check") == "timeout"]
+    assert row["case"].startswith("canonical inputs of get_inputs()")
+    policy = [outcome for (_, name), (outcome, text) in cases.items() if name.startswith("test_rule[")]
+    assert policy
+    if kind == "blocked_in_c":  # the watchdog ended the run: the policy items are reported as not run
+        result.stderr.fnmatch_lines(["*did not stop within 5s of being interrupted*"])
+        assert set(policy) == {"skipped"}
+    else:  # the process went on: the policy items ran
+        assert "passed" in policy
+
+
+def test_a_hang_that_holds_the_gil_leaves_the_report_written_before_the_item(pytester, cheat):
+    result = _run_hang(pytester, cheat, "holds_the_gil")
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(["*Timeout (0:00:17)!*", "*model_new.py*line * in forward*"])
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["complete"] is False and not report["passed"]
+    assert report["running"] == "wd/model_new.py::TestCorrectness::test_canonical[seed0]"
+
+
+def test_pytests_faulthandler_timeout_keeps_its_timer(pytester, cheat):
+    _hanging(cheat(), "python_loop")
+    pytester.makeini(INI + "faulthandler_timeout = 1\n")
+    result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness", "--cudaopt-timeout=3", timeout=120)
+    result.stderr.fnmatch_lines(["*Timeout (0:00:01)!*"])  # pytest's dump, then ours fails the item
+    result.stdout.fnmatch_lines(["*TIMEOUT: *test_canonical[[]seed0] ran longer than cudaopt_timeout=3s*"])
+
+
+def test_the_watchdog_never_interrupts_a_debugger(tmp_path):
+    script = tmp_path / "debugged.py"
+    script.write_text(textwrap.dedent("""
+        import bdb, sys, time
+        from pytest_cudaopt import watchdog
+
+        class Quiet(bdb.Bdb):
+            def user_line(self, frame):
+                pass
+
+        dbg = Quiet()
+        with watchdog.Watchdog(0.5, "t.py::test_x", backstop=True):
+            dbg.set_trace()      # a debugger is attached: the timeout must not fire
+            time.sleep(2.5)
+            dbg.set_quit()
+            sys.settrace(None)
+        print("survived")
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                          env=subprocess_env())
+    assert done.returncode == 0 and "survived" in done.stdout, done.stderr
+    assert "TIMEOUT" not in done.stderr
 
 
 def test_a_drawn_failure_replays_from_the_printed_command(pytester, cheat):
