@@ -230,20 +230,22 @@ def cudaopt_workdir_path(request: pytest.FixtureRequest, cudaopt_session: Cudaop
     return node.workdir_path if node is not None else cudaopt_session.rootpath
 
 
-def _built_extension(session: CudaoptSession, workdir: Path):
-    """A build that fails fails the item with the compiler's report, not a traceback."""
+def _built_extension(session: CudaoptSession, workdir: Path, test: str):
+    """A build that fails fails the item with the compiler's report, not a traceback (the
+    first item of the workdir; later ones refer to it)."""
     from pytest_cudaopt import build
 
     try:
         return session.extension(workdir)
     except build.BuildError as exc:
-        pytest.fail(exc.report(), pytrace=False)
+        failure = session.failure_report(workdir, test, exc)
+    pytest.fail(failure, pytrace=False)
 
 
 @pytest.fixture(scope="session")
-def cudaopt_root_extension(cudaopt_session: CudaoptSession):
+def cudaopt_root_extension(request: pytest.FixtureRequest, cudaopt_session: CudaoptSession):
     """The rootdir workdir's built `cuda_extension` module, built once per session."""
-    return _built_extension(cudaopt_session, cudaopt_session.rootpath)
+    return _built_extension(cudaopt_session, cudaopt_session.rootpath, request.node.nodeid)
 
 
 @pytest.fixture
@@ -253,4 +255,4 @@ def cuda_extension(request: pytest.FixtureRequest, cudaopt_session: CudaoptSessi
     items); built once per workdir per session."""
     if cudaopt_workdir_path.resolve() == cudaopt_session.rootpath.resolve():
         return request.getfixturevalue("cudaopt_root_extension")
-    return _built_extension(cudaopt_session, cudaopt_workdir_path)
+    return _built_extension(cudaopt_session, cudaopt_workdir_path, request.node.nodeid)

@@ -60,6 +60,7 @@ class CudaoptSession:
         self.results: list[Any] = []
         self._extensions: dict[Path, Any] = {}
         self._workdirs: dict[Path, Any] = {}
+        self._failures_reported: dict[tuple, str] = {}  # (workdir, error) → the item that reported it
         # Set by the first CUDA fault: (item id, message). Later GPU items report it.
         self.fault: tuple[str, str] | None = None
         # Workdir → (item id, message) of a correctness or perf item that timed out: the
@@ -90,18 +91,37 @@ class CudaoptSession:
                 self._extensions[workdir] = exc
         found = self._extensions[workdir]
         if isinstance(found, BaseException):
-            raise found
+            raise found.with_traceback(None)
         return found
 
     def workdir(self, path: Path):
         """The loaded workdir (`workdir.Workdir`: model.py, model_new.py, its extension),
-        loaded at most once per session. Raises build.BuildError or workdir.WorkdirError."""
-        from pytest_cudaopt.workdir import load_workdir
+        loaded at most once per session. Raises build.BuildError or workdir.WorkdirError (the
+        same one again for every later item of the workdir)."""
+        from pytest_cudaopt.workdir import WorkdirError, load_workdir
 
         path = Path(path).resolve()
         if path not in self._workdirs:
-            self._workdirs[path] = load_workdir(path, self.extension(path))
-        return self._workdirs[path]
+            try:
+                self._workdirs[path] = load_workdir(path, self.extension(path))
+            except WorkdirError as exc:
+                self._workdirs[path] = exc
+        found = self._workdirs[path]
+        if isinstance(found, BaseException):
+            raise found.with_traceback(None)
+        return found
+
+    def failure_report(self, path: Path, test: str, exc: BaseException) -> str:
+        """What an item says about its workdir's build or load error: the whole report for
+        the first item that meets it, a one-line reference to that item for the later ones."""
+        from pytest_cudaopt import build
+
+        key = (Path(path).resolve(), type(exc).__name__, str(exc))
+        first = self._failures_reported.setdefault(key, test)
+        if first == test:
+            return exc.report() if isinstance(exc, build.BuildError) else str(exc)
+        what = "the build" if isinstance(exc, build.BuildError) else "loading the workdir"
+        return f"not run: {what} failed; the report is under {first}"
 
     def terminal_summary(self, terminalreporter) -> None:
         if not self.results:

@@ -386,3 +386,31 @@ def test_cudaopt_verify_prints_the_same_verdict_and_exits_non_zero_on_a_cheat(py
     passing = subprocess.run(command, cwd=pytester.path, env=env, capture_output=True, text=True, timeout=600)
     assert passing.returncode == 0, passing.stdout + passing.stderr
     assert "cudaopt correctness: 4 of 4 passed" in passing.stdout
+
+
+def test_a_load_error_is_reported_once_and_later_items_refer_to_it(pytester, cheat):
+    cheat("import_error")
+    pytester.makeini(INI + "cudaopt_compile_backend = eager\n")
+    result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness or perf")
+    result.assert_outcomes(errors=4, failed=1)
+    text = result.stdout.str()
+    assert text.count("ModuleNotFoundError: No module named 'helpers_that_do_not_exist'") == 1
+    assert text.count("not run: loading the workdir failed; the report is under "
+                      "wd/model_new.py::TestCorrectness::test_canonical[seed0]") == 4
+    assert "During handling" not in text and "direct cause" not in text
+    assert "PytestBenchmarkWarning" not in text
+
+
+def test_a_build_error_is_reported_in_full_once_per_workdir(tmp_path):
+    from pytest_cudaopt import build
+    from pytest_cudaopt.session import CudaoptSession
+    from pytest_cudaopt.settings import Settings
+
+    session = CudaoptSession(Settings({}), rootpath=tmp_path)
+    error = build.BuildError("cudaopt build: 1 error in kernels/x.cu", ["kernels/x.cu:3: error: nope"])
+    first = session.failure_report(tmp_path / "wd", "wd/model_new.py::A::a", error)
+    assert first == error.report() and "kernels/x.cu:3: error: nope" in first
+    assert session.failure_report(tmp_path / "wd", "wd/model_new.py::A::a", error) == first  # a rerun
+    assert session.failure_report(tmp_path / "wd", "wd/model_new.py::B::b", error) == (
+        "not run: the build failed; the report is under wd/model_new.py::A::a")
+    assert session.failure_report(tmp_path / "other", "other/model_new.py::A::a", error) == first

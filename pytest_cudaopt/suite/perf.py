@@ -129,6 +129,8 @@ def record_benchmark(benchmark: Any, result: report.PerfResult, clock: Any,
 
 
 @pytest.mark.perf
+# An item that fails before timing (the workdir did not build or load) leaves the fixture unused.
+@pytest.mark.filterwarnings("ignore:Benchmark fixture was not used at all in this test")
 class TestPerf:
     """`pytest -m perf`: the custom path must beat torch.compile by `cudaopt_min_speedup`."""
 
@@ -143,17 +145,21 @@ class TestPerf:
             pytest.fail(f"{cudaopt_workdir_path / 'model_new.py'} (or code it imports) replaced "
                         f"{', '.join(changed)}; the speed verdict does not trust a patched clock",
                         pytrace=False)
+        from pytest_cudaopt.build import BuildError
         from pytest_cudaopt.workdir import WorkdirError
 
         clock = cudaopt_perf_clock or timing.default_clock(cudaopt_settings.device,
                                                            cuda_graph=cudaopt_settings.cuda_graph)
         with torch.no_grad():
+            failure = ""
             try:
                 workdir = cudaopt_session.workdir(cudaopt_workdir_path)
                 result, extra = judge(workdir=workdir, settings=cudaopt_settings, seed=cudaopt_session.seed,
                                       clock=clock, test=request.node.nodeid)
-            except WorkdirError as exc:
-                pytest.fail(str(exc), pytrace=False)
+            except (BuildError, WorkdirError) as exc:
+                failure = cudaopt_session.failure_report(cudaopt_workdir_path, request.node.nodeid, exc)
+            if failure:  # outside the except block: one report, no "During handling ..." chain
+                pytest.fail(failure, pytrace=False)
             changed = timing.tampered()
             if changed:
                 result.failure = (f"the timing functions {', '.join(changed)} were replaced while "
