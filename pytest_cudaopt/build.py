@@ -802,13 +802,16 @@ def load_extension(result: BuildResult):
     return module
 
 
-def build(workdir: Path, *, settings=None, verbose: bool = False) -> BuildResult:
-    """Build and import; the result's `module` is the loaded extension."""
-    result = compile_extension(workdir, settings=settings, verbose=verbose)
+def build(workdir: Path, *, settings=None, verbose: bool = False,
+          emit: Callable[[str], None] | None = None) -> BuildResult:
+    """Build and import; the result's `module` is the loaded extension. `emit` receives the
+    progress lines (steps with the elapsed time, waiting for another process's lock)."""
+    result = compile_extension(workdir, settings=settings, verbose=verbose, emit=emit)
     load_extension(result)
     return result
 
 
-def build_extension(workdir: Path, *, settings=None, verbose: bool = False):
+def build_extension(workdir: Path, *, settings=None, verbose: bool = False,
+                    emit: Callable[[str], None] | None = None):
     """The workdir's loaded `cuda_extension` module, rebuilt only where its tree changed."""
-    return build(workdir, settings=settings, verbose=verbose).module
+    return build(workdir, settings=settings, verbose=verbose, emit=emit).module

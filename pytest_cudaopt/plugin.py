@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from pathlib import Path
 
@@ -43,6 +44,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except _settings.SettingError as exc:
         raise pytest.UsageError(f"cudaopt: {exc}") from None
     config.stash[SESSION_KEY] = CudaoptSession(resolved, rootpath=config.rootpath)
+    config.stash[SESSION_KEY].emit = _terminal_lines(config)
     if hasattr(config, "workerinput"):
         pin_worker_to_gpu(config.workerinput["workerid"])
     from pytest_cudaopt import watchdog
@@ -52,6 +54,22 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(_BenchmarkHooks(), "cudaopt-benchmark")
     else:
         config.pluginmanager.register(_NoBenchmark(), "cudaopt-no-benchmark")
+
+
+def _terminal_lines(config: pytest.Config):
+    """Build progress on pytest's terminal, past output capturing (a build runs inside an
+    item's setup): one `cudaopt build: ...` line per step. Silent with -qq and on xdist workers."""
+
+    def emit(text: str) -> None:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None or config.get_verbosity() < -1 or hasattr(config, "workerinput"):
+            return
+        capman = config.pluginmanager.get_plugin("capturemanager")
+        with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
+            reporter.ensure_newline()
+            reporter.write_line(f"cudaopt build: {text}")
+
+    return emit
 
 
 class _BenchmarkHooks:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pytest_cudaopt.settings import Settings
 
@@ -61,6 +61,8 @@ class CudaoptSession:
         self._extensions: dict[Path, Any] = {}
         self._workdirs: dict[Path, Any] = {}
         self._failures_reported: dict[tuple, str] = {}  # (workdir, error) → the item that reported it
+        # Where build progress goes (pytest's terminal, set by the plugin); None: nowhere.
+        self.emit: Callable[[str], None] | None = None
         # Set by the first CUDA fault: (item id, message). Later GPU items report it.
         self.fault: tuple[str, str] | None = None
         # Workdir → (item id, message) of a correctness or perf item that timed out: the
@@ -85,7 +87,10 @@ class CudaoptSession:
         workdir = Path(workdir).resolve()
         if workdir not in self._extensions:
             try:
-                self._extensions[workdir] = build.build_extension(workdir, settings=self.settings)
+                result = build.build(workdir, settings=self.settings, emit=self.emit)
+                if self.emit is not None and (result.compiled or result.linked or result.waited_s):
+                    self.emit(build.describe(result))
+                self._extensions[workdir] = result.module
             except build.BuildError as exc:
                 # Every later item of this workdir reports the same failure without rebuilding.
                 self._extensions[workdir] = exc

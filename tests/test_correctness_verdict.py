@@ -414,3 +414,24 @@ def test_a_build_error_is_reported_in_full_once_per_workdir(tmp_path):
     assert session.failure_report(tmp_path / "wd", "wd/model_new.py::B::b", error) == (
         "not run: the build failed; the report is under wd/model_new.py::A::a")
     assert session.failure_report(tmp_path / "other", "other/model_new.py::A::a", error) == first
+
+
+def test_the_build_shows_its_steps_and_a_lock_held_elsewhere_under_pytest(pytester, cheat):
+    import threading
+
+    workdir = cheat()
+    kernel = workdir / "kernels" / "cheats.cpp"
+    kernel.write_text(kernel.read_text() + "\n// changed: this object recompiles\n")
+    [build_dir] = (workdir / "build" / "cudaopt").iterdir()
+    held = FileLock(str(build_dir / "lock"), thread_local=False)
+    held.acquire()  # another process's build, as far as the session can tell
+    threading.Timer(3.0, held.release).start()
+    result = run_pytest(pytester, "wd/model_new.py::TestCorrectness::test_canonical[seed0]")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        f"cudaopt build: waiting for another build of {workdir} (lock {build_dir / 'lock'})",
+        "cudaopt build: compiling 1 of 3 sources for cpu: kernels/cheats.cpp",
+        "cudaopt build: [[]1/2[]] c++ kernels/cheats.cpp  (* s)",
+        "cudaopt build: [[]2/2[]] link cuda_extension.so  (* s)",
+        "cudaopt build: built cuda_extension in * s (1 of 3 objects compiled): *",
+    ])
