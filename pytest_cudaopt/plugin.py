@@ -189,18 +189,21 @@ def pytest_runtest_call(item: pytest.Item):
     # pytest's faulthandler_timeout owns faulthandler's single timer when it is set.
     backstop = not float(item.config.getini("faulthandler_timeout") or 0)
     dog = watchdog.Watchdog(session.settings.timeout, item.nodeid, on_stuck=on_stuck, backstop=backstop)
+    hung = False
     try:
         with dog:
             return (yield)
     except watchdog.HangTimeout:
-        message = dog.message()
-        session.record_hang(workdir, item.nodeid, dog.case, message, bool(item.get_closest_marker("correctness")))
-        pytest.fail(f"{message}; the later correctness and perf items of this workdir are not run",
-                    pytrace=False)
+        hung = True
     except BaseException as exc:
         if session.fault is None and guards.is_cuda_fault(exc):
             session.fault = (item.nodeid, str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
         raise
+    if hung:  # outside the except block: the failure alone, no exception chain
+        message = dog.message()
+        session.record_hang(workdir, item.nodeid, dog.case, message, bool(item.get_closest_marker("correctness")))
+        pytest.fail(f"{message}; the later correctness and perf items of this workdir are not run",
+                    pytrace=False)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
