@@ -157,6 +157,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
+def _pytest_faulthandler_timeout(config: pytest.Config) -> float:
+    try:
+        return float(config.getini("faulthandler_timeout") or 0)
+    except ValueError:  # `-p no:faulthandler`: the ini key is not registered
+        return 0.0
+
+
 def _judged(item: pytest.Item) -> bool:
     return any(item.get_closest_marker(m) for m in ("correctness", "perf"))
 
@@ -187,7 +194,7 @@ def pytest_runtest_call(item: pytest.Item):
         watchdog.end_pytest_session(item, message)
 
     # pytest's faulthandler_timeout owns faulthandler's single timer when it is set.
-    backstop = not float(item.config.getini("faulthandler_timeout") or 0)
+    backstop = not _pytest_faulthandler_timeout(item.config)
     dog = watchdog.Watchdog(session.settings.timeout, item.nodeid, on_stuck=on_stuck, backstop=backstop)
     hung = False
     try:

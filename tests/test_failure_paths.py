@@ -155,3 +155,15 @@ def test_the_gpu_skip_reason_points_at_the_item(pytester, run_pytest):
     result.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_the_gpu_skip_reason_points_at_the_item.py:3: "
                                  "no CUDA device visible*"])
     assert "pytest_cudaopt" not in "".join(line for line in result.outlines if line.startswith("SKIPPED"))
+
+
+def test_the_watchdog_runs_without_pytests_faulthandler_plugin(pytester, run_pytest):
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.correctness
+        def test_judged():
+            pass
+    """)
+    result = run_pytest(pytester, "-p", "no:faulthandler", "--cudaopt-device=cpu")
+    result.assert_outcomes(passed=1)
