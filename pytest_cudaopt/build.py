@@ -659,7 +659,7 @@ def _run_ninja(cfg: _Config, emit: Callable[[str], None], start: float) -> tuple
     steps: list[str] = []
     log_lines: list[str] = []
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace", env=env)
+                            errors="replace", env=env, preexec_fn=_die_with_parent)
     assert proc.stdout is not None
     for line in proc.stdout:
         line = line.rstrip("\n")
@@ -669,9 +669,26 @@ def _run_ninja(cfg: _Config, emit: Callable[[str], None], start: float) -> tuple
             steps.append(match.group(3))
             emit(f"{line}  ({time.monotonic() - start:.1f} s)")
     code = proc.wait()
+    # A no-op build ("ninja: no work to do") keeps the log of the last build that did work.
     log = cfg.build_dir / "build.log"
-    log.write_text("\n".join(log_lines) + "\n")
+    if steps or code != 0 or not log.is_file():
+        log.write_text("\n".join(log_lines) + "\n")
     return steps, code
+
+
+def _die_with_parent() -> None:
+    """In the ninja child, before exec: SIGTERM when the building process dies (even by
+    SIGKILL), so that ninja (which stops its compilers on SIGTERM) never outlives the lock."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    PR_SET_DEATHSIG = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
 
 
 def _announce(cfg: _Config, emit: Callable[[str], None]) -> None:
@@ -785,13 +802,16 @@ def load_extension(result: BuildResult):
     return module
 
 
-def build(workdir: Path, *, settings=None, verbose: bool = False) -> BuildResult:
-    """Build and import; the result's `module` is the loaded extension."""
-    result = compile_extension(workdir, settings=settings, verbose=verbose)
+def build(workdir: Path, *, settings=None, verbose: bool = False,
+          emit: Callable[[str], None] | None = None) -> BuildResult:
+    """Build and import; the result's `module` is the loaded extension. `emit` receives the
+    progress lines (steps with the elapsed time, waiting for another process's lock)."""
+    result = compile_extension(workdir, settings=settings, verbose=verbose, emit=emit)
     load_extension(result)
     return result
 
 
-def build_extension(workdir: Path, *, settings=None, verbose: bool = False):
+def build_extension(workdir: Path, *, settings=None, verbose: bool = False,
+                    emit: Callable[[str], None] | None = None):
     """The workdir's loaded `cuda_extension` module, rebuilt only where its tree changed."""
-    return build(workdir, settings=settings, verbose=verbose).module
+    return build(workdir, settings=settings, verbose=verbose, emit=emit).module

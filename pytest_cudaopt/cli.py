@@ -8,6 +8,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
+DESCRIPTION = (
+    "Judge a workdir that accelerates a PyTorch model (model.py) with a hand-written CUDA C++ "
+    "extension (model_new.py + kernels/): build it, verify it against model.py on many shapes, "
+    "time it against torch.compile, check the workdir rules, create a workdir, render a report.")
+
 
 def _workdir(text: str) -> Path:
     path = Path(text).resolve()
@@ -46,6 +51,10 @@ def cmd_build(args: argparse.Namespace) -> int:
     except build.BuildError as exc:
         print(exc.report(), file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        # ninja was interrupted too (same process group) and the lock is released.
+        print("cudaopt build: interrupted", file=sys.stderr)
+        return 130
     print(build.describe(result))
     return 0
 
@@ -77,7 +86,10 @@ def cmd_init(args: argparse.Namespace) -> int:
         if args.model is None:
             print("cudaopt init: --model path/to/model.py is required (or --lock-only)", file=sys.stderr)
             return 2
-        created = scaffold.init_workdir(Path(args.dir), Path(args.model))
+        notes: list[str] = []
+        created = scaffold.init_workdir(Path(args.dir), Path(args.model), notes)
+        for note in notes:
+            print(f"cudaopt init: warning: {note}", file=sys.stderr)
     except scaffold.ScaffoldError as exc:
         print(f"cudaopt init: {exc}", file=sys.stderr)
         return 1
@@ -106,7 +118,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="cudaopt", description=__doc__)
+    top = argparse.ArgumentParser(prog="cudaopt", description=DESCRIPTION)
+    top.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = top.add_subparsers(dest="command", required=True)
 
     def with_workdir(name: str, help: str) -> argparse.ArgumentParser:
@@ -152,13 +165,27 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pytest-cudaopt")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     top = parser()
-    args, extra = top.parse_known_args(argv)
-    if extra:  # `cudaopt gate [options] [WORKDIR] -- PYTEST_ARGS`
-        if args.command != "gate":
-            top.error(f"unrecognized arguments: {' '.join(extra)}")
-        args.pytest_args = extra[1:] if extra[0] == "--" else extra
+    args, unknown = top.parse_known_args(argv)
+    if unknown:
+        if args.command == "gate":  # `cudaopt gate [options] [WORKDIR] -- PYTEST_ARGS`
+            args.pytest_args = unknown[1:] if unknown[0] == "--" else unknown
+        elif hasattr(args, "pytest_args"):
+            # `cudaopt verify --cudaopt-device=cpu` (workdir omitted): options before the
+            # workdir that argparse does not know are pytest's.
+            args.pytest_args = unknown + list(args.pytest_args)
+        else:
+            top.error(f"unrecognized arguments: {' '.join(unknown)}")
     return args.func(args)
 
 

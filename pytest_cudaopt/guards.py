@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import faulthandler
 import hashlib
-import os
 import sys
-import threading
 import time
 import warnings
 import weakref
@@ -20,6 +17,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pytest_cudaopt import compare
+# The timeout watchdog lives in watchdog.py; the suite reaches it through these names.
+from pytest_cudaopt.watchdog import Watchdog, keep_stderr, set_case  # noqa: F401
 
 # Ops ModelNew.forward may send to the dispatcher, besides views (ops whose schema says
 # they return an alias of an input: view, reshape, t, detach, ...; they move no data).
@@ -103,86 +102,6 @@ def fault_line(text: str) -> str:
     if not lines:
         return ""
     return next((line for line in lines if any(marker in line for marker in _FAULT_MARKERS)), lines[-1])
-
-
-# -- the watchdog --------------------------------------------------------------------------------
-
-_STDERR_FD: int | None = None
-
-
-def keep_stderr() -> None:
-    """Keep a duplicate of the process's stderr as it is now (pytest_configure, before
-    output capturing swaps fd 2 out during tests), for the watchdog's last words."""
-    global _STDERR_FD
-    if _STDERR_FD is None:
-        try:
-            _STDERR_FD = os.dup(2)
-        except OSError:
-            _STDERR_FD = None
-
-
-class Watchdog:
-    """Ends the process when one test runs longer than `timeout` seconds, after printing the
-    test, the case it was on and every thread's stack (pytest-timeout's `thread` method). A
-    thread prints the message; faulthandler's C thread is the backstop for a hang that
-    holds the GIL."""
-
-    current: "Watchdog | None" = None
-
-    def __init__(self, timeout: float, test: str, stream=None):
-        self.timeout = timeout
-        self.test = test
-        self.case = ""
-        self._stream = stream
-        self._done = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _fd(self) -> int:
-        if self._stream is not None:
-            return self._stream.fileno()
-        return _STDERR_FD if _STDERR_FD is not None else 2
-
-    def _fire(self) -> None:
-        if self._done.wait(self.timeout):
-            return
-        case = f" on case {self.case}" if self.case else ""
-        text = (f"\n\ncudaopt: TIMEOUT: {self.test} ran longer than cudaopt_timeout={self.timeout:g}s{case}; "
-                f"a kernel that never finishes, or a deadlock. The process exits with status 1. "
-                f"Where the test was (innermost last):\n")
-        fd = self._fd()
-        try:
-            os.write(fd, (text + _main_stack()).encode())
-        finally:
-            os._exit(1)
-
-    def __enter__(self) -> "Watchdog":
-        Watchdog.current = self
-        self._thread = threading.Thread(target=self._fire, name="cudaopt-watchdog", daemon=True)
-        self._thread.start()
-        # Backstop: faulthandler needs no GIL (a C++ loop that never releases it).
-        faulthandler.dump_traceback_later(self.timeout + 10.0, exit=True, file=self._fd())
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._done.set()
-        faulthandler.cancel_dump_traceback_later()
-        if Watchdog.current is self:
-            Watchdog.current = None
-
-
-def _main_stack(limit: int = 12) -> str:
-    import traceback
-
-    frame = sys._current_frames().get(threading.main_thread().ident)
-    if frame is None:
-        return "  (no stack)\n"
-    return "".join(traceback.format_stack(frame)[-limit:])
-
-
-def set_case(text: str) -> None:
-    """Tell the running watchdog which case is running (printed if it fires)."""
-    if Watchdog.current is not None:
-        Watchdog.current.case = text
 
 
 # -- inputs: clones and mutation ------------------------------------------------------------------

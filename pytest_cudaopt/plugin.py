@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 from pathlib import Path
@@ -51,15 +52,32 @@ def pytest_configure(config: pytest.Config) -> None:
     seed = getattr(config, "workerinput", {}).get("cudaopt_seed")
     config.stash[SESSION_KEY] = CudaoptSession(resolved, rootpath=config.rootpath, seed=seed)
     config.stash[SESSION_KEY].workdir_paths = workdirs_in(config.args, config.invocation_params.dir, config.rootpath)
+    config.stash[SESSION_KEY].emit = _terminal_lines(config)
     if hasattr(config, "workerinput"):
         pin_worker_to_gpu(config.workerinput["workerid"])
-    from pytest_cudaopt import guards
+    from pytest_cudaopt import watchdog
 
-    guards.keep_stderr()  # the terminal's stderr, for the watchdog (fd 2 is captured during tests)
+    watchdog.keep_stderr()  # the terminal's stderr, for the watchdog (fd 2 is captured during tests)
     if config.pluginmanager.hasplugin("benchmark"):
         config.pluginmanager.register(_BenchmarkHooks(), "cudaopt-benchmark")
     else:
         config.pluginmanager.register(_NoBenchmark(), "cudaopt-no-benchmark")
+
+
+def _terminal_lines(config: pytest.Config):
+    """Build progress on pytest's terminal, past output capturing (a build runs inside an
+    item's setup): one `cudaopt build: ...` line per step. Silent with -qq and on xdist workers."""
+
+    def emit(text: str) -> None:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None or config.get_verbosity() < -1 or hasattr(config, "workerinput"):
+            return
+        capman = config.pluginmanager.get_plugin("capturemanager")
+        with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
+            reporter.ensure_newline()
+            reporter.write_line(f"cudaopt build: {text}")
+
+    return emit
 
 
 class _BenchmarkHooks:
@@ -86,7 +104,8 @@ def _session(config: pytest.Config) -> CudaoptSession:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    return [device_summary(), *_session(config).header_lines()]
+    session = _session(config)
+    return [device_summary(session.settings.device), *session.header_lines()]
 
 
 def _is_workdir_file(file_path: Path) -> bool:
@@ -142,37 +161,77 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if session.settings.ci_gate:  # policy, then correctness, then perf (a stable sort)
         order = ("policy", "correctness", "perf")
         items.sort(key=lambda i: next((n for n, m in enumerate(order) if i.get_closest_marker(m)), len(order)))
+    # A skip mark (not pytest.skip in a hook) so that `-rs` shows the item's own location. The
+    # CI gate never skips them: pytest_runtest_setup fails them instead.
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    reason = session.gpu_unavailable_reason() if gpu_items else None
+    if reason and not session.settings.ci_gate:
+        for item in gpu_items:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _pytest_faulthandler_timeout(config: pytest.Config) -> float:
+    try:
+        return float(config.getini("faulthandler_timeout") or 0)
+    except ValueError:  # `-p no:faulthandler`: the ini key is not registered
+        return 0.0
+
+
+def _judged(item: pytest.Item) -> bool:
+    return any(item.get_closest_marker(m) for m in ("correctness", "perf"))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker("gpu"):
-        session = _session(item.config)
+    session = _session(item.config)
+    if item.get_closest_marker("gpu") and session.settings.ci_gate:
         reason = session.gpu_unavailable_reason()
-        if reason and session.settings.ci_gate:
+        if reason:
             from pytest_cudaopt.gate import SETUP_PROPERTY
 
             item.user_properties.append((SETUP_PROPERTY, reason))
             pytest.fail(f"{reason}: the CI gate never passes without the device", pytrace=False)
+    node = _workdir_node(item)
+    if node is not None and _judged(item):
+        reason = session.not_run_reason(node.workdir_path)
         if reason:
-            pytest.skip(reason)
+            pytest.fail(reason, pytrace=False)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
-    """Correctness and perf items run under the `cudaopt_timeout` watchdog; a CUDA fault
-    they raise is kept so that later items report it instead of failing in its wake."""
-    if not any(item.get_closest_marker(m) for m in ("correctness", "perf")):
+    """Correctness and perf items run under the `cudaopt_timeout` watchdog (watchdog.py); a
+    CUDA fault they raise is kept so that later items report it instead of failing in its wake."""
+    if not _judged(item):
         return (yield)
-    from pytest_cudaopt import guards
+    from pytest_cudaopt import guards, watchdog
 
     session = _session(item.config)
+    node = _workdir_node(item)
+    workdir = node.workdir_path if node is not None else session.rootpath
+    session.write_report(running=item.nodeid)  # what remains if nothing can interrupt a hang
+
+    def on_stuck(message: str) -> None:
+        session.record_hang(workdir, item.nodeid, dog.case, message, bool(item.get_closest_marker("correctness")))
+        watchdog.end_pytest_session(item, message)
+
+    # pytest's faulthandler_timeout owns faulthandler's single timer when it is set.
+    backstop = not _pytest_faulthandler_timeout(item.config)
+    dog = watchdog.Watchdog(session.settings.timeout, item.nodeid, on_stuck=on_stuck, backstop=backstop)
+    hung = False
     try:
-        with guards.Watchdog(session.settings.timeout, item.nodeid):
+        with dog:
             return (yield)
+    except watchdog.HangTimeout:
+        hung = True
     except BaseException as exc:
         if session.fault is None and guards.is_cuda_fault(exc):
             session.fault = (item.nodeid, str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
         raise
+    if hung:  # outside the except block: the failure alone, no exception chain
+        message = dog.message()
+        session.record_hang(workdir, item.nodeid, dog.case, message, bool(item.get_closest_marker("correctness")))
+        pytest.fail(f"{message}; the later correctness and perf items of this workdir are not run",
+                    pytrace=False)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
@@ -236,20 +295,22 @@ def cudaopt_workdir_path(request: pytest.FixtureRequest, cudaopt_session: Cudaop
     return node.workdir_path if node is not None else cudaopt_session.rootpath
 
 
-def _built_extension(session: CudaoptSession, workdir: Path):
-    """A build that fails fails the item with the compiler's report, not a traceback."""
+def _built_extension(session: CudaoptSession, workdir: Path, test: str):
+    """A build that fails fails the item with the compiler's report, not a traceback (the
+    first item of the workdir; later ones refer to it)."""
     from pytest_cudaopt import build
 
     try:
         return session.extension(workdir)
     except build.BuildError as exc:
-        pytest.fail(exc.report(), pytrace=False)
+        failure = session.failure_report(workdir, test, exc)
+    pytest.fail(failure, pytrace=False)
 
 
 @pytest.fixture(scope="session")
-def cudaopt_root_extension(cudaopt_session: CudaoptSession):
+def cudaopt_root_extension(request: pytest.FixtureRequest, cudaopt_session: CudaoptSession):
     """The rootdir workdir's built `cuda_extension` module, built once per session."""
-    return _built_extension(cudaopt_session, cudaopt_session.rootpath)
+    return _built_extension(cudaopt_session, cudaopt_session.rootpath, request.node.nodeid)
 
 
 @pytest.fixture
@@ -259,4 +320,4 @@ def cuda_extension(request: pytest.FixtureRequest, cudaopt_session: CudaoptSessi
     items); built once per workdir per session."""
     if cudaopt_workdir_path.resolve() == cudaopt_session.rootpath.resolve():
         return request.getfixturevalue("cudaopt_root_extension")
-    return _built_extension(cudaopt_session, cudaopt_workdir_path)
+    return _built_extension(cudaopt_session, cudaopt_workdir_path, request.node.nodeid)

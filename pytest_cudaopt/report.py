@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import time
 from dataclasses import dataclass, field
@@ -548,24 +549,33 @@ def terminal_summary(terminalreporter: Any, session: Any) -> None:
 
 
 def document(results: Sequence[Any], *, seed: int | None = None,
-             settings: Mapping[str, Any] | None = None,
-             relaxations: Sequence[str] = ()) -> dict[str, Any]:
+             settings: Mapping[str, Any] | None = None, relaxations: Sequence[str] = (),
+             running: str | None = None) -> dict[str, Any]:
     """The JSON report: schema, time, environment, seed, settings, the relaxations in force
-    and every result's record."""
-    return {"schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "environment": environment(), "seed": seed, "settings": dict(settings or {}),
-            "relaxations": list(relaxations),
-            "passed": all(bool(r.passed) for r in results),
-            "results": [record(r) for r in results]}
+    and every result's record. `running` names the item that was about to run when the report
+    was written before the end of the run (`"complete": false`): what remains if that item
+    hangs the process for good."""
+    doc = {"schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+           "environment": environment(), "seed": seed, "settings": dict(settings or {}),
+           "relaxations": list(relaxations),
+           "passed": all(bool(r.passed) for r in results) and running is None,
+           "results": [record(r) for r in results]}
+    if running is not None:
+        doc.update(complete=False, running=running)
+    return doc
 
 
 def write_json(path: str | Path, results: Sequence[Any], *, seed: int | None = None,
-               settings: Mapping[str, Any] | None = None, relaxations: Sequence[str] = ()) -> Path:
+               settings: Mapping[str, Any] | None = None, relaxations: Sequence[str] = (),
+               running: str | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(document(results, seed=seed, settings=settings, relaxations=relaxations),
-                      indent=2, default=_json_default)
-    path.write_text(text + "\n")
+    text = json.dumps(document(results, seed=seed, settings=settings, relaxations=relaxations,
+                               running=running), indent=2, default=_json_default)
+    # Written aside and renamed: a process killed mid-write leaves the previous report whole.
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(text + "\n")
+    os.replace(partial, path)
     return path
 
 
@@ -580,6 +590,8 @@ def _json_default(value: Any) -> Any:
 def render_file(path: str | Path, fmt: str = "table") -> str:
     """Render a `--cudaopt-report` JSON file as tables (`cudaopt report`) or Markdown."""
     path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError) as exc:

@@ -6,6 +6,7 @@ import ast
 import builtins
 import re
 import shutil
+import sys
 import textwrap
 from pathlib import Path
 
@@ -47,20 +48,23 @@ class ScaffoldError(Exception):
     """`cudaopt init` cannot create the workdir; the message says why."""
 
 
-def init_workdir(dest: Path, model_path: Path) -> Path:
+def init_workdir(dest: Path, model_path: Path, notes: list[str] | None = None) -> Path:
     """Create the workdir `dest` around `model_path` and return its resolved path.
 
     Writes the fixed binding files, utils/, model.py (a byte copy), model_new.py, an empty
     kernels/, pyproject.toml, conftest.py and the lock file. Refuses an existing non-empty
-    `dest`; nothing is written when the model cannot be read."""
+    `dest`; nothing is written when the model cannot be read. Warnings (names model.py
+    reads but never defines) are appended to `notes`."""
     dest, model_path = Path(dest).resolve(), Path(model_path).resolve()
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise ScaffoldError(f"{dest} already exists and is not an empty folder; cudaopt init never "
                             "overwrites a workdir")
     if not model_path.is_file():
-        raise ScaffoldError(f"model file {model_path} does not exist")
+        what = "is a folder, not a model.py file" if model_path.is_dir() else "does not exist"
+        raise ScaffoldError(f"model file {model_path} {what}")
     source = model_path.read_text(encoding="utf-8")
-    model_new = render_model_new(source, model_path)
+    model_new = render_model_new(source, model_path, notes)
+    third_party = third_party_imports(model_new)
     dest.mkdir(parents=True, exist_ok=True)
     for name in policy.PROTECTED_TEMPLATES:
         shutil.copyfile(policy.TEMPLATES / name, dest / name)
@@ -70,7 +74,15 @@ def init_workdir(dest: Path, model_path: Path) -> Path:
     (dest / "model_new.py").write_text(model_new, encoding="utf-8")
     (dest / "kernels").mkdir()
     (dest / "kernels" / ".gitkeep").write_text("", encoding="utf-8")
-    (dest / "pyproject.toml").write_text(PYPROJECT, encoding="utf-8")
+    pyproject = PYPROJECT
+    if third_party:
+        # model_new.py carries model.py's imports that the constructor needs; allow them so
+        # that the new workdir passes its own `cudaopt check`.
+        listed = ", ".join(f'"{name}"' for name in third_party)
+        pyproject = pyproject.replace('# allow-imports = ["numpy"]\n',
+                                      f"# model.py's constructor needs these (copied into model_new.py)\n"
+                                      f"allow-imports = [{listed}]\n")
+    (dest / "pyproject.toml").write_text(pyproject, encoding="utf-8")
     (dest / "conftest.py").write_text(CONFTEST, encoding="utf-8")
     policy.write_lock(dest)
     return dest
@@ -115,7 +127,19 @@ def _segment(lines: list[str], node: ast.stmt) -> str:
     return "".join(lines[start - 1:node.end_lineno])
 
 
-def render_model_new(source: str, model_path: Path) -> str:
+def third_party_imports(source: str) -> list[str]:
+    """Top-level modules `source` imports that are neither torch nor the standard library."""
+    roots = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            roots |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            roots.add(node.module.split(".")[0])
+    ignored = set(sys.stdlib_module_names) | {"torch", "cuda_extension", "__future__"}
+    return sorted(roots - ignored)
+
+
+def render_model_new(source: str, model_path: Path, notes: list[str] | None = None) -> str:
     """model_new.py for the model in `source`: ModelNew.__init__ is Model.__init__'s source (so the
     constructor and the state dict match), with what it needs from model.py copied along
     (helper classes, functions, constants, imports); forward raises NotImplementedError."""
@@ -196,8 +220,11 @@ def render_model_new(source: str, model_path: Path) -> str:
     except SyntaxError as exc:  # e.g. a constructor whose source cannot be moved as is
         raise ScaffoldError(f"could not generate model_new.py from {model_path}: line {exc.lineno}: "
                             f"{exc.msg}") from None
-    if unresolved and not stars:
-        raise ScaffoldError(f"{model_path}: Model.__init__ uses {', '.join(sorted(unresolved))} (directly or "
-                            "through what it calls), which model.py does not define at module level")
+    if unresolved and not stars and notes is not None:
+        # Only a warning: the name may sit in a branch that never runs (Python fails only
+        # when the line is executed), and the verdict imports model.py for real anyway.
+        notes.append(f"{model_path.name}: Model.__init__ may use {', '.join(sorted(unresolved))} (directly or "
+                     "through what it calls), which model.py does not define at module level; "
+                     "model_new.py fails the same way if that code runs")
     return text
 

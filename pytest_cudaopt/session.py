@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pytest_cudaopt.settings import Settings
 
@@ -18,8 +18,9 @@ def cuda_device_name() -> str | None:
     return torch.cuda.get_device_name()
 
 
-def device_summary() -> str:
-    """Report-header line: torch, CUDA, GPU name and compute capability, build arch."""
+def device_summary(device: str = "cuda") -> str:
+    """Report-header line: torch, CUDA, GPU name and compute capability, and the build arch
+    when the workdir runs on cuda."""
     import torch
 
     from pytest_cudaopt import build
@@ -31,7 +32,8 @@ def device_summary() -> str:
     else:
         major, minor = torch.cuda.get_device_capability()
         parts.append(f"GPU {name} (sm_{major}{minor})")
-    parts.append(f"arch {build.resolve_arch()}")
+    if device == "cuda":
+        parts.append(f"arch {build.resolve_arch()}")
     return "cudaopt: " + ", ".join(parts)
 
 
@@ -75,8 +77,14 @@ class CudaoptSession:
         self.workdir_paths: list[Path] = []
         self._extensions: dict[Path, Any] = {}
         self._workdirs: dict[Path, Any] = {}
+        self._failures_reported: dict[tuple, str] = {}  # (workdir, error) → the item that reported it
+        # Where build progress goes (pytest's terminal, set by the plugin); None: nowhere.
+        self.emit: Callable[[str], None] | None = None
         # Set by the first CUDA fault: (item id, message). Later GPU items report it.
         self.fault: tuple[str, str] | None = None
+        # Workdir → (item id, message) of a correctness or perf item that timed out: the
+        # workdir's later correctness and perf items are not run.
+        self.hung: dict[Path, tuple[str, str]] = {}
 
     def relaxations(self) -> list[str]:
         from pytest_cudaopt import trust
@@ -125,24 +133,46 @@ class CudaoptSession:
         workdir = Path(workdir).resolve()
         if workdir not in self._extensions:
             try:
-                self._extensions[workdir] = build.build_extension(workdir, settings=self.settings)
+                result = build.build(workdir, settings=self.settings, emit=self.emit)
+                if self.emit is not None and (result.compiled or result.linked or result.waited_s):
+                    self.emit(build.describe(result))
+                self._extensions[workdir] = result.module
             except build.BuildError as exc:
                 # Every later item of this workdir reports the same failure without rebuilding.
                 self._extensions[workdir] = exc
         found = self._extensions[workdir]
         if isinstance(found, BaseException):
-            raise found
+            raise found.with_traceback(None)
         return found
 
     def workdir(self, path: Path):
         """The loaded workdir (`workdir.Workdir`: model.py, model_new.py, its extension),
-        loaded at most once per session. Raises build.BuildError or workdir.WorkdirError."""
-        from pytest_cudaopt.workdir import load_workdir
+        loaded at most once per session. Raises build.BuildError or workdir.WorkdirError (the
+        same one again for every later item of the workdir)."""
+        from pytest_cudaopt.workdir import WorkdirError, load_workdir
 
         path = Path(path).resolve()
         if path not in self._workdirs:
-            self._workdirs[path] = load_workdir(path, self.extension(path))
-        return self._workdirs[path]
+            try:
+                self._workdirs[path] = load_workdir(path, self.extension(path))
+            except WorkdirError as exc:
+                self._workdirs[path] = exc
+        found = self._workdirs[path]
+        if isinstance(found, BaseException):
+            raise found.with_traceback(None)
+        return found
+
+    def failure_report(self, path: Path, test: str, exc: BaseException) -> str:
+        """What an item says about its workdir's build or load error: the whole report for
+        the first item that meets it, a one-line reference to that item for the later ones."""
+        from pytest_cudaopt import build
+
+        key = (Path(path).resolve(), type(exc).__name__, str(exc))
+        first = self._failures_reported.setdefault(key, test)
+        if first == test:
+            return exc.report() if isinstance(exc, build.BuildError) else str(exc)
+        what = "the build" if isinstance(exc, build.BuildError) else "loading the workdir"
+        return f"not run: {what} failed; the report is under {first}"
 
     def target_workdir(self):
         """The loaded `baseline_workdir` (the target branch's checkout; its extension builds
@@ -175,11 +205,28 @@ class CudaoptSession:
 
         self.results.extend(report.RecordedResult(r) for r in records)
 
-    def write_report(self) -> None:
-        """Write the JSON report to `--cudaopt-report` (if given)."""
+    def record_hang(self, workdir: Path, test: str, case: str, message: str, correctness: bool) -> None:
+        """A correctness or perf item of `workdir` timed out; a correctness item's row says so."""
+        self.hung.setdefault(Path(workdir).resolve(), (test, message))
+        if correctness:
+            from pytest_cudaopt.compare import CorrectnessResult
+
+            self.results.append(CorrectnessResult(workdir=str(workdir), test=test, case=case or "?",
+                                                  passed=False, check="timeout", message=message))
+
+    def not_run_reason(self, workdir: Path) -> str | None:
+        hung = self.hung.get(Path(workdir).resolve())
+        if hung is None:
+            return None
+        return f"not run: {hung[0]} timed out ({hung[1]})"
+
+    def write_report(self, running: str | None = None) -> None:
+        """Write the JSON report to `--cudaopt-report` (if given); `running`: written before
+        that item, as an incomplete report that survives a hang nothing can interrupt."""
         if not self.settings.report:
             return
         from pytest_cudaopt import report
 
         report.write_json(self.settings.report, self.results, seed=self.seed,
-                          settings=self.settings.as_dict(), relaxations=self.relaxations())
+                          settings=self.settings.as_dict(), relaxations=self.relaxations(),
+                          running=running)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -33,11 +34,22 @@ def _choice(*choices: str) -> Callable[[str], str]:
 def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         value = kind(text)
-        if value <= 0:
+        if not math.isfinite(value) or value <= 0:
             raise ValueError(f"expected a positive number, got {text!r}")
         return value
 
     parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
+def _non_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"expected a finite number >= 0, got {text!r}")
+        return value
+
+    parse.__name__ = f"non-negative {kind.__name__}"
     return parse
 
 
@@ -77,8 +89,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("timeout", _positive(float), 600.0,
            "seconds one generated test may run before it is reported as hung"),
     # correctness
-    Option("atol", _positive(float), 1e-2, "absolute tolerance of the correctness comparison"),
-    Option("rtol", _positive(float), 1e-2, "relative tolerance of the correctness comparison"),
+    Option("atol", _non_negative(float), 1e-2, "absolute tolerance of the correctness comparison"),
+    Option("rtol", _non_negative(float), 1e-2, "relative tolerance of the correctness comparison"),
     Option("seeds", _positive(int), 3, "number of secret seeds for the canonical inputs of get_inputs()"),
     Option("seed", int, None,
            "replay: use this seed instead of a secret one (printed by every failure)", ini=False),

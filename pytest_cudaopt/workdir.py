@@ -96,10 +96,28 @@ def _import_file(name: str, file: Path, workdir: Path) -> types.ModuleType:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        sys.modules.pop(name, None)
+        raise WorkdirError(_syntax_error(exc, file), file.name) from None
     except Exception as exc:
         sys.modules.pop(name, None)
-        raise WorkdirError(f"importing {file} failed:\n{user_traceback(exc, [workdir])}") from exc
+        raise WorkdirError(f"importing {file} failed:\n{user_traceback(exc, [workdir])}", file.name) from exc
     return module
+
+
+def _syntax_error(exc: SyntaxError, file: Path) -> str:
+    """`model.py:3: SyntaxError: invalid syntax`, the offending line and a caret; no
+    import-machinery frames (the error is in the file, not in the loader)."""
+    where = Path(exc.filename).name if exc.filename else file.name
+    lines = [f"{where}:{exc.lineno}: {type(exc).__name__}: {exc.msg}"]
+    if exc.text:
+        text = exc.text.rstrip("\n")
+        stripped = text.lstrip()
+        lines.append(f"    {stripped}")
+        if exc.offset:
+            col = max(exc.offset - 1 - (len(text) - len(stripped)), 0)
+            lines.append("    " + " " * col + "^")
+    return "\n".join(lines)
 
 
 def _to_device(value: Any, device: torch.device | str) -> Any:
@@ -129,6 +147,23 @@ def private_rng(seed: int) -> Iterator[None]:
             random.setstate(py_state)
             if np is not None:
                 np.random.set_state(np_state)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        dtype = str(value.dtype).removeprefix("torch.")
+        return f"a bare tensor {dtype}[{', '.join(map(str, value.shape))}]"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _as_list(values: Any, file: Path, function: str, role: str) -> list:
+    """A KernelBench helper's result as a list; anything but a list or tuple is model.py's
+    mistake, reported in one line that names the file and the function."""
+    if isinstance(values, (list, tuple)):
+        return list(values)
+    raise WorkdirError(f"{file.name}: {function} returned {_describe(values)}; it must return a list "
+                       f"of {role}, e.g. `return [x]`", file.name)
 
 
 @dataclass
@@ -166,12 +201,14 @@ class Workdir:
 
     def init_inputs(self) -> list:
         """model.py's get_init_inputs(), as a list."""
-        return list(self._call(self.model_file, "get_init_inputs()", self.reference.get_init_inputs))
+        values = self._call(self.model_file, "get_init_inputs()", self.reference.get_init_inputs)
+        return _as_list(values, self.model_file, "get_init_inputs()", "the arguments of Model(...)")
 
     def inputs(self, seed: int, device: torch.device | str = "cpu") -> list:
         """model.py's get_inputs() under a private RNG seeded by `seed`, moved to `device`."""
         with private_rng(seed):
             values = self._call(self.model_file, "get_inputs()", self.reference.get_inputs)
+        values = _as_list(values, self.model_file, "get_inputs()", "the arguments of forward(...)")
         return [_to_device(v, device) for v in values]
 
     def make_models(self, device: torch.device | str = "cpu", seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:

@@ -5,6 +5,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -248,16 +249,105 @@ def test_a_cuda_fault_fails_its_test_and_the_later_ones_report_it_instead_of_cas
     result.stdout.fnmatch_lines(["*cudaopt summary*", "*FAIL (CUDA fault)*"])
 
 
-def test_a_hanging_candidate_is_stopped_by_the_timeout_naming_the_test_and_case(pytester, cheat):
-    cheat("hangs")
-    result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness", "--cudaopt-timeout=20", timeout=300)
+# Three kinds of hang (see pytest_cudaopt/watchdog.py): Python code the watchdog's signal
+# interrupts; a C call that released the GIL and never returns (a CUDA kernel that never ends;
+# here a second lock of a pthread mutex, which no signal interrupts); a C call that holds the
+# GIL (ctypes.PyDLL does not release it).
+HANGS = {
+    "sleeps": "time.sleep(3600)",
+    "python_loop": "while True:\n            pass",
+    "blocked_in_c": ("mutex = ctypes.create_string_buffer(64)\n"
+                     "        libc = ctypes.CDLL(None)\n"
+                     "        libc.pthread_mutex_lock(mutex)\n"
+                     "        libc.pthread_mutex_lock(mutex)"),
+    "holds_the_gil": "ctypes.PyDLL(None).sleep(3600)",
+}
+
+
+TIMEOUT = 10
+
+
+def _hanging(workdir: Path, kind: str) -> None:
+    source = (VARIANTS / "hangs.py").read_text().replace("import time", "import ctypes\nimport time")
+    (workdir / "model_new.py").write_text(source.replace("time.sleep(3600)", HANGS[kind]))
+
+
+def _run_hang(pytester, cheat, kind: str):
+    _hanging(cheat(), kind)
+    # The timeout leaves room for the item's own start (torch._dynamo's import on a busy machine).
+    return run_pytest(pytester, "wd/model_new.py", "-m", "correctness or policy", f"--cudaopt-timeout={TIMEOUT}",
+                      "--cudaopt-report=r.json", "--junitxml=j.xml", "-rA", timeout=120)
+
+
+@pytest.mark.parametrize("kind", ["sleeps", "python_loop", "blocked_in_c"])
+def test_a_hang_fails_its_test_with_the_case_and_the_run_still_reports(pytester, cheat, kind):
+    result = _run_hang(pytester, cheat, kind)
     assert result.ret == 1
-    result.stderr.fnmatch_lines([
-        "*cudaopt: TIMEOUT: wd/model_new.py::TestCorrectness::test_canonical[[]seed0] ran longer than "
-        "cudaopt_timeout=20s on case canonical inputs of get_inputs(), seed *",
-        "*model_new.py*line 18, in forward*",
-        "*time.sleep(3600)*",
+    hung = "wd/model_new.py::TestCorrectness::test_canonical[[]seed0]"
+    result.stdout.fnmatch_lines([
+        f"*TIMEOUT: {hung} ran longer than cudaopt_timeout={TIMEOUT}s on case canonical inputs of get_inputs(), seed *",
     ])
+    result.stdout.fnmatch_lines(["*cudaopt summary*", "*FAIL (timeout)*"])
+    assert "During handling" not in result.stdout.str()
+    cases = junit_cases(pytester.path / "j.xml")
+    assert cases[("wd", "test_canonical[seed0]")][0] == "failed"
+    assert "on case canonical inputs of get_inputs()" in cases[("wd", "test_canonical[seed0]")][1]
+    for later in ("test_canonical[seed1]", "test_canonical[seed2]", "test_drawn_shapes"):
+        outcome, text = cases[("wd", later)]
+        assert outcome in ("error", "skipped") and "not run" in text and "test_canonical[seed0]" in text, later
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report.get("complete", True) and not report["passed"]
+    [row] = [r["data"] for r in report["results"] if r["data"].get("check") == "timeout"]
+    assert row["case"].startswith("canonical inputs of get_inputs()")
+    policy = [outcome for (_, name), (outcome, text) in cases.items() if name.startswith("test_rule[")]
+    assert policy
+    if kind == "blocked_in_c":  # the watchdog ended the run: the policy items are reported as not run
+        result.stderr.fnmatch_lines(["*did not stop within 5s of being interrupted*"])
+        assert set(policy) == {"skipped"}
+    else:  # the process went on: the policy items ran
+        assert "passed" in policy
+
+
+def test_a_hang_that_holds_the_gil_leaves_the_report_written_before_the_item(pytester, cheat):
+    result = _run_hang(pytester, cheat, "holds_the_gil")
+    assert result.ret != 0
+    result.stderr.fnmatch_lines([f"*Timeout (0:00:{TIMEOUT + 15})!*", "*model_new.py*line * in forward*"])
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["complete"] is False and not report["passed"]
+    assert report["running"] == "wd/model_new.py::TestCorrectness::test_canonical[seed0]"
+
+
+def test_pytests_faulthandler_timeout_keeps_its_timer(pytester, cheat):
+    _hanging(cheat(), "python_loop")
+    pytester.makeini(INI + "faulthandler_timeout = 1\n")
+    result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness", f"--cudaopt-timeout={TIMEOUT}",
+                        timeout=120)
+    result.stderr.fnmatch_lines(["*Timeout (0:00:01)!*"])  # pytest's dump, then ours fails the item
+    result.stdout.fnmatch_lines([f"*TIMEOUT: *test_canonical[[]seed0] ran longer than cudaopt_timeout={TIMEOUT}s*"])
+
+
+def test_the_watchdog_never_interrupts_a_debugger(tmp_path):
+    script = tmp_path / "debugged.py"
+    script.write_text(textwrap.dedent("""
+        import bdb, sys, time
+        from pytest_cudaopt import watchdog
+
+        class Quiet(bdb.Bdb):
+            def user_line(self, frame):
+                pass
+
+        dbg = Quiet()
+        with watchdog.Watchdog(0.5, "t.py::test_x", backstop=True):
+            dbg.set_trace()      # a debugger is attached: the timeout must not fire
+            time.sleep(2.5)
+            dbg.set_quit()
+            sys.settrace(None)
+        print("survived")
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                          env=subprocess_env())
+    assert done.returncode == 0 and "survived" in done.stdout, done.stderr
+    assert "TIMEOUT" not in done.stderr
 
 
 def test_a_drawn_failure_replays_from_the_printed_command(pytester, cheat):
@@ -302,3 +392,57 @@ def test_cudaopt_verify_prints_the_same_verdict_and_exits_non_zero_on_a_cheat(py
     passing = subprocess.run(command, cwd=pytester.path, env=env, capture_output=True, text=True, timeout=600)
     assert passing.returncode == 0, passing.stdout + passing.stderr
     assert "cudaopt correctness: 4 of 4 passed" in passing.stdout
+
+
+def test_a_load_error_is_reported_once_and_later_items_refer_to_it(pytester, cheat):
+    cheat("import_error")
+    pytester.makeini(INI + "cudaopt_compile_backend = eager\n")
+    result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness or perf")
+    result.assert_outcomes(errors=4, failed=1)
+    text = result.stdout.str()
+    assert text.count("ModuleNotFoundError: No module named 'helpers_that_do_not_exist'") == 1
+    assert text.count("not run: loading the workdir failed; the report is under "
+                      "wd/model_new.py::TestCorrectness::test_canonical[seed0]") == 4
+    assert "During handling" not in text and "direct cause" not in text
+    assert "PytestBenchmarkWarning" not in text
+
+
+def test_a_build_error_is_reported_in_full_once_per_workdir(tmp_path):
+    from pytest_cudaopt import build
+    from pytest_cudaopt.session import CudaoptSession
+    from pytest_cudaopt.settings import Settings
+
+    session = CudaoptSession(Settings({}), rootpath=tmp_path)
+    error = build.BuildError("cudaopt build: 1 error in kernels/x.cu", ["kernels/x.cu:3: error: nope"])
+    first = session.failure_report(tmp_path / "wd", "wd/model_new.py::A::a", error)
+    assert first == error.report() and "kernels/x.cu:3: error: nope" in first
+    assert session.failure_report(tmp_path / "wd", "wd/model_new.py::A::a", error) == first  # a rerun
+    assert session.failure_report(tmp_path / "wd", "wd/model_new.py::B::b", error) == (
+        "not run: the build failed; the report is under wd/model_new.py::A::a")
+    assert session.failure_report(tmp_path / "other", "other/model_new.py::A::a", error) == first
+
+
+def test_the_build_shows_its_steps_and_a_lock_held_elsewhere_under_pytest(pytester, cheat):
+    workdir = cheat()
+    kernel = workdir / "kernels" / "cheats.cpp"
+    kernel.write_text(kernel.read_text() + "\n// changed: this object recompiles\n")
+    [build_dir] = (workdir / "build" / "cudaopt").iterdir()
+    # Another process holds the build's lock from the start of the session for 3 s.
+    holder = (f"import time\nfrom filelock import FileLock\nwith FileLock({str(build_dir / 'lock')!r}):\n"
+              "    print('held', flush=True)\n    time.sleep(3)\n")
+    pytester.makeconftest(f"""
+        import subprocess, sys
+
+        def pytest_sessionstart(session):
+            holder = subprocess.Popen([sys.executable, "-c", {holder!r}], stdout=subprocess.PIPE, text=True)
+            assert holder.stdout.readline().strip() == "held"
+    """)
+    result = run_pytest(pytester, "wd/model_new.py::TestCorrectness::test_canonical[seed0]")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        f"cudaopt build: waiting for another build of {workdir} (lock {build_dir / 'lock'})",
+        "cudaopt build: compiling 1 of 3 sources for cpu: kernels/cheats.cpp",
+        "cudaopt build: [[]1/2[]] c++ kernels/cheats.cpp  (* s)",
+        "cudaopt build: [[]2/2[]] link cuda_extension.so  (* s)",
+        "cudaopt build: built cuda_extension in * s (1 of 3 objects compiled): *",
+    ])

@@ -5,13 +5,14 @@ import math
 import subprocess
 import sys
 import textwrap
+import time
 import types
 
 import pytest
 import torch
 
 from conftest import subprocess_env
-from pytest_cudaopt import guards
+from pytest_cudaopt import guards, watchdog
 
 # A "kernel" that never reaches the dispatcher: NumPy on the tensors' memory.
 KERNELS = """
@@ -262,20 +263,34 @@ def test_a_faults_summary_is_the_line_naming_the_error_not_torchs_advice_after_i
     assert guards.fault_line("first\nlast\n") == "last"
 
 
-def test_the_watchdog_ends_a_hung_process_naming_the_test_and_case(tmp_path):
-    script = tmp_path / "hang.py"
-    script.write_text(textwrap.dedent("""
-        import time
-        from pytest_cudaopt import guards
-        with guards.Watchdog(1.0, "t.py::test_x"):
+def test_the_watchdog_interrupts_a_sleeping_test_naming_the_test_and_case():
+    with pytest.raises(watchdog.HangTimeout) as info:
+        with guards.Watchdog(0.5, "t.py::test_x", backstop=False) as dog:
             guards.set_case("shape n=3")
             time.sleep(60)
+    assert dog.fired
+    assert str(info.value).startswith("TIMEOUT: t.py::test_x ran longer than cudaopt_timeout=0.5s on case shape n=3")
+
+
+def test_the_watchdog_ends_a_process_stuck_in_c_after_calling_on_stuck(tmp_path):
+    script = tmp_path / "hang.py"
+    script.write_text(textwrap.dedent("""
+        import ctypes
+        from pytest_cudaopt import watchdog
+        watchdog.GRACE_S = 0.5
+        mutex = ctypes.create_string_buffer(64)
+        libc = ctypes.CDLL(None)
+        with watchdog.Watchdog(0.5, "t.py::test_x", on_stuck=lambda m: print("stuck:", m, flush=True)):
+            watchdog.set_case("shape n=3")
+            libc.pthread_mutex_lock(mutex)
+            libc.pthread_mutex_lock(mutex)  # never returns, and no signal interrupts it
     """))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
                           env=subprocess_env())
     assert done.returncode == 1
-    assert "cudaopt: TIMEOUT: t.py::test_x ran longer than cudaopt_timeout=1s on case shape n=3" in done.stderr
-    assert "time.sleep(60)" in done.stderr
+    assert "cudaopt: TIMEOUT: t.py::test_x ran longer than cudaopt_timeout=0.5s on case shape n=3" in done.stderr
+    assert "pthread_mutex_lock(mutex)  # never returns" in done.stderr
+    assert done.stdout.startswith("stuck: TIMEOUT: t.py::test_x")
 
 
 def test_the_watchdog_lets_a_quick_test_finish():

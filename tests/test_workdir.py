@@ -161,3 +161,36 @@ def test_the_nondeterministic_declaration_is_read_from_model_new(tmp_path):
     declared = MODEL_NEW + "\nCUDAOPT_NONDETERMINISTIC = True\n"
     assert load_workdir(make(tmp_path, "a", model_new=declared), fake_extension("A")).nondeterministic
     assert not load_workdir(make(tmp_path, "b"), fake_extension("A")).nondeterministic
+
+
+@pytest.mark.parametrize("function, body, returned", [
+    ("get_inputs", "return torch.randn(batch_size, features)", "a bare tensor float32[4, 8]"),
+    ("get_inputs", "return None", "NoneType None"),
+    ("get_init_inputs", "return features", "int 8"),
+    ("get_init_inputs", "return {'features': features}", "dict {'features': 8}"),
+])
+def test_a_malformed_helper_of_model_py_is_named_in_one_line(tmp_path, function, body, returned):
+    original = ("return [torch.randn(batch_size, features)]" if function == "get_inputs"
+                else "return [features]")
+    wd = load_workdir(make(tmp_path, "w", model=MODEL.replace(original, body)), fake_extension("A"))
+    with pytest.raises(WorkdirError) as info:
+        wd.inputs(0) if function == "get_inputs" else wd.make_models("cpu")
+    message = str(info.value)
+    assert message.startswith(f"model.py: {function}() returned {returned}; it must return a list")
+    assert "\n" not in message and info.value.file == "model.py"
+
+
+@pytest.mark.parametrize("file", ["model.py", "model_new.py"])
+def test_a_syntax_error_shows_the_offending_line_without_loader_frames(tmp_path, file):
+    model, model_new = MODEL, MODEL_NEW
+    if file == "model.py":
+        model = MODEL.replace("batch_size = 4", "batch_size = = 4")
+    else:
+        model_new = MODEL_NEW.replace("TAG = cuda_extension.TAG", "TAG = cuda_extension.TAG)")
+    with pytest.raises(WorkdirError) as info:
+        load_workdir(make(tmp_path, "w", model=model, model_new=model_new), fake_extension("A"))
+    message = str(info.value)
+    line = "batch_size = = 4" if file == "model.py" else "TAG = cuda_extension.TAG)"
+    assert message.startswith(f"{file}:") and "SyntaxError" in message.splitlines()[0]
+    assert f"    {line}" in message.splitlines() and "^" in message
+    assert "frozen" not in message and "importlib" not in message and info.value.file == file

@@ -198,7 +198,9 @@ class KernelScan:
         if torch_reach is not None:
             for line, op, name in _tensor_operators(unit.tokens):
                 self._add(unit, line, "KC001", f"operator `{op}` on the tensor {name} dispatches an ATen op")
-        if suffix == ".cpp" and not is_binding and self.kernels in unit.path.parents:
+        # A workdir without any .cu file is a CPU workdir: its .cpp files are the kernels.
+        if suffix == ".cpp" and not is_binding and self.kernels in unit.path.parents \
+                and any(self.kernels.rglob("*.cu")):
             calls = any(t.kind == "id" and t.text.startswith(("cublas", "cudnn")) and k + 1 < len(unit.tokens)
                         and unit.tokens[k + 1].text == "(" for k, t in enumerate(unit.tokens))
             if not calls:

@@ -113,7 +113,7 @@ class TestCorrectness:
     # -- fixtures ------------------------------------------------------------------------------
 
     @pytest.fixture
-    def loaded(self, cudaopt_session, cudaopt_workdir_path) -> Workdir:
+    def loaded(self, request, cudaopt_session, cudaopt_workdir_path) -> Workdir:
         """The workdir, loaded once per session; a build or load error fails the item."""
         from pytest_cudaopt import build
 
@@ -123,10 +123,8 @@ class TestCorrectness:
                         f"unusable: {message}", pytrace=False)
         try:
             return cudaopt_session.workdir(cudaopt_workdir_path)
-        except build.BuildError as exc:
-            failure = exc.report()
-        except WorkdirError as exc:
-            failure = str(exc)
+        except (build.BuildError, WorkdirError) as exc:
+            failure = cudaopt_session.failure_report(cudaopt_workdir_path, request.node.nodeid, exc)
         pytest.fail(failure, pytrace=False)
 
     # -- the items ----------------------------------------------------------------------------

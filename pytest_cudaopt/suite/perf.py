@@ -165,6 +165,8 @@ def record_benchmark(benchmark: Any, result: report.PerfResult, clock: Any,
 
 
 @pytest.mark.perf
+# An item that fails before timing (the workdir did not build or load) leaves the fixture unused.
+@pytest.mark.filterwarnings("ignore:Benchmark fixture was not used at all in this test")
 class TestPerf:
     """`pytest -m perf`: the custom path must beat torch.compile by `cudaopt_min_speedup`."""
 
@@ -179,6 +181,7 @@ class TestPerf:
             pytest.fail(f"{cudaopt_workdir_path / 'model_new.py'} (or code it imports) replaced "
                         f"{', '.join(changed)}; the speed verdict does not trust a patched clock",
                         pytrace=False)
+        from pytest_cudaopt.build import BuildError
         from pytest_cudaopt.workdir import WorkdirError
 
         # The clock and the tracer decide the verdict: a conftest.py's override is refused
@@ -190,13 +193,16 @@ class TestPerf:
             tracer = cudaopt_session.verdict_fixture(request, "cudaopt_perf_tracer")
             tracer = tracer or trace.default_tracer(cudaopt_settings.device)
         with torch.no_grad():
+            failure = ""
             try:
                 workdir = cudaopt_session.workdir(cudaopt_workdir_path)
                 result, extra = judge(workdir=workdir, settings=cudaopt_settings, seed=cudaopt_session.seed,
                                       clock=clock, test=request.node.nodeid, tracer=tracer,
                                       target=cudaopt_session.target_workdir())
-            except WorkdirError as exc:
-                pytest.fail(str(exc), pytrace=False)
+            except (BuildError, WorkdirError) as exc:
+                failure = cudaopt_session.failure_report(cudaopt_workdir_path, request.node.nodeid, exc)
+            if failure:  # outside the except block: one report, no "During handling ..." chain
+                pytest.fail(failure, pytrace=False)
             changed = timing.tampered()
             if changed:
                 result.failure = (f"the timing functions {', '.join(changed)} were replaced while "

@@ -1,0 +1,210 @@
+"""The `cudaopt_timeout` watchdog: a hung test fails with its case, and the run still ends in a report.
+
+Three ways a test can hang, three answers (measured in tests/test_hangs.py):
+
+1. Python code, or a C call that releases the GIL and returns on EINTR (`time.sleep`, a
+   blocking read): the watchdog thread sends the main thread a signal whose Python handler
+   raises `HangTimeout`. The test fails with its case, later correctness and perf items of its
+   workdir are reported as not run, and the session ends normally (summary, JSON, JUnit).
+2. A C call that releases the GIL but never returns (a CUDA kernel that never finishes, seen
+   by `torch.cuda.synchronize`): the handler cannot run. After `GRACE_S` the watchdog thread,
+   which can still run Python, ends the pytest session itself through `on_stuck` (the hung
+   test failed, the rest not run, summary, JSON report, JUnit file) and exits with status 1.
+3. A C loop that holds the GIL: no Python thread runs again. faulthandler's C thread dumps
+   every stack and exits after `timeout + GRACE_S + BACKSTOP_S`; the JSON report written before
+   the item started (`"complete": false`, `"running"` names the item) is what remains.
+
+A debugging session (pdb, `--pdb`'s post-mortem, an IDE debugger) is never interrupted: the
+watchdog checks the main thread's frames before it acts (as pytest-timeout's is_debugging does).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import threading
+import traceback
+from typing import Any, Callable
+
+GRACE_S = 5.0     # after the signal, time for the main thread to leave the test
+BACKSTOP_S = 10.0  # then faulthandler's C thread, for a hang that holds the GIL
+SIGNAL = getattr(signal, "SIGUSR2", None)
+DEBUGGER_MODULES = ("pdb", "bdb", "pydevd", "_pydevd", "debugpy", "IPython.core.debugger", "ipdb")
+
+_STDERR_FD: int | None = None
+
+
+class HangTimeout(BaseException):
+    """Raised in the main thread when a test runs past `cudaopt_timeout`. A BaseException, so
+    Hypothesis neither shrinks nor replays it and the candidate's `except Exception` keeps it."""
+
+
+def keep_stderr() -> None:
+    """Keep a duplicate of the process's stderr as it is now (pytest_configure, before
+    output capturing swaps fd 2 out during tests), for the watchdog's last words."""
+    global _STDERR_FD
+    if _STDERR_FD is None:
+        try:
+            _STDERR_FD = os.dup(2)
+        except OSError:
+            _STDERR_FD = None
+
+
+def is_debugging() -> bool:
+    """A debugger is attached to the main thread: a trace function on one of its frames, or a
+    debugger's module on its stack (pdb waiting at its prompt)."""
+    if threading.current_thread() is threading.main_thread():
+        tracer = getattr(sys.gettrace(), "__module__", None) or ""
+        if tracer.startswith(DEBUGGER_MODULES):
+            return True
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "") or ""
+        tracer = getattr(frame.f_trace, "__module__", None) or ""
+        if name.startswith(DEBUGGER_MODULES) or tracer.startswith(DEBUGGER_MODULES):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def main_stack(limit: int = 12) -> str:
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    if frame is None:
+        return "  (no stack)\n"
+    return "".join(traceback.format_stack(frame)[-limit:])
+
+
+class Watchdog:
+    """Watches one test (a context manager around its call). `on_stuck(message)` is called
+    from the watchdog thread when the main thread does not leave the test after the signal;
+    the process then exits with status 1. `backstop=False` leaves faulthandler's timer alone
+    (pytest's own `faulthandler_timeout` owns it)."""
+
+    current: "Watchdog | None" = None
+
+    def __init__(self, timeout: float, test: str, stream=None,
+                 on_stuck: Callable[[str], None] | None = None, backstop: bool = True):
+        self.timeout = timeout
+        self.test = test
+        self.case = ""
+        self.fired = False
+        self._stream = stream
+        self._on_stuck = on_stuck
+        self._backstop = backstop
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._previous_handler: Any = None
+        self._installed = False
+
+    def message(self) -> str:
+        case = f" on case {self.case}" if self.case else ""
+        return (f"TIMEOUT: {self.test} ran longer than cudaopt_timeout={self.timeout:g}s{case}; "
+                "a kernel that never finishes, a deadlock or an endless loop")
+
+    def _fd(self) -> int:
+        if self._stream is not None:
+            return self._stream.fileno()
+        return _STDERR_FD if _STDERR_FD is not None else 2
+
+    def _write(self, text: str) -> None:
+        try:
+            os.write(self._fd(), text.encode(errors="replace"))
+        except OSError:
+            pass
+
+    def _handler(self, signum, frame) -> None:
+        if self.fired and not self._done.is_set():
+            raise HangTimeout(self.message())
+
+    def _watch(self) -> None:
+        while not self._done.wait(self.timeout):
+            if not is_debugging():
+                break
+            faulthandler.cancel_dump_traceback_later()  # never kill a debugging session
+        else:
+            return
+        self.fired = True
+        if self._installed:
+            signal.pthread_kill(threading.main_thread().ident, SIGNAL)
+        if self._done.wait(GRACE_S):
+            return
+        # The main thread is stuck in C code that released the GIL and does not return.
+        self._write(f"\n\ncudaopt: {self.message()}. The test did not stop within {GRACE_S:g}s of "
+                    f"being interrupted; the run ends here with status 1. Where the test was "
+                    f"(innermost last):\n{main_stack()}")
+        try:
+            if self._on_stuck is not None:
+                self._on_stuck(self.message())
+        except BaseException as exc:  # noqa: BLE001  the process ends either way
+            self._write(f"cudaopt: writing the reports after the timeout failed: {exc!r}\n")
+        finally:
+            os._exit(1)
+
+    def __enter__(self) -> "Watchdog":
+        Watchdog.current = self
+        if SIGNAL is not None and threading.current_thread() is threading.main_thread():
+            self._previous_handler = signal.signal(SIGNAL, self._handler)
+            self._installed = True
+        self._thread = threading.Thread(target=self._watch, name="cudaopt-watchdog", daemon=True)
+        self._thread.start()
+        if self._backstop:
+            faulthandler.dump_traceback_later(self.timeout + GRACE_S + BACKSTOP_S, exit=True, file=self._fd())
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._done.set()
+        if self._backstop:
+            faulthandler.cancel_dump_traceback_later()
+        if self._installed:
+            signal.signal(SIGNAL, self._previous_handler if self._previous_handler is not None
+                          else signal.SIG_DFL)
+            self._installed = False
+        if Watchdog.current is self:
+            Watchdog.current = None
+
+
+def set_case(text: str) -> None:
+    """Tell the running watchdog which case is running (printed if it fires)."""
+    if Watchdog.current is not None:
+        Watchdog.current.case = text
+
+
+def end_pytest_session(item: Any, message: str) -> None:
+    """From the watchdog thread, while the main thread is stuck in `item`: report `item` as
+    failed with `message` and every later item as skipped ("not run"), then run pytest's
+    session finish (terminal summary, --junitxml, --cudaopt-report). The caller exits."""
+    import time
+
+    from _pytest.reports import TestReport
+
+    config, session = item.config, item.session
+    capman = config.pluginmanager.getplugin("capturemanager")
+    if capman is not None:
+        try:
+            capman.suspend_global_capture(in_=True)
+        except Exception:  # noqa: BLE001  already suspended, or never started
+            pass
+    now = time.time()
+    hook = config.hook
+    keywords = {name: 1 for name in item.keywords}
+    hook.pytest_runtest_logreport(report=TestReport(
+        item.nodeid, item.location, keywords, "failed", message, "call", start=now, stop=now))
+    items = list(session.items)
+    later = items[items.index(item) + 1:] if item in items else []
+    reason = f"not run: the run ended after {item.nodeid} timed out"
+    for other in later:
+        path, lineno, _ = other.location
+        hook.pytest_runtest_logstart(nodeid=other.nodeid, location=other.location)
+        hook.pytest_runtest_logreport(report=TestReport(
+            other.nodeid, other.location, {name: 1 for name in other.keywords}, "skipped",
+            (str(config.rootpath / path), (lineno or 0) + 1, reason), "setup", start=now, stop=now))
+        hook.pytest_runtest_logfinish(nodeid=other.nodeid, location=other.location)
+    session.testsfailed += 1
+    hook.pytest_sessionfinish(session=session, exitstatus=1)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
