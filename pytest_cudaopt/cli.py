@@ -1,4 +1,4 @@
-"""The `cudaopt` command: build, verify, profile, check, init, report. A front door, no logic."""
+"""The `cudaopt` command: build, verify, profile, check, init, adopt, report. A front door, no logic."""
 
 from __future__ import annotations
 
@@ -85,6 +85,18 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_adopt(args: argparse.Namespace) -> int:
+    from pytest_cudaopt import scaffold
+
+    try:
+        _, summary = scaffold.adopt_workdir(Path(args.dir))
+    except scaffold.ScaffoldError as exc:
+        print(f"cudaopt adopt: {exc}", file=sys.stderr)
+        return 1
+    print(summary)
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from pytest_cudaopt import report
 
@@ -125,6 +137,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lock-only", action="store_true",
                    help="only (re)record DIR's model.py and utils/ in DIR/cudaopt.lock (an existing workdir)")
     p.set_defaults(func=cmd_init)
+    p = sub.add_parser("adopt", help="record the lock of an existing workdir (not made by `cudaopt init`) "
+                       "and say what its fixed files and bindings are; changes no other file")
+    p.add_argument("dir", nargs="?", default=".", help="the workdir; default: the current folder")
+    p.set_defaults(func=cmd_adopt)
     p = sub.add_parser("report", help="render a --cudaopt-report JSON file")
     p.add_argument("json", help="the JSON file written by --cudaopt-report")
     p.add_argument("--format", choices=("table", "markdown"), default="table")
