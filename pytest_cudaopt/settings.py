@@ -112,6 +112,8 @@ OPTIONS: tuple[Option, ...] = (
            "stop timing once the relative standard error of every median is below this"),
     Option("input_sets", _positive(int), 4, "input sets rotated during timing"),
     Option("cuda_graph", _bool, False, "time each contender as CUDA-graph replays (for tiny kernels)"),
+    Option("min_runs", _positive(int), 50,
+           "timed runs per contender before the stop rule may end the timing (utils.profiling --iters sets it)"),
     Option("report", str, None, "write the verdicts as JSON to this path", ini=False),
     # build
     Option("build_dir", str, None,
