@@ -58,10 +58,23 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return _run_pytest(args.workdir, "perf", args.pytest_args)
 
 
+def _extension_violations(workdir: Path) -> list:
+    """EX001 against the last build on disk, when there is one (check compiles nothing)."""
+    from pytest_cudaopt import build
+    from pytest_cudaopt.policy.extension_names import check_extension_names
+
+    try:
+        module = build.existing_extension(workdir)
+    except build.BuildError:
+        return []  # the build fails to load; `cudaopt build` says why
+    return check_extension_names(workdir, module) if module is not None else []
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from pytest_cudaopt import policy
 
     violations = policy.check_workdir(args.workdir)
+    violations += _extension_violations(args.workdir)
     print(policy.render(violations, args.workdir, as_json=args.json))
     return 1 if violations else 0
 
