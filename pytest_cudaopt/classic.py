@@ -51,7 +51,8 @@ def verification_lines(doc: dict[str, Any]) -> list[str]:
     for i, case in enumerate(cases, 1):
         tag = "PASS" if case.get("passed") else "FAIL"
         why = "" if case.get("passed") else f" ({case.get('check') or 'mismatch'})"
-        lines.append(f"[{tag}] check {i}/{len(cases)}: {case.get('case', '')} {case.get('inputs', '')}{why}".rstrip())
+        what = " ".join(filter(None, (case.get("case"), case.get("inputs"))))
+        lines.append(f"[{tag}] check {i}/{len(cases)}: {what}{why}")
     failed = sum(not c.get("passed") for c in cases)
     if not cases:
         lines.append("[FAIL] verify failed: no correctness case ran (see pytest's output above)")
