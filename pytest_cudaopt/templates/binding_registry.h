@@ -75,14 +75,22 @@ inline void apply_bindings(pybind11::module_& m) {
                                list[i - 1].file + " and in " + list[i].file + ")");
     }
   }
+  // What each name holds: the object and its docstring (pybind11 adds an overload to the
+  // existing function object, so only the docstring shows that a name was defined again).
+  auto snapshot = [&m]() {
+    pybind11::dict out;
+    for (auto item : pybind11::reinterpret_borrow<pybind11::dict>(m.attr("__dict__"))) {
+      out[item.first] = pybind11::make_tuple(item.second, pybind11::getattr(item.second, "__doc__", pybind11::none()));
+    }
+    return out;
+  };
   std::map<std::string, std::string> owner;  // Python name -> file that defined it
   for (auto& b : list) {
-    pybind11::dict before = pybind11::reinterpret_borrow<pybind11::dict>(m.attr("__dict__")).attr("copy")();
+    pybind11::dict before = snapshot();
     b.define(m);
-    for (auto item : pybind11::reinterpret_borrow<pybind11::dict>(m.attr("__dict__"))) {
+    for (auto item : snapshot()) {
       std::string key = pybind11::str(item.first);
-      bool is_new = !before.contains(item.first);
-      if (!is_new && pybind11::object(before[item.first]).ptr() == item.second.ptr()) continue;
+      if (before.contains(item.first) && pybind11::object(before[item.first]).equal(item.second)) continue;
       auto seen = owner.find(key);
       if (seen != owner.end()) {
         throw std::runtime_error("cuda_extension: function '" + key + "' is defined twice (in " + seen->second +
