@@ -204,3 +204,12 @@ def test_utils_flags_print_the_classic_lines(make_workdir, tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-2:] == ["single run: torch_baseline done on cpu",
                                              "single run: cuda_extension done on cpu"]
+
+
+def test_a_module_that_defines_nothing_points_at_register_binding():
+    import types
+
+    empty = types.ModuleType("cuda_extension")
+    message = build.missing_function_message(empty, "scale")
+    assert message.startswith("cuda_extension has no function 'scale'; it defines none")
+    assert "REGISTER_BINDING(op, register_op)" in message
