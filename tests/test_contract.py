@@ -213,3 +213,13 @@ def test_a_module_that_defines_nothing_points_at_register_binding():
     message = build.missing_function_message(empty, "scale")
     assert message.startswith("cuda_extension has no function 'scale'; it defines none")
     assert "REGISTER_BINDING(op, register_op)" in message
+
+
+def test_the_correctness_failure_of_a_missing_function_speaks_of_cuda_extension(pytester, make_workdir, run_pytest):
+    make_workdir("registry_forms", pytester.path / "wd")
+    pytester.makefile(".ini", pytest=INI)
+    result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness", "-p", "no:randomly")
+    assert result.parseoutcomes().get("failed", 0) >= 1
+    result.stdout.fnmatch_lines(["*cuda_extension has no function 'scale_forward'; it defines scale, scale_setup, "
+                                 "scale_short. scale_setup takes a pybind11 module*"])
+    result.stdout.no_fnmatch_line("*cudaopt_ext_*")
