@@ -130,6 +130,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("trace", _bool, True,
            "profile one call of each contender (torch.profiler, CUDA activity): kernels, summed kernel "
            "time, and stream escapes at any duration"),
+    Option("min_runs", _positive(int), 50,
+           "timed runs per contender before the stop rule may end the timing (utils.profiling --iters sets it)"),
     Option("report", str, None, "write the verdicts as JSON to this path", ini=False),
     Option("baseline_workdir", str, None,
            "a checkout of the target branch's workdir: its ModelNew is timed as one more contender and "
