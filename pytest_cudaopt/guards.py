@@ -6,6 +6,7 @@ import contextlib
 import copy
 import faulthandler
 import hashlib
+import math
 import os
 import sys
 import threading
@@ -48,11 +49,13 @@ POISON_BYTES = 1 << 30  # CUDA: freed caching-allocator memory filled with NaN, 
 class GuardFailure(AssertionError):
     """A guard caught the candidate; `check` names the guard, the message says what it saw."""
 
-    def __init__(self, check: str, message: str, comparison: "compare.Comparison | None" = None):
+    def __init__(self, check: str, message: str, comparison: "compare.Comparison | None" = None,
+                 precision: "compare.Precision | None" = None):
         super().__init__(message)
         self.check = check
         self.message = message
         self.comparison = comparison
+        self.precision = precision
 
 
 class CandidateError(Exception):
@@ -534,6 +537,7 @@ class Trial:
     device: torch.device
     atol: float
     rtol: float
+    max_rel_error: float = 1e-2
     nondeterministic: bool = False
     extra_allowed: frozenset[str] = frozenset()
     history: OutputHistory = field(default_factory=OutputHistory)
@@ -609,12 +613,27 @@ def run_case(trial: Trial, inputs: list) -> CaseOutcome:
         raise GuardFailure("mismatch", f"{file}: ModelNew's output differs from Model's (model.py):\n"
                                        f"{comparison.table()}{hint}", comparison)
     precision = _precision(trial, inputs, first, expected)
+    vacuous = comparison.vacuous
+    if vacuous:
+        note = (f"atol {trial.atol:g} >= max|expected| for {', '.join(vacuous)}: the element-wise "
+                f"tolerance is vacuous there, the relative L2 bound decides")
+        precision.note = f"{precision.note}; {note}" if precision.note else note
+        precision.vacuous = True
+    if precision.wrong:
+        raise GuardFailure("wrong", (
+            f"{file}: ModelNew's output is wrong: relative L2 error vs the float64 reference "
+            f"{precision.candidate_error:.3g} > {precision.bound:.3g} (cudaopt_max_rel_error; "
+            f"the float32 reference's own error is {precision.reference_error:.3g}), although every "
+            f"element is within atol={trial.atol:g}, rtol={trial.rtol:g}"
+            + (f"\n{precision.note}" if precision.note else "")
+            + f"\nmax abs err {comparison.max_abs:.3g}, max rel err {comparison.max_rel:.3g}"),
+            comparison, precision)
     return CaseOutcome(comparison, precision, time.perf_counter() - started)
 
 
 def _precision(trial: Trial, inputs: list, candidate_out: Any, expected: Any) -> compare.Precision:
     if trial.model64 is None:
-        return compare.Precision.unknown("no float64 copy of the reference")
+        return _against_float32(trial, candidate_out, expected, "no float64 copy of the reference")
     try:
         with torch.no_grad():
             reference64 = trial.model64(*compare.to_float64(clone_inputs(inputs)))
@@ -622,8 +641,22 @@ def _precision(trial: Trial, inputs: list, candidate_out: Any, expected: Any) ->
     except Exception as exc:
         if is_cuda_fault(exc):
             raise CudaFault(f"Model.forward in float64 raised: {exc}") from exc
-        return compare.Precision.unknown(f"the reference does not run in float64: {type(exc).__name__}")
-    return compare.Precision.measure(candidate_out, expected, reference64)
+        return _against_float32(trial, candidate_out, expected,
+                                f"the reference does not run in float64: {type(exc).__name__}")
+    return compare.Precision.measure(candidate_out, expected, reference64, trial.max_rel_error)
+
+
+def _against_float32(trial: Trial, candidate_out: Any, expected: Any, why: str) -> compare.Precision:
+    """No float64 run: the tier is unknown, but the relative L2 bound still holds the
+    candidate to the float32 reference's output."""
+    precision = compare.Precision.unknown(why)
+    if compare.float_elements(expected) == 0:
+        return compare.Precision(0.0, 0.0, compare.EXACT)
+    error = compare.relative_l2_error(candidate_out, compare.to_float64(expected))
+    if not error <= trial.max_rel_error:
+        precision.tier, precision.candidate_error, precision.bound = compare.WRONG, error, trial.max_rel_error
+        precision.reference_error = math.nan
+    return precision
 
 
 def float64_copy(model: torch.nn.Module) -> torch.nn.Module | None:

@@ -41,6 +41,17 @@ def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse
 
 
+def _non_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if not value >= 0:
+            raise ValueError(f"expected a number >= 0, got {text!r}")
+        return value
+
+    parse.__name__ = f"non-negative {kind.__name__}"
+    return parse
+
+
 @dataclass(frozen=True)
 class Option:
     """One setting: `--cudaopt-<name>` on the command line, `CUDAOPT_<NAME>` in the
@@ -77,8 +88,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("timeout", _positive(float), 600.0,
            "seconds one generated test may run before it is reported as hung"),
     # correctness
-    Option("atol", _positive(float), 1e-2, "absolute tolerance of the correctness comparison"),
-    Option("rtol", _positive(float), 1e-2, "relative tolerance of the correctness comparison"),
+    Option("atol", _non_negative(float), 1e-2,
+           "absolute tolerance of the correctness comparison (0: none; integer/bool outputs are always exact)"),
+    Option("rtol", _non_negative(float), 1e-2, "relative tolerance of the correctness comparison (0: none)"),
+    Option("max_rel_error", _positive(float), 1e-2,
+           "most relative L2 error vs a float64 run of the reference a candidate may have, whatever atol allows"),
     Option("seeds", _positive(int), 3, "number of secret seeds for the canonical inputs of get_inputs()"),
     Option("seed", int, None,
            "replay: use this seed instead of a secret one (printed by every failure)", ini=False),

@@ -205,6 +205,40 @@ class Workdir:
         except RuntimeError as exc:
             raise WorkdirError(f"{self.model_new_file.name}: loading Model's state_dict into ModelNew "
                                f"failed: {exc}") from exc
+        copy_non_persistent_buffers(model, model_new, self.model_file.name, self.model_new_file.name)
+
+
+def _non_persistent(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The buffers that state_dict() leaves out (register_buffer(..., persistent=False))."""
+    found = {}
+    for prefix, sub in module.named_modules():
+        for name in getattr(sub, "_non_persistent_buffers_set", ()):
+            buffer = sub._buffers.get(name)
+            if buffer is not None:
+                found[f"{prefix}.{name}" if prefix else name] = buffer
+    return found
+
+
+def copy_non_persistent_buffers(model: torch.nn.Module, model_new: torch.nn.Module,
+                                model_file: str = "model.py", model_new_file: str = "model_new.py") -> None:
+    """Copy Model's non-persistent buffers into ModelNew's buffers of the same name, so both
+    start from the same state; a buffer one has and the other lacks, or of another shape,
+    is named in a WorkdirError."""
+    ours = _non_persistent(model)
+    if not ours:
+        return
+    theirs = dict(model_new.named_buffers())
+    for name, buffer in ours.items():
+        target = theirs.get(name)
+        if target is None:
+            raise WorkdirError(f"{model_new_file}: Model ({model_file}) has the non-persistent buffer "
+                               f"'{name}' {tuple(buffer.shape)}, ModelNew has no buffer of that name; "
+                               f"register it in ModelNew too so both start from the same values")
+        if target.shape != buffer.shape:
+            raise WorkdirError(f"{model_new_file}: non-persistent buffer '{name}': Model ({model_file}) has "
+                               f"shape {tuple(buffer.shape)}, ModelNew {tuple(target.shape)}")
+        with torch.no_grad():
+            target.copy_(buffer)
 
 
 def load_workdir(path: Path, extension: Any) -> Workdir:

@@ -28,8 +28,9 @@ class CaseFailed(Exception):
     """A case that a guard or the comparison failed; `report` is the whole message."""
 
     def __init__(self, check: str, report: str, case: str = "", inputs: str = "",
-                 comparison: compare.Comparison | None = None):
+                 comparison: compare.Comparison | None = None, precision: compare.Precision | None = None):
         super().__init__(report)
+        self.precision = precision
         self.check = check
         self.report = report
         self.case = case
@@ -41,6 +42,8 @@ class CaseFailed(Exception):
         result.shapes = self.inputs
         if self.comparison is not None and self.comparison.leaves:
             result.max_abs, result.max_rel = self.comparison.max_abs, self.comparison.max_rel
+        if self.precision is not None:
+            result.precision = self.precision
 
 
 def _session_of(config: pytest.Config):
@@ -83,6 +86,8 @@ class _Stats:
         if self.worst is None or compare.worst_tier([self.worst.tier, p.tier]) != self.worst.tier \
                 or (p.tier == self.worst.tier and p.candidate_error > self.worst.candidate_error):
             self.worst = p
+        if p.vacuous and self.worst is not None:
+            self.worst.vacuous = True
         for i, x in enumerate(inputs):
             if not isinstance(x, torch.Tensor):
                 continue
@@ -316,6 +321,7 @@ def _run(workdir: Workdir, settings, session, constants: dict[str, int], seed: i
         trial = guards.Trial(
             model=model, model_new=model_new, model64=guards.float64_copy(model), workdir=workdir.path,
             extension=workdir.extension, device=device, atol=settings.atol, rtol=settings.rtol,
+            max_rel_error=settings.max_rel_error,
             nondeterministic=workdir.nondeterministic or settings.nondeterministic,
             extra_allowed=_extra_allowed(settings), history=_history(workdir), input_names=names)
         footer = f"\ncase: {case_text}" + (f"\nreplay: {replay}" if replay else "")
@@ -324,7 +330,8 @@ def _run(workdir: Workdir, settings, session, constants: dict[str, int], seed: i
         try:
             outcome = guards.run_case(trial, inputs)
         except guards.GuardFailure as exc:
-            raise CaseFailed(exc.check, f"{exc.message}{footer}", short, described, exc.comparison) from None
+            raise CaseFailed(exc.check, f"{exc.message}{footer}", short, described, exc.comparison,
+                             exc.precision) from None
         except guards.CudaFault as exc:
             raise _Abort(exc, case_text, replay) from None
         except guards.CandidateError as exc:
