@@ -97,7 +97,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("seed", int, None,
            "replay: use this seed instead of a secret one (printed by every failure)", ini=False),
     Option("profile", _choice("ci", "thorough"), "ci",
-           "Hypothesis profile for the drawn shapes: 'ci' (derandomised, modest count) or 'thorough'"),
+           "Hypothesis profile for the drawn shapes: 'ci' (explicit cases past the defaults, then a modest count drawn from the session seed) or 'thorough'"),
     Option("max_examples", _positive(int), None,
            "override the number of Hypothesis-drawn shapes of the chosen profile"),
     Option("max_elements", _positive(int), None,

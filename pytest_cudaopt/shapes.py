@@ -19,9 +19,13 @@ EDGE_SIZES = (1, 2, 3, 5, 7, 13, 17, 31, 33, 61, 67, 97, 127, 129, 191, 251, 257
 # A drawn case may hold this many times the canonical inputs' elements (see max_elements).
 GROWTH = 2
 
+# Fewer distinct valid drawn shapes than this: the item says so instead of passing quietly.
+HANDFUL = 5
+
 PROFILES = {
-    # Same shapes on every run (derandomised), a modest count, no deadline, no database.
-    "ci": dict(max_examples=25, derandomize=True, deadline=None, database=None),
+    # A modest count drawn from the session seed (replayable with --cudaopt-seed), no deadline,
+    # no database; the explicit cases of `explicit_cases` run first.
+    "ci": dict(max_examples=25, derandomize=False, deadline=None, database=None),
     # Many shapes, drawn from the session seed (replayable with --cudaopt-seed).
     "thorough": dict(max_examples=300, derandomize=False, deadline=None, database=None),
 }
@@ -255,6 +259,51 @@ def check_on_meta(module: types.ModuleType, constants: Mapping[str, int]) -> Met
         return MetaCheck(False, f"{type(exc).__name__}: {first}"[:300])
     total, found = _numel_and_shapes(inputs)
     return MetaCheck(True, "", total, found)
+
+
+# -- explicit cases: past the canonical, and the smallest ------------------------------------------
+
+@dataclass
+class Explicit:
+    """The cases every inferred-shape run judges before drawing: per constant, the next valid
+    value above its default and the smallest valid value, the others at their defaults."""
+
+    cases: list[dict[str, int]] = field(default_factory=list)
+    never_above: list[str] = field(default_factory=list)   # no valid value above the default fits
+
+
+def _upward(default: int) -> list[int]:
+    steps = {1, 2, 3, 4, 5, 7, 8} | {max(1, default // k) for k in (64, 32, 16, 8, 4, 2, 1)}
+    return sorted(default + step for step in steps)
+
+
+def _downward(default: int) -> list[int]:
+    values = {1, 2, 3, 4, 5, 7, 8} | {max(1, default // k) for k in (64, 32, 16, 8, 4, 2)}
+    return sorted(v for v in values if v < default)
+
+
+def explicit_cases(module: types.ModuleType, space: "ShapeSpace") -> Explicit:
+    """For each inferred constant: the first valid value above its default whose inputs
+    fit `space.max_elements`, and the smallest valid value (a few candidates each, checked
+    on the meta device). Declared or meta-unusable spaces get none."""
+    found = Explicit()
+    if space.declared or not space.meta_usable or not space.defaults:
+        return found
+
+    def fits(case: dict[str, int]) -> bool:
+        check = check_on_meta(module, case)
+        return check.valid and (not space.max_elements or check.elements <= space.max_elements)
+
+    for name, default in space.defaults.items():
+        above = next((v for v in _upward(default) if fits({name: v})), None)
+        if above is None:
+            found.never_above.append(name)
+        else:
+            found.cases.append({**space.defaults, name: above})
+        smallest = next((v for v in _downward(default) if fits({name: v})), None)
+        if smallest is not None:
+            found.cases.append({**space.defaults, name: smallest})
+    return found
 
 
 def parse_case(text: str) -> dict[str, int]:

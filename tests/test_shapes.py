@@ -207,9 +207,33 @@ def test_case_text_round_trips():
         shapes.parse_case("dim=x")
 
 
-def test_profiles_ci_is_derandomised_and_modest_thorough_is_large():
+def test_profiles_ci_is_seeded_and_modest_thorough_is_large():
     ci = shapes.hypothesis_settings("ci")
     thorough = shapes.hypothesis_settings("thorough")
-    assert ci.derandomize and ci.deadline is None and ci.database is None and 20 <= ci.max_examples <= 30
+    assert not ci.derandomize and ci.deadline is None and ci.database is None and 20 <= ci.max_examples <= 30
     assert not thorough.derandomize and thorough.max_examples >= 200
     assert shapes.hypothesis_settings("ci", max_examples=7).max_examples == 7
+
+
+def test_explicit_cases_go_past_every_default_and_down_to_the_smallest_valid_value():
+    module = module_from(KERNELBENCH)
+    space = shapes.shape_space(module)
+    found = shapes.explicit_cases(module, space)
+    assert found.never_above == []
+    for name, default in space.defaults.items():
+        values = [case[name] for case in found.cases]
+        assert any(v > default for v in values), name
+        assert all(shapes.check_on_meta(module, case).valid for case in found.cases)
+        others = [case for case in found.cases if case[name] != default]
+        assert all(case[k] == space.defaults[k] for case in others for k in space.defaults if k != name)
+    # n_embd must stay a multiple of n_head (4): the next valid value above 64 is 68
+    assert {**space.defaults, "n_embd": 68} in found.cases
+    assert {**space.defaults, "batch_size": 17} in found.cases
+    assert {**space.defaults, "batch_size": 1} in found.cases
+
+
+def test_a_constant_that_cannot_grow_within_the_cap_is_named():
+    module = module_from(KERNELBENCH)
+    space = shapes.shape_space(module, max_elements=16 * 64)  # exactly the canonical inputs
+    found = shapes.explicit_cases(module, space)
+    assert set(found.never_above) == {"batch_size", "n_embd"}

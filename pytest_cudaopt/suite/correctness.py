@@ -77,6 +77,12 @@ class _Stats:
     dims: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     dtypes: dict[int, str] = field(default_factory=dict)
     names: list[str] | None = None
+    constants: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (min, max) judged
+
+    def add_constants(self, constants: dict[str, int]) -> None:
+        for name, value in constants.items():
+            lo, hi = self.constants.get(name, (value, value))
+            self.constants[name] = (min(lo, value), max(hi, value))
 
     def add(self, outcome: guards.CaseOutcome, inputs: list) -> None:
         self.cases += 1
@@ -189,7 +195,14 @@ class TestCorrectness:
             return (f"pytest {shlex.quote(nodeid)} --cudaopt-seed={cudaopt_session.seed} "
                     f"--cudaopt-case={shlex.quote(shapes.format_case(constants))}")
 
+        explicit = shapes.explicit_cases(loaded.reference, space) if settings.case is None else shapes.Explicit()
+        seen: set[tuple] = {tuple(sorted(space.defaults.items()))}  # the canonical case has its own items
+
         def one(constants: dict[str, int]) -> None:
+            key = tuple(sorted({**space.defaults, **constants}.items()))
+            if key in seen and settings.case is None:
+                hypothesis.reject()  # judged already: draw another
+            seen.add(key)
             if space.meta_usable:
                 check = shapes.check_on_meta(loaded.reference, constants)
                 if not check.valid:
@@ -215,29 +228,32 @@ class TestCorrectness:
                 hypothesis.reject()
             stats.names = names
             stats.add(outcome, inputs)
+            stats.add_constants(constants)
 
         failure, check, failed, abort = "", "", None, None
         try:
             if settings.case is not None:
                 one(shapes.parse_case(settings.case))
             else:
+                for constants in explicit.cases:  # past the canonical and the smallest, first
+                    one(constants)
+
                 @shapes.hypothesis_settings(settings.profile, settings.max_examples)
                 @hypothesis.given(space.strategy)
                 def drawn_shape(constants: dict[str, int]) -> None:
                     one(constants)
 
-                run = drawn_shape
-                if settings.profile != "ci":
-                    run = hypothesis.seed(cudaopt_session.seed)(run)
-                run()
+                # Drawn from the session's secret seed: no workdir can know its shapes in advance.
+                hypothesis.seed(cudaopt_session.seed)(drawn_shape)()
         except _Abort as exc:
             abort = exc
         except shapes.ShapeError as exc:
             failure, check = str(exc), "shape declaration"
         except hypothesis.errors.Unsatisfiable:
-            failure, check = (f"no drawn shape was valid ({stats.rejected} rejected; last: {stats.last_rejection}); "
-                              f"the shapes were {space.source}. Declare the valid ones in model.py with "
-                              f"{shapes.DECLARATION} (see the README)"), "no valid shape"
+            if not stats.cases:  # with explicit cases run, too few shapes is reported below
+                failure, check = (f"no drawn shape was valid ({stats.rejected} rejected; last: "
+                                  f"{stats.last_rejection}); the shapes were {space.source}. Declare the valid "
+                                  f"ones in model.py with {shapes.DECLARATION} (see the README)"), "no valid shape"
         except hypothesis.errors.UnsatisfiedAssumption:  # --cudaopt-case named an invalid shape
             failure, check = (f"--cudaopt-case={settings.case} is not a valid shape for model.py: "
                               f"{stats.last_rejection}"), "invalid --cudaopt-case"
@@ -257,10 +273,25 @@ class TestCorrectness:
                 failed.fill(result)
             _finish(cudaopt_session, result, started, check, failure)
             pytest.fail(failure, pytrace=False)
+        notes = []
+        if stats.constants:
+            notes.append("constants " + ", ".join(f"{k} {lo}..{hi}" for k, (lo, hi) in stats.constants.items()))
+        if explicit.never_above:
+            notes.append(f"never above its default within cudaopt_max_elements {space.max_elements}: "
+                         + ", ".join(explicit.never_above))
+        if (settings.case is None and not space.declared and space.meta_usable
+                and stats.cases < shapes.HANDFUL):
+            few = (f"only {stats.cases} distinct valid shapes besides the canonical one could be found "
+                   f"({stats.rejected} rejected; last: {stats.last_rejection or '-'}); the shapes were "
+                   f"{space.source}. Declare the valid ones in model.py with {shapes.DECLARATION} "
+                   f"(see the README) so that more sizes are judged")
+            result.cases, result.shapes = stats.cases, "; ".join([stats.shapes(), *notes])
+            _finish(cudaopt_session, result, started, "few shapes", few)
+            pytest.fail(few, pytrace=False)
         result.passed = True
         result.case = f"drawn shapes ({stats.cases} cases)"
         result.cases = stats.cases
-        result.shapes = stats.shapes()
+        result.shapes = "; ".join([stats.shapes(), *notes])
         result.max_abs, result.max_rel = stats.max_abs, stats.max_rel
         result.precision = stats.worst
         _finish(cudaopt_session, result, started)
