@@ -119,3 +119,77 @@ def test_integer_outputs_are_exact_and_buffers_start_equal(pytester, make_workdi
     else:
         result.assert_outcomes(failed=1, skipped=1)
         assert "exact equality (integer/bool output)" in text
+
+
+CANONICAL_ONLY = """
+import torch
+import torch.nn as nn
+
+import cuda_extension
+
+
+class ModelNew(nn.Module):
+    # Like a kernel launched on a fixed grid sized for the canonical (16, 64) input: the
+    # rows and features past it are never written.
+    def __init__(self, features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(features))
+        self.bias = nn.Parameter(torch.randn(features))
+
+    def forward(self, x):
+        if x.shape[0] > 16 or x.shape[1] > 64:
+            return torch.zeros_like(x)
+        return cuda_extension.scale(x, self.weight, self.bias)
+"""
+
+
+def test_a_candidate_correct_only_up_to_the_canonical_size_fails_in_ci_with_every_seed(pytester, make_workdir):
+    root = make_workdir("cpu_scale", pytester.path / "wd")
+    (root / "model_new.py").write_text(CANONICAL_ONLY)
+    for seed in (1, 2, 3):
+        result = run_pytest(pytester, str(root / "model_new.py"), "-m", "correctness", "--cudaopt-device=cpu",
+                            "--cudaopt-seeds=1", f"--cudaopt-seed={seed}", "--cudaopt-profile=ci",
+                            "--cudaopt-max-examples=1")
+        text = result.stdout.str()
+        result.assert_outcomes(passed=1, failed=1)
+        assert "test_drawn_shapes FAILED" in text or "FAILED" in text
+        assert "batch_size=17" in text or "features=65" in text, text[-3000:]
+
+
+FEW_MODEL = """
+import torch
+import torch.nn as nn
+
+n = 64
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        if x.shape[0] not in (1, 64, 65):
+            raise ValueError("only 1, 64 or 65 rows")
+        return x * 0
+
+
+def get_inputs():
+    return [torch.randn(n, 8)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+FEW_NEW = FILL.format(fill="torch.zeros_like(x)")
+
+
+def test_an_item_with_fewer_than_a_handful_of_valid_shapes_says_so(pytester, make_workdir):
+    root = _workdir(make_workdir, pytester.path, FEW_MODEL, FEW_NEW)
+    result = run_pytest(pytester, str(root / "model_new.py"), "-m", "correctness", "--cudaopt-device=cpu",
+                        "--cudaopt-seeds=1", "--cudaopt-max-examples=10")
+    text = result.stdout.str()
+    result.assert_outcomes(passed=1, failed=1)
+    assert "FAIL (few shapes)" in text
+    assert "only 2 distinct valid shapes besides the canonical one" in text
+    assert "CUDAOPT_SHAPES" in text
