@@ -181,6 +181,9 @@ class Comparison:
         return "\n".join(lines)
 
 
+CHUNK = 1 << 24  # elements compared at a time: the float64 temporaries stay ~128 MiB each
+
+
 def _compare_tensor(path: str, actual: torch.Tensor, expected: torch.Tensor,
                     atol: float, rtol: float, max_listed: int) -> LeafReport:
     leaf = LeafReport(path=path, total=expected.numel())
@@ -191,43 +194,52 @@ def _compare_tensor(path: str, actual: torch.Tensor, expected: torch.Tensor,
         return leaf
     if expected.is_complex():
         actual, expected = torch.view_as_real(actual), torch.view_as_real(expected)
-    a = actual.detach().reshape(-1).to(torch.float64)
-    e = expected.detach().reshape(-1).to(torch.float64)
-    a_nan, e_nan = torch.isnan(a), torch.isnan(e)
-    a_inf, e_inf = torch.isinf(a), torch.isinf(e)
-    finite = ~(a_nan | e_nan | a_inf | e_inf)
-    diff = torch.where(finite, (a - e).abs(), torch.zeros_like(a))
-    allowed = atol + rtol * e.abs()
-    bad_finite = finite & (diff > allowed)
-    if leaf.exact:  # compare in the output's own dtype: float64 cannot hold every int64
-        bad_finite = actual.detach().reshape(-1) != expected.detach().reshape(-1)
-        allowed = torch.ones_like(a)  # the worst element is then the largest difference
-    nan_bad = a_nan != e_nan
-    # An Inf must meet the same Inf; a NaN pair is a match.
-    inf_bad = (a_inf | e_inf) & ~(a_nan | e_nan) & (a != e)
-    bad = bad_finite | nan_bad | inf_bad
-    leaf.mismatched = int(bad.sum())
-    leaf.nan_mismatched = int(nan_bad.sum())
-    leaf.inf_mismatched = int(inf_bad.sum())
-    if bool(finite.any()):
-        leaf.max_abs = float(diff.max())
-        leaf.max_expected = float(torch.where(finite, e.abs(), torch.zeros_like(e)).max())
-        nonzero = finite & (e != 0)
-        if bool(nonzero.any()):
-            leaf.max_rel = float((diff[nonzero] / e[nonzero].abs()).max())
+    flat_a, flat_e = actual.detach().reshape(-1), expected.detach().reshape(-1)
+    worst_score, worst_at = -1.0, 0
+    # In chunks, so that judging a large output needs memory in proportion to a chunk.
+    for start in range(0, flat_e.numel(), CHUNK):
+        ca, ce = flat_a[start:start + CHUNK], flat_e[start:start + CHUNK]
+        a, e = ca.to(torch.float64), ce.to(torch.float64)
+        a_nan, e_nan = torch.isnan(a), torch.isnan(e)
+        a_inf, e_inf = torch.isinf(a), torch.isinf(e)
+        finite = ~(a_nan | e_nan | a_inf | e_inf)
+        diff = torch.where(finite, (a - e).abs(), torch.zeros_like(a))
+        allowed = atol + rtol * e.abs()
+        bad_finite = finite & (diff > allowed)
+        if leaf.exact:  # compare in the output's own dtype: float64 cannot hold every int64
+            bad_finite = ca != ce
+            allowed = torch.ones_like(a)  # the worst element is then the largest difference
+        nan_bad = a_nan != e_nan
+        # An Inf must meet the same Inf; a NaN pair is a match.
+        inf_bad = (a_inf | e_inf) & ~(a_nan | e_nan) & (a != e)
+        bad = bad_finite | nan_bad | inf_bad
+        leaf.mismatched += int(bad.sum())
+        leaf.nan_mismatched += int(nan_bad.sum())
+        leaf.inf_mismatched += int(inf_bad.sum())
+        if bool(finite.any()):
+            leaf.max_abs = max(leaf.max_abs, float(diff.max()))
+            leaf.max_expected = max(leaf.max_expected,
+                                    float(torch.where(finite, e.abs(), torch.zeros_like(e)).max()))
+            nonzero = finite & (e != 0)
+            if bool(nonzero.any()):
+                leaf.max_rel = max(leaf.max_rel, float((diff[nonzero] / e[nonzero].abs()).max()))
+        # Worst: any non-finite mismatch first, else the largest excess over the tolerance.
+        score = torch.where(finite, diff / allowed, torch.zeros_like(a))
+        score = torch.where(nan_bad | inf_bad, torch.full_like(a, math.inf), score)
+        at = int(torch.argmax(score))
+        if float(score[at]) > worst_score:
+            worst_score, worst_at = float(score[at]), start + at
+        if len(leaf.first) < max_listed and bool(bad.any()):
+            positions = torch.nonzero(bad).reshape(-1)[:max_listed - len(leaf.first)].tolist()
+            leaf.first += [Mismatch(_index(start + p, expected.shape), float(a[p]), float(e[p]))
+                           for p in positions]
     # Like torch.testing: a NaN (or Inf) where the other side differs makes the error NaN (Inf).
     if leaf.nan_mismatched:
         leaf.max_abs = leaf.max_rel = math.nan
     elif leaf.inf_mismatched:
         leaf.max_abs = leaf.max_rel = math.inf
-    # Worst: any non-finite mismatch first, else the largest excess over the tolerance.
-    score = torch.where(finite, diff / allowed, torch.zeros_like(a))
-    score = torch.where(nan_bad | inf_bad, torch.full_like(a, math.inf), score)
-    worst = int(torch.argmax(score))
-    leaf.worst = Mismatch(_index(worst, expected.shape), float(a[worst]), float(e[worst]))
-    if leaf.mismatched:
-        positions = torch.nonzero(bad).reshape(-1)[:max_listed].tolist()
-        leaf.first = [Mismatch(_index(p, expected.shape), float(a[p]), float(e[p])) for p in positions]
+    leaf.worst = Mismatch(_index(worst_at, expected.shape), float(flat_a[worst_at].to(torch.float64)),
+                          float(flat_e[worst_at].to(torch.float64)))
     return leaf
 
 
@@ -347,14 +359,16 @@ def relative_l2_error(actual: Any, reference64: Any) -> float:
             continue
         if not (r.is_floating_point() or r.is_complex()) or a.shape != r.shape:
             continue
-        a64 = a.detach().to(device=r.device, dtype=r.dtype).reshape(-1)
-        r64 = r.detach().reshape(-1)
-        keep = torch.isfinite(r64)
-        if not bool(keep.all()):
-            a64, r64 = a64[keep], r64[keep]
-        num += float(torch.linalg.vector_norm(a64 - r64)) ** 2
-        den += float(torch.linalg.vector_norm(r64)) ** 2
-        count += r64.numel()
+        flat_a, flat_r = a.detach().reshape(-1), r.detach().reshape(-1)
+        for start in range(0, flat_r.numel(), CHUNK):  # in chunks: float64 copies stay small
+            a64 = flat_a[start:start + CHUNK].to(device=r.device, dtype=r.dtype)
+            r64 = flat_r[start:start + CHUNK]
+            keep = torch.isfinite(r64)
+            if not bool(keep.all()):
+                a64, r64 = a64[keep], r64[keep]
+            num += float(torch.linalg.vector_norm(a64 - r64)) ** 2
+            den += float(torch.linalg.vector_norm(r64)) ** 2
+            count += r64.numel()
     num, den = math.sqrt(num), math.sqrt(den)
     if den > 0:
         return num / den

@@ -231,3 +231,18 @@ def test_an_ill_conditioned_reference_widens_the_bound_to_ten_times_its_own_erro
     assert compare.error_bound(1e-2, 1e-1) == pytest.approx(1.0)
     assert compare.error_bound(1e-2, 1e-6) == 1e-2
     assert compare.error_bound(1e-2, math.nan) == 1e-2
+
+
+def test_comparing_in_chunks_gives_the_same_table_as_at_once(monkeypatch):
+    torch.manual_seed(0)
+    expected = torch.randn(50, 7)
+    actual = expected + torch.randn(50, 7) * 0.02
+    actual[3, 4] = float("nan")
+    whole = compare.compare_outputs(actual, expected)
+    ref64 = expected.double() * 1.001
+    l2 = compare.relative_l2_error(actual.nan_to_num(), ref64)
+    monkeypatch.setattr(compare, "CHUNK", 16)
+    chunked = compare.compare_outputs(actual, expected)
+    assert chunked.table() == whole.table()
+    assert chunked.leaves[0].worst == whole.leaves[0].worst
+    assert compare.relative_l2_error(actual.nan_to_num(), ref64) == pytest.approx(l2, rel=1e-12)
