@@ -512,6 +512,7 @@ class CorrectnessResult:
     message: str = ""
     seconds: float = 0.0
     kind: str = "correctness"
+    peak_bytes: int | None = None  # torch's max allocated device memory during the item
 
     def row(self) -> dict[str, str]:
         p = self.precision if self.precision is not None and self.precision.tier != UNKNOWN else None
@@ -535,4 +536,5 @@ class CorrectnessResult:
             "max_abs": _json_float(self.max_abs), "max_rel": _json_float(self.max_rel),
             "precision": self.precision.to_json() if self.precision else None,
             "check": self.check, "message": self.message, "seconds": self.seconds,
+            "peak_bytes": self.peak_bytes,
         }

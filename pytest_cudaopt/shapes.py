@@ -191,19 +191,29 @@ class ShapeSpace:
     canonical_elements: int = 0
     meta_usable: bool = True             # the reference runs on the meta device
     meta_note: str = ""
+    canonical_bytes: int = 0             # inputs + outputs of the canonical case
+    cap_note: str = ""                   # set when the size cap shrank to fit device memory
 
 
-def shape_space(module: types.ModuleType, max_elements: int | None = None) -> ShapeSpace:
+def shape_space(module: types.ModuleType, max_elements: int | None = None,
+                free_bytes: int | None = None) -> ShapeSpace:
     """The drawn-shape space of a reference module. `strategy` is None (with `source`
-    saying why) when there is nothing to vary."""
+    saying why) when there is nothing to vary. With `free_bytes` (free device memory) the
+    size cap shrinks to what one case can hold (see memory.cap_max_elements)."""
+    from pytest_cudaopt.memory import cap_max_elements
+
     declared = declared_strategy(module)
     defaults = infer_constants(module)
     canonical = check_on_meta(module, {})
     space = ShapeSpace(strategy=None, defaults=defaults, source="",
                        meta_usable=canonical.valid, meta_note=canonical.reason,
-                       canonical_elements=canonical.elements)
+                       canonical_elements=canonical.elements,
+                       canonical_bytes=canonical.input_bytes + canonical.output_bytes)
     if max_elements is None and canonical.valid:
         max_elements = max(GROWTH * canonical.elements, 4096)
+    if canonical.valid:
+        max_elements, space.cap_note = cap_max_elements(max_elements, canonical.elements,
+                                                        space.canonical_bytes, free_bytes)
     space.max_elements = max_elements
     if declared is not None:
         spec = module.__dict__[DECLARATION]
@@ -230,6 +240,8 @@ class MetaCheck:
     reason: str = ""
     elements: int = 0                                # total elements of the tensor inputs
     shapes: list[tuple[int, ...]] = field(default_factory=list)
+    input_bytes: int = 0                             # bytes of the tensor inputs
+    output_bytes: int = 0                            # bytes of the reference's tensor outputs
 
 
 def _numel_and_shapes(values: Any) -> tuple[int, list[tuple[int, ...]]]:
@@ -251,14 +263,16 @@ def check_on_meta(module: types.ModuleType, constants: Mapping[str, int]) -> Met
             inputs = module.get_inputs()
             inputs = [x.to("meta") if isinstance(x, torch.Tensor) else x for x in inputs]
             model.eval()
-            model(*inputs)
+            outputs = model(*inputs)
     except ShapeError:
         raise
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return MetaCheck(False, f"{type(exc).__name__}: {first}"[:300])
+    from pytest_cudaopt.memory import nbytes
+
     total, found = _numel_and_shapes(inputs)
-    return MetaCheck(True, "", total, found)
+    return MetaCheck(True, "", total, found, nbytes(list(inputs)), nbytes(outputs))
 
 
 # -- explicit cases: past the canonical, and the smallest ------------------------------------------

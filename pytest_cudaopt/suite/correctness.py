@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from pytest_cudaopt import compare, guards, shapes
+from pytest_cudaopt import compare, guards, memory, shapes
 from pytest_cudaopt.workdir import Workdir, WorkdirError
 
 
@@ -149,7 +149,7 @@ class TestCorrectness:
         replay = f"pytest {shlex.quote(request.node.nodeid)} --cudaopt-seed={cudaopt_session.seed}"
         result = compare.CorrectnessResult(workdir=str(loaded.path), test=request.node.nodeid,
                                            case=f"canonical seed{seed_index}", passed=False, seed=seed)
-        started = time.perf_counter()
+        started = _start(settings)
         failed: CaseFailed | None = None
         abort: _Abort | None = None
         try:
@@ -178,7 +178,8 @@ class TestCorrectness:
 
         settings = cudaopt_settings
         try:
-            space = shapes.shape_space(loaded.reference, settings.max_elements)
+            space = shapes.shape_space(loaded.reference, settings.max_elements,
+                                       _free_bytes(settings.device))
         except shapes.ShapeError as exc:
             space, failure = None, str(exc)
         if space is None:
@@ -189,7 +190,7 @@ class TestCorrectness:
         result = compare.CorrectnessResult(workdir=str(loaded.path), test=nodeid, case="drawn shapes",
                                            passed=False)
         stats = _Stats()
-        started = time.perf_counter()
+        started = _start(settings)
 
         def replay(constants: dict[str, int]) -> str:
             return (f"pytest {shlex.quote(nodeid)} --cudaopt-seed={cudaopt_session.seed} "
@@ -276,6 +277,8 @@ class TestCorrectness:
         notes = []
         if stats.constants:
             notes.append("constants " + ", ".join(f"{k} {lo}..{hi}" for k, (lo, hi) in stats.constants.items()))
+        if space.cap_note:
+            notes.append(space.cap_note)
         if explicit.never_above:
             notes.append(f"never above its default within cudaopt_max_elements {space.max_elements}: "
                          + ", ".join(explicit.never_above))
@@ -307,8 +310,26 @@ def _case_failed(exc: BaseException) -> CaseFailed | None:
     return None
 
 
+def _free_bytes(device: str) -> int | None:
+    try:
+        return memory.free_bytes(device)
+    except Exception:  # noqa: BLE001 - no usable device: nothing to plan (the item reports it)
+        return None
+
+
+def _start(settings) -> float:
+    """The item's start: its time, and torch's peak-memory counter reset."""
+    device = torch.device(settings.device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats(device)
+    return time.perf_counter()
+
+
 def _finish(session, result: compare.CorrectnessResult, started: float, check: str = "",
             message: str = "") -> None:
+    device = torch.device(session.settings.device)
+    if device.type == "cuda" and torch.cuda.is_available() and session.fault is None:
+        result.peak_bytes = torch.cuda.max_memory_allocated(device)
     result.seconds = time.perf_counter() - started
     if check:
         result.passed, result.check, result.message = False, check, message
@@ -339,6 +360,7 @@ def _run(workdir: Workdir, settings, session, constants: dict[str, int], seed: i
     case_text = f"{label}; inputs "
     names: list[str] | None = None
     guards.set_case(label)
+    _check_memory(workdir, settings, constants, label, replay)
     with shapes.applied(workdir.reference, constants):
         try:
             model, model_new = workdir.make_models(device, seed=guards.derive_seed(seed, "weights"))
@@ -374,6 +396,27 @@ def _run(workdir: Workdir, settings, session, constants: dict[str, int], seed: i
             raise CaseFailed("reference raised", f"{workdir.model_file.name}: {exc}{footer}",
                              short, described) from None
     return outcome, inputs, names
+
+
+def _check_memory(workdir: Workdir, settings, constants: dict[str, int], label: str, replay: str) -> None:
+    """Fail the case at once, saying how much it needs and what is free, when its inputs
+    and outputs (measured on the meta device) cannot fit in free device memory."""
+    free = _free_bytes(settings.device)
+    if free is None:
+        return
+    check = shapes.check_on_meta(workdir.reference, constants)
+    if not check.valid:
+        return
+    lower = ("lower --cudaopt-max-elements (cudaopt_max_elements) to draw smaller shapes" if constants else
+             f"the canonical sizes are {workdir.model_file.name}'s constants: free device memory or run on a "
+             f"device with more")
+    try:
+        memory.check_fits(f"{label} (inputs {memory.gib(check.input_bytes)}, outputs "
+                          f"{memory.gib(check.output_bytes)})",
+                          memory.case_need(check.input_bytes, check.output_bytes), free, lower)
+    except memory.DoesNotFit as exc:
+        raise CaseFailed("memory", str(exc) + (f"\nreplay: {replay}" if replay else ""),
+                         shapes.format_case(constants) or "canonical") from None
 
 
 def _history(workdir: Workdir) -> guards.OutputHistory:
