@@ -458,9 +458,17 @@ def measure_precision(model: torch.nn.Module, model_new: torch.nn.Module, inputs
     unchanged (the float64 run works on copies)."""
     import copy
 
+    from pytest_cudaopt import memory
+
     with torch.no_grad():
         candidate_out = model_new(*[_clone(x) for x in inputs])
         reference_out = model(*[_clone(x) for x in inputs])
+        devices = [x.device for x in inputs if isinstance(x, torch.Tensor)]
+        free = memory.free_bytes(devices[0]) if devices else None
+        in_bytes, out_bytes = memory.nbytes(list(inputs)), memory.nbytes(reference_out)
+        if not memory.float64_fits(in_bytes, out_bytes, 0, free):
+            return Precision.unknown(f"float64 reference skipped: it needs about "
+                                     f"{memory.gib(2 * in_bytes + 4 * out_bytes)}, {memory.gib(free or 0)} free")
         try:
             model64 = copy.deepcopy(model).double()
             reference64_out = model64(*to_float64([_clone(x) for x in inputs]))

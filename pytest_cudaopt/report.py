@@ -152,6 +152,7 @@ class PerfResult:
     tiers: dict[str, str] = field(default_factory=dict)          # key -> measured precision tier
     precision_note: str = ""                                     # the candidate's measured errors
     compile_seconds: dict[str, float] = field(default_factory=dict)
+    peak_bytes: int | None = None                                # torch's max allocated device memory
     errors: dict[str, str] = field(default_factory=dict)         # key -> why it was not timed
     environment: dict[str, Any] = field(default_factory=dict)
     failure: str = ""                                            # a failure outside the gate
@@ -276,6 +277,7 @@ class PerfResult:
                 "failure": self.failure, "precision": self.precision, "tiers": self.tiers,
                 "precision_note": self.precision_note, "labels": self.labels,
                 "gate": self.gate.to_json(), "compile_seconds": self.compile_seconds,
+                "peak_bytes": self.peak_bytes,
                 "errors": self.errors, "environment": self.environment,
                 "timing": self.measurement.to_json() if self.measurement is not None else None}
 

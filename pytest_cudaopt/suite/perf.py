@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_cudaopt import baselines, report, timing
+from pytest_cudaopt import baselines, memory, report, timing
 
 # pytest-benchmark rounds of the custom path (bounded: the engine's medians are the verdict).
 BENCHMARK_ROUNDS = (5, 200)
@@ -62,11 +62,21 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str) -> t
     """Time every contender of `workdir` and decide the gate. Returns the result and what
     the pytest-benchmark recording needs (the custom model and the input sets)."""
     device = torch.device(settings.device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     model, model_new = workdir.make_models(device, seed=_derive_seed(seed, "perf", "weights"))
-    input_sets = [workdir.inputs(_derive_seed(seed, "perf", "inputs", i), device)
-                  for i in range(settings.input_sets)]
+    input_sets = [workdir.inputs(_derive_seed(seed, "perf", "inputs", 0), device)]
     with baselines.fp32_strict():
-        expected = [model(*timing.clone_inputs(s)) for s in input_sets]
+        expected = [model(*timing.clone_inputs(input_sets[0]))]
+    # As many input sets as fit (at least 2): each set is held once here and once per
+    # contender by the timing loop, with its expected output.
+    set_bytes = memory.nbytes(input_sets[0]) + memory.nbytes(expected[0])
+    count, sets_note = memory.input_sets_that_fit(settings.input_sets, set_bytes, memory.free_bytes(device),
+                                                  copies=1 + 4)
+    for i in range(1, count):
+        input_sets.append(workdir.inputs(_derive_seed(seed, "perf", "inputs", i), device))
+        with baselines.fp32_strict():
+            expected.append(model(*timing.clone_inputs(input_sets[-1])))
     tier, note = _tier(model, model_new, input_sets[0])
     precision_matched = baselines.below_fp32(tier) or settings.gate == "precision-matched"
     lineup = baselines.lineup(
@@ -88,9 +98,12 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str) -> t
     gate = report.gate_verdict(medians, failures, gate=settings.gate, min_speedup=settings.min_speedup)
     result = report.PerfResult(
         workdir=str(workdir.path), test=test, gate=gate, measurement=measurement,
-        labels={c.key: c.label for c in lineup.contenders}, tiers=tiers, precision_note=note,
+        labels={c.key: c.label for c in lineup.contenders}, tiers=tiers,
+        precision_note=f"{note}; {sets_note}" if sets_note else note,
         compile_seconds=lineup.compile_seconds, errors=lineup.errors,
         environment=report.environment())
+    if device.type == "cuda":
+        result.peak_bytes = torch.cuda.max_memory_allocated(device)
     return result, {"model_new": model_new, "input_sets": input_sets, "device": device}
 
 
