@@ -43,7 +43,6 @@ METADATA_OPS = frozenset({
     "aten::is_same_size", "aten::is_nonzero",
 })
 ALLOWED_OPS = ALLOCATION_OPS | CREATION_OPS | METADATA_OPS
-POISON_BYTES = 1 << 30  # CUDA: freed caching-allocator memory filled with NaN, up to this much
 
 
 class GuardFailure(AssertionError):
@@ -96,6 +95,28 @@ def is_cuda_fault(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return isinstance(exc, RuntimeError) and any(marker in text for marker in _FAULT_MARKERS)
+
+
+def context_alive(device: torch.device | str | None = None) -> bool:
+    """Probe the CUDA context after an error: synchronise and run a one-element kernel.
+    Errors such as "invalid device ordinal" leave the context usable; a sticky fault
+    (illegal address, device-side assert) makes the probe fail too."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.synchronize(dev)
+        probe = torch.ones(1, device=dev)
+        probe.add_(1)
+        torch.cuda.synchronize(dev)
+        return float(probe.item()) == 2.0
+    except Exception:  # noqa: BLE001 - any error here means the context is gone
+        return False
+
+
+def context_lost(exc: BaseException) -> bool:
+    """A CUDA error after which the probe fails: the context is unusable for later items."""
+    return is_cuda_fault(exc) and not context_alive()
 
 
 def fault_line(text: str) -> str:
@@ -334,17 +355,30 @@ def poisoned_memory(device: torch.device | str) -> Iterator[None]:
             torch.use_deterministic_algorithms(was_on, warn_only=was_warn)
 
 
+def poison_plan(snapshot: list[dict], device_index: int) -> list[int]:
+    """Sizes of the inactive (cached, unused) blocks that torch.cuda.memory_snapshot() lists
+    for one device, largest first: asking the caching allocator for exactly these sizes
+    hands those very blocks back (best fit), so filling them overwrites their old values."""
+    sizes = [block["size"] for segment in snapshot if segment.get("device") == device_index
+             for block in segment.get("blocks", ()) if block.get("state") == "inactive" and block.get("size", 0) > 0]
+    return sorted(sizes, reverse=True)
+
+
 def _poison_cuda_cache(device: torch.device) -> None:
-    free = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    size = min(max(free, 0), POISON_BYTES) // 4
-    if size <= 0:
-        return
+    """Fill every inactive caching-allocator block with 0xFF bytes (NaN in every floating
+    dtype): a block at a time, each request the block's exact size, all held until the
+    last is filled so that none is handed out twice."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    held = []
     try:
-        block = torch.empty(size, dtype=torch.float32, device=device)
+        for size in poison_plan(torch.cuda.memory_snapshot(), index):
+            block = torch.empty(size, dtype=torch.uint8, device=device)
+            block.fill_(0xFF)
+            held.append(block)
     except torch.OutOfMemoryError:
-        return
-    block.fill_(float("nan"))
-    del block
+        pass
+    finally:
+        del held
 
 
 # -- the op audit -------------------------------------------------------------------------------
@@ -564,7 +598,7 @@ def _raise_user_error(exc: Exception, workdir: Path, what: str, kind: type) -> N
     from pytest_cudaopt.workdir import user_traceback
 
     text = f"{what} raised:\n{user_traceback(exc, [workdir])}"
-    if is_cuda_fault(exc):
+    if context_lost(exc):
         raise CudaFault(text) from exc
     raise kind(text) from exc
 
@@ -650,7 +684,7 @@ def _precision(trial: Trial, inputs: list, candidate_out: Any, expected: Any) ->
             reference64 = trial.model64(*_float64_copies(inputs))
         _synchronize(trial.device)
     except Exception as exc:
-        if is_cuda_fault(exc):
+        if is_cuda_fault(exc) and not context_alive(trial.device):
             raise CudaFault(f"Model.forward in float64 raised: {exc}") from exc
         return _against_float32(trial, candidate_out, expected,
                                 f"the reference does not run in float64: {type(exc).__name__}")

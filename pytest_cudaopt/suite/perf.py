@@ -53,9 +53,9 @@ def _tier(model: torch.nn.Module, candidate: Any, inputs: list,
 def _is_fault(exc: BaseException | None) -> bool:
     if exc is None:
         return False
-    from pytest_cudaopt.guards import is_cuda_fault
+    from pytest_cudaopt.guards import context_lost
 
-    return is_cuda_fault(exc)
+    return context_lost(exc)
 
 
 def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str) -> tuple[report.PerfResult, dict]:
