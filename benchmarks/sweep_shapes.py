@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import signal
 import sys
 import time
 import warnings
@@ -22,6 +23,15 @@ import hypothesis
 from hypothesis import strategies as st
 
 from pytest_cudaopt import shapes
+
+
+class SweepTimeout(BaseException):
+    """A problem's meta-device runs took longer than --limit seconds (not an Exception, so
+    Hypothesis does not catch and shrink it)."""
+
+
+def _alarm(signum, frame):
+    raise SweepTimeout()
 
 
 def problems(root: Path) -> list[Path]:
@@ -86,10 +96,13 @@ def main() -> int:
     parser.add_argument("--before", action="store_true", help="the older strategy: derandomised, no explicit cases")
     parser.add_argument("--examples", type=int, default=25)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--limit", type=int, default=20, help="seconds per problem before it is left out")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     started = time.perf_counter()
     total = all_above = varied = capped = 0
+    timed_out: list[str] = []
+    signal.signal(signal.SIGALRM, _alarm)
     for path in problems(args.kernelbench):
         label = f"{path.parent.name}/{path.name}"
         try:
@@ -100,8 +113,15 @@ def main() -> int:
             continue
         if space.strategy is None or not space.meta_usable:
             continue
+        signal.alarm(args.limit)
+        try:
+            cases, never = judged(module, space, args.examples, args.seed, args.before)
+        except SweepTimeout:
+            timed_out.append(label)
+            continue
+        finally:
+            signal.alarm(0)
         total += 1
-        cases, never = judged(module, space, args.examples, args.seed, args.before)
         above = {name for name, default in space.defaults.items() if any(c.get(name, 0) > default for c in cases)}
         if above == set(space.defaults):
             all_above += 1
@@ -120,6 +140,8 @@ def main() -> int:
     print(f"every constant judged above its default: {all_above} of {total} ({100 * all_above / max(total, 1):.0f}%)")
     print(f"no constant ever above its default: {total - varied}")
     print(f"with a constant the size cap keeps at its default: {capped}")
+    if timed_out:
+        print(f"left out (over {args.limit} s on the meta device): {len(timed_out)}: {', '.join(timed_out)}")
     return 0
 
 

@@ -169,8 +169,11 @@ class Workdir:
         return list(self._call(self.model_file, "get_init_inputs()", self.reference.get_init_inputs))
 
     def inputs(self, seed: int, device: torch.device | str = "cpu") -> list:
-        """model.py's get_inputs() under a private RNG seeded by `seed`, moved to `device`."""
-        with private_rng(seed):
+        """model.py's get_inputs() under a private RNG seeded by `seed`, moved to `device`.
+        On CUDA, get_inputs() runs with that device as the default, so that torch.rand(...)
+        draws there: a 6 GiB input takes milliseconds, not seconds on the CPU and a copy."""
+        on_device = torch.device(device).type == "cuda"
+        with private_rng(seed), (torch.device(device) if on_device else contextlib.nullcontext()):
             values = self._call(self.model_file, "get_inputs()", self.reference.get_inputs)
         return [_to_device(v, device) for v in values]
 
