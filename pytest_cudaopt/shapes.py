@@ -78,18 +78,46 @@ def infer_constants(module: types.ModuleType) -> dict[str, int]:
         func = module.__dict__.get(entry)
         if callable(func):
             read |= _names_read(func, module, seen)
-    return {name: value for name, value in module.__dict__.items()
-            if name in read and type(value) is int and value > 0}
+    found: dict[str, int] = {}
+    for name, value in module.__dict__.items():
+        if name not in read:
+            continue
+        if type(value) is int and value > 0:
+            found[name] = value
+        elif isinstance(value, tuple) and value and all(type(v) is int and v > 0 for v in value):
+            # input_shape = (4096, 8192): each element varies on its own, as input_shape[0] ...
+            found.update({f"{name}[{i}]": v for i, v in enumerate(value)})
+    return found
+
+
+def _element(key: str) -> tuple[str, int | None]:
+    """'input_shape[1]' -> ('input_shape', 1); 'dim' -> ('dim', None)."""
+    if key.endswith("]") and "[" in key:
+        name, _, index = key[:-1].partition("[")
+        if index.isdigit():
+            return name, int(index)
+    return key, None
 
 
 @contextlib.contextmanager
 def applied(module: types.ModuleType, constants: Mapping[str, int]) -> Iterator[None]:
     """Set the module's constants to `constants` for the duration, then restore them."""
-    missing = [name for name in constants if name not in module.__dict__]
+    values: dict[str, Any] = {}
+    missing = []
+    for key, value in constants.items():
+        name, index = _element(key)
+        current = values.get(name, module.__dict__.get(name))
+        if name not in module.__dict__ or (index is not None and not (
+                isinstance(current, tuple) and index < len(current))):
+            missing.append(key)
+        elif index is None:
+            values[name] = value
+        else:
+            values[name] = current[:index] + (value,) + current[index + 1:]
     if missing:
         raise ShapeError(f"{_file(module)} defines no constant {', '.join(missing)}")
-    saved = {name: module.__dict__[name] for name in constants}
-    module.__dict__.update(constants)
+    saved = {name: module.__dict__[name] for name in values}
+    module.__dict__.update(values)
     try:
         yield
     finally:

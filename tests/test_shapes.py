@@ -237,3 +237,35 @@ def test_a_constant_that_cannot_grow_within_the_cap_is_named():
     space = shapes.shape_space(module, max_elements=16 * 64)  # exactly the canonical inputs
     found = shapes.explicit_cases(module, space)
     assert set(found.never_above) == {"batch_size", "n_embd"}
+
+
+def test_int_elements_of_tuple_constants_vary_one_by_one():
+    module = module_from("""
+        import torch
+        import torch.nn as nn
+
+        batch_size = 8
+        input_shape = (16, 32)
+
+        class Model(nn.Module):
+            def forward(self, x):
+                return x.sum(dim=1)
+
+        def get_inputs():
+            return [torch.randn(batch_size, *input_shape)]
+
+        def get_init_inputs():
+            return []
+    """)
+    assert shapes.infer_constants(module) == {"batch_size": 8, "input_shape[0]": 16, "input_shape[1]": 32}
+    with shapes.applied(module, {"input_shape[1]": 33}):
+        assert module.input_shape == (16, 33)
+    assert module.input_shape == (16, 32)
+    assert shapes.parse_case(shapes.format_case({"input_shape[0]": 17})) == {"input_shape[0]": 17}
+    space = shapes.shape_space(module)
+    found = shapes.explicit_cases(module, space)
+    assert {"batch_size": 8, "input_shape[0]": 17, "input_shape[1]": 32} in found.cases
+    assert {"batch_size": 8, "input_shape[0]": 16, "input_shape[1]": 33} in found.cases
+    with pytest.raises(shapes.ShapeError, match=r"defines no constant input_shape\[2\]"):
+        with shapes.applied(module, {"input_shape[2]": 1}):
+            pass
