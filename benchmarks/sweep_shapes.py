@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 from pytest_cudaopt import shapes
 
 
-class SweepTimeout(BaseException):
-    """A problem's meta-device runs took longer than --limit seconds (not an Exception, so
-    Hypothesis does not catch and shrink it)."""
+class SweepTimeout(KeyboardInterrupt):
+    """A problem's meta-device runs took longer than --limit seconds (a KeyboardInterrupt,
+    the one kind of exception Hypothesis neither catches nor shrinks)."""
 
 
 def _alarm(signum, frame):
@@ -128,7 +128,7 @@ def main() -> int:
         else:
             missing = sorted(set(space.defaults) - above)
             print(f"{label}: never above its default: {', '.join(missing)}"
-                  + (f" (cap allows none: {', '.join(never)})" if never else ""))
+                  + (f" (no valid value above within the cap: {', '.join(never)})" if never else ""))
         if never:
             capped += 1
         if above:
@@ -139,7 +139,7 @@ def main() -> int:
     print(f"problems with inferred constants: {total}")
     print(f"every constant judged above its default: {all_above} of {total} ({100 * all_above / max(total, 1):.0f}%)")
     print(f"no constant ever above its default: {total - varied}")
-    print(f"with a constant the size cap keeps at its default: {capped}")
+    print(f"with a constant that has no valid value above its default within the cap: {capped}")
     if timed_out:
         print(f"left out (over {args.limit} s on the meta device): {len(timed_out)}: {', '.join(timed_out)}")
     return 0

@@ -280,7 +280,7 @@ class TestCorrectness:
         if space.cap_note:
             notes.append(space.cap_note)
         if explicit.never_above:
-            notes.append(f"never above its default within cudaopt_max_elements {space.max_elements}: "
+            notes.append(f"no valid value above its default within cudaopt_max_elements {space.max_elements}: "
                          + ", ".join(explicit.never_above))
         if (settings.case is None and not space.declared and space.meta_usable
                 and stats.cases < shapes.HANDFUL):
