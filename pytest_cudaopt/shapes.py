@@ -336,15 +336,26 @@ def explicit_cases(module: types.ModuleType, space: "ShapeSpace") -> Explicit:
         check = check_on_meta(module, case)
         return check.valid and (not space.max_elements or check.elements <= space.max_elements)
 
+    def first(name: str, default: int, values: list[int]) -> dict[str, int] | None:
+        # Constants with the same default are often tied (out_channels and bias_shape[0]):
+        # where changing one alone is invalid, they change together.
+        tied = [k for k, d in space.defaults.items() if d == default]
+        for v in values:
+            for change in ({name: v}, {k: v for k in tied}) if len(tied) > 1 else ({name: v},):
+                case = {**space.defaults, **change}
+                if fits(case):
+                    return case
+        return None
+
     for name, default in space.defaults.items():
-        above = next((v for v in _upward(default) if fits({name: v})), None)
+        above = first(name, default, _upward(default))
         if above is None:
             found.never_above.append(name)
-        else:
-            found.cases.append({**space.defaults, name: above})
-        smallest = next((v for v in _downward(default) if fits({name: v})), None)
-        if smallest is not None:
-            found.cases.append({**space.defaults, name: smallest})
+        elif above not in found.cases:
+            found.cases.append(above)
+        smallest = first(name, default, _downward(default))
+        if smallest is not None and smallest not in found.cases:
+            found.cases.append(smallest)
     return found
 
 

@@ -269,3 +269,32 @@ def test_int_elements_of_tuple_constants_vary_one_by_one():
     with pytest.raises(shapes.ShapeError, match=r"defines no constant input_shape\[2\]"):
         with shapes.applied(module, {"input_shape[2]": 1}):
             pass
+
+
+def test_constants_tied_by_their_default_grow_together_where_one_alone_is_invalid():
+    module = module_from("""
+        import torch
+        import torch.nn as nn
+
+        batch_size = 4
+        out_channels = 16
+        bias_shape = (out_channels, 1)
+
+        class Model(nn.Module):
+            def __init__(self, out_channels, bias_shape):
+                super().__init__()
+                self.bias = nn.Parameter(torch.zeros(bias_shape))
+
+            def forward(self, x):
+                return x + self.bias
+
+        def get_inputs():
+            return [torch.randn(batch_size, out_channels, 8)]
+
+        def get_init_inputs():
+            return [out_channels, bias_shape]
+    """)
+    space = shapes.shape_space(module)
+    found = shapes.explicit_cases(module, space)
+    assert {"batch_size": 4, "out_channels": 17, "bias_shape[0]": 17, "bias_shape[1]": 1} in found.cases
+    assert "bias_shape[1]" in found.never_above or any(c["bias_shape[1]"] > 1 for c in found.cases)
