@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
+import os
 import signal
 import sys
 import time
@@ -23,15 +25,6 @@ import hypothesis
 from hypothesis import strategies as st
 
 from pytest_cudaopt import shapes
-
-
-class SweepTimeout(KeyboardInterrupt):
-    """A problem's meta-device runs took longer than --limit seconds (a KeyboardInterrupt,
-    the one kind of exception Hypothesis neither catches nor shrinks)."""
-
-
-def _alarm(signum, frame):
-    raise SweepTimeout()
 
 
 def problems(root: Path) -> list[Path]:
@@ -90,6 +83,62 @@ def judged(module, space, examples: int, seed: int, before: bool) -> tuple[list[
     return cases, never
 
 
+def _one(path: Path, args) -> dict:
+    try:
+        module = load(path)
+        space = shapes.shape_space(module)
+    except Exception as exc:  # noqa: BLE001 - a problem file that does not load here
+        return {"skip": f"{type(exc).__name__}: {exc}"}
+    if space.strategy is None or not space.meta_usable:
+        return {"defaults": {}}
+    cases, never = judged(module, space, args.examples, args.seed, args.before)
+    above = [name for name, default in space.defaults.items() if any(c.get(name, 0) > default for c in cases)]
+    return {"defaults": space.defaults, "above": above, "never": never}
+
+
+def _in_child(path: Path, args) -> dict | None:
+    """_one(path) in a forked child, killed after --limit seconds (None then): a problem
+    whose meta-device run is slow cannot stall the sweep."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            data = json.dumps(_one(path, args)).encode()
+        except BaseException as exc:  # noqa: BLE001
+            data = json.dumps({"skip": f"{type(exc).__name__}: {exc}"}).encode()
+        with os.fdopen(write, "wb") as out:
+            out.write(data)
+        os._exit(0)
+    os.close(write)
+    deadline = time.monotonic() + args.limit
+    chunks = []
+    with os.fdopen(read, "rb") as inp:
+        os.set_blocking(inp.fileno(), False)
+        while True:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            try:
+                chunk = inp.read()
+            except BlockingIOError:
+                chunk = None
+            if chunk:
+                chunks.append(chunk)
+            if done:
+                rest = inp.read()
+                if rest:
+                    chunks.append(rest)
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return None
+            time.sleep(0.02)
+    try:
+        return json.loads(b"".join(chunks))
+    except ValueError:
+        return None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kernelbench", type=Path)
@@ -102,31 +151,23 @@ def main() -> int:
     started = time.perf_counter()
     total = all_above = varied = capped = 0
     timed_out: list[str] = []
-    signal.signal(signal.SIGALRM, _alarm)
     for path in problems(args.kernelbench):
         label = f"{path.parent.name}/{path.name}"
-        try:
-            module = load(path)
-            space = shapes.shape_space(module)
-        except Exception as exc:  # noqa: BLE001 - a problem file that does not load here
-            print(f"skip {label}: {type(exc).__name__}: {exc}"[:200])
-            continue
-        if space.strategy is None or not space.meta_usable:
-            continue
-        signal.alarm(args.limit)
-        try:
-            cases, never = judged(module, space, args.examples, args.seed, args.before)
-        except SweepTimeout:
+        outcome = _in_child(path, args)
+        if outcome is None:
             timed_out.append(label)
             continue
-        finally:
-            signal.alarm(0)
+        if "skip" in outcome:
+            print(f"skip {label}: {outcome['skip']}"[:200])
+            continue
+        if not outcome["defaults"]:
+            continue
         total += 1
-        above = {name for name, default in space.defaults.items() if any(c.get(name, 0) > default for c in cases)}
-        if above == set(space.defaults):
+        defaults, above, never = outcome["defaults"], set(outcome["above"]), outcome["never"]
+        if above == set(defaults):
             all_above += 1
         else:
-            missing = sorted(set(space.defaults) - above)
+            missing = [name for name in defaults if name not in above]
             print(f"{label}: never above its default: {', '.join(missing)}"
                   + (f" (no valid value above within the cap: {', '.join(never)})" if never else ""))
         if never:
