@@ -148,6 +148,9 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=20, help="seconds per problem before it is left out")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
+    import torch
+
+    torch.set_num_threads(1)  # no thread pool to inherit across fork (a forked child could hang on it)
     started = time.perf_counter()
     total = all_above = varied = capped = 0
     timed_out: list[str] = []
