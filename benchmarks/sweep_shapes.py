@@ -146,6 +146,7 @@ def main() -> int:
     parser.add_argument("--examples", type=int, default=25)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int, default=20, help="seconds per problem before it is left out")
+    parser.add_argument("--every", type=int, default=1, help="a deterministic sample: every Nth problem")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     import torch
@@ -154,7 +155,7 @@ def main() -> int:
     started = time.perf_counter()
     total = all_above = varied = capped = 0
     timed_out: list[str] = []
-    for path in problems(args.kernelbench):
+    for path in problems(args.kernelbench)[::args.every]:
         label = f"{path.parent.name}/{path.name}"
         outcome = _in_child(path, args)
         if outcome is None:
