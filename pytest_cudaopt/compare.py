@@ -466,9 +466,10 @@ def measure_precision(model: torch.nn.Module, model_new: torch.nn.Module, inputs
         devices = [x.device for x in inputs if isinstance(x, torch.Tensor)]
         free = memory.free_bytes(devices[0]) if devices else None
         in_bytes, out_bytes = memory.nbytes(list(inputs)), memory.nbytes(reference_out)
-        if not memory.float64_fits(in_bytes, out_bytes, 0, free):
+        if not memory.float64_fits(in_bytes, out_bytes, memory.allocated(devices[0] if devices else None), free):
             return Precision.unknown(f"float64 reference skipped: it needs about "
-                                     f"{memory.gib(2 * in_bytes + 4 * out_bytes)}, {memory.gib(free or 0)} free")
+                                     f"{memory.gib(memory.float64_need(in_bytes, out_bytes))}, beyond the "
+                                     f"case's budget or the {memory.gib(free or 0)} free")
         try:
             model64 = copy.deepcopy(model).double()
             reference64_out = model64(*to_float64([_clone(x) for x in inputs]))

@@ -595,9 +595,10 @@ def _precision(trial: Trial, inputs: list, candidate_out: Any, expected: Any) ->
         return _against_float32(trial, candidate_out, expected, "no float64 copy of the reference")
     free = memory.free_bytes(trial.device)
     in_bytes, out_bytes = memory.nbytes(list(inputs)), memory.nbytes(expected)
-    if not memory.float64_fits(in_bytes, out_bytes, 0, free):
+    if not memory.float64_fits(in_bytes, out_bytes, memory.allocated(trial.device), free):
         return _against_float32(trial, candidate_out, expected, (
-            f"float64 reference skipped: it needs about {memory.gib(2 * in_bytes + 4 * out_bytes)}, "
+            f"float64 reference skipped: it needs about {memory.gib(memory.float64_need(in_bytes, out_bytes))}, "
+            f"beyond the case's budget of {memory.gib(memory.case_budget(in_bytes, out_bytes))} or the "
             f"{memory.gib(free or 0)} free; relative L2 error judged against the float32 reference"))
     try:
         with torch.no_grad():

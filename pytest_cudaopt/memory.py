@@ -49,6 +49,13 @@ def free_bytes(device: torch.device | str) -> int | None:
     return free + max(cached, 0)
 
 
+def allocated(device: torch.device | str | None) -> int:
+    """Bytes torch has allocated on `device` now (0 off CUDA)."""
+    if device is None or torch.device(device).type != "cuda":
+        return 0
+    return torch.cuda.memory_allocated(device)
+
+
 @dataclass
 class Peak:
     """torch's max allocated device memory over a stretch of work (None off CUDA)."""
@@ -80,12 +87,19 @@ def case_need(input_bytes: int, output_bytes: int) -> int:
     return 3 * input_bytes + 2 * output_bytes + OVERHEAD
 
 
+def float64_need(input_bytes: int, output_bytes: int) -> int:
+    """A float64 run of the reference: its inputs and outputs at twice the float32 size."""
+    return 2 * (input_bytes + output_bytes)
+
+
 def float64_fits(input_bytes: int, output_bytes: int, held: int, free: int | None) -> bool:
-    """Whether a float64 run of the reference fits beside what the case already `held`: its
-    inputs and outputs at twice the float32 size, and as much again for the comparison."""
-    if free is None:
-        return True
-    return 2 * (input_bytes + output_bytes) + 2 * output_bytes <= free - held
+    """Whether a float64 run of the reference fits in free memory and, with the `held` bytes
+    the case has allocated already, inside the case's budget (FACTOR x (inputs + outputs) +
+    OVERHEAD). Where it does not, the precision is judged against the float32 reference."""
+    need = float64_need(input_bytes, output_bytes)
+    if free is not None and need > free:
+        return False
+    return held + need <= case_budget(input_bytes, output_bytes)
 
 
 def cap_max_elements(max_elements: int | None, canonical_elements: int, canonical_bytes: int,

@@ -44,8 +44,15 @@ def test_input_sets_are_as_many_as_fit_but_at_least_two():
 
 def test_the_float64_run_is_planned_only_where_it_fits():
     assert memory.float64_fits(GiB, GiB, 0, 10 * GiB)
-    assert not memory.float64_fits(6 * GiB, 6 * GiB, 0, 30 * GiB)
+    assert not memory.float64_fits(6 * GiB, 6 * GiB, 0, 20 * GiB)   # needs 24 GiB
     assert memory.float64_fits(6 * GiB, 6 * GiB, 0, None)
+
+
+def test_the_float64_run_stays_inside_the_case_budget():
+    # 6 GiB in, 6 GiB out: budget 4 x 12 + 2 = 50 GiB; the float64 run needs 24 GiB.
+    assert memory.float64_fits(6 * GiB, 6 * GiB, 26 * GiB, 100 * GiB)
+    assert not memory.float64_fits(6 * GiB, 6 * GiB, 27 * GiB, 100 * GiB)
+    assert memory.allocated("cpu") == 0
 
 
 def test_nbytes_counts_every_tensor_of_a_nest():
