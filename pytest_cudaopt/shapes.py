@@ -22,15 +22,16 @@ GROWTH = 2
 # Fewer distinct valid drawn shapes than this: the item says so instead of passing quietly.
 HANDFUL = 5
 
-PROFILES = {
-    # A modest count drawn from the session seed (replayable with --cudaopt-seed), no deadline,
-    # no database; the explicit cases of `explicit_cases` run first.
-    "ci": dict(max_examples=25, derandomize=False, deadline=None, database=None),
-    # Many shapes, drawn from the session seed (replayable with --cudaopt-seed).
-    "thorough": dict(max_examples=300, derandomize=False, deadline=None, database=None),
-}
 SUPPRESSED = (HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large,
               HealthCheck.large_base_example)
+# cudaopt's profiles, registered with Hypothesis as "cudaopt-ci" and "cudaopt-thorough". The
+# shapes are drawn from the session's secret seed (replayable with --cudaopt-seed); no deadline,
+# no example database; the explicit cases of `explicit_cases` run first.
+PROFILES = {"ci": 25, "thorough": 300}  # name -> drawn shapes
+for _name, _count in PROFILES.items():
+    hsettings.register_profile(f"cudaopt-{_name}", max_examples=_count, derandomize=False, deadline=None,
+                               database=None, suppress_health_check=SUPPRESSED, report_multiple_bugs=False,
+                               print_blob=False)
 
 
 class ShapeError(ValueError):
@@ -38,13 +39,13 @@ class ShapeError(ValueError):
 
 
 def hypothesis_settings(profile: str, max_examples: int | None = None) -> hsettings:
-    """The Hypothesis settings of a cudaopt profile ("ci" or "thorough"); `max_examples`
-    (--cudaopt-max-examples) overrides the profile's count."""
-    options = dict(PROFILES[profile])
-    if max_examples is not None:
-        options["max_examples"] = max_examples
-    return hsettings(suppress_health_check=SUPPRESSED, report_multiple_bugs=False,
-                     print_blob=False, **options)
+    """The Hypothesis settings of a cudaopt profile ("ci" or "thorough"); a profile the user
+    loaded with Hypothesis's own --hypothesis-profile wins over it, and `max_examples`
+    (--cudaopt-max-examples) over both."""
+    parent = hsettings.get_profile(f"cudaopt-{profile}")
+    if hsettings.default is not hsettings.get_profile("default"):  # --hypothesis-profile=NAME
+        parent = hsettings.default
+    return hsettings(parent, max_examples=max_examples) if max_examples is not None else hsettings(parent)
 
 
 # -- finding the constants ---------------------------------------------------------------------

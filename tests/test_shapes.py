@@ -105,7 +105,7 @@ def test_drawn_sizes_include_edge_sizes_around_the_default():
     collect()
     assert 256 in seen and 1 in seen
     assert {255, 257} & seen                       # just off the multiple of 32/128
-    assert any(v % 32 for v in seen)
+    assert max(seen) > 256 and all(1 <= v <= 512 for v in seen)  # past the default, within 2x
     assert {127, 129, 31, 33, 251, 509} & seen     # primes and off-by-one sizes
 
 
@@ -298,3 +298,20 @@ def test_constants_tied_by_their_default_grow_together_where_one_alone_is_invali
     found = shapes.explicit_cases(module, space)
     assert {"batch_size": 4, "out_channels": 17, "bias_shape[0]": 17, "bias_shape[1]": 1} in found.cases
     assert "bias_shape[1]" in found.never_above or any(c["bias_shape[1]"] > 1 for c in found.cases)
+
+
+def test_the_profiles_are_registered_with_hypothesis_and_a_users_profile_wins():
+    from hypothesis import settings as hsettings
+
+    assert hsettings.get_profile("cudaopt-ci").max_examples == 25
+    assert shapes.hypothesis_settings("thorough").max_examples == 300
+    assert shapes.hypothesis_settings("ci", max_examples=7).max_examples == 7
+    assert shapes.hypothesis_settings("ci").database is None
+    hsettings.register_profile("a-users-profile", max_examples=3)
+    hsettings.load_profile("a-users-profile")  # what --hypothesis-profile=a-users-profile does
+    try:
+        assert shapes.hypothesis_settings("ci").max_examples == 3
+        assert shapes.hypothesis_settings("ci", max_examples=9).max_examples == 9
+    finally:
+        hsettings.load_profile("default")
+    assert shapes.hypothesis_settings("ci").max_examples == 25
