@@ -452,6 +452,18 @@ def to_float64(value: Any) -> Any:
     return value
 
 
+def float64_inputs(inputs: list) -> list:
+    """Fresh float64 copies of the inputs (one copy each, not a clone and then a conversion);
+    complex tensors become complex128, other values are passed as they are."""
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            dtype = (torch.complex128 if x.is_complex() else torch.float64 if x.is_floating_point() else x.dtype)
+            x = x.to(dtype, copy=True)
+        out.append(x)
+    return out
+
+
 def measure_precision(model: torch.nn.Module, model_new: torch.nn.Module, inputs: list) -> Precision:
     """Run the candidate, the float32 reference and a float64 copy of the reference on the
     same inputs and name the candidate's precision tier. The models and inputs are left
@@ -459,10 +471,11 @@ def measure_precision(model: torch.nn.Module, model_new: torch.nn.Module, inputs
     import copy
 
     from pytest_cudaopt import memory
+    from pytest_cudaopt.timing import clone_inputs
 
     with torch.no_grad():
-        candidate_out = model_new(*[_clone(x) for x in inputs])
-        reference_out = model(*[_clone(x) for x in inputs])
+        candidate_out = model_new(*clone_inputs(inputs))
+        reference_out = model(*clone_inputs(inputs))
         devices = [x.device for x in inputs if isinstance(x, torch.Tensor)]
         free = memory.free_bytes(devices[0]) if devices else None
         in_bytes, out_bytes = memory.nbytes(list(inputs)), memory.nbytes(reference_out)
@@ -472,14 +485,10 @@ def measure_precision(model: torch.nn.Module, model_new: torch.nn.Module, inputs
                                      f"case's budget or the {memory.gib(free or 0)} free")
         try:
             model64 = copy.deepcopy(model).double()
-            reference64_out = model64(*to_float64([_clone(x) for x in inputs]))
+            reference64_out = model64(*float64_inputs(inputs))
         except Exception as exc:  # a reference that cannot run in float64
             return Precision.unknown(f"the reference does not run in float64: {type(exc).__name__}: {exc}")
     return Precision.measure(candidate_out, reference_out, reference64_out)
-
-
-def _clone(x: Any) -> Any:
-    return x.clone() if isinstance(x, torch.Tensor) else x
 
 
 # -- the result object the report renders -----------------------------------------------------

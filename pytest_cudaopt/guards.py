@@ -19,6 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pytest_cudaopt import compare
+from pytest_cudaopt.timing import clone_inputs
 # The timeout watchdog lives in watchdog.py; the suite reaches it through these names.
 from pytest_cudaopt.watchdog import Watchdog, keep_stderr, set_case  # noqa: F401
 
@@ -130,11 +131,6 @@ def fault_line(text: str) -> str:
 
 
 # -- inputs: clones and mutation ------------------------------------------------------------------
-
-def clone_inputs(inputs: list) -> list:
-    """A deep copy of the inputs: every tensor cloned (same strides), other values copied."""
-    return [x.clone() if isinstance(x, torch.Tensor) else copy.deepcopy(x) for x in inputs]
-
 
 def _label(index: int, names: list[str] | None) -> str:
     if names and index < len(names):
@@ -602,7 +598,7 @@ def _precision(trial: Trial, inputs: list, candidate_out: Any, expected: Any) ->
             f"{memory.gib(free or 0)} free; relative L2 error judged against the float32 reference"))
     try:
         with torch.no_grad():
-            reference64 = trial.model64(*_float64_copies(inputs))
+            reference64 = trial.model64(*compare.float64_inputs(inputs))
         _synchronize(trial.device)
     except Exception as exc:
         if is_cuda_fault(exc) and not context_alive(trial.device):
@@ -610,17 +606,6 @@ def _precision(trial: Trial, inputs: list, candidate_out: Any, expected: Any) ->
         return _against_float32(trial, candidate_out, expected,
                                 f"the reference does not run in float64: {type(exc).__name__}")
     return compare.Precision.measure(candidate_out, expected, reference64, trial.max_rel_error)
-
-
-def _float64_copies(inputs: list) -> list:
-    """Fresh float64 copies of the inputs (one copy each, not a clone and then a conversion)."""
-    out = []
-    for x in inputs:
-        if isinstance(x, torch.Tensor):
-            dtype = (torch.complex128 if x.is_complex() else torch.float64 if x.is_floating_point() else x.dtype)
-            x = x.to(dtype, copy=True)
-        out.append(x)
-    return out
 
 
 def _against_float32(trial: Trial, candidate_out: Any, expected: Any, why: str) -> compare.Precision:
