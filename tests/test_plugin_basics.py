@@ -132,3 +132,12 @@ def test_each_xdist_worker_is_pinned_to_its_own_gpu(monkeypatch, worker, devices
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
     assert pin_worker_to_gpu(worker) == expected
     assert chosen == ([] if expected is None else [expected])
+
+
+def test_importing_the_plugin_imports_no_torch(subprocess_env):
+    import subprocess
+    import sys
+
+    probe = "import sys, pytest_cudaopt.plugin; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    done = subprocess.run([sys.executable, "-c", probe], env=subprocess_env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
