@@ -7,7 +7,7 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import torch
 
@@ -33,30 +33,26 @@ def below_fp32(tier: str | None) -> bool:
 
 
 @contextmanager
-def tf32_allowed() -> Iterator[None]:
-    """TF32 for float32 matmuls (cuBLAS) and convolutions (cuDNN) inside the block only."""
+def tf32(allowed: bool) -> Iterator[None]:
+    """TF32 for float32 matmuls (cuBLAS) and convolutions (cuDNN) on or off inside the block
+    only, whatever the process-wide flags say."""
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
     saved = (matmul.allow_tf32, cudnn.allow_tf32)
-    matmul.allow_tf32 = True
-    cudnn.allow_tf32 = True
+    matmul.allow_tf32 = cudnn.allow_tf32 = allowed
     try:
         yield
     finally:
         matmul.allow_tf32, cudnn.allow_tf32 = saved
 
 
-@contextmanager
-def fp32_strict() -> Iterator[None]:
-    """TF32 off for matmuls and convolutions: the fp32 baselines are compiled and timed so,
-    whatever the process-wide flags say."""
-    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
-    saved = (matmul.allow_tf32, cudnn.allow_tf32)
-    matmul.allow_tf32 = False
-    cudnn.allow_tf32 = False
-    try:
-        yield
-    finally:
-        matmul.allow_tf32, cudnn.allow_tf32 = saved
+def tf32_allowed() -> ContextManager[None]:
+    """TF32 on: the precision-matched baseline is compiled and timed so."""
+    return tf32(True)
+
+
+def fp32_strict() -> ContextManager[None]:
+    """TF32 off: the fp32 baselines are compiled and timed so."""
+    return tf32(False)
 
 
 def synchronize(device: Any) -> None:
