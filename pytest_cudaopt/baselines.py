@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,21 +90,12 @@ def compile_model(model: Callable[..., Any], example_inputs: Sequence[Any], devi
 def _import_file(path: Path, module_name: str, aliases: dict[str, Any]) -> Any:
     """Import `path` as `module_name`, with the workdir on sys.path and `aliases` (e.g.
     `model` -> the already loaded reference module) visible to its imports."""
+    from pytest_cudaopt.workdir import _temporary_modules
+
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
-    saved_path = list(sys.path)
-    saved_modules = {name: sys.modules.get(name) for name in aliases}
-    sys.path.insert(0, str(path.parent))
-    sys.modules.update(aliases)
-    try:
+    with _temporary_modules(aliases, path.parent):
         spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = saved_path
-        for name, previous in saved_modules.items():
-            if previous is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = previous
     return module
 
 
