@@ -61,8 +61,9 @@ def synchronize(device: Any) -> None:
 
 def fresh_caller(model: Callable[..., Any], name: str) -> Callable[..., Any]:
     """A new function `name(*args) -> model(*args)` with a code object of its own. Dynamo
-    caches compiled graphs per code object and does not guard on the TF32 flags, so each
-    compiled baseline gets its own function: the TF32 one cannot reuse the fp32 graph."""
+    caches compiled graphs per code object, each entry guarded on the global state (the
+    TF32 flags included); a function of its own per compiled baseline gives each baseline
+    its own cache, so timing one never runs the other's guards or recompiles it."""
     namespace: dict[str, Any] = {"model": model}
     code = compile(f"def {name}(*args):\n    return model(*args)\n", f"<cudaopt {name}>", "exec")
     exec(code, namespace)
