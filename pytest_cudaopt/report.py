@@ -452,7 +452,7 @@ def record(result: Any) -> dict[str, Any]:
         notes = getattr(result, "notes", None)
         rec["notes"] = list(notes()) if callable(notes) else []
     # Plain types only: records cross from pytest-xdist workers through execnet.
-    return json.loads(json.dumps(rec, default=_json_default))
+    return json.loads(_dumps(rec))
 
 
 class RecordedResult:
@@ -570,8 +570,8 @@ def write_json(path: str | Path, results: Sequence[Any], *, seed: int | None = N
                running: str | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(document(results, seed=seed, settings=settings, relaxations=relaxations,
-                               running=running), indent=2, default=_json_default)
+    text = _dumps(document(results, seed=seed, settings=settings, relaxations=relaxations,
+                           running=running), indent=2)
     # Written aside and renamed: a process killed mid-write leaves the previous report whole.
     partial = path.with_name(path.name + ".tmp")
     partial.write_text(text + "\n")
@@ -579,12 +579,24 @@ def write_json(path: str | Path, results: Sequence[Any], *, seed: int | None = N
     return path
 
 
+def _dumps(value: Any, **kwargs: Any) -> str:
+    """Strict JSON: a NaN or infinite float (a median of no samples, a ratio of zeros)
+    becomes null, a Path its text, anything else not JSON its repr."""
+    return json.dumps(_nan_to_none(value), allow_nan=False, default=_json_default, **kwargs)
+
+
+def _nan_to_none(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _nan_to_none(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_nan_to_none(item) for item in value]
+    return value
+
+
 def _json_default(value: Any) -> Any:
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-        return None
-    if isinstance(value, Path):
-        return str(value)
-    return repr(value)
+    return str(value) if isinstance(value, Path) else repr(value)
 
 
 def render_file(path: str | Path, fmt: str = "table") -> str:
