@@ -11,24 +11,15 @@ from typing import Any, Callable, ContextManager, Iterator, Sequence
 import torch
 
 from pytest_cudaopt import timing
+from pytest_cudaopt.contenders import (  # noqa: F401  (keys of the lineup, used as baselines.X)
+    COMPILE, CUSTOM, EAGER, FP32, PEER_PREFIX, PRECISION_MATCHED, TARGET, TIERS, below_fp32,
+)
 
 PEERS_FILE = "peers.py"
-# Contender keys; tables and the gate refer to contenders by these.
-EAGER, COMPILE, CUSTOM, PRECISION_MATCHED = "eager", "compile", "custom", "precision-matched"
-# The target branch's ModelNew (--cudaopt-baseline-workdir), timed for the regression check.
-TARGET = "target"
-PEER_PREFIX = "peer:"
-# Measured precision tiers (pytest_cudaopt.compare.precision_tier), best first.
-TIERS = ("fp32", "tf32-like", "half-like")
 
 
 class PeerError(Exception):
     """peers.py cannot be loaded or one of its peers cannot be built (message names which)."""
-
-
-def below_fp32(tier: str | None) -> bool:
-    """True for a measured tier less precise than fp32 ("unknown" is not)."""
-    return tier in TIERS[1:]
 
 
 @contextmanager

@@ -11,12 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from pytest_cudaopt.contenders import COMPILE, CUSTOM, EAGER, PEER_PREFIX, PRECISION_MATCHED, TARGET
 from pytest_cudaopt.timing import Measurement, format_seconds
 
 SCHEMA = "cudaopt-report/1"
 KIND_ORDER = ("correctness", "perf", "policy")
-# Contender keys (as in baselines.py; repeated here so that rendering needs no torch).
-EAGER, COMPILE, CUSTOM, PRECISION_MATCHED = "eager", "compile", "custom", "precision-matched"
 GATES = {"compile": COMPILE, "precision-matched": PRECISION_MATCHED}
 PERF_COLUMNS = ("contender", "device time", "latency", "kernel sum", "IQR", "n", "vs eager", "vs compile",
                 "vs compile+TF32", "precision", "verdict")  # the gate's clock is marked "(gate)"
@@ -138,7 +137,7 @@ def regression_verdict(medians: Mapping[str, float], *, margin: float) -> dict[s
     """The candidate against the target branch's ModelNew timed in the same run: passes iff
     `median(custom) <= median(target) * (1 + margin)`. {} when either was not timed (a
     missing baseline never fails a run)."""
-    custom, target = _finite(medians.get(CUSTOM)), _finite(medians.get("target"))
+    custom, target = _finite(medians.get(CUSTOM)), _finite(medians.get(TARGET))
     if custom is None or target is None:
         return {}
     ratio = custom / target
@@ -267,9 +266,9 @@ class PerfResult:
             return "gate baseline"
         if key == EAGER:
             return "reference"
-        if key.startswith("peer:"):
+        if key.startswith(PEER_PREFIX):
             return "not gated"
-        if key == "target":
+        if key == TARGET:
             return "regression baseline"
         return "baseline"
 
@@ -387,7 +386,7 @@ class PerfResult:
             if custom and key in medians:
                 info[f"speedup_vs_{name}"] = medians[key] / custom
         for key in medians:
-            if key.startswith("peer:") and custom:
+            if key.startswith(PEER_PREFIX) and custom:
                 info[f"speedup_vs_peer_{key[5:]}"] = medians[key] / custom
         result = self.measurement.results.get(CUSTOM) if self.measurement is not None else None
         if result is not None and result.samples:
