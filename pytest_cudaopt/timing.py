@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from contextlib import nullcontext
@@ -186,7 +187,8 @@ def round_order(keys: Sequence[str], round_index: int) -> list[str]:
 
 
 def clone_inputs(inputs: Sequence[Any]) -> list[Any]:
-    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+    """A deep copy of the inputs: every tensor cloned (same strides), other values copied."""
+    return [x.clone() if isinstance(x, torch.Tensor) else copy.deepcopy(x) for x in inputs]
 
 
 def refill_inputs(target: Sequence[Any], source: Sequence[Any]) -> None:
