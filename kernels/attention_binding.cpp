@@ -35,10 +35,14 @@ at::Tensor causal_attention(const at::Tensor& qkv, int64_t n_head, int64_t confi
 
 }  // namespace
 
-REGISTER_BINDING(causal_attention, causal_attention,
-                 "causal_attention(qkv, n_head, config=0) -> y: causal self-attention per head.\n"
-                 "qkv (B, T, 3C): the c_attn output [q | k | v], float32, contiguous, CUDA; n_head divides C,\n"
-                 "head size D = C / n_head (any D; D in {32, 64, 96, 128} run on the tensor cores).\n"
-                 "y (B, T, C): heads merged, softmax(q k^T / sqrt(D), causal) v. config 0 = tensor cores\n"
-                 "(the default), 1 = the generic path for any head size (see kernels/attention.cu).",
-                 pybind11::arg("qkv"), pybind11::arg("n_head"), pybind11::arg("config") = 0);
+void register_causal_attention(pybind11::module& m) {
+  m.def("causal_attention", &causal_attention,
+        "causal_attention(qkv, n_head, config=0) -> y: causal self-attention per head.\n"
+        "qkv (B, T, 3C): the c_attn output [q | k | v], float32, contiguous, CUDA; n_head divides C,\n"
+        "head size D = C / n_head (any D; D in {32, 64, 96, 128} run on the tensor cores).\n"
+        "y (B, T, C): heads merged, softmax(q k^T / sqrt(D), causal) v. config 0 = tensor cores\n"
+        "(the default), 1 = the generic path for any head size (see kernels/attention.cu).",
+        pybind11::arg("qkv"), pybind11::arg("n_head"), pybind11::arg("config") = 0);
+}
+
+REGISTER_BINDING(causal_attention, register_causal_attention);

@@ -52,8 +52,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 
 }  // namespace
 
-REGISTER_BINDING(linear, linear,
-                 "linear(x, weight, bias) -> y: nn.Linear forward, y = x @ weight.T + bias.\n"
-                 "x (..., in_features), weight (out_features, in_features), bias (out_features,):\n"
-                 "float32, contiguous, one CUDA device. y (..., out_features). fp32 cuBLASLt, no TF32.",
-                 pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias"));
+void register_linear(pybind11::module& m) {
+  m.def("linear", &linear,
+        "linear(x, weight, bias) -> y: nn.Linear forward, y = x @ weight.T + bias.\n"
+        "x (..., in_features), weight (out_features, in_features), bias (out_features,):\n"
+        "float32, contiguous, one CUDA device. y (..., out_features). fp32 cuBLASLt, no TF32.",
+        pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias"));
+}
+
+REGISTER_BINDING(linear, register_linear);

@@ -61,7 +61,9 @@ from pytest_cudaopt.buildfile import (  # noqa: F401
     MODULE_NAME, _Config, _configure, _ninja_file, _object_name, _settings, discover_sources,
 )
 from pytest_cudaopt.diagnostics import MAX_REPORTED_ERRORS, BuildError, failure  # noqa: F401
-from pytest_cudaopt.loader import load_extension
+from pytest_cudaopt.loader import (  # noqa: F401
+    defined_functions, load_extension, missing_function_message, takes_module,
+)
 from pytest_cudaopt.toolchain import (  # noqa: F401
     DEFAULT_ARCH, NAMED_ARCHES, Library, _arch, _gencode_flags, find_cuda_home, find_library,
     resolve_arch,
@@ -226,6 +228,23 @@ def compile_extension(workdir: Path, *, settings=None, verbose: bool = False,
         seconds=time.monotonic() - start, compiled=compiled, objects=len(cfg.sources),
         linked=any(s.startswith("link ") for s in steps), waited_s=waited, cuda=cfg.cuda,
         arch=cfg.arch, log_path=log_path)
+
+
+def existing_extension(workdir: Path, *, settings=None):
+    """The loaded extension of the workdir's last build for the current configuration, or
+    None when there is none. Compiles nothing (the build may predate the latest edits)."""
+    workdir = Path(workdir).resolve()
+    try:
+        cfg = _configure(workdir, _settings(settings))
+    except BuildError:
+        return None
+    so = cfg.build_dir / f"{MODULE_NAME}.so"
+    if not so.is_file():
+        return None
+    result = BuildResult(workdir=workdir, build_dir=cfg.build_dir, so_path=so, seconds=0.0, compiled=[],
+                         objects=len(cfg.sources), linked=False, waited_s=0.0, cuda=cfg.cuda, arch=cfg.arch,
+                         log_path=cfg.build_dir / "build.log")
+    return load_extension(result)
 
 
 def build(workdir: Path, *, settings=None, verbose: bool = False,

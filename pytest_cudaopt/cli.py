@@ -1,4 +1,4 @@
-"""The `cudaopt` command: build, verify, profile, check, init, report. A front door, no logic."""
+"""The `cudaopt` command: build, verify, profile, check, init, adopt, report. A front door, no logic."""
 
 from __future__ import annotations
 
@@ -67,10 +67,23 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return _run_pytest(args.workdir, "perf", args.pytest_args)
 
 
+def _extension_violations(workdir: Path) -> list:
+    """EX001 against the last build on disk, when there is one (check compiles nothing)."""
+    from pytest_cudaopt import build
+    from pytest_cudaopt.policy.extension_names import check_extension_names
+
+    try:
+        module = build.existing_extension(workdir)
+    except build.BuildError:
+        return []  # the build fails to load; `cudaopt build` says why
+    return check_extension_names(workdir, module) if module is not None else []
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from pytest_cudaopt import policy
 
     violations = policy.check_workdir(args.workdir)
+    violations += _extension_violations(args.workdir)
     print(policy.render(violations, args.workdir, as_json=args.json))
     return 1 if violations else 0
 
@@ -104,6 +117,18 @@ def cmd_gate(args: argparse.Namespace) -> int:
     return gate.run(args.workdir, out=Path(args.out).resolve(), baseline_workdir=args.baseline_workdir,
                     regression_margin=args.regression_margin, pytest_args=args.pytest_args,
                     allow_lock_change=args.allow_lock_change)
+
+
+def cmd_adopt(args: argparse.Namespace) -> int:
+    from pytest_cudaopt import scaffold
+
+    try:
+        _, summary = scaffold.adopt_workdir(Path(args.dir))
+    except scaffold.ScaffoldError as exc:
+        print(f"cudaopt adopt: {exc}", file=sys.stderr)
+        return 1
+    print(summary)
+    return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -158,6 +183,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-lock-change", action="store_true",
                    help="accept a cudaopt.lock that differs from the baseline workdir's (the owner's pull requests)")
     p.set_defaults(func=cmd_gate, pytest_args=[])  # further arguments (after `--`) go to pytest
+
+    p = sub.add_parser("adopt", help="record the lock of an existing workdir (not made by `cudaopt init`) "
+                       "and say what its fixed files and bindings are; changes no other file")
+    p.add_argument("dir", nargs="?", default=".", help="the workdir; default: the current folder")
+    p.set_defaults(func=cmd_adopt)
     p = sub.add_parser("report", help="render a --cudaopt-report JSON file")
     p.add_argument("json", help="the JSON file written by --cudaopt-report")
     p.add_argument("--format", choices=("table", "markdown"), default="table")

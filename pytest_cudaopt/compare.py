@@ -12,10 +12,13 @@ import torch
 # reference (see `precision_tier`). Float32 rounding leaves ~1e-7..1e-6; a 10-bit mantissa
 # (TF32 tensor cores, fp16 storage) ~3e-4..6e-4; an 8-bit one (bf16) ~2e-3..4e-3.
 FP32, TF32_LIKE, HALF_LIKE, UNKNOWN = "fp32", "tf32-like", "half-like", "unknown"
+# Integer/bool outputs compared bit for bit; a float output whose relative L2 error against
+# float64 exceeds cudaopt_max_rel_error (whatever the element-wise tolerance said).
+EXACT, WRONG = "exact", "wrong"
 FP32_FACTOR = 10.0     # within 10x the float32 reference's own error ...
 FP32_FLOOR = 1e-5      # ... or below this, whichever is larger: fp32
 TF32_LIMIT = 1e-3      # up to this: tf32-like; above it: half-like
-TIER_ORDER = (FP32, TF32_LIKE, HALF_LIKE)
+TIER_ORDER = (EXACT, FP32, TF32_LIKE, HALF_LIKE, WRONG)
 
 MAX_LISTED = 5  # mismatching elements listed in a failure table
 
@@ -91,6 +94,8 @@ class LeafReport:
     max_rel: float = 0.0
     worst: Mismatch | None = None  # the element furthest outside (or closest to) the tolerance
     first: list[Mismatch] = field(default_factory=list)
+    exact: bool = False            # integer/bool output: compared exactly
+    max_expected: float = 0.0      # max |expected| over finite elements (float outputs)
 
     @property
     def fraction(self) -> float:
@@ -134,6 +139,18 @@ class Comparison:
     def total(self) -> int:
         return sum(leaf.total for leaf in self.leaves)
 
+    @property
+    def vacuous(self) -> list[str]:
+        """Float outputs for which the element-wise tolerance says nothing: atol >= max|expected|,
+        so any output near zero would pass it (the relative L2 bound still applies)."""
+        return [leaf.path for leaf in self.leaves
+                if not leaf.exact and leaf.total and self.atol > 0 and self.atol >= leaf.max_expected]
+
+    @property
+    def exact(self) -> bool:
+        """Every tensor output is an integer/bool one (compared exactly)."""
+        return bool(self.leaves) and all(leaf.exact for leaf in self.leaves)
+
     def table(self) -> str:
         """The failure table: max abs/rel error, worst index with both values, fraction
         mismatched, the first few mismatching elements."""
@@ -142,12 +159,13 @@ class Comparison:
         lines = [self.reason] if self.reason else []
         rule = f"|actual - expected| <= atol + rtol*|expected| (atol={self.atol:g}, rtol={self.rtol:g})"
         for leaf in self.leaves:
+            leaf_rule = "exact equality (integer/bool output)" if leaf.exact else rule
             if not leaf.mismatched and not self.passed and len(self.leaves) > 1:
                 lines.append(f"{leaf.path}: all {leaf.total} elements within tolerance")
                 continue
             pct = 100.0 * leaf.fraction
             lines.append(f"{leaf.path}: {leaf.mismatched} of {leaf.total} elements ({pct:.3g}%) "
-                         f"outside {rule}")
+                         f"outside {leaf_rule}")
             lines.append(f"  max abs err  {_num(leaf.max_abs)}")
             lines.append(f"  max rel err  {_num(leaf.max_rel)}")
             if leaf.nan_mismatched:
@@ -163,46 +181,65 @@ class Comparison:
         return "\n".join(lines)
 
 
+CHUNK = 1 << 24  # elements compared at a time: the float64 temporaries stay ~128 MiB each
+
+
 def _compare_tensor(path: str, actual: torch.Tensor, expected: torch.Tensor,
                     atol: float, rtol: float, max_listed: int) -> LeafReport:
     leaf = LeafReport(path=path, total=expected.numel())
+    if not (expected.is_floating_point() or expected.is_complex()):
+        # Integers and bools: a float tolerance never applies.
+        leaf.exact, atol, rtol = True, 0.0, 0.0
     if leaf.total == 0:
         return leaf
     if expected.is_complex():
         actual, expected = torch.view_as_real(actual), torch.view_as_real(expected)
-    a = actual.detach().reshape(-1).to(torch.float64)
-    e = expected.detach().reshape(-1).to(torch.float64)
-    a_nan, e_nan = torch.isnan(a), torch.isnan(e)
-    a_inf, e_inf = torch.isinf(a), torch.isinf(e)
-    finite = ~(a_nan | e_nan | a_inf | e_inf)
-    diff = torch.where(finite, (a - e).abs(), torch.zeros_like(a))
-    allowed = atol + rtol * e.abs()
-    bad_finite = finite & (diff > allowed)
-    nan_bad = a_nan != e_nan
-    # An Inf must meet the same Inf; a NaN pair is a match.
-    inf_bad = (a_inf | e_inf) & ~(a_nan | e_nan) & (a != e)
-    bad = bad_finite | nan_bad | inf_bad
-    leaf.mismatched = int(bad.sum())
-    leaf.nan_mismatched = int(nan_bad.sum())
-    leaf.inf_mismatched = int(inf_bad.sum())
-    if bool(finite.any()):
-        leaf.max_abs = float(diff.max())
-        nonzero = finite & (e != 0)
-        if bool(nonzero.any()):
-            leaf.max_rel = float((diff[nonzero] / e[nonzero].abs()).max())
+    flat_a, flat_e = actual.detach().reshape(-1), expected.detach().reshape(-1)
+    worst_score, worst_at = -1.0, 0
+    # In chunks, so that judging a large output needs memory in proportion to a chunk.
+    for start in range(0, flat_e.numel(), CHUNK):
+        ca, ce = flat_a[start:start + CHUNK], flat_e[start:start + CHUNK]
+        a, e = ca.to(torch.float64), ce.to(torch.float64)
+        a_nan, e_nan = torch.isnan(a), torch.isnan(e)
+        a_inf, e_inf = torch.isinf(a), torch.isinf(e)
+        finite = ~(a_nan | e_nan | a_inf | e_inf)
+        diff = torch.where(finite, (a - e).abs(), torch.zeros_like(a))
+        allowed = atol + rtol * e.abs()
+        bad_finite = finite & (diff > allowed)
+        if leaf.exact:  # compare in the output's own dtype: float64 cannot hold every int64
+            bad_finite = ca != ce
+            allowed = torch.ones_like(a)  # the worst element is then the largest difference
+        nan_bad = a_nan != e_nan
+        # An Inf must meet the same Inf; a NaN pair is a match.
+        inf_bad = (a_inf | e_inf) & ~(a_nan | e_nan) & (a != e)
+        bad = bad_finite | nan_bad | inf_bad
+        leaf.mismatched += int(bad.sum())
+        leaf.nan_mismatched += int(nan_bad.sum())
+        leaf.inf_mismatched += int(inf_bad.sum())
+        if bool(finite.any()):
+            leaf.max_abs = max(leaf.max_abs, float(diff.max()))
+            leaf.max_expected = max(leaf.max_expected,
+                                    float(torch.where(finite, e.abs(), torch.zeros_like(e)).max()))
+            nonzero = finite & (e != 0)
+            if bool(nonzero.any()):
+                leaf.max_rel = max(leaf.max_rel, float((diff[nonzero] / e[nonzero].abs()).max()))
+        # Worst: any non-finite mismatch first, else the largest excess over the tolerance.
+        score = torch.where(finite, diff / allowed, torch.zeros_like(a))
+        score = torch.where(nan_bad | inf_bad, torch.full_like(a, math.inf), score)
+        at = int(torch.argmax(score))
+        if float(score[at]) > worst_score:
+            worst_score, worst_at = float(score[at]), start + at
+        if len(leaf.first) < max_listed and bool(bad.any()):
+            positions = torch.nonzero(bad).reshape(-1)[:max_listed - len(leaf.first)].tolist()
+            leaf.first += [Mismatch(_index(start + p, expected.shape), float(a[p]), float(e[p]))
+                           for p in positions]
     # Like torch.testing: a NaN (or Inf) where the other side differs makes the error NaN (Inf).
     if leaf.nan_mismatched:
         leaf.max_abs = leaf.max_rel = math.nan
     elif leaf.inf_mismatched:
         leaf.max_abs = leaf.max_rel = math.inf
-    # Worst: any non-finite mismatch first, else the largest excess over the tolerance.
-    score = torch.where(finite, diff / allowed, torch.zeros_like(a))
-    score = torch.where(nan_bad | inf_bad, torch.full_like(a, math.inf), score)
-    worst = int(torch.argmax(score))
-    leaf.worst = Mismatch(_index(worst, expected.shape), float(a[worst]), float(e[worst]))
-    if leaf.mismatched:
-        positions = torch.nonzero(bad).reshape(-1)[:max_listed].tolist()
-        leaf.first = [Mismatch(_index(p, expected.shape), float(a[p]), float(e[p])) for p in positions]
+    leaf.worst = Mismatch(_index(worst_at, expected.shape), float(flat_a[worst_at].to(torch.float64)),
+                          float(flat_e[worst_at].to(torch.float64)))
     return leaf
 
 
@@ -225,7 +262,7 @@ def compare_outputs(actual: Any, expected: Any, *, atol: float = 1e-2, rtol: flo
             return result
         if not isinstance(e, torch.Tensor):
             if a != e and not (isinstance(a, float) and isinstance(e, float)
-                               and abs(a - e) <= atol + rtol * abs(e)):
+                               and abs(a - e) <= atol + rtol * abs(e)):  # ints: exact
                 result.passed = False
                 result.reason = f"{path}: candidate returned {a!r}, reference returned {e!r}"
                 return result
@@ -284,7 +321,8 @@ def precision_tier(candidate_error: float, reference_error: float) -> str:
     "fp32":      candidate_error <= max(FP32_FACTOR * reference_error, FP32_FLOOR)
     "tf32-like": candidate_error <= TF32_LIMIT (a ~10-bit mantissa: TF32 or fp16)
     "half-like": anything larger (bf16-class rounding)
-    "unknown":   an error that is NaN (the float64 run was not possible)."""
+    "unknown":   an error that is NaN (the float64 run was not possible).
+    ("exact" and "wrong" are named by `Precision.measure`.)"""
     if math.isnan(candidate_error) or math.isnan(reference_error):
         return UNKNOWN
     if candidate_error <= max(FP32_FACTOR * reference_error, FP32_FLOOR):
@@ -302,25 +340,48 @@ def worst_tier(tiers: list[str]) -> str:
     return max(known, key=TIER_ORDER.index)
 
 
+def float_elements(value: Any) -> int:
+    """Elements of the floating-point (and complex) tensors of a nest."""
+    return sum(x.numel() for _, x in leaves(value)
+               if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()))
+
+
 def relative_l2_error(actual: Any, reference64: Any) -> float:
     """||actual - ref|| / ||ref|| over every floating-point element of the two nests,
     computed in float64; elements where the float64 reference is not finite are left out.
-    When ||ref|| is 0 the absolute L2 error is returned."""
+    When ||ref|| is 0 (an all-zero reference) the root mean square of the candidate's error
+    is returned instead: an all-zero answer is judged on the size of what the candidate
+    put there, element for element."""
     num = den = 0.0
+    count = 0
     for (_, a), (_, r) in zip(leaves(actual), leaves(reference64)):
         if not (isinstance(a, torch.Tensor) and isinstance(r, torch.Tensor)):
             continue
         if not (r.is_floating_point() or r.is_complex()) or a.shape != r.shape:
             continue
-        a64 = a.detach().to(device=r.device, dtype=r.dtype).reshape(-1)
-        r64 = r.detach().reshape(-1)
-        keep = torch.isfinite(r64)
-        if not bool(keep.all()):
-            a64, r64 = a64[keep], r64[keep]
-        num += float(torch.linalg.vector_norm(a64 - r64)) ** 2
-        den += float(torch.linalg.vector_norm(r64)) ** 2
+        flat_a, flat_r = a.detach().reshape(-1), r.detach().reshape(-1)
+        for start in range(0, flat_r.numel(), CHUNK):  # in chunks: float64 copies stay small
+            a64 = flat_a[start:start + CHUNK].to(device=r.device, dtype=r.dtype)
+            r64 = flat_r[start:start + CHUNK]
+            keep = torch.isfinite(r64)
+            if not bool(keep.all()):
+                a64, r64 = a64[keep], r64[keep]
+            num += float(torch.linalg.vector_norm(a64 - r64)) ** 2
+            den += float(torch.linalg.vector_norm(r64)) ** 2
+            count += r64.numel()
     num, den = math.sqrt(num), math.sqrt(den)
-    return num / den if den > 0 else num
+    if den > 0:
+        return num / den
+    return num / math.sqrt(count) if count else 0.0
+
+
+def error_bound(max_rel_error: float, reference_error: float) -> float:
+    """The largest relative L2 error a candidate may have: cudaopt_max_rel_error, or 10x the
+    float32 reference's own error when the problem is so ill-conditioned that the float32
+    reference itself is further than that from float64."""
+    if math.isnan(reference_error):
+        return max_rel_error
+    return max(max_rel_error, FP32_FACTOR * reference_error)
 
 
 @dataclass
@@ -331,27 +392,46 @@ class Precision:
     reference_error: float
     tier: str
     note: str = ""
+    bound: float | None = None   # the relative L2 bound the candidate was held to
+    vacuous: bool = False        # atol >= max|expected| for some float output
 
     @classmethod
-    def measure(cls, candidate_out: Any, reference_out: Any, reference64_out: Any) -> "Precision":
+    def measure(cls, candidate_out: Any, reference_out: Any, reference64_out: Any,
+                max_rel_error: float | None = None) -> "Precision":
+        if float_elements(reference64_out) == 0:  # integer/bool outputs only: compared exactly
+            return cls(0.0, 0.0, EXACT)
         cand = relative_l2_error(candidate_out, reference64_out)
         ref = relative_l2_error(reference_out, reference64_out)
-        return cls(cand, ref, precision_tier(cand, ref))
+        p = cls(cand, ref, precision_tier(cand, ref))
+        if max_rel_error is not None:
+            p.bound = error_bound(max_rel_error, ref)
+            if not cand <= p.bound:  # NaN included
+                p.tier = WRONG
+        return p
 
     @classmethod
     def unknown(cls, note: str) -> "Precision":
         return cls(math.nan, math.nan, UNKNOWN, note)
 
+    @property
+    def wrong(self) -> bool:
+        return self.tier == WRONG
+
     def describe(self) -> str:
         if self.tier == UNKNOWN:
             return f"precision unknown ({self.note})" if self.note else "precision unknown"
-        return (f"{self.tier}: relative L2 error vs float64 {self.candidate_error:.2e} "
+        if self.tier == EXACT:
+            return "exact: integer/bool outputs equal to the reference's"
+        text = (f"{self.tier}: relative L2 error vs float64 {self.candidate_error:.2e} "
                 f"(float32 reference: {self.reference_error:.2e})")
+        if self.bound is not None and self.tier == WRONG:
+            text += f" > cudaopt_max_rel_error {self.bound:.2e}"
+        return text + (f"; {self.note}" if self.note else "")
 
     def to_json(self) -> dict[str, Any]:
         return {"candidate_error": _json_float(self.candidate_error),
                 "reference_error": _json_float(self.reference_error),
-                "tier": self.tier, "note": self.note}
+                "tier": self.tier, "note": self.note, "bound": self.bound, "vacuous": self.vacuous}
 
 
 def _json_float(x: float | None) -> float | None:
@@ -378,9 +458,18 @@ def measure_precision(model: torch.nn.Module, model_new: torch.nn.Module, inputs
     unchanged (the float64 run works on copies)."""
     import copy
 
+    from pytest_cudaopt import memory
+
     with torch.no_grad():
         candidate_out = model_new(*[_clone(x) for x in inputs])
         reference_out = model(*[_clone(x) for x in inputs])
+        devices = [x.device for x in inputs if isinstance(x, torch.Tensor)]
+        free = memory.free_bytes(devices[0]) if devices else None
+        in_bytes, out_bytes = memory.nbytes(list(inputs)), memory.nbytes(reference_out)
+        if not memory.float64_fits(in_bytes, out_bytes, memory.allocated(devices[0] if devices else None), free):
+            return Precision.unknown(f"float64 reference skipped: it needs about "
+                                     f"{memory.gib(memory.float64_need(in_bytes, out_bytes))}, beyond the "
+                                     f"case's budget or the {memory.gib(free or 0)} free")
         try:
             model64 = copy.deepcopy(model).double()
             reference64_out = model64(*to_float64([_clone(x) for x in inputs]))
@@ -432,6 +521,7 @@ class CorrectnessResult:
     message: str = ""
     seconds: float = 0.0
     kind: str = "correctness"
+    peak_bytes: int | None = None  # torch's max allocated device memory during the item
 
     def row(self) -> dict[str, str]:
         p = self.precision if self.precision is not None and self.precision.tier != UNKNOWN else None
@@ -443,7 +533,8 @@ class CorrectnessResult:
             "max rel err": _sci(self.max_rel),
             "rel L2 vs fp64": _sci(p.candidate_error if p else None),
             "fp32 ref vs fp64": _sci(p.reference_error if p else None),
-            "precision": self.precision.tier if self.precision else "-",
+            "precision": (self.precision.tier + (" (atol vacuous)" if self.precision.vacuous else ""))
+                         if self.precision else "-",
             "verdict": "pass" if self.passed else f"FAIL ({self.check})" if self.check else "FAIL",
         }
 
@@ -454,4 +545,5 @@ class CorrectnessResult:
             "max_abs": _json_float(self.max_abs), "max_rel": _json_float(self.max_rel),
             "precision": self.precision.to_json() if self.precision else None,
             "check": self.check, "message": self.message, "seconds": self.seconds,
+            "peak_bytes": self.peak_bytes,
         }

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import math
+import os
 import sys
 import time
 import warnings
@@ -41,17 +43,18 @@ METADATA_OPS = frozenset({
     "aten::is_same_size", "aten::is_nonzero",
 })
 ALLOWED_OPS = ALLOCATION_OPS | CREATION_OPS | METADATA_OPS
-POISON_BYTES = 1 << 30  # CUDA: freed caching-allocator memory filled with NaN, up to this much
 
 
 class GuardFailure(AssertionError):
     """A guard caught the candidate; `check` names the guard, the message says what it saw."""
 
-    def __init__(self, check: str, message: str, comparison: "compare.Comparison | None" = None):
+    def __init__(self, check: str, message: str, comparison: "compare.Comparison | None" = None,
+                 precision: "compare.Precision | None" = None):
         super().__init__(message)
         self.check = check
         self.message = message
         self.comparison = comparison
+        self.precision = precision
 
 
 class CandidateError(Exception):
@@ -92,6 +95,28 @@ def is_cuda_fault(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return isinstance(exc, RuntimeError) and any(marker in text for marker in _FAULT_MARKERS)
+
+
+def context_alive(device: torch.device | str | None = None) -> bool:
+    """Probe the CUDA context after an error: synchronise and run a one-element kernel.
+    Errors such as "invalid device ordinal" leave the context usable; a sticky fault
+    (illegal address, device-side assert) makes the probe fail too."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.synchronize(dev)
+        probe = torch.ones(1, device=dev)
+        probe.add_(1)
+        torch.cuda.synchronize(dev)
+        return float(probe.item()) == 2.0
+    except Exception:  # noqa: BLE001 - any error here means the context is gone
+        return False
+
+
+def context_lost(exc: BaseException) -> bool:
+    """A CUDA error after which the probe fails: the context is unusable for later items."""
+    return is_cuda_fault(exc) and not context_alive()
 
 
 def fault_line(text: str) -> str:
@@ -250,17 +275,30 @@ def poisoned_memory(device: torch.device | str) -> Iterator[None]:
             torch.use_deterministic_algorithms(was_on, warn_only=was_warn)
 
 
+def poison_plan(snapshot: list[dict], device_index: int) -> list[int]:
+    """Sizes of the inactive (cached, unused) blocks that torch.cuda.memory_snapshot() lists
+    for one device, largest first: asking the caching allocator for exactly these sizes
+    hands those very blocks back (best fit), so filling them overwrites their old values."""
+    sizes = [block["size"] for segment in snapshot if segment.get("device") == device_index
+             for block in segment.get("blocks", ()) if block.get("state") == "inactive" and block.get("size", 0) > 0]
+    return sorted(sizes, reverse=True)
+
+
 def _poison_cuda_cache(device: torch.device) -> None:
-    free = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    size = min(max(free, 0), POISON_BYTES) // 4
-    if size <= 0:
-        return
+    """Fill every inactive caching-allocator block with 0xFF bytes (NaN in every floating
+    dtype): a block at a time, each request the block's exact size, all held until the
+    last is filled so that none is handed out twice."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    held = []
     try:
-        block = torch.empty(size, dtype=torch.float32, device=device)
+        for size in poison_plan(torch.cuda.memory_snapshot(), index):
+            block = torch.empty(size, dtype=torch.uint8, device=device)
+            block.fill_(0xFF)
+            held.append(block)
     except torch.OutOfMemoryError:
-        return
-    block.fill_(float("nan"))
-    del block
+        pass
+    finally:
+        del held
 
 
 # -- the op audit -------------------------------------------------------------------------------
@@ -453,6 +491,7 @@ class Trial:
     device: torch.device
     atol: float
     rtol: float
+    max_rel_error: float = 1e-2
     nondeterministic: bool = False
     extra_allowed: frozenset[str] = frozenset()
     history: OutputHistory = field(default_factory=OutputHistory)
@@ -479,7 +518,7 @@ def _raise_user_error(exc: Exception, workdir: Path, what: str, kind: type) -> N
     from pytest_cudaopt.workdir import user_traceback
 
     text = f"{what} raised:\n{user_traceback(exc, [workdir])}"
-    if is_cuda_fault(exc):
+    if context_lost(exc):
         raise CudaFault(text) from exc
     raise kind(text) from exc
 
@@ -503,6 +542,7 @@ def run_case(trial: Trial, inputs: list) -> CaseOutcome:
     check_inputs_unchanged(pristine, first_inputs, names, file)
     check_state_unchanged(state, trial.model_new, file)
     trial.history.add(first)
+    del first_inputs  # memory in proportion to the problem: one working copy at a time
 
     try:
         with torch.no_grad():
@@ -517,7 +557,9 @@ def run_case(trial: Trial, inputs: list) -> CaseOutcome:
     check_fresh_outputs(second, second_inputs, trial.model_new, trial.history.alive(), names, file)
     check_inputs_unchanged(pristine, second_inputs, names, file)
     trial.history.add(second)
+    del second_inputs, pristine
     check_deterministic(first, second, trial.nondeterministic, trial.atol, trial.rtol, file)
+    del second
 
     comparison = compare.compare_outputs(first, expected, atol=trial.atol, rtol=trial.rtol)
     if not comparison.passed:
@@ -528,21 +570,70 @@ def run_case(trial: Trial, inputs: list) -> CaseOutcome:
         raise GuardFailure("mismatch", f"{file}: ModelNew's output differs from Model's (model.py):\n"
                                        f"{comparison.table()}{hint}", comparison)
     precision = _precision(trial, inputs, first, expected)
+    vacuous = comparison.vacuous
+    if vacuous:
+        note = (f"atol {trial.atol:g} >= max|expected| for {', '.join(vacuous)}: the element-wise "
+                f"tolerance is vacuous there, the relative L2 bound decides")
+        precision.note = f"{precision.note}; {note}" if precision.note else note
+        precision.vacuous = True
+    if precision.wrong:
+        raise GuardFailure("wrong", (
+            f"{file}: ModelNew's output is wrong: relative L2 error vs the float64 reference "
+            f"{precision.candidate_error:.3g} > {precision.bound:.3g} (cudaopt_max_rel_error; "
+            f"the float32 reference's own error is {precision.reference_error:.3g}), although every "
+            f"element is within atol={trial.atol:g}, rtol={trial.rtol:g}"
+            + (f"\n{precision.note}" if precision.note else "")
+            + f"\nmax abs err {comparison.max_abs:.3g}, max rel err {comparison.max_rel:.3g}"),
+            comparison, precision)
     return CaseOutcome(comparison, precision, time.perf_counter() - started)
 
 
 def _precision(trial: Trial, inputs: list, candidate_out: Any, expected: Any) -> compare.Precision:
+    from pytest_cudaopt import memory
+
     if trial.model64 is None:
-        return compare.Precision.unknown("no float64 copy of the reference")
+        return _against_float32(trial, candidate_out, expected, "no float64 copy of the reference")
+    free = memory.free_bytes(trial.device)
+    in_bytes, out_bytes = memory.nbytes(list(inputs)), memory.nbytes(expected)
+    if not memory.float64_fits(in_bytes, out_bytes, memory.allocated(trial.device), free):
+        return _against_float32(trial, candidate_out, expected, (
+            f"float64 reference skipped: it needs about {memory.gib(memory.float64_need(in_bytes, out_bytes))}, "
+            f"beyond the case's budget of {memory.gib(memory.case_budget(in_bytes, out_bytes))} or the "
+            f"{memory.gib(free or 0)} free; relative L2 error judged against the float32 reference"))
     try:
         with torch.no_grad():
-            reference64 = trial.model64(*compare.to_float64(clone_inputs(inputs)))
+            reference64 = trial.model64(*_float64_copies(inputs))
         _synchronize(trial.device)
     except Exception as exc:
-        if is_cuda_fault(exc):
+        if is_cuda_fault(exc) and not context_alive(trial.device):
             raise CudaFault(f"Model.forward in float64 raised: {exc}") from exc
-        return compare.Precision.unknown(f"the reference does not run in float64: {type(exc).__name__}")
-    return compare.Precision.measure(candidate_out, expected, reference64)
+        return _against_float32(trial, candidate_out, expected,
+                                f"the reference does not run in float64: {type(exc).__name__}")
+    return compare.Precision.measure(candidate_out, expected, reference64, trial.max_rel_error)
+
+
+def _float64_copies(inputs: list) -> list:
+    """Fresh float64 copies of the inputs (one copy each, not a clone and then a conversion)."""
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            dtype = (torch.complex128 if x.is_complex() else torch.float64 if x.is_floating_point() else x.dtype)
+            x = x.to(dtype, copy=True)
+        out.append(x)
+    return out
+
+
+def _against_float32(trial: Trial, candidate_out: Any, expected: Any, why: str) -> compare.Precision:
+    """No float64 run: the tier is unknown, but the relative L2 bound still holds the
+    candidate to the float32 reference's output."""
+    precision = compare.Precision.unknown(why)
+    if compare.float_elements(expected) == 0:
+        return compare.Precision(0.0, 0.0, compare.EXACT)
+    error = compare.relative_l2_error(candidate_out, compare.to_float64(expected))
+    if not error <= trial.max_rel_error:
+        precision.tier, precision.candidate_error, precision.bound = compare.WRONG, error, trial.max_rel_error
+        precision.reference_error = math.nan
+    return precision
 
 
 def float64_copy(model: torch.nn.Module) -> torch.nn.Module | None:

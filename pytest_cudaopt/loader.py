@@ -1,4 +1,4 @@
-"""Import a built `cuda_extension` under a name of its own, once per state of its .so."""
+"""Import a built `cuda_extension` under a name of its own, once per state of its .so; name what it lacks."""
 
 from __future__ import annotations
 
@@ -62,7 +62,45 @@ def load_extension(result):
     except ImportError as exc:
         raise BuildError(f"cudaopt build: {MODULE_NAME} of {result.workdir} was built but does "
                          f"not import: {_demangle(str(exc))}", [], result.log_path) from None
+    module.__getattr__ = _missing_function(module)  # PEP 562: only for names the module lacks
     sys.modules[name] = module
     _LOADED[so] = (ident, module)
     result.module = module
     return module
+
+
+def defined_functions(module) -> list[str]:
+    """The functions a loaded `cuda_extension` defines, sorted."""
+    return sorted(n for n, v in vars(module).items() if not n.startswith("_") and callable(v))
+
+
+def takes_module(func) -> bool:
+    """True for a binding whose pybind11 signature takes a module: a registration function
+    (`void register_op(pybind11::module&)`) that was bound as if it were the op."""
+    first = (getattr(func, "__doc__", None) or "").split("\n", 1)[0]
+    return re.search(r"\((?:\w+: )?(?:module|types\.ModuleType)\)", first) is not None
+
+
+def missing_function_message(module, name: str) -> str:
+    """Why `cuda_extension.<name>` is missing, in the workdir's own terms."""
+    defined = defined_functions(module)
+    text = f"cuda_extension has no function '{name}'; "
+    if not defined:
+        return text + ("it defines none: no kernels/*_binding.cpp registers a function with "
+                       "REGISTER_BINDING(op, register_op), where register_op calls m.def")
+    text += f"it defines {', '.join(defined)}"
+    wrong = [n for n in defined if takes_module(getattr(module, n))]
+    if wrong:
+        text += (f". {', '.join(wrong)} takes a pybind11 module: that looks like a registration function "
+                 "passed in the wrong form (the contract is REGISTER_BINDING(op, register_op); with the "
+                 "published agent-workdir binding_registry.h or the shipped one, register_op(pybind11::module& m) "
+                 f"calls m.def(\"{name}\", ...))")
+    return text
+
+
+def _missing_function(module):
+    def __getattr__(name: str):
+        if name.startswith("__"):
+            raise AttributeError(f"module 'cuda_extension' has no attribute '{name}'")
+        raise AttributeError(missing_function_message(module, name))
+    return __getattr__

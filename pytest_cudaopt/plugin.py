@@ -252,7 +252,7 @@ def pytest_runtest_call(item: pytest.Item):
     except watchdog.HangTimeout:
         hung = True
     except BaseException as exc:
-        if session.fault is None and guards.is_cuda_fault(exc):
+        if session.fault is None and guards.context_lost(exc):
             session.fault = (item.nodeid, str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
         raise
     if hung:  # outside the except block: the failure alone, no exception chain

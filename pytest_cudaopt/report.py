@@ -172,6 +172,7 @@ class PerfResult:
     tiers: dict[str, str] = field(default_factory=dict)          # key -> measured precision tier
     precision_note: str = ""                                     # the candidate's measured errors
     compile_seconds: dict[str, float] = field(default_factory=dict)
+    peak_bytes: int | None = None                                # torch's max allocated device memory
     errors: dict[str, str] = field(default_factory=dict)         # key -> why it was not timed
     environment: dict[str, Any] = field(default_factory=dict)
     failure: str = ""                                            # a failure outside the gate
@@ -362,7 +363,7 @@ class PerfResult:
                 "precision_note": self.precision_note, "labels": self.labels,
                 "gate": self.gate.to_json(), "compile_seconds": self.compile_seconds,
                 "errors": self.errors, "environment": self.environment, "gate_clock": self.gate_clock,
-                "regression": self.regression,
+                "regression": self.regression, "peak_bytes": self.peak_bytes,
                 "timing": self.measurement.to_json() if self.measurement is not None else None,
                 "traces": {k: t.to_json() for k, t in self.traces.items()},
                 "figure_warnings": self._custom_warnings()}

@@ -228,3 +228,67 @@ def render_model_new(source: str, model_path: Path, notes: list[str] | None = No
                      "model_new.py fails the same way if that code runs")
     return text
 
+
+
+# --------------------------------------------------------------------------- cudaopt adopt
+
+def find_registrations(workdir: Path) -> list[tuple[str, int, str, str]]:
+    """(file, line, name, form) of every REGISTER_BINDING under kernels/: form "contract" for
+    `REGISTER_BINDING(name, register_fn)` where the file defines `register_fn(pybind11::module&)`,
+    "short" for `REGISTER_BINDING(py_name, cpp_fn, ...)`."""
+    found = []
+    kernels = Path(workdir) / "kernels"
+    for path in sorted(kernels.rglob("*.c*")) if kernels.is_dir() else []:
+        if path.suffix not in (".cpp", ".cu", ".cc") or not path.is_file():
+            continue
+        tokens, _ = policy.lex_cpp(path.read_text(encoding="utf-8", errors="replace"))
+        texts = [t.text for t in tokens]
+        for k, tok in enumerate(tokens):
+            if tok.text != "REGISTER_BINDING" or texts[k + 1:k + 2] != ["("]:
+                continue
+            depth, args, j = 0, [[]], k + 2
+            while j < len(tokens) and not (depth == 0 and texts[j] == ")"):
+                depth += (texts[j] in ("(", "[", "{")) - (texts[j] in (")", "]", "}"))
+                if depth == 0 and texts[j] == ",":
+                    args.append([])
+                else:
+                    args[-1].append(texts[j])
+                j += 1
+            name = "".join(args[0])
+            fn = "".join(args[1]) if len(args) > 1 else ""
+            takes_module = any(texts[i] == fn and texts[i + 1:i + 2] == ["("] and "module" in texts[i + 2:i + 6]
+                               for i in range(len(texts) - 2))
+            form = "contract" if len(args) == 2 and takes_module else "short"
+            found.append((path.relative_to(workdir).as_posix(), tok.line, name, form))
+    return found
+
+
+def adopt_workdir(workdir: Path) -> tuple[Path, str]:
+    """Record the lock of a workdir that `cudaopt init` did not make, leaving its files alone.
+    Returns the lock's path and a summary: where each fixed file comes from (shipped,
+    upstream agent-workdir, modified, missing) and the bindings found, with their form."""
+    from pytest_cudaopt.policy.files import UPSTREAM_SHA256, fixed_file_origin
+
+    workdir = Path(workdir).resolve()
+    if not (workdir / "model.py").is_file():
+        raise ScaffoldError(f"{workdir} is not a workdir: it has no model.py")
+    lock = policy.write_lock(workdir)
+    lines = [f"adopted {workdir}: recorded model.py and utils/ in {lock.name}", "fixed files:"]
+    fixed = [*policy.PROTECTED_TEMPLATES,
+             *sorted(n for n in UPSTREAM_SHA256 if n.startswith("utils/") and (workdir / n).is_file())]
+    for name in fixed:
+        origin = fixed_file_origin(workdir, name)
+        if name.startswith("utils/") and origin == "modified":
+            origin = "own version (recorded in the lock)"
+        lines.append(f"  {name}: {origin}")
+    regs = find_registrations(workdir)
+    lines.append(f"bindings: {len(regs)}" + ("" if regs else " (no REGISTER_BINDING under kernels/)"))
+    for rel, line, name, form in regs:
+        how = ("REGISTER_BINDING(name, register_fn), register_fn calls m.def" if form == "contract"
+               else "REGISTER_BINDING(py_name, cpp_fn, ...), short form")
+        lines.append(f"  {rel}:{line}: {name}: {form} form: {how}")
+    if any(form == "short" for *_, form in regs) and "upstream" in {
+            fixed_file_origin(workdir, n) for n in policy.PROTECTED_TEMPLATES}:
+        lines.append("  note: the agent-workdir binding_registry.h knows only the contract form; "
+                     "the short form needs the shipped one")
+    return lock, "\n".join(lines)

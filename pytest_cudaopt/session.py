@@ -149,6 +149,11 @@ class CudaoptSession:
             raise found.with_traceback(None)
         return found
 
+    def loaded_extension(self, workdir: Path):
+        """The workdir's extension if this session has built it already, else None."""
+        found = self._extensions.get(Path(workdir).resolve())
+        return None if found is None or isinstance(found, BaseException) else found
+
     def workdir(self, path: Path):
         """The loaded workdir (`workdir.Workdir`: model.py, model_new.py, its extension),
         loaded at most once per session. Raises build.BuildError or workdir.WorkdirError (the

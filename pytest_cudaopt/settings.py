@@ -89,13 +89,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("timeout", _positive(float), 600.0,
            "seconds one generated test may run before it is reported as hung"),
     # correctness
-    Option("atol", _non_negative(float), 1e-2, "absolute tolerance of the correctness comparison"),
-    Option("rtol", _non_negative(float), 1e-2, "relative tolerance of the correctness comparison"),
+    Option("atol", _non_negative(float), 1e-2,
+           "absolute tolerance of the correctness comparison (0: none; integer/bool outputs are always exact)"),
+    Option("rtol", _non_negative(float), 1e-2, "relative tolerance of the correctness comparison (0: none)"),
+    Option("max_rel_error", _positive(float), 1e-2,
+           "most relative L2 error vs a float64 run of the reference a candidate may have, whatever atol allows"),
     Option("seeds", _positive(int), 3, "number of secret seeds for the canonical inputs of get_inputs()"),
     Option("seed", int, None,
            "replay: use this seed instead of a secret one (printed by every failure)", ini=False),
     Option("profile", _choice("ci", "thorough"), "ci",
-           "Hypothesis profile for the drawn shapes: 'ci' (derandomised, modest count) or 'thorough'"),
+           "Hypothesis profile for the drawn shapes: 'ci' (explicit cases past the defaults, then a modest count drawn from the session seed) or 'thorough'"),
     Option("max_examples", _positive(int), None,
            "override the number of Hypothesis-drawn shapes of the chosen profile"),
     Option("max_elements", _positive(int), None,
@@ -130,6 +133,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("trace", _bool, True,
            "profile one call of each contender (torch.profiler, CUDA activity): kernels, summed kernel "
            "time, and stream escapes at any duration"),
+    Option("min_runs", _positive(int), 50,
+           "timed runs per contender before the stop rule may end the timing (utils.profiling --iters sets it)"),
     Option("report", str, None, "write the verdicts as JSON to this path", ini=False),
     Option("baseline_workdir", str, None,
            "a checkout of the target branch's workdir: its ModelNew is timed as one more contender and "

@@ -19,9 +19,13 @@ EDGE_SIZES = (1, 2, 3, 5, 7, 13, 17, 31, 33, 61, 67, 97, 127, 129, 191, 251, 257
 # A drawn case may hold this many times the canonical inputs' elements (see max_elements).
 GROWTH = 2
 
+# Fewer distinct valid drawn shapes than this: the item says so instead of passing quietly.
+HANDFUL = 5
+
 PROFILES = {
-    # Same shapes on every run (derandomised), a modest count, no deadline, no database.
-    "ci": dict(max_examples=25, derandomize=True, deadline=None, database=None),
+    # A modest count drawn from the session seed (replayable with --cudaopt-seed), no deadline,
+    # no database; the explicit cases of `explicit_cases` run first.
+    "ci": dict(max_examples=25, derandomize=False, deadline=None, database=None),
     # Many shapes, drawn from the session seed (replayable with --cudaopt-seed).
     "thorough": dict(max_examples=300, derandomize=False, deadline=None, database=None),
 }
@@ -74,18 +78,46 @@ def infer_constants(module: types.ModuleType) -> dict[str, int]:
         func = module.__dict__.get(entry)
         if callable(func):
             read |= _names_read(func, module, seen)
-    return {name: value for name, value in module.__dict__.items()
-            if name in read and type(value) is int and value > 0}
+    found: dict[str, int] = {}
+    for name, value in module.__dict__.items():
+        if name not in read:
+            continue
+        if type(value) is int and value > 0:
+            found[name] = value
+        elif isinstance(value, tuple) and value and all(type(v) is int and v > 0 for v in value):
+            # input_shape = (4096, 8192): each element varies on its own, as input_shape[0] ...
+            found.update({f"{name}[{i}]": v for i, v in enumerate(value)})
+    return found
+
+
+def _element(key: str) -> tuple[str, int | None]:
+    """'input_shape[1]' -> ('input_shape', 1); 'dim' -> ('dim', None)."""
+    if key.endswith("]") and "[" in key:
+        name, _, index = key[:-1].partition("[")
+        if index.isdigit():
+            return name, int(index)
+    return key, None
 
 
 @contextlib.contextmanager
 def applied(module: types.ModuleType, constants: Mapping[str, int]) -> Iterator[None]:
     """Set the module's constants to `constants` for the duration, then restore them."""
-    missing = [name for name in constants if name not in module.__dict__]
+    values: dict[str, Any] = {}
+    missing = []
+    for key, value in constants.items():
+        name, index = _element(key)
+        current = values.get(name, module.__dict__.get(name))
+        if name not in module.__dict__ or (index is not None and not (
+                isinstance(current, tuple) and index < len(current))):
+            missing.append(key)
+        elif index is None:
+            values[name] = value
+        else:
+            values[name] = current[:index] + (value,) + current[index + 1:]
     if missing:
         raise ShapeError(f"{_file(module)} defines no constant {', '.join(missing)}")
-    saved = {name: module.__dict__[name] for name in constants}
-    module.__dict__.update(constants)
+    saved = {name: module.__dict__[name] for name in values}
+    module.__dict__.update(values)
     try:
         yield
     finally:
@@ -187,19 +219,29 @@ class ShapeSpace:
     canonical_elements: int = 0
     meta_usable: bool = True             # the reference runs on the meta device
     meta_note: str = ""
+    canonical_bytes: int = 0             # inputs + outputs of the canonical case
+    cap_note: str = ""                   # set when the size cap shrank to fit device memory
 
 
-def shape_space(module: types.ModuleType, max_elements: int | None = None) -> ShapeSpace:
+def shape_space(module: types.ModuleType, max_elements: int | None = None,
+                free_bytes: int | None = None) -> ShapeSpace:
     """The drawn-shape space of a reference module. `strategy` is None (with `source`
-    saying why) when there is nothing to vary."""
+    saying why) when there is nothing to vary. With `free_bytes` (free device memory) the
+    size cap shrinks to what one case can hold (see memory.cap_max_elements)."""
+    from pytest_cudaopt.memory import cap_max_elements
+
     declared = declared_strategy(module)
     defaults = infer_constants(module)
     canonical = check_on_meta(module, {})
     space = ShapeSpace(strategy=None, defaults=defaults, source="",
                        meta_usable=canonical.valid, meta_note=canonical.reason,
-                       canonical_elements=canonical.elements)
+                       canonical_elements=canonical.elements,
+                       canonical_bytes=canonical.input_bytes + canonical.output_bytes)
     if max_elements is None and canonical.valid:
         max_elements = max(GROWTH * canonical.elements, 4096)
+    if canonical.valid:
+        max_elements, space.cap_note = cap_max_elements(max_elements, canonical.elements,
+                                                        space.canonical_bytes, free_bytes)
     space.max_elements = max_elements
     if declared is not None:
         spec = module.__dict__[DECLARATION]
@@ -226,6 +268,8 @@ class MetaCheck:
     reason: str = ""
     elements: int = 0                                # total elements of the tensor inputs
     shapes: list[tuple[int, ...]] = field(default_factory=list)
+    input_bytes: int = 0                             # bytes of the tensor inputs
+    output_bytes: int = 0                            # bytes of the reference's tensor outputs
 
 
 def _numel_and_shapes(values: Any) -> tuple[int, list[tuple[int, ...]]]:
@@ -247,14 +291,72 @@ def check_on_meta(module: types.ModuleType, constants: Mapping[str, int]) -> Met
             inputs = module.get_inputs()
             inputs = [x.to("meta") if isinstance(x, torch.Tensor) else x for x in inputs]
             model.eval()
-            model(*inputs)
+            outputs = model(*inputs)
     except ShapeError:
         raise
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return MetaCheck(False, f"{type(exc).__name__}: {first}"[:300])
+    from pytest_cudaopt.memory import nbytes
+
     total, found = _numel_and_shapes(inputs)
-    return MetaCheck(True, "", total, found)
+    return MetaCheck(True, "", total, found, nbytes(list(inputs)), nbytes(outputs))
+
+
+# -- explicit cases: past the canonical, and the smallest ------------------------------------------
+
+@dataclass
+class Explicit:
+    """The cases every inferred-shape run judges before drawing: per constant, the next valid
+    value above its default and the smallest valid value, the others at their defaults."""
+
+    cases: list[dict[str, int]] = field(default_factory=list)
+    never_above: list[str] = field(default_factory=list)   # no valid value above the default fits
+
+
+def _upward(default: int) -> list[int]:
+    steps = {1, 2, 3, 4, 5, 7, 8} | {max(1, default // k) for k in (64, 32, 16, 8, 4, 2, 1)}
+    return sorted(default + step for step in steps)
+
+
+def _downward(default: int) -> list[int]:
+    values = {1, 2, 3, 4, 5, 7, 8} | {max(1, default // k) for k in (64, 32, 16, 8, 4, 2)}
+    return sorted(v for v in values if v < default)
+
+
+def explicit_cases(module: types.ModuleType, space: "ShapeSpace") -> Explicit:
+    """For each inferred constant: the first valid value above its default whose inputs
+    fit `space.max_elements`, and the smallest valid value (a few candidates each, checked
+    on the meta device). Declared or meta-unusable spaces get none."""
+    found = Explicit()
+    if space.declared or not space.meta_usable or not space.defaults:
+        return found
+
+    def fits(case: dict[str, int]) -> bool:
+        check = check_on_meta(module, case)
+        return check.valid and (not space.max_elements or check.elements <= space.max_elements)
+
+    def first(name: str, default: int, values: list[int]) -> dict[str, int] | None:
+        # Constants with the same default are often tied (out_channels and bias_shape[0]):
+        # where changing one alone is invalid, they change together.
+        tied = [k for k, d in space.defaults.items() if d == default]
+        for v in values:
+            for change in ({name: v}, {k: v for k in tied}) if len(tied) > 1 else ({name: v},):
+                case = {**space.defaults, **change}
+                if fits(case):
+                    return case
+        return None
+
+    for name, default in space.defaults.items():
+        above = first(name, default, _upward(default))
+        if above is None:
+            found.never_above.append(name)
+        elif above not in found.cases:
+            found.cases.append(above)
+        smallest = first(name, default, _downward(default))
+        if smallest is not None and smallest not in found.cases:
+            found.cases.append(smallest)
+    return found
 
 
 def parse_case(text: str) -> dict[str, int]:

@@ -66,7 +66,7 @@ class Config:
     @classmethod
     def from_settings(cls, settings: Any, **overrides: Any) -> "Config":
         values = dict(warmup=settings.warmup, max_time=settings.max_time,
-                      target_rse=settings.target_rse)
+                      target_rse=settings.target_rse, min_runs=settings.min_runs)
         if getattr(settings, "clock", None):
             values["clock"] = settings.clock
         values.update(overrides)

@@ -205,8 +205,11 @@ class Workdir:
         return _as_list(values, self.model_file, "get_init_inputs()", "the arguments of Model(...)")
 
     def inputs(self, seed: int, device: torch.device | str = "cpu") -> list:
-        """model.py's get_inputs() under a private RNG seeded by `seed`, moved to `device`."""
-        with private_rng(seed):
+        """model.py's get_inputs() under a private RNG seeded by `seed`, moved to `device`.
+        On CUDA, get_inputs() runs with that device as the default, so that torch.rand(...)
+        draws there: a 6 GiB input takes milliseconds, not seconds on the CPU and a copy."""
+        on_device = torch.device(device).type == "cuda"
+        with private_rng(seed), (torch.device(device) if on_device else contextlib.nullcontext()):
             values = self._call(self.model_file, "get_inputs()", self.reference.get_inputs)
         values = _as_list(values, self.model_file, "get_inputs()", "the arguments of forward(...)")
         return [_to_device(v, device) for v in values]
@@ -242,6 +245,40 @@ class Workdir:
         except RuntimeError as exc:
             raise WorkdirError(f"{self.model_new_file.name}: loading Model's state_dict into ModelNew "
                                f"failed: {exc}") from exc
+        copy_non_persistent_buffers(model, model_new, self.model_file.name, self.model_new_file.name)
+
+
+def _non_persistent(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The buffers that state_dict() leaves out (register_buffer(..., persistent=False))."""
+    found = {}
+    for prefix, sub in module.named_modules():
+        for name in getattr(sub, "_non_persistent_buffers_set", ()):
+            buffer = sub._buffers.get(name)
+            if buffer is not None:
+                found[f"{prefix}.{name}" if prefix else name] = buffer
+    return found
+
+
+def copy_non_persistent_buffers(model: torch.nn.Module, model_new: torch.nn.Module,
+                                model_file: str = "model.py", model_new_file: str = "model_new.py") -> None:
+    """Copy Model's non-persistent buffers into ModelNew's buffers of the same name, so both
+    start from the same state; a buffer one has and the other lacks, or of another shape,
+    is named in a WorkdirError."""
+    ours = _non_persistent(model)
+    if not ours:
+        return
+    theirs = dict(model_new.named_buffers())
+    for name, buffer in ours.items():
+        target = theirs.get(name)
+        if target is None:
+            raise WorkdirError(f"{model_new_file}: Model ({model_file}) has the non-persistent buffer "
+                               f"'{name}' {tuple(buffer.shape)}, ModelNew has no buffer of that name; "
+                               f"register it in ModelNew too so both start from the same values")
+        if target.shape != buffer.shape:
+            raise WorkdirError(f"{model_new_file}: non-persistent buffer '{name}': Model ({model_file}) has "
+                               f"shape {tuple(buffer.shape)}, ModelNew {tuple(target.shape)}")
+        with torch.no_grad():
+            target.copy_(buffer)
 
 
 def load_workdir(path: Path, extension: Any) -> Workdir:

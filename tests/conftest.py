@@ -60,7 +60,7 @@ def run_pytest(pytester: pytest.Pytester, *args: str, timeout: float | None = No
 
 def copy_workdir(name: str, dest: Path) -> Path:
     """Copy tests/workdirs/<name> to `dest` and add the fixed binding files from
-    pytest_cudaopt/templates/. Files already at `dest` with the same content are left
+    pytest_cudaopt/templates/ where it has none of its own. Files already at `dest` with the same content are left
     alone (so their mtimes, and the objects built from them, stay valid)."""
     src = WORKDIRS / name
     if not src.is_dir():
@@ -68,7 +68,8 @@ def copy_workdir(name: str, dest: Path) -> Path:
     dest = Path(dest)
     pairs = [(path, dest / path.relative_to(src)) for path in sorted(src.rglob("*"))
              if path.is_file() and not {"__pycache__", "build"} & set(path.relative_to(src).parts)]
-    pairs += [(TEMPLATES / fixed, dest / fixed) for fixed in FIXED_FILES]
+    # A workdir that carries its own fixed files (another registry) keeps them.
+    pairs += [(TEMPLATES / fixed, dest / fixed) for fixed in FIXED_FILES if not (src / fixed).is_file()]
     for source, target in pairs:
         if target.is_file() and filecmp.cmp(source, target, shallow=False):
             continue

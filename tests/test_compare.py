@@ -167,3 +167,82 @@ def test_a_correctness_result_renders_one_row_and_json():
     data = result.to_json()
     assert data["kind"] == "correctness" and data["passed"] is False
     assert data["precision"]["tier"] == "fp32" and data["seed"] == 7
+
+
+# -- exact outputs, the relative L2 bound, all-zero references -----------------------------------
+
+def test_integer_outputs_must_match_exactly_whatever_the_tolerance():
+    expected = torch.arange(1000, 1010) * 3 + 1
+    result = compare.compare_outputs(expected + 1, expected, atol=10.0, rtol=10.0)
+    assert not result.passed
+    assert result.mismatched == 10
+    assert "exact equality (integer/bool output)" in result.table()
+    assert compare.compare_outputs(expected.clone(), expected).passed
+
+
+def test_int64_values_beyond_float64_precision_are_compared_exactly():
+    big = torch.tensor([2 ** 60], dtype=torch.int64)
+    assert not compare.compare_outputs(big + 1, big, atol=0.0, rtol=0.0).passed
+
+
+def test_bool_and_int_outputs_are_labelled_exact_not_fp32():
+    out = (torch.arange(6) > 2, torch.arange(6))
+    p = compare.Precision.measure(out, out, out, max_rel_error=1e-2)
+    assert p.tier == compare.EXACT
+    assert "exact" in p.describe()
+
+
+def test_zero_tolerances_demand_equality_of_floats():
+    e = torch.tensor([1.0, 2.0])
+    assert compare.compare_outputs(e.clone(), e, atol=0.0, rtol=0.0).passed
+    assert not compare.compare_outputs(e + 1e-6, e, atol=0.0, rtol=0.0).passed
+
+
+def test_a_fill_within_atol_of_tiny_outputs_is_wrong_by_relative_l2_error():
+    x = torch.rand(16, 4096, dtype=torch.float64)
+    ref64 = torch.softmax(x, dim=1)
+    ref = ref64.float()
+    fill = torch.full_like(ref, 1.0 / 4096)
+    assert compare.compare_outputs(fill, ref, atol=1e-2, rtol=1e-2).passed  # allclose is blind here
+    p = compare.Precision.measure(fill, ref, ref64, max_rel_error=1e-2)
+    assert p.tier == compare.WRONG and p.wrong
+    assert p.candidate_error == pytest.approx(0.288, abs=0.03)
+    zeros = compare.Precision.measure(torch.zeros_like(ref), ref, ref64, max_rel_error=1e-2)
+    assert zeros.tier == compare.WRONG and zeros.candidate_error == pytest.approx(1.0)
+    honest = compare.Precision.measure(ref.clone(), ref, ref64, max_rel_error=1e-2)
+    assert honest.tier == compare.FP32
+
+
+def test_the_element_wise_tolerance_is_reported_vacuous_when_atol_covers_every_output():
+    ref = torch.full((8,), 1e-4)
+    assert compare.compare_outputs(ref.clone(), ref, atol=1e-2, rtol=1e-2).vacuous == ["output"]
+    assert compare.compare_outputs(ref * 1e3, ref * 1e3, atol=1e-2, rtol=1e-2).vacuous == []
+
+
+def test_an_all_zero_reference_judges_the_root_mean_square_of_the_candidate():
+    ref64 = torch.zeros(100, dtype=torch.float64)
+    assert compare.relative_l2_error(torch.zeros(100), ref64) == 0.0
+    assert compare.relative_l2_error(torch.full((100,), 1e-3), ref64) == pytest.approx(1e-3)
+    p = compare.Precision.measure(torch.full((100,), 0.5), ref64.float(), ref64, max_rel_error=1e-2)
+    assert p.tier == compare.WRONG
+
+
+def test_an_ill_conditioned_reference_widens_the_bound_to_ten_times_its_own_error():
+    assert compare.error_bound(1e-2, 1e-1) == pytest.approx(1.0)
+    assert compare.error_bound(1e-2, 1e-6) == 1e-2
+    assert compare.error_bound(1e-2, math.nan) == 1e-2
+
+
+def test_comparing_in_chunks_gives_the_same_table_as_at_once(monkeypatch):
+    torch.manual_seed(0)
+    expected = torch.randn(50, 7)
+    actual = expected + torch.randn(50, 7) * 0.02
+    actual[3, 4] = float("nan")
+    whole = compare.compare_outputs(actual, expected)
+    ref64 = expected.double() * 1.001
+    l2 = compare.relative_l2_error(actual.nan_to_num(), ref64)
+    monkeypatch.setattr(compare, "CHUNK", 16)
+    chunked = compare.compare_outputs(actual, expected)
+    assert chunked.table() == whole.table()
+    assert chunked.leaves[0].worst.index == whole.leaves[0].worst.index == (3, 4)
+    assert compare.relative_l2_error(actual.nan_to_num(), ref64) == pytest.approx(l2, rel=1e-12)

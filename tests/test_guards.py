@@ -304,3 +304,32 @@ def test_inputs_unchanged_compares_bits_so_a_nan_stays_a_nan():
     guards.check_inputs_unchanged(before, [before[0].clone()])
     with pytest.raises(guards.GuardFailure, match="1 of 2 elements changed"):
         guards.check_inputs_unchanged(before, [torch.tensor([math.nan, 2.0])])
+
+
+@pytest.mark.parametrize("alive, raised", [(True, "CandidateError"), (False, "CudaFault")])
+def test_a_cuda_error_is_a_lost_context_only_when_the_probe_fails(monkeypatch, tmp_path, alive, raised):
+    # "invalid device ordinal" (torch.cuda.set_device(99)) leaves the context usable: the probe
+    # (synchronise + a one-element kernel) decides, not the error's type.
+    monkeypatch.setattr(guards, "context_alive", lambda device=None: alive)
+    exc = RuntimeError("CUDA error: invalid device ordinal")
+    assert guards.context_lost(exc) is (not alive)
+    with pytest.raises(getattr(guards, raised)):
+        guards._raise_user_error(exc, tmp_path, "ModelNew.forward", guards.CandidateError)
+
+
+def test_the_context_probe_reports_no_context_without_a_gpu():
+    if torch.cuda.is_available():
+        assert guards.context_alive()
+    else:
+        assert not guards.context_alive()
+
+
+def test_the_poison_plan_lists_every_inactive_block_of_the_device_at_its_exact_size():
+    snapshot = [
+        {"device": 0, "blocks": [{"size": 4 << 20, "state": "inactive"}, {"size": 2 << 20, "state": "active_allocated"},
+                                 {"size": 64 << 10, "state": "inactive"}]},
+        {"device": 0, "blocks": [{"size": 20 << 20, "state": "inactive"}]},
+        {"device": 1, "blocks": [{"size": 8 << 20, "state": "inactive"}]},
+    ]
+    assert guards.poison_plan(snapshot, 0) == [20 << 20, 4 << 20, 64 << 10]
+    assert guards.poison_plan(snapshot, 1) == [8 << 20]

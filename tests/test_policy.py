@@ -507,7 +507,8 @@ def test_cudaopt_check_as_a_process_exits_one_on_a_violation(tmp_path: Path) -> 
 def test_pytest_m_policy_runs_one_item_per_rule(pytester: pytest.Pytester, run_pytest) -> None:
     assemble("clean", pytester.path / "wd")
     result = run_pytest(pytester, "-m", "policy", "wd/model_new.py", "-v")
-    result.assert_outcomes(passed=len(policy.RULE_IDS))
+    # test_extension_functions skips: no build of the extension yet.
+    result.assert_outcomes(passed=len(policy.RULE_IDS), skipped=1)
     result.stdout.fnmatch_lines(["*model_new.py::TestPolicy::test_rule?MN001? PASSED*",
                                  "*model_new.py::TestPolicy::test_rule?CF001? PASSED*"])
 
@@ -518,7 +519,7 @@ def test_pytest_m_policy_fails_the_broken_rule_with_its_lines_and_skips_disabled
     (workdir / "cudaopt.lock").unlink()
     (workdir / "pyproject.toml").write_text('[tool.cudaopt]\ndisable = ["PF002"]\n')
     result = run_pytest(pytester, "-m", "policy", "wd/model_new.py")
-    result.assert_outcomes(passed=len(policy.RULE_IDS) - 2, failed=1, skipped=1)
+    result.assert_outcomes(passed=len(policy.RULE_IDS) - 2, failed=1, skipped=2)
     result.stdout.fnmatch_lines(["*MN005: the forward path applies no Python operator to a tensor*",
                                  "wd/model_new.py:16: MN005: operator `@` on a tensor*"])
 

@@ -207,9 +207,94 @@ def test_case_text_round_trips():
         shapes.parse_case("dim=x")
 
 
-def test_profiles_ci_is_derandomised_and_modest_thorough_is_large():
+def test_profiles_ci_is_seeded_and_modest_thorough_is_large():
     ci = shapes.hypothesis_settings("ci")
     thorough = shapes.hypothesis_settings("thorough")
-    assert ci.derandomize and ci.deadline is None and ci.database is None and 20 <= ci.max_examples <= 30
+    assert not ci.derandomize and ci.deadline is None and ci.database is None and 20 <= ci.max_examples <= 30
     assert not thorough.derandomize and thorough.max_examples >= 200
     assert shapes.hypothesis_settings("ci", max_examples=7).max_examples == 7
+
+
+def test_explicit_cases_go_past_every_default_and_down_to_the_smallest_valid_value():
+    module = module_from(KERNELBENCH)
+    space = shapes.shape_space(module)
+    found = shapes.explicit_cases(module, space)
+    assert found.never_above == []
+    for name, default in space.defaults.items():
+        values = [case[name] for case in found.cases]
+        assert any(v > default for v in values), name
+        assert all(shapes.check_on_meta(module, case).valid for case in found.cases)
+        others = [case for case in found.cases if case[name] != default]
+        assert all(case[k] == space.defaults[k] for case in others for k in space.defaults if k != name)
+    # n_embd must stay a multiple of n_head (4): the next valid value above 64 is 68
+    assert {**space.defaults, "n_embd": 68} in found.cases
+    assert {**space.defaults, "batch_size": 17} in found.cases
+    assert {**space.defaults, "batch_size": 1} in found.cases
+
+
+def test_a_constant_that_cannot_grow_within_the_cap_is_named():
+    module = module_from(KERNELBENCH)
+    space = shapes.shape_space(module, max_elements=16 * 64)  # exactly the canonical inputs
+    found = shapes.explicit_cases(module, space)
+    assert set(found.never_above) == {"batch_size", "n_embd"}
+
+
+def test_int_elements_of_tuple_constants_vary_one_by_one():
+    module = module_from("""
+        import torch
+        import torch.nn as nn
+
+        batch_size = 8
+        input_shape = (16, 32)
+
+        class Model(nn.Module):
+            def forward(self, x):
+                return x.sum(dim=1)
+
+        def get_inputs():
+            return [torch.randn(batch_size, *input_shape)]
+
+        def get_init_inputs():
+            return []
+    """)
+    assert shapes.infer_constants(module) == {"batch_size": 8, "input_shape[0]": 16, "input_shape[1]": 32}
+    with shapes.applied(module, {"input_shape[1]": 33}):
+        assert module.input_shape == (16, 33)
+    assert module.input_shape == (16, 32)
+    assert shapes.parse_case(shapes.format_case({"input_shape[0]": 17})) == {"input_shape[0]": 17}
+    space = shapes.shape_space(module)
+    found = shapes.explicit_cases(module, space)
+    assert {"batch_size": 8, "input_shape[0]": 17, "input_shape[1]": 32} in found.cases
+    assert {"batch_size": 8, "input_shape[0]": 16, "input_shape[1]": 33} in found.cases
+    with pytest.raises(shapes.ShapeError, match=r"defines no constant input_shape\[2\]"):
+        with shapes.applied(module, {"input_shape[2]": 1}):
+            pass
+
+
+def test_constants_tied_by_their_default_grow_together_where_one_alone_is_invalid():
+    module = module_from("""
+        import torch
+        import torch.nn as nn
+
+        batch_size = 4
+        out_channels = 16
+        bias_shape = (out_channels, 1)
+
+        class Model(nn.Module):
+            def __init__(self, out_channels, bias_shape):
+                super().__init__()
+                self.bias = nn.Parameter(torch.zeros(bias_shape))
+
+            def forward(self, x):
+                return x + self.bias
+
+        def get_inputs():
+            return [torch.randn(batch_size, out_channels, 8)]
+
+        def get_init_inputs():
+            return [out_channels, bias_shape]
+    """)
+    space = shapes.shape_space(module)
+    found = shapes.explicit_cases(module, space)
+    assert {"batch_size": 4, "out_channels": 17, "bias_shape[0]": 17, "bias_shape[1]": 1} in found.cases
+    assert "bias_shape[1]" in found.never_above or any(c["bias_shape[1]"] > 1 for c in found.cases)

@@ -194,3 +194,42 @@ def test_a_syntax_error_shows_the_offending_line_without_loader_frames(tmp_path,
     assert message.startswith(f"{file}:") and "SyntaxError" in message.splitlines()[0]
     assert f"    {line}" in message.splitlines() and "^" in message
     assert "frozen" not in message and "importlib" not in message and info.value.file == file
+
+
+# -- non-persistent buffers ----------------------------------------------------------------------
+
+class _WithOffset(torch.nn.Module):
+    def __init__(self, features: int = 4, name: str = "offset"):
+        super().__init__()
+        self.register_buffer(name, torch.randn(features), persistent=False)
+        self.inner = torch.nn.Module()
+        self.inner.register_buffer("scale", torch.randn(features), persistent=False)
+
+
+def test_non_persistent_buffers_are_copied_like_the_state_dict():
+    from pytest_cudaopt.workdir import copy_non_persistent_buffers
+
+    model, model_new = _WithOffset(), _WithOffset()
+    assert not torch.equal(model.offset, model_new.offset)
+    copy_non_persistent_buffers(model, model_new)
+    assert torch.equal(model.offset, model_new.offset)
+    assert torch.equal(model.inner.scale, model_new.inner.scale)
+
+
+def test_a_non_persistent_buffer_missing_from_modelnew_is_named():
+    from pytest_cudaopt.workdir import copy_non_persistent_buffers
+
+    with pytest.raises(WorkdirError, match="non-persistent buffer 'offset'.*ModelNew has no buffer"):
+        copy_non_persistent_buffers(_WithOffset(), _WithOffset(name="other"))
+    with pytest.raises(WorkdirError, match="'offset': .*shape \\(4,\\), ModelNew \\(5,\\)"):
+        copy_non_persistent_buffers(_WithOffset(4), _WithOffset(5))
+
+
+def test_zero_tolerances_are_accepted_settings():
+    from pytest_cudaopt import settings
+
+    assert settings.resolve("atol", cli="0") == 0.0
+    assert settings.resolve("rtol", env={"CUDAOPT_RTOL": "0"}) == 0.0
+    with pytest.raises(settings.SettingError):
+        settings.resolve("atol", cli="-1")
+    assert settings.resolve("max_rel_error") == 1e-2

@@ -12,6 +12,18 @@ from pytest_cudaopt.policy.rules import LOCK_NAME, Violation
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 PROTECTED_TEMPLATES = ("binding.cpp", "binding_registry.h")
 LOCK_COMMAND = "cudaopt init --lock-only {workdir}"
+ADOPT_COMMAND = "cudaopt adopt {workdir}"
+# The published agent-workdir versions of the fixed files (sha256). A workdir that carries
+# them is judged as it is: they are valid fixed files, never to be overwritten.
+UPSTREAM_SHA256 = {
+    "binding.cpp": "43da662b9aedb537a4cb2f04c57d92aeddbe018a9b5f7374ae28ec9bba0b3b62",
+    "binding_registry.h": "a829ca7d5de03049c439f30aa01f7f631c06418c31855cf19a67f23d69349e0f",
+    "utils/__init__.py": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+    "utils/compile.py": "4bc806d8021fb430caebcffab3e32d5edc2b13abc8655544faa696fc7d699734",
+    "utils/compile.sh": "0707712752799cacc79930d3e5256994c13f511ea355e5346490d67e164af3d0",
+    "utils/profiling.py": "5e6fdd564262a296bb51a6e5fe86e16c216717a43d453c4cc6104e55000a577b",
+    "utils/verification.py": "c47e6b0810766c49e2c68e10374aed2a54224f31fc8a399158c079f4b9e8312f",
+}
 
 
 # --------------------------------------------------------------------------- lock file (PF002, PF003)
@@ -97,28 +109,48 @@ def write_lock(workdir: Path) -> Path:
     return lock
 
 
+def fixed_file_origin(workdir: Path, name: str) -> str:
+    """"shipped" (the copy in pytest_cudaopt/templates), "upstream" (the published
+    agent-workdir version), "modified" or "missing"."""
+    path = Path(workdir) / name
+    if not path.is_file():
+        return "missing"
+    master = TEMPLATES / name
+    if master.is_file() and path.read_bytes() == master.read_bytes():
+        return "shipped"
+    if UPSTREAM_SHA256.get(name) == _sha256(path):
+        return "upstream"
+    return "modified"
+
+
 def check_protected(workdir: Path) -> list[Violation]:
-    """PF001-PF003: the fixed binding files match the shipped copies; model.py, conftest.py,
-    peers.py, utils/ and the cudaopt settings of pyproject.toml/pytest.ini match the lock."""
+    """PF001-PF003: the fixed binding files are the shipped or the published agent-workdir
+    versions; model.py, conftest.py, peers.py, utils/ and the cudaopt settings of
+    pyproject.toml/pytest.ini match the lock."""
     found = []
     for name in PROTECTED_TEMPLATES:
         path, master = workdir / name, TEMPLATES / name
-        if not path.is_file():
+        origin = fixed_file_origin(workdir, name)
+        if origin == "missing":
             found.append(Violation(name, 1, "PF001", f"{name} is missing; copy it from {master}"))
             continue
-        mine, theirs = path.read_bytes(), master.read_bytes()
-        if mine != theirs:
+        if origin == "modified":
+            mine, theirs = path.read_bytes(), master.read_bytes()
             line = next((i for i, (a, b) in enumerate(
                 zip(mine.splitlines(), theirs.splitlines()), 1) if a != b),
                 min(len(mine.splitlines()), len(theirs.splitlines())) + 1)
             found.append(Violation(name, line, "PF001",
-                                   f"{name} differs from the copy shipped in pytest_cudaopt (first difference "
-                                   f"at line {line}); restore it: cp {master} {name}"))
+                                   f"{name} is neither the copy shipped in pytest_cudaopt (first difference "
+                                   f"at line {line}) nor the published agent-workdir version; restore it "
+                                   f"from version control, or from {master} if the workdir uses the shipped files"))
     lock_path = workdir / LOCK_NAME
     hint = f"record the current files with `{LOCK_COMMAND.format(workdir=workdir)}`"
     if not lock_path.is_file():
+        adopt = ADOPT_COMMAND.format(workdir=workdir)
         return found + [Violation(LOCK_NAME, 1, "PF002",
-                                  f"no lock file: model.py and utils/ cannot be proven unchanged; {hint}")]
+                                  f"no lock file: model.py and utils/ cannot be proven unchanged; record them "
+                                  f"with `{adopt}` (a workdir not made by `cudaopt init`) or `"
+                                  f"{LOCK_COMMAND.format(workdir=workdir)}`")]
     try:
         document = json.loads(lock_path.read_text(encoding="utf-8"))
         recorded = document["files"]
@@ -136,7 +168,7 @@ def check_protected(workdir: Path) -> list[Violation]:
             found.append(Violation(name, 1, "PF003", f"{name} was added after the workdir was locked"))
         elif not path.is_file():
             found.append(Violation(LOCK_NAME, 1, "PF003", f"{name} was recorded in {LOCK_NAME} but is missing"))
-        elif _sha256(path) != recorded[name]:
+        elif _sha256(path) != recorded[name] and UPSTREAM_SHA256.get(name) != _sha256(path):
             found.append(Violation(name, 1, "PF003", f"{name} changed since it was recorded in {LOCK_NAME} "
                                                      f"(sha256 differs); restore it from version control"))
     settings = {key: hashlib.sha256(text.encode()).hexdigest() for key, text in locked_settings(workdir).items()}

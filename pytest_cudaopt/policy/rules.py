@@ -43,9 +43,9 @@ RULES: dict[str, str] = {
     "CV001": "when model.py uses a convolution (nn.Conv*/ConvTranspose*, F.conv*) and kernels/ has "
              "sources, they include cudnn.h and call cudnnConvolutionForward / "
              "cudnnConvolutionBackwardData",
-    "PF001": "binding.cpp and binding_registry.h are byte-identical to the copies shipped in "
-             "pytest_cudaopt",
-    "PF002": f"the workdir has a valid lock file `{LOCK_NAME}` (written by `cudaopt init`)",
+    "PF001": "binding.cpp and binding_registry.h are the copies shipped in pytest_cudaopt or the "
+             "published agent-workdir versions",
+    "PF002": f"the workdir has a valid lock file `{LOCK_NAME}` (written by `cudaopt init` or `cudaopt adopt`)",
     "PF003": f"model.py, conftest.py, peers.py, utils/ and the cudaopt settings of pyproject.toml/pytest.ini "
              f"are identical to what `{LOCK_NAME}` recorded",
     "KD001": "kernels/ holds no intermediate versions (`*_v2*`, `*_old*`, `*_test*`, `*_backup*`, "

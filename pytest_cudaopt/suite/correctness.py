@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from pytest_cudaopt import compare, guards, shapes
+from pytest_cudaopt import compare, guards, memory, shapes
 from pytest_cudaopt.workdir import Workdir, WorkdirError
 
 
@@ -28,8 +28,9 @@ class CaseFailed(Exception):
     """A case that a guard or the comparison failed; `report` is the whole message."""
 
     def __init__(self, check: str, report: str, case: str = "", inputs: str = "",
-                 comparison: compare.Comparison | None = None):
+                 comparison: compare.Comparison | None = None, precision: compare.Precision | None = None):
         super().__init__(report)
+        self.precision = precision
         self.check = check
         self.report = report
         self.case = case
@@ -41,6 +42,8 @@ class CaseFailed(Exception):
         result.shapes = self.inputs
         if self.comparison is not None and self.comparison.leaves:
             result.max_abs, result.max_rel = self.comparison.max_abs, self.comparison.max_rel
+        if self.precision is not None:
+            result.precision = self.precision
 
 
 def _session_of(config: pytest.Config):
@@ -74,6 +77,12 @@ class _Stats:
     dims: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     dtypes: dict[int, str] = field(default_factory=dict)
     names: list[str] | None = None
+    constants: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (min, max) judged
+
+    def add_constants(self, constants: dict[str, int]) -> None:
+        for name, value in constants.items():
+            lo, hi = self.constants.get(name, (value, value))
+            self.constants[name] = (min(lo, value), max(hi, value))
 
     def add(self, outcome: guards.CaseOutcome, inputs: list) -> None:
         self.cases += 1
@@ -83,6 +92,8 @@ class _Stats:
         if self.worst is None or compare.worst_tier([self.worst.tier, p.tier]) != self.worst.tier \
                 or (p.tier == self.worst.tier and p.candidate_error > self.worst.candidate_error):
             self.worst = p
+        if p.vacuous and self.worst is not None:
+            self.worst.vacuous = True
         for i, x in enumerate(inputs):
             if not isinstance(x, torch.Tensor):
                 continue
@@ -136,7 +147,7 @@ class TestCorrectness:
         replay = f"pytest {shlex.quote(request.node.nodeid)} --cudaopt-seed={cudaopt_session.seed}"
         result = compare.CorrectnessResult(workdir=str(loaded.path), test=request.node.nodeid,
                                            case=f"canonical seed{seed_index}", passed=False, seed=seed)
-        started = time.perf_counter()
+        started = _start(settings)
         failed: CaseFailed | None = None
         abort: _Abort | None = None
         try:
@@ -165,7 +176,8 @@ class TestCorrectness:
 
         settings = cudaopt_settings
         try:
-            space = shapes.shape_space(loaded.reference, settings.max_elements)
+            space = shapes.shape_space(loaded.reference, settings.max_elements,
+                                       _free_bytes(settings.device))
         except shapes.ShapeError as exc:
             space, failure = None, str(exc)
         if space is None:
@@ -176,13 +188,20 @@ class TestCorrectness:
         result = compare.CorrectnessResult(workdir=str(loaded.path), test=nodeid, case="drawn shapes",
                                            passed=False)
         stats = _Stats()
-        started = time.perf_counter()
+        started = _start(settings)
 
         def replay(constants: dict[str, int]) -> str:
             return (f"pytest {shlex.quote(nodeid)} --cudaopt-seed={cudaopt_session.seed} "
                     f"--cudaopt-case={shlex.quote(shapes.format_case(constants))}")
 
+        explicit = shapes.explicit_cases(loaded.reference, space) if settings.case is None else shapes.Explicit()
+        seen: set[tuple] = {tuple(sorted(space.defaults.items()))}  # the canonical case has its own items
+
         def one(constants: dict[str, int]) -> None:
+            key = tuple(sorted({**space.defaults, **constants}.items()))
+            if key in seen and settings.case is None:
+                hypothesis.reject()  # judged already: draw another
+            seen.add(key)
             if space.meta_usable:
                 check = shapes.check_on_meta(loaded.reference, constants)
                 if not check.valid:
@@ -208,29 +227,32 @@ class TestCorrectness:
                 hypothesis.reject()
             stats.names = names
             stats.add(outcome, inputs)
+            stats.add_constants(constants)
 
         failure, check, failed, abort = "", "", None, None
         try:
             if settings.case is not None:
                 one(shapes.parse_case(settings.case))
             else:
+                for constants in explicit.cases:  # past the canonical and the smallest, first
+                    one(constants)
+
                 @shapes.hypothesis_settings(settings.profile, settings.max_examples)
                 @hypothesis.given(space.strategy)
                 def drawn_shape(constants: dict[str, int]) -> None:
                     one(constants)
 
-                run = drawn_shape
-                if settings.profile != "ci":
-                    run = hypothesis.seed(cudaopt_session.seed)(run)
-                run()
+                # Drawn from the session's secret seed: no workdir can know its shapes in advance.
+                hypothesis.seed(cudaopt_session.seed)(drawn_shape)()
         except _Abort as exc:
             abort = exc
         except shapes.ShapeError as exc:
             failure, check = str(exc), "shape declaration"
         except hypothesis.errors.Unsatisfiable:
-            failure, check = (f"no drawn shape was valid ({stats.rejected} rejected; last: {stats.last_rejection}); "
-                              f"the shapes were {space.source}. Declare the valid ones in model.py with "
-                              f"{shapes.DECLARATION} (see the README)"), "no valid shape"
+            if not stats.cases:  # with explicit cases run, too few shapes is reported below
+                failure, check = (f"no drawn shape was valid ({stats.rejected} rejected; last: "
+                                  f"{stats.last_rejection}); the shapes were {space.source}. Declare the valid "
+                                  f"ones in model.py with {shapes.DECLARATION} (see the README)"), "no valid shape"
         except hypothesis.errors.UnsatisfiedAssumption:  # --cudaopt-case named an invalid shape
             failure, check = (f"--cudaopt-case={settings.case} is not a valid shape for model.py: "
                               f"{stats.last_rejection}"), "invalid --cudaopt-case"
@@ -250,10 +272,27 @@ class TestCorrectness:
                 failed.fill(result)
             _finish(cudaopt_session, result, started, check, failure)
             pytest.fail(failure, pytrace=False)
+        notes = []
+        if stats.constants:
+            notes.append("constants " + ", ".join(f"{k} {lo}..{hi}" for k, (lo, hi) in stats.constants.items()))
+        if space.cap_note:
+            notes.append(space.cap_note)
+        if explicit.never_above:
+            notes.append(f"no valid value above its default within cudaopt_max_elements {space.max_elements}: "
+                         + ", ".join(explicit.never_above))
+        if (settings.case is None and not space.declared and space.meta_usable
+                and stats.cases < shapes.HANDFUL):
+            few = (f"only {stats.cases} distinct valid shapes besides the canonical one could be found "
+                   f"({stats.rejected} rejected; last: {stats.last_rejection or '-'}); the shapes were "
+                   f"{space.source}. Declare the valid ones in model.py with {shapes.DECLARATION} "
+                   f"(see the README) so that more sizes are judged")
+            result.cases, result.shapes = stats.cases, "; ".join([stats.shapes(), *notes])
+            _finish(cudaopt_session, result, started, "few shapes", few)
+            pytest.fail(few, pytrace=False)
         result.passed = True
         result.case = f"drawn shapes ({stats.cases} cases)"
         result.cases = stats.cases
-        result.shapes = stats.shapes()
+        result.shapes = "; ".join([stats.shapes(), *notes])
         result.max_abs, result.max_rel = stats.max_abs, stats.max_rel
         result.precision = stats.worst
         _finish(cudaopt_session, result, started)
@@ -269,8 +308,26 @@ def _case_failed(exc: BaseException) -> CaseFailed | None:
     return None
 
 
+def _free_bytes(device: str) -> int | None:
+    try:
+        return memory.free_bytes(device)
+    except Exception:  # noqa: BLE001 - no usable device: nothing to plan (the item reports it)
+        return None
+
+
+def _start(settings) -> float:
+    """The item's start: its time, and torch's peak-memory counter reset."""
+    device = torch.device(settings.device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats(device)
+    return time.perf_counter()
+
+
 def _finish(session, result: compare.CorrectnessResult, started: float, check: str = "",
             message: str = "") -> None:
+    device = torch.device(session.settings.device)
+    if device.type == "cuda" and torch.cuda.is_available() and session.fault is None:
+        result.peak_bytes = torch.cuda.max_memory_allocated(device)
     result.seconds = time.perf_counter() - started
     if check:
         result.passed, result.check, result.message = False, check, message
@@ -301,6 +358,7 @@ def _run(workdir: Workdir, settings, session, constants: dict[str, int], seed: i
     case_text = f"{label}; inputs "
     names: list[str] | None = None
     guards.set_case(label)
+    _check_memory(workdir, settings, constants, label, replay)
     with shapes.applied(workdir.reference, constants):
         try:
             model, model_new = workdir.make_models(device, seed=guards.derive_seed(seed, "weights"))
@@ -314,6 +372,7 @@ def _run(workdir: Workdir, settings, session, constants: dict[str, int], seed: i
         trial = guards.Trial(
             model=model, model_new=model_new, model64=guards.float64_copy(model), workdir=workdir.path,
             extension=workdir.extension, device=device, atol=settings.atol, rtol=settings.rtol,
+            max_rel_error=settings.max_rel_error,
             nondeterministic=workdir.nondeterministic or settings.nondeterministic,
             extra_allowed=_extra_allowed(settings), history=_history(workdir), input_names=names)
         footer = f"\ncase: {case_text}" + (f"\nreplay: {replay}" if replay else "")
@@ -322,7 +381,8 @@ def _run(workdir: Workdir, settings, session, constants: dict[str, int], seed: i
         try:
             outcome = guards.run_case(trial, inputs)
         except guards.GuardFailure as exc:
-            raise CaseFailed(exc.check, f"{exc.message}{footer}", short, described, exc.comparison) from None
+            raise CaseFailed(exc.check, f"{exc.message}{footer}", short, described, exc.comparison,
+                             exc.precision) from None
         except guards.CudaFault as exc:
             raise _Abort(exc, case_text, replay) from None
         except guards.CandidateError as exc:
@@ -334,6 +394,27 @@ def _run(workdir: Workdir, settings, session, constants: dict[str, int], seed: i
             raise CaseFailed("reference raised", f"{workdir.model_file.name}: {exc}{footer}",
                              short, described) from None
     return outcome, inputs, names
+
+
+def _check_memory(workdir: Workdir, settings, constants: dict[str, int], label: str, replay: str) -> None:
+    """Fail the case at once, saying how much it needs and what is free, when its inputs
+    and outputs (measured on the meta device) cannot fit in free device memory."""
+    free = _free_bytes(settings.device)
+    if free is None:
+        return
+    check = shapes.check_on_meta(workdir.reference, constants)
+    if not check.valid:
+        return
+    lower = ("lower --cudaopt-max-elements (cudaopt_max_elements) to draw smaller shapes" if constants else
+             f"the canonical sizes are {workdir.model_file.name}'s constants: free device memory or run on a "
+             f"device with more")
+    try:
+        memory.check_fits(f"{label} (inputs {memory.gib(check.input_bytes)}, outputs "
+                          f"{memory.gib(check.output_bytes)})",
+                          memory.case_need(check.input_bytes, check.output_bytes), free, lower)
+    except memory.DoesNotFit as exc:
+        raise CaseFailed("memory", str(exc) + (f"\nreplay: {replay}" if replay else ""),
+                         shapes.format_case(constants) or "canonical") from None
 
 
 def _history(workdir: Workdir) -> guards.OutputHistory:

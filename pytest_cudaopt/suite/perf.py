@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_cudaopt import baselines, report, timing, trace
+from pytest_cudaopt import baselines, memory, report, timing, trace
 
 # pytest-benchmark rounds of the custom path (bounded: the engine's medians are the verdict).
 BENCHMARK_ROUNDS = (5, 200)
@@ -53,9 +53,9 @@ def _tier(model: torch.nn.Module, candidate: Any, inputs: list,
 def _is_fault(exc: BaseException | None) -> bool:
     if exc is None:
         return False
-    from pytest_cudaopt.guards import is_cuda_fault
+    from pytest_cudaopt.guards import context_lost
 
-    return is_cuda_fault(exc)
+    return context_lost(exc)
 
 
 def _target_model(target: Any, model: torch.nn.Module, device: torch.device, seed: int) -> Any:
@@ -80,11 +80,21 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
     (the custom model and the input sets). `target` is the loaded baseline workdir (the
     target branch), or the error that loading it raised."""
     device = torch.device(settings.device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     model, model_new = workdir.make_models(device, seed=_derive_seed(seed, "perf", "weights"))
-    input_sets = [workdir.inputs(_derive_seed(seed, "perf", "inputs", i), device)
-                  for i in range(settings.input_sets)]
+    input_sets = [workdir.inputs(_derive_seed(seed, "perf", "inputs", 0), device)]
     with baselines.fp32_strict():
-        expected = [model(*timing.clone_inputs(s)) for s in input_sets]
+        expected = [model(*timing.clone_inputs(input_sets[0]))]
+    # As many input sets as fit (at least 2): each set is held once here and once per
+    # contender by the timing loop, with its expected output.
+    set_bytes = memory.nbytes(input_sets[0]) + memory.nbytes(expected[0])
+    count, sets_note = memory.input_sets_that_fit(settings.input_sets, set_bytes, memory.free_bytes(device),
+                                                  copies=1 + 4)
+    for i in range(1, count):
+        input_sets.append(workdir.inputs(_derive_seed(seed, "perf", "inputs", i), device))
+        with baselines.fp32_strict():
+            expected.append(model(*timing.clone_inputs(input_sets[-1])))
     tier, note = _tier(model, model_new, input_sets[0])
     precision_matched = baselines.below_fp32(tier) or settings.gate == "precision-matched"
     lineup = baselines.lineup(
@@ -119,7 +129,8 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
     gate = report.gate_verdict(medians, failures, gate=settings.gate, min_speedup=settings.min_speedup)
     result = report.PerfResult(
         workdir=str(workdir.path), test=test, gate=gate, measurement=measurement,
-        labels={c.key: c.label for c in lineup.contenders}, tiers=tiers, precision_note=note,
+        labels={c.key: c.label for c in lineup.contenders}, tiers=tiers,
+        precision_note=f"{note}; {sets_note}" if sets_note else note,
         compile_seconds=lineup.compile_seconds, errors=lineup.errors,
         environment=report.environment(), traces=traces)
     result.regression = report.regression_verdict(medians, margin=settings.regression_margin)
@@ -127,6 +138,8 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
         result.failure = (f"slower than the target branch's ModelNew by "
                           f"{(result.regression['ratio'] - 1) * 100:.1f}% (margin "
                           f"{settings.regression_margin * 100:g}%)")
+    if device.type == "cuda":
+        result.peak_bytes = torch.cuda.max_memory_allocated(device)
     return result, {"model_new": model_new, "input_sets": input_sets, "device": device}
 
 

@@ -33,3 +33,20 @@ class TestPolicy:
             pytest.skip(f"{rule} is disabled by [tool.cudaopt] in {cudaopt_workdir_path / 'pyproject.toml'}")
         if lines:
             pytest.fail(f"{rule}: {policy.RULES[rule]}\n" + "\n".join(lines), pytrace=False)
+
+    def test_extension_functions(self, cudaopt_workdir_path: Path, cudaopt_session) -> None:
+        """EX001: every cuda_extension function that model_new.py calls is defined by the built
+        module. Uses the session's build or the last one on disk; compiles nothing."""
+        from pytest_cudaopt import build
+        from pytest_cudaopt.policy.extension_names import RULE, RULE_TEXT, check_extension_names
+
+        module = cudaopt_session.loaded_extension(cudaopt_workdir_path)
+        if module is None:
+            module = build.existing_extension(cudaopt_workdir_path, settings=cudaopt_session.settings)
+        if module is None:
+            pytest.skip(f"{RULE} needs the built extension: run `cudaopt build {cudaopt_workdir_path}` "
+                        "or the correctness items first")
+        found = check_extension_names(cudaopt_workdir_path, module)
+        if found:
+            pytest.fail(f"{RULE}: {RULE_TEXT}\n" + "\n".join(
+                policy.format_violation(v, cudaopt_workdir_path) for v in found), pytrace=False)

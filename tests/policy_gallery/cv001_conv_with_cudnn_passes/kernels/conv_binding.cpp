@@ -16,5 +16,9 @@ void conv_forward(torch::Tensor x, torch::Tensor weight, torch::Tensor y, int64_
   TORCH_CHECK(status == 0, "conv: cuDNN status ", status);
 }
 
-REGISTER_BINDING(conv, conv_forward, "conv(x, weight, y, handle): 1-D convolution (float32)",
-                 pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("y"), pybind11::arg("handle"));
+void register_conv(pybind11::module& m) {
+  m.def("conv", &conv_forward, "conv(x, weight, y, handle): 1-D convolution (float32)",
+        pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("y"), pybind11::arg("handle"));
+}
+
+REGISTER_BINDING(conv, register_conv);

@@ -21,5 +21,9 @@ void linear_forward(torch::Tensor x, torch::Tensor weight, torch::Tensor y, int6
   TORCH_CHECK(status == 0, "linear: cuBLAS status ", status);
 }
 
-REGISTER_BINDING(linear, linear_forward, "linear(x, weight, y, rows): y = x weight^T",
-                 pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("y"), pybind11::arg("rows"));
+void register_linear(pybind11::module& m) {
+  m.def("linear", &linear_forward, "linear(x, weight, y, rows): y = x weight^T",
+        pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("y"), pybind11::arg("rows"));
+}
+
+REGISTER_BINDING(linear, register_linear);

@@ -24,5 +24,9 @@ torch::Tensor gelu_forward(torch::Tensor y, c10::optional<torch::Tensor> bias, d
   return y;
 }
 
-REGISTER_BINDING(gelu, gelu_forward, "gelu(y, bias, scale) -> y: tanh GELU of y + bias in place (float32)",
-                 pybind11::arg("y"), pybind11::arg("bias"), pybind11::arg("scale"));
+void register_gelu(pybind11::module& m) {
+  m.def("gelu", &gelu_forward, "gelu(y, bias, scale) -> y: tanh GELU of y + bias in place (float32)",
+        pybind11::arg("y"), pybind11::arg("bias"), pybind11::arg("scale"));
+}
+
+REGISTER_BINDING(gelu, register_gelu);

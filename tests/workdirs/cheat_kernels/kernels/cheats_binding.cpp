@@ -84,12 +84,16 @@ at::Tensor scale_fault(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 }  // namespace
 
 #define CHEAT_ARGS pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias")
-REGISTER_BINDING(scale, scale, "scale(x, weight, bias) -> y = x * weight + bias (correct)", CHEAT_ARGS);
-REGISTER_BINDING(scale_no_tail, scale_no_tail, "correct only when x.numel() % 8 == 0", CHEAT_ARGS);
-REGISTER_BINDING(scale_skip_last, scale_skip_last, "never writes the last element of y", CHEAT_ARGS);
-REGISTER_BINDING(scale_flaky, scale_flaky, "every second call differs from the first by one ulp", CHEAT_ARGS);
-REGISTER_BINDING(scale_bf16, scale_bf16, "y rounded to bfloat16", CHEAT_ARGS);
-REGISTER_BINDING(scale_in_place, scale_in_place, "writes y into x and returns x", CHEAT_ARGS);
-REGISTER_BINDING(scale_scratch_input, scale_scratch_input, "fresh y, but x overwritten", CHEAT_ARGS);
-REGISTER_BINDING(scale_aten, scale_aten, "y computed by at::mul and at::add", CHEAT_ARGS);
-REGISTER_BINDING(scale_fault, scale_fault, "raises a (simulated) CUDA error", CHEAT_ARGS);
+void register_cheats(pybind11::module& m) {
+  m.def("scale", &scale, "scale(x, weight, bias) -> y = x * weight + bias (correct)", CHEAT_ARGS);
+  m.def("scale_no_tail", &scale_no_tail, "correct only when x.numel() % 8 == 0", CHEAT_ARGS);
+  m.def("scale_skip_last", &scale_skip_last, "never writes the last element of y", CHEAT_ARGS);
+  m.def("scale_flaky", &scale_flaky, "every second call differs from the first by one ulp", CHEAT_ARGS);
+  m.def("scale_bf16", &scale_bf16, "y rounded to bfloat16", CHEAT_ARGS);
+  m.def("scale_in_place", &scale_in_place, "writes y into x and returns x", CHEAT_ARGS);
+  m.def("scale_scratch_input", &scale_scratch_input, "fresh y, but x overwritten", CHEAT_ARGS);
+  m.def("scale_aten", &scale_aten, "y computed by at::mul and at::add", CHEAT_ARGS);
+  m.def("scale_fault", &scale_fault, "raises a (simulated) CUDA error", CHEAT_ARGS);
+}
+
+REGISTER_BINDING(cheats, register_cheats);

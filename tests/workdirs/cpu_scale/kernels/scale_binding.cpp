@@ -37,7 +37,11 @@ at::Tensor scale_forward(const at::Tensor& x, const at::Tensor& weight, const at
 
 }  // namespace
 
-REGISTER_BINDING(scale, scale_forward,
-                 "scale(x, weight, bias, config=0) -> y: y = x * weight + bias for x of shape "
-                 "(batch, features) and weight, bias of shape (features,); all float32, contiguous, CPU.",
-                 pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias"), pybind11::arg("config") = 0);
+void register_scale(pybind11::module& m) {
+  m.def("scale", &scale_forward,
+        "scale(x, weight, bias, config=0) -> y: y = x * weight + bias for x of shape "
+        "(batch, features) and weight, bias of shape (features,); all float32, contiguous, CPU.",
+        pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias"), pybind11::arg("config") = 0);
+}
+
+REGISTER_BINDING(scale, register_scale);

@@ -41,9 +41,13 @@ at::Tensor cheat_scale(const at::Tensor& x, const at::Tensor& weight, const at::
 
 }  // namespace
 
-REGISTER_BINDING(scale, cheat_scale,
-                 "scale(x, weight, bias, config=0) -> y = x * weight + bias for x (batch, features), float32, "
-                 "contiguous, CUDA. config 0 is correct; 1 leaves each row's last element unwritten, 2 writes "
-                 "out of bounds, 3 differs by one ulp every second call, 4 runs on an unjoined side stream, "
-                 "5 runs on an unjoined side stream without the busy work.",
-                 pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias"), pybind11::arg("config") = 0);
+void register_scale(pybind11::module& m) {
+  m.def("scale", &cheat_scale,
+        "scale(x, weight, bias, config=0) -> y = x * weight + bias for x (batch, features), float32, "
+        "contiguous, CUDA. config 0 is correct; 1 leaves each row's last element unwritten, 2 writes "
+        "out of bounds, 3 differs by one ulp every second call, 4 runs on an unjoined side stream, "
+        "5 runs on an unjoined side stream without the busy work.",
+        pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias"), pybind11::arg("config") = 0);
+}
+
+REGISTER_BINDING(scale, register_scale);

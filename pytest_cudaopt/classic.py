@@ -1,0 +1,124 @@
+"""The classic command lines `python -m utils.verification` / `utils.profiling`: their flags and output lines, over the plugin's verdicts."""
+
+# Scripts and agents written for the published agent-workdir parse these lines:
+#   [PASS] check 1/5 ... / [FAIL] check 2/5 ...    one line per correctness case
+#   [PASS] verify success / [FAIL] verify failed ...
+#   Torch Baseline: <t>us, Torch Compile: <t>us, CUDA Extension: <t>us
+# The verdicts themselves come from pytest (the same items as `pytest -m correctness|perf`);
+# the lines are read back from its JSON report, so they are the table's own numbers.
+# `--single-run a,b` runs the named contenders once each on the canonical inputs, untimed and
+# unguarded, for a profiler in front (`ncu ... python -m utils.profiling --single-run cuda_extension`).
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+CONTENDERS = {"torch_baseline": "eager", "torch_compile": "compile", "cuda_extension": "custom"}
+LABELS = {"eager": "Torch Baseline", "compile": "Torch Compile", "custom": "CUDA Extension"}
+
+
+def _parser(command: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m utils.{command}", add_help=True,
+                                description="Classic flags; anything else goes to pytest "
+                                            "(e.g. --cudaopt-profile=thorough).")
+    p.add_argument("--iters", type=int, default=10,
+                   help="profiling: timed runs per contender at least (the engine keeps going until "
+                        "its medians are precise); verification: ignored. Default: 10")
+    p.add_argument("--single-run", default=None, metavar="NAMES",
+                   help="comma-separated from torch_baseline,torch_compile,cuda_extension: run each once "
+                        "on the canonical inputs, no timing and no guards (for ncu/nsys)")
+    return p
+
+
+def parse_contenders(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in CONTENDERS]
+    if bad or not names:
+        raise SystemExit(f"--single-run: unknown contender {', '.join(bad) or '(none)'}; "
+                         f"choose from {','.join(CONTENDERS)}")
+    return names
+
+
+def verification_lines(doc: dict[str, Any]) -> list[str]:
+    """`[PASS] check i/n: ...` per correctness case, then `[PASS] verify success` or `[FAIL] ...`."""
+    cases = [r["data"] for r in doc.get("results", []) if r.get("kind") == "correctness"]
+    lines = []
+    for i, case in enumerate(cases, 1):
+        tag = "PASS" if case.get("passed") else "FAIL"
+        why = "" if case.get("passed") else f" ({case.get('check') or 'mismatch'})"
+        what = " ".join(filter(None, (case.get("case"), case.get("inputs"))))
+        lines.append(f"[{tag}] check {i}/{len(cases)}: {what}{why}")
+    failed = sum(not c.get("passed") for c in cases)
+    if not cases:
+        lines.append("[FAIL] verify failed: no correctness case ran (see pytest's output above)")
+    elif failed:
+        lines.append(f"[FAIL] verify failed: {failed} of {len(cases)} checks failed")
+    else:
+        lines.append("[PASS] verify success")
+    return lines
+
+
+def _us(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e6:.2f}us"
+
+
+def profiling_lines(doc: dict[str, Any]) -> list[str]:
+    """One `Torch Baseline: ..us, Torch Compile: ..us, CUDA Extension: ..us` line per perf
+    result, from the medians of its table."""
+    lines = []
+    for rec in doc.get("results", []):
+        if rec.get("kind") != "perf":
+            continue
+        timing = (rec["data"].get("timing") or {}).get("contenders", [])
+        medians = {c["key"]: c.get("median_s") for c in timing}
+        lines.append(", ".join(f"{LABELS[k]}: {_us(medians.get(k))}" for k in ("eager", "compile", "custom")))
+    return lines or ["Torch Baseline: n/a, Torch Compile: n/a, CUDA Extension: n/a (no perf result)"]
+
+
+def single_run(workdir: Path, names: Sequence[str]) -> int:
+    """Run each named contender once on get_inputs() (seed 0), on CUDA when there is one."""
+    import torch
+
+    from pytest_cudaopt import baselines, build, workdir as wd
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    work = wd.load_workdir(workdir, build.build_extension(workdir))
+    model, model_new = work.make_models(device)
+    inputs = work.inputs(0, device)
+    with torch.no_grad():
+        for name in names:
+            key = CONTENDERS[name]
+            if key == "compile":
+                run, _ = baselines.compile_model(model, inputs, device)
+            else:
+                run = model if key == "eager" else model_new
+            run(*inputs)
+            baselines.synchronize(device)
+            print(f"single run: {name} done on {device}")
+    return 0
+
+
+def main(command: str, workdir: Path, argv: Sequence[str]) -> int:
+    """`command` is "verification" or "profiling"."""
+    args, rest = _parser(command).parse_known_args(list(argv))
+    if args.single_run is not None:
+        return single_run(workdir, parse_contenders(args.single_run))
+    from pytest_cudaopt.cli import main as cli_main
+
+    extra = list(rest)
+    if command == "profiling" and "--iters" in argv:
+        extra.append(f"--cudaopt-min-runs={max(1, args.iters)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        code = cli_main(["verify" if command == "verification" else "profile", str(workdir),
+                         f"--cudaopt-report={report}", *extra])
+        doc = json.loads(report.read_text(encoding="utf-8")) if report.is_file() else {}
+    lines = verification_lines(doc) if command == "verification" else profiling_lines(doc)
+    print("\n".join(lines))
+    sys.stdout.flush()
+    return code

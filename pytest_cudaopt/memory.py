@@ -1,0 +1,140 @@
+"""Device memory in proportion to the problem: what a case may use, what fits, and a clear failure when nothing does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+GiB = 1 << 30
+FACTOR = 4            # a case may use this many times its inputs + outputs ...
+OVERHEAD = 2 * GiB    # ... plus this (the CUDA context, workspaces, the extension)
+MIN_INPUT_SETS = 2    # the perf item rotates at least this many input sets
+
+
+class DoesNotFit(Exception):
+    """A problem needs more device memory than is free; the message says how much, and the
+    setting that lowers it."""
+
+
+def gib(n: int | float) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+def nbytes(value: Any) -> int:
+    """Bytes of every tensor of a nest of tuples, lists and dicts."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return sum(nbytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(nbytes(v) for v in value.values())
+    return 0
+
+
+def case_budget(input_bytes: int, output_bytes: int) -> int:
+    """The most device memory judging one case may take: FACTOR x (inputs + outputs) + OVERHEAD."""
+    return FACTOR * (input_bytes + output_bytes) + OVERHEAD
+
+
+def free_bytes(device: torch.device | str) -> int | None:
+    """Free memory on `device` as the process can use it: the driver's free memory plus
+    what torch's caching allocator holds unused. None off CUDA (no limit is checked)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info(device)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return free + max(cached, 0)
+
+
+def allocated(device: torch.device | str | None) -> int:
+    """Bytes torch has allocated on `device` now (0 off CUDA)."""
+    if device is None or torch.device(device).type != "cuda":
+        return 0
+    return torch.cuda.memory_allocated(device)
+
+
+@dataclass
+class Peak:
+    """torch's max allocated device memory over a stretch of work (None off CUDA)."""
+
+    device: torch.device
+
+    def __enter__(self) -> "Peak":
+        self.bytes: int | None = None
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.device.type == "cuda":
+            self.bytes = torch.cuda.max_memory_allocated(self.device)
+
+
+def check_fits(what: str, need: int, free: int | None, lower: str) -> None:
+    """Raise DoesNotFit when `need` bytes exceed `free` (None: not checked)."""
+    if free is not None and need > free:
+        raise DoesNotFit(f"{what} needs about {gib(need)} of device memory, only {gib(free)} is free; "
+                         f"{lower}")
+
+
+def case_need(input_bytes: int, output_bytes: int) -> int:
+    """What one correctness case holds at its peak: the inputs, their pristine copy and the
+    candidate's copy, the candidate's and the reference's outputs (the float64 run is
+    optional and planned separately), plus OVERHEAD."""
+    return 3 * input_bytes + 2 * output_bytes + OVERHEAD
+
+
+def float64_need(input_bytes: int, output_bytes: int) -> int:
+    """A float64 run of the reference: its inputs and outputs at twice the float32 size."""
+    return 2 * (input_bytes + output_bytes)
+
+
+def float64_fits(input_bytes: int, output_bytes: int, held: int, free: int | None) -> bool:
+    """Whether a float64 run of the reference fits in free memory and, with the `held` bytes
+    the case has allocated already, inside the case's budget (FACTOR x (inputs + outputs) +
+    OVERHEAD). Where it does not, the precision is judged against the float32 reference."""
+    need = float64_need(input_bytes, output_bytes)
+    if free is not None and need > free:
+        return False
+    return held + need <= case_budget(input_bytes, output_bytes)
+
+
+def cap_max_elements(max_elements: int | None, canonical_elements: int, canonical_bytes: int,
+                     free: int | None) -> tuple[int | None, str]:
+    """The drawn-shape size cap (total input elements), shrunk to what `free` device memory
+    allows for one case; (cap, note) where note says when it shrank. Bytes per element
+    (inputs and outputs) are taken from the canonical case."""
+    if free is None or max_elements is None or canonical_elements <= 0:
+        return max_elements, ""
+    per_element = canonical_bytes / canonical_elements
+    fits = int((free - OVERHEAD) / (FACTOR * per_element)) if free > OVERHEAD else 0
+    if fits >= max_elements:
+        return max_elements, ""
+    cap = max(fits, 1)
+    return cap, (f"drawn shapes capped at {cap} input elements (not {max_elements}): "
+                 f"{gib(free)} of device memory free")
+
+
+def input_sets_that_fit(requested: int, set_bytes: int, free: int | None, copies: int = 1,
+                        reserve: int = OVERHEAD) -> tuple[int, str]:
+    """How many input sets the perf item can rotate: `requested`, or fewer (at least
+    MIN_INPUT_SETS) when `copies` copies of each set of `set_bytes` bytes would not fit in
+    `free` minus `reserve`. Returns (count, note)."""
+    if free is None or set_bytes <= 0:
+        return requested, ""
+    fit = max(int((free - reserve) // (copies * set_bytes)), 0)
+    if fit >= requested:
+        return requested, ""
+    count = max(fit, MIN_INPUT_SETS)
+    return count, (f"{count} input sets rotated instead of {requested}: {gib(free)} of device memory free "
+                   f"for {copies} copies of {gib(set_bytes)} each")
+
+
+def meta_sizes(make: Callable[[], tuple[Any, Any]]) -> tuple[int, int]:
+    """(input bytes, output bytes) of a case from `make()` -> (inputs, outputs) run on the
+    meta device (no memory, no compute)."""
+    inputs, outputs = make()
+    return nbytes(inputs), nbytes(outputs)

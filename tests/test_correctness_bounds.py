@@ -1,0 +1,195 @@
+"""The correctness verdict on outputs allclose cannot judge: fills of tiny outputs, integer outputs, buffers, canonical-only candidates."""
+
+import textwrap
+
+import pytest
+
+from conftest import run_pytest
+
+SOFTMAX = """
+import torch
+import torch.nn as nn
+
+batch_size = 16
+dim = 4096
+CUDAOPT_SHAPES = {}
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.softmax(x, dim=1)
+
+
+def get_inputs():
+    return [torch.rand(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+FILL = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return {fill}
+"""
+
+
+def _workdir(make_workdir, tmp_path, model: str, model_new: str):
+    root = make_workdir("cpu_scale", tmp_path / "wd")
+    (root / "model.py").write_text(textwrap.dedent(model))
+    (root / "model_new.py").write_text(textwrap.dedent(model_new))
+    return root
+
+
+@pytest.mark.parametrize("fill", ["torch.full_like(x, 1.0 / x.shape[1])", "torch.zeros_like(x)"])
+def test_a_fill_of_tiny_outputs_fails_as_wrong_even_with_no_drawn_shapes(pytester, make_workdir, fill):
+    root = _workdir(make_workdir, pytester.path, SOFTMAX, FILL.format(fill=fill))
+    result = run_pytest(pytester, str(root / "model_new.py"), "-m", "correctness",
+                        "--cudaopt-device=cpu", "--cudaopt-seeds=1", "-rs")
+    text = result.stdout.str()
+    result.assert_outcomes(failed=1, skipped=1)
+    assert "FAIL (wrong)" in text
+    assert "relative L2 error vs the float64 reference" in text
+    assert "atol 0.01 >= max|expected|" in text
+
+
+INT_MODEL = """
+import torch
+import torch.nn as nn
+
+n = 64
+CUDAOPT_SHAPES = {}
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("offset", torch.randint(0, 100, (n,)), persistent=False)
+
+    def forward(self, x):
+        return x * 3 + self.offset
+
+
+def get_inputs():
+    return [torch.randint(1000, 2000, (n,))]
+
+
+def get_init_inputs():
+    return []
+"""
+
+INT_NEW = """
+import torch
+import torch.nn as nn
+
+import cuda_extension
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("offset", torch.randint(0, 100, (64,)), persistent=False)
+
+    def forward(self, x):
+        return {body}
+"""
+
+
+@pytest.mark.parametrize("body, passed", [("torch.addcmul(self.offset, x, torch.full_like(x, 3))", True),
+                                          ("torch.addcmul(self.offset + 1, x, torch.full_like(x, 3))", False)])
+def test_integer_outputs_are_exact_and_buffers_start_equal(pytester, make_workdir, body, passed):
+    root = _workdir(make_workdir, pytester.path, INT_MODEL, INT_NEW.format(body=body))
+    result = run_pytest(pytester, str(root / "model_new.py"), "-m", "correctness", "--cudaopt-device=cpu",
+                        "--cudaopt-seeds=1", "--cudaopt-allow-ops=aten::addcmul,aten::add", "-rs")
+    text = result.stdout.str()
+    if passed:
+        result.assert_outcomes(passed=1, skipped=1)
+        assert " exact " in text or "exact |" in text or "exact\n" in text
+    else:
+        result.assert_outcomes(failed=1, skipped=1)
+        assert "exact equality (integer/bool output)" in text
+
+
+CANONICAL_ONLY = """
+import torch
+import torch.nn as nn
+
+import cuda_extension
+
+
+class ModelNew(nn.Module):
+    # Like a kernel launched on a fixed grid sized for the canonical (16, 64) input: the
+    # rows and features past it are never written.
+    def __init__(self, features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(features))
+        self.bias = nn.Parameter(torch.randn(features))
+
+    def forward(self, x):
+        if x.shape[0] > 16 or x.shape[1] > 64:
+            return torch.zeros_like(x)
+        return cuda_extension.scale(x, self.weight, self.bias)
+"""
+
+
+def test_a_candidate_correct_only_up_to_the_canonical_size_fails_in_ci_with_every_seed(pytester, make_workdir):
+    root = make_workdir("cpu_scale", pytester.path / "wd")
+    (root / "model_new.py").write_text(CANONICAL_ONLY)
+    for seed in (1, 2, 3):
+        result = run_pytest(pytester, str(root / "model_new.py"), "-m", "correctness", "--cudaopt-device=cpu",
+                            "--cudaopt-seeds=1", f"--cudaopt-seed={seed}", "--cudaopt-profile=ci",
+                            "--cudaopt-max-examples=1")
+        text = result.stdout.str()
+        result.assert_outcomes(passed=1, failed=1)
+        assert "test_drawn_shapes FAILED" in text or "FAILED" in text
+        assert "batch_size=17" in text or "features=65" in text, text[-3000:]
+
+
+FEW_MODEL = """
+import torch
+import torch.nn as nn
+
+n = 64
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        if x.shape[0] not in (1, 64, 65):
+            raise ValueError("only 1, 64 or 65 rows")
+        return x * 0
+
+
+def get_inputs():
+    return [torch.randn(n, 8)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+FEW_NEW = FILL.format(fill="torch.zeros_like(x)")
+
+
+def test_an_item_with_fewer_than_a_handful_of_valid_shapes_says_so(pytester, make_workdir):
+    root = _workdir(make_workdir, pytester.path, FEW_MODEL, FEW_NEW)
+    result = run_pytest(pytester, str(root / "model_new.py"), "-m", "correctness", "--cudaopt-device=cpu",
+                        "--cudaopt-seeds=1", "--cudaopt-max-examples=10")
+    text = result.stdout.str()
+    result.assert_outcomes(passed=1, failed=1)
+    assert "FAIL (few shapes)" in text
+    assert "only 2 distinct valid shapes besides the canonical one" in text
+    assert "CUDAOPT_SHAPES" in text

@@ -1,0 +1,64 @@
+"""memory.py with made-up sizes: the case budget, the shrinking size cap, input sets that fit, the failure that says what to do."""
+
+import pytest
+import torch
+
+from pytest_cudaopt import memory
+
+GiB = memory.GiB
+SOFTMAX_IN = 4096 * 393216 * 4  # KernelBench level1/23_Softmax: a 6 GiB float32 input
+
+
+def test_the_case_budget_is_four_times_inputs_and_outputs_plus_two_gib():
+    assert memory.case_budget(SOFTMAX_IN, SOFTMAX_IN) == 4 * 12 * GiB + 2 * GiB  # 50 GiB, the published harness' ~50 GB
+    # what a case holds at its peak stays within that budget
+    assert memory.case_need(SOFTMAX_IN, SOFTMAX_IN) <= memory.case_budget(SOFTMAX_IN, SOFTMAX_IN)
+
+
+def test_a_problem_that_cannot_fit_fails_with_need_free_and_the_setting():
+    with pytest.raises(memory.DoesNotFit, match=r"needs about 32\.00 GiB .* only 20\.00 GiB is free; "
+                                                r"lower --cudaopt-max-elements"):
+        memory.check_fits("case x", memory.case_need(SOFTMAX_IN, SOFTMAX_IN), 20 * GiB,
+                          "lower --cudaopt-max-elements")
+    memory.check_fits("case x", memory.case_need(SOFTMAX_IN, SOFTMAX_IN), 40 * GiB, "-")
+    memory.check_fits("case x", 10 ** 15, None, "-")  # off CUDA nothing is checked
+
+
+def test_the_size_cap_shrinks_to_free_memory_and_says_so():
+    elements = 4096 * 393216
+    cap, note = memory.cap_max_elements(2 * elements, elements, 2 * SOFTMAX_IN, free=80 * GiB)
+    # one element costs 8 bytes (input + output); a case may use 4x that, plus 2 GiB
+    assert cap == int((80 * GiB - 2 * GiB) / 32)
+    assert cap < 2 * elements and "capped at" in note and "80.00 GiB" in note
+    assert memory.cap_max_elements(4096, 1024, 8192, free=80 * GiB) == (4096, "")
+    assert memory.cap_max_elements(4096, 1024, 8192, free=None) == (4096, "")
+
+
+def test_input_sets_are_as_many_as_fit_but_at_least_two():
+    assert memory.input_sets_that_fit(4, GiB, 100 * GiB, copies=4) == (4, "")
+    count, note = memory.input_sets_that_fit(4, 6 * GiB, 80 * GiB, copies=4)
+    assert count == 3 and "3 input sets rotated instead of 4" in note
+    assert memory.input_sets_that_fit(4, 6 * GiB, 20 * GiB, copies=4)[0] == memory.MIN_INPUT_SETS
+    assert memory.input_sets_that_fit(4, 6 * GiB, None, copies=4) == (4, "")
+
+
+def test_the_float64_run_is_planned_only_where_it_fits():
+    assert memory.float64_fits(GiB, GiB, 0, 10 * GiB)
+    assert not memory.float64_fits(6 * GiB, 6 * GiB, 0, 20 * GiB)   # needs 24 GiB
+    assert memory.float64_fits(6 * GiB, 6 * GiB, 0, None)
+
+
+def test_the_float64_run_stays_inside_the_case_budget():
+    # 6 GiB in, 6 GiB out: budget 4 x 12 + 2 = 50 GiB; the float64 run needs 24 GiB.
+    assert memory.float64_fits(6 * GiB, 6 * GiB, 26 * GiB, 100 * GiB)
+    assert not memory.float64_fits(6 * GiB, 6 * GiB, 27 * GiB, 100 * GiB)
+    assert memory.allocated("cpu") == 0
+
+
+def test_nbytes_counts_every_tensor_of_a_nest():
+    nest = (torch.zeros(3, dtype=torch.float32), [torch.zeros(2, dtype=torch.int64)], {"a": torch.zeros(1, dtype=torch.float16)}, 5)
+    assert memory.nbytes(nest) == 12 + 16 + 2
+
+
+def test_free_bytes_is_none_off_cuda():
+    assert memory.free_bytes("cpu") is None
