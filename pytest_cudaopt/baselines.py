@@ -3,60 +3,46 @@
 from __future__ import annotations
 
 import importlib.util
-import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import torch
 
 from pytest_cudaopt import timing
+from pytest_cudaopt.contenders import (  # noqa: F401  (keys of the lineup, used as baselines.X)
+    COMPILE, CUSTOM, EAGER, FP32, PEER_PREFIX, PRECISION_MATCHED, TARGET, TIERS, below_fp32,
+)
 
 PEERS_FILE = "peers.py"
-# Contender keys; tables and the gate refer to contenders by these.
-EAGER, COMPILE, CUSTOM, PRECISION_MATCHED = "eager", "compile", "custom", "precision-matched"
-# The target branch's ModelNew (--cudaopt-baseline-workdir), timed for the regression check.
-TARGET = "target"
-PEER_PREFIX = "peer:"
-# Measured precision tiers (pytest_cudaopt.compare.precision_tier), best first.
-TIERS = ("fp32", "tf32-like", "half-like")
 
 
 class PeerError(Exception):
     """peers.py cannot be loaded or one of its peers cannot be built (message names which)."""
 
 
-def below_fp32(tier: str | None) -> bool:
-    """True for a measured tier less precise than fp32 ("unknown" is not)."""
-    return tier in TIERS[1:]
-
-
 @contextmanager
-def tf32_allowed() -> Iterator[None]:
-    """TF32 for float32 matmuls (cuBLAS) and convolutions (cuDNN) inside the block only."""
+def tf32(allowed: bool) -> Iterator[None]:
+    """TF32 for float32 matmuls (cuBLAS) and convolutions (cuDNN) on or off inside the block
+    only, whatever the process-wide flags say."""
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
     saved = (matmul.allow_tf32, cudnn.allow_tf32)
-    matmul.allow_tf32 = True
-    cudnn.allow_tf32 = True
+    matmul.allow_tf32 = cudnn.allow_tf32 = allowed
     try:
         yield
     finally:
         matmul.allow_tf32, cudnn.allow_tf32 = saved
 
 
-@contextmanager
-def fp32_strict() -> Iterator[None]:
-    """TF32 off for matmuls and convolutions: the fp32 baselines are compiled and timed so,
-    whatever the process-wide flags say."""
-    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
-    saved = (matmul.allow_tf32, cudnn.allow_tf32)
-    matmul.allow_tf32 = False
-    cudnn.allow_tf32 = False
-    try:
-        yield
-    finally:
-        matmul.allow_tf32, cudnn.allow_tf32 = saved
+def tf32_allowed() -> ContextManager[None]:
+    """TF32 on: the precision-matched baseline is compiled and timed so."""
+    return tf32(True)
+
+
+def fp32_strict() -> ContextManager[None]:
+    """TF32 off: the fp32 baselines are compiled and timed so."""
+    return tf32(False)
 
 
 def synchronize(device: Any) -> None:
@@ -66,8 +52,9 @@ def synchronize(device: Any) -> None:
 
 def fresh_caller(model: Callable[..., Any], name: str) -> Callable[..., Any]:
     """A new function `name(*args) -> model(*args)` with a code object of its own. Dynamo
-    caches compiled graphs per code object and does not guard on the TF32 flags, so each
-    compiled baseline gets its own function: the TF32 one cannot reuse the fp32 graph."""
+    caches compiled graphs per code object, each entry guarded on the global state (the
+    TF32 flags included); a function of its own per compiled baseline gives each baseline
+    its own cache, so timing one never runs the other's guards or recompiles it."""
     namespace: dict[str, Any] = {"model": model}
     code = compile(f"def {name}(*args):\n    return model(*args)\n", f"<cudaopt {name}>", "exec")
     exec(code, namespace)
@@ -95,21 +82,12 @@ def compile_model(model: Callable[..., Any], example_inputs: Sequence[Any], devi
 def _import_file(path: Path, module_name: str, aliases: dict[str, Any]) -> Any:
     """Import `path` as `module_name`, with the workdir on sys.path and `aliases` (e.g.
     `model` -> the already loaded reference module) visible to its imports."""
+    from pytest_cudaopt.workdir import _temporary_modules
+
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
-    saved_path = list(sys.path)
-    saved_modules = {name: sys.modules.get(name) for name in aliases}
-    sys.path.insert(0, str(path.parent))
-    sys.modules.update(aliases)
-    try:
+    with _temporary_modules(aliases, path.parent):
         spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = saved_path
-        for name, previous in saved_modules.items():
-            if previous is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = previous
     return module
 
 

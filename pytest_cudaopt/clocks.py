@@ -12,7 +12,8 @@ import torch.profiler
 from pytest_cudaopt.stats import median
 
 # What measures a contender is bound here, when this module is first imported (the plugin's
-# pytest_configure imports it, before any workdir code runs), so that model_new.py cannot replace it (torch.cuda.synchronize = noop).
+# bind_timing() imports it before any workdir code runs), so that model_new.py cannot replace
+# it (torch.cuda.synchronize = noop).
 # `tampered()` reports any of the public names that were replaced after this point.
 _perf_counter = time.perf_counter
 _Event = torch.cuda.Event

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import importlib
 import os
 from pathlib import Path
@@ -10,15 +11,14 @@ from pathlib import Path
 import pytest
 
 from pytest_cudaopt import settings as _settings
-# Imported first so that the timing functions are bound before any workdir code runs.
-from pytest_cudaopt import timing as _timing  # noqa: F401
-from pytest_cudaopt import trace as _trace  # noqa: F401
 from pytest_cudaopt.session import CudaoptSession, device_summary, pin_worker_to_gpu, workdirs_in
 
 SESSION_KEY = pytest.StashKey[CudaoptSession]()
 # CUDAOPT_SELF_TEST as it was when the plugin loaded, before any conftest.py could set it.
 _SELF_TEST_AT_LOAD = os.environ.get("CUDAOPT_SELF_TEST", "")
 SUITE_MODULE = "pytest_cudaopt.suite.items"
+# Importing these binds the timing functions (clocks.py) that `timing.tampered()` checks.
+TIMING_MODULES = ("pytest_cudaopt.timing", "pytest_cudaopt.trace")
 MARKERS = {
     "correctness": "the custom path computes the same function as model.py (generated per workdir)",
     "perf": "the custom path is faster than torch.compile (generated per workdir)",
@@ -52,6 +52,8 @@ def pytest_configure(config: pytest.Config) -> None:
     seed = getattr(config, "workerinput", {}).get("cudaopt_seed")
     config.stash[SESSION_KEY] = CudaoptSession(resolved, rootpath=config.rootpath, seed=seed)
     config.stash[SESSION_KEY].workdir_paths = workdirs_in(config.args, config.invocation_params.dir, config.rootpath)
+    if config.stash[SESSION_KEY].workdir_paths:
+        bind_timing()
     config.stash[SESSION_KEY].emit = _terminal_lines(config)
     if hasattr(config, "workerinput"):
         pin_worker_to_gpu(config.workerinput["workerid"])
@@ -62,6 +64,16 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(_BenchmarkHooks(), "cudaopt-benchmark")
     else:
         config.pluginmanager.register(_NoBenchmark(), "cudaopt-no-benchmark")
+
+
+def bind_timing() -> None:
+    """Import the timing engine, which binds time.perf_counter, torch.cuda.synchronize, ...
+    as they are now. Called before any workdir code runs: in pytest_configure when the
+    command line names a workdir, else when collection finds the first one (a workdir's
+    model_new.py is imported only when its items run). Not at the plugin's import, so that
+    loading the plugin imports no torch."""
+    for name in TIMING_MODULES:
+        importlib.import_module(name)
 
 
 def _terminal_lines(config: pytest.Config):
@@ -112,15 +124,27 @@ def _is_workdir_file(file_path: Path) -> bool:
     return file_path.name == "model_new.py" and (file_path.parent / "model.py").is_file()
 
 
+def _matches_python_files(path: Path, patterns: list[str]) -> bool:
+    """Whether pytest's python plugin collects `path` (the `python_files` ini patterns): a
+    pattern without a slash matches the file name, one with a slash the end of the path."""
+    for pattern in patterns:
+        if "/" not in pattern and os.sep not in pattern:
+            matched = fnmatch.fnmatch(path.name, pattern)
+        else:
+            full = pattern if os.path.isabs(pattern) else f"*{os.sep}{pattern}"
+            matched = fnmatch.fnmatch(str(path), full)
+        if matched:
+            return True
+    return False
+
+
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):
     """A `model_new.py` next to a `model.py` is a workdir: collect the verdict suite for it.
     Where pytest's python plugin collects the file itself (a path named on the command
     line, or one matching python_files), it asks pytest_pycollect_makemodule below."""
-    from _pytest.python import path_matches_patterns
-
     if _is_workdir_file(file_path) and not (
             parent.session.isinitpath(file_path)
-            or path_matches_patterns(file_path, parent.config.getini("python_files"))):
+            or _matches_python_files(file_path, parent.config.getini("python_files"))):
         return WorkdirModule.from_parent(parent, path=file_path)
     return None
 
@@ -136,12 +160,16 @@ class WorkdirModule(pytest.Module):
     """The suite in `pytest_cudaopt.suite.items`, collected once for each workdir under
     the workdir's `model_new.py` (node ids like `model_new.py::TestCorrectness::...`)."""
 
+    @classmethod
+    def from_parent(cls, parent: pytest.Collector, **kwargs) -> "WorkdirModule":
+        bind_timing()  # before the suite, and the workdir's code, is imported
+        module = super().from_parent(parent, **kwargs)
+        module.obj = importlib.import_module(SUITE_MODULE)  # instead of importing model_new.py
+        return module
+
     @property
     def workdir_path(self) -> Path:
         return self.path.parent
-
-    def _getobj(self):
-        return importlib.import_module(SUITE_MODULE)
 
 
 def _workdir_node(item: pytest.Item) -> WorkdirModule | None:

@@ -11,12 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from pytest_cudaopt.contenders import COMPILE, CUSTOM, EAGER, PEER_PREFIX, PRECISION_MATCHED, TARGET
 from pytest_cudaopt.timing import Measurement, format_seconds
 
 SCHEMA = "cudaopt-report/1"
 KIND_ORDER = ("correctness", "perf", "policy")
-# Contender keys (as in baselines.py; repeated here so that rendering needs no torch).
-EAGER, COMPILE, CUSTOM, PRECISION_MATCHED = "eager", "compile", "custom", "precision-matched"
 GATES = {"compile": COMPILE, "precision-matched": PRECISION_MATCHED}
 PERF_COLUMNS = ("contender", "device time", "latency", "kernel sum", "IQR", "n", "vs eager", "vs compile",
                 "vs compile+TF32", "precision", "verdict")  # the gate's clock is marked "(gate)"
@@ -138,7 +137,7 @@ def regression_verdict(medians: Mapping[str, float], *, margin: float) -> dict[s
     """The candidate against the target branch's ModelNew timed in the same run: passes iff
     `median(custom) <= median(target) * (1 + margin)`. {} when either was not timed (a
     missing baseline never fails a run)."""
-    custom, target = _finite(medians.get(CUSTOM)), _finite(medians.get("target"))
+    custom, target = _finite(medians.get(CUSTOM)), _finite(medians.get(TARGET))
     if custom is None or target is None:
         return {}
     ratio = custom / target
@@ -268,9 +267,9 @@ class PerfResult:
             return "gate baseline"
         if key == EAGER:
             return "reference"
-        if key.startswith("peer:"):
+        if key.startswith(PEER_PREFIX):
             return "not gated"
-        if key == "target":
+        if key == TARGET:
             return "regression baseline"
         return "baseline"
 
@@ -388,7 +387,7 @@ class PerfResult:
             if custom and key in medians:
                 info[f"speedup_vs_{name}"] = medians[key] / custom
         for key in medians:
-            if key.startswith("peer:") and custom:
+            if key.startswith(PEER_PREFIX) and custom:
                 info[f"speedup_vs_peer_{key[5:]}"] = medians[key] / custom
         result = self.measurement.results.get(CUSTOM) if self.measurement is not None else None
         if result is not None and result.samples:
@@ -453,7 +452,7 @@ def record(result: Any) -> dict[str, Any]:
         notes = getattr(result, "notes", None)
         rec["notes"] = list(notes()) if callable(notes) else []
     # Plain types only: records cross from pytest-xdist workers through execnet.
-    return json.loads(json.dumps(rec, default=_json_default))
+    return json.loads(_dumps(rec))
 
 
 class RecordedResult:
@@ -571,8 +570,8 @@ def write_json(path: str | Path, results: Sequence[Any], *, seed: int | None = N
                running: str | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(document(results, seed=seed, settings=settings, relaxations=relaxations,
-                               running=running), indent=2, default=_json_default)
+    text = _dumps(document(results, seed=seed, settings=settings, relaxations=relaxations,
+                           running=running), indent=2)
     # Written aside and renamed: a process killed mid-write leaves the previous report whole.
     partial = path.with_name(path.name + ".tmp")
     partial.write_text(text + "\n")
@@ -580,12 +579,24 @@ def write_json(path: str | Path, results: Sequence[Any], *, seed: int | None = N
     return path
 
 
+def _dumps(value: Any, **kwargs: Any) -> str:
+    """Strict JSON: a NaN or infinite float (a median of no samples, a ratio of zeros)
+    becomes null, a Path its text, anything else not JSON its repr."""
+    return json.dumps(_nan_to_none(value), allow_nan=False, default=_json_default, **kwargs)
+
+
+def _nan_to_none(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _nan_to_none(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_nan_to_none(item) for item in value]
+    return value
+
+
 def _json_default(value: Any) -> Any:
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-        return None
-    if isinstance(value, Path):
-        return str(value)
-    return repr(value)
+    return str(value) if isinstance(value, Path) else repr(value)
 
 
 def render_file(path: str | Path, fmt: str = "table") -> str:

@@ -115,6 +115,10 @@ class CudaoptSession:
         when a conftest.py overrides the plugin's definition, unless `self_test` is set."""
         import pytest
 
+        # The definition in force for this item. pytest has no public lookup of it: the public
+        # pytest_fixture_setup hook sees a FixtureDef only when it is set up, not when a
+        # conftest's broader-scoped override comes from the cache, so the item's private
+        # fixture info is read here (stable since pytest 3).
         defs = request._pyfuncitem._fixtureinfo.name2fixturedefs.get(name, ())
         active = defs[-1] if defs else None
         module = getattr(getattr(active, "func", None), "__module__", "pytest_cudaopt.plugin")

@@ -132,3 +132,33 @@ def test_each_xdist_worker_is_pinned_to_its_own_gpu(monkeypatch, worker, devices
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
     assert pin_worker_to_gpu(worker) == expected
     assert chosen == ([] if expected is None else [expected])
+
+
+def test_importing_the_plugin_imports_no_torch(subprocess_env):
+    import subprocess
+    import sys
+
+    probe = "import sys, pytest_cudaopt.plugin; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    done = subprocess.run([sys.executable, "-c", probe], env=subprocess_env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("python_files", [None, "model_new.py", "wd/model_new.py"])
+def test_a_workdir_found_by_collection_is_collected_once_whatever_python_files_says(
+        pytester, run_pytest, copy_workdir, python_files):
+    copy_workdir("cpu_scale", pytester.path / "wd")
+    if python_files:
+        pytester.makeini(f"[pytest]\npython_files = test_*.py {python_files}\n")
+    result = run_pytest(pytester, "--collect-only", "-q", "--cudaopt-device=cpu")
+    ids = [line for line in result.outlines if line.startswith("wd/model_new.py::")]
+    assert ids and len(ids) == len(set(ids)), result.stdout.str()
+    assert "wd/model_new.py::TestPerf::test_speedup" in ids
+
+
+def test_python_files_patterns_match_the_name_or_the_end_of_the_path(tmp_path):
+    from pytest_cudaopt.plugin import _matches_python_files
+
+    path = tmp_path / "wd" / "model_new.py"
+    assert _matches_python_files(path, ["test_*.py", "model_*.py"])
+    assert _matches_python_files(path, ["wd/model_new.py"])
+    assert not _matches_python_files(path, ["test_*.py", "other/model_new.py"])

@@ -9,7 +9,7 @@ import torch
 from pytest_cudaopt import report, timing
 from pytest_cudaopt.trace import Kernel, Trace
 from pytest_cudaopt.cli import main as cli_main
-from pytest_cudaopt.report import GateVerdict, PerfResult, gate_verdict
+from pytest_cudaopt.report import PerfResult, gate_verdict
 from pytest_cudaopt.timing import Config, Contender, FakeClock, measure
 
 MS = 1e-3
@@ -240,17 +240,38 @@ def test_machine_info_records_the_gpu_and_versions():
     assert "cuda" in info
 
 
-def test_gate_verdict_to_json_is_plain_data():
-    data = GateVerdict(False, "compile", 1.0, None, 1.05, "not timed").to_json()
-    assert data == {"passed": False, "baseline": "compile", "custom_median_s": 1.0, "baseline_median_s": None,
-                    "min_speedup": 1.05, "speedup": None, "limit_s": None, "reason": "not timed"}
+@dataclass
+class _Untimed:
+    """A result whose figures are NaN and infinite, as a median of no samples is."""
+
+    kind = "perf"
+    passed = False
+
+    def row(self):
+        return {"workdir": "/w/untimed"}
+
+    def to_json(self):
+        return {"median_s": float("nan"), "ratios": [float("inf"), 1.5], "gate": {"speedup": float("-inf")}}
+
+
+def test_the_json_report_round_trips_the_gates_numbers_and_writes_null_for_nan(tmp_path):
+    result = perf_result(custom=1.0 * MS, compile_=2.0 * MS, min_speedup=1.25)
+    path = report.write_json(tmp_path / "r.json", [result, _Untimed()])
+    strict = json.loads(path.read_text(), parse_constant=lambda name: pytest.fail(f"{name} in the JSON report"))
+    perf, untimed = strict["results"]
+    gate = perf["data"]["gate"]
+    assert gate["passed"] is True and gate["baseline"] == "compile"
+    assert (gate["custom_median_s"], gate["baseline_median_s"]) == (pytest.approx(1.0 * MS), pytest.approx(2.0 * MS))
+    assert (gate["speedup"], gate["min_speedup"]) == (pytest.approx(2.0), 1.25)
+    assert gate["limit_s"] == pytest.approx(2.0 * MS / 1.25)
+    assert untimed["data"] == {"median_s": None, "ratios": [None, 1.5], "gate": {"speedup": None}}
+    assert report.record(_Untimed())["data"]["median_s"] is None  # what crosses from pytest-xdist workers
 
 
 def test_timing_summary_in_the_notes_names_the_stop_rule():
     notes = perf_result().notes()
     assert any(n.startswith("timing: fake, 10 interleaved rounds") and "relative standard error <= 0.005" in n
                for n in notes)
-    assert timing.format_seconds(perf_result().medians()["custom"]) == "1.00 ms"
 
 
 # -- the three figures and the kernel trace ---------------------------------------------------

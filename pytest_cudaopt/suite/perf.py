@@ -104,7 +104,7 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
         reference_module=workdir.reference, init_inputs=workdir.init_inputs(),
         target=_target_model(target, model, device, _derive_seed(seed, "perf", "weights")))
     # Eager Model is the float32 reference; every other contender's tier is measured.
-    tiers = {baselines.EAGER: "fp32", baselines.CUSTOM: tier}
+    tiers = {baselines.EAGER: baselines.FP32, baselines.CUSTOM: tier}
     for contender in lineup.contenders:
         if contender.key not in tiers:
             tiers[contender.key] = _tier(model, contender.fn, input_sets[0], contender.scope)[0]
