@@ -82,11 +82,11 @@ def compile_model(model: Callable[..., Any], example_inputs: Sequence[Any], devi
 def _import_file(path: Path, module_name: str, aliases: dict[str, Any]) -> Any:
     """Import `path` as `module_name`, with the workdir on sys.path and `aliases` (e.g.
     `model` -> the already loaded reference module) visible to its imports."""
-    from pytest_cudaopt.workdir import _temporary_modules
+    from pytest_cudaopt.workdir import temporary_modules
 
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
-    with _temporary_modules(aliases, path.parent):
+    with temporary_modules(aliases, path.parent):
         spec.loader.exec_module(module)
     return module
 

@@ -8,12 +8,13 @@ from typing import Any, Iterator
 
 import torch
 
-# Precision tiers, named from the candidate's relative L2 error against a float64 run of the
-# reference (see `precision_tier`). Float32 rounding leaves ~1e-7..1e-6; a 10-bit mantissa
-# (TF32 tensor cores, fp16 storage) ~3e-4..6e-4; an 8-bit one (bf16) ~2e-3..4e-3.
-FP32, TF32_LIKE, HALF_LIKE, UNKNOWN = "fp32", "tf32-like", "half-like", "unknown"
-# Integer/bool outputs compared bit for bit; a float output whose relative L2 error against
-# float64 exceeds cudaopt_max_rel_error (whatever the element-wise tolerance said).
+from pytest_cudaopt.contenders import FP32, HALF_LIKE, TF32_LIKE, UNKNOWN  # noqa: F401 (UNKNOWN: compare.UNKNOWN)
+
+# Precision tiers (names in contenders.py), from the candidate's relative L2 error against a
+# float64 run of the reference (see `precision_tier`). Float32 rounding leaves ~1e-7..1e-6; a
+# 10-bit mantissa (TF32 tensor cores, fp16 storage) ~3e-4..6e-4; an 8-bit one (bf16) ~2e-3..4e-3.
+# EXACT: integer/bool outputs compared bit for bit; WRONG: a float output whose relative L2 error
+# against float64 exceeds cudaopt_max_rel_error (whatever the element-wise tolerance said).
 EXACT, WRONG = "exact", "wrong"
 FP32_FACTOR = 10.0     # within 10x the float32 reference's own error ...
 FP32_FLOOR = 1e-5      # ... or below this, whichever is larger: fp32

@@ -67,7 +67,7 @@ def _short(path: Path, roots: list[Path]) -> str:
 
 
 @contextlib.contextmanager
-def _temporary_modules(replacements: dict[str, types.ModuleType | None], path: Path) -> Iterator[None]:
+def temporary_modules(replacements: dict[str, types.ModuleType | None], path: Path) -> Iterator[None]:
     """sys.modules entries (and the workdir first on sys.path) for the duration of an import."""
     saved = {name: sys.modules.get(name) for name in replacements}
     saved_path = list(sys.path)
@@ -293,13 +293,13 @@ def load_workdir(path: Path, extension: Any) -> Workdir:
     package = types.ModuleType(prefix, f"cudaopt workdir {path}")
     package.__path__ = []  # a namespace for the two modules; nothing is imported through it
     sys.modules[prefix] = package
-    with _temporary_modules({"cuda_extension": None, "model": None}, path):
+    with temporary_modules({"cuda_extension": None, "model": None}, path):
         reference = _import_file(f"{prefix}.model", path / "model.py", path)
     for required in ("Model", "get_inputs", "get_init_inputs"):
         if not hasattr(reference, required):
             raise WorkdirError(f"{path / 'model.py'} defines no {required} (KernelBench format: "
                                f"class Model, get_inputs(), get_init_inputs())")
-    with _temporary_modules({"cuda_extension": extension, "model": reference}, path):
+    with temporary_modules({"cuda_extension": extension, "model": reference}, path):
         candidate = _import_file(f"{prefix}.model_new", path / "model_new.py", path)
     if not hasattr(candidate, "ModelNew"):
         raise WorkdirError(f"{path / 'model_new.py'} defines no class ModelNew")
