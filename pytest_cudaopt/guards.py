@@ -6,7 +6,6 @@ import contextlib
 import copy
 import hashlib
 import math
-import os
 import sys
 import time
 import warnings
@@ -284,8 +283,11 @@ def _poison_cuda_cache(device: torch.device) -> None:
     """Fill every inactive caching-allocator block with 0xFF bytes (NaN in every floating
     dtype): a block at a time, each request the block's exact size, all held until the
     last is filled so that none is handed out twice."""
+    from pytest_cudaopt import memory
+
     index = device.index if device.index is not None else torch.cuda.current_device()
     held = []
+    memory.exclude_from_peak(device)  # the blocks are the cache's already, not the case's working set
     try:
         for size in poison_plan(torch.cuda.memory_snapshot(), index):
             block = torch.empty(size, dtype=torch.uint8, device=device)
@@ -295,6 +297,7 @@ def _poison_cuda_cache(device: torch.device) -> None:
         pass
     finally:
         del held
+        memory.resume_peak(device)
 
 
 # -- the op audit -------------------------------------------------------------------------------

@@ -56,9 +56,32 @@ def allocated(device: torch.device | str | None) -> int:
     return torch.cuda.memory_allocated(device)
 
 
+# The highest max-allocated figure seen before a reset that was not the item's own (the NaN
+# poisoning of the cache allocates every cached block for a moment; that is not the case's
+# working set, so it resets the peak and the figure before it is kept here).
+_carried_peak: dict[int, int] = {}
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def exclude_from_peak(device: torch.device) -> None:
+    """Keep the peak so far, then reset torch's peak statistics: what runs until the next
+    call (the cache poisoning) does not count in `Peak`."""
+    index = _index(device)
+    _carried_peak[index] = max(_carried_peak.get(index, 0), torch.cuda.max_memory_allocated(device))
+
+
+def resume_peak(device: torch.device) -> None:
+    """After `exclude_from_peak` and the work it leaves out: start counting again."""
+    torch.cuda.reset_peak_memory_stats(device)
+
+
 @dataclass
 class Peak:
-    """torch's max allocated device memory over a stretch of work (None off CUDA)."""
+    """torch's max allocated device memory over a stretch of work (None off CUDA), without
+    the moments `exclude_from_peak` left out."""
 
     device: torch.device
 
@@ -66,11 +89,13 @@ class Peak:
         self.bytes: int | None = None
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+            _carried_peak.pop(_index(self.device), None)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self.device.type == "cuda":
-            self.bytes = torch.cuda.max_memory_allocated(self.device)
+            carried = _carried_peak.pop(_index(self.device), 0)
+            self.bytes = max(carried, torch.cuda.max_memory_allocated(self.device))
 
 
 def check_fits(what: str, need: int, free: int | None, lower: str) -> None:
