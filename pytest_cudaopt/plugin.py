@@ -231,7 +231,7 @@ def pytest_runtest_call(item: pytest.Item):
     CUDA fault they raise is kept so that later items report it instead of failing in its wake."""
     if not _judged(item):
         return (yield)
-    from pytest_cudaopt import guards, watchdog
+    from pytest_cudaopt import faults, watchdog
 
     session = _session(item.config)
     node = _workdir_node(item)
@@ -252,7 +252,7 @@ def pytest_runtest_call(item: pytest.Item):
     except watchdog.HangTimeout:
         hung = True
     except BaseException as exc:
-        if session.fault is None and guards.context_lost(exc):
+        if session.fault is None and faults.context_lost(exc):
             session.fault = (item.nodeid, str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
         raise
     if hung:  # outside the except block: the failure alone, no exception chain

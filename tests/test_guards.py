@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import subprocess_env
-from pytest_cudaopt import guards, watchdog
+from pytest_cudaopt import audit, faults, guards, watchdog
 
 # A "kernel" that never reaches the dispatcher: NumPy on the tensors' memory.
 KERNELS = """
@@ -208,10 +208,10 @@ def test_a_declared_nondeterministic_candidate_passes_within_the_tolerance(workd
 def test_an_op_sent_by_an_extension_function_is_attributed_to_cpp(workdir):
     extension = types.ModuleType("cuda_extension")
     extension.fused = torch.mul  # a builtin that sends aten::mul, like a C++ binding calling at::mul
-    audit = guards.OpAudit(workdir.path, extension)
-    with audit:
+    op_audit = audit.OpAudit(workdir.path, extension)
+    with op_audit:
         extension.fused(torch.ones(2), 2.0)
-    (op,) = audit.violations()
+    (op,) = op_audit.violations()
     assert op.from_cpp and op.caller == "cuda_extension.fused" and op.op == "aten::mul.Tensor"
     assert "sent from C++ inside cuda_extension.fused" in op.describe()
 
@@ -252,7 +252,7 @@ def test_seeds_are_derived_per_trial_and_reproducible():
     (ValueError("CUDA error: but not a RuntimeError"), False),
 ])
 def test_cuda_faults_are_told_from_ordinary_errors(exc, fault):
-    assert guards.is_cuda_fault(exc) is fault
+    assert faults.is_cuda_fault(exc) is fault
 
 
 def test_a_faults_summary_is_the_line_naming_the_error_not_torchs_advice_after_it():
@@ -263,8 +263,8 @@ def test_a_faults_summary_is_the_line_naming_the_error_not_torchs_advice_after_i
             "stacktrace below might be incorrect.\n"
             "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
             "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n")
-    assert guards.fault_line(text) == "AcceleratorError: CUDA error: an illegal memory access was encountered"
-    assert guards.fault_line("first\nlast\n") == "last"
+    assert faults.fault_line(text) == "AcceleratorError: CUDA error: an illegal memory access was encountered"
+    assert faults.fault_line("first\nlast\n") == "last"
 
 
 def test_the_watchdog_interrupts_a_sleeping_test_naming_the_test_and_case():
@@ -315,17 +315,18 @@ def test_a_cuda_error_is_a_lost_context_only_when_the_probe_fails(monkeypatch, t
     # "invalid device ordinal" (torch.cuda.set_device(99)) leaves the context usable: the probe
     # (synchronise + a one-element kernel) decides, not the error's type.
     monkeypatch.setattr(guards, "context_alive", lambda device=None: alive)
+    monkeypatch.setattr(faults, "context_alive", lambda device=None: alive)
     exc = RuntimeError("CUDA error: invalid device ordinal")
-    assert guards.context_lost(exc) is (not alive)
+    assert faults.context_lost(exc) is (not alive)
     with pytest.raises(getattr(guards, raised)):
         guards._raise_user_error(exc, tmp_path, "ModelNew.forward", guards.CandidateError)
 
 
 def test_the_context_probe_reports_no_context_without_a_gpu():
     if torch.cuda.is_available():
-        assert guards.context_alive()
+        assert faults.context_alive()
     else:
-        assert not guards.context_alive()
+        assert not faults.context_alive()
 
 
 def test_the_poison_plan_lists_every_inactive_block_of_the_device_at_its_exact_size():

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from pytest_cudaopt import compare, guards, memory, shapes
+from pytest_cudaopt import compare, faults, guards, memory, shapes
 from pytest_cudaopt.workdir import Workdir, WorkdirError
 
 
@@ -340,7 +340,7 @@ def _fault(request, session, result: compare.CorrectnessResult, started: float, 
     message = (f"CUDA fault on case {exc.case}:\n{exc.fault}\nThe CUDA context of this process is now "
                f"unusable: the remaining GPU tests of this session are not run and report this fault.{replay}")
     if session.fault is None:
-        session.fault = (request.node.nodeid, guards.fault_line(str(exc.fault)))
+        session.fault = (request.node.nodeid, faults.fault_line(str(exc.fault)))
     _finish(session, result, started, "CUDA fault", message)
     return message
 

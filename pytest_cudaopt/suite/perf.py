@@ -53,7 +53,7 @@ def _tier(model: torch.nn.Module, candidate: Any, inputs: list,
 def _is_fault(exc: BaseException | None) -> bool:
     if exc is None:
         return False
-    from pytest_cudaopt.guards import context_lost
+    from pytest_cudaopt.faults import context_lost
 
     return context_lost(exc)
 
