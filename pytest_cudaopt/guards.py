@@ -1,4 +1,7 @@
-"""Runtime guards of the correctness verdict: secret inputs, clones, fresh outputs, poison, determinism, and one case through them all."""
+"""Runtime guards of the correctness verdict: secret inputs, clones, fresh outputs, poison, determinism, and one case through them all.
+
+A little over 400 lines: `run_case` drives every guard in one order, and each guard is the few
+lines it needs next to it (the op audit and the CUDA faults have their own modules)."""
 
 from __future__ import annotations
 
