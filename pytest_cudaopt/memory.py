@@ -56,21 +56,27 @@ def allocated(device: torch.device | str | None) -> int:
     return torch.cuda.memory_allocated(device)
 
 
-# The highest max-allocated figure seen before a reset that was not the item's own (the NaN
-# poisoning of the cache allocates every cached block for a moment; that is not the case's
-# working set, so it resets the peak and the figure before it is kept here).
-_carried_peak: dict[int, int] = {}
+# Peaks being measured now. torch has one peak counter per device; resetting it (a Peak that
+# starts inside another, or the NaN poisoning of the cache, which asks for every cached block
+# for a moment and is not the case's working set) first folds the counter into every active Peak.
+_active: list["Peak"] = []
 
 
 def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
+def _fold(device: torch.device) -> None:
+    now = torch.cuda.max_memory_allocated(device)
+    for peak in _active:
+        if _index(peak.device) == _index(device):
+            peak.most = max(peak.most, now)
+
+
 def exclude_from_peak(device: torch.device) -> None:
-    """Keep the peak so far, then reset torch's peak statistics: what runs until the next
-    call (the cache poisoning) does not count in `Peak`."""
-    index = _index(device)
-    _carried_peak[index] = max(_carried_peak.get(index, 0), torch.cuda.max_memory_allocated(device))
+    """Fold the peak so far into every active `Peak`: what runs until `resume_peak` (the
+    cache poisoning) does not count."""
+    _fold(device)
 
 
 def resume_peak(device: torch.device) -> None:
@@ -81,21 +87,24 @@ def resume_peak(device: torch.device) -> None:
 @dataclass
 class Peak:
     """torch's max allocated device memory over a stretch of work (None off CUDA), without
-    the moments `exclude_from_peak` left out."""
+    the moments `exclude_from_peak` left out; nested Peaks each keep their own figure."""
 
     device: torch.device
 
     def __enter__(self) -> "Peak":
         self.bytes: int | None = None
+        self.most = 0
         if self.device.type == "cuda":
+            _fold(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
-            _carried_peak.pop(_index(self.device), None)
+            _active.append(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self.device.type == "cuda":
-            carried = _carried_peak.pop(_index(self.device), 0)
-            self.bytes = max(carried, torch.cuda.max_memory_allocated(self.device))
+            _fold(self.device)
+            _active.remove(self)
+            self.bytes = self.most
 
 
 def check_fits(what: str, need: int, free: int | None, lower: str) -> None:

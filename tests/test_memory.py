@@ -62,3 +62,29 @@ def test_nbytes_counts_every_tensor_of_a_nest():
 
 def test_free_bytes_is_none_off_cuda():
     assert memory.free_bytes("cpu") is None
+
+
+def test_nested_peaks_keep_their_figures_and_the_poisoning_counts_in_neither(monkeypatch):
+    # torch's one counter per device, faked: allocations raise it, a reset lowers it to now.
+    state = {"now": 0, "max": 0}
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: state["max"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: state.update(max=state["now"]))
+
+    def allocate(n):
+        state["now"] += n
+        state["max"] = max(state["max"], state["now"])
+
+    device = torch.device("cuda", 0)
+    with memory.Peak(device) as item:
+        allocate(10 * GiB)
+        with memory.Peak(device) as case:
+            allocate(5 * GiB)
+            memory.exclude_from_peak(device)
+            allocate(100 * GiB)          # the poisoning: every cached block for a moment
+            state["now"] -= 100 * GiB
+            memory.resume_peak(device)
+            allocate(1 * GiB)
+            state["now"] -= 6 * GiB
+        allocate(2 * GiB)
+    assert case.bytes == 16 * GiB
+    assert item.bytes == 16 * GiB
