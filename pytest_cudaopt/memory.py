@@ -84,6 +84,12 @@ def resume_peak(device: torch.device) -> None:
     torch.cuda.reset_peak_memory_stats(device)
 
 
+def forget(peak: "Peak") -> None:
+    """Stop a Peak without reading the device (after a CUDA fault no CUDA call is made)."""
+    if peak in _active:
+        _active.remove(peak)
+
+
 @dataclass
 class Peak:
     """torch's max allocated device memory over a stretch of work (None off CUDA), without

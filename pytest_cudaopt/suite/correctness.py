@@ -315,26 +315,43 @@ def _free_bytes(device: str) -> int | None:
         return None
 
 
-def _start(settings) -> float:
-    """The item's start: its time, and torch's peak-memory counter reset."""
-    device = torch.device(settings.device)
-    if device.type == "cuda" and torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats(device)
-    return time.perf_counter()
+class _Started:
+    """An item's start: its time, and the measurement of its peak device memory."""
+
+    def __init__(self, settings):
+        device = torch.device(settings.device)
+        self.peak = None
+        if device.type == "cuda" and torch.cuda.is_available():
+            self.peak = memory.Peak(device).__enter__()
+        self.time = time.perf_counter()
+
+    def finish(self, with_peak: bool) -> tuple[float, int | None]:
+        """(seconds since the start, the peak bytes or None)."""
+        seconds = time.perf_counter() - self.time
+        if self.peak is None:
+            return seconds, None
+        if not with_peak:  # after a CUDA fault no CUDA call is made
+            memory.forget(self.peak)
+            return seconds, None
+        self.peak.__exit__(None, None, None)
+        return seconds, self.peak.bytes
 
 
-def _finish(session, result: compare.CorrectnessResult, started: float, check: str = "",
+def _start(settings) -> _Started:
+    return _Started(settings)
+
+
+def _finish(session, result: compare.CorrectnessResult, started: _Started, check: str = "",
             message: str = "") -> None:
-    device = torch.device(session.settings.device)
-    if device.type == "cuda" and torch.cuda.is_available() and session.fault is None:
-        result.peak_bytes = torch.cuda.max_memory_allocated(device)
-    result.seconds = time.perf_counter() - started
+    result.seconds, peak = started.finish(with_peak=session.fault is None)
+    if peak is not None:
+        result.peak_bytes = peak
     if check:
         result.passed, result.check, result.message = False, check, message
     session.results.append(result)
 
 
-def _fault(request, session, result: compare.CorrectnessResult, started: float, exc: _Abort) -> str:
+def _fault(request, session, result: compare.CorrectnessResult, started: _Started, exc: _Abort) -> str:
     """Record a CUDA fault (later GPU items report it) and return the item's message."""
     replay = f"\nreplay it alone under compute-sanitizer: compute-sanitizer {exc.replay}" if exc.replay else ""
     message = (f"CUDA fault on case {exc.case}:\n{exc.fault}\nThe CUDA context of this process is now "

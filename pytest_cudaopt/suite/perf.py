@@ -80,8 +80,7 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
     (the custom model and the input sets). `target` is the loaded baseline workdir (the
     target branch), or the error that loading it raised."""
     device = torch.device(settings.device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    peak = memory.Peak(device).__enter__()
     model, model_new = workdir.make_models(device, seed=_derive_seed(seed, "perf", "weights"))
     input_sets = [workdir.inputs(_derive_seed(seed, "perf", "inputs", 0), device)]
     with baselines.fp32_strict():
@@ -138,8 +137,8 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
         result.failure = (f"slower than the target branch's ModelNew by "
                           f"{(result.regression['ratio'] - 1) * 100:.1f}% (margin "
                           f"{settings.regression_margin * 100:g}%)")
-    if device.type == "cuda":
-        result.peak_bytes = torch.cuda.max_memory_allocated(device)
+    peak.__exit__(None, None, None)
+    result.peak_bytes = peak.bytes
     return result, {"model_new": model_new, "input_sets": input_sets, "device": device}
 
 
