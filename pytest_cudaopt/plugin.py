@@ -172,6 +172,13 @@ class WorkdirModule(pytest.Module):
         return self.path.parent
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """The suite's canonical correctness item runs once per secret seed (`cudaopt_seeds`)."""
+    if "seed_index" in metafunc.fixturenames and getattr(metafunc.module, "__name__", "") == SUITE_MODULE:
+        count = _session(metafunc.config).settings.seeds
+        metafunc.parametrize("seed_index", range(count), ids=[f"seed{i}" for i in range(count)])
+
+
 def _workdir_node(item: pytest.Item) -> WorkdirModule | None:
     return item.getparent(WorkdirModule)
 

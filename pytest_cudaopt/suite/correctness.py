@@ -46,12 +46,6 @@ class CaseFailed(Exception):
             result.precision = self.precision
 
 
-def _session_of(config: pytest.Config):
-    from pytest_cudaopt.plugin import SESSION_KEY
-
-    return config.stash[SESSION_KEY]
-
-
 def _describe_inputs(inputs: list, names: list[str] | None) -> str:
     parts = []
     for i, x in enumerate(inputs):
@@ -114,14 +108,9 @@ class _Stats:
 @pytest.mark.correctness
 class TestCorrectness:
     """`pytest -m correctness`: ModelNew computes Model's function, on the canonical inputs
-    over `cudaopt_seeds` secret seeds and on Hypothesis-drawn shapes, through every guard."""
-
-    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
-        if "seed_index" in metafunc.fixturenames:
-            count = _session_of(metafunc.config).settings.seeds
-            metafunc.parametrize("seed_index", range(count), ids=[f"seed{i}" for i in range(count)])
-
-    # -- fixtures ------------------------------------------------------------------------------
+    over `cudaopt_seeds` secret seeds (`seed_index`, parametrized by the plugin) and on
+    Hypothesis-drawn shapes, through every guard. The judging is in `judge_canonical` and
+    `judge_drawn`; the items only end the way they say."""
 
     @pytest.fixture
     def loaded(self, request, cudaopt_session, cudaopt_workdir_path) -> Workdir:
@@ -138,164 +127,188 @@ class TestCorrectness:
             failure = cudaopt_session.failure_report(cudaopt_workdir_path, request.node.nodeid, exc)
         pytest.fail(failure, pytrace=False)
 
-    # -- the items ----------------------------------------------------------------------------
-
     def test_canonical(self, request, loaded, cudaopt_session, cudaopt_settings, seed_index):
         """The canonical inputs of get_inputs(), with a fresh secret seed for each index."""
-        settings = cudaopt_settings
-        seed = guards.derive_seed(cudaopt_session.seed, "canonical", seed_index)
-        replay = f"pytest {shlex.quote(request.node.nodeid)} --cudaopt-seed={cudaopt_session.seed}"
-        result = compare.CorrectnessResult(workdir=str(loaded.path), test=request.node.nodeid,
-                                           case=f"canonical seed{seed_index}", passed=False, seed=seed)
-        started = _start(settings)
-        failed: CaseFailed | None = None
-        abort: _Abort | None = None
-        try:
-            outcome, inputs, names = _run(loaded, settings, cudaopt_session, {}, seed,
-                                          label=f"canonical inputs of get_inputs(), seed {seed}", replay=replay)
-        except CaseFailed as exc:
-            failed = exc
-        except _Abort as exc:
-            abort = exc
-        if abort is not None:
-            pytest.fail(_fault(request, cudaopt_session, result, started, abort), pytrace=False)
-        if failed is not None:
-            failed.fill(result)
-            _finish(cudaopt_session, result, started, failed.check, failed.report)
-            pytest.fail(failed.report, pytrace=False)
-        result.passed = True
-        result.shapes = _describe_inputs(inputs, names)
-        result.cases = 1
-        result.max_abs, result.max_rel = outcome.comparison.max_abs, outcome.comparison.max_rel
-        result.precision = outcome.precision
-        _finish(cudaopt_session, result, started)
+        failure = judge_canonical(loaded, cudaopt_settings, cudaopt_session, request.node.nodeid, seed_index)
+        if failure:
+            pytest.fail(failure, pytrace=False)
 
     def test_drawn_shapes(self, request, loaded, cudaopt_session, cudaopt_settings):
         """Shapes drawn by Hypothesis around the canonical one (or as model.py declares)."""
-        import hypothesis
+        verdict = judge_drawn(loaded, cudaopt_settings, cudaopt_session, request.node.nodeid)
+        if verdict.skip:
+            pytest.skip(verdict.skip)
+        if verdict.failure:
+            pytest.fail(verdict.failure, pytrace=False)
 
-        settings = cudaopt_settings
-        try:
-            space = shapes.shape_space(loaded.reference, settings.max_elements,
-                                       _free_bytes(settings.device))
-        except shapes.ShapeError as exc:
-            space, failure = None, str(exc)
-        if space is None:
-            pytest.fail(failure, pytrace=False)
-        if space.strategy is None and settings.case is None:
-            pytest.skip(f"no drawn shapes: {space.source}")
-        nodeid = request.node.nodeid
-        result = compare.CorrectnessResult(workdir=str(loaded.path), test=nodeid, case="drawn shapes",
-                                           passed=False)
-        stats = _Stats()
-        started = _start(settings)
 
-        def replay(constants: dict[str, int]) -> str:
-            return (f"pytest {shlex.quote(nodeid)} --cudaopt-seed={cudaopt_session.seed} "
-                    f"--cudaopt-case={shlex.quote(shapes.format_case(constants))}")
+@dataclass
+class Verdict:
+    """How an item ends: fails with `failure`, is skipped with `skip`, or passes."""
 
-        explicit = shapes.explicit_cases(loaded.reference, space) if settings.case is None else shapes.Explicit()
-        seen: set[tuple] = {tuple(sorted(space.defaults.items()))}  # the canonical case has its own items
+    failure: str = ""
+    skip: str = ""
 
-        def one(constants: dict[str, int]) -> None:
-            key = tuple(sorted({**space.defaults, **constants}.items()))
-            if key in seen and settings.case is None:
-                hypothesis.reject()  # judged already: draw another
-            seen.add(key)
-            if space.meta_usable:
-                check = shapes.check_on_meta(loaded.reference, constants)
-                if not check.valid:
-                    stats.rejected += 1
-                    stats.last_rejection = f"{shapes.format_case(constants)}: {check.reason}"
-                    hypothesis.reject()
-                if not space.declared and space.max_elements and check.elements > space.max_elements:
-                    stats.rejected += 1
-                    stats.last_rejection = (f"{shapes.format_case(constants)}: {check.elements} input elements "
-                                            f"> cudaopt_max_elements {space.max_elements}")
-                    hypothesis.reject()
-            seed = guards.derive_seed(cudaopt_session.seed, "drawn", sorted(constants.items()))
-            canonical = {k: v for k, v in space.defaults.items() if k in constants}
-            label = (f"drawn shape {shapes.format_case(constants)} "
-                     f"(canonical: {shapes.format_case(canonical)}), seed {seed}")
-            try:
-                outcome, inputs, names = _run(loaded, settings, cudaopt_session, constants, seed, label,
-                                              replay=replay(constants),
-                                              reference_decides=not space.meta_usable)
-            except guards.ReferenceError_ as exc:
+
+def judge_canonical(loaded: Workdir, settings, session, nodeid: str, seed_index: int) -> str:
+    """The canonical inputs of get_inputs() under the secret seed of `seed_index`, through
+    every guard; the result is recorded. Returns why the item fails ("" when it passes)."""
+    seed = guards.derive_seed(session.seed, "canonical", seed_index)
+    replay = f"pytest {shlex.quote(nodeid)} --cudaopt-seed={session.seed}"
+    result = compare.CorrectnessResult(workdir=str(loaded.path), test=nodeid,
+                                       case=f"canonical seed{seed_index}", passed=False, seed=seed)
+    started = _start(settings)
+    failed: CaseFailed | None = None
+    abort: _Abort | None = None
+    try:
+        outcome, inputs, names = _run(loaded, settings, session, {}, seed,
+                                      label=f"canonical inputs of get_inputs(), seed {seed}", replay=replay)
+    except CaseFailed as exc:
+        failed = exc
+    except _Abort as exc:
+        abort = exc
+    if abort is not None:
+        return _fault(nodeid, session, result, started, abort)
+    if failed is not None:
+        failed.fill(result)
+        _finish(session, result, started, failed.check, failed.report)
+        return failed.report
+    result.passed = True
+    result.shapes = _describe_inputs(inputs, names)
+    result.cases = 1
+    result.max_abs, result.max_rel = outcome.comparison.max_abs, outcome.comparison.max_rel
+    result.precision = outcome.precision
+    _finish(session, result, started)
+    return ""
+
+
+def judge_drawn(loaded: Workdir, settings, session, nodeid: str) -> "Verdict":
+    """Shapes past the canonical (explicit cases first), then drawn by Hypothesis from the
+    session's seed (or as model.py declares), each through every guard; the result is
+    recorded. Returns how the item ends."""
+    import hypothesis
+
+    try:
+        space = shapes.shape_space(loaded.reference, settings.max_elements,
+                                   _free_bytes(settings.device))
+    except shapes.ShapeError as exc:
+        space, failure = None, str(exc)
+    if space is None:
+        return Verdict(failure=failure)
+    if space.strategy is None and settings.case is None:
+        return Verdict(skip=f"no drawn shapes: {space.source}")
+    result = compare.CorrectnessResult(workdir=str(loaded.path), test=nodeid, case="drawn shapes",
+                                       passed=False)
+    stats = _Stats()
+    started = _start(settings)
+
+    def replay(constants: dict[str, int]) -> str:
+        return (f"pytest {shlex.quote(nodeid)} --cudaopt-seed={session.seed} "
+                f"--cudaopt-case={shlex.quote(shapes.format_case(constants))}")
+
+    explicit = shapes.explicit_cases(loaded.reference, space) if settings.case is None else shapes.Explicit()
+    seen: set[tuple] = {tuple(sorted(space.defaults.items()))}  # the canonical case has its own items
+
+    def one(constants: dict[str, int]) -> None:
+        key = tuple(sorted({**space.defaults, **constants}.items()))
+        if key in seen and settings.case is None:
+            hypothesis.reject()  # judged already: draw another
+        seen.add(key)
+        if space.meta_usable:
+            check = shapes.check_on_meta(loaded.reference, constants)
+            if not check.valid:
                 stats.rejected += 1
-                stats.last_rejection = f"{shapes.format_case(constants)}: {str(exc).splitlines()[-1]}"
+                stats.last_rejection = f"{shapes.format_case(constants)}: {check.reason}"
                 hypothesis.reject()
-            stats.names = names
-            stats.add(outcome, inputs)
-            stats.add_constants(constants)
-
-        failure, check, failed, abort = "", "", None, None
+            if not space.declared and space.max_elements and check.elements > space.max_elements:
+                stats.rejected += 1
+                stats.last_rejection = (f"{shapes.format_case(constants)}: {check.elements} input elements "
+                                        f"> cudaopt_max_elements {space.max_elements}")
+                hypothesis.reject()
+        seed = guards.derive_seed(session.seed, "drawn", sorted(constants.items()))
+        canonical = {k: v for k, v in space.defaults.items() if k in constants}
+        label = (f"drawn shape {shapes.format_case(constants)} "
+                 f"(canonical: {shapes.format_case(canonical)}), seed {seed}")
         try:
-            if settings.case is not None:
-                one(shapes.parse_case(settings.case))
-            else:
-                for constants in explicit.cases:  # past the canonical and the smallest, first
-                    one(constants)
+            outcome, inputs, names = _run(loaded, settings, session, constants, seed, label,
+                                          replay=replay(constants),
+                                          reference_decides=not space.meta_usable)
+        except guards.ReferenceError_ as exc:
+            stats.rejected += 1
+            stats.last_rejection = f"{shapes.format_case(constants)}: {str(exc).splitlines()[-1]}"
+            hypothesis.reject()
+        stats.names = names
+        stats.add(outcome, inputs)
+        stats.add_constants(constants)
 
-                @shapes.hypothesis_settings(settings.profile, settings.max_examples)
-                @hypothesis.given(space.strategy)
-                def drawn_shape(constants: dict[str, int]) -> None:
-                    one(constants)
+    failure, check, failed, abort = "", "", None, None
+    try:
+        if settings.case is not None:
+            one(shapes.parse_case(settings.case))
+        else:
+            for constants in explicit.cases:  # past the canonical and the smallest, first
+                one(constants)
 
-                # Drawn from the session's secret seed: no workdir can know its shapes in advance.
-                hypothesis.seed(cudaopt_session.seed)(drawn_shape)()
-        except _Abort as exc:
-            abort = exc
-        except shapes.ShapeError as exc:
-            failure, check = str(exc), "shape declaration"
-        except hypothesis.errors.Unsatisfiable:
-            if not stats.cases:  # with explicit cases run, too few shapes is reported below
-                failure, check = (f"no drawn shape was valid ({stats.rejected} rejected; last: "
-                                  f"{stats.last_rejection}); the shapes were {space.source}. Declare the valid "
-                                  f"ones in model.py with {shapes.DECLARATION} (see the README)"), "no valid shape"
-        except hypothesis.errors.UnsatisfiedAssumption:  # --cudaopt-case named an invalid shape
-            failure, check = (f"--cudaopt-case={settings.case} is not a valid shape for model.py: "
-                              f"{stats.last_rejection}"), "invalid --cudaopt-case"
-        except BaseException as exc:  # noqa: BLE001 - unwrap what Hypothesis re-raises
-            failed = _case_failed(exc)
-            if failed is None:
-                raise
-            flaky = "" if failed is exc else ("\n(the failure did not happen again when the case was replayed: "
-                                              "a race or other flaky behaviour)")
-            failure, check = failed.report + flaky, failed.check
-        if abort is not None:
-            pytest.fail(_fault(request, cudaopt_session, result, started, abort), pytrace=False)
-        if failure:
-            result.cases = stats.cases
-            if failed is not None:
-                result.case = f"drawn shape {failed.case}"
-                failed.fill(result)
-            _finish(cudaopt_session, result, started, check, failure)
-            pytest.fail(failure, pytrace=False)
-        notes = []
-        if stats.constants:
-            notes.append("constants " + ", ".join(f"{k} {lo}..{hi}" for k, (lo, hi) in stats.constants.items()))
-        if space.cap_note:
-            notes.append(space.cap_note)
-        if explicit.never_above:
-            notes.append(f"no valid value above its default within cudaopt_max_elements {space.max_elements}: "
-                         + ", ".join(explicit.never_above))
-        if (settings.case is None and not space.declared and space.meta_usable
-                and stats.cases < shapes.HANDFUL):
-            few = (f"only {stats.cases} distinct valid shapes besides the canonical one could be found "
-                   f"({stats.rejected} rejected; last: {stats.last_rejection or '-'}); the shapes were "
-                   f"{space.source}. Declare the valid ones in model.py with {shapes.DECLARATION} "
-                   f"(see the README) so that more sizes are judged")
-            result.cases, result.shapes = stats.cases, "; ".join([stats.shapes(), *notes])
-            _finish(cudaopt_session, result, started, "few shapes", few)
-            pytest.fail(few, pytrace=False)
-        result.passed = True
-        result.case = f"drawn shapes ({stats.cases} cases)"
+            @shapes.hypothesis_settings(settings.profile, settings.max_examples)
+            @hypothesis.given(space.strategy)
+            def drawn_shape(constants: dict[str, int]) -> None:
+                one(constants)
+
+            # Drawn from the session's secret seed: no workdir can know its shapes in advance.
+            hypothesis.seed(session.seed)(drawn_shape)()
+    except _Abort as exc:
+        abort = exc
+    except shapes.ShapeError as exc:
+        failure, check = str(exc), "shape declaration"
+    except hypothesis.errors.Unsatisfiable:
+        if not stats.cases:  # with explicit cases run, too few shapes is reported below
+            failure, check = (f"no drawn shape was valid ({stats.rejected} rejected; last: "
+                              f"{stats.last_rejection}); the shapes were {space.source}. Declare the valid "
+                              f"ones in model.py with {shapes.DECLARATION} (see the README)"), "no valid shape"
+    except hypothesis.errors.UnsatisfiedAssumption:  # --cudaopt-case named an invalid shape
+        failure, check = (f"--cudaopt-case={settings.case} is not a valid shape for model.py: "
+                          f"{stats.last_rejection}"), "invalid --cudaopt-case"
+    except BaseException as exc:  # noqa: BLE001 - unwrap what Hypothesis re-raises
+        failed = _case_failed(exc)
+        if failed is None:
+            raise
+        flaky = "" if failed is exc else ("\n(the failure did not happen again when the case was replayed: "
+                                          "a race or other flaky behaviour)")
+        failure, check = failed.report + flaky, failed.check
+    if abort is not None:
+        return Verdict(failure=_fault(nodeid, session, result, started, abort))
+    if failure:
         result.cases = stats.cases
-        result.shapes = "; ".join([stats.shapes(), *notes])
-        result.max_abs, result.max_rel = stats.max_abs, stats.max_rel
-        result.precision = stats.worst
-        _finish(cudaopt_session, result, started)
+        if failed is not None:
+            result.case = f"drawn shape {failed.case}"
+            failed.fill(result)
+        _finish(session, result, started, check, failure)
+        return Verdict(failure=failure)
+    notes = []
+    if stats.constants:
+        notes.append("constants " + ", ".join(f"{k} {lo}..{hi}" for k, (lo, hi) in stats.constants.items()))
+    if space.cap_note:
+        notes.append(space.cap_note)
+    if explicit.never_above:
+        notes.append(f"no valid value above its default within cudaopt_max_elements {space.max_elements}: "
+                     + ", ".join(explicit.never_above))
+    if (settings.case is None and not space.declared and space.meta_usable
+            and stats.cases < shapes.HANDFUL):
+        few = (f"only {stats.cases} distinct valid shapes besides the canonical one could be found "
+               f"({stats.rejected} rejected; last: {stats.last_rejection or '-'}); the shapes were "
+               f"{space.source}. Declare the valid ones in model.py with {shapes.DECLARATION} "
+               f"(see the README) so that more sizes are judged")
+        result.cases, result.shapes = stats.cases, "; ".join([stats.shapes(), *notes])
+        _finish(session, result, started, "few shapes", few)
+        return Verdict(failure=few)
+    result.passed = True
+    result.case = f"drawn shapes ({stats.cases} cases)"
+    result.cases = stats.cases
+    result.shapes = "; ".join([stats.shapes(), *notes])
+    result.max_abs, result.max_rel = stats.max_abs, stats.max_rel
+    result.precision = stats.worst
+    _finish(session, result, started)
+    return Verdict()
 
 
 def _case_failed(exc: BaseException) -> CaseFailed | None:
@@ -351,13 +364,13 @@ def _finish(session, result: compare.CorrectnessResult, started: _Started, check
     session.results.append(result)
 
 
-def _fault(request, session, result: compare.CorrectnessResult, started: _Started, exc: _Abort) -> str:
+def _fault(nodeid: str, session, result: compare.CorrectnessResult, started: _Started, exc: _Abort) -> str:
     """Record a CUDA fault (later GPU items report it) and return the item's message."""
     replay = f"\nreplay it alone under compute-sanitizer: compute-sanitizer {exc.replay}" if exc.replay else ""
     message = (f"CUDA fault on case {exc.case}:\n{exc.fault}\nThe CUDA context of this process is now "
                f"unusable: the remaining GPU tests of this session are not run and report this fault.{replay}")
     if session.fault is None:
-        session.fault = (request.node.nodeid, faults.fault_line(str(exc.fault)))
+        session.fault = (nodeid, faults.fault_line(str(exc.fault)))
     _finish(session, result, started, "CUDA fault", message)
     return message
 
