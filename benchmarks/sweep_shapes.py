@@ -61,11 +61,9 @@ def judged(module, space, examples: int, seed: int, before: bool) -> tuple[list[
         for case in explicit.cases:
             seen.add(tuple(sorted(case.items())))
             cases.append(case)
-    options = dict(shapes.PROFILES["ci"], max_examples=examples)
-    if before:
-        options["derandomize"] = True
+    options = {"derandomize": True} if before else {}
 
-    @hypothesis.settings(suppress_health_check=shapes.SUPPRESSED, **options)
+    @hypothesis.settings(shapes.hypothesis_settings("ci", examples), **options)
     @hypothesis.given(space.strategy)
     def draw(case: dict) -> None:
         key = tuple(sorted(case.items()))

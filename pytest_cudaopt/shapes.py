@@ -38,12 +38,22 @@ class ShapeError(ValueError):
     """model.py declares shapes in a form that cannot be used; the message says why."""
 
 
+# Profiles Hypothesis loads by itself: "default", and "ci" wherever a CI variable is set (its
+# derandomised draws would make every workdir's shapes known in advance). Choosing them with
+# --hypothesis-profile is not told apart from that.
+_AUTOMATIC_PROFILES = ("default", "ci")
+
+
+def _chosen_profile() -> str:
+    return hsettings.get_current_profile_name()
+
+
 def hypothesis_settings(profile: str, max_examples: int | None = None) -> hsettings:
     """The Hypothesis settings of a cudaopt profile ("ci" or "thorough"); a profile the user
     loaded with Hypothesis's own --hypothesis-profile wins over it, and `max_examples`
     (--cudaopt-max-examples) over both."""
     parent = hsettings.get_profile(f"cudaopt-{profile}")
-    if hsettings.default is not hsettings.get_profile("default"):  # --hypothesis-profile=NAME
+    if _chosen_profile() not in _AUTOMATIC_PROFILES:  # --hypothesis-profile=NAME
         parent = hsettings.default
     return hsettings(parent, max_examples=max_examples) if max_examples is not None else hsettings(parent)
 

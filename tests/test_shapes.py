@@ -307,11 +307,15 @@ def test_the_profiles_are_registered_with_hypothesis_and_a_users_profile_wins():
     assert shapes.hypothesis_settings("thorough").max_examples == 300
     assert shapes.hypothesis_settings("ci", max_examples=7).max_examples == 7
     assert shapes.hypothesis_settings("ci").database is None
+    before = hsettings.get_current_profile_name()  # "default", or "ci" where the CI variable is set
     hsettings.register_profile("a-users-profile", max_examples=3)
     hsettings.load_profile("a-users-profile")  # what --hypothesis-profile=a-users-profile does
     try:
         assert shapes.hypothesis_settings("ci").max_examples == 3
         assert shapes.hypothesis_settings("ci", max_examples=9).max_examples == 9
+        hsettings.load_profile("ci")  # Hypothesis's own CI profile is not the user's choice
+        assert shapes.hypothesis_settings("ci").max_examples == 25
+        assert not shapes.hypothesis_settings("ci").derandomize
     finally:
-        hsettings.load_profile("default")
+        hsettings.load_profile(before)
     assert shapes.hypothesis_settings("ci").max_examples == 25
