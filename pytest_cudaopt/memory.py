@@ -158,19 +158,29 @@ def cap_max_elements(max_elements: int | None, canonical_elements: int, canonica
                  f"{gib(free)} of device memory free")
 
 
-def input_sets_that_fit(requested: int, set_bytes: int, free: int | None, copies: int = 1,
-                        reserve: int = OVERHEAD) -> tuple[int, str]:
-    """How many input sets the perf item can rotate: `requested`, or fewer (at least
-    MIN_INPUT_SETS) when `copies` copies of each set of `set_bytes` bytes would not fit in
-    `free` minus `reserve`. Returns (count, note)."""
-    if free is None or set_bytes <= 0:
-        return requested, ""
-    fit = max(int((free - reserve) // (copies * set_bytes)), 0)
-    if fit >= requested:
-        return requested, ""
-    count = max(fit, MIN_INPUT_SETS)
-    return count, (f"{count} input sets rotated instead of {requested}: {gib(free)} of device memory free "
-                   f"for {copies} copies of {gib(set_bytes)} each")
+def perf_input_plan(requested: int, input_bytes: int, output_bytes: int, free: int | None,
+                    contenders: int = 4) -> tuple[int, bool, str]:
+    """(input sets, shared, note) for the perf item, inside the case budget (FACTOR x (inputs +
+    outputs) + OVERHEAD) and the free memory. Each set is held once with its expected output;
+    the timing engine gives every contender its own copy of the inputs unless they are
+    `shared` (all contenders time on the same tensors), which is chosen only when even
+    MIN_INPUT_SETS private copies would not fit."""
+    limit = case_budget(input_bytes, output_bytes)
+    if free is not None:
+        limit = min(limit, free - OVERHEAD)
+    if free is None or input_bytes + output_bytes <= 0:
+        return requested, False, ""
+    private = input_bytes + output_bytes + contenders * input_bytes
+    if private * requested <= limit:
+        return requested, False, ""
+    if private * MIN_INPUT_SETS <= limit:
+        count = max(MIN_INPUT_SETS, min(requested, int(limit // private)))
+        return count, False, (f"{count} input sets rotated instead of {requested}: the case budget "
+                              f"{gib(limit)} holds that many with a copy per contender")
+    shared = 2 * input_bytes + output_bytes
+    count = max(MIN_INPUT_SETS, min(requested, int(limit // shared)))
+    return count, True, (f"{count} input sets, shared by the contenders instead of a copy each: a copy "
+                         f"per contender would not fit the case budget of {gib(limit)}")
 
 
 def meta_sizes(make: Callable[[], tuple[Any, Any]]) -> tuple[int, int]:

@@ -58,6 +58,7 @@ class Config:
     escape_rel: float = 0.05       # ... plus this share of the contender's median
     seed: int = 0                  # which runs are checked
     clock: str = "device"          # the figure the stop rule and the gate use: "device" or "latency"
+    share_inputs: bool = False     # one copy of each input set for all contenders (memory-bound problems)
 
     def __post_init__(self) -> None:
         if self.clock not in CLOCKS:
@@ -250,8 +251,13 @@ def measure(
     rng = random.Random(config.seed)
     clock.prepare()
 
-    slots = {c.key: [clone_inputs(s) for s in input_sets] for c in contenders}
-    content = {c.key: list(range(n_sets)) for c in contenders}  # which input set each slot holds
+    if config.share_inputs:  # one copy for all: a refill is seen by every contender, as is `content`
+        shared, held = [clone_inputs(s) for s in input_sets], list(range(n_sets))
+        slots = {c.key: shared for c in contenders}
+        content = {c.key: held for c in contenders}
+    else:
+        slots = {c.key: [clone_inputs(s) for s in input_sets] for c in contenders}
+        content = {c.key: list(range(n_sets)) for c in contenders}  # which input set each slot holds
     runners: dict[str, list[Callable[[], Any]]] = {}
 
     def failed(key: str) -> bool:
@@ -335,11 +341,15 @@ def measure(
         checked_round = expected is not None and (rounds < n_sets or rng.random() < config.check_fraction)
         order = [k for k in round_order(keys, rounds) if not failed(k)]
         checks = {key: checked_round and by_key[key].check for key in order}
+        refilled = False
         for key in order:
-            if checks[key] and n_sets > 1:
+            # Shared inputs are refilled once a round: every contender last ran on this slot's
+            # previous values, so one change reaches them all (several would cycle back).
+            if checks[key] and n_sets > 1 and not (config.share_inputs and refilled):
                 source = (content[key][slot] + 1) % n_sets
                 refill_inputs(slots[key][slot], input_sets[source])
                 content[key][slot] = source
+                refilled = True
             schedule.append((rounds, key, slot))
         device: dict[str, float] = {}
         for key, outcome in zip(order, queue(order, slot, keep=[k for k in order if checks[k]])):

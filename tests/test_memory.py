@@ -34,12 +34,17 @@ def test_the_size_cap_shrinks_to_free_memory_and_says_so():
     assert memory.cap_max_elements(4096, 1024, 8192, free=None) == (4096, "")
 
 
-def test_input_sets_are_as_many_as_fit_but_at_least_two():
-    assert memory.input_sets_that_fit(4, GiB, 100 * GiB, copies=4) == (4, "")
-    count, note = memory.input_sets_that_fit(4, 6 * GiB, 80 * GiB, copies=4)
-    assert count == 3 and "3 input sets rotated instead of 4" in note
-    assert memory.input_sets_that_fit(4, 6 * GiB, 20 * GiB, copies=4)[0] == memory.MIN_INPUT_SETS
-    assert memory.input_sets_that_fit(4, 6 * GiB, None, copies=4) == (4, "")
+def test_perf_input_sets_fit_the_case_budget_and_are_shared_only_when_they_must_be():
+    # 1/8 GiB in and out: budget 4 x 1/4 + 2 = 3 GiB; a set with 4 private copies takes 3/4 GiB.
+    assert memory.perf_input_plan(4, GiB // 8, GiB // 8, 100 * GiB) == (4, False, "")
+    # 1/4 GiB in and out: budget 4 GiB; private sets take 1.5 GiB each: two fit.
+    count, shared, note = memory.perf_input_plan(4, GiB // 4, GiB // 4, 100 * GiB)
+    assert (count, shared) == (2, False) and "2 input sets rotated instead of 4" in note
+    # KernelBench softmax: 6 GiB in, 6 GiB out, budget 50 GiB: two private sets (72 GiB) do
+    # not fit, two shared ones (36 GiB) do.
+    count, shared, note = memory.perf_input_plan(4, 6 * GiB, 6 * GiB, 120 * GiB)
+    assert (count, shared) == (2, True) and "shared by the contenders" in note
+    assert memory.perf_input_plan(4, 6 * GiB, 6 * GiB, None) == (4, False, "")
 
 
 def test_the_float64_run_is_planned_only_where_it_fits():

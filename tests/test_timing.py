@@ -116,6 +116,33 @@ def test_a_contender_that_replays_an_earlier_output_fails_the_output_check():
     assert "input set" in m["replay"].failure
 
 
+def test_shared_inputs_are_one_copy_for_all_and_still_catch_a_replayed_output():
+    inputs, expected = sets(3)
+    seen = {"honest": set(), "other": set()}
+
+    def recording(key):
+        def fn(x):
+            seen[key].add(x.data_ptr())
+            return x * 2
+        return fn
+
+    class Replay:
+        def __init__(self):
+            self.cache = {}
+
+        def __call__(self, x):
+            if x.data_ptr() not in self.cache:
+                self.cache[x.data_ptr()] = x * 2
+            return self.cache[x.data_ptr()].clone()
+
+    m = measure([Contender("honest", recording("honest")), Contender("other", recording("other")),
+                 Contender("replay", Replay())], inputs, clock=FakeClock({}, default=MS),
+                config=quick(share_inputs=True), expected=expected)
+    assert seen["honest"] == seen["other"] and len(seen["honest"]) == 3   # the same three tensors
+    assert m["honest"].failure is None and m["other"].failure is None
+    assert "differs from the reference" in m["replay"].failure
+
+
 def test_a_contender_that_changes_once_timing_starts_fails():
     inputs, expected = sets(2)
     calls = Counter()

@@ -85,11 +85,10 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
     input_sets = [workdir.inputs(_derive_seed(seed, "perf", "inputs", 0), device)]
     with baselines.fp32_strict():
         expected = [model(*timing.clone_inputs(input_sets[0]))]
-    # As many input sets as fit (at least 2): each set is held once here and once per
-    # contender by the timing loop, with its expected output.
-    set_bytes = memory.nbytes(input_sets[0]) + memory.nbytes(expected[0])
-    count, sets_note = memory.input_sets_that_fit(settings.input_sets, set_bytes, memory.free_bytes(device),
-                                                  copies=1 + 4)
+    # As many input sets as the case budget holds (at least 2): each set once here with its
+    # expected output, and once per contender in the timing loop unless that would not fit.
+    count, share_inputs, sets_note = memory.perf_input_plan(
+        settings.input_sets, memory.nbytes(input_sets[0]), memory.nbytes(expected[0]), memory.free_bytes(device))
     for i in range(1, count):
         input_sets.append(workdir.inputs(_derive_seed(seed, "perf", "inputs", i), device))
         with baselines.fp32_strict():
@@ -107,7 +106,8 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
     for contender in lineup.contenders:
         if contender.key not in tiers:
             tiers[contender.key] = _tier(model, contender.fn, input_sets[0], contender.scope)[0]
-    config = timing.Config.from_settings(settings, seed=_derive_seed(seed, "perf", "checks"))
+    config = timing.Config.from_settings(settings, seed=_derive_seed(seed, "perf", "checks"),
+                                         share_inputs=share_inputs)
     measurement = timing.measure(lineup.contenders, input_sets, clock=clock, config=config,
                                  expected=expected, compare=_compare(settings))
     traces: dict[str, trace.Trace] = {}
