@@ -1,4 +1,7 @@
-"""The correctness verdict's items: canonical inputs over secret seeds, then Hypothesis-drawn shapes, every case through the guards."""
+"""The correctness verdict's items: canonical inputs over secret seeds, then Hypothesis-drawn shapes, every case through the guards.
+
+About 450 lines: the two judges (`judge_canonical`, `judge_drawn`) and the one case runner they
+share, with the drawn shapes' bookkeeping (`_Stats`) and the memory check of a case."""
 
 from __future__ import annotations
 
