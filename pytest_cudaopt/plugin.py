@@ -115,9 +115,34 @@ def _session(config: pytest.Config) -> CudaoptSession:
     return config.stash[SESSION_KEY]
 
 
-def pytest_report_header(config: pytest.Config) -> list[str]:
+HEADER_SHOWN = pytest.StashKey[bool]()
+
+
+def _header_lines(config: pytest.Config) -> list[str]:
     session = _session(config)
     return [device_summary(session.settings.device), *session.header_lines()]
+
+
+def _cudaopt_options_given(config: pytest.Config) -> bool:
+    return any(config.getoption("cudaopt_" + option.name, default=None) is not None
+               for option in _settings.OPTIONS if option.cli)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """torch, CUDA, GPU, arch, the seed and the relaxations, where cudaopt has work: the command
+    line names a workdir (or the rootdir is one), or sets a --cudaopt option. Elsewhere the
+    lines wait for collection to find a workdir, so that other projects' pytest runs in the
+    same environment print nothing of cudaopt and import no torch."""
+    if _session(config).workdir_paths or _cudaopt_options_given(config):
+        config.stash[HEADER_SHOWN] = True
+        return _header_lines(config)
+    return []
+
+
+def pytest_report_collectionfinish(config: pytest.Config, start_path: Path, items: list[pytest.Item]) -> list[str]:
+    if not config.stash.get(HEADER_SHOWN, False) and any(_workdir_node(item) for item in items):
+        return _header_lines(config)
+    return []
 
 
 def _is_workdir_file(file_path: Path) -> bool:

@@ -20,13 +20,28 @@ def _device_words() -> str:
 def test_the_report_header_names_torch_cuda_the_device_and_the_arch(pytester, run_pytest, monkeypatch):
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
     pytester.makepyfile("def test_nothing():\n    pass\n")
-    result = run_pytest(pytester)
+    result = run_pytest(pytester, "--cudaopt-device=cuda")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
         f"cudaopt: torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}, {_device_words()}, "
         f"arch sm_90a (from TORCH_CUDA_ARCH_LIST=9.0a)",
         "cudaopt: seed * (replay with --cudaopt-seed=*), device cuda, hypothesis profile ci",
     ])
+
+
+def test_a_project_without_a_workdir_sees_no_cudaopt_lines_and_no_torch(pytester, run_pytest):
+    pytester.makepyfile("import sys\n\ndef test_no_torch():\n    assert 'torch' not in sys.modules\n")
+    result = run_pytest(pytester)
+    result.assert_outcomes(passed=1)
+    assert not [line for line in result.outlines if line.startswith("cudaopt:")], result.stdout.str()
+
+
+def test_a_workdir_found_by_collection_prints_the_header_after_collection(pytester, run_pytest):
+    (pytester.path / "sub" / "wd").mkdir(parents=True)
+    (pytester.path / "sub" / "wd" / "model.py").write_text("")
+    (pytester.path / "sub" / "wd" / "model_new.py").write_text("")
+    result = run_pytest(pytester, "--collect-only")
+    result.stdout.fnmatch_lines(["cudaopt: torch *", "cudaopt: seed *"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible: GPU tests run")
