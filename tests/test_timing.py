@@ -94,19 +94,20 @@ def test_every_contender_gets_its_own_copies_of_the_inputs():
     assert torch.equal(inputs[0][0] * 2, expected[0])
 
 
+class Replay:
+    """Caches its output by the input's address (the values are never looked at)."""
+
+    def __init__(self):
+        self.cache = {}
+
+    def __call__(self, x):
+        if x.data_ptr() not in self.cache:
+            self.cache[x.data_ptr()] = x * 2
+        return self.cache[x.data_ptr()].clone()
+
+
 def test_a_contender_that_replays_an_earlier_output_fails_the_output_check():
     inputs, expected = sets(3)
-
-    class Replay:
-        """Caches its output by the input's address (the values are never looked at)."""
-
-        def __init__(self):
-            self.cache = {}
-
-        def __call__(self, x):
-            if x.data_ptr() not in self.cache:
-                self.cache[x.data_ptr()] = x * 2
-            return self.cache[x.data_ptr()].clone()
 
     m = measure([Contender("honest", doubler), Contender("replay", Replay())], inputs,
                 clock=FakeClock({}, default=MS), config=quick(), expected=expected)
@@ -125,15 +126,6 @@ def test_shared_inputs_are_one_copy_for_all_and_still_catch_a_replayed_output():
             seen[key].add(x.data_ptr())
             return x * 2
         return fn
-
-    class Replay:
-        def __init__(self):
-            self.cache = {}
-
-        def __call__(self, x):
-            if x.data_ptr() not in self.cache:
-                self.cache[x.data_ptr()] = x * 2
-            return self.cache[x.data_ptr()].clone()
 
     m = measure([Contender("honest", recording("honest")), Contender("other", recording("other")),
                  Contender("replay", Replay())], inputs, clock=FakeClock({}, default=MS),
