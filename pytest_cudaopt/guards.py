@@ -199,6 +199,14 @@ def poisoned_memory(device: torch.device | str) -> Iterator[None]:
             torch.use_deterministic_algorithms(was_on, warn_only=was_warn)
 
 
+def import_lazy_modules() -> None:
+    """torch.use_deterministic_algorithms imports torch._inductor on its first call (seconds
+    on a busy machine): called before an item's watchdog starts, so that the import is
+    neither counted against `cudaopt_timeout` nor interrupted by it. Changes no setting."""
+    torch.use_deterministic_algorithms(torch.are_deterministic_algorithms_enabled(),
+                                       warn_only=torch.is_deterministic_algorithms_warn_only_enabled())
+
+
 def poison_plan(snapshot: list[dict], device_index: int) -> list[int]:
     """Sizes of the inactive (cached, unused) blocks that torch.cuda.memory_snapshot() lists
     for one device, largest first: asking the caching allocator for exactly these sizes

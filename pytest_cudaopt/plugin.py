@@ -263,12 +263,16 @@ def pytest_runtest_call(item: pytest.Item):
     CUDA fault they raise is kept so that later items report it instead of failing in its wake."""
     if not _judged(item):
         return (yield)
-    from pytest_cudaopt import faults, watchdog
+    from pytest_cudaopt import faults, guards, watchdog
 
+    guards.import_lazy_modules()
     session = _session(item.config)
     node = _workdir_node(item)
     workdir = node.workdir_path if node is not None else session.rootpath
-    session.write_report(running=item.nodeid)  # what remains if nothing can interrupt a hang
+    if not hasattr(item.config, "workerinput"):
+        # What remains if nothing can interrupt a hang. A pytest-xdist worker writes none: its
+        # controller survives a worker's death, reports the item as crashed and writes the report.
+        session.write_report(running=item.nodeid)
 
     def on_stuck(message: str) -> None:
         session.record_hang(workdir, item.nodeid, dog.case, message, bool(item.get_closest_marker("correctness")))

@@ -577,7 +577,7 @@ def write_json(path: str | Path, results: Sequence[Any], *, seed: int | None = N
     text = _dumps(document(results, seed=seed, settings=settings, relaxations=relaxations,
                            running=running), indent=2)
     # Written aside and renamed: a process killed mid-write leaves the previous report whole.
-    partial = path.with_name(path.name + ".tmp")
+    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     partial.write_text(text + "\n")
     os.replace(partial, path)
     return path

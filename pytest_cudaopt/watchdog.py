@@ -1,11 +1,11 @@
 """The `cudaopt_timeout` watchdog: a hung test fails with its case, and the run still ends in a report.
 
-Three ways a test can hang, three answers (measured in tests/test_hangs.py):
+Three ways a test can hang, three answers (tested in tests/test_correctness_verdict.py):
 
 1. Python code, or a C call that releases the GIL and returns on EINTR (`time.sleep`, a
-   blocking read): the watchdog thread sends the main thread a signal whose Python handler
-   raises `HangTimeout`. The test fails with its case, later correctness and perf items of its
-   workdir are reported as not run, and the session ends normally (summary, JSON, JUnit).
+   blocking read): the watchdog thread signals the main thread, whose Python handler raises
+   `HangTimeout` once no import is in progress. The test fails with its case, later correctness
+   and perf items of its workdir are reported as not run, and the session ends normally.
 2. A C call that releases the GIL but never returns (a CUDA kernel that never finishes, seen
    by `torch.cuda.synchronize`): the handler cannot run. After `GRACE_S` the watchdog thread,
    which can still run Python, ends the pytest session itself through `on_stuck` (the hung
@@ -25,10 +25,12 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from typing import Any, Callable
 
 GRACE_S = 5.0     # after the signal, time for the main thread to leave the test
+RESIGNAL_S = 0.25  # within it, the signal is sent again this often
 BACKSTOP_S = 10.0  # then faulthandler's C thread, for a hang that holds the GIL
 SIGNAL = getattr(signal, "SIGUSR2", None)
 DEBUGGER_MODULES = ("pdb", "bdb", "pydevd", "_pydevd", "debugpy", "IPython.core.debugger", "ipdb")
@@ -64,6 +66,15 @@ def is_debugging() -> bool:
         name = frame.f_globals.get("__name__", "") or ""
         tracer = getattr(frame.f_trace, "__module__", None) or ""
         if name.startswith(DEBUGGER_MODULES) or tracer.startswith(DEBUGGER_MODULES):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _importing(frame) -> bool:
+    """The interrupted frame is inside an import (importlib's frames are on its stack)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
             return True
         frame = frame.f_back
     return False
@@ -115,7 +126,7 @@ class Watchdog:
             pass
 
     def _handler(self, signum, frame) -> None:
-        if self.fired and not self._done.is_set():
+        if self.fired and not self._done.is_set() and not _importing(frame):
             raise HangTimeout(self.message())
 
     def _watch(self) -> None:
@@ -126,10 +137,14 @@ class Watchdog:
         else:
             return
         self.fired = True
-        if self._installed:
-            signal.pthread_kill(threading.main_thread().ident, SIGNAL)
-        if self._done.wait(GRACE_S):
-            return
+        # Signalled again until the test leaves: the handler lets a module finish importing
+        # (an exception inside an import leaves a half-made module that later code trips on).
+        deadline = time.monotonic() + GRACE_S
+        while time.monotonic() < deadline:
+            if self._installed:
+                signal.pthread_kill(threading.main_thread().ident, SIGNAL)
+            if self._done.wait(min(RESIGNAL_S, max(0.0, deadline - time.monotonic()))):
+                return
         # The main thread is stuck in C code that released the GIL and does not return.
         self._write(f"\n\ncudaopt: {self.message()}. The test did not stop within {GRACE_S:g}s of "
                     f"being interrupted; the run ends here with status 1. Where the test was "

@@ -210,13 +210,30 @@ def judge_drawn(loaded: Workdir, settings, session, nodeid: str) -> "Verdict":
                 f"--cudaopt-case={shlex.quote(shapes.format_case(constants))}")
 
     explicit = shapes.explicit_cases(loaded.reference, space) if settings.case is None else shapes.Explicit()
-    seen: set[tuple] = {tuple(sorted(space.defaults.items()))}  # the canonical case has its own items
+    # A shape judged once keeps its outcome: Hypothesis maps several draws to one shape and
+    # replays draws (shrinking, the final report), and must see the same result each time.
+    # A failing shape runs again, so that a failure that does not repeat is called flaky.
+    judged: dict[tuple, str] = {tuple(sorted(space.defaults.items())): "passed"}  # canonical: own items
 
     def one(constants: dict[str, int]) -> None:
+        constants = {**{k: constants[k] for k in space.defaults if k in constants}, **constants}
         key = tuple(sorted({**space.defaults, **constants}.items()))
-        if key in seen and settings.case is None:
-            hypothesis.reject()  # judged already: draw another
-        seen.add(key)
+        before = judged.get(key) if settings.case is None else None
+        if before == "passed":
+            return
+        if before == "rejected":
+            hypothesis.reject()
+        try:
+            _one(constants)
+        except hypothesis.errors.UnsatisfiedAssumption:
+            judged[key] = "rejected"
+            raise
+        except BaseException:
+            judged[key] = "failed"
+            raise
+        judged[key] = "passed"
+
+    def _one(constants: dict[str, int]) -> None:
         if space.meta_usable:
             check = shapes.check_on_meta(loaded.reference, constants)
             if not check.valid:
