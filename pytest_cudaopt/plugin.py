@@ -230,6 +230,57 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A run that executes correctness or perf items in this process gets a sentinel
+    (sentinel.py): if the process dies before its session finishes, it writes the JUnit file
+    and a summary. Not on pytest-xdist workers or their controller (which reports a crashed
+    worker itself), nor with --collect-only."""
+    config = session.config
+    if hasattr(config, "workerinput") or config.option.collectonly or not any(map(_judged, session.items)):
+        return
+    from pytest_cudaopt import sentinel, watchdog
+
+    xmlpath = getattr(config.option, "xmlpath", None)
+    started = sentinel.Sentinel.start(
+        items=[sentinel.junit_names(item.nodeid, getattr(config.option, "junitprefix", None))
+               for item in session.items],
+        junit=str(config.invocation_params.dir / xmlpath) if xmlpath else None,
+        suite=config.getini("junit_suite_name") if xmlpath else "pytest",
+        stderr_fd=watchdog.stderr_fd())
+    if started is not None:
+        config.pluginmanager.register(_SentinelHooks(started), SENTINEL_PLUGIN)
+
+
+SENTINEL_PLUGIN = "cudaopt-sentinel"
+
+
+class _SentinelHooks:
+    """Tells the sentinel each item's start and outcome, and the end of the session."""
+
+    def __init__(self, sentinel):
+        self.sentinel = sentinel
+
+    def pytest_runtest_logstart(self, nodeid: str, location) -> None:
+        self.sentinel.started(nodeid)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        longrepr = report.longrepr
+        if report.skipped and isinstance(longrepr, tuple):  # (path, line, "Skipped: reason")
+            text = str(longrepr[2])
+        else:
+            text = report.longreprtext
+        self.sentinel.reported(report.nodeid, report.when, report.outcome, text, report.duration)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self.sentinel.finish()
+
+
+def _sentinel(config: pytest.Config):
+    hooks = config.pluginmanager.get_plugin(SENTINEL_PLUGIN)
+    return hooks.sentinel if hooks is not None else None
+
+
 def _pytest_faulthandler_timeout(config: pytest.Config) -> float:
     try:
         return float(config.getini("faulthandler_timeout") or 0)
@@ -280,7 +331,15 @@ def pytest_runtest_call(item: pytest.Item):
 
     # pytest's faulthandler_timeout owns faulthandler's single timer when it is set.
     backstop = not _pytest_faulthandler_timeout(item.config)
-    dog = watchdog.Watchdog(session.settings.timeout, item.nodeid, on_stuck=on_stuck, backstop=backstop)
+    sentinel = _sentinel(item.config)
+    on_debugging = None
+    if sentinel is not None:  # its last words come a second before faulthandler's exit
+        after = watchdog.GRACE_S + watchdog.BACKSTOP_S - 1
+        sentinel.backstop(session.settings.timeout + after, f"ran longer than cudaopt_timeout="
+                          f"{session.settings.timeout:g}s and was still running {after:g} s later")
+        on_debugging = lambda: sentinel.backstop(None)  # noqa: E731
+    dog = watchdog.Watchdog(session.settings.timeout, item.nodeid, on_stuck=on_stuck, backstop=backstop,
+                            on_debugging=on_debugging)
     hung = False
     try:
         with dog:
@@ -291,6 +350,9 @@ def pytest_runtest_call(item: pytest.Item):
         if session.fault is None and faults.context_lost(exc):
             session.fault = (item.nodeid, str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
         raise
+    finally:
+        if sentinel is not None:
+            sentinel.backstop(None)
     if hung:  # outside the except block: the failure alone, no exception chain
         message = dog.message()
         session.record_hang(workdir, item.nodeid, dog.case, message, bool(item.get_closest_marker("correctness")))

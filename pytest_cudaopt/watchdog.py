@@ -10,9 +10,10 @@ Three ways a test can hang, three answers (tested in tests/test_correctness_verd
    by `torch.cuda.synchronize`): the handler cannot run. After `GRACE_S` the watchdog thread,
    which can still run Python, ends the pytest session itself through `on_stuck` (the hung
    test failed, the rest not run, summary, JSON report, JUnit file) and exits with status 1.
-3. A C loop that holds the GIL: no Python thread runs again. faulthandler's C thread dumps
-   every stack and exits after `timeout + GRACE_S + BACKSTOP_S`; the JSON report written before
-   the item started (`"complete": false`, `"running"` names the item) is what remains.
+3. A C loop that holds the GIL: no Python thread runs again. The sentinel process
+   (sentinel.py) writes the JUnit file and a summary a second before faulthandler's C thread
+   dumps every stack and exits, `timeout + GRACE_S + BACKSTOP_S` after the start; with the JSON
+   report written before the item started (`"complete": false`, `"running"` names the item).
 
 A debugging session (pdb, `--pdb`'s post-mortem, an IDE debugger) is never interrupted: the
 watchdog checks the main thread's frames before it acts (as pytest-timeout's is_debugging does).
@@ -54,6 +55,11 @@ def keep_stderr() -> None:
             _STDERR_FD = None
 
 
+def stderr_fd() -> int | None:
+    """The duplicate that keep_stderr() kept, if any."""
+    return _STDERR_FD
+
+
 def is_debugging() -> bool:
     """A debugger is attached to the main thread: a trace function on one of its frames, or a
     debugger's module on its stack (pdb waiting at its prompt)."""
@@ -91,12 +97,14 @@ class Watchdog:
     """Watches one test (a context manager around its call). `on_stuck(message)` is called
     from the watchdog thread when the main thread does not leave the test after the signal;
     the process then exits with status 1. `backstop=False` leaves faulthandler's timer alone
-    (pytest's own `faulthandler_timeout` owns it)."""
+    (pytest's own `faulthandler_timeout` owns it). `on_debugging()` is called, from the
+    watchdog thread, each time the timeout passes with a debugger attached."""
 
     current: "Watchdog | None" = None
 
     def __init__(self, timeout: float, test: str, stream=None,
-                 on_stuck: Callable[[str], None] | None = None, backstop: bool = True):
+                 on_stuck: Callable[[str], None] | None = None, backstop: bool = True,
+                 on_debugging: Callable[[], None] | None = None):
         self.timeout = timeout
         self.test = test
         self.case = ""
@@ -104,6 +112,7 @@ class Watchdog:
         self._stream = stream
         self._on_stuck = on_stuck
         self._backstop = backstop
+        self._on_debugging = on_debugging
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
         self._previous_handler: Any = None
@@ -134,6 +143,8 @@ class Watchdog:
             if not is_debugging():
                 break
             faulthandler.cancel_dump_traceback_later()  # never kill a debugging session
+            if self._on_debugging is not None:
+                self._on_debugging()
         else:
             return
         self.fired = True

@@ -262,6 +262,7 @@ HANGS = {
                      "        libc.pthread_mutex_lock(mutex)\n"
                      "        libc.pthread_mutex_lock(mutex)"),
     "holds_the_gil": "ctypes.PyDLL(None).sleep(3600)",
+    "segfaults": "ctypes.string_at(0)",
 }
 
 
@@ -309,13 +310,82 @@ def test_a_hang_fails_its_test_with_the_case_and_the_run_still_reports(pytester,
         assert "passed" in policy
 
 
-def test_a_hang_that_holds_the_gil_leaves_the_report_written_before_the_item(pytester, cheat):
-    result = _run_hang(pytester, cheat, "holds_the_gil")
-    assert result.ret != 0
-    result.stderr.fnmatch_lines([f"*Timeout (0:00:{TIMEOUT + 15})!*", "*model_new.py*line * in forward*"])
+@dataclass
+class Ended:
+    ret: int
+    stdout: pytest.LineMatcher
+    stderr: pytest.LineMatcher
+
+
+def _run_through_pipes(pytester, *args: str) -> Ended:
+    """pytest in pytester.path with its output read through pipes until every writer closed
+    them, as a CI log reads it: what the sentinel writes after pytest died is included."""
+    cmd = [sys.executable, "-m", "pytest", *plugin_args(), "-p", "no:cacheprovider", *args]
+    done = subprocess.run(cmd, cwd=pytester.path, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    return Ended(done.returncode, pytest.LineMatcher(done.stdout.splitlines()),
+                 pytest.LineMatcher(done.stderr.splitlines()))
+
+
+def _run_hang_through_pipes(pytester, cheat, kind: str, ini: str = "") -> Ended:
+    _hanging(cheat(), kind)
+    pytester.makeini(INI + ini)
+    return _run_through_pipes(pytester, "wd/model_new.py", "-m", "correctness or policy",
+                              f"--cudaopt-timeout={TIMEOUT}", "--cudaopt-report=r.json", "--junitxml=j.xml")
+
+
+def _assert_the_sentinel_wrote_what_remains(pytester, result, failure: str) -> None:
+    """The JUnit file and the stderr summary written by sentinel.py after pytest died in the
+    first canonical item; the JSON report is the one written before that item."""
+    hung = "wd/model_new.py::TestCorrectness::test_canonical[seed0]"
+    result.stderr.fnmatch_lines([
+        "cudaopt: the pytest process ended before its session finished; what remains, from the sentinel:",
+        f"  FAILED {hung.replace('[', '[[]')}: {failure}*",
+        "cudaopt: 1 failed, * skipped (* of the skipped not run)",
+        f"cudaopt: JUnit file written to {pytester.path / 'j.xml'} by the sentinel",
+    ])
+    cases = junit_cases(pytester.path / "j.xml")
+    outcome, text = cases[("wd", "test_canonical[seed0]")]
+    assert outcome == "failed" and text.startswith(failure), text
+    later = {name: outcome for (_, name), (outcome, _) in cases.items() if name != "test_canonical[seed0]"}
+    assert "test_drawn_shapes" in later and any(name.startswith("test_rule[") for name in later)
+    assert set(later.values()) == {"skipped"}
+    assert all(f"not run: the pytest process ended while {hung} ran" in text
+               for (_, name), (_, text) in cases.items() if name in later)
     report = json.loads((pytester.path / "r.json").read_text())
     assert report["complete"] is False and not report["passed"]
-    assert report["running"] == "wd/model_new.py::TestCorrectness::test_canonical[seed0]"
+    assert report["running"] == hung
+
+
+def test_a_hang_that_holds_the_gil_ends_with_a_junit_file_and_the_report_written_before_the_item(pytester, cheat):
+    result = _run_hang_through_pipes(pytester, cheat, "holds_the_gil")
+    assert result.ret != 0
+    result.stderr.fnmatch_lines([f"*Timeout (0:00:{TIMEOUT + 15})!*", "*model_new.py*line * in forward*"])
+    _assert_the_sentinel_wrote_what_remains(pytester, result, f"TIMEOUT: ran longer than cudaopt_timeout={TIMEOUT}s "
+                                            "and was still running 14 s later: a C/C++ loop that holds the GIL")
+
+
+def test_a_crash_ends_with_a_junit_file_and_a_summary(pytester, cheat):
+    result = _run_hang_through_pipes(pytester, cheat, "segfaults")
+    assert result.ret not in (0, 1)  # killed by SIGSEGV (faulthandler's dump, then the signal)
+    result.stderr.fnmatch_lines(["Fatal Python error: Segmentation fault"])
+    _assert_the_sentinel_wrote_what_remains(pytester, result, "CRASH: the pytest process ended while this test ran")
+
+
+def test_a_hang_that_holds_the_gil_ends_even_when_pytests_faulthandler_owns_the_timer(pytester, cheat):
+    # pytest's faulthandler_timeout only dumps; it never ends the process
+    result = _run_hang_through_pipes(pytester, cheat, "holds_the_gil", "faulthandler_timeout = 60\n")
+    assert result.ret not in (0, 1)
+    result.stderr.fnmatch_lines(["cudaopt: ending pytest (pid *) with SIGABRT: nothing else ends it",
+                                 "Fatal Python error: Aborted"])
+    _assert_the_sentinel_wrote_what_remains(pytester, result, "TIMEOUT: ran longer than")
+
+
+def test_a_run_that_finishes_leaves_the_junit_file_to_pytest(pytester, cheat):
+    cheat()
+    result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness", "--junitxml=j.xml")
+    result.assert_outcomes(passed=4)
+    assert "from the sentinel" not in result.stderr.str()
+    assert 'testsuite name="pytest"' in (pytester.path / "j.xml").read_text()
 
 
 def test_pytests_faulthandler_timeout_keeps_its_timer(pytester, cheat):
