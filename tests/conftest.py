@@ -20,6 +20,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKDIRS = Path(__file__).resolve().parent / "workdirs"
 TEMPLATES = REPO_ROOT / "pytest_cudaopt" / "templates"
 FIXED_FILES = ("binding.cpp", "binding_registry.h")
+# Files that several example workdirs share, kept once in tests/workdirs/_shared/ and added to
+# the copies of the workdirs named here (a workdir's own file at that path wins).
+SHARED = WORKDIRS / "_shared"
+SHARED_FILES = {
+    "model.py": ("cheat_kernels", "cpu_scale", "cuda_cheats", "cuda_scale", "registry_forms", "upstream_scale"),
+    "kernels/scale.cpp": ("cpu_scale", "registry_forms", "upstream_scale"),
+    "kernels/scale_binding.cpp": ("cpu_scale", "upstream_scale"),
+}
 # Built copies of tests/workdirs/<name>, kept between runs so that a test that copies a
 # workdir starts from objects that are up to date (every torch binding costs tens of
 # seconds to compile). Ignored by git (/build/).
@@ -58,18 +66,27 @@ def run_pytest(pytester: pytest.Pytester, *args: str, timeout: float | None = No
                                              timeout=timeout)
 
 
+def _added_files(name: str) -> dict[Path, Path]:
+    """What a copy of tests/workdirs/<name> gets besides its own files: the shared ones named
+    for it, and the fixed binding files from pytest_cudaopt/templates/ (a workdir that carries
+    its own, another registry, keeps them). Relative path -> source."""
+    src = WORKDIRS / name
+    added = {Path(rel): SHARED / rel for rel, users in SHARED_FILES.items() if name in users}
+    added.update({Path(fixed): TEMPLATES / fixed for fixed in FIXED_FILES})
+    return {rel: source for rel, source in added.items() if not (src / rel).is_file()}
+
+
 def copy_workdir(name: str, dest: Path) -> Path:
-    """Copy tests/workdirs/<name> to `dest` and add the fixed binding files from
-    pytest_cudaopt/templates/ where it has none of its own. Files already at `dest` with the same content are left
-    alone (so their mtimes, and the objects built from them, stay valid)."""
+    """Copy tests/workdirs/<name> to `dest` with its added files (_added_files). Files already
+    at `dest` with the same content are left alone (so their mtimes, and the objects built
+    from them, stay valid)."""
     src = WORKDIRS / name
     if not src.is_dir():
         raise FileNotFoundError(f"no example workdir {src}")
     dest = Path(dest)
     pairs = [(path, dest / path.relative_to(src)) for path in sorted(src.rglob("*"))
              if path.is_file() and not {"__pycache__", "build"} & set(path.relative_to(src).parts)]
-    # A workdir that carries its own fixed files (another registry) keeps them.
-    pairs += [(TEMPLATES / fixed, dest / fixed) for fixed in FIXED_FILES if not (src / fixed).is_file()]
+    pairs += [(source, dest / rel) for rel, source in _added_files(name).items()]
     for source, target in pairs:
         if target.is_file() and filecmp.cmp(source, target, shallow=False):
             continue
@@ -81,7 +98,7 @@ def copy_workdir(name: str, dest: Path) -> Path:
 def _prune(dest: Path, name: str) -> None:
     """Remove files of a prebuilt copy that its example workdir no longer has (build/ stays)."""
     keep = {p.relative_to(WORKDIRS / name) for p in (WORKDIRS / name).rglob("*") if p.is_file()}
-    keep |= {Path(f) for f in FIXED_FILES}
+    keep |= set(_added_files(name))
     for path in sorted(dest.rglob("*"), reverse=True):
         rel = path.relative_to(dest)
         if rel.parts[0] in ("build", "__pycache__") or "__pycache__" in rel.parts:

@@ -1,4 +1,4 @@
-"""Reference problem of the CPU example workdir: y = x * weight + bias, per feature."""
+"""The reference problem of the example workdirs: y = x * weight + bias, per feature."""
 
 import torch
 import torch.nn as nn
