@@ -6,6 +6,7 @@ import contextlib
 import fnmatch
 import importlib
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from pytest_cudaopt import watchdog
 
     watchdog.keep_stderr()  # the terminal's stderr, for the watchdog (fd 2 is captured during tests)
+    config.pluginmanager.register(_FailedItems(config.stash[SESSION_KEY]), "cudaopt-failed-items")
     if config.pluginmanager.hasplugin("benchmark"):
         config.pluginmanager.register(_BenchmarkHooks(), "cudaopt-benchmark")
     else:
@@ -90,6 +92,20 @@ def _terminal_lines(config: pytest.Config):
             reporter.write_line(f"cudaopt build: {text}")
 
     return emit
+
+
+class _FailedItems:
+    """Remembers the correctness and perf items pytest reports as failed (also those run by a
+    pytest-xdist worker that crashed): the JSON report counts the ones without a result."""
+
+    def __init__(self, session: CudaoptSession):
+        self.session = session
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed and ("correctness" in report.keywords or "perf" in report.keywords):
+            lines = [line for line in report.longreprtext.strip().splitlines()
+                     if line.strip() and not re.match(r"\[gw\d+\] ", line)]  # xdist's worker header
+            self.session.failed_items.setdefault(report.nodeid, lines[0] if lines else "failed")
 
 
 class _BenchmarkHooks:

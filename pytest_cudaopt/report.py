@@ -554,16 +554,19 @@ def terminal_summary(terminalreporter: Any, session: Any) -> None:
 
 def document(results: Sequence[Any], *, seed: int | None = None,
              settings: Mapping[str, Any] | None = None, relaxations: Sequence[str] = (),
-             running: str | None = None) -> dict[str, Any]:
+             running: str | None = None, failed_items: Sequence[Mapping[str, str]] = ()) -> dict[str, Any]:
     """The JSON report: schema, time, environment, seed, settings, the relaxations in force
     and every result's record. `running` names the item that was about to run when the report
     was written before the end of the run (`"complete": false`): what remains if that item
-    hangs the process for good."""
+    hangs the process for good. `failed_items`: items pytest reported as failed that left no
+    result (a crashed pytest-xdist worker); any of them fails the report."""
     doc = {"schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
            "environment": environment(), "seed": seed, "settings": dict(settings or {}),
            "relaxations": list(relaxations),
-           "passed": all(bool(r.passed) for r in results) and running is None,
+           "passed": all(bool(r.passed) for r in results) and running is None and not failed_items,
            "results": [record(r) for r in results]}
+    if failed_items:
+        doc["failed_items"] = [dict(item) for item in failed_items]
     if running is not None:
         doc.update(complete=False, running=running)
     return doc
@@ -571,11 +574,11 @@ def document(results: Sequence[Any], *, seed: int | None = None,
 
 def write_json(path: str | Path, results: Sequence[Any], *, seed: int | None = None,
                settings: Mapping[str, Any] | None = None, relaxations: Sequence[str] = (),
-               running: str | None = None) -> Path:
+               running: str | None = None, failed_items: Sequence[Mapping[str, str]] = ()) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = _dumps(document(results, seed=seed, settings=settings, relaxations=relaxations,
-                           running=running), indent=2)
+                           running=running, failed_items=failed_items), indent=2)
     # Written aside and renamed: a process killed mid-write leaves the previous report whole.
     partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     partial.write_text(text + "\n")

@@ -85,6 +85,9 @@ class CudaoptSession:
         # Workdir → (item id, message) of a correctness or perf item that timed out: the
         # workdir's later correctness and perf items are not run.
         self.hung: dict[Path, tuple[str, str]] = {}
+        # Correctness and perf items pytest reported as failed (nodeid -> first line): the
+        # report counts those that left no result of their own (a crashed pytest-xdist worker).
+        self.failed_items: dict[str, str] = {}
 
     def relaxations(self) -> list[str]:
         from pytest_cudaopt import trust
@@ -236,6 +239,9 @@ class CudaoptSession:
             return
         from pytest_cudaopt import report
 
+        reported = {getattr(r, "test", None) for r in self.results if not r.passed}
+        unexplained = [{"test": test, "message": message} for test, message in self.failed_items.items()
+                       if test not in reported]
         report.write_json(self.settings.report, self.results, seed=self.seed,
                           settings=self.settings.as_dict(), relaxations=self.relaxations(),
-                          running=running)
+                          running=running, failed_items=unexplained)

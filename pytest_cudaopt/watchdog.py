@@ -200,7 +200,9 @@ def set_case(text: str) -> None:
 def end_pytest_session(item: Any, message: str) -> None:
     """From the watchdog thread, while the main thread is stuck in `item`: report `item` as
     failed with `message` and every later item as skipped ("not run"), then run pytest's
-    session finish (terminal summary, --junitxml, --cudaopt-report). The caller exits."""
+    session finish (terminal summary, --junitxml, --cudaopt-report). The caller exits.
+    On a pytest-xdist worker only the failure is reported: the controller owns the other
+    items and the session's end, and reports the worker's exit as a crash of `item`."""
     import time
 
     from _pytest.reports import TestReport
@@ -217,6 +219,8 @@ def end_pytest_session(item: Any, message: str) -> None:
     keywords = {name: 1 for name in item.keywords}
     hook.pytest_runtest_logreport(report=TestReport(
         item.nodeid, item.location, keywords, "failed", message, "call", start=now, stop=now))
+    if hasattr(config, "workerinput"):
+        return
     items = list(session.items)
     later = items[items.index(item) + 1:] if item in items else []
     reason = f"not run: the run ended after {item.nodeid} timed out"

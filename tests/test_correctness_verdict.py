@@ -380,6 +380,23 @@ def test_a_hang_that_holds_the_gil_ends_even_when_pytests_faulthandler_owns_the_
     _assert_the_sentinel_wrote_what_remains(pytester, result, "TIMEOUT: ran longer than")
 
 
+def test_a_hang_in_a_pytest_xdist_worker_fails_the_item_and_the_report(pytester, cheat):
+    _hanging(cheat(), "blocked_in_c")
+    result = run_pytest(pytester, "-p", "xdist", "-n", "2", "wd/model_new.py", "-m", "correctness",
+                        "-k", "canonical and seed0", f"--cudaopt-timeout={TIMEOUT}", "--cudaopt-report=r.json",
+                        timeout=120)
+    assert result.ret == 1
+    hung = "wd/model_new.py::TestCorrectness::test_canonical[[]seed0]"
+    # The worker reports the timeout with its case, then exits; the controller adds the crash.
+    result.stdout.fnmatch_lines([f"TIMEOUT: {hung} ran longer than *", f"worker 'gw*' crashed while running '{hung}'"],
+                                consecutive=False)
+    assert "writing the reports after the timeout failed" not in result.stderr.str()
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["passed"] is False  # no worker result reached the controller: the item counts
+    [failed] = report["failed_items"]
+    assert failed["test"] == hung.replace("[[]", "[") and failed["message"].startswith("TIMEOUT: "), failed
+
+
 def test_a_run_that_finishes_leaves_the_junit_file_to_pytest(pytester, cheat):
     cheat()
     result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness", "--junitxml=j.xml")
