@@ -140,12 +140,13 @@ class Run:
     def _report(self, m: dict) -> None:
         outcome = self.outcomes.setdefault(m["report"], Outcome())
         outcome.duration += float(m.get("duration") or 0.0)
-        first_line = (m.get("text") or "").strip().splitlines()[-1:] or [""]
+        text = m.get("text") or ""
+        last_line = (text.strip().splitlines() or [""])[-1]  # a traceback's "E   ..." line, a skip's reason
         if m["outcome"] == "failed" and outcome.kind in ("passed", "skipped"):
             outcome.kind = "failed" if m["when"] == "call" else "error"
-            outcome.message, outcome.text = first_line[0], m.get("text") or ""
+            outcome.message, outcome.text = last_line, text
         elif m["outcome"] == "skipped" and outcome.kind == "passed":
-            outcome.kind, outcome.message, outcome.text = "skipped", first_line[0], m.get("text") or ""
+            outcome.kind, outcome.message, outcome.text = "skipped", last_line, text
         if m["when"] == "teardown" and self.running == m["report"]:
             self.running, self.backstop_at = None, None
 
@@ -162,8 +163,8 @@ class Run:
                 outcome = self.outcomes[nodeid]
             else:
                 where = f" while {self.running} ran" if self.running else ""
-                outcome = Outcome("skipped", f"not run: the pytest process ended{where}")
-                outcome.text = outcome.message
+                reason = f"not run: the pytest process ended{where}"
+                outcome = Outcome("skipped", reason, reason)
             rows.append((item, outcome))
         return rows
 

@@ -203,8 +203,6 @@ def end_pytest_session(item: Any, message: str) -> None:
     session finish (terminal summary, --junitxml, --cudaopt-report). The caller exits.
     On a pytest-xdist worker only the failure is reported: the controller owns the other
     items and the session's end, and reports the worker's exit as a crash of `item`."""
-    import time
-
     from _pytest.reports import TestReport
 
     config, session = item.config, item.session
