@@ -323,6 +323,10 @@ class Explicit:
 
     cases: list[dict[str, int]] = field(default_factory=list)
     never_above: list[str] = field(default_factory=list)   # no valid value above the default fits
+    # Constants past their defaults at once (as many as stay valid together): a kernel wrong
+    # only where two sizes are off its tuning at the same time (an odd batch with a wide row)
+    # passes every one-at-a-time case, and random draws meet it only now and then.
+    combined: list[dict[str, int]] = field(default_factory=list)
 
 
 def _upward(default: int) -> list[int]:
@@ -338,7 +342,8 @@ def _downward(default: int) -> list[int]:
 def explicit_cases(module: types.ModuleType, space: "ShapeSpace") -> Explicit:
     """For each inferred constant: the first valid value above its default whose inputs
     fit `space.max_elements`, and the smallest valid value (a few candidates each, checked
-    on the meta device). Declared or meta-unusable spaces get none."""
+    on the meta device); then as many of those values above as stay valid together.
+    Declared or meta-unusable spaces get none."""
     found = Explicit()
     if space.declared or not space.meta_usable or not space.defaults:
         return found
@@ -358,15 +363,23 @@ def explicit_cases(module: types.ModuleType, space: "ShapeSpace") -> Explicit:
                     return case
         return None
 
+    together = dict(space.defaults)
     for name, default in space.defaults.items():
         above = first(name, default, _upward(default))
         if above is None:
             found.never_above.append(name)
-        elif above not in found.cases:
-            found.cases.append(above)
+        else:
+            if above not in found.cases:
+                found.cases.append(above)
+            # Joined to the others' where the result stays valid (n_head 5 would not divide n_embd 68).
+            candidate = {**together, **{k: v for k, v in above.items() if v != space.defaults[k]}}
+            if fits(candidate):
+                together = candidate
         smallest = first(name, default, _downward(default))
         if smallest is not None and smallest not in found.cases:
             found.cases.append(smallest)
+    if together != space.defaults and together not in found.cases:
+        found.combined.append(together)
     return found
 
 

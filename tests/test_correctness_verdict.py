@@ -489,6 +489,14 @@ def test_a_drawn_failure_is_reported_with_its_case_whichever_draws_repeat_a_shap
     result.stdout.fnmatch_lines(["case: drawn shape batch_size=*,features=* (canonical: batch_size=16,features=64)*"])
 
 
+@pytest.mark.parametrize("seed", [12, 13])  # seeds whose 25 draws never met an odd batch with > 64 features
+def test_a_kernel_wrong_only_when_two_sizes_leave_its_tuning_together_fails(pytester, cheat, seed):
+    cheat("odd_and_wide")
+    result = run_pytest(pytester, "wd/model_new.py::TestCorrectness::test_drawn_shapes", f"--cudaopt-seed={seed}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["case: drawn shape batch_size=*,features=* (canonical: batch_size=16,features=64)*"])
+
+
 def test_a_replayed_shape_that_passes_passes(pytester, cheat):
     cheat("canonical_only")
     result = run_pytest(pytester, "wd/model_new.py::TestCorrectness::test_drawn_shapes",

@@ -232,11 +232,21 @@ def test_explicit_cases_go_past_every_default_and_down_to_the_smallest_valid_val
     assert {**space.defaults, "batch_size": 1} in found.cases
 
 
+def test_explicit_cases_also_move_constants_past_their_defaults_together_where_valid():
+    module = module_from(KERNELBENCH)
+    space = shapes.shape_space(module)
+    [combined] = shapes.explicit_cases(module, space).combined
+    # batch_size and n_head grow together; n_embd 68 would not divide by n_head 8, so it stays
+    assert combined == {**space.defaults, "batch_size": 17, "n_head": 8}
+    assert shapes.check_on_meta(module, combined).valid
+
+
 def test_a_constant_that_cannot_grow_within_the_cap_is_named():
     module = module_from(KERNELBENCH)
     space = shapes.shape_space(module, max_elements=16 * 64)  # exactly the canonical inputs
     found = shapes.explicit_cases(module, space)
     assert set(found.never_above) == {"batch_size", "n_embd"}
+    assert found.combined == []
 
 
 def test_int_elements_of_tuple_constants_vary_one_by_one():

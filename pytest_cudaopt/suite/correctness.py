@@ -266,7 +266,7 @@ def judge_drawn(loaded: Workdir, settings, session, nodeid: str) -> "Verdict":
         if settings.case is not None:
             one(shapes.parse_case(settings.case))
         else:
-            for constants in explicit.cases:  # past the canonical and the smallest, first
+            for constants in explicit.cases + explicit.combined:  # past the canonical and the smallest, first
                 one(constants)
 
             @shapes.hypothesis_settings(settings.profile, settings.max_examples)
