@@ -170,15 +170,20 @@ def perf_input_plan(requested: int, input_bytes: int, output_bytes: int, free: i
         limit = min(limit, free - OVERHEAD)
     if free is None or input_bytes + output_bytes <= 0:
         return requested, False, ""
+    # Private: each set, its expected output and a copy per contender, plus the queued outputs
+    # that a checked round keeps (one per contender).
     private = input_bytes + output_bytes + contenders * input_bytes
-    if private * requested <= limit:
+    room = limit - contenders * output_bytes
+    if private * requested <= room:
         return requested, False, ""
-    if private * MIN_INPUT_SETS <= limit:
-        count = max(MIN_INPUT_SETS, min(requested, int(limit // private)))
+    if private * MIN_INPUT_SETS <= room:
+        count = max(MIN_INPUT_SETS, min(requested, int(room // private)))
         return count, False, (f"{count} input sets rotated instead of {requested}: the case budget "
                               f"{gib(limit)} holds that many with a copy per contender")
+    # Shared: each set, its one copy and its expected output, plus the one queued output that
+    # a checked round keeps (timing.measure keeps one, not one per contender, when shared).
     shared = 2 * input_bytes + output_bytes
-    count = max(MIN_INPUT_SETS, min(requested, int(limit // shared)))
+    count = max(MIN_INPUT_SETS, min(requested, int((limit - output_bytes) // shared)))
     return count, True, (f"{count} input sets, shared by the contenders instead of a copy each: a copy "
                          f"per contender would not fit the case budget of {gib(limit)}")
 

@@ -351,13 +351,18 @@ def measure(
                 content[key][slot] = source
                 refilled = True
             schedule.append((rounds, key, slot))
+        kept = [k for k in order if checks[k]]
+        if config.share_inputs and kept:
+            # Memory-bound problems: a queued round keeps one output (each contender's in turn),
+            # not one per contender; every checked contender's latency run is still checked.
+            kept = [kept[rounds % len(kept)]]
         device: dict[str, float] = {}
-        for key, outcome in zip(order, queue(order, slot, keep=[k for k in order if checks[k]])):
+        for key, outcome in zip(order, queue(order, slot, keep=kept)):
             if isinstance(outcome, BaseException):
                 record_error(key, outcome)
                 continue
             device[key] = outcome.seconds
-            if checks[key]:  # the queued outputs are checked (and freed) before the latency runs
+            if key in kept:  # the queued outputs are checked (and freed) before the latency runs
                 check_output(key, slot, outcome.output, "queued")
             del outcome
         for key in order:

@@ -35,13 +35,17 @@ def test_the_size_cap_shrinks_to_free_memory_and_says_so():
 
 
 def test_perf_input_sets_fit_the_case_budget_and_are_shared_only_when_they_must_be():
-    # 1/8 GiB in and out: budget 4 x 1/4 + 2 = 3 GiB; a set with 4 private copies takes 3/4 GiB.
-    assert memory.perf_input_plan(4, GiB // 8, GiB // 8, 100 * GiB) == (4, False, "")
-    # 1/4 GiB in and out: budget 4 GiB; private sets take 1.5 GiB each: two fit.
+    # 1/16 GiB in and out: budget 4 x 1/8 + 2 = 2.5 GiB; a set with 4 private copies takes
+    # 3/8 GiB, and a checked round keeps 4 queued outputs (1/4 GiB).
+    assert memory.perf_input_plan(4, GiB // 16, GiB // 16, 100 * GiB) == (4, False, "")
+    # 1/8 GiB: budget 3 GiB, 1/2 GiB of queued outputs; sets of 3/4 GiB: three fit.
+    count, shared, note = memory.perf_input_plan(4, GiB // 8, GiB // 8, 100 * GiB)
+    assert (count, shared) == (3, False) and "3 input sets rotated instead of 4" in note
+    # 1/4 GiB in and out: budget 4 GiB, 1 GiB of queued outputs; private sets take 1.5 GiB each: two fit.
     count, shared, note = memory.perf_input_plan(4, GiB // 4, GiB // 4, 100 * GiB)
     assert (count, shared) == (2, False) and "2 input sets rotated instead of 4" in note
     # KernelBench softmax: 6 GiB in, 6 GiB out, budget 50 GiB: two private sets (72 GiB) do
-    # not fit, two shared ones (36 GiB) do.
+    # not fit, two shared ones (36 GiB, and one kept queued output: 42 GiB) do.
     count, shared, note = memory.perf_input_plan(4, 6 * GiB, 6 * GiB, 120 * GiB)
     assert (count, shared) == (2, True) and "shared by the contenders" in note
     assert memory.perf_input_plan(4, 6 * GiB, 6 * GiB, None) == (4, False, "")

@@ -135,6 +135,35 @@ def test_shared_inputs_are_one_copy_for_all_and_still_catch_a_replayed_output():
     assert "differs from the reference" in m["replay"].failure
 
 
+def test_shared_inputs_keep_one_queued_output_per_round_not_one_per_contender():
+    # Memory-bound problems share their inputs because a copy per contender does not fit; a
+    # queued round holding every contender's output would not fit either.
+    import weakref
+
+    inputs, expected = sets(3)
+    alive, most = [0], [0]
+
+    def released():
+        alive[0] -= 1
+
+    def tracked(x):
+        out = x * 2
+        alive[0] += 1
+        most[0] = max(most[0], alive[0])
+        weakref.finalize(out, released)
+        return out
+
+    keys = ["a", "b", "c", "d"]
+    m = measure([Contender(k, tracked) for k in keys], inputs, clock=FakeClock({}, default=MS),
+                config=quick(share_inputs=True, check_fraction=1.0), expected=expected)
+    assert all(m[k].failure is None and m[k].checked >= 3 for k in keys)
+    assert most[0] <= 2    # the kept queued output and the call running now
+    private = measure([Contender(k, tracked) for k in keys], inputs, clock=FakeClock({}, default=MS),
+                      config=quick(check_fraction=1.0), expected=expected)
+    assert all(private[k].failure is None for k in keys)
+    assert most[0] == len(keys)   # with private copies, each contender's queued output is checked
+
+
 def test_a_contender_that_changes_once_timing_starts_fails():
     inputs, expected = sets(2)
     calls = Counter()
