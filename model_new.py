@@ -1,4 +1,4 @@
-"""GPT-2 causal self-attention on cuda_extension: cuBLASLt projections around a flash attention kernel."""
+"""GPT-2 causal self-attention on cuda_extension: 3xTF32 wgmma projections around a flash attention kernel."""
 
 import torch.nn as nn
 
@@ -15,12 +15,14 @@ class ModelNew(nn.Module):
         self.c_proj = nn.Linear(n_embd, n_embd)
         self.n_embd = n_embd
         self.n_head = n_head
-        # Tile-shape variant of kernels/attention.cu (0 = the default; see its launcher).
+        # Variants of kernels/linear_3xtf32.cu (0 = the default, 2 = cuBLASLt fp32) and of
+        # kernels/attention.cu (0 = the default); see their launchers.
+        self.linear_config = 0
         self.attention_config = 0
 
     def forward(self, x):
         # (B, T, C) -> (B, T, 3C): q | k | v, read in place by the attention kernel.
-        qkv = cuda_extension.linear(x, self.c_attn.weight, self.c_attn.bias)
+        qkv = cuda_extension.linear(x, self.c_attn.weight, self.c_attn.bias, self.linear_config)
         # (B, T, 3C) -> (B, T, C): heads already merged in the layout c_proj reads.
         y = cuda_extension.causal_attention(qkv, self.n_head, self.attention_config)
-        return cuda_extension.linear(y, self.c_proj.weight, self.c_proj.bias)
+        return cuda_extension.linear(y, self.c_proj.weight, self.c_proj.bias, self.linear_config)

@@ -5,7 +5,8 @@
 # Steps: build (cold and warm), correctness, perf (the root workdir), timing
 # (benchmarks/check_timing.py), gpu_tests (tests/test_gpu_verdicts.py and the GPU timing tests),
 # contract (benchmarks/contract_run.sh), gate (benchmarks/gate_run.sh), kb_softmax
-# (benchmarks/kb_softmax_run.sh).
+# (benchmarks/kb_softmax_run.sh), linear (benchmarks/bench_linear.py), attention
+# (benchmarks/bench_attention.py), kernel_tests (tests/test_kernels_gpu.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
@@ -36,11 +37,15 @@ for s in "${@:-build correctness perf timing gpu_tests}"; do for name in $s; do 
       --benchmark-storage="file://$LOGS/benchmarks" --cudaopt-report="$LOGS/perf.json" ${PERF_ARGS:-} ;;
   timing) OUT=$LOGS step timing 330 python3 benchmarks/check_timing.py ;;
   gpu_tests)
-    step gpu_tests 300 python3 -m pytest tests/test_gpu_verdicts.py tests/test_timing.py tests/test_trace.py \
+    step gpu_tests 420 python3 -m pytest tests/test_gpu_verdicts.py tests/test_timing.py tests/test_trace.py \
+      tests/test_kernels_gpu.py \
       -q -p no:cacheprovider ;;
   contract) OUT=$LOGS TAIL=40 step contract 420 bash benchmarks/contract_run.sh ;;
   gate) OUT=$LOGS TAIL=40 step gate 420 bash benchmarks/gate_run.sh ;;
   kb_softmax) OUT=$LOGS TAIL=40 step kb_softmax 540 bash benchmarks/kb_softmax_run.sh ;;
+  linear) TAIL=30 step linear 240 python3 benchmarks/bench_linear.py --out "$LOGS" ;;
+  attention) TAIL=30 step attention 300 python3 benchmarks/bench_attention.py --out "$LOGS" ;;
+  kernel_tests) step kernel_tests 420 python3 -m pytest tests/test_kernels_gpu.py -q -p no:cacheprovider ;;
   *) echo "gpu_run.sh: unknown step $name" >&2 ;;
 esac; done; done
 tar czf "$OUT/logs.tgz" --exclude=build --exclude="*.so" --exclude="*.o" --exclude=__pycache__ -C "$LOGS" . 2>/dev/null

@@ -11,7 +11,8 @@
 #
 # Flags:
 #   TORCH_CUDA_ARCH_LIST   "9.0", "9.0a", "8.0;9.0+PTX", "Hopper"; else the visible GPU's
-#                          capability, else 9.0 (`resolve_arch()` says which and why).
+#                          capability, else 9.0 (`resolve_arch()` says which and why). A
+#                          9.0 cubin is built as sm_90a, which every sm_90 GPU runs (wgmma).
 #   extra flags            settings cxx_flags / nvcc_flags: --cudaopt-cxx-flags,
 #                          --cudaopt-nvcc-flags, env CUDAOPT_CXX_FLAGS / CUDAOPT_NVCC_FLAGS,
 #                          ini cudaopt_cxx_flags / cudaopt_nvcc_flags; space separated,

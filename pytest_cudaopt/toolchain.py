@@ -203,17 +203,25 @@ def _arch() -> tuple[list[tuple[str, bool]], str]:
     return _parse_arch_list(DEFAULT_ARCH), "default: no TORCH_CUDA_ARCH_LIST and no visible GPU"
 
 
+# Arches whose cubin is built for the arch-specific variant: every sm_90 GPU (Hopper) runs an
+# sm_90a cubin, which adds wgmma, setmaxnreg and the TMA multicast forms, so "9.0" costs nothing
+# and lets a workdir's Hopper kernels build from the standard command. PTX stays compute_90
+# (arch-specific PTX runs on no later arch).
+CUBIN_VARIANT = {"90": "90a"}
+
+
 def resolve_arch() -> str:
-    """The arch the build targets and why, e.g. "sm_90 (from TORCH_CUDA_ARCH_LIST=9.0)"."""
+    """The arch the build targets and why, e.g. "sm_90a (from TORCH_CUDA_ARCH_LIST=9.0)"."""
     arches, why = _arch()
-    names = ", ".join(f"sm_{a}" + ("+PTX" if ptx else "") for a, ptx in arches)
+    names = ", ".join(f"sm_{CUBIN_VARIANT.get(a, a)}" + ("+PTX" if ptx else "") for a, ptx in arches)
     return f"{names} ({why})"
 
 
 def _gencode_flags(arches: list[tuple[str, bool]]) -> list[str]:
     flags = []
     for arch, ptx in arches:
-        flags.append(f"-gencode=arch=compute_{arch},code=sm_{arch}")
+        cubin = CUBIN_VARIANT.get(arch, arch)
+        flags.append(f"-gencode=arch=compute_{cubin},code=sm_{cubin}")
         if ptx:
             flags.append(f"-gencode=arch=compute_{arch},code=compute_{arch}")
     return flags

@@ -44,12 +44,14 @@ def touch(path: Path) -> None:
 # ------------------------------------------------------------------------ arch, toolkit
 
 @pytest.mark.parametrize("text, gencode, shown", [
-    ("9.0", ["-gencode=arch=compute_90,code=sm_90"], "sm_90 (from TORCH_CUDA_ARCH_LIST=9.0)"),
+    # 9.0's cubin is sm_90a (every sm_90 GPU runs it; Hopper kernels need it), its PTX compute_90.
+    ("9.0", ["-gencode=arch=compute_90a,code=sm_90a"], "sm_90a (from TORCH_CUDA_ARCH_LIST=9.0)"),
     ("9.0a", ["-gencode=arch=compute_90a,code=sm_90a"], "sm_90a (from TORCH_CUDA_ARCH_LIST=9.0a)"),
-    ("8.0;9.0+PTX", ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90",
+    ("8.0;9.0+PTX", ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90a,code=sm_90a",
                      "-gencode=arch=compute_90,code=compute_90"],
-     "sm_80, sm_90+PTX (from TORCH_CUDA_ARCH_LIST=8.0;9.0+PTX)"),
-    ("Hopper", ["-gencode=arch=compute_90,code=sm_90"], "sm_90 (from TORCH_CUDA_ARCH_LIST=Hopper)"),
+     "sm_80, sm_90a+PTX (from TORCH_CUDA_ARCH_LIST=8.0;9.0+PTX)"),
+    ("Hopper", ["-gencode=arch=compute_90a,code=sm_90a"], "sm_90a (from TORCH_CUDA_ARCH_LIST=Hopper)"),
+    ("8.9", ["-gencode=arch=compute_89,code=sm_89"], "sm_89 (from TORCH_CUDA_ARCH_LIST=8.9)"),
 ])
 def test_the_arch_comes_from_torch_cuda_arch_list(monkeypatch, text, gencode, shown):
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", text)
@@ -67,7 +69,7 @@ def test_a_bad_arch_list_entry_is_a_build_error_that_names_it(monkeypatch):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a visible GPU decides the arch")
 def test_without_arch_list_or_gpu_the_arch_is_9_0(monkeypatch):
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
-    assert build.resolve_arch() == "sm_90 (default: no TORCH_CUDA_ARCH_LIST and no visible GPU)"
+    assert build.resolve_arch() == "sm_90a (default: no TORCH_CUDA_ARCH_LIST and no visible GPU)"
 
 
 def _fake_toolkit(root: Path) -> tuple[Path, Path]:

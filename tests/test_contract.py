@@ -31,7 +31,7 @@ def test_the_shipped_registry_is_the_root_copy_and_documents_the_contract_form()
 
 def test_every_project_kernel_uses_the_contract_form():
     regs = scaffold.find_registrations(REPO_ROOT)
-    assert {name for _, _, name, _ in regs} == {"causal_attention", "linear"}
+    assert {name for _, _, name, _ in regs} == {"causal_attention", "linear", "linear_fp32"}
     assert {form for *_, form in regs} == {"contract"}
 
 

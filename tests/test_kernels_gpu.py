@@ -1,0 +1,110 @@
+"""The default workdir's kernels on a GPU: the 3xTF32 linear op at float32 accuracy on every path it
+can take (the wgmma GEMM's tile variants, tails in M, N and K, the cuBLASLt fallback), and the
+fallback chosen by itself where the build has no sm_90a image."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO_ROOT, subprocess_env
+from pytest_cudaopt import build, compare
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")]
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+# (M, N, K): GPT-2's c_proj at a smaller batch, tails in every dimension, the smallest sizes,
+# a K over a hundred k-steps, and sizes the 3xTF32 kernel does not take (K or N not a multiple of 4).
+SHAPES = [(2048, 768, 768), (1000, 196, 100), (1, 2304, 768), (300, 8, 4), (129, 4, 36), (512, 384, 4100)]
+FALLBACK_SHAPES = [(64, 64, 35), (33, 6, 8)]
+
+
+@pytest.fixture(scope="module")
+def ext():
+    return build.build_extension(REPO_ROOT)
+
+
+def problem(M, N, K, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed + M * 31 + N * 7 + K)
+    x = torch.randn(M, K, device="cuda", generator=gen)
+    w = torch.randn(N, K, device="cuda", generator=gen) / K ** 0.5
+    b = torch.randn(N, device="cuda", generator=gen)
+    return x, w, b
+
+
+def fp32_tier(y, x, w, b):
+    """(tier, error, the fp32 reference's error) of y against a float64 nn.Linear."""
+    ref64 = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        ref32 = torch.nn.functional.linear(x, w, b)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+    err, ref_err = compare.relative_l2_error(y, ref64), compare.relative_l2_error(ref32, ref64)
+    return compare.precision_tier(err, ref_err), err, ref_err
+
+
+@pytest.mark.parametrize("config", [0, 1, 2])
+@pytest.mark.parametrize("M, N, K", SHAPES)
+def test_linear_is_fp32_accurate_on_every_config_and_tail(ext, M, N, K, config):
+    x, w, b = problem(M, N, K)
+    expected_path = "cublaslt" if config == 2 or not HOPPER else "3xtf32"
+    assert ext.linear_path(x, w, b, config) == expected_path
+    tier, err, ref_err = fp32_tier(ext.linear(x, w, b, config), x, w, b)
+    assert tier == "fp32", f"config {config} ({expected_path}) at {(M, N, K)}: error {err:.2e}, fp32 ref {ref_err:.2e}"
+
+
+@pytest.mark.parametrize("M, N, K", FALLBACK_SHAPES)
+def test_linear_falls_back_to_cublaslt_where_the_3xtf32_kernel_cannot_run(ext, M, N, K):
+    x, w, b = problem(M, N, K)
+    assert ext.linear_path(x, w, b, 0) == "cublaslt"
+    assert fp32_tier(ext.linear(x, w, b, 0), x, w, b)[0] == "fp32"
+
+
+def test_linear_with_a_misaligned_input_falls_back_and_stays_right(ext):
+    x, w, b = problem(256, 64, 64)
+    shifted = torch.empty(256 * 64 + 1, device="cuda")[1:].view(256, 64)  # 4-byte aligned only
+    shifted.copy_(x)
+    assert ext.linear_path(shifted, w, b, 0) == "cublaslt"
+    assert fp32_tier(ext.linear(shifted, w, b, 0), shifted, w, b)[0] == "fp32"
+
+
+def test_the_weights_are_split_on_every_call_not_cached(ext):
+    x, w, b = problem(512, 384, 256)
+    first = ext.linear(x, w, b, 0)
+    w.mul_(-0.5)  # the same tensor, new values: a cached split would give the old product
+    assert fp32_tier(ext.linear(x, w, b, 0), x, w, b)[0] == "fp32"
+    assert not torch.allclose(first, ext.linear(x, w, b, 0))
+
+
+CHILD = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from pytest_cudaopt import build
+ext = build.build_extension(sys.argv[1])
+torch.manual_seed(0)
+x, w, b = torch.randn(300, 96, device="cuda"), torch.randn(192, 96, device="cuda") / 10, torch.randn(192, device="cuda")
+y = ext.linear(x, w, b, 0)
+ref = torch.nn.functional.linear(x.double(), w.double(), b.double())
+print(json.dumps({"path": ext.linear_path(x, w, b, 0),
+                  "error": float((y.double() - ref).norm() / ref.norm())}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HOPPER, reason="the sm_90a probe is tested on a Hopper GPU")
+def test_a_build_without_an_sm_90a_image_takes_the_cublaslt_path_by_itself(tmp_path):
+    # compute_80 PTX, JIT-compiled for the Hopper GPU: no sm_90a code, so the probe says no.
+    env = dict(subprocess_env(), TORCH_CUDA_ARCH_LIST="8.0+PTX", CUDAOPT_BUILD_DIR=str(tmp_path / "build"),
+               CUDA_CACHE_PATH=str(tmp_path / "jit-cache"))
+    done = subprocess.run([sys.executable, "-c", CHILD, str(REPO_ROOT)], env=env, capture_output=True, text=True,
+                          timeout=1200, cwd=os.fspath(tmp_path))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["path"] == "cublaslt"
+    assert result["error"] < 1e-5
