@@ -15,7 +15,7 @@ class ModelNew(nn.Module):
         self.c_proj = nn.Linear(n_embd, n_embd)
         self.n_embd = n_embd
         self.n_head = n_head
-        # Variants of kernels/linear_3xtf32.cu (0 = the default, 2 = cuBLASLt fp32) and of
+        # Variants of kernels/linear_3xtf32.cu (0 = the default, 1 = cuBLASLt fp32) and of
         # kernels/attention.cu (0 = the default); see their launchers.
         self.linear_config = 0
         self.attention_config = 0

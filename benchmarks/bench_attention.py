@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # pytest_cudaopt runs from the checkout, uninstalled
     sys.path.insert(0, str(ROOT))
 
-CONFIGS = {0: "tensor cores", 1: "generic"}
+CONFIGS = {0: "wgmma where it runs", 1: "generic", 2: "mma.sync"}
 # (B, T, C, H): the canonical shape, edge sizes, other head sizes (D = C / H).
 SHAPES = [(16, 1024, 768, 12), (2, 1, 768, 12), (3, 77, 768, 12), (2, 100, 35, 5), (2, 257, 768, 6)]
 

@@ -3,7 +3,7 @@
 #   python benchmarks/bench_linear.py [--out DIR] [--max-time S]
 # 1. build: the workdir's cuda_extension (pytest_cudaopt.build, the plugin's build).
 # 2. check: per shape (GPT-2's c_attn and c_proj, then edge sizes: tails in M, N and K, tiny and
-#    unaligned problems) and config (0, 1 = the 3xTF32 tile variants, 2 = cuBLASLt fp32), the path
+#    unaligned problems) and config (1 = cuBLASLt fp32, the others the 3xTF32 GEMM), the path
 #    taken, the relative L2 error against float64 beside torch's fp32 F.linear's own, and the
 #    largest element-wise error.
 # 3. time (pytest_cudaopt.timing: CUDA events, cold L2, contenders interleaved) at the GPT-2
@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # pytest_cudaopt runs from the checkout, uninstalled
     sys.path.insert(0, str(ROOT))
 
-CONFIGS = {0: "3xTF32 turns", 1: "3xTF32 no turns", 2: "cuBLASLt fp32"}
+CONFIGS = {0: "3xTF32 persistent, 2 k-steps/add", 1: "cuBLASLt fp32", 2: "3xTF32 persistent",
+           3: "3xTF32 block/tile", 4: "3xTF32 block/tile, 2 k-steps/add"}
 # (name, M, N, K): GPT-2 small at B*T = 16384, then tails and small problems.
 SHAPES = [("c_attn", 16384, 2304, 768), ("c_proj", 16384, 768, 768), ("tails", 1000, 196, 100),
           ("one row", 1, 2304, 768), ("K=4", 300, 8, 4), ("N=4 K=36", 129, 4, 36),
@@ -90,7 +91,7 @@ def table(records) -> str:
     lines += [f"{r['shape']:<18}{','.join(map(str, r['mnk'])):<18}{r['config']:>4}  {r['path']:<9}"
               f"{r['error']:>10.2e}{r['reference_error']:>10.2e}{r['max_abs']:>10.2e}  {r['tier']}"
               for r in records if r["kind"] == "check"]
-    lines.append(f"\n{'shape':<8}{'contender':<34}{'device':>10}{'TFLOP/s':>9}{'n':>5}")
+    lines.append(f"\n{'shape':<8}{'contender':<50}{'device':>10}{'TFLOP/s':>9}{'n':>5}")
     for r in records:
         if r["kind"] == "time":
             lines.append(f"{r['shape']:<8}{r['label']:<34}{format_seconds(r['device_median_s']):>10}"

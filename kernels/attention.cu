@@ -14,11 +14,14 @@
 //   floor: 25.8 GFLOP / ~60 TFLOP/s of fp32 FFMA = 0.43 ms. On the tensor cores with 3xTF32
 //          (x = hi + lo, x*y ~ hi*hi + hi*lo + lo*hi: three tf32 products per fp32 product,
 //          fp32-level error) and mma.sync at ~300 TFLOP/s tf32: 77 GFLOP / 300 = 0.26 ms.
-//   measured (H200): 0.469 ms = 55 TFLOP/s of fp32-accurate attention (165 TFLOP/s of tf32 MMA
-//          work); a plain FFMA flash kernel 0.853 ms; torch's fp32 SDPA 0.896 ms.
+//   measured (H200): wgmma kernel 0.379 ms = 68 TFLOP/s of fp32-accurate attention (204 TFLOP/s
+//          of tf32 work); mma.sync kernel 0.461 ms; a plain FFMA flash kernel 0.853 ms; torch's
+//          fp32 SDPA 0.896 ms.
 //          Error vs float64 0.55x-2.5x the fp32 reference's, flat in T up to 4096.
 //
 // Kernels (the launcher's `config` picks one; see attention_launcher at the end):
+//   attention_kernel_wgmma   3xTF32 on Hopper's wgmma.m64n64k8, 64 query rows per warpgroup,
+//                            K/V split once per tile into shared memory; D = 64, sm_90a images.
 //   attention_kernel_mma     3xTF32 mma.sync m16n8k8, 16 query rows per warp slab, K/V tiles
 //                            pipelined in shared memory by cp.async; D in {32, 64, 96, 128}.
 //   attention_kernel_generic one warp per query row, any head size D (slow, always correct).
@@ -27,6 +30,8 @@
 // diagonal are never loaded. The 1/sqrt(D) scale and log2(e) are folded into one multiplier of
 // exp2. Build: part of cuda_extension (bash utils/compile.sh); bench: benchmarks/bench_attention.py.
 #include "attention.h"
+
+#include "hopper.h"
 
 #include <cuda_runtime.h>
 
@@ -557,6 +562,239 @@ attention_kernel_generic(const float* __restrict__ qkv, float* __restrict__ y, i
 }
 
 // ---------------------------------------------------------------------------------------------
+// Kernel 3: 3xTF32 flash attention on Hopper's wgmma (sm_90a, D = 64)
+// ---------------------------------------------------------------------------------------------
+//
+// Block = 2 warpgroups on 128 consecutive query rows of one (b, h), 64 rows each; 64-key tiles.
+// Per tile all 256 threads split the staged K and V (cp.async, double-buffered) into K_hi, K_lo
+// (K-major, 128-byte swizzle) and V^T_hi, V^T_lo (keys contiguous per d, swizzled, keys permuted
+// within each 8 so that P goes from the S accumulators into PV's A registers unshuffled: position
+// t <-> key 2t, t+4 <-> key 2t+1, as in kernel 1). Each warpgroup then issues
+//   S  = Q K^T: 8 k8 slices x 3 wgmma.m64n64k8 (Q hi/lo in registers for the whole key loop),
+//   online softmax on the S accumulators (masked only on tiles that cross its diagonal),
+//   O' = P V:   8 k8 slices x 3 wgmma.m64n64k8 into a zeroed accumulator, O = O * alpha + O'
+// (per-tile PV accumulation: the tensor cores' fp32 accumulation truncates, see kernel 1).
+// Shared memory: 64 KB split tiles + 2 x 32 KB staging; 1 block per SM.
+struct WgTile {
+  static constexpr int D = 64, BR = 128, BC = 64, THREADS = 256;
+  static constexpr int SPLIT_BYTES = 4 * BC * D * 4;    // K_hi, K_lo, Vt_hi, Vt_lo: 16 KB each
+  static constexpr int STAGE_FLOATS = 2 * BC * D;       // raw K and V of one tile, [key][d]
+  static constexpr int SMEM_BYTES = 1024 + SPLIT_BYTES + 2 * STAGE_FLOATS * 4;
+  static constexpr uint32_t K_HI = 0, K_LO = 16384, VT_HI = 32768, VT_LO = 49152;
+};
+
+__global__ void __launch_bounds__(WgTile::THREADS, 1)
+attention_kernel_wgmma(const float* __restrict__ qkv, float* __restrict__ y, int BH, int H, int T,
+                       float scale_log2) {
+#if defined(HOPPER_WGMMA)  // elsewhere never launched: the launcher probes the device first
+  using Tr = WgTile;
+  constexpr int D = Tr::D, BR = Tr::BR, BC = Tr::BC;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* base =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const uint32_t split_s = hopper::smem_u32(base);
+  float* stage = reinterpret_cast<float*>(base + Tr::SPLIT_BYTES);  // [2][K | V][BC][D]
+
+  const int C = H * D;
+  const long rs = 3L * C;
+  const int n_qt = (T + BR - 1) / BR;
+  const int bh = blockIdx.x % BH;
+  const int qt = n_qt - 1 - static_cast<int>(blockIdx.x / BH);  // longest query tiles first
+  const int b = bh / H, h = bh - b * H;
+  const int q0 = qt * BR;
+  const float* qg = qkv + static_cast<long>(b) * T * rs + h * D;
+  const float* kg = qg + C;
+  const float* vg = qg + 2 * C;
+
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int wg_row0 = q0 + wg * 64;                 // first row of this warpgroup
+  const int row0 = wg_row0 + warp * 16 + g;         // this thread's rows: row0 and row0 + 8
+
+  const int kv_end = min(q0 + BR, T);
+  const int n_kt = (kv_end + BC - 1) / BC;
+
+  auto load_tile = [&](int tile, int st) {          // 2 x 64 rows x 16 chunks of 16 bytes
+    float* dst = stage + st * Tr::STAGE_FLOATS;
+    const int k0 = tile * BC;
+#pragma unroll
+    for (int i = 0; i < 2 * BC * (D / 4) / Tr::THREADS; ++i) {
+      const int c = tid + i * Tr::THREADS;
+      const int m = c / (BC * D / 4);               // 0: K, 1: V
+      const int r = (c / (D / 4)) % BC, col = (c % (D / 4)) * 4;
+      const int key = k0 + r;
+      const bool ok = key < T;                      // rows past T are zero-filled (V must be finite)
+      const float* src = (m == 0 ? kg : vg) + static_cast<long>(ok ? key : 0) * rs + col;
+      cp_async16(dst + m * BC * D + r * D + col, src, ok);
+    }
+  };
+
+  // K_hi/K_lo[key][d] (K-major, two 32-float column blocks of 8 KB) and Vt_hi/Vt_lo[d][position].
+  auto split_tile = [&](int st) {
+    const float* ks = stage + st * Tr::STAGE_FLOATS;
+    const float* vs = ks + BC * D;
+#pragma unroll
+    for (int i = 0; i < BC * D / 4 / Tr::THREADS; ++i) {
+      const int c = tid + i * Tr::THREADS;
+      const int r = c / (D / 4), d = (c % (D / 4)) * 4;
+      const float4 v = *reinterpret_cast<const float4*>(ks + r * D + d);
+      uint32_t hi[4], lo[4];
+      hopper::split_tf32(v.x, hi[0], lo[0]);
+      hopper::split_tf32(v.y, hi[1], lo[1]);
+      hopper::split_tf32(v.z, hi[2], lo[2]);
+      hopper::split_tf32(v.w, hi[3], lo[3]);
+      const uint32_t off = (d / 32) * 8192 + hopper::sw128_offset(r, d % 32);
+      *reinterpret_cast<uint4*>(base + Tr::K_HI + off) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+      *reinterpret_cast<uint4*>(base + Tr::K_LO + off) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    }
+#pragma unroll
+    for (int i = 0; i < BC * D / 4 / Tr::THREADS; ++i) {
+      const int c = tid + i * Tr::THREADS;
+      const int d = c % D, q = c / D;               // q = 2 * (key group) + parity
+      const int grp = q >> 1, par = q & 1;
+      uint32_t hi[4], lo[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) hopper::split_tf32(vs[(grp * 8 + 2 * e + par) * D + d], hi[e], lo[e]);
+      const int pos = grp * 8 + par * 4;            // positions pos..pos+3 hold keys 2e + par
+      const uint32_t off = (pos / 32) * 8192 + hopper::sw128_offset(d, pos % 32);
+      *reinterpret_cast<uint4*>(base + Tr::VT_HI + off) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+      *reinterpret_cast<uint4*>(base + Tr::VT_LO + off) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    }
+  };
+
+  load_tile(0, 0);
+  cp_async_commit();
+
+  // Q fragments for the whole key loop: a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4).
+  uint32_t qh[D / 8][4], ql[D / 8][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 8; ++kk) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = row0 + (i & 1) * 8;
+      const int col = kk * 8 + t + (i >> 1) * 4;
+      const float x = row < T ? qg[static_cast<long>(row) * rs + col] : 0.f;
+      hopper::split_tf32(x, qh[kk][i], ql[kk][i]);
+    }
+  }
+
+  float o[D / 2], op[D / 2], s[BC / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float m_run0 = -INFINITY, m_run1 = -INFINITY, l_run0 = 0.f, l_run1 = 0.f;
+
+  for (int j = 0; j < n_kt; ++j) {
+    if (j + 1 < n_kt) load_tile(j + 1, (j + 1) & 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();  // tile j staged; every warpgroup is done with tile j - 1's split tiles
+    split_tile(j & 1);
+    hopper::fence_proxy_async();
+    __syncthreads();
+    const int k0 = j * BC;
+
+    // S = Q K^T (small terms first).
+    hopper::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 8; ++kk) {
+      const uint32_t at = split_s + (kk / 4) * 8192 + (kk % 4) * 32;
+      const uint64_t k_hi = hopper::sw128_desc(at + Tr::K_HI), k_lo = hopper::sw128_desc(at + Tr::K_LO);
+      hopper::wgmma_tf32_rs<BC>(s, ql[kk], k_hi, kk > 0);
+      hopper::wgmma_tf32_rs<BC>(s, qh[kk], k_lo, 1);
+      hopper::wgmma_tf32_rs<BC>(s, qh[kk], k_hi, 1);
+    }
+    hopper::wgmma_commit();
+    hopper::wgmma_wait_all();
+
+    // Online softmax. s[4n + e] is row row0 + 8 (e >> 1), key k0 + 8n + 2t + (e & 1).
+    if (k0 + BC - 1 > wg_row0) {  // the tile crosses this warpgroup's diagonal (or lies past it)
+#pragma unroll
+      for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + n * 8 + 2 * t + (e & 1);
+          s[4 * n + e] = key <= row0 + (e >> 1) * 8 ? s[4 * n + e] : -INFINITY;
+        }
+    }
+    float mx0 = m_run0, mx1 = m_run1;
+#pragma unroll
+    for (int n = 0; n < BC / 8; ++n) {
+      mx0 = fmaxf(mx0, fmaxf(s[4 * n], s[4 * n + 1]));
+      mx1 = fmaxf(mx1, fmaxf(s[4 * n + 2], s[4 * n + 3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(kFullMask, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(kFullMask, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(kFullMask, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(kFullMask, mx1, 2));
+    // Tile 0 holds key 0 <= every row, so mx is finite from the first tile on; a tile wholly past
+    // a warpgroup's rows leaves its maximum and adds exp2(-inf) = 0.
+    const float alpha0 = fast_exp2((m_run0 - mx0) * scale_log2);
+    const float alpha1 = fast_exp2((m_run1 - mx1) * scale_log2);
+    m_run0 = mx0;
+    m_run1 = mx1;
+    const float nm0 = -mx0 * scale_log2, nm1 = -mx1 * scale_log2;
+    float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+    for (int n = 0; n < BC / 8; ++n) {
+      s[4 * n] = fast_exp2(fmaf(s[4 * n], scale_log2, nm0));
+      s[4 * n + 1] = fast_exp2(fmaf(s[4 * n + 1], scale_log2, nm0));
+      s[4 * n + 2] = fast_exp2(fmaf(s[4 * n + 2], scale_log2, nm1));
+      s[4 * n + 3] = fast_exp2(fmaf(s[4 * n + 3], scale_log2, nm1));
+      sum0 += s[4 * n] + s[4 * n + 1];
+      sum1 += s[4 * n + 2] + s[4 * n + 3];
+    }
+    l_run0 = l_run0 * alpha0 + sum0;
+    l_run1 = l_run1 * alpha1 + sum1;
+
+    // O' = P V: A = P with position t <-> key 2t, t+4 <-> key 2t+1 (V^T's order).
+    uint32_t ph[BC / 8][4], pl[BC / 8][4];
+#pragma unroll
+    for (int n = 0; n < BC / 8; ++n) {
+      hopper::split_tf32(s[4 * n], ph[n][0], pl[n][0]);      // (g,   key 2t)
+      hopper::split_tf32(s[4 * n + 2], ph[n][1], pl[n][1]);  // (g+8, key 2t)
+      hopper::split_tf32(s[4 * n + 1], ph[n][2], pl[n][2]);  // (g,   key 2t+1)
+      hopper::split_tf32(s[4 * n + 3], ph[n][3], pl[n][3]);  // (g+8, key 2t+1)
+    }
+    hopper::wgmma_fence();
+#pragma unroll
+    for (int n = 0; n < BC / 8; ++n) {
+      const uint32_t at = split_s + (n / 4) * 8192 + (n % 4) * 32;
+      const uint64_t v_hi = hopper::sw128_desc(at + Tr::VT_HI), v_lo = hopper::sw128_desc(at + Tr::VT_LO);
+      hopper::wgmma_tf32_rs<D>(op, pl[n], v_hi, n > 0);
+      hopper::wgmma_tf32_rs<D>(op, ph[n], v_lo, 1);
+      hopper::wgmma_tf32_rs<D>(op, ph[n], v_hi, 1);
+    }
+    hopper::wgmma_commit();
+    hopper::wgmma_wait_all();
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[4 * n] = fmaf(o[4 * n], alpha0, op[4 * n]);
+      o[4 * n + 1] = fmaf(o[4 * n + 1], alpha0, op[4 * n + 1]);
+      o[4 * n + 2] = fmaf(o[4 * n + 2], alpha1, op[4 * n + 2]);
+      o[4 * n + 3] = fmaf(o[4 * n + 3], alpha1, op[4 * n + 3]);
+    }
+  }
+
+  l_run0 += __shfl_xor_sync(kFullMask, l_run0, 1);
+  l_run0 += __shfl_xor_sync(kFullMask, l_run0, 2);
+  l_run1 += __shfl_xor_sync(kFullMask, l_run1, 1);
+  l_run1 += __shfl_xor_sync(kFullMask, l_run1, 2);
+  const float inv0 = 1.f / l_run0, inv1 = 1.f / l_run1;
+  float* yb = y + static_cast<long>(b) * T * C + h * D;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    const int col = n * 8 + 2 * t;
+    if (row0 < T)
+      *reinterpret_cast<float2*>(yb + static_cast<long>(row0) * C + col) =
+          make_float2(o[4 * n] * inv0, o[4 * n + 1] * inv0);
+    if (row0 + 8 < T)
+      *reinterpret_cast<float2*>(yb + static_cast<long>(row0 + 8) * C + col) =
+          make_float2(o[4 * n + 2] * inv1, o[4 * n + 3] * inv1);
+  }
+#endif  // HOPPER_WGMMA
+}
+
+// ---------------------------------------------------------------------------------------------
 // Launchers
 // ---------------------------------------------------------------------------------------------
 
@@ -631,11 +869,35 @@ cudaError_t launch_tensor_core(const float* qkv, float* y, int B, int T, int H, 
   }
 }
 
+cudaError_t launch_wgmma(const float* qkv, float* y, int B, int T, int H, float scale_log2, cudaStream_t stream) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  static std::once_flag done[kMaxDevices];
+  static cudaError_t raised[kMaxDevices];
+  if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
+  std::call_once(done[device], [device] {
+    raised[device] = cudaFuncSetAttribute(attention_kernel_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          WgTile::SMEM_BYTES);
+  });
+  if (raised[device] != cudaSuccess) return raised[device];
+  const long blocks = static_cast<long>((T + WgTile::BR - 1) / WgTile::BR) * B * H;
+  attention_kernel_wgmma<<<static_cast<unsigned>(blocks), WgTile::THREADS, WgTile::SMEM_BYTES, stream>>>(
+      qkv, y, B * H, H, T, scale_log2);
+  return cudaGetLastError();
+}
+
+bool wgmma_runs(int D, cudaStream_t stream) {
+  int device = 0;
+  return D == WgTile::D && cudaGetDevice(&device) == cudaSuccess && hopper::device_has_sm90a(device, stream);
+}
+
 }  // namespace
 
-// config (kAttentionConfigs in attention.h): kAttentionTensorCore = the 3xTF32 tensor-core kernel
-// for head sizes 32, 64, 96 and 128 (any other head size, and misaligned pointers, take the
-// generic path); kAttentionGeneric = the generic path for every shape (slow, the fallback).
+// config (kAttentionConfigs in attention.h): kAttentionTensorCore = the wgmma kernel for D = 64 on
+// an sm_90a image, else the mma.sync kernel for head sizes 32, 64, 96 and 128 (any other head
+// size, and misaligned pointers, take the generic path); kAttentionGeneric = the generic path for
+// every shape (slow, the fallback); kAttentionMmaSync = as config 0 without the wgmma kernel.
 extern "C" cudaError_t attention_launcher(const float* qkv, float* y, int B, int T, int H, int D,
                                           int config, cudaStream_t stream) {
   if (B <= 0 || T <= 0 || H <= 0 || D <= 0 || config < 0 || config >= kAttentionConfigs) {
@@ -644,5 +906,8 @@ extern "C" cudaError_t attention_launcher(const float* qkv, float* y, int B, int
   const float scale_log2 = static_cast<float>(kLog2e / std::sqrt(static_cast<double>(D)));
   const bool aligned = reinterpret_cast<uintptr_t>(qkv) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
   if (config == kAttentionGeneric || !aligned) return launch_generic(qkv, y, B, T, H, D, scale_log2, stream);
+  if (config == kAttentionTensorCore && wgmma_runs(D, stream)) {
+    return launch_wgmma(qkv, y, B, T, H, scale_log2, stream);
+  }
   return launch_tensor_core(qkv, y, B, T, H, D, scale_log2, stream);
 }

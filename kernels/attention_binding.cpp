@@ -41,7 +41,8 @@ void register_causal_attention(pybind11::module& m) {
         "qkv (B, T, 3C): the c_attn output [q | k | v], float32, contiguous, CUDA; n_head divides C,\n"
         "head size D = C / n_head (any D; D in {32, 64, 96, 128} run on the tensor cores).\n"
         "y (B, T, C): heads merged, softmax(q k^T / sqrt(D), causal) v. config 0 = tensor cores\n"
-        "(the default), 1 = the generic path for any head size (see kernels/attention.cu).",
+        "(the default: wgmma for D = 64 on an sm_90a build, mma.sync otherwise), 1 = the generic path\n"
+        "for any head size, 2 = mma.sync only (see kernels/attention.cu).",
         pybind11::arg("qkv"), pybind11::arg("n_head"), pybind11::arg("config") = 0);
 }
 

@@ -12,9 +12,10 @@
 // Block: 3 warpgroups. Warpgroup 0 is the producer (one thread issues the TMA loads of the x,
 // W_hi and W_lo tiles of each k-step into a STAGES-deep ring, mbarrier-tracked); warpgroups 1
 // and 2 each own 64 rows of the 128 x BN output tile and issue, per k8 step, three
-// wgmma.m64nBNk8 (A = x_hi or x_lo from registers, B = W_lo or W_hi from shared memory). Tiles
-// are 128 x BN x 32 (32 floats = one 128-byte swizzle row, the TMA box and wgmma's SW128
-// K-major layout). The epilogue adds the bias and stores straight from the accumulators.
+// wgmma.m64nBNk8 (A = x_hi or x_lo from registers, B = W_lo or W_hi from shared memory), taking
+// turns with each other. Tiles are 128 x BN x 32 (32 floats = one 128-byte swizzle row, the TMA
+// box and wgmma's SW128 K-major layout); a persistent grid (one block per SM) walks the tiles.
+// The epilogue adds the bias and stores straight from the accumulators.
 //
 // Napkin math, GPT-2 small at B*T = 16384 rows, K = 768 (H200, ~411 TFLOP/s tf32 measured):
 //   c_attn (N = 2304): 58.0 GFLOP x 3 products = 174 GFLOP -> 0.42 ms at the tf32 ceiling;
@@ -28,12 +29,16 @@
 // multiples of 4, x, W and y 16-byte aligned, bias 8-byte aligned, M < 2^23.
 #include "linear_3xtf32.h"
 
+#include "hopper.h"
+
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <mutex>
+
+using namespace hopper;
 
 namespace {
 
@@ -43,11 +48,12 @@ constexpr int kConsumers = 2;     // consumer warpgroups
 constexpr int kThreads = 128 * (1 + kConsumers);
 constexpr int kMaxDevices = 64;
 
-template <int BN_, int STAGES_, bool ORDERED_>
+template <int BN_, int STAGES_, int PROMOTE_>
 struct Tile {
   static constexpr int BN = BN_;
   static constexpr int STAGES = STAGES_;
-  static constexpr bool ORDERED = ORDERED_;  // consumer warpgroups take turns issuing their wgmmas
+  static constexpr int PROMOTE = PROMOTE_;  // k-steps summed on the tensor cores per fp32 add
+  static_assert(PROMOTE >= 1, "at least one k-step per fp32 add");
   static constexpr int A_BYTES = kBM * kBK * 4;
   static constexpr int B_BYTES = BN * kBK * 4;           // one of W_hi, W_lo
   static constexpr int STAGE_BYTES = A_BYTES + 2 * B_BYTES;
@@ -55,32 +61,15 @@ struct Tile {
   static constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + 2 * STAGES * 8;
 };
 // 128 x 128 tiles, 4 stages of 48 KB (BN = 192 was as fast, but its two accumulator sets would
-// not fit the consumers' 232 registers). Config 0: the two consumer warpgroups take turns issuing
-// their k-step's wgmmas, so that one's fp32 adds and A loads overlap the other's tensor-core work
-// (in lockstep both wait on the tensor cores at once, then both leave them idle); config 1: no
-// turns (measured in docs/perf-notes.md).
-using TileOrdered = Tile<128, 4, true>;
-using TileFree = Tile<128, 4, false>;
+// not fit the consumers' 232 registers).
+using Tile128 = Tile<128, 4, 1>;
+using Tile128P2 = Tile<128, 4, 2>;
 
 // ---------------------------------------------------------------------------------------------
 // Device helpers (sm_90a)
 // ---------------------------------------------------------------------------------------------
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define LINEAR_3XTF32_DEVICE 1
-
-constexpr uint32_t kTf32KeepMask = 0xffffe000u;  // sign, exponent and the top 10 mantissa bits
-constexpr uint32_t kTf32HalfUlp = 0x1000u;
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// x = hi + lo: hi = x rounded to tf32 (2 integer ops; operands are finite), lo = x - hi exact.
-__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-  hi = (__float_as_uint(x) + kTf32HalfUlp) & kTf32KeepMask;
-  lo = __float_as_uint(x - __uint_as_float(hi));
-}
+#if defined(HOPPER_WGMMA)
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
@@ -111,72 +100,15 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
-// wgmma shared-memory descriptor of a K-major tile in the 128-byte swizzle layout: rows of 128
-// bytes, 8-row groups 1024 bytes apart (SBO); LBO is unused for this layout. Advancing the start
-// address by 32 bytes selects the next k8 slice inside the swizzle row.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(16 >> 4) << 16) |
-         (static_cast<uint64_t>(1024 >> 4) << 32) | (1ull << 62);
-}
-
 // Named barriers 1 and 2 order the consumer warpgroups' wgmma issue (0 is __syncthreads).
 __device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
 
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-
-// D (64 x N, fp32, registers) += A (64 x 8, tf32, registers) x B (8 x N, tf32, shared memory).
-// Fragments: A as mma.m16n8k8 per warp (a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4));
-// D per n8 column block j: d[4j..4j+3] = (g, 8j+2t), (g, 8j+2t+1), (g+8, 8j+2t), (g+8, 8j+2t+1).
-// accumulate = 0 overwrites D with the product (scale-d = 0), 1 adds to it.
-template <int N>
-__device__ __forceinline__ void wgmma_tf32_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
-                                              int accumulate);
-
-template <>
-__device__ __forceinline__ void wgmma_tf32_rs<128>(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
-                                                  int accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-      "{"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, "
-      "{%64, %65, %66, %67}, %68, p, 1, 1;\n"
-      "}\n"
-      :
-        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-}
-#endif  // sm_90a
+#endif  // HOPPER_WGMMA
 
 // ---------------------------------------------------------------------------------------------
 // Kernels
 // ---------------------------------------------------------------------------------------------
-
-// Whether this device's image of the extension was built for sm_90a (wgmma, TMA).
-__device__ int g_sm90a_probe;
-__global__ void probe_sm90a_kernel() {
-#if defined(LINEAR_3XTF32_DEVICE)
-  g_sm90a_probe = 1;
-#else
-  g_sm90a_probe = 2;
-#endif
-}
 
 // W (n4 float4s) -> W_hi | W_lo: hi rounded to nearest tf32 (cvt.rna: inf and NaN kept), lo = w - hi.
 __global__ void split_weight_kernel(const float4* __restrict__ w, float4* __restrict__ hi, float4* __restrict__ lo,
@@ -203,22 +135,25 @@ __global__ void split_weight_kernel(const float4* __restrict__ w, float4* __rest
 template <class Tr>
 __global__ void __launch_bounds__(kThreads, 1)
     linear_3xtf32_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
-                         const float* __restrict__ bias, float* __restrict__ y, int M, int N, int K) {
-#if defined(LINEAR_3XTF32_DEVICE)
+                         const float* __restrict__ bias, float* __restrict__ y, int M, int N, int K,
+                         int tiles_n, int tiles) {
+#if defined(HOPPER_WGMMA)
   constexpr int BN = Tr::BN, STAGES = Tr::STAGES;
   extern __shared__ unsigned char smem_raw[];
   // TMA's 128-byte swizzle and the wgmma descriptors assume 1024-byte aligned tiles.
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  const uint32_t tiles = smem_u32(smem);
-  const uint32_t bars = tiles + STAGES * Tr::STAGE_BYTES;  // full[s] at bars + 8s, empty[s] at bars + 8(STAGES + s)
-  auto a_tile = [&](int s) { return tiles + s * Tr::STAGE_BYTES; };
-  auto whi_tile = [&](int s) { return tiles + s * Tr::STAGE_BYTES + Tr::A_BYTES; };
-  auto wlo_tile = [&](int s) { return tiles + s * Tr::STAGE_BYTES + Tr::A_BYTES + Tr::B_BYTES; };
+  const uint32_t ring = smem_u32(smem);
+  const uint32_t bars = ring + STAGES * Tr::STAGE_BYTES;  // full[s] at bars + 8s, empty[s] at bars + 8(STAGES + s)
+  auto a_tile = [&](int s) { return ring + s * Tr::STAGE_BYTES; };
+  auto whi_tile = [&](int s) { return ring + s * Tr::STAGE_BYTES + Tr::A_BYTES; };
+  auto wlo_tile = [&](int s) { return ring + s * Tr::STAGE_BYTES + Tr::A_BYTES + Tr::B_BYTES; };
   auto full = [&](int s) { return bars + 8 * s; };
   auto empty = [&](int s) { return bars + 8 * (STAGES + s); };
 
+  // Output tiles blockIdx.x, + gridDim.x, ...: a persistent grid of one block per SM whose
+  // producer runs ahead into the next tile while the consumers store the last one (configs 0
+  // and 1), or one tile per block (configs 2 and 3). Consecutive tiles share an x row block (n fastest), read once from HBM.
   const int warpgroup = threadIdx.x / 128;
-  const int n0 = blockIdx.x * BN, m0 = blockIdx.y * kBM;
   const int k_steps = (K + kBK - 1) / kBK;
 
   if (threadIdx.x == 0) {
@@ -237,122 +172,105 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
-      for (int ks = 0; ks < k_steps; ++ks) {
-        const int s = ks % STAGES;
-        if (ks >= STAGES) mbar_wait(empty(s), ((ks / STAGES) - 1) & 1);
-        mbar_expect_tx(full(s), Tr::STAGE_BYTES);
-        tma_load_2d(a_tile(s), &map_x, ks * kBK, m0, full(s));
-        tma_load_2d(whi_tile(s), &map_w, ks * kBK, n0, full(s));
-        tma_load_2d(wlo_tile(s), &map_w, ks * kBK, N + n0, full(s));
+      int it = 0;  // k-steps loaded so far, over all of this block's tiles: the ring position
+      for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const int n0 = (tile % tiles_n) * BN, m0 = (tile / tiles_n) * kBM;
+        for (int ks = 0; ks < k_steps; ++ks, ++it) {
+          const int s = it % STAGES;
+          if (it >= STAGES) mbar_wait(empty(s), ((it / STAGES) - 1) & 1);
+          mbar_expect_tx(full(s), Tr::STAGE_BYTES);
+          tma_load_2d(a_tile(s), &map_x, ks * kBK, m0, full(s));
+          tma_load_2d(whi_tile(s), &map_w, ks * kBK, n0, full(s));
+          tma_load_2d(wlo_tile(s), &map_w, ks * kBK, N + n0, full(s));
+        }
       }
     }
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
 
-  // Consumers: warpgroup c owns rows m0 + 64c .. +63; warp w of it rows +16w .. +15.
+  // Consumers: warpgroup c owns rows 64c .. +63 of each tile; warp w of it rows +16w .. +15.
   const int c = warpgroup - 1;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane >> 2, t = lane & 3;
   const int row = c * 64 + warp * 16 + g;  // this thread's first row in the tile (and row + 8)
-  // Two-level accumulation: the tensor cores sum one k-step (12 wgmmas, K = 32) into `part`, and
-  // `acc` adds the k-steps in fp32 with round-to-nearest. Summing all of K on the tensor cores,
-  // whose fp32 accumulation does not round to nearest, gave 11x the fp32 GEMM's error at K = 768
-  // and 80x at K = 4100; see docs/perf-notes.md.
+  // Two-level accumulation: the tensor cores sum PROMOTE k-steps (12 wgmmas and K = 32 each) into
+  // `part`, and `acc` adds those partial sums in fp32 with round-to-nearest. Summing all of K on
+  // the tensor cores, whose fp32 accumulation does not round to nearest, gave 11x the fp32 GEMM's
+  // error at K = 768 and 80x at K = 4100; see docs/perf-notes.md.
   float acc[BN / 2], part[BN / 2];
-#pragma unroll
-  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
 
-  // Turns (Tr::ORDERED): warpgroup 0 issues step ks once warpgroup 1 has issued step ks - 1, and
+  // Turns: warpgroup 0 issues step ks once warpgroup 1 has issued step ks - 1, and
   // warpgroup 1 once warpgroup 0 has issued step ks (named barrier 2: 1 -> 0, barrier 1: 0 -> 1).
   // Warpgroup 1 opens barrier 2 once before the loop and warpgroup 0 takes the last opening after
   // it, so every barrier is used in full; the loop itself has no branch on the warpgroup (a
-  // divergent path around wgmma makes ptxas serialise them).
+  // divergent path around wgmma makes ptxas serialise them). Taking turns overlaps one warpgroup's
+  // fp32 adds and A loads with the other's tensor-core work (in lockstep both wait on the tensor
+  // cores at once, then both leave them idle: 10% slower, docs/perf-notes.md).
   const int my_turn = c == 0 ? 2 : 1, their_turn = c == 0 ? 1 : 2;
-  if (Tr::ORDERED && c == 1) named_arrive(2);
-  for (int ks = 0; ks < k_steps; ++ks) {
-    const int s = ks % STAGES;
-    mbar_wait(full(s), (ks / STAGES) & 1);
-    // A fragments of the 4 k8 slices from the swizzled x tile: element (r, k) lives at
-    // r*128 + ((k/4) ^ (r%8))*16 + (k%4)*4 bytes; here r%8 = g for both rows.
-    const float* a = reinterpret_cast<const float*>(smem + s * Tr::STAGE_BYTES);
-    uint32_t a_hi[4][4], a_lo[4][4];
+  if (c == 1) named_arrive(2);
+  int it = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int n0 = (tile % tiles_n) * BN, m0 = (tile / tiles_n) * kBM;
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const int c0 = ((2 * kk) ^ g) * 4 + t, c1 = ((2 * kk + 1) ^ g) * 4 + t;
-      split_tf32(a[row * kBK + c0], a_hi[kk][0], a_lo[kk][0]);
-      split_tf32(a[(row + 8) * kBK + c0], a_hi[kk][1], a_lo[kk][1]);
-      split_tf32(a[row * kBK + c1], a_hi[kk][2], a_lo[kk][2]);
-      split_tf32(a[(row + 8) * kBK + c1], a_hi[kk][3], a_lo[kk][3]);
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+    for (int ks = 0; ks < k_steps; ++ks, ++it) {
+      const int s = it % STAGES;
+      mbar_wait(full(s), (it / STAGES) & 1);
+      // A fragments of the 4 k8 slices from the swizzled x tile: element (r, k) lives at
+      // r*128 + ((k/4) ^ (r%8))*16 + (k%4)*4 bytes; here r%8 = g for both rows.
+      const float* a = reinterpret_cast<const float*>(smem + s * Tr::STAGE_BYTES);
+      uint32_t a_hi[4][4], a_lo[4][4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const int c0 = ((2 * kk) ^ g) * 4 + t, c1 = ((2 * kk + 1) ^ g) * 4 + t;
+        split_tf32(a[row * kBK + c0], a_hi[kk][0], a_lo[kk][0]);
+        split_tf32(a[(row + 8) * kBK + c0], a_hi[kk][1], a_lo[kk][1]);
+        split_tf32(a[row * kBK + c1], a_hi[kk][2], a_lo[kk][2]);
+        split_tf32(a[(row + 8) * kBK + c1], a_hi[kk][3], a_lo[kk][3]);
+      }
+      named_sync(my_turn);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint64_t b_hi = sw128_desc(whi_tile(s) + kk * 32), b_lo = sw128_desc(wlo_tile(s) + kk * 32);
+        wgmma_tf32_rs<BN>(part, a_hi[kk], b_lo, kk > 0 || ks % Tr::PROMOTE != 0);  // the small terms first
+        wgmma_tf32_rs<BN>(part, a_lo[kk], b_hi, 1);
+        wgmma_tf32_rs<BN>(part, a_hi[kk], b_hi, 1);
+      }
+      wgmma_commit();
+      named_arrive(their_turn);
+      wgmma_wait_all();
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty(s));
+      if ((ks + 1) % Tr::PROMOTE == 0 || ks + 1 == k_steps) {
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) acc[i] += part[i];
+      }
     }
-    if (Tr::ORDERED) named_sync(my_turn);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const uint64_t b_hi = sw128_desc(whi_tile(s) + kk * 32), b_lo = sw128_desc(wlo_tile(s) + kk * 32);
-      wgmma_tf32_rs<BN>(part, a_hi[kk], b_lo, kk > 0);  // the small terms first
-      wgmma_tf32_rs<BN>(part, a_lo[kk], b_hi, 1);
-      wgmma_tf32_rs<BN>(part, a_hi[kk], b_hi, 1);
-    }
-    wgmma_commit();
-    if (Tr::ORDERED) named_arrive(their_turn);
-    wgmma_wait_all();
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty(s));
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] += part[i];
-  }
-  if (Tr::ORDERED && c == 0) named_sync(2);
 
-  // Epilogue: bias, then float2 stores straight from the accumulator fragments.
-  const int r0 = m0 + row, r1 = r0 + 8;
+    // Epilogue: bias, then float2 stores straight from the accumulator fragments.
+    const int r0 = m0 + row, r1 = r0 + 8;
 #pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
-    const int col = n0 + 8 * j + 2 * t;
-    if (col >= N) continue;  // N is a multiple of 4 and col is even: col + 1 < N as well
-    const float2 b = *reinterpret_cast<const float2*>(bias + col);
-    if (r0 < M)
-      *reinterpret_cast<float2*>(y + static_cast<int64_t>(r0) * N + col) =
-          make_float2(acc[4 * j] + b.x, acc[4 * j + 1] + b.y);
-    if (r1 < M)
-      *reinterpret_cast<float2*>(y + static_cast<int64_t>(r1) * N + col) =
-          make_float2(acc[4 * j + 2] + b.x, acc[4 * j + 3] + b.y);
+    for (int j = 0; j < BN / 8; ++j) {
+      const int col = n0 + 8 * j + 2 * t;
+      if (col >= N) continue;  // N is a multiple of 4 and col is even: col + 1 < N as well
+      const float2 b = *reinterpret_cast<const float2*>(bias + col);
+      if (r0 < M)
+        *reinterpret_cast<float2*>(y + static_cast<int64_t>(r0) * N + col) =
+            make_float2(acc[4 * j] + b.x, acc[4 * j + 1] + b.y);
+      if (r1 < M)
+        *reinterpret_cast<float2*>(y + static_cast<int64_t>(r1) * N + col) =
+            make_float2(acc[4 * j + 2] + b.x, acc[4 * j + 3] + b.y);
+    }
   }
+  if (c == 0) named_sync(2);
 #endif
 }
 
 // ---------------------------------------------------------------------------------------------
 // Host side
 // ---------------------------------------------------------------------------------------------
-
-// Whether `device` runs the sm_90a kernels of this build: probed once per device with a one-int
-// kernel (0 where the image lacks sm_90a or the launch fails). Not during stream capture.
-bool device_has_sm90a(int device, cudaStream_t stream) {
-  static std::mutex mutex;
-  static int known[kMaxDevices];  // 0 unknown, 1 yes, 2 no
-  if (device < 0 || device >= kMaxDevices) return false;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (known[device] != 0) return known[device] == 1;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
-    return false;
-  }
-  cudaDeviceProp prop{};
-  bool yes = false;
-  if (cudaGetDeviceProperties(&prop, device) == cudaSuccess && prop.major == 9 && prop.minor == 0) {
-    int host = 0;
-    probe_sm90a_kernel<<<1, 1, 0, stream>>>();
-    if (cudaGetLastError() == cudaSuccess &&
-        cudaMemcpyFromSymbolAsync(&host, g_sm90a_probe, sizeof(int), 0, cudaMemcpyDeviceToHost, stream) ==
-            cudaSuccess &&
-        cudaStreamSynchronize(stream) == cudaSuccess) {
-      yes = host == 1;
-    }
-    cudaGetLastError();  // a failed probe leaves no sticky launch error behind
-  }
-  known[device] = yes ? 1 : 2;
-  return yes;
-}
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
@@ -384,7 +302,7 @@ bool make_map(CUtensorMap* map, const float* base, int64_t rows, int64_t K, int 
 
 template <class Tr>
 cudaError_t launch(const float* x, const float* w_split, const float* bias, float* y, int64_t M, int64_t N,
-                   int64_t K, int device, cudaStream_t stream) {
+                   int64_t K, bool persistent, int device, cudaStream_t stream) {
   static std::once_flag done[kMaxDevices];
   static cudaError_t raised[kMaxDevices];
   std::call_once(done[device], [device] {
@@ -396,9 +314,18 @@ cudaError_t launch(const float* x, const float* w_split, const float* bias, floa
   if (!make_map(&map_x, x, M, K, kBM) || !make_map(&map_w, w_split, 2 * N, K, Tr::BN)) {
     return cudaErrorNotSupported;
   }
-  const dim3 grid(static_cast<unsigned>((N + Tr::BN - 1) / Tr::BN), static_cast<unsigned>((M + kBM - 1) / kBM));
-  linear_3xtf32_kernel<Tr><<<grid, kThreads, Tr::SMEM_BYTES, stream>>>(map_x, map_w, bias, y, static_cast<int>(M),
-                                                                      static_cast<int>(N), static_cast<int>(K));
+  const int tiles_n = static_cast<int>((N + Tr::BN - 1) / Tr::BN);
+  const int64_t tiles = tiles_n * ((M + kBM - 1) / kBM);
+  int blocks = static_cast<int>(tiles);
+  if (persistent) {
+    int sms = 0;
+    const cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return err;
+    blocks = static_cast<int>(tiles < sms ? tiles : sms);
+  }
+  linear_3xtf32_kernel<Tr><<<blocks, kThreads, Tr::SMEM_BYTES, stream>>>(
+      map_x, map_w, bias, y, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), tiles_n,
+      static_cast<int>(tiles));
   return cudaGetLastError();
 }
 
@@ -410,6 +337,7 @@ extern "C" int linear_3xtf32_supported(const float* x, const float* weight, cons
                                        int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
   if (M <= 0 || N <= 0 || K <= 0 || K % 4 != 0 || N % 4 != 0) return 0;
   if (M >= (int64_t{1} << 23) || N > (int64_t{1} << 30) / 2 || K > (int64_t{1} << 30)) return 0;
+  if ((M / kBM + 1) * (N / 128 + 1) >= (int64_t{1} << 31)) return 0;  // the tile count is an int
   if (!aligned(x, 16) || !aligned(weight, 16) || !aligned(y, 16) || !aligned(bias, 8)) return 0;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return 0;
@@ -432,6 +360,13 @@ extern "C" cudaError_t linear_3xtf32_launcher(const float* x, const float* weigh
                                                          reinterpret_cast<float4*>(w_split),
                                                          reinterpret_cast<float4*>(w_split + N * K), n4);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  if (config == 0) return launch<TileOrdered>(x, w_split, bias, y, M, N, K, device, stream);
-  return launch<TileFree>(x, w_split, bias, y, M, N, K, device, stream);
+  // config 0: a persistent block per SM looping over the tiles, two k-steps per fp32 add (the
+  // fastest); 1: persistent, one k-step per add (the most accurate); 2: one block per tile, one
+  // k-step per add; 3: one block per tile, two k-steps per add. Measured in docs/perf-notes.md.
+  switch (config) {
+    case 0: return launch<Tile128P2>(x, w_split, bias, y, M, N, K, true, device, stream);
+    case 1: return launch<Tile128>(x, w_split, bias, y, M, N, K, true, device, stream);
+    case 2: return launch<Tile128>(x, w_split, bias, y, M, N, K, false, device, stream);
+    default: return launch<Tile128P2>(x, w_split, bias, y, M, N, K, false, device, stream);
+  }
 }

@@ -6,7 +6,7 @@
 #include <cstdint>
 
 // Tile-shape variants of the launcher's `config` (see linear_3xtf32.cu).
-constexpr int kLinear3xTf32Configs = 2;
+constexpr int kLinear3xTf32Configs = 4;
 
 // 1 where linear_3xtf32_launcher can run this problem on the current device (Hopper with an
 // sm_90a image, K and N multiples of 4, aligned pointers), else 0. The first call per device

@@ -18,10 +18,13 @@ void run_linear_cublaslt(const at::Tensor& x, const at::Tensor& weight, const at
 
 namespace {
 
-// config: 0 and 1 the 3xTF32 GEMM's tile variants (see linear_3xtf32.cu) where it runs, else
-// cuBLASLt; 2 cuBLASLt's fp32 SGEMM always (the fallback path, selectable for tests).
-constexpr int kLinearCublasLt = kLinear3xTf32Configs;
+// config: 0 the 3xTF32 GEMM's default variant where it runs, else cuBLASLt; 1 cuBLASLt's fp32
+// SGEMM always (the fallback path, selectable for tests); 2, 3, ... the GEMM's other variants
+// (the launcher's configs 1, 2, ...; see linear_3xtf32.cu).
+constexpr int kLinearCublasLt = 1;
 constexpr int kLinearConfigs = kLinear3xTf32Configs + 1;
+
+int launcher_config(int64_t config) { return config == 0 ? 0 : static_cast<int>(config) - 1; }
 
 LinearProblem prepare(const char* op, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                       int64_t config) {
@@ -48,7 +51,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   const cudaError_t err =
       linear_3xtf32_launcher(x.data_ptr<float>(), weight.data_ptr<float>(), bias.data_ptr<float>(),
                              p.y.data_ptr<float>(), w_split.data_ptr<float>(), p.M, p.N, p.K,
-                             static_cast<int>(config), stream);
+                             launcher_config(config), stream);
   TORCH_CHECK(err == cudaSuccess, "linear: 3xTF32 GEMM launch failed for x ", x.sizes(), " and weight ",
               weight.sizes(), " (config ", config, "): ", cudaGetErrorString(err));
   return p.y;
@@ -68,9 +71,9 @@ void register_linear(pybind11::module& m) {
   m.def("linear", &linear,
         "linear(x, weight, bias, config=0) -> y: nn.Linear forward, y = x @ weight.T + bias, at float32\n"
         "accuracy. x (..., in_features), weight (out_features, in_features), bias (out_features,):\n"
-        "float32, contiguous, one CUDA device. y (..., out_features). config 0/1: the 3xTF32 wgmma\n"
-        "GEMM (tile variants) on Hopper where in/out_features are multiples of 4, else cuBLASLt fp32;\n"
-        "2: cuBLASLt fp32 always.",
+        "float32, contiguous, one CUDA device. y (..., out_features). config 0: the 3xTF32 wgmma GEMM\n"
+        "on Hopper where in/out_features are multiples of 4, else cuBLASLt fp32; 1: cuBLASLt fp32\n"
+        "always; 2+: the GEMM's other variants (kernels/linear_3xtf32.cu).",
         pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias"), pybind11::arg("config") = 0);
   m.def("linear_path", &linear_path,
         "linear_path(x, weight, bias, config=0) -> '3xtf32' | 'cublaslt' | 'none': the path linear()\n"

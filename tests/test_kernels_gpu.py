@@ -49,11 +49,14 @@ def fp32_tier(y, x, w, b):
     return compare.precision_tier(err, ref_err), err, ref_err
 
 
-@pytest.mark.parametrize("config", [0, 1, 2])
+CUBLASLT = 1  # linear's config for cuBLASLt's fp32 SGEMM; the others are the 3xTF32 GEMM's variants
+
+
+@pytest.mark.parametrize("config", [0, 1, 2, 3, 4])
 @pytest.mark.parametrize("M, N, K", SHAPES)
 def test_linear_is_fp32_accurate_on_every_config_and_tail(ext, M, N, K, config):
     x, w, b = problem(M, N, K)
-    expected_path = "cublaslt" if config == 2 or not HOPPER else "3xtf32"
+    expected_path = "cublaslt" if config == CUBLASLT or not HOPPER else "3xtf32"
     assert ext.linear_path(x, w, b, config) == expected_path
     tier, err, ref_err = fp32_tier(ext.linear(x, w, b, config), x, w, b)
     assert tier == "fp32", f"config {config} ({expected_path}) at {(M, N, K)}: error {err:.2e}, fp32 ref {ref_err:.2e}"
@@ -91,14 +94,21 @@ torch.manual_seed(0)
 x, w, b = torch.randn(300, 96, device="cuda"), torch.randn(192, 96, device="cuda") / 10, torch.randn(192, device="cuda")
 y = ext.linear(x, w, b, 0)
 ref = torch.nn.functional.linear(x.double(), w.double(), b.double())
+qkv = torch.randn(2, 100, 3 * 128, device="cuda")
+att = ext.causal_attention(qkv, 2, 0)
+q, k, v = qkv.double().view(2, 100, 3, 2, 64).permute(2, 0, 3, 1, 4)
+s = (q @ k.transpose(-2, -1)) / 8.0
+s = s.masked_fill(~torch.ones(100, 100, dtype=torch.bool, device="cuda").tril(), float("-inf"))
+att_ref = (s.softmax(-1) @ v).transpose(1, 2).reshape(2, 100, 128)
 print(json.dumps({"path": ext.linear_path(x, w, b, 0),
-                  "error": float((y.double() - ref).norm() / ref.norm())}))
+                  "error": float((y.double() - ref).norm() / ref.norm()),
+                  "attention_error": float((att.double() - att_ref).norm() / att_ref.norm())}))
 """
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HOPPER, reason="the sm_90a probe is tested on a Hopper GPU")
-def test_a_build_without_an_sm_90a_image_takes_the_cublaslt_path_by_itself(tmp_path):
+def test_a_build_without_an_sm_90a_image_takes_the_fallback_paths_by_itself(tmp_path):
     # compute_80 PTX, JIT-compiled for the Hopper GPU: no sm_90a code, so the probe says no.
     env = dict(subprocess_env(), TORCH_CUDA_ARCH_LIST="8.0+PTX", CUDAOPT_BUILD_DIR=str(tmp_path / "build"),
                CUDA_CACHE_PATH=str(tmp_path / "jit-cache"))
@@ -108,3 +118,34 @@ def test_a_build_without_an_sm_90a_image_takes_the_cublaslt_path_by_itself(tmp_p
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["path"] == "cublaslt"
     assert result["error"] < 1e-5
+    assert result["attention_error"] < 1e-5  # config 0 without the sm_90a kernel: mma.sync
+
+
+def attention64(qkv, n_head):
+    """Causal attention of a (B, T, 3C) qkv in float64, heads merged."""
+    B, T, C3 = qkv.shape
+    q, k, v = qkv.double().view(B, T, 3, n_head, C3 // 3 // n_head).permute(2, 0, 3, 1, 4)
+    att = (q @ k.transpose(-2, -1)) / (q.size(-1) ** 0.5)
+    att = att.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=qkv.device).tril(), float("-inf"))
+    return (att.softmax(-1) @ v).transpose(1, 2).reshape(B, T, C3 // 3)
+
+
+# (B, T, C, H): D = 64 at the canonical T, tails of the 128-row and 64-key tiles, one row, a long
+# sequence; D = 32 (config 2 takes the mma.sync kernel there).
+ATTENTION_SHAPES = [(2, 1024, 768, 12), (3, 77, 128, 2), (1, 129, 64, 1), (2, 1, 256, 4), (1, 2049, 128, 2),
+                    (2, 300, 128, 4)]
+
+
+@pytest.mark.parametrize("config", [0, 2])
+@pytest.mark.parametrize("B, T, C, H", ATTENTION_SHAPES)
+def test_attention_is_fp32_accurate_on_every_config_and_tail(ext, B, T, C, H, config):
+    gen = torch.Generator(device="cuda").manual_seed(B * 131 + T * 7 + C)
+    qkv = torch.randn(B, T, 3 * C, device="cuda", generator=gen)
+    ref64 = attention64(qkv, H)
+    ref32 = attention64(qkv.double(), H).float()  # float32-rounded exact values: the output's own rounding
+    got = ext.causal_attention(qkv, H, config)
+    err = compare.relative_l2_error(got, ref64)
+    # The fp32 tier of the layer (10x a float32 computation's error, or 1e-5) asks this of the op:
+    # within 1e-5, the floor an fp32 flash kernel keeps at these sizes.
+    assert err < 1e-5, f"config {config} at {(B, T, C, H)}: error {err:.2e} (rounding alone {compare.relative_l2_error(ref32, ref64):.2e})"
+    assert torch.isfinite(got).all()
