@@ -3,7 +3,9 @@
 //
 // 3xTF32: each fp32 operand is split into a tf32 high part and the residual, x = hi + lo, and
 // x.w ~ hi(x) hi(w) + hi(x) lo(w) + lo(x) hi(w) (the lo.lo term, ~2^-22 relative, is dropped):
-// three tf32 tensor-core products per fp32 product, one fp32 accumulator.
+// three tf32 tensor-core products per fp32 product, summed on the tensor cores over short runs
+// of K and across them in fp32 registers (the tensor cores' own accumulation does not round to
+// nearest; over all of K it gave 11x the fp32 SGEMM's error).
 //   - W is split once per call by a small kernel (W_hi | W_lo, 2 x N x K floats, 2-3 us at GPT-2
 //     sizes) into a buffer the binding allocates; wgmma reads B operands from shared memory only.
 //   - x is read raw by TMA; the consumer warps load their A fragments from shared memory into
@@ -20,9 +22,11 @@
 // Napkin math, GPT-2 small at B*T = 16384 rows, K = 768 (H200, ~411 TFLOP/s tf32 measured):
 //   c_attn (N = 2304): 58.0 GFLOP x 3 products = 174 GFLOP -> 0.42 ms at the tf32 ceiling;
 //   c_proj (N =  768): 19.3 x 3 = 58 GFLOP                  -> 0.14 ms.
-//   Shared-memory traffic per k-step and block: 16 KB of x + 2 x BN x 128 B of W; at BN = 192,
-//   64 KB per 2.36 M tf32 FMAs (~2300 cycles at 1024 FMA/cycle/SM): 28 B/cycle from L2.
-//   cuBLASLt's fp32 SGEMM (today's fallback): c_attn 1.19 ms, c_proj 0.40 ms.
+//   Per k-step and block (BN = 128): TMA brings 16 KB of x and 2 x 16 KB of W for 1.57 M tf32
+//   FMAs (~1536 cycles at 1024 FMA/cycle/SM): 32 B/cycle from L2; the wgmmas read W_hi twice and
+//   W_lo once per warpgroup from shared memory, 64 B/cycle at the tensor cores' peak.
+//   Measured (H200, config 0): c_attn 515 us, c_proj 180 us, 82% of the tf32 peak; cuBLASLt's
+//   fp32 SGEMM (the fallback): 1.17 ms and 392 us. docs/perf-notes.md has every version.
 //
 // Requirements (else the launcher returns cudaErrorNotSupported and the binding falls back to
 // cuBLASLt's fp32 SGEMM): a device image built for sm_90a (probed once per device), K and N
