@@ -12,17 +12,11 @@
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import math
-import os
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # pytest_cudaopt runs from the checkout, uninstalled
-    sys.path.insert(0, str(ROOT))
+from bench_run import ROOT, main as bench_main
 
 CONFIGS = {0: "wgmma where it runs", 1: "generic", 2: "mma.sync"}
 # (B, T, C, H): the canonical shape, edge sizes, other head sizes (D = C / H).
@@ -123,33 +117,17 @@ def table(records) -> str:
     return "\n".join(lines)
 
 
+def run(ext, max_time, emit):
+    from pytest_cudaopt import workdir
+
+    wd = workdir.load_workdir(ROOT, ext)
+    check(wd, ext, emit)
+    time_all(wd, ext, max_time, emit)
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", default=os.environ.get("OUT") or "bench-out", help="results folder")
-    parser.add_argument("--max-time", type=float, default=10.0, help="seconds of timed rounds per group")
-    args = parser.parse_args(argv)
-    import torch
-
-    from pytest_cudaopt import build, workdir
-
-    if not torch.cuda.is_available():
-        print("bench_attention: no CUDA device visible", file=sys.stderr)
-        return 2
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    records = []
-    with open(out / "results.jsonl", "w") as log:
-        def emit(record):
-            records.append(record)
-            log.write(json.dumps(record, allow_nan=True) + "\n")
-            log.flush()
-
-        ext = build.build_extension(ROOT, verbose=True)
-        wd = workdir.load_workdir(ROOT, ext)
-        check(wd, ext, emit)
-        time_all(wd, ext, args.max_time, emit)
-    print(table(records))
-    return 0
+    return bench_main(argv, doc=__doc__, name="bench_attention", results="results.jsonl", max_time=10.0,
+                      run=run, table=table)
 
 
 if __name__ == "__main__":

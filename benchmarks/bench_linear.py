@@ -13,15 +13,9 @@
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # pytest_cudaopt runs from the checkout, uninstalled
-    sys.path.insert(0, str(ROOT))
+from bench_run import main as bench_main
 
 CONFIGS = {0: "3xTF32 persistent, 2 k-steps/add", 1: "cuBLASLt fp32", 2: "3xTF32 persistent",
            3: "3xTF32 block/tile", 4: "3xTF32 block/tile, 2 k-steps/add"}
@@ -34,7 +28,7 @@ SHAPES = [("c_attn", 16384, 2304, 768), ("c_proj", 16384, 768, 768), ("tails", 1
 def check(ext, emit):
     import torch
 
-    from pytest_cudaopt import compare
+    from pytest_cudaopt import baselines, compare
 
     for name, M, N, K in SHAPES:
         gen = torch.Generator(device="cuda").manual_seed(M * 31 + N * 7 + K)
@@ -42,22 +36,16 @@ def check(ext, emit):
         w = torch.randn(N, K, device="cuda", generator=gen) / K ** 0.5
         b = torch.randn(N, device="cuda", generator=gen)
         ref64 = torch.nn.functional.linear(x.double(), w.double(), b.double())
-        with _fp32_strict():
+        with baselines.fp32_strict():
             ref32 = torch.nn.functional.linear(x, w, b)
         ref_err = compare.relative_l2_error(ref32, ref64)
         for config in CONFIGS:
             y = ext.linear(x, w, b, config)
+            err = compare.relative_l2_error(y, ref64)
             emit({"kind": "check", "shape": name, "mnk": [M, N, K], "config": config,
-                  "path": ext.linear_path(x, w, b, config),
-                  "error": compare.relative_l2_error(y, ref64), "reference_error": ref_err,
+                  "path": ext.linear_path(x, w, b, config), "error": err, "reference_error": ref_err,
                   "max_abs": float((y.double() - ref64).abs().max()),
-                  "tier": compare.precision_tier(compare.relative_l2_error(y, ref64), ref_err)})
-
-
-def _fp32_strict():
-    from pytest_cudaopt import baselines
-
-    return baselines.fp32_strict()
+                  "tier": compare.precision_tier(err, ref_err)})
 
 
 def time_all(ext, max_time, emit):
@@ -99,35 +87,19 @@ def table(records) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", default=os.environ.get("OUT") or "bench-out", help="results folder")
-    parser.add_argument("--max-time", type=float, default=5.0, help="seconds of timed rounds per shape")
-    args = parser.parse_args(argv)
+def run(ext, max_time, emit):
     import torch
 
-    from pytest_cudaopt import build
+    with torch.no_grad():
+        check(ext, emit)
+    time_all(ext, max_time, emit)
 
-    if not torch.cuda.is_available():
-        print("bench_linear: no CUDA device visible", file=sys.stderr)
-        return 2
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    records = []
-    with open(out / "linear_results.jsonl", "w") as log:
-        def emit(record):
-            records.append(record)
-            log.write(json.dumps(record, allow_nan=True) + "\n")
-            log.flush()
-            print(json.dumps(record), flush=True)
 
-        ext = build.build_extension(ROOT, verbose=True)
-        with torch.no_grad():
-            check(ext, emit)
-        time_all(ext, args.max_time, emit)
-    print(table(records))
-    bad = [r for r in records if r["kind"] == "check" and r["tier"] not in ("fp32", "exact")]
-    return 1 if bad else 0
+def main(argv=None) -> int:
+    return bench_main(argv, doc=__doc__, name="bench_linear", results="linear_results.jsonl", max_time=5.0,
+                      run=run, table=table, echo=True,
+                      failed=lambda records: any(r["kind"] == "check" and r["tier"] not in ("fp32", "exact")
+                                                 for r in records))
 
 
 if __name__ == "__main__":

@@ -37,14 +37,12 @@
 
 #include <cmath>
 #include <cstdint>
-#include <mutex>
 #include <type_traits>
 
 namespace {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr double kLog2e = 1.4426950408889634;  // log2(e): exp(x) = exp2(x * log2(e))
-constexpr int kMaxDevices = 64;
 // tf32 keeps the top 19 bits of an fp32 (sign, 8 exponent, 10 mantissa bits): the mask clears the
 // 13 low mantissa bits, and adding half of the lowest kept bit first rounds to nearest.
 constexpr uint32_t kTf32KeepMask = 0xffffe000u;
@@ -147,6 +145,56 @@ struct MmaTile {
   static_assert((BC * D / 4) % THREADS == 0, "K/V tile copy must divide evenly among threads");
   static_assert((BR * D / 4) % THREADS == 0, "Q tile copy must divide evenly among threads");
 };
+
+// Two query rows' S fragments of one key tile, in the mma.m16n8k8 / wgmma accumulator layout:
+// s[n][e] is row row0 + 8 (e >> 1), key k0 + 8n + 2t + (e & 1). Keys after the row become -inf.
+template <int NT>
+__device__ __forceinline__ void mask_causal(float (&s)[NT][4], int k0, int row0, int t) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = k0 + n * 8 + 2 * t + (e & 1);
+      s[n][e] = key <= row0 + (e >> 1) * 8 ? s[n][e] : -INFINITY;
+    }
+}
+
+// The online-softmax step of those two rows: the running maxima m (raw scores, reduced over the
+// 4 threads of a row) and per-thread partial sums l are updated, s becomes exp2((s - m) *
+// scale_log2), and alpha gets each row's rescale factor for what was accumulated before. The
+// first tile holds key 0 <= every row, so m is finite from then on, and a tile wholly past a
+// row leaves its maximum and adds exp2(-inf) = 0.
+template <int NT>
+__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m)[2], float (&l)[2], float scale_log2,
+                                               float (&alpha)[2]) {
+  float mx0 = m[0], mx1 = m[1];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
+    mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+  }
+  mx0 = fmaxf(mx0, __shfl_xor_sync(kFullMask, mx0, 1));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(kFullMask, mx0, 2));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(kFullMask, mx1, 1));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(kFullMask, mx1, 2));
+  alpha[0] = fast_exp2((m[0] - mx0) * scale_log2);
+  alpha[1] = fast_exp2((m[1] - mx1) * scale_log2);
+  m[0] = mx0;
+  m[1] = mx1;
+  const float nm0 = -mx0 * scale_log2, nm1 = -mx1 * scale_log2;
+  float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    s[n][0] = fast_exp2(fmaf(s[n][0], scale_log2, nm0));
+    s[n][1] = fast_exp2(fmaf(s[n][1], scale_log2, nm0));
+    s[n][2] = fast_exp2(fmaf(s[n][2], scale_log2, nm1));
+    s[n][3] = fast_exp2(fmaf(s[n][3], scale_log2, nm1));
+    sum0 += s[n][0] + s[n][1];
+    sum1 += s[n][2] + s[n][3];
+  }
+  l[0] = l[0] * alpha[0] + sum0;
+  l[1] = l[1] * alpha[1] + sum1;
+}
 
 // P (the exp'd S fragments of n8 tile kt8) as PV's A operand: k = t <-> key 2t, k = t+4 <-> key 2t+1.
 template <int MS, int NT>
@@ -324,58 +372,19 @@ attention_kernel_mma(const float* __restrict__ qkv, float* __restrict__ y, int B
       }
     }
 
-    // Online softmax. Fragment (ms, nt, e) is row g + 8*(e>>1), key nt*8 + 2t + (e&1).
+    // Online softmax per 16-row slab (the fragment layout of mask_causal).
     float alpha[MS][2];
 #pragma unroll
     for (int ms = 0; ms < MS; ++ms) {
-      if constexpr (MASK) {
-        const int row0 = q0 + wrow + ms * 16 + g;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = k0 + nt * 8 + 2 * t + (e & 1);
-            const int row = row0 + (e >> 1) * 8;
-            s[ms][nt][e] = key <= row ? s[ms][nt][e] : -INFINITY;
-          }
-      }
-      float mx0 = m_run[ms][0], mx1 = m_run[ms][1];
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        mx0 = fmaxf(mx0, fmaxf(s[ms][nt][0], s[ms][nt][1]));
-        mx1 = fmaxf(mx1, fmaxf(s[ms][nt][2], s[ms][nt][3]));
-      }
-      mx0 = fmaxf(mx0, __shfl_xor_sync(kFullMask, mx0, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(kFullMask, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(kFullMask, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(kFullMask, mx1, 2));
-      // Tile 0 holds key 0 <= every row, so mx is finite from the first tile on.
-      const float alpha0 = fast_exp2((m_run[ms][0] - mx0) * scale_log2);
-      const float alpha1 = fast_exp2((m_run[ms][1] - mx1) * scale_log2);
-      m_run[ms][0] = mx0;
-      m_run[ms][1] = mx1;
-      const float nm0 = -mx0 * scale_log2, nm1 = -mx1 * scale_log2;
-      float sum0 = 0.f, sum1 = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        s[ms][nt][0] = fast_exp2(fmaf(s[ms][nt][0], scale_log2, nm0));
-        s[ms][nt][1] = fast_exp2(fmaf(s[ms][nt][1], scale_log2, nm0));
-        s[ms][nt][2] = fast_exp2(fmaf(s[ms][nt][2], scale_log2, nm1));
-        s[ms][nt][3] = fast_exp2(fmaf(s[ms][nt][3], scale_log2, nm1));
-        sum0 += s[ms][nt][0] + s[ms][nt][1];
-        sum1 += s[ms][nt][2] + s[ms][nt][3];
-      }
-      l_run[ms][0] = l_run[ms][0] * alpha0 + sum0;
-      l_run[ms][1] = l_run[ms][1] * alpha1 + sum1;
-      alpha[ms][0] = alpha0;
-      alpha[ms][1] = alpha1;
+      if constexpr (MASK) mask_causal<NT>(s[ms], k0, q0 + wrow + ms * 16 + g, t);
+      online_softmax<NT>(s[ms], m_run[ms], l_run[ms], scale_log2, alpha[ms]);
       if constexpr (PVC == 0) {
 #pragma unroll
         for (int dt = 0; dt < KS; ++dt) {
-          o[ms][dt][0] *= alpha0;
-          o[ms][dt][1] *= alpha0;
-          o[ms][dt][2] *= alpha1;
-          o[ms][dt][3] *= alpha1;
+          o[ms][dt][0] *= alpha[ms][0];
+          o[ms][dt][1] *= alpha[ms][0];
+          o[ms][dt][2] *= alpha[ms][1];
+          o[ms][dt][3] *= alpha[ms][1];
         }
       }
     }
@@ -580,7 +589,7 @@ struct WgTile {
   static constexpr int SPLIT_BYTES = 4 * BC * D * 4;    // K_hi, K_lo, Vt_hi, Vt_lo: 16 KB each
   static constexpr int STAGE_FLOATS = 2 * BC * D;       // raw K and V of one tile, [key][d]
   static constexpr int SMEM_BYTES = 1024 + SPLIT_BYTES + 2 * STAGE_FLOATS * 4;
-  static constexpr uint32_t K_HI = 0, K_LO = 16384, VT_HI = 32768, VT_LO = 49152;
+  enum : uint32_t { K_HI = 0, K_LO = 16384, VT_HI = 32768, VT_LO = 49152 };  // split tiles' offsets
 };
 
 __global__ void __launch_bounds__(WgTile::THREADS, 1)
@@ -681,7 +690,7 @@ attention_kernel_wgmma(const float* __restrict__ qkv, float* __restrict__ y, int
   float o[D / 2], op[D / 2], s[BC / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-  float m_run0 = -INFINITY, m_run1 = -INFINITY, l_run0 = 0.f, l_run1 = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
   for (int j = 0; j < n_kt; ++j) {
     if (j + 1 < n_kt) load_tile(j + 1, (j + 1) & 1);
@@ -698,53 +707,17 @@ attention_kernel_wgmma(const float* __restrict__ qkv, float* __restrict__ y, int
 #pragma unroll
     for (int kk = 0; kk < D / 8; ++kk) {
       const uint32_t at = split_s + (kk / 4) * 8192 + (kk % 4) * 32;
-      const uint64_t k_hi = hopper::sw128_desc(at + Tr::K_HI), k_lo = hopper::sw128_desc(at + Tr::K_LO);
-      hopper::wgmma_tf32_rs<BC>(s, ql[kk], k_hi, kk > 0);
-      hopper::wgmma_tf32_rs<BC>(s, qh[kk], k_lo, 1);
-      hopper::wgmma_tf32_rs<BC>(s, qh[kk], k_hi, 1);
+      hopper::wgmma_3xtf32<BC>(s, qh[kk], ql[kk], hopper::sw128_desc(at + Tr::K_HI),
+                               hopper::sw128_desc(at + Tr::K_LO), kk > 0);
     }
     hopper::wgmma_commit();
     hopper::wgmma_wait_all();
 
-    // Online softmax. s[4n + e] is row row0 + 8 (e >> 1), key k0 + 8n + 2t + (e & 1).
-    if (k0 + BC - 1 > wg_row0) {  // the tile crosses this warpgroup's diagonal (or lies past it)
-#pragma unroll
-      for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = k0 + n * 8 + 2 * t + (e & 1);
-          s[4 * n + e] = key <= row0 + (e >> 1) * 8 ? s[4 * n + e] : -INFINITY;
-        }
-    }
-    float mx0 = m_run0, mx1 = m_run1;
-#pragma unroll
-    for (int n = 0; n < BC / 8; ++n) {
-      mx0 = fmaxf(mx0, fmaxf(s[4 * n], s[4 * n + 1]));
-      mx1 = fmaxf(mx1, fmaxf(s[4 * n + 2], s[4 * n + 3]));
-    }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(kFullMask, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(kFullMask, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(kFullMask, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(kFullMask, mx1, 2));
-    // Tile 0 holds key 0 <= every row, so mx is finite from the first tile on; a tile wholly past
-    // a warpgroup's rows leaves its maximum and adds exp2(-inf) = 0.
-    const float alpha0 = fast_exp2((m_run0 - mx0) * scale_log2);
-    const float alpha1 = fast_exp2((m_run1 - mx1) * scale_log2);
-    m_run0 = mx0;
-    m_run1 = mx1;
-    const float nm0 = -mx0 * scale_log2, nm1 = -mx1 * scale_log2;
-    float sum0 = 0.f, sum1 = 0.f;
-#pragma unroll
-    for (int n = 0; n < BC / 8; ++n) {
-      s[4 * n] = fast_exp2(fmaf(s[4 * n], scale_log2, nm0));
-      s[4 * n + 1] = fast_exp2(fmaf(s[4 * n + 1], scale_log2, nm0));
-      s[4 * n + 2] = fast_exp2(fmaf(s[4 * n + 2], scale_log2, nm1));
-      s[4 * n + 3] = fast_exp2(fmaf(s[4 * n + 3], scale_log2, nm1));
-      sum0 += s[4 * n] + s[4 * n + 1];
-      sum1 += s[4 * n + 2] + s[4 * n + 3];
-    }
-    l_run0 = l_run0 * alpha0 + sum0;
-    l_run1 = l_run1 * alpha1 + sum1;
+    // Online softmax; s[4n + e] is fragment (n, e) of mask_causal's layout.
+    auto& sf = reinterpret_cast<float (&)[BC / 8][4]>(s);
+    if (k0 + BC - 1 > wg_row0) mask_causal<BC / 8>(sf, k0, row0, t);  // the tile crosses this warpgroup's diagonal
+    float alpha[2];
+    online_softmax<BC / 8>(sf, m_run, l_run, scale_log2, alpha);
 
     // O' = P V: A = P with position t <-> key 2t, t+4 <-> key 2t+1 (V^T's order).
     uint32_t ph[BC / 8][4], pl[BC / 8][4];
@@ -759,27 +732,25 @@ attention_kernel_wgmma(const float* __restrict__ qkv, float* __restrict__ y, int
 #pragma unroll
     for (int n = 0; n < BC / 8; ++n) {
       const uint32_t at = split_s + (n / 4) * 8192 + (n % 4) * 32;
-      const uint64_t v_hi = hopper::sw128_desc(at + Tr::VT_HI), v_lo = hopper::sw128_desc(at + Tr::VT_LO);
-      hopper::wgmma_tf32_rs<D>(op, pl[n], v_hi, n > 0);
-      hopper::wgmma_tf32_rs<D>(op, ph[n], v_lo, 1);
-      hopper::wgmma_tf32_rs<D>(op, ph[n], v_hi, 1);
+      hopper::wgmma_3xtf32<D>(op, ph[n], pl[n], hopper::sw128_desc(at + Tr::VT_HI),
+                              hopper::sw128_desc(at + Tr::VT_LO), n > 0);
     }
     hopper::wgmma_commit();
     hopper::wgmma_wait_all();
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
-      o[4 * n] = fmaf(o[4 * n], alpha0, op[4 * n]);
-      o[4 * n + 1] = fmaf(o[4 * n + 1], alpha0, op[4 * n + 1]);
-      o[4 * n + 2] = fmaf(o[4 * n + 2], alpha1, op[4 * n + 2]);
-      o[4 * n + 3] = fmaf(o[4 * n + 3], alpha1, op[4 * n + 3]);
+      o[4 * n] = fmaf(o[4 * n], alpha[0], op[4 * n]);
+      o[4 * n + 1] = fmaf(o[4 * n + 1], alpha[0], op[4 * n + 1]);
+      o[4 * n + 2] = fmaf(o[4 * n + 2], alpha[1], op[4 * n + 2]);
+      o[4 * n + 3] = fmaf(o[4 * n + 3], alpha[1], op[4 * n + 3]);
     }
   }
 
-  l_run0 += __shfl_xor_sync(kFullMask, l_run0, 1);
-  l_run0 += __shfl_xor_sync(kFullMask, l_run0, 2);
-  l_run1 += __shfl_xor_sync(kFullMask, l_run1, 1);
-  l_run1 += __shfl_xor_sync(kFullMask, l_run1, 2);
-  const float inv0 = 1.f / l_run0, inv1 = 1.f / l_run1;
+  l_run[0] += __shfl_xor_sync(kFullMask, l_run[0], 1);
+  l_run[0] += __shfl_xor_sync(kFullMask, l_run[0], 2);
+  l_run[1] += __shfl_xor_sync(kFullMask, l_run[1], 1);
+  l_run[1] += __shfl_xor_sync(kFullMask, l_run[1], 2);
+  const float inv0 = 1.f / l_run[0], inv1 = 1.f / l_run[1];
   float* yb = y + static_cast<long>(b) * T * C + h * D;
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) {
@@ -798,27 +769,13 @@ attention_kernel_wgmma(const float* __restrict__ qkv, float* __restrict__ y, int
 // Launchers
 // ---------------------------------------------------------------------------------------------
 
-// The dynamic shared-memory limit is raised once per kernel instantiation and device, not at
-// every launch (it is a property of the function in the device's context).
-template <class Tr>
-cudaError_t raise_smem_limit_once(int device) {
-  static std::once_flag done[kMaxDevices];
-  static cudaError_t status[kMaxDevices];
-  if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
-  std::call_once(done[device], [device] {
-    status[device] = cudaFuncSetAttribute(attention_kernel_mma<Tr>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          Tr::SMEM_BYTES);
-  });
-  return status[device];
-}
-
 template <class Tr>
 cudaError_t launch_mma(const float* qkv, float* y, int B, int T, int H, float scale_log2,
                        cudaStream_t stream) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  err = raise_smem_limit_once<Tr>(device);
+  err = hopper::allow_dynamic_smem_once<attention_kernel_mma<Tr>>(device, Tr::SMEM_BYTES);
   if (err != cudaSuccess) return err;
   const long blocks = static_cast<long>((T + Tr::BR - 1) / Tr::BR) * B * H;
   attention_kernel_mma<Tr><<<static_cast<unsigned>(blocks), Tr::THREADS, Tr::SMEM_BYTES, stream>>>(
@@ -873,14 +830,8 @@ cudaError_t launch_wgmma(const float* qkv, float* y, int B, int T, int H, float 
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  static std::once_flag done[kMaxDevices];
-  static cudaError_t raised[kMaxDevices];
-  if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
-  std::call_once(done[device], [device] {
-    raised[device] = cudaFuncSetAttribute(attention_kernel_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          WgTile::SMEM_BYTES);
-  });
-  if (raised[device] != cudaSuccess) return raised[device];
+  err = hopper::allow_dynamic_smem_once<attention_kernel_wgmma>(device, WgTile::SMEM_BYTES);
+  if (err != cudaSuccess) return err;
   const long blocks = static_cast<long>((T + WgTile::BR - 1) / WgTile::BR) * B * H;
   attention_kernel_wgmma<<<static_cast<unsigned>(blocks), WgTile::THREADS, WgTile::SMEM_BYTES, stream>>>(
       qkv, y, B * H, H, T, scale_log2);

@@ -1,10 +1,12 @@
 // hopper.h: Hopper (sm_90a) device helpers shared by the kernels that use wgmma: the 3xTF32 split,
-// wgmma shared-memory descriptors and the register-A tf32 wgmma, and a probe that tells whether
-// the running device's image of the extension was built for sm_90a. No torch here.
+// wgmma shared-memory descriptors, the register-A tf32 wgmma and its 3xTF32 step; a probe that
+// tells whether the running device's image of the extension was built for sm_90a; and the
+// launchers' once-per-device opt-in to large dynamic shared memory. No torch here.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 
@@ -107,7 +109,31 @@ __device__ __forceinline__ void wgmma_tf32_rs<128>(float (&d)[64], const uint32_
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
+// One 3xTF32 step of D (64 x N) over a k8 slice: A = a_hi + a_lo (registers), B = b_hi + b_lo
+// (descriptors), the three products with the small terms first. accumulate = 0 starts D afresh.
+template <int N>
+__device__ __forceinline__ void wgmma_3xtf32(float (&d)[N / 2], const uint32_t (&a_hi)[4], const uint32_t (&a_lo)[4],
+                                             uint64_t b_hi, uint64_t b_lo, int accumulate) {
+  wgmma_tf32_rs<N>(d, a_lo, b_hi, accumulate);
+  wgmma_tf32_rs<N>(d, a_hi, b_lo, 1);
+  wgmma_tf32_rs<N>(d, a_hi, b_hi, 1);
+}
 #endif  // HOPPER_WGMMA
+
+constexpr int kMaxDevices = 64;
+
+// Raises `kernel`'s dynamic shared-memory limit to `bytes` once per device (it is a property of
+// the function in the device's context, not of a launch); the status of that one call.
+template <auto Kernel>
+cudaError_t allow_dynamic_smem_once(int device, int bytes) {
+  static std::once_flag done[kMaxDevices];
+  static cudaError_t status[kMaxDevices];
+  if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
+  std::call_once(done[device], [device, bytes] {
+    status[device] = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  });
+  return status[device];
+}
 
 // Whether `device` runs this translation unit's sm_90a code: a one-int kernel, run once per device
 // on `stream` and synchronised (false where the image lacks sm_90a or the launch fails; not
@@ -123,10 +149,10 @@ static __global__ void probe_sm90a_kernel() {
 }
 
 static bool device_has_sm90a(int device, cudaStream_t stream) {
-  constexpr int kMaxDevices = 64;
   static std::mutex mutex;
-  static int known[kMaxDevices];  // 0 unknown, 1 yes, 2 no
+  static std::atomic<int> known[kMaxDevices];  // 0 unknown, 1 yes, 2 no
   if (device < 0 || device >= kMaxDevices) return false;
+  if (const int k = known[device].load(std::memory_order_acquire); k != 0) return k == 1;  // every call after the first
   std::lock_guard<std::mutex> lock(mutex);
   if (known[device] != 0) return known[device] == 1;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -146,7 +172,7 @@ static bool device_has_sm90a(int device, cudaStream_t stream) {
     }
     cudaGetLastError();  // a failed probe leaves no sticky launch error behind
   }
-  known[device] = yes ? 1 : 2;
+  known[device].store(yes ? 1 : 2, std::memory_order_release);
   return yes;
 }
 

@@ -40,7 +40,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <mutex>
 
 using namespace hopper;
 
@@ -50,7 +49,6 @@ constexpr int kBM = 128;          // output rows per block (2 consumer warpgroup
 constexpr int kBK = 32;           // k per stage: 32 floats = one 128-byte swizzle row
 constexpr int kConsumers = 2;     // consumer warpgroups
 constexpr int kThreads = 128 * (1 + kConsumers);
-constexpr int kMaxDevices = 64;
 
 template <int BN_, int STAGES_, int PROMOTE_>
 struct Tile {
@@ -237,10 +235,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
-        const uint64_t b_hi = sw128_desc(whi_tile(s) + kk * 32), b_lo = sw128_desc(wlo_tile(s) + kk * 32);
-        wgmma_tf32_rs<BN>(part, a_hi[kk], b_lo, kk > 0 || ks % Tr::PROMOTE != 0);  // the small terms first
-        wgmma_tf32_rs<BN>(part, a_lo[kk], b_hi, 1);
-        wgmma_tf32_rs<BN>(part, a_hi[kk], b_hi, 1);
+        wgmma_3xtf32<BN>(part, a_hi[kk], a_lo[kk], sw128_desc(whi_tile(s) + kk * 32),
+                         sw128_desc(wlo_tile(s) + kk * 32), kk > 0 || ks % Tr::PROMOTE != 0);
       }
       wgmma_commit();
       named_arrive(their_turn);
@@ -307,13 +303,8 @@ bool make_map(CUtensorMap* map, const float* base, int64_t rows, int64_t K, int 
 template <class Tr>
 cudaError_t launch(const float* x, const float* w_split, const float* bias, float* y, int64_t M, int64_t N,
                    int64_t K, bool persistent, int device, cudaStream_t stream) {
-  static std::once_flag done[kMaxDevices];
-  static cudaError_t raised[kMaxDevices];
-  std::call_once(done[device], [device] {
-    raised[device] = cudaFuncSetAttribute(linear_3xtf32_kernel<Tr>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          Tr::SMEM_BYTES);
-  });
-  if (raised[device] != cudaSuccess) return raised[device];
+  const cudaError_t raised = allow_dynamic_smem_once<linear_3xtf32_kernel<Tr>>(device, Tr::SMEM_BYTES);
+  if (raised != cudaSuccess) return raised;
   CUtensorMap map_x, map_w;
   if (!make_map(&map_x, x, M, K, kBM) || !make_map(&map_w, w_split, 2 * N, K, Tr::BN)) {
     return cudaErrorNotSupported;
