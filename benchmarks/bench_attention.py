@@ -4,8 +4,8 @@
 # 1. build: the workdir's cuda_extension (pytest_cudaopt.build, the plugin's build).
 # 2. check: per shape and attention config (0 = tensor cores, 1 = generic), ModelNew's relative
 #    L2 error against a float64 run of model.Model, beside the float32 reference's own, and its
-#    precision tier (pytest_cudaopt.compare); the attention op alone against float64 attention.
-# 3. time (pytest_cudaopt.timing: CUDA events, cold L2, contenders interleaved): eager Model,
+#    precision tier (pytest_cudaopt.correctness.precision); the attention op alone against float64 attention.
+# 3. time (pytest_cudaopt.perf.engine: CUDA events, cold L2, contenders interleaved): eager Model,
 #    torch.compile(Model), the SDPA peer (peers.py), ModelNew with config 0 and 1, and the three
 #    ops alone (c_attn linear, attention per config, c_proj linear) on the canonical shape.
 # Results land in DIR/results.jsonl (DIR: --out, else $OUT, else bench-out); a table prints last.
@@ -37,7 +37,7 @@ def attention64(qkv, n_head):
 def check(wd, ext, emit):
     import torch
 
-    from pytest_cudaopt import compare
+    from pytest_cudaopt.correctness import precision
 
     for B, T, C, H in SHAPES:
         torch.manual_seed(B * 7919 + T)
@@ -46,53 +46,53 @@ def check(wd, ext, emit):
         x = torch.randn(B, T, C, device="cuda")
         with torch.no_grad():
             ref32, ref64 = model(x), model64(x.double())
-            ref_err = compare.relative_l2_error(ref32, ref64)
+            ref_err = precision.relative_l2_error(ref32, ref64)
             qkv = ext.linear(x, model.c_attn.weight, model.c_attn.bias)
             for config in CONFIGS:
                 new = wd.candidate.ModelNew(C, H).cuda().eval()
                 new.load_state_dict(model.state_dict())
                 new.attention_config = config
-                err = compare.relative_l2_error(new(x), ref64)
-                op_err = compare.relative_l2_error(ext.causal_attention(qkv, H, config), attention64(qkv, H))
+                err = precision.relative_l2_error(new(x), ref64)
+                op_err = precision.relative_l2_error(ext.causal_attention(qkv, H, config), attention64(qkv, H))
                 emit({"kind": "check", "shape": [B, T, C, H], "config": config, "error": err,
-                      "reference_error": ref_err, "tier": compare.precision_tier(err, ref_err),
+                      "reference_error": ref_err, "tier": precision.precision_tier(err, ref_err),
                       "attention_op_error": op_err})
 
 
 def time_all(wd, ext, max_time, emit):
     import torch
 
-    from pytest_cudaopt import baselines, timing
+    from pytest_cudaopt.perf import clocks, engine, lineup
 
     B, T, C, H = SHAPES[0]
     torch.manual_seed(0)
     model = wd.reference.Model(C, H).cuda().eval()
     x = torch.randn(B, T, C, device="cuda")
-    contenders = [timing.Contender("eager", model, "Model (eager)", scope=baselines.fp32_strict)]
-    compiled, seconds = baselines.compile_model(model, [x], "cuda")
+    contenders = [engine.Contender("eager", model, "Model (eager)", scope=lineup.fp32_strict)]
+    compiled, seconds = lineup.compile_model(model, [x], "cuda")
     emit({"kind": "compile", "seconds": seconds})
-    contenders.append(timing.Contender("compile", compiled, "torch.compile", scope=baselines.fp32_strict))
-    for name, factory in baselines.load_peer_factories(ROOT, wd.reference).items():
-        peer = baselines.make_peer(name, factory, [C, H], model.state_dict(), "cuda")
-        contenders.append(timing.Contender(f"peer:{name}", peer, f"peer: {name}"))
+    contenders.append(engine.Contender("compile", compiled, "torch.compile", scope=lineup.fp32_strict))
+    for name, factory in lineup.load_peer_factories(ROOT, wd.reference).items():
+        peer = lineup.make_peer(name, factory, [C, H], model.state_dict(), "cuda")
+        contenders.append(engine.Contender(f"peer:{name}", peer, f"peer: {name}"))
     for config, words in CONFIGS.items():
         new = wd.candidate.ModelNew(C, H).cuda().eval()
         new.load_state_dict(model.state_dict())
         new.attention_config = config
-        contenders.append(timing.Contender(f"custom{config}", new, f"ModelNew config {config} ({words})"))
+        contenders.append(engine.Contender(f"custom{config}", new, f"ModelNew config {config} ({words})"))
     with torch.no_grad():
         qkv = ext.linear(x, model.c_attn.weight, model.c_attn.bias)
         y = ext.causal_attention(qkv, H, 0)
-    ops = [timing.Contender("op:c_attn", lambda _x: ext.linear(x, model.c_attn.weight, model.c_attn.bias),
+    ops = [engine.Contender("op:c_attn", lambda _x: ext.linear(x, model.c_attn.weight, model.c_attn.bias),
                             "op linear c_attn", check=False),
-           timing.Contender("op:c_proj", lambda _x: ext.linear(y, model.c_proj.weight, model.c_proj.bias),
+           engine.Contender("op:c_proj", lambda _x: ext.linear(y, model.c_proj.weight, model.c_proj.bias),
                             "op linear c_proj", check=False)]
-    ops += [timing.Contender(f"op:attention{c}", (lambda c: lambda _x: ext.causal_attention(qkv, H, c))(c),
+    ops += [engine.Contender(f"op:attention{c}", (lambda c: lambda _x: ext.causal_attention(qkv, H, c))(c),
                              f"op attention config {c}", check=False) for c in CONFIGS]
-    config = timing.Config(warmup=1.0, max_time=max_time)
+    config = engine.Config(warmup=1.0, max_time=max_time)
     for group in (contenders, ops):
         with torch.no_grad():
-            measured = timing.measure(group, [[x]], clock=timing.CudaClock(), config=config)
+            measured = engine.measure(group, [[x]], clock=clocks.CudaClock(), config=config)
         for key, result in measured.results.items():
             emit({"kind": "time", "key": key, "label": result.label, "shape": [B, T, C, H],
                   "device_median_s": result.device_summary.median,
@@ -101,7 +101,7 @@ def time_all(wd, ext, max_time, emit):
 
 
 def table(records) -> str:
-    from pytest_cudaopt.timing import format_seconds
+    from pytest_cudaopt.perf.stats import format_seconds
 
     lines = [f"{'shape':<22}{'cfg':>4}{'error':>11}{'ref error':>11}{'op error':>11}  tier"]
     lines += [f"{str(tuple(r['shape'])):<22}{r['config']:>4}{r['error']:>11.2e}{r['reference_error']:>11.2e}"

@@ -6,7 +6,7 @@
 #    unaligned problems) and config (1 = cuBLASLt fp32, the others the 3xTF32 GEMM), the path
 #    taken, the relative L2 error against float64 beside torch's fp32 F.linear's own, and the
 #    largest element-wise error.
-# 3. time (pytest_cudaopt.timing: CUDA events, cold L2, contenders interleaved) at the GPT-2
+# 3. time (pytest_cudaopt.perf.engine: CUDA events, cold L2, contenders interleaved) at the GPT-2
 #    shapes: each config and torch's F.linear (fp32, TF32 off), with the achieved TFLOP/s
 #    (2MNK per call; the 3xTF32 kernel issues three times that on the tensor cores).
 # Results land in DIR/results.jsonl (DIR: --out, else $OUT, else bench-out); a table prints last.
@@ -28,7 +28,8 @@ SHAPES = [("c_attn", 16384, 2304, 768), ("c_proj", 16384, 768, 768), ("tails", 1
 def check(ext, emit):
     import torch
 
-    from pytest_cudaopt import baselines, compare
+    from pytest_cudaopt.correctness import precision
+    from pytest_cudaopt.perf import lineup
 
     for name, M, N, K in SHAPES:
         gen = torch.Generator(device="cuda").manual_seed(M * 31 + N * 7 + K)
@@ -36,35 +37,35 @@ def check(ext, emit):
         w = torch.randn(N, K, device="cuda", generator=gen) / K ** 0.5
         b = torch.randn(N, device="cuda", generator=gen)
         ref64 = torch.nn.functional.linear(x.double(), w.double(), b.double())
-        with baselines.fp32_strict():
+        with lineup.fp32_strict():
             ref32 = torch.nn.functional.linear(x, w, b)
-        ref_err = compare.relative_l2_error(ref32, ref64)
+        ref_err = precision.relative_l2_error(ref32, ref64)
         for config in CONFIGS:
             y = ext.linear(x, w, b, config)
-            err = compare.relative_l2_error(y, ref64)
+            err = precision.relative_l2_error(y, ref64)
             emit({"kind": "check", "shape": name, "mnk": [M, N, K], "config": config,
                   "path": ext.linear_path(x, w, b, config), "error": err, "reference_error": ref_err,
                   "max_abs": float((y.double() - ref64).abs().max()),
-                  "tier": compare.precision_tier(err, ref_err)})
+                  "tier": precision.precision_tier(err, ref_err)})
 
 
 def time_all(ext, max_time, emit):
     import torch
 
-    from pytest_cudaopt import baselines, timing
+    from pytest_cudaopt.perf import clocks, engine, lineup
 
     for name, M, N, K in SHAPES[:2]:
         torch.manual_seed(0)
         x = torch.randn(M, K, device="cuda")
         w = torch.randn(N, K, device="cuda") / K ** 0.5
         b = torch.randn(N, device="cuda")
-        group = [timing.Contender(f"{name}:torch", lambda _x: torch.nn.functional.linear(x, w, b),
-                                  "torch F.linear fp32", scope=baselines.fp32_strict, check=False)]
-        group += [timing.Contender(f"{name}:{c}", (lambda c: lambda _x: ext.linear(x, w, b, c))(c),
+        group = [engine.Contender(f"{name}:torch", lambda _x: torch.nn.functional.linear(x, w, b),
+                                  "torch F.linear fp32", scope=lineup.fp32_strict, check=False)]
+        group += [engine.Contender(f"{name}:{c}", (lambda c: lambda _x: ext.linear(x, w, b, c))(c),
                                    f"linear config {c} ({words})", check=False) for c, words in CONFIGS.items()]
         with torch.no_grad():
-            measured = timing.measure(group, [[x]], clock=timing.CudaClock(),
-                                      config=timing.Config(warmup=0.5, max_time=max_time))
+            measured = engine.measure(group, [[x]], clock=clocks.CudaClock(),
+                                      config=engine.Config(warmup=0.5, max_time=max_time))
         for key, result in measured.results.items():
             median = result.device_summary.median if result.samples else None
             emit({"kind": "time", "shape": name, "mnk": [M, N, K], "key": key, "label": result.label,
@@ -73,7 +74,7 @@ def time_all(ext, max_time, emit):
 
 
 def table(records) -> str:
-    from pytest_cudaopt.timing import format_seconds
+    from pytest_cudaopt.perf.stats import format_seconds
 
     lines = [f"{'shape':<18}{'M,N,K':<18}{'cfg':>4}  {'path':<9}{'error':>10}{'fp32 ref':>10}{'max abs':>10}  tier"]
     lines += [f"{r['shape']:<18}{','.join(map(str, r['mnk'])):<18}{r['config']:>4}  {r['path']:<9}"

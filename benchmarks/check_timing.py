@@ -33,7 +33,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pytest_cudaopt import report, timing, trace  # noqa: E402  (binds the timing functions first)
+from pytest_cudaopt import environment, report  # noqa: E402
+from pytest_cudaopt.perf import clocks, engine, gate, stats, trace  # noqa: E402  (binds the timing functions first)
 
 import torch  # noqa: E402
 
@@ -42,13 +43,13 @@ KERNEL_SUM_TOLERANCE = 0.15
 COPY_BANDWIDTH = 4.3e12      # bytes/s, measured device-to-device copy on the H200
 FLOOR_FACTOR = 2.0
 LAUNCH_RATIO = 2.0
-QUICK = timing.Config(warmup=0.3, max_time=5.0, target_rse=0.005)
+QUICK = engine.Config(warmup=0.3, max_time=5.0, target_rse=0.005)
 DEFAULT_PROBLEM_TIMEOUT = 240
 
 DO_BENCH_TOLERANCE = 0.05
 TWIN_TOLERANCE = 0.02
 GRAPH_TOLERANCE = 0.05
-CONFIG = timing.Config(warmup=0.5, max_time=6.0, target_rse=0.005)
+CONFIG = engine.Config(warmup=0.5, max_time=6.0, target_rse=0.005)
 # (a) compares with do_bench, which times one function alone for `rep` ms back to back. The
 # engine does the same here: one contender, a fixed second of runs (the stop rule cannot fire).
 # Interleaved with lighter contenders, a power-hungry kernel (fp16 GEMM) runs at higher clocks
@@ -58,21 +59,21 @@ CONFIG = timing.Config(warmup=0.5, max_time=6.0, target_rse=0.005)
 # H200, 1.46 ms against do_bench's 1.67 ms (SM clock 1.98 vs ~1.5 GHz). That row is reported,
 # not judged; the tolerance judges the kernels that do not reach the power cap.
 POWER_CAPPED = {"hgemm 8192 fp16"}
-ALONE = timing.Config(warmup=0.5, max_time=1.0, target_rse=1e-12)
+ALONE = engine.Config(warmup=0.5, max_time=1.0, target_rse=1e-12)
 DUMMY_INPUTS = [[]]  # contenders below close over their own tensors
 ROWS: list[dict[str, str]] = []
 
 
 def row(check: str, contender: str, engine: float | None, reference: float | None, ratio: float | None,
         limit: str, passed: bool, detail: str = "") -> None:
-    ROWS.append({"check": check, "contender": contender, "engine median": timing.format_seconds(engine),
-                 "reference": timing.format_seconds(reference),
+    ROWS.append({"check": check, "contender": contender, "engine median": stats.format_seconds(engine),
+                 "reference": stats.format_seconds(reference),
                  "ratio": "-" if ratio is None else f"{ratio:.4f}", "limit": limit,
                  "result": "PASS" if passed else "FAIL", "detail": detail})
 
 
-def contender(key: str, fn) -> timing.Contender:
-    return timing.Contender(key, lambda: fn(), check=False)
+def contender(key: str, fn) -> engine.Contender:
+    return engine.Contender(key, lambda: fn(), check=False)
 
 
 def log_json(name: str, data) -> None:
@@ -80,9 +81,9 @@ def log_json(name: str, data) -> None:
     (OUT / name).write_text(json.dumps(data, indent=2, default=str) + "\n")
 
 
-def figures(r: timing.ContenderResult) -> str:
-    return (f"device {timing.format_seconds(r.device_summary.median)}, latency "
-            f"{timing.format_seconds(r.latency_summary.median)}")
+def figures(r: engine.ContenderResult) -> str:
+    return (f"device {stats.format_seconds(r.device_summary.median)}, latency "
+            f"{stats.format_seconds(r.latency_summary.median)}")
 
 
 def check_bandwidth(tracer: trace.ProfilerTracer) -> None:
@@ -124,7 +125,7 @@ def check_launch_bound() -> None:
     ok = r.failure is None and ratio is not None and ratio >= LAUNCH_RATIO and ahead >= 0.9 * m.queued_rounds
     row("launch-bound", "50 tiny kernels: latency / device", latency, device, ratio, f">= {LAUNCH_RATIO:g}", ok,
         r.failure or f"{figures(r)}; host ahead in {ahead} of {m.queued_rounds} rounds; "
-                     f"notes: {'; '.join(report.figure_warnings(device, latency, None)) or '-'}")
+                     f"notes: {'; '.join(gate.figure_warnings(device, latency, None)) or '-'}")
 
 
 def check_trace_escape(tracer: trace.ProfilerTracer) -> None:
@@ -152,14 +153,14 @@ def check_trace_escape(tracer: trace.ProfilerTracer) -> None:
         r, t = m[key], traces[key]
         found = trace.escape_failure(t)
         side_kernels = [k for k in t.kernels if k.stream != t.calling_stream]
-        size = timing.format_seconds(sum(k.duration for k in side_kernels)) if side_kernels else "-"
+        size = stats.format_seconds(sum(k.duration for k in side_kernels)) if side_kernels else "-"
         ok = (t.error is None and (found is not None) == should_fail
               and (should_fail or r.failure is None))
         row("trace escape", f"{key} side stream ({size})", r.summary.median, None, None,
             "caught" if should_fail else "passes", ok,
             t.error or (found or "no escape in the trace")
             + f"; latency check: {'flagged' if r.failure else 'not flagged'} "
-              f"(escape median {timing.format_seconds(r.escape_median)})")
+              f"(escape median {stats.format_seconds(r.escape_median)})")
 
 
 def check_default_problem() -> None:
@@ -186,24 +187,24 @@ def check_default_problem() -> None:
         if c["key"] == "custom":
             ok = ok and rec["passed"]
         row("default", c["label"], device, ksum, ratio, f"1 +- {KERNEL_SUM_TOLERANCE:g}", ok,
-            f"latency {timing.format_seconds(latency)}; "
+            f"latency {stats.format_seconds(latency)}; "
             + (f"{t.get('kernels_n')} kernels on {len(t.get('streams') or [])} stream(s)" if ksum else
                t.get("error", "no trace"))
             + (f"; gate {'PASS' if rec['passed'] else 'FAIL'}" if c["key"] == "custom" else ""))
 
 
-def engine(contenders: list[timing.Contender], clock: timing.CudaClock | None = None,
-           config: timing.Config = CONFIG) -> timing.Measurement:
-    m = timing.measure(contenders, DUMMY_INPUTS, clock=clock or timing.CudaClock(), config=config)
+def engine(contenders: list[engine.Contender], clock: clocks.CudaClock | None = None,
+           config: engine.Config = CONFIG) -> engine.Measurement:
+    m = engine.measure(contenders, DUMMY_INPUTS, clock=clock or clocks.CudaClock(), config=config)
     print(f"  engine: {m.rounds} rounds in {m.seconds:.1f} s, stopped by {m.stop_reason}, gate clock {m.gate_clock}, "
           f"host ahead in {m.queued_rounds - m.behind_rounds} of {m.queued_rounds} queued rounds, "
-          f"escape floor {timing.format_seconds(m.escape_floor)}, flush {m.flush_bytes / 2**20:.0f} MiB", flush=True)
+          f"escape floor {stats.format_seconds(m.escape_floor)}, flush {m.flush_bytes / 2**20:.0f} MiB", flush=True)
     for r in m.results.values():
         s = r.summary
-        print(f"    {r.key:<22} median {timing.format_seconds(s.median):>9}  IQR {timing.format_seconds(s.iqr):>9}  "
-              f"n {s.n:>5}  rse {s.rse:.4f}  device {timing.format_seconds(r.device_summary.median):>9}  "
-              f"latency {timing.format_seconds(r.latency_summary.median):>9}  "
-              f"escape {timing.format_seconds(r.escape_median):>9}  "
+        print(f"    {r.key:<22} median {stats.format_seconds(s.median):>9}  IQR {stats.format_seconds(s.iqr):>9}  "
+              f"n {s.n:>5}  rse {s.rse:.4f}  device {stats.format_seconds(r.device_summary.median):>9}  "
+              f"latency {stats.format_seconds(r.latency_summary.median):>9}  "
+              f"escape {stats.format_seconds(r.escape_median):>9}  "
               f"failure {r.failure}", flush=True)
     return m
 
@@ -245,9 +246,9 @@ def check_do_bench(work: dict) -> dict[str, float]:
         ok = r.failure is None and ratio is not None and (abs(ratio - 1) <= DO_BENCH_TOLERANCE or n in POWER_CAPPED)
         limit = "power cap: info" if n in POWER_CAPPED else f"1 +- {DO_BENCH_TOLERANCE:g}"
         row("do_bench", n, mid, reference, ratio, limit, ok,
-            r.failure or f"do_bench {timing.format_seconds(before[n])} before, {timing.format_seconds(after[n])} after; "
-                         f"n {r.summary.n}, IQR {timing.format_seconds(r.summary.iqr)}; "
-                         f"interleaved with the others: {timing.format_seconds(together[n].summary.median)}")
+            r.failure or f"do_bench {stats.format_seconds(before[n])} before, {stats.format_seconds(after[n])} after; "
+                         f"n {r.summary.n}, IQR {stats.format_seconds(r.summary.iqr)}; "
+                         f"interleaved with the others: {stats.format_seconds(together[n].summary.median)}")
     return medians
 
 
@@ -287,10 +288,10 @@ def check_side_stream() -> None:
         r = m[key]
         caught = r.failure is not None and "escaped the measured stream" in r.failure
         ok = caught if should_fail else r.failure is None
-        limit = timing.escape_limit(r.latency_summary.median, m.escape_floor, CONFIG) if r.samples else None
+        limit = engine.escape_limit(r.latency_summary.median, m.escape_floor, CONFIG) if r.samples else None
         row("side stream", key, r.summary.median, None, None,
-            f"escape <= {timing.format_seconds(limit)}", ok,
-            f"escape median {timing.format_seconds(r.escape_median)}; "
+            f"escape <= {stats.format_seconds(limit)}", ok,
+            f"escape median {stats.format_seconds(r.escape_median)}; "
             + ("caught" if caught else f"failure: {r.failure}" if r.failure else "not flagged"))
 
 
@@ -298,7 +299,7 @@ def check_graph_mode(work: dict, plain: dict[str, float]) -> None:
     print("(cuda graph) CUDA-graph mode", flush=True)
     n = "sgemm 4096 fp32"
     m = engine([contender(n, work[n]), contender("add 16Mi fp32", work["add 16Mi fp32"])],
-               clock=timing.CudaClock(graphs=True))
+               clock=clocks.CudaClock(graphs=True))
     r = m[n]
     reference = plain.get(n)
     ratio = r.summary.median / reference if r.samples and reference else None
@@ -315,7 +316,7 @@ def main() -> int:
         print("check_timing: no CUDA device visible; run this on the GPU machine", file=sys.stderr)
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
-    env = report.environment()
+    env = environment.environment()
     print(f"check_timing: {env['gpu']} ({env['gpu_capability']}), torch {env['torch']}, CUDA {env['cuda']}, "
           f"L2 {torch.cuda.get_device_properties(0).L2_cache_size / 2**20:.0f} MiB, "
           f"{time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)

@@ -24,7 +24,7 @@ from pathlib import Path
 import hypothesis
 from hypothesis import strategies as st
 
-from pytest_cudaopt import shapes
+from pytest_cudaopt.correctness import shapes
 
 
 def problems(root: Path) -> list[Path]:

@@ -84,7 +84,8 @@ def single_run(workdir: Path, names: Sequence[str]) -> int:
     """Run each named contender once on get_inputs() (seed 0), on CUDA when there is one."""
     import torch
 
-    from pytest_cudaopt import baselines, build, workdir as wd
+    from pytest_cudaopt import build, workdir as wd
+    from pytest_cudaopt.perf import lineup
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     work = wd.load_workdir(workdir, build.build_extension(workdir))
@@ -94,11 +95,11 @@ def single_run(workdir: Path, names: Sequence[str]) -> int:
         for name in names:
             key = CONTENDERS[name]
             if key == "compile":
-                run, _ = baselines.compile_model(model, inputs, device)
+                run, _ = lineup.compile_model(model, inputs, device)
             else:
                 run = model if key == "eager" else model_new
             run(*inputs)
-            baselines.synchronize(device)
+            lineup.synchronize(device)
             print(f"single run: {name} done on {device}")
     return 0
 

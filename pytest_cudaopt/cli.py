@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
@@ -24,23 +23,9 @@ def _workdir(text: str) -> Path:
 def _run_pytest(workdir: Path, marker: str, extra: Sequence[str]) -> int:
     """verify and profile are the plugin's own verdicts, run through pytest so that the
     command line and `pytest -m ...` can never disagree."""
-    import pytest
+    from pytest_cudaopt.launch import run_pytest
 
-    args = [str(workdir / "model_new.py"), "-m", marker, "-p", "pytest_cudaopt.plugin",
-            "--rootdir", str(workdir), "-q", *extra]
-    # The plugin may already be registered through its entry point.
-    if "pytest_cudaopt.plugin" in sys.modules or entry_point_installed():
-        args.remove("-p")
-        args.remove("pytest_cudaopt.plugin")
-    return int(pytest.main(args))
-
-
-@lru_cache(maxsize=None)
-def entry_point_installed() -> bool:
-    """True when the installed package's pytest11 entry point loads the plugin by itself."""
-    from importlib.metadata import entry_points
-
-    return any(ep.value == "pytest_cudaopt.plugin" for ep in entry_points(group="pytest11"))
+    return run_pytest([str(workdir / "model_new.py"), "-m", marker, "--rootdir", str(workdir), "-q", *extra])
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -112,9 +97,9 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
-    from pytest_cudaopt import gate
+    from pytest_cudaopt import ci_gate
 
-    return gate.run(args.workdir, out=Path(args.out).resolve(), baseline_workdir=args.baseline_workdir,
+    return ci_gate.run(args.workdir, out=Path(args.out).resolve(), baseline_workdir=args.baseline_workdir,
                     regression_margin=args.regression_margin, pytest_args=args.pytest_args,
                     allow_lock_change=args.allow_lock_change)
 
@@ -196,12 +181,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from pytest_cudaopt import __version__
 
-    try:
-        return version("pytest-cudaopt")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
+    return __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

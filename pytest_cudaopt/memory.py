@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -20,17 +20,6 @@ class DoesNotFit(Exception):
 
 def gib(n: int | float) -> str:
     return f"{n / GiB:.2f} GiB"
-
-
-def nbytes(value: Any) -> int:
-    """Bytes of every tensor of a nest of tuples, lists and dicts."""
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, (tuple, list)):
-        return sum(nbytes(v) for v in value)
-    if isinstance(value, dict):
-        return sum(nbytes(v) for v in value.values())
-    return 0
 
 
 def case_budget(input_bytes: int, output_bytes: int) -> int:
@@ -66,9 +55,9 @@ def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def _fold(device: torch.device) -> None:
+def _fold(device: torch.device, also: "Peak | None" = None) -> None:
     now = torch.cuda.max_memory_allocated(device)
-    for peak in _active:
+    for peak in [*_active, *([also] if also is not None else [])]:
         if _index(peak.device) == _index(device):
             peak.most = max(peak.most, now)
 
@@ -84,32 +73,33 @@ def resume_peak(device: torch.device) -> None:
     torch.cuda.reset_peak_memory_stats(device)
 
 
-def forget(peak: "Peak") -> None:
-    """Stop a Peak without reading the device (after a CUDA fault no CUDA call is made)."""
-    if peak in _active:
-        _active.remove(peak)
-
-
 @dataclass
 class Peak:
-    """torch's max allocated device memory over a stretch of work (None off CUDA), without
-    the moments `exclude_from_peak` left out; nested Peaks each keep their own figure."""
+    """torch's max allocated device memory over a `with` block (None off CUDA), without the
+    moments `exclude_from_peak` left out; nested Peaks each keep their own figure. After a
+    CUDA fault, `abandon()` inside the block ends it without reading the device."""
 
     device: torch.device
 
     def __enter__(self) -> "Peak":
         self.bytes: int | None = None
         self.most = 0
+        self._abandoned = False
         if self.device.type == "cuda":
             _fold(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             _active.append(self)
         return self
 
+    def abandon(self) -> None:
+        """No CUDA call at the block's end (the context may be lost); `bytes` stays None."""
+        self._abandoned = True
+
     def __exit__(self, *exc: Any) -> None:
-        if self.device.type == "cuda":
-            _fold(self.device)
+        if self in _active:
             _active.remove(self)
+        if self.device.type == "cuda" and not self._abandoned:
+            _fold(self.device, also=self)
             self.bytes = self.most
 
 
@@ -186,10 +176,3 @@ def perf_input_plan(requested: int, input_bytes: int, output_bytes: int, free: i
     count = max(MIN_INPUT_SETS, min(requested, int((limit - output_bytes) // shared)))
     return count, True, (f"{count} input sets, shared by the contenders instead of a copy each: a copy "
                          f"per contender would not fit the case budget of {gib(limit)}")
-
-
-def meta_sizes(make: Callable[[], tuple[Any, Any]]) -> tuple[int, int]:
-    """(input bytes, output bytes) of a case from `make()` -> (inputs, outputs) run on the
-    meta device (no memory, no compute)."""
-    inputs, outputs = make()
-    return nbytes(inputs), nbytes(outputs)

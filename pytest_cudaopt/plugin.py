@@ -12,20 +12,26 @@ from pathlib import Path
 import pytest
 
 from pytest_cudaopt import settings as _settings
-from pytest_cudaopt.session import CudaoptSession, device_summary, pin_worker_to_gpu, workdirs_in
+from pytest_cudaopt.session import CudaoptSession, pin_worker_to_gpu, workdirs_in
 
 SESSION_KEY = pytest.StashKey[CudaoptSession]()
 # CUDAOPT_SELF_TEST as it was when the plugin loaded, before any conftest.py could set it.
 _SELF_TEST_AT_LOAD = os.environ.get("CUDAOPT_SELF_TEST", "")
 SUITE_MODULE = "pytest_cudaopt.suite.items"
-# Importing these binds the timing functions (clocks.py) that `timing.tampered()` checks.
-TIMING_MODULES = ("pytest_cudaopt.timing", "pytest_cudaopt.trace")
+# Importing these binds the timing functions that `perf.clocks.tampered()` checks.
+TIMING_MODULES = ("pytest_cudaopt.perf.clocks", "pytest_cudaopt.perf.trace")
 MARKERS = {
     "correctness": "the custom path computes the same function as model.py (generated per workdir)",
     "perf": "the custom path is faster than torch.compile (generated per workdir)",
     "policy": "the workdir rules hold (generated per workdir)",
     "gpu": "needs a CUDA device; skipped with a reason where none is visible",
 }
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    from pytest_cudaopt.hookspecs import CudaoptHooks
+
+    pluginmanager.add_hookspecs(CudaoptHooks)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -135,6 +141,8 @@ HEADER_SHOWN = pytest.StashKey[bool]()
 
 
 def _header_lines(config: pytest.Config) -> list[str]:
+    from pytest_cudaopt.environment import device_summary
+
     session = _session(config)
     return [device_summary(session.settings.device), *session.header_lines()]
 
@@ -247,65 +255,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """A run that executes correctness or perf items in this process gets a sentinel
-    (sentinel.py): if the process dies before its session finishes, it writes the JUnit file
-    and a summary. Not on pytest-xdist workers or their controller (which reports a crashed
-    worker itself), nor with --collect-only."""
-    config = session.config
-    if hasattr(config, "workerinput") or config.option.collectonly or not any(map(_judged, session.items)):
-        return
-    from pytest_cudaopt import sentinel, watchdog
+    from pytest_cudaopt.supervision import start_sentinel
 
-    xmlpath = getattr(config.option, "xmlpath", None)
-    started = sentinel.Sentinel.start(
-        items=[sentinel.junit_names(item.nodeid, getattr(config.option, "junitprefix", None))
-               for item in session.items],
-        junit=str(config.invocation_params.dir / xmlpath) if xmlpath else None,
-        suite=config.getini("junit_suite_name") if xmlpath else "pytest",
-        stderr_fd=watchdog.stderr_fd())
-    if started is not None:
-        config.pluginmanager.register(_SentinelHooks(started), SENTINEL_PLUGIN)
-
-
-SENTINEL_PLUGIN = "cudaopt-sentinel"
-
-
-class _SentinelHooks:
-    """Tells the sentinel each item's start and outcome, and the end of the session."""
-
-    def __init__(self, sentinel):
-        self.sentinel = sentinel
-
-    def pytest_runtest_logstart(self, nodeid: str, location) -> None:
-        self.sentinel.started(nodeid)
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        longrepr = report.longrepr
-        if report.skipped and isinstance(longrepr, tuple):  # (path, line, "Skipped: reason")
-            text = str(longrepr[2])
-        else:
-            text = report.longreprtext
-        self.sentinel.reported(report.nodeid, report.when, report.outcome, text, report.duration)
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        self.sentinel.finish()
-
-
-def _sentinel(config: pytest.Config):
-    hooks = config.pluginmanager.get_plugin(SENTINEL_PLUGIN)
-    return hooks.sentinel if hooks is not None else None
-
-
-def _pytest_faulthandler_timeout(config: pytest.Config) -> float:
-    try:
-        return float(config.getini("faulthandler_timeout") or 0)
-    except ValueError:  # `-p no:faulthandler`: the ini key is not registered
-        return 0.0
+    start_sentinel(session)
 
 
 def _judged(item: pytest.Item) -> bool:
-    return any(item.get_closest_marker(m) for m in ("correctness", "perf"))
+    from pytest_cudaopt.supervision import judged
+
+    return judged(item)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -313,7 +271,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("gpu") and session.settings.ci_gate:
         reason = session.gpu_unavailable_reason()
         if reason:
-            from pytest_cudaopt.gate import SETUP_PROPERTY
+            from pytest_cudaopt.ci_gate import SETUP_PROPERTY
 
             item.user_properties.append((SETUP_PROPERTY, reason))
             pytest.fail(f"{reason}: the CI gate never passes without the device", pytrace=False)
@@ -326,54 +284,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
-    """Correctness and perf items run under the `cudaopt_timeout` watchdog (watchdog.py); a
-    CUDA fault they raise is kept so that later items report it instead of failing in its wake."""
+    """Correctness and perf items run under supervision (supervision.py)."""
     if not _judged(item):
         return (yield)
-    from pytest_cudaopt import faults, guards, watchdog
+    from pytest_cudaopt.supervision import run_judged
 
-    guards.import_lazy_modules()
     session = _session(item.config)
     node = _workdir_node(item)
-    workdir = node.workdir_path if node is not None else session.rootpath
-    if not hasattr(item.config, "workerinput"):
-        # What remains if nothing can interrupt a hang. A pytest-xdist worker writes none: its
-        # controller survives a worker's death, reports the item as crashed and writes the report.
-        session.write_report(running=item.nodeid)
-
-    def on_stuck(message: str) -> None:
-        session.record_hang(workdir, item.nodeid, dog.case, message, bool(item.get_closest_marker("correctness")))
-        watchdog.end_pytest_session(item, message)
-
-    # pytest's faulthandler_timeout owns faulthandler's single timer when it is set.
-    backstop = not _pytest_faulthandler_timeout(item.config)
-    sentinel = _sentinel(item.config)
-    on_debugging = None
-    if sentinel is not None:  # its last words come a second before faulthandler's exit
-        after = watchdog.GRACE_S + watchdog.BACKSTOP_S - 1
-        sentinel.backstop(session.settings.timeout + after, f"ran longer than cudaopt_timeout="
-                          f"{session.settings.timeout:g}s and was still running {after:g} s later")
-        on_debugging = lambda: sentinel.backstop(None)  # noqa: E731
-    dog = watchdog.Watchdog(session.settings.timeout, item.nodeid, on_stuck=on_stuck, backstop=backstop,
-                            on_debugging=on_debugging)
-    hung = False
-    try:
-        with dog:
-            return (yield)
-    except watchdog.HangTimeout:
-        hung = True
-    except BaseException as exc:
-        if session.fault is None and faults.context_lost(exc):
-            session.fault = (item.nodeid, str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
-        raise
-    finally:
-        if sentinel is not None:
-            sentinel.backstop(None)
-    if hung:  # outside the except block: the failure alone, no exception chain
-        message = dog.message()
-        session.record_hang(workdir, item.nodeid, dog.case, message, bool(item.get_closest_marker("correctness")))
-        pytest.fail(f"{message}; the later correctness and perf items of this workdir are not run",
-                    pytrace=False)
+    return (yield from run_judged(item, session, node.workdir_path if node is not None else session.rootpath))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
@@ -402,22 +320,6 @@ def pytest_testnodedown(node, error) -> None:
     _session(node.config).add_records(records)
 
 
-@pytest.fixture
-def cudaopt_perf_clock():
-    """The clock of the perf items; None means CUDA events on a GPU, perf_counter on the CPU.
-    It decides a verdict, so a conftest.py may override it (e.g. with a `timing.FakeClock`,
-    to test the perf machinery) only under `--cudaopt-self-test` / `CUDAOPT_SELF_TEST=1`."""
-    return None
-
-
-@pytest.fixture
-def cudaopt_perf_tracer():
-    """The kernel tracer of the perf items; None means torch.profiler on a GPU (when the
-    `trace` setting is on), no trace on the CPU. Override in a conftest.py (e.g. a
-    `trace.FakeTracer`) to test the trace machinery."""
-    return None
-
-
 @pytest.fixture(scope="session")
 def cudaopt_session(pytestconfig: pytest.Config) -> CudaoptSession:
     """The session object: resolved settings, built extensions, loaded workdirs, results."""
@@ -440,11 +342,11 @@ def cudaopt_workdir_path(request: pytest.FixtureRequest, cudaopt_session: Cudaop
 def _built_extension(session: CudaoptSession, workdir: Path, test: str):
     """A build that fails fails the item with the compiler's report, not a traceback (the
     first item of the workdir; later ones refer to it)."""
-    from pytest_cudaopt import build
+    from pytest_cudaopt.build import BuildError
 
     try:
         return session.extension(workdir)
-    except build.BuildError as exc:
+    except BuildError as exc:
         failure = session.failure_report(workdir, test, exc)
     pytest.fail(failure, pytrace=False)
 

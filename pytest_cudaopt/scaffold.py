@@ -36,11 +36,10 @@ addopts = "-ra"
 
 CONFTEST = '''\
 # Load the cudaopt plugin when pytest_cudaopt is importable but not pip-installed. When it is
-# installed, its pytest11 entry point has imported the plugin already.
-import sys
+# installed, its pytest11 entry point has loaded the plugin already.
+from pytest_cudaopt.launch import conftest_plugins
 
-if "pytest_cudaopt.plugin" not in sys.modules:
-    pytest_plugins = ["pytest_cudaopt.plugin"]
+pytest_plugins = conftest_plugins()
 '''
 
 

@@ -9,34 +9,6 @@ from typing import Any, Callable
 from pytest_cudaopt.settings import Settings
 
 
-def cuda_device_name() -> str | None:
-    """Name of the visible CUDA device, or None when there is none."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    return torch.cuda.get_device_name()
-
-
-def device_summary(device: str = "cuda") -> str:
-    """Report-header line: torch, CUDA, GPU name and compute capability, and the build arch
-    when the workdir runs on cuda."""
-    import torch
-
-    from pytest_cudaopt import build
-
-    parts = [f"torch {torch.__version__}", f"CUDA {torch.version.cuda or 'none'}"]
-    name = cuda_device_name()
-    if name is None:
-        parts.append("no CUDA device")
-    else:
-        major, minor = torch.cuda.get_device_capability()
-        parts.append(f"GPU {name} (sm_{major}{minor})")
-    if device == "cuda":
-        parts.append(f"arch {build.resolve_arch()}")
-    return "cudaopt: " + ", ".join(parts)
-
-
 def pin_worker_to_gpu(worker_id: str) -> int | None:
     """One GPU per pytest-xdist worker (`pytest -n <gpus>`): worker gwN uses device N modulo
     the visible devices. Returns the device index, or None with fewer than two devices."""
@@ -89,6 +61,8 @@ class CudaoptSession:
         # report counts those that left no result of their own (a crashed pytest-xdist worker).
         self.failed_items: dict[str, str] = {}
 
+    # -- the header -------------------------------------------------------------------------
+
     def relaxations(self) -> list[str]:
         from pytest_cudaopt import trust
 
@@ -109,29 +83,32 @@ class CudaoptSession:
     def gpu_unavailable_reason(self) -> str | None:
         """Why a `gpu` item cannot run here, or None. Workdir items carry the marker only
         when `cudaopt_device` is cuda; the plugin's own GPU tests carry it always."""
+        from pytest_cudaopt.environment import cuda_device_name
+
         if cuda_device_name() is None:
             return "no CUDA device visible (torch.cuda.is_available() is False)"
         return None
 
-    def verdict_fixture(self, request, name: str):
-        """The value of fixture `name`, which decides a verdict: refused (the item fails)
-        when a conftest.py overrides the plugin's definition, unless `self_test` is set."""
+    # -- what decides a verdict ---------------------------------------------------------------
+
+    def verdict_hook(self, item, name: str, **kwargs: Any) -> Any:
+        """The result of hook `name` (hookspecs.VERDICT_HOOKS) for `item`, None when nothing
+        implements it. An implementation outside pytest_cudaopt (a conftest.py) fails the item
+        unless the run is a self-test: it would decide the verdict."""
         import pytest
 
-        # The definition in force for this item. pytest has no public lookup of it: the public
-        # pytest_fixture_setup hook sees a FixtureDef only when it is set up, not when a
-        # conftest's broader-scoped override comes from the cache, so the item's private
-        # fixture info is read here (stable since pytest 3).
-        defs = request._pyfuncitem._fixtureinfo.name2fixturedefs.get(name, ())
-        active = defs[-1] if defs else None
-        module = getattr(getattr(active, "func", None), "__module__", "pytest_cudaopt.plugin")
-        if module != "pytest_cudaopt.plugin" and not self.settings.self_test:
-            where = getattr(getattr(active, "func", None), "__code__", None)
-            place = f"{where.co_filename}:{where.co_firstlineno}" if where else module
-            pytest.fail(f"the fixture {name} decides the verdict and is overridden in {place}; "
-                        "a workdir cannot replace it (the plugin's own tests allow it with "
-                        "--cudaopt-self-test or CUDAOPT_SELF_TEST=1)", pytrace=False)
-        return request.getfixturevalue(name)
+        hook = getattr(item.ihook, name)
+        foreign = [impl for impl in hook.get_hookimpls()
+                   if not getattr(impl.function, "__module__", "").startswith("pytest_cudaopt.")]
+        if foreign and not self.settings.self_test:
+            code = getattr(foreign[0].function, "__code__", None)
+            place = f"{code.co_filename}:{code.co_firstlineno}" if code else foreign[0].plugin_name
+            pytest.fail(f"the hook {name} decides the verdict and is implemented in {place}; a workdir "
+                        "cannot replace it (the plugin's own tests allow it with --cudaopt-self-test or "
+                        "CUDAOPT_SELF_TEST=1)", pytrace=False)
+        return hook(config=item.config, **kwargs)
+
+    # -- builds and workdirs ------------------------------------------------------------------
 
     def extension(self, workdir: Path):
         """The workdir's `cuda_extension`, built at most once per session."""
@@ -174,16 +151,34 @@ class CudaoptSession:
             raise found.with_traceback(None)
         return found
 
+    def loaded_or_fail(self, path: Path, test: str, verb: str = "run"):
+        """The loaded workdir for item `test`; the item fails ("not <verb>: ...") after an
+        earlier CUDA fault of this process, and with the build's or the load's report."""
+        import pytest
+
+        from pytest_cudaopt.build import BuildError
+        from pytest_cudaopt.workdir import WorkdirError
+
+        if self.fault is not None:
+            where, message = self.fault
+            pytest.fail(f"not {verb}: an earlier CUDA fault in {where} left this process's CUDA context "
+                        f"unusable: {message}", pytrace=False)
+        try:
+            return self.workdir(path)
+        except (BuildError, WorkdirError) as exc:
+            failure = self.failure_report(path, test, exc)
+        pytest.fail(failure, pytrace=False)  # outside the except block: one report, no exception chain
+
     def failure_report(self, path: Path, test: str, exc: BaseException) -> str:
         """What an item says about its workdir's build or load error: the whole report for
         the first item that meets it, a one-line reference to that item for the later ones."""
-        from pytest_cudaopt import build
+        from pytest_cudaopt.build import BuildError
 
         key = (Path(path).resolve(), type(exc).__name__, str(exc))
         first = self._failures_reported.setdefault(key, test)
         if first == test:
-            return exc.report() if isinstance(exc, build.BuildError) else str(exc)
-        what = "the build" if isinstance(exc, build.BuildError) else "loading the workdir"
+            return exc.report() if isinstance(exc, BuildError) else str(exc)
+        what = "the build" if isinstance(exc, BuildError) else "loading the workdir"
         return f"not run: {what} failed; the report is under {first}"
 
     def target_workdir(self):
@@ -199,6 +194,36 @@ class CudaoptSession:
         except (BuildError, WorkdirError, OSError) as exc:
             return exc
 
+    # -- faults and hangs ------------------------------------------------------------------------
+
+    def note_fault(self, test: str, error: BaseException | None, message: str | None = None) -> None:
+        """Keep the first error after which this process's CUDA context is unusable: later GPU
+        items report it instead of failing in its wake."""
+        if error is None or self.fault is not None:
+            return
+        from pytest_cudaopt.correctness.faults import context_lost
+
+        if context_lost(error):
+            text = str(error).strip()
+            self.fault = (test, message or (text.splitlines()[0] if text else repr(error)))
+
+    def record_hang(self, workdir: Path, test: str, case: str, message: str, correctness: bool) -> None:
+        """A correctness or perf item of `workdir` timed out; a correctness item's row says so."""
+        self.hung.setdefault(Path(workdir).resolve(), (test, message))
+        if correctness:
+            from pytest_cudaopt.results import CorrectnessResult
+
+            self.results.append(CorrectnessResult(workdir=str(workdir), test=test, case=case or "?",
+                                                  passed=False, check="timeout", message=message))
+
+    def not_run_reason(self, workdir: Path) -> str | None:
+        hung = self.hung.get(Path(workdir).resolve())
+        if hung is None:
+            return None
+        return f"not run: {hung[0]} timed out ({hung[1]})"
+
+    # -- results ------------------------------------------------------------------------------
+
     def terminal_summary(self, terminalreporter) -> None:
         if not self.results:
             return
@@ -213,24 +238,9 @@ class CudaoptSession:
         return [report.record(r) for r in self.results]
 
     def add_records(self, records: list[dict]) -> None:
-        from pytest_cudaopt import report
+        from pytest_cudaopt.results import RecordedResult
 
-        self.results.extend(report.RecordedResult(r) for r in records)
-
-    def record_hang(self, workdir: Path, test: str, case: str, message: str, correctness: bool) -> None:
-        """A correctness or perf item of `workdir` timed out; a correctness item's row says so."""
-        self.hung.setdefault(Path(workdir).resolve(), (test, message))
-        if correctness:
-            from pytest_cudaopt.compare import CorrectnessResult
-
-            self.results.append(CorrectnessResult(workdir=str(workdir), test=test, case=case or "?",
-                                                  passed=False, check="timeout", message=message))
-
-    def not_run_reason(self, workdir: Path) -> str | None:
-        hung = self.hung.get(Path(workdir).resolve())
-        if hung is None:
-            return None
-        return f"not run: {hung[0]} timed out ({hung[1]})"
+        self.results.extend(RecordedResult(r) for r in records)
 
     def write_report(self, running: str | None = None) -> None:
         """Write the JSON report to `--cudaopt-report` (if given); `running`: written before

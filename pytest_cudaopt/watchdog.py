@@ -8,8 +8,9 @@ Three ways a test can hang, three answers (tested in tests/test_correctness_verd
    and perf items of its workdir are reported as not run, and the session ends normally.
 2. A C call that releases the GIL but never returns (a CUDA kernel that never finishes, seen
    by `torch.cuda.synchronize`): the handler cannot run. After `GRACE_S` the watchdog thread,
-   which can still run Python, ends the pytest session itself through `on_stuck` (the hung
-   test failed, the rest not run, summary, JSON report, JUnit file) and exits with status 1.
+   which can still run Python, calls `on_stuck`, through which the plugin ends the pytest
+   session (the hung test failed, the rest not run, summary, JSON report, JUnit file), and
+   exits with status 1.
 3. A C loop that holds the GIL: no Python thread runs again. The sentinel process
    (sentinel.py) writes the JUnit file and a summary a second before faulthandler's C thread
    dumps every stack and exits, `timeout + GRACE_S + BACKSTOP_S` after the start; with the JSON
@@ -195,44 +196,3 @@ def set_case(text: str) -> None:
     """Tell the running watchdog which case is running (printed if it fires)."""
     if Watchdog.current is not None:
         Watchdog.current.case = text
-
-
-def end_pytest_session(item: Any, message: str) -> None:
-    """From the watchdog thread, while the main thread is stuck in `item`: report `item` as
-    failed with `message` and every later item as skipped ("not run"), then run pytest's
-    session finish (terminal summary, --junitxml, --cudaopt-report). The caller exits.
-    On a pytest-xdist worker only the failure is reported: the controller owns the other
-    items and the session's end, and reports the worker's exit as a crash of `item`."""
-    from _pytest.reports import TestReport
-
-    config, session = item.config, item.session
-    capman = config.pluginmanager.getplugin("capturemanager")
-    if capman is not None:
-        try:
-            capman.suspend_global_capture(in_=True)
-        except Exception:  # noqa: BLE001  already suspended, or never started
-            pass
-    now = time.time()
-    hook = config.hook
-    keywords = {name: 1 for name in item.keywords}
-    hook.pytest_runtest_logreport(report=TestReport(
-        item.nodeid, item.location, keywords, "failed", message, "call", start=now, stop=now))
-    if hasattr(config, "workerinput"):
-        return
-    items = list(session.items)
-    later = items[items.index(item) + 1:] if item in items else []
-    reason = f"not run: the run ended after {item.nodeid} timed out"
-    for other in later:
-        path, lineno, _ = other.location
-        hook.pytest_runtest_logstart(nodeid=other.nodeid, location=other.location)
-        hook.pytest_runtest_logreport(report=TestReport(
-            other.nodeid, other.location, {name: 1 for name in other.keywords}, "skipped",
-            (str(config.rootpath / path), (lineno or 0) + 1, reason), "setup", start=now, stop=now))
-        hook.pytest_runtest_logfinish(nodeid=other.nodeid, location=other.location)
-    session.testsfailed += 1
-    hook.pytest_sessionfinish(session=session, exitstatus=1)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001
-            pass

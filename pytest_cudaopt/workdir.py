@@ -88,14 +88,19 @@ def temporary_modules(replacements: dict[str, types.ModuleType | None], path: Pa
                 sys.modules[name] = module
 
 
-def _import_file(name: str, file: Path, workdir: Path) -> types.ModuleType:
+def import_file(name: str, file: Path, workdir: Path,
+                aliases: dict[str, types.ModuleType | None] | None = None) -> types.ModuleType:
+    """Import `file` as module `name`, with `workdir` first on sys.path and `aliases` (e.g.
+    `model` -> the workdir's reference module) in sys.modules for the duration. A file that
+    does not parse or raises is a WorkdirError naming the file, with the workdir's frames."""
     spec = importlib.util.spec_from_file_location(name, file)
     if spec is None or spec.loader is None:
         raise WorkdirError(f"{file}: cannot be imported")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        with temporary_modules(aliases or {}, workdir):
+            spec.loader.exec_module(module)
     except SyntaxError as exc:
         sys.modules.pop(name, None)
         raise WorkdirError(_syntax_error(exc, file), file.name) from None
@@ -293,14 +298,13 @@ def load_workdir(path: Path, extension: Any) -> Workdir:
     package = types.ModuleType(prefix, f"cudaopt workdir {path}")
     package.__path__ = []  # a namespace for the two modules; nothing is imported through it
     sys.modules[prefix] = package
-    with temporary_modules({"cuda_extension": None, "model": None}, path):
-        reference = _import_file(f"{prefix}.model", path / "model.py", path)
+    reference = import_file(f"{prefix}.model", path / "model.py", path, {"cuda_extension": None, "model": None})
     for required in ("Model", "get_inputs", "get_init_inputs"):
         if not hasattr(reference, required):
             raise WorkdirError(f"{path / 'model.py'} defines no {required} (KernelBench format: "
                                f"class Model, get_inputs(), get_init_inputs())")
-    with temporary_modules({"cuda_extension": extension, "model": reference}, path):
-        candidate = _import_file(f"{prefix}.model_new", path / "model_new.py", path)
+    candidate = import_file(f"{prefix}.model_new", path / "model_new.py", path,
+                            {"cuda_extension": extension, "model": reference})
     if not hasattr(candidate, "ModelNew"):
         raise WorkdirError(f"{path / 'model_new.py'} defines no class ModelNew")
     package.model, package.model_new = reference, candidate

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from pytest_cudaopt import build
+from pytest_cudaopt.build import buildfile, runner, toolchain
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HAS_NVCC = build.find_cuda_home() is not None
@@ -55,8 +56,8 @@ def touch(path: Path) -> None:
 ])
 def test_the_arch_comes_from_torch_cuda_arch_list(monkeypatch, text, gencode, shown):
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", text)
-    arches, _ = build._arch()
-    assert build._gencode_flags(arches) == gencode
+    arches, _ = toolchain.arch_list()
+    assert toolchain.gencode_flags(arches) == gencode
     assert build.resolve_arch() == shown
 
 
@@ -113,10 +114,10 @@ def test_cublas_and_cudnn_are_found_in_the_toolkit_or_the_torch_wheels():
 
 # ----------------------------------------------------------------------- error reports
 
-def _config(workdir: Path) -> build._Config:
+def _config(workdir: Path) -> buildfile.Config:
     build_dir = workdir / "build" / "cudaopt" / "sm90-0123456789ab"
     sources = [Path("binding.cpp"), Path("kernels/broken.cu"), Path("kernels/x_binding.cpp")]
-    return build._Config(workdir, build_dir, sources, True, "sm_90", "c++", "nvcc", [], [], [], {})
+    return buildfile.Config(workdir, build_dir, sources, True, "sm_90", "c++", "nvcc", [], [], [], {})
 
 
 def test_nvcc_and_gcc_errors_are_reported_as_workdir_file_line_and_one_summary(tmp_path):
@@ -141,7 +142,7 @@ def test_nvcc_and_gcc_errors_are_reported_as_workdir_file_line_and_one_summary(t
               |   ^~~
         ninja: build stopped: subcommand failed.
         """)
-    error = build._failure(cfg, output, cfg.build_dir / "build.log")
+    error = runner.failure_of(cfg, output, cfg.build_dir / "build.log")
     lines = error.report().splitlines()
     assert lines[0] == 'kernels/broken.cu:5: error: identifier "undefined_name" is undefined'
     assert lines[1].strip() == "y[threadIdx.x] = undefined_name;"
@@ -159,7 +160,7 @@ def test_a_link_error_is_reported_with_the_linkers_words(tmp_path):
               "/usr/bin/ld: objs/kernels/x_binding.cpp.o: in function `f()':\n"
               "x_binding.cpp:(.text+0x1f): undefined reference to `missing_launcher'\n"
               "collect2: error: ld returned 1 exit status\n")
-    report = build._failure(cfg, output, cfg.build_dir / "build.log").report()
+    report = runner.failure_of(cfg, output, cfg.build_dir / "build.log").report()
     assert "undefined reference to `missing_launcher'" in report
     assert report.splitlines()[-1].startswith("cudaopt build: linking cuda_extension failed; build log: ")
 
@@ -295,7 +296,7 @@ def test_the_real_extension_builds_imports_and_its_bindings_reject_bad_tensors()
 def test_compile_sh_builds_the_real_workdir_and_prints_the_build_time(subprocess_env):
     if not sorted((REPO_ROOT / "kernels").glob("*_binding.cpp")):
         pytest.skip(f"{REPO_ROOT / 'kernels'} has no *_binding.cpp yet")
-    env = dict(subprocess_env, TORCH_CUDA_ARCH_LIST="9.0")
+    env = dict(subprocess_env, TORCH_CUDA_ARCH_LIST="9.0", PYTHON=sys.executable)  # the Python running the tests
     done = subprocess.run(["bash", str(REPO_ROOT / "utils" / "compile.sh")], env=env, capture_output=True,
                           text=True, timeout=1800)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from pytest_cudaopt import compare
+from pytest_cudaopt import report, results, tensors
+from pytest_cudaopt.correctness import compare, precision
 
 
 def test_elements_within_atol_plus_rtol_times_expected_pass():
@@ -110,8 +111,8 @@ def test_bitwise_equality_sees_the_last_bit_and_nan_payloads():
 def test_relative_l2_error_is_the_norm_of_the_difference_over_the_norm_of_the_reference():
     ref = torch.tensor([3.0, 4.0], dtype=torch.float64)  # ||ref|| = 5
     actual = torch.tensor([3.0, 4.5])                     # ||diff|| = 0.5
-    assert compare.relative_l2_error(actual, ref) == pytest.approx(0.1)
-    assert compare.relative_l2_error(torch.tensor([0.5]), torch.zeros(1, dtype=torch.float64)) == 0.5
+    assert precision.relative_l2_error(actual, ref) == pytest.approx(0.1)
+    assert precision.relative_l2_error(torch.tensor([0.5]), torch.zeros(1, dtype=torch.float64)) == 0.5
 
 
 @pytest.mark.parametrize("candidate, reference, tier", [
@@ -124,20 +125,20 @@ def test_relative_l2_error_is_the_norm_of_the_difference_over_the_norm_of_the_re
     (math.nan, 1e-7, "unknown"),
 ])
 def test_precision_tier_thresholds(candidate, reference, tier):
-    assert compare.precision_tier(candidate, reference) == tier
+    assert precision.precision_tier(candidate, reference) == tier
 
 
 def test_rounding_to_bfloat16_measures_half_like_and_fp16_tf32_like():
     torch.manual_seed(0)
     ref64 = torch.randn(4096, dtype=torch.float64)
     ref32 = ref64.float()
-    bf16 = compare.Precision.measure(ref32.bfloat16().float(), ref32, ref64)
-    fp16 = compare.Precision.measure(ref32.half().float(), ref32, ref64)
-    fp32 = compare.Precision.measure(ref32.clone(), ref32, ref64)
+    bf16 = precision.Precision.measure(ref32.bfloat16().float(), ref32, ref64)
+    fp16 = precision.Precision.measure(ref32.half().float(), ref32, ref64)
+    fp32 = precision.Precision.measure(ref32.clone(), ref32, ref64)
     assert bf16.tier == "half-like" and 1e-3 < bf16.candidate_error < 4e-3
     assert fp16.tier == "tf32-like" and 1e-4 < fp16.candidate_error < 1e-3
     assert fp32.tier == "fp32"
-    assert compare.worst_tier(["fp32", "half-like", "tf32-like"]) == "half-like"
+    assert precision.worst_tier(["fp32", "half-like", "tf32-like"]) == "half-like"
 
 
 def test_measure_precision_runs_the_reference_in_float64():
@@ -150,17 +151,17 @@ def test_measure_precision_runs_the_reference_in_float64():
             return (x * 3.0).bfloat16().float()
 
     inputs = [torch.randn(1000)]
-    assert compare.measure_precision(Scale(), Scale(), inputs).tier == "fp32"
-    result = compare.measure_precision(Scale(), Rounded(), inputs)
+    assert precision.measure_precision(Scale(), Scale(), inputs).tier == "fp32"
+    result = precision.measure_precision(Scale(), Rounded(), inputs)
     assert result.tier == "half-like" and "half-like: relative L2 error vs float64" in result.describe()
 
 
 def test_a_correctness_result_renders_one_row_and_json():
-    result = compare.CorrectnessResult(
+    result = results.CorrectnessResult(
         workdir="/w", test="model_new.py::TestCorrectness::test_canonical[seed0]", case="canonical seed0",
         passed=False, shapes="x: float32[16, 64]", seed=7, max_abs=0.5, max_rel=0.25,
-        precision=compare.Precision(1e-7, 1e-7, "fp32"), check="mismatch", message="table")
-    row = result.row()
+        precision=precision.Precision(1e-7, 1e-7, "fp32"), check="mismatch", message="table")
+    row = report.correctness_row(result)
     assert row["verdict"] == "FAIL (mismatch)" and row["max abs err"] == "5.00e-01"
     assert row["precision"] == "fp32" and row["inputs"] == "x: float32[16, 64]"
     assert all(isinstance(v, str) for v in row.values())
@@ -187,8 +188,8 @@ def test_int64_values_beyond_float64_precision_are_compared_exactly():
 
 def test_bool_and_int_outputs_are_labelled_exact_not_fp32():
     out = (torch.arange(6) > 2, torch.arange(6))
-    p = compare.Precision.measure(out, out, out, max_rel_error=1e-2)
-    assert p.tier == compare.EXACT
+    p = precision.Precision.measure(out, out, out, max_rel_error=1e-2)
+    assert p.tier == precision.EXACT
     assert "exact" in p.describe()
 
 
@@ -204,13 +205,13 @@ def test_a_fill_within_atol_of_tiny_outputs_is_wrong_by_relative_l2_error():
     ref = ref64.float()
     fill = torch.full_like(ref, 1.0 / 4096)
     assert compare.compare_outputs(fill, ref, atol=1e-2, rtol=1e-2).passed  # allclose is blind here
-    p = compare.Precision.measure(fill, ref, ref64, max_rel_error=1e-2)
-    assert p.tier == compare.WRONG and p.wrong
+    p = precision.Precision.measure(fill, ref, ref64, max_rel_error=1e-2)
+    assert p.tier == precision.WRONG and p.wrong
     assert p.candidate_error == pytest.approx(0.288, abs=0.03)
-    zeros = compare.Precision.measure(torch.zeros_like(ref), ref, ref64, max_rel_error=1e-2)
-    assert zeros.tier == compare.WRONG and zeros.candidate_error == pytest.approx(1.0)
-    honest = compare.Precision.measure(ref.clone(), ref, ref64, max_rel_error=1e-2)
-    assert honest.tier == compare.FP32
+    zeros = precision.Precision.measure(torch.zeros_like(ref), ref, ref64, max_rel_error=1e-2)
+    assert zeros.tier == precision.WRONG and zeros.candidate_error == pytest.approx(1.0)
+    honest = precision.Precision.measure(ref.clone(), ref, ref64, max_rel_error=1e-2)
+    assert honest.tier == precision.FP32
 
 
 def test_the_element_wise_tolerance_is_reported_vacuous_when_atol_covers_every_output():
@@ -221,16 +222,16 @@ def test_the_element_wise_tolerance_is_reported_vacuous_when_atol_covers_every_o
 
 def test_an_all_zero_reference_judges_the_root_mean_square_of_the_candidate():
     ref64 = torch.zeros(100, dtype=torch.float64)
-    assert compare.relative_l2_error(torch.zeros(100), ref64) == 0.0
-    assert compare.relative_l2_error(torch.full((100,), 1e-3), ref64) == pytest.approx(1e-3)
-    p = compare.Precision.measure(torch.full((100,), 0.5), ref64.float(), ref64, max_rel_error=1e-2)
-    assert p.tier == compare.WRONG
+    assert precision.relative_l2_error(torch.zeros(100), ref64) == 0.0
+    assert precision.relative_l2_error(torch.full((100,), 1e-3), ref64) == pytest.approx(1e-3)
+    p = precision.Precision.measure(torch.full((100,), 0.5), ref64.float(), ref64, max_rel_error=1e-2)
+    assert p.tier == precision.WRONG
 
 
 def test_an_ill_conditioned_reference_widens_the_bound_to_ten_times_its_own_error():
-    assert compare.error_bound(1e-2, 1e-1) == pytest.approx(1.0)
-    assert compare.error_bound(1e-2, 1e-6) == 1e-2
-    assert compare.error_bound(1e-2, math.nan) == 1e-2
+    assert precision.error_bound(1e-2, 1e-1) == pytest.approx(1.0)
+    assert precision.error_bound(1e-2, 1e-6) == 1e-2
+    assert precision.error_bound(1e-2, math.nan) == 1e-2
 
 
 def test_comparing_in_chunks_gives_the_same_table_as_at_once(monkeypatch):
@@ -240,9 +241,9 @@ def test_comparing_in_chunks_gives_the_same_table_as_at_once(monkeypatch):
     actual[3, 4] = float("nan")
     whole = compare.compare_outputs(actual, expected)
     ref64 = expected.double() * 1.001
-    l2 = compare.relative_l2_error(actual.nan_to_num(), ref64)
+    l2 = precision.relative_l2_error(actual.nan_to_num(), ref64)
     monkeypatch.setattr(compare, "CHUNK", 16)
     chunked = compare.compare_outputs(actual, expected)
     assert chunked.table() == whole.table()
     assert chunked.leaves[0].worst.index == whole.leaves[0].worst.index == (3, 4)
-    assert compare.relative_l2_error(actual.nan_to_num(), ref64) == pytest.approx(l2, rel=1e-12)
+    assert precision.relative_l2_error(actual.nan_to_num(), ref64) == pytest.approx(l2, rel=1e-12)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, TEMPLATES, subprocess_env
+from support import REPO_ROOT, TEMPLATES, subprocess_env
 from pytest_cudaopt import build, classic, policy, scaffold
 from pytest_cudaopt.policy.extension_names import called_functions, check_extension_names
 from pytest_cudaopt.policy.files import UPSTREAM_SHA256, fixed_file_origin

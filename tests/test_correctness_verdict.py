@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from conftest import PREBUILT_ROOT, WORKDIRS, junit_cases, plugin_args, run_pytest, subprocess_env
+from support import PREBUILT_ROOT, WORKDIRS, junit_cases, run_pytest, subprocess_env
+
+from pytest_cudaopt.launch import plugin_args
 
 VARIANTS = WORKDIRS / "cheat_kernels" / "variants"
 INI = "[pytest]\ncudaopt_device = cpu\n"

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from pytest_cudaopt import build, cli, policy, report, settings
-from pytest_cudaopt.session import device_summary
+from pytest_cudaopt.build import runner
+from pytest_cudaopt.environment import device_summary
 
 
 @pytest.mark.parametrize("flag, raw", [("--cudaopt-timeout", "nan"), ("--cudaopt-timeout", "inf"),
@@ -78,7 +79,7 @@ def _fake_ninja(tmp_path: Path, script: str, monkeypatch) -> types.SimpleNamespa
     ninja = tmp_path / "ninja"
     ninja.write_text("#!/bin/sh\n" + textwrap.dedent(script))
     ninja.chmod(0o755)
-    monkeypatch.setattr(build, "_ninja", lambda: str(ninja))
+    monkeypatch.setattr(runner, "_ninja", lambda: str(ninja))
     (tmp_path / "out").mkdir()
     return types.SimpleNamespace(build_dir=tmp_path / "out")
 
@@ -88,9 +89,9 @@ def test_a_no_op_build_keeps_the_last_real_build_log(tmp_path, monkeypatch):
         if [ -f "$2/built" ]; then echo "ninja: no work to do."; exit 0; fi
         touch "$2/built"; echo "[1/1] c++ a.cpp"; echo "a.cpp:1: warning: unused variable"
     """, monkeypatch)
-    steps, code = build._run_ninja(cfg, lambda text: None, time.monotonic())
+    steps, code = runner.run_ninja(cfg, lambda text: None, time.monotonic())
     assert (steps, code) == (["c++ a.cpp"], 0)
-    steps, code = build._run_ninja(cfg, lambda text: None, time.monotonic())
+    steps, code = runner.run_ninja(cfg, lambda text: None, time.monotonic())
     assert (steps, code) == ([], 0)
     assert "warning: unused variable" in (cfg.build_dir / "build.log").read_text()
 
@@ -101,12 +102,12 @@ def test_ninja_dies_with_the_process_that_started_it(tmp_path, subprocess_env):
     parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time, types
         from pathlib import Path
-        from pytest_cudaopt import build
+        from pytest_cudaopt.build import runner
         ninja = Path({str(tmp_path)!r}) / "ninja"
         ninja.write_text("#!/bin/sh\\necho $$ > {pid_file}\\nexec sleep 60\\n")
         ninja.chmod(0o755)
-        build._ninja = lambda: str(ninja)
-        build._run_ninja(types.SimpleNamespace(build_dir=Path({str(tmp_path)!r})), print, time.monotonic())
+        runner._ninja = lambda: str(ninja)
+        runner.run_ninja(types.SimpleNamespace(build_dir=Path({str(tmp_path)!r})), print, time.monotonic())
     """)], env=subprocess_env)
     deadline = time.monotonic() + 30
     while not (pid_file.is_file() and pid_file.read_text().strip()) and time.monotonic() < deadline:

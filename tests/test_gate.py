@@ -10,8 +10,8 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 
-from conftest import copy_workdir, subprocess_env
-from pytest_cudaopt import gate, policy
+from support import copy_workdir, subprocess_env
+from pytest_cudaopt import ci_gate, policy
 
 MS = 1e-3
 CPU_INI = """\
@@ -22,13 +22,10 @@ cudaopt_warmup = 0.01
 cudaopt_max_time = 0.5
 """
 FAKE_CLOCK = """\
-import pytest
-
-from pytest_cudaopt.timing import FakeClock
+from pytest_cudaopt.perf.clocks import FakeClock
 
 
-@pytest.fixture
-def cudaopt_perf_clock():
+def pytest_cudaopt_perf_clock(config, device):
     return FakeClock({durations!r})
 """
 
@@ -53,7 +50,7 @@ def test_without_a_device_the_gate_is_broken_not_passed_and_writes_its_summaries
     own_workdir(copy_workdir("cpu_scale", pytester.path / "wd"))
     step_summary = pytester.path / "step_summary.md"
     result = run_gate(pytester, "wd", "--out", "out", env={"GITHUB_STEP_SUMMARY": str(step_summary)})
-    assert result.ret == gate.BROKEN == 3
+    assert result.ret == ci_gate.BROKEN == 3
     result.stdout.fnmatch_lines(["cudaopt gate: exit 3 (*TestPerf::test_speedup: no CUDA device visible*"])
     summary = (pytester.path / "out" / "summary.md").read_text()
     assert summary.startswith("## cudaopt gate: BROKEN (the setup, not the candidate)\n")
@@ -65,38 +62,38 @@ def test_without_a_device_the_gate_is_broken_not_passed_and_writes_its_summaries
     assert json.loads((pytester.path / "out" / "report.json").read_text())["relaxations"]
     # The same under pytest-xdist: the workers' reports reach the gate on the controller.
     result = run_gate(pytester, "wd", "--out", "out", "--", "-n", "2", "-p", "no:randomly")
-    assert result.ret == gate.BROKEN
+    assert result.ret == ci_gate.BROKEN
     assert "were collected" not in (pytester.path / "out" / "summary.md").read_text()
     assert "- model_new.py::TestPerf::test_speedup: no CUDA device visible" in (
         pytester.path / "out" / "summary.md").read_text()
 
 
 def test_the_exit_code_tells_a_failed_verdict_from_a_broken_setup():
-    seen = gate.Observer(kinds={"policy": 22, "correctness": 4, "perf": 1})
-    assert gate.exit_code(0, seen) == (gate.PASSED, [])
+    seen = ci_gate.Observer(kinds={"policy": 22, "correctness": 4, "perf": 1})
+    assert ci_gate.exit_code(0, seen) == (ci_gate.PASSED, [])
     seen.failed.append(("model_new.py::TestPolicy::test_rule[MN003]", "MN003: ..."))
-    assert gate.exit_code(1, seen) == (gate.FAILED, ["model_new.py::TestPolicy::test_rule[MN003] failed"])
-    code, reasons = gate.exit_code(5, gate.Observer())
-    assert code == gate.BROKEN
+    assert ci_gate.exit_code(1, seen) == (ci_gate.FAILED, ["model_new.py::TestPolicy::test_rule[MN003] failed"])
+    code, reasons = ci_gate.exit_code(5, ci_gate.Observer())
+    assert code == ci_gate.BROKEN
     assert reasons[0] == "no policy, correctness, perf items were collected: the gate needs all three verdicts"
-    code, reasons = gate.exit_code(0, gate.Observer(kinds={"policy": 22, "correctness": 4}))
-    assert (code, reasons) == (gate.BROKEN, ["no perf items were collected: the gate needs all three verdicts"])
+    code, reasons = ci_gate.exit_code(0, ci_gate.Observer(kinds={"policy": 22, "correctness": 4}))
+    assert (code, reasons) == (ci_gate.BROKEN, ["no perf items were collected: the gate needs all three verdicts"])
 
 
 def test_with_a_target_branch_the_lock_must_be_the_target_branchs(tmp_path):
     candidate, target = (copy_workdir("cpu_scale", tmp_path / name) for name in ("wd", "target"))
-    assert gate.lock_change(candidate, None) is None
-    assert gate.lock_change(candidate, target) is None
+    assert ci_gate.lock_change(candidate, None) is None
+    assert ci_gate.lock_change(candidate, target) is None
     # A candidate that edits its conftest.py and relocks passes PF003 but not this.
     (candidate / "conftest.py").write_text("import pytest\n")
     policy.write_lock(candidate)
     assert all(v.rule != "PF003" for v in policy.check_workdir(candidate))
-    assert "differs from the target branch's" in gate.lock_change(candidate, target)
+    assert "differs from the target branch's" in ci_gate.lock_change(candidate, target)
 
 
 def test_gate_options_are_checked_before_anything_runs(pytester):
     result = run_gate(pytester, "nowhere")
-    assert result.ret == gate.USAGE
+    assert result.ret == 2
     result.stderr.fnmatch_lines(["*nowhere is not a workdir: it has no model.py"])
 
 
@@ -116,7 +113,7 @@ def test_the_gate_runs_the_three_verdicts_in_order_and_fails_on_a_regression(pyt
     # Within the margin of the target branch: passes, with both ModelNew rows in the table.
     clock(custom=1.0 * MS, target=1.02 * MS, compile=2 * MS, eager=3 * MS)
     result = run_gate(pytester, "wd", "--out", "out", "--baseline-workdir", "target", "--", "-v")
-    assert result.ret == gate.PASSED, result.stdout.str()
+    assert result.ret == ci_gate.PASSED, result.stdout.str()
     kinds = [line.split("::")[1] for line in result.outlines if "model_new.py::" in line and "PASSED" in line]
     assert kinds == sorted(kinds, key=["TestPolicy", "TestCorrectness", "TestPerf"].index) and len(set(kinds)) == 3
     summary = (pytester.path / "out" / "summary.md").read_text()
@@ -127,7 +124,7 @@ def test_the_gate_runs_the_three_verdicts_in_order_and_fails_on_a_regression(pyt
     # 10% slower than the target branch: the speed gate passes, the regression check fails it.
     clock(custom=1.1 * MS, target=1.0 * MS, compile=2 * MS, eager=3 * MS)
     result = run_gate(pytester, "wd", "--out", "out", "--baseline-workdir", "target")
-    assert result.ret == gate.FAILED
+    assert result.ret == ci_gate.FAILED
     summary = (pytester.path / "out" / "summary.md").read_text()
     assert summary.startswith("## cudaopt gate: FAILED (a verdict failed)")
     assert "FAIL: slower than the target branch's ModelNew by 10.0% (margin 3%)" in summary
@@ -136,16 +133,16 @@ def test_the_gate_runs_the_three_verdicts_in_order_and_fails_on_a_regression(pyt
     assert perf[0]["data"]["regression"]["passed"] is False
     # A looser margin is a relaxation, printed as such, and lets it through.
     result = run_gate(pytester, "wd", "--out", "out", "--baseline-workdir", "target", "--regression-margin", "0.2")
-    assert result.ret == gate.PASSED
+    assert result.ret == ci_gate.PASSED
     assert "setting regression_margin 0.2 (default 0.03)" in (pytester.path / "out" / "summary.md").read_text()
     # A lock rewritten in the candidate's checkout fails the gate (the target branch's lock rules).
     (candidate / "peers.py").write_text("PEERS = {}\n")
     own_workdir(candidate)
     result = run_gate(pytester, "wd", "--out", "out", "--baseline-workdir", "target", "--regression-margin", "0.2")
-    assert result.ret == gate.FAILED
+    assert result.ret == ci_gate.FAILED
     assert "differs from the target branch's" in (pytester.path / "out" / "summary.md").read_text()
     (candidate / "peers.py").unlink()
     own_workdir(candidate)
     # A rule broken in the candidate's own files is a failed verdict, not a broken setup.
     (candidate / "kernels" / "scale_v2.cpp").write_text("// an older version\n")
-    assert run_gate(pytester, "wd", "--out", "out").ret == gate.FAILED
+    assert run_gate(pytester, "wd", "--out", "out").ret == ci_gate.FAILED

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from conftest import PREBUILT_ROOT, WORKDIRS, junit_cases, plugin_args, run_pytest, subprocess_env
+from support import PREBUILT_ROOT, WORKDIRS, junit_cases, run_pytest, subprocess_env
+
+from pytest_cudaopt.launch import plugin_args
 
 # Every test here runs CUDA kernels: without a CUDA device the plugin skips them with its reason.
 pytestmark = pytest.mark.gpu

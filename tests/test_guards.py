@@ -11,8 +11,10 @@ import types
 import pytest
 import torch
 
-from conftest import subprocess_env
-from pytest_cudaopt import audit, faults, guards, watchdog
+from support import subprocess_env
+
+from pytest_cudaopt import watchdog
+from pytest_cudaopt.correctness import audit, faults, guards, precision
 
 # A "kernel" that never reaches the dispatcher: NumPy on the tensors' memory.
 KERNELS = """
@@ -150,7 +152,7 @@ def trial(workdir, cls_name: str, **options) -> tuple[guards.Trial, list]:
     candidate = getattr(workdir, cls_name)()
     candidate.load_state_dict(model.state_dict())
     model.eval(), candidate.eval()
-    t = guards.Trial(model=model, model_new=candidate, model64=guards.float64_copy(model),
+    t = guards.Trial(model=model, model_new=candidate, model64=precision.float64_copy(model),
                      workdir=workdir.path, extension=None, device=torch.device("cpu"),
                      atol=1e-2, rtol=1e-2, input_names=["x"], **options)
     return t, [torch.randn(4, 8)]
@@ -269,8 +271,8 @@ def test_a_faults_summary_is_the_line_naming_the_error_not_torchs_advice_after_i
 
 def test_the_watchdog_interrupts_a_sleeping_test_naming_the_test_and_case():
     with pytest.raises(watchdog.HangTimeout) as info:
-        with guards.Watchdog(0.5, "t.py::test_x", backstop=False) as dog:
-            guards.set_case("shape n=3")
+        with watchdog.Watchdog(0.5, "t.py::test_x", backstop=False) as dog:
+            watchdog.set_case("shape n=3")
             time.sleep(60)
     assert dog.fired
     assert str(info.value).startswith("TIMEOUT: t.py::test_x ran longer than cudaopt_timeout=0.5s on case shape n=3")
@@ -298,9 +300,9 @@ def test_the_watchdog_ends_a_process_stuck_in_c_after_calling_on_stuck(tmp_path)
 
 
 def test_the_watchdog_lets_a_quick_test_finish():
-    with guards.Watchdog(30.0, "t.py::test_quick") as dog:
-        assert guards.Watchdog.current is dog
-    assert guards.Watchdog.current is None
+    with watchdog.Watchdog(30.0, "t.py::test_quick") as dog:
+        assert watchdog.Watchdog.current is dog
+    assert watchdog.Watchdog.current is None
 
 
 def test_inputs_unchanged_compares_bits_so_a_nan_stays_a_nan():

@@ -10,8 +10,11 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO_ROOT, subprocess_env
-from pytest_cudaopt import baselines, build, compare
+from support import REPO_ROOT, subprocess_env
+
+from pytest_cudaopt import build
+from pytest_cudaopt.correctness import compare, precision
+from pytest_cudaopt.perf import lineup
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")]
@@ -39,10 +42,10 @@ def problem(M, N, K, seed=0):
 def fp32_tier(y, x, w, b):
     """(tier, error, the fp32 reference's error) of y against a float64 nn.Linear."""
     ref64 = torch.nn.functional.linear(x.double(), w.double(), b.double())
-    with baselines.fp32_strict():
+    with lineup.fp32_strict():
         ref32 = torch.nn.functional.linear(x, w, b)
-    err, ref_err = compare.relative_l2_error(y, ref64), compare.relative_l2_error(ref32, ref64)
-    return compare.precision_tier(err, ref_err), err, ref_err
+    err, ref_err = precision.relative_l2_error(y, ref64), precision.relative_l2_error(ref32, ref64)
+    return precision.precision_tier(err, ref_err), err, ref_err
 
 
 CUBLASLT = 1  # linear's config for cuBLASLt's fp32 SGEMM; the others are the 3xTF32 GEMM's variants
@@ -139,8 +142,8 @@ def test_attention_is_fp32_accurate_on_every_config_and_tail(ext, B, T, C, H, co
     qkv = torch.randn(B, T, 3 * C, device="cuda", generator=gen)
     ref64 = attention64(qkv, H)
     got = ext.causal_attention(qkv, H, config)
-    err = compare.relative_l2_error(got, ref64)
+    err = precision.relative_l2_error(got, ref64)
     # The fp32 tier of the layer (10x a float32 computation's error, or 1e-5) asks this of the op:
     # within 1e-5, the floor an fp32 flash kernel keeps at these sizes.
-    assert err < 1e-5, f"config {config} at {(B, T, C, H)}: error {err:.2e} (rounding alone {compare.relative_l2_error(ref64.float(), ref64):.2e})"
+    assert err < 1e-5, f"config {config} at {(B, T, C, H)}: error {err:.2e} (rounding alone {precision.relative_l2_error(ref64.float(), ref64):.2e})"
     assert torch.isfinite(got).all()

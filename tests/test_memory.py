@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from pytest_cudaopt import memory
+from pytest_cudaopt import memory, tensors
 
 GiB = memory.GiB
 SOFTMAX_IN = 4096 * 393216 * 4  # KernelBench level1/23_Softmax: a 6 GiB float32 input
@@ -66,7 +66,7 @@ def test_the_float64_run_stays_inside_the_case_budget():
 
 def test_nbytes_counts_every_tensor_of_a_nest():
     nest = (torch.zeros(3, dtype=torch.float32), [torch.zeros(2, dtype=torch.int64)], {"a": torch.zeros(1, dtype=torch.float16)}, 5)
-    assert memory.nbytes(nest) == 12 + 16 + 2
+    assert tensors.nbytes(nest) == 12 + 16 + 2
 
 
 def test_free_bytes_is_none_off_cuda():

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from conftest import run_pytest, subprocess_env
+from support import run_pytest, subprocess_env
 
 MS = 1e-3
 INI = """\
@@ -16,21 +16,18 @@ cudaopt_compile_backend = eager
 cudaopt_warmup = 0.01
 cudaopt_max_time = 1.0
 """
-# The perf items take their clock from the `cudaopt_perf_clock` fixture; this one returns
+# The perf items take their clock from the `pytest_cudaopt_perf_clock` hook; this one returns
 # scripted durations per contender, so the verdict does not depend on this machine's speed.
 FAKE_CLOCK = """\
-import pytest
-
-from pytest_cudaopt.timing import FakeClock
+from pytest_cudaopt.perf.clocks import FakeClock
 
 
-@pytest.fixture
-def cudaopt_perf_clock():
+def pytest_cudaopt_perf_clock(config, device):
     return FakeClock({durations!r}, escaped={escaped!r}, latency={latency!r})
 """
-# A scripted kernel trace per contender (the perf items' `cudaopt_perf_tracer` fixture).
+# A scripted kernel trace per contender (the perf items' `pytest_cudaopt_perf_tracer` hook).
 FAKE_TRACER = """
-from pytest_cudaopt.trace import FakeTracer, Kernel, Trace
+from pytest_cudaopt.perf.trace import FakeTracer, Kernel, Trace
 
 
 def _trace(kernels, calling=7, window=(0.0, 1e-3)):
@@ -38,8 +35,7 @@ def _trace(kernels, calling=7, window=(0.0, 1e-3)):
                  calling_stream=calling, window=window)
 
 
-@pytest.fixture
-def cudaopt_perf_tracer():
+def pytest_cudaopt_perf_tracer(config, device):
     return FakeTracer({{key: _trace(kernels) for key, kernels in {traces!r}.items()}})
 """
 
@@ -307,7 +303,7 @@ def test_a_workdir_conftest_cannot_replace_the_perf_clock_without_the_self_test_
     monkeypatch.delenv("CUDAOPT_SELF_TEST")
     result = run_pytest(pytester, "wd", "-m", "perf")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*the fixture cudaopt_perf_clock decides the verdict and is overridden in "
+    result.stdout.fnmatch_lines(["*the hook pytest_cudaopt_perf_clock decides the verdict and is implemented in "
                                  "*wd*conftest.py:*; a workdir cannot replace it*"])
     # A conftest.py that sets the variable itself is too late: the plugin read it at load.
     conftest = pytester.path / "wd" / "conftest.py"

@@ -417,7 +417,7 @@ def test_the_lock_covers_the_workdirs_conftest_and_peers(clean_workdir: Path) ->
         ("conftest.py", "PF003"), ("peers.py", "PF003")]
     policy.write_lock(clean_workdir)
     assert policy.check_workdir(clean_workdir) == []
-    (clean_workdir / "conftest.py").write_text("import pytest\n\n@pytest.fixture\ndef cudaopt_perf_clock(): ...\n")
+    (clean_workdir / "conftest.py").write_text("def pytest_cudaopt_perf_clock(config, device): ...\n")
     [violation] = policy.check_workdir(clean_workdir)
     assert (violation.path, violation.rule) == ("conftest.py", "PF003") and "changed since" in violation.message
 
@@ -464,7 +464,7 @@ def test_a_bad_configuration_is_reported(table: str, message: str, clean_workdir
 
 def test_without_a_toml_reader_the_configuration_is_skipped_with_a_warning(clean_workdir: Path, monkeypatch) -> None:
     (clean_workdir / "pyproject.toml").write_text('[tool.cudaopt]\ndisable = ["MN005"]\n')
-    monkeypatch.setattr(rules, "_load_toml", lambda path: None)
+    monkeypatch.setattr(rules, "load_toml", lambda path: None)
     with pytest.warns(UserWarning, match="strict default rules apply"):
         config = policy.load_config(clean_workdir)
     assert config == policy.Config()

@@ -6,11 +6,14 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from pytest_cudaopt import report, timing
-from pytest_cudaopt.trace import Kernel, Trace
+from pytest_cudaopt import report, results
 from pytest_cudaopt.cli import main as cli_main
-from pytest_cudaopt.report import PerfResult, gate_verdict
-from pytest_cudaopt.timing import Config, Contender, FakeClock, measure
+from pytest_cudaopt.perf import clocks, gate
+from pytest_cudaopt.perf.clocks import FakeClock
+from pytest_cudaopt.perf.engine import Config, Contender, measure
+from pytest_cudaopt.perf.gate import gate_verdict
+from pytest_cudaopt.perf.trace import Kernel, Trace
+from pytest_cudaopt.results import PerfResult
 
 MS = 1e-3
 
@@ -57,7 +60,7 @@ def test_the_gate_fails_when_the_custom_path_or_its_baseline_failed_or_was_not_t
 
 def test_the_gate_description_shows_the_arithmetic():
     v = gate_verdict({"custom": 1.0 * MS, "compile": 2.1 * MS}, {}, min_speedup=1.05)
-    text = v.describe({"custom": "ModelNew (custom)", "compile": "torch.compile"})
+    text = report.describe_gate(v, {"custom": "ModelNew (custom)", "compile": "torch.compile"})
     assert text == ("gate: median(ModelNew (custom)) <= median(torch.compile) / 1.05: "
                     "1.00 ms <= 2.10 ms / 1.05 = 2.00 ms: PASS (speedup 2.100x, needed 1.05x)")
 
@@ -65,7 +68,7 @@ def test_the_gate_description_shows_the_arithmetic():
 # -- the perf result -------------------------------------------------------------------------
 
 def perf_result(custom=1.0 * MS, compile_=1.5 * MS, eager=3.0 * MS, tf32=None, escaped=0.0, min_speedup=1.05,
-                latency=None, traces=None, gate_clock="device"):
+                latency=None, traces=None, gate_clock="device", clock_name="fake"):
     durations = {"eager": eager, "compile": compile_, "custom": custom}
     keys = ["eager", "compile"] + (["precision-matched"] if tf32 else []) + ["custom"]
     if tf32:
@@ -75,18 +78,21 @@ def perf_result(custom=1.0 * MS, compile_=1.5 * MS, eager=3.0 * MS, tf32=None, e
     clock = FakeClock(durations, escaped={"custom": escaped}, latency=latency)
     m = measure([Contender(k, lambda x: x, labels[k]) for k in keys], [[torch.ones(2)]], clock=clock,
                 config=Config(warmup=0.0, min_warmup_runs=1, min_runs=10, clock=gate_clock))
+    m.clock = clock_name
     failures = {k: r.failure for k, r in m.results.items() if r.failure}
-    gate = gate_verdict({k: r.summary.median for k, r in m.results.items()}, failures,
-                        gate="precision-matched" if tf32 else "compile", min_speedup=min_speedup)
-    return PerfResult(workdir="/w/attn", test="model_new.py::TestPerf::test_speedup", gate=gate, measurement=m,
-                      labels=labels, tiers={"eager": "fp32", "compile": "fp32", "precision-matched": "fp32",
-                                            "custom": "tf32-like" if tf32 else "fp32"},
-                      compile_seconds={"compile": 12.34}, traces=traces or {},
-                      environment={"gpu": "NVIDIA H200", "gpu_capability": "sm_90", "torch": "2.11", "cuda": "13.0"})
+    verdict = gate_verdict({k: r.summary.median for k, r in m.results.items()}, failures,
+                           gate="precision-matched" if tf32 else "compile", min_speedup=min_speedup)
+    result = PerfResult(workdir="/w/attn", test="model_new.py::TestPerf::test_speedup", gate=verdict, measurement=m,
+                        labels=labels, tiers={"eager": "fp32", "compile": "fp32", "precision-matched": "fp32",
+                                              "custom": "tf32-like" if tf32 else "fp32"},
+                        compile_seconds={"compile": 12.34}, traces=traces or {},
+                        environment={"gpu": "NVIDIA H200", "gpu_capability": "sm_90", "torch": "2.11", "cuda": "13.0"})
+    result.figure_warnings = gate.candidate_warnings(m, result.kernel_sum("custom"))
+    return result
 
 
 def test_perf_rows_show_median_iqr_n_speedups_precision_and_verdict():
-    rows = perf_result().rows()
+    rows = report.perf_rows(perf_result())
     assert [r["contender"] for r in rows] == ["Model (eager)", "torch.compile", "ModelNew (custom)"]
     custom = rows[-1]
     assert custom == {"contender": "ModelNew (custom)", "device time (gate)": "1.00 ms", "latency": "1.00 ms",
@@ -99,8 +105,8 @@ def test_perf_rows_show_median_iqr_n_speedups_precision_and_verdict():
 def test_a_slow_custom_path_fails_and_its_table_says_why():
     result = perf_result(custom=1.45 * MS)
     assert not result.passed
-    assert result.rows()[-1]["verdict"] == "FAIL (< 1.05x)"
-    text = result.table()
+    assert report.perf_rows(result)[-1]["verdict"] == "FAIL (< 1.05x)"
+    text = report.perf_table(result)
     lines = text.splitlines()
     assert lines[0] == "cudaopt perf: /w/attn (model_new.py::TestPerf::test_speedup)"
     assert lines[1].split() == ["contender", "device", "time", "(gate)", "latency", "IQR", "n", "vs", "eager",
@@ -113,9 +119,9 @@ def test_a_slow_custom_path_fails_and_its_table_says_why():
 def test_an_escaping_custom_path_fails_with_its_reason_in_the_notes():
     result = perf_result(custom=0.1 * MS, escaped=1.0 * MS)
     assert not result.passed
-    assert result.rows()[-1]["verdict"] == "FAIL (see below)"
-    assert "ModelNew (custom): work escaped the measured stream" in result.table()
-    assert ": FAIL, the custom path failed (see below)" in result.table()
+    assert report.perf_rows(result)[-1]["verdict"] == "FAIL (see below)"
+    assert "ModelNew (custom): work escaped the measured stream" in report.perf_table(result)
+    assert ": FAIL, the custom path failed (see below)" in report.perf_table(result)
 
 
 def test_a_baseline_that_could_not_be_compiled_is_a_row_and_fails_the_gate():
@@ -127,20 +133,20 @@ def test_a_baseline_that_could_not_be_compiled_is_a_row_and_fails_the_gate():
     result = PerfResult(workdir="w", test="t", gate=gate, measurement=m, labels={"compile": "torch.compile"},
                         errors=errors)
     assert not result.passed
-    rows = {r["contender"]: r for r in result.rows()}
+    rows = {r["contender"]: r for r in report.perf_rows(result)}
     assert list(rows) == ["eager", "custom", "torch.compile"]
     assert rows["torch.compile"]["device time (gate)"] == "-" and rows["torch.compile"]["n"] == "0"
     assert rows["torch.compile"]["verdict"] == "error (see below)"
     assert rows["custom"]["vs compile"] == "-"
-    text = result.table()
+    text = report.perf_table(result)
     assert "gate: median(custom) <= median(torch.compile) / 1.05: FAIL, the gate's baseline failed" in text
     assert "\npeers.py: import failed: SyntaxError: invalid syntax" in text
 
 
 def test_the_precision_matched_column_appears_only_when_that_baseline_ran():
-    assert "vs compile+TF32" not in perf_result().rows()[0]
+    assert "vs compile+TF32" not in report.perf_rows(perf_result())[0]
     result = perf_result(custom=1.0 * MS, compile_=2.0 * MS, tf32=1.2 * MS)
-    rows = {r["contender"]: r for r in result.rows()}
+    rows = {r["contender"]: r for r in report.perf_rows(result)}
     assert rows["ModelNew (custom)"]["vs compile+TF32"] == "1.20x"
     assert rows["ModelNew (custom)"]["precision"] == "tf32-like"
     assert rows["torch.compile + TF32"]["verdict"] == "gate baseline"
@@ -148,7 +154,7 @@ def test_the_precision_matched_column_appears_only_when_that_baseline_ran():
 
 
 def test_extra_info_carries_medians_speedups_gpu_versions_and_precision():
-    info = perf_result().extra_info()
+    info = report.benchmark_extra_info(perf_result())
     assert info["custom_median_s"] == pytest.approx(1.0 * MS)
     assert info["compile_median_s"] == pytest.approx(1.5 * MS)
     assert info["eager_median_s"] == pytest.approx(3.0 * MS)
@@ -216,7 +222,7 @@ def test_the_json_report_renders_back_to_the_same_tables(tmp_path):
 
 def test_recorded_results_from_workers_render_like_the_originals():
     original = perf_result()
-    copy = report.RecordedResult(json.loads(json.dumps(report.record(original))))
+    copy = results.RecordedResult(json.loads(json.dumps(report.record(original))))
     assert copy.kind == "perf" and copy.passed is True
     assert report.render_records([report.record(copy)]) == report.render_records([report.record(original)])
 
@@ -269,7 +275,7 @@ def test_the_json_report_round_trips_the_gates_numbers_and_writes_null_for_nan(t
 
 
 def test_timing_summary_in_the_notes_names_the_stop_rule():
-    notes = perf_result().notes()
+    notes = report.perf_notes(perf_result())
     assert any(n.startswith("timing: fake, 10 interleaved rounds") and "relative standard error <= 0.005" in n
                for n in notes)
 
@@ -293,13 +299,13 @@ def traces():
 
 def test_the_table_shows_device_time_latency_and_kernel_sum_and_marks_the_gates_clock():
     result = perf_result(latency={"custom": 1.2 * MS, "compile": 1.6 * MS, "eager": 3.1 * MS}, traces=traces())
-    rows = {r["contender"]: r for r in result.rows()}
+    rows = {r["contender"]: r for r in report.perf_rows(result)}
     custom = rows["ModelNew (custom)"]
     assert (custom["device time (gate)"], custom["latency"], custom["kernel sum"]) == ("1.00 ms", "1.20 ms", "1.00 ms")
     assert rows["torch.compile"]["kernel sum"] == "1.40 ms"
     assert rows["Model (eager)"]["kernel sum"] == "-"  # its trace failed: the notes say why
     assert custom["vs compile"] == "1.50x"  # device time gates
-    text = result.table()
+    text = report.perf_table(result)
     assert "clocks: the gate compares device time. device time: each call queued behind" in text
     assert "kernel sum: the kernels, copies and memsets of one profiled call" in text
     data = json.loads(json.dumps(report.record(result)))["data"]
@@ -313,7 +319,7 @@ def test_the_table_shows_device_time_latency_and_kernel_sum_and_marks_the_gates_
     contender = data["timing"]["contenders"][2]
     assert contender["device_median_s"] == pytest.approx(1.0 * MS)
     assert contender["latency_median_s"] == pytest.approx(1.2 * MS)
-    info = result.extra_info()
+    info = report.benchmark_extra_info(result)
     assert info["custom_kernel_sum_s"] == pytest.approx(1.0 * MS) and info["gate_clock"] == "device"
 
 
@@ -323,14 +329,14 @@ def test_with_the_latency_clock_the_gate_compares_latencies():
                          gate_clock="latency")
     assert not result.passed
     assert result.gate.custom_median == pytest.approx(1.5 * MS)
-    custom = result.rows()[-1]
+    custom = report.perf_rows(result)[-1]
     assert (custom["device time"], custom["latency (gate)"]) == ("1.00 ms", "1.50 ms")
-    assert "clocks: the gate compares latency." in result.table()
+    assert "clocks: the gate compares latency." in report.perf_table(result)
     assert perf_result(latency={"custom": 1.5 * MS, "compile": 1.5 * MS, "eager": 3.0 * MS}).passed
 
 
 def test_the_notes_show_the_candidates_top_kernels_and_the_others_kernel_counts():
-    notes = perf_result(traces=traces()).notes()
+    notes = report.perf_notes(perf_result(traces=traces()))
     (top,) = [n for n in notes if n.startswith("kernels of ModelNew")]
     assert top == ("kernels of ModelNew (custom) (one call: 3 kernels on 1 stream, 1.00 ms): "
                    "gemm_kernel x2 700 us (70%, grid 128x1x1), attention_kernel 300 us (30%, grid 128x1x1)")
@@ -340,29 +346,29 @@ def test_the_notes_show_the_candidates_top_kernels_and_the_others_kernel_counts(
 
 
 def test_figures_that_agree_within_the_margin_give_no_warning():
-    assert report.figure_warnings(1.0 * MS, 1.1 * MS, 0.9 * MS) == []
-    assert report.figure_warnings(1.0 * MS, None, None) == []
+    assert gate.figure_warnings(1.0 * MS, 1.1 * MS, 0.9 * MS) == []
+    assert gate.figure_warnings(1.0 * MS, None, None) == []
 
 
 def test_a_launch_bound_candidate_is_named_in_the_notes():
-    (warning,) = report.figure_warnings(20e-6, 80e-6, 19e-6)
+    (warning,) = gate.figure_warnings(20e-6, 80e-6, 19e-6)
     assert warning.startswith("latency 80.0 us is 4.00x the device time 20.0 us: launch-bound")
     result = perf_result(custom=20e-6, compile_=1 * MS, latency={"custom": 80e-6})
-    assert "ModelNew (custom): " + warning in result.notes()
+    assert "ModelNew (custom): " + warning in report.perf_notes(result)
     assert result.to_json()["figure_warnings"] == [warning]
 
 
 def test_device_time_far_from_the_kernel_sum_is_named_in_the_notes():
-    (gaps,) = report.figure_warnings(1.0 * MS, 1.0 * MS, 0.5 * MS)
+    (gaps,) = gate.figure_warnings(1.0 * MS, 1.0 * MS, 0.5 * MS)
     assert gaps.startswith("device time 1.00 ms and kernel sum 500 us differ by 50% (more than 15%): idle gaps")
-    (overlap,) = report.figure_warnings(1.0 * MS, 1.0 * MS, 1.5 * MS)
+    (overlap,) = gate.figure_warnings(1.0 * MS, 1.0 * MS, 1.5 * MS)
     assert "differ by 50%" in overlap and "overlap" in overlap
 
 
 def test_a_trace_escape_is_in_the_notes_even_when_another_check_failed_the_contender_first():
     escaped = Trace([kernel("scale_kernel", 0, 5, stream=13, grid=(4, 1, 1))], calling_stream=7, window=(0.0, 1e-6))
     result = perf_result(custom=0.1 * MS, escaped=1.0 * MS, traces={"custom": escaped})
-    notes = result.notes()
+    notes = report.perf_notes(result)
     assert any(n.startswith("ModelNew (custom): work escaped the measured stream") for n in notes)
     assert any(n.startswith("ModelNew (custom): work escaped the calling stream (kernel trace): kernel scale_kernel, "
                             "grid 4x1x1 on stream 13 (calling stream 7, 5.00 us) ended 4.00 us after") for n in notes)
@@ -371,6 +377,6 @@ def test_a_trace_escape_is_in_the_notes_even_when_another_check_failed_the_conte
 def test_cpu_workdirs_get_no_figure_warnings_since_both_figures_are_host_time():
     result = perf_result(custom=20e-6, compile_=1 * MS, latency={"custom": 80e-6})
     assert result.to_json()["figure_warnings"]  # a device clock: warned
-    result.measurement.clock = timing.PerfCounterClock.name
+    result = perf_result(custom=20e-6, compile_=1 * MS, latency={"custom": 80e-6}, clock_name=clocks.PerfCounterClock.name)
     assert result.to_json()["figure_warnings"] == []
-    assert not any("launch-bound" in n for n in result.notes())
+    assert not any("launch-bound" in n for n in report.perf_notes(result))

@@ -6,7 +6,7 @@ import types
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
-from pytest_cudaopt import shapes
+from pytest_cudaopt.correctness import shapes
 
 
 def module_from(source: str, name: str = "model_under_test") -> types.ModuleType:

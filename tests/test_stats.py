@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from pytest_cudaopt import timing
-from pytest_cudaopt.stats import Summary, iqr, median, median_standard_error, quartiles, relative_standard_error
-from pytest_cudaopt.timing import Config, precise_enough
+from pytest_cudaopt.perf import engine, stats
+from pytest_cudaopt.perf.engine import Config, precise_enough
+from pytest_cudaopt.perf.stats import Summary, iqr, median, median_standard_error, quartiles, relative_standard_error
 
 
 def test_quartiles_interpolate_linearly_between_order_statistics():
@@ -88,13 +88,13 @@ def test_the_stop_rule_needs_min_runs_and_a_small_enough_error_for_every_contend
 def test_escape_limit_is_floor_plus_absolute_plus_relative_share():
     config = Config(escape_abs=5e-6, escape_rel=0.05)
     # 2 us floor + 5 us + 5% of 1 ms = 57 us.
-    assert timing.escape_limit(1e-3, 2e-6, config) == pytest.approx(57e-6)
+    assert engine.escape_limit(1e-3, 2e-6, config) == pytest.approx(57e-6)
 
 
 def test_times_are_printed_with_three_significant_digits_and_a_unit():
-    assert timing.format_seconds(1.5) == "1.50 s"
-    assert timing.format_seconds(0.0123) == "12.3 ms"
-    assert timing.format_seconds(456e-6) == "456 us"
-    assert timing.format_seconds(3e-9) == "3.00 ns"
-    assert timing.format_seconds(None) == "-"
-    assert timing.format_seconds(math.nan) == "-"
+    assert stats.format_seconds(1.5) == "1.50 s"
+    assert stats.format_seconds(0.0123) == "12.3 ms"
+    assert stats.format_seconds(456e-6) == "456 us"
+    assert stats.format_seconds(3e-9) == "3.00 ns"
+    assert stats.format_seconds(None) == "-"
+    assert stats.format_seconds(math.nan) == "-"

@@ -5,8 +5,11 @@ from collections import Counter
 import pytest
 import torch
 
-from pytest_cudaopt import timing
-from pytest_cudaopt.timing import Config, Contender, FakeClock, PerfCounterClock, measure
+from pytest_cudaopt import tensors
+from pytest_cudaopt.correctness.compare import compare_outputs
+from pytest_cudaopt.perf import clocks, engine
+from pytest_cudaopt.perf.clocks import FakeClock, PerfCounterClock
+from pytest_cudaopt.perf.engine import Config, Contender, measure
 
 MS = 1e-3
 
@@ -21,6 +24,12 @@ def sets(n=3, size=8):
     return inputs, [s[0] * 2 for s in inputs]
 
 
+def table(output, expected):
+    """The perf item's output check: the correctness comparison at its default tolerances."""
+    result = compare_outputs(output, expected)
+    return None if result.passed else result.table()
+
+
 def quick(**overrides):
     values = dict(warmup=0.0, min_warmup_runs=1, max_time=10.0, target_rse=0.01, min_runs=10)
     values.update(overrides)
@@ -30,7 +39,7 @@ def quick(**overrides):
 def test_contenders_are_interleaved_with_a_rotating_start_on_a_shared_input_set():
     inputs, expected = sets(3)
     contenders = [Contender(k, doubler) for k in "abc"]
-    m = measure(contenders, inputs, clock=FakeClock({}, default=MS), config=quick(), expected=expected)
+    m = measure(contenders, inputs, clock=FakeClock({}, default=MS), config=quick(), expected=expected, compare=table)
     assert m.schedule[:9] == [
         (0, "a", 0), (0, "b", 0), (0, "c", 0),
         (1, "b", 1), (1, "c", 1), (1, "a", 1),
@@ -42,9 +51,9 @@ def test_contenders_are_interleaved_with_a_rotating_start_on_a_shared_input_set(
 
 
 def test_round_order_rotates_by_the_round_number():
-    assert timing.round_order(["a", "b", "c"], 0) == ["a", "b", "c"]
-    assert timing.round_order(["a", "b", "c"], 1) == ["b", "c", "a"]
-    assert timing.round_order(["a", "b", "c"], 5) == ["c", "a", "b"]
+    assert engine.round_order(["a", "b", "c"], 0) == ["a", "b", "c"]
+    assert engine.round_order(["a", "b", "c"], 1) == ["b", "c", "a"]
+    assert engine.round_order(["a", "b", "c"], 5) == ["c", "a", "b"]
 
 
 def test_identical_runs_stop_at_min_runs_by_the_error_target():
@@ -89,7 +98,7 @@ def test_every_contender_gets_its_own_copies_of_the_inputs():
         return out
 
     m = measure([Contender("vandal", vandal, check=False), Contender("honest", doubler)], inputs,
-                clock=FakeClock({}, default=MS), config=quick(), expected=expected)
+                clock=FakeClock({}, default=MS), config=quick(), expected=expected, compare=table)
     assert m["honest"].failure is None
     assert torch.equal(inputs[0][0] * 2, expected[0])
 
@@ -110,7 +119,7 @@ def test_a_contender_that_replays_an_earlier_output_fails_the_output_check():
     inputs, expected = sets(3)
 
     m = measure([Contender("honest", doubler), Contender("replay", Replay())], inputs,
-                clock=FakeClock({}, default=MS), config=quick(), expected=expected)
+                clock=FakeClock({}, default=MS), config=quick(), expected=expected, compare=table)
     assert m["honest"].failure is None
     assert m["honest"].checked >= 3
     assert "differs from the reference" in m["replay"].failure
@@ -129,7 +138,7 @@ def test_shared_inputs_are_one_copy_for_all_and_still_catch_a_replayed_output():
 
     m = measure([Contender("honest", recording("honest")), Contender("other", recording("other")),
                  Contender("replay", Replay())], inputs, clock=FakeClock({}, default=MS),
-                config=quick(share_inputs=True), expected=expected)
+                config=quick(share_inputs=True), expected=expected, compare=table)
     assert seen["honest"] == seen["other"] and len(seen["honest"]) == 3   # the same three tensors
     assert m["honest"].failure is None and m["other"].failure is None
     assert "differs from the reference" in m["replay"].failure
@@ -155,11 +164,11 @@ def test_shared_inputs_keep_one_queued_output_per_round_not_one_per_contender():
 
     keys = ["a", "b", "c", "d"]
     m = measure([Contender(k, tracked) for k in keys], inputs, clock=FakeClock({}, default=MS),
-                config=quick(share_inputs=True, check_fraction=1.0), expected=expected)
+                config=quick(share_inputs=True, check_fraction=1.0), expected=expected, compare=table)
     assert all(m[k].failure is None and m[k].checked >= 3 for k in keys)
     assert most[0] <= 2    # the kept queued output and the call running now
     private = measure([Contender(k, tracked) for k in keys], inputs, clock=FakeClock({}, default=MS),
-                      config=quick(check_fraction=1.0), expected=expected)
+                      config=quick(check_fraction=1.0), expected=expected, compare=table)
     assert all(private[k].failure is None for k in keys)
     assert most[0] == len(keys)   # with private copies, each contender's queued output is checked
 
@@ -173,7 +182,7 @@ def test_a_contender_that_changes_once_timing_starts_fails():
         return x * 2 if calls["n"] <= 3 else torch.zeros_like(x)
 
     m = measure([Contender("lazy", lazy)], inputs, clock=FakeClock({}, default=MS),
-                config=quick(min_warmup_runs=3), expected=expected)
+                config=quick(min_warmup_runs=3), expected=expected, compare=table)
     assert "differs from the reference" in m["lazy"].failure
     assert m.stop_reason == "all failed"
 
@@ -210,7 +219,7 @@ def test_work_that_escapes_the_measured_stream_fails_with_that_reason():
 def test_an_escape_just_under_the_limit_passes_and_just_over_fails():
     inputs, _ = sets(1)
     config = quick()
-    limit = timing.escape_limit(1e-3, 0.0, config)  # 5 us + 50 us
+    limit = engine.escape_limit(1e-3, 0.0, config)  # 5 us + 50 us
     for escaped, fails in ((0.9 * limit, False), (1.1 * limit, True)):
         clock = FakeClock({"a": 1e-3}, escaped={"a": escaped})
         m = measure([Contender("a", doubler)], inputs, clock=clock, config=config)
@@ -241,7 +250,7 @@ def test_scopes_are_entered_around_every_call():
 def test_the_perf_counter_clock_times_cpu_contenders():
     inputs, expected = sets(2, size=64)
     m = measure([Contender("a", doubler), Contender("b", lambda x: x + x)], inputs,
-                clock=PerfCounterClock(), config=quick(max_time=0.2, target_rse=0.5), expected=expected)
+                clock=PerfCounterClock(), config=quick(max_time=0.2, target_rse=0.5), expected=expected, compare=table)
     for key in "ab":
         assert m[key].failure is None
         assert m[key].summary.n >= 10
@@ -268,23 +277,25 @@ def test_measurement_json_names_every_contender_with_its_statistics():
     assert entry["median_s"] == pytest.approx(MS) and entry["iqr_s"] == 0.0 and entry["n"] == 10
 
 
-def test_the_default_output_check_is_the_correctness_comparison():
+def test_the_output_check_reports_the_comparisons_table_and_needs_a_comparison():
     inputs = [[torch.ones(3)], [torch.full((3,), 2.0)]]
     expected = [x * 2 for (x,) in inputs]
     wrong = Contender("wrong", lambda x: x * 2 + torch.tensor([0.0, 1.0, 0.0]))
     m = measure([Contender("right", lambda x: x * 2), wrong], inputs,
-                clock=FakeClock({}, default=MS), config=quick(), expected=expected)
+                clock=FakeClock({}, default=MS), config=quick(), expected=expected, compare=table)
     assert m["right"].failure is None
     assert "1 of 3" in m["wrong"].failure and "[1]" in m["wrong"].failure, m["wrong"].failure
+    with pytest.raises(ValueError, match="needs `compare`"):
+        measure([wrong], inputs, clock=FakeClock({}, default=MS), config=quick(), expected=expected)
 
 
 def test_replacing_a_timing_function_is_noticed(monkeypatch):
-    assert timing.tampered() == []
+    assert clocks.tampered() == []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda.Event, "elapsed_time", lambda self, end: 0.001)
-    assert timing.tampered() == ["torch.cuda.synchronize", "torch.cuda.Event.elapsed_time"]
+    assert clocks.tampered() == ["torch.cuda.synchronize", "torch.cuda.Event.elapsed_time"]
     monkeypatch.undo()
-    assert timing.tampered() == []
+    assert clocks.tampered() == []
 
 
 def test_the_engine_keeps_the_functions_bound_at_import(monkeypatch):
@@ -311,7 +322,7 @@ def test_the_cuda_clock_catches_work_on_a_side_stream():
         return out
 
     m = measure([Contender("honest", honest, check=False), Contender("hidden", hidden, check=False)],
-                [[a]], clock=timing.CudaClock(), config=Config(warmup=0.1, max_time=2.0))
+                [[a]], clock=clocks.CudaClock(), config=Config(warmup=0.1, max_time=2.0))
     assert m["honest"].failure is None
     assert "escaped the measured stream" in m["hidden"].failure
 
@@ -346,7 +357,7 @@ def test_an_unknown_clock_is_refused():
 def test_both_runs_of_a_checked_round_are_compared_with_the_reference():
     inputs, expected = sets(2)
     m = measure([Contender("a", doubler)], inputs, clock=FakeClock({}, default=MS), config=quick(min_runs=2),
-                expected=expected)
+                expected=expected, compare=table)
     assert m["a"].failure is None
     assert m["a"].checked >= 4  # rounds 0 and 1 (one per input set), two runs each
 
@@ -371,7 +382,7 @@ def test_a_contender_that_cheats_only_when_queued_fails_the_output_check():
         return torch.zeros_like(x) if QueueOnlyCheat.queued else x * 2
 
     m = measure([Contender("cheat", cheat)], inputs, clock=QueueOnlyCheat({}, default=MS), config=quick(),
-                expected=expected)
+                expected=expected, compare=table)
     assert "(queued, input set" in m["cheat"].failure
 
 
@@ -406,7 +417,7 @@ def test_device_time_leaves_out_the_launches_that_latency_counts():
             v = v + 1
         return v
 
-    m = measure([Contender("tiny", launches, check=False)], [[x]], clock=timing.CudaClock(),
+    m = measure([Contender("tiny", launches, check=False)], [[x]], clock=clocks.CudaClock(),
                 config=Config(warmup=0.1, max_time=2.0))
     r = m["tiny"]
     assert r.failure is None

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from pytest_cudaopt import trace
-from pytest_cudaopt.timing import Contender
-from pytest_cudaopt.trace import BEGIN, CALL, END, LEAD, FakeTracer, Kernel, Trace
+from pytest_cudaopt.perf import trace
+from pytest_cudaopt.perf.engine import Contender
+from pytest_cudaopt.perf.trace import BEGIN, CALL, END, LEAD, FakeTracer, Kernel, Trace
 
 CALLING, SIDE = 7, 13
 

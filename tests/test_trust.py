@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import copy_workdir
+from support import copy_workdir
 from pytest_cudaopt import policy, settings, trust
 
 

@@ -34,6 +34,35 @@ _INCLUDE = re.compile(r"\s*(<[^>\n]*>|\"[^\"\n]*\")")
 _DIRECTIVE_INCLUDE = re.compile(r"#\s*(include_next|include|import)\b")
 
 
+def _directive(text: str, i: int, line: int, includes: list[Include]) -> int:
+    """At a `#` that starts a line: record an #include (a computed one with an empty name) and
+    return where lexing goes on; other directives are tokenized like code."""
+    match = _DIRECTIVE_INCLUDE.match(text, i)
+    if not match:
+        return i + 1
+    target = _INCLUDE.match(text, match.end())
+    if not target:
+        includes.append(Include("", False, line))
+        return match.end()
+    name = target.group(1)
+    includes.append(Include(name[1:-1].strip(), name[0] == "<", line))
+    return target.end()
+
+
+def _literal_end(text: str, prefix: re.Match) -> int:
+    """The end of the string or character literal whose opener `prefix` matched."""
+    n, opener = len(text), prefix.group(0)
+    if opener.endswith('R"'):
+        paren = text.find("(", prefix.end())
+        delim = text[prefix.end():paren]
+        end = text.find(")" + delim + '"', paren)
+        return n if end < 0 else end + len(delim) + 2
+    quote, end = opener[-1], prefix.end()
+    while end < n and text[end] != quote and text[end] != "\n":
+        end += 2 if text[end] == "\\" else 1
+    return min(end + 1, n)
+
+
 def lex_cpp(text: str) -> tuple[list[Token], list[Include]]:
     """Tokens of C/C++/CUDA source without comments and string contents, and its #include lines.
 
@@ -66,34 +95,12 @@ def lex_cpp(text: str) -> tuple[list[Token], list[Include]]:
             continue
         if c == "#" and line_start:
             line_start = False
-            match = _DIRECTIVE_INCLUDE.match(text, i)
-            if match:
-                target = _INCLUDE.match(text, match.end())
-                if target:
-                    name = target.group(1)
-                    includes.append(Include(name[1:-1].strip(), name[0] == "<", line))
-                    i = target.end()
-                else:
-                    includes.append(Include("", False, line))
-                    i = match.end()
-                continue
-            i += 1
+            i = _directive(text, i, line, includes)
             continue
         line_start = False
         prefix = _STRING_PREFIX.match(text, i)
         if prefix and not (i > 0 and (text[i - 1].isalnum() or text[i - 1] == "_")):
-            opener = prefix.group(0)
-            if opener.endswith('R"'):
-                paren = text.find("(", prefix.end())
-                delim = text[prefix.end():paren]
-                end = text.find(")" + delim + '"', paren)
-                end = n if end < 0 else end + len(delim) + 2
-            else:
-                quote = opener[-1]
-                end = prefix.end()
-                while end < n and text[end] != quote and text[end] != "\n":
-                    end += 2 if text[end] == "\\" else 1
-                end = min(end + 1, n)
+            end = _literal_end(text, prefix)
             tokens.append(Token("str", "", line))
             line += text.count("\n", i, end)
             i = end

@@ -53,13 +53,13 @@ def locked_settings(workdir: Path) -> dict[str, str]:
     """The verdict-moving settings held in the workdir's own files, each rendered canonically
     (so reformatting or unrelated edits of the file do not count): the `[tool.cudaopt]` table
     and the `cudaopt_*` ini keys of pyproject.toml, and the `cudaopt_*` keys of pytest.ini."""
-    from pytest_cudaopt.policy.rules import _load_toml
+    from pytest_cudaopt.policy.rules import load_toml
 
     found: dict[str, str] = {}
     pyproject = workdir / "pyproject.toml"
     if pyproject.is_file():
         try:
-            data = _load_toml(pyproject)
+            data = load_toml(pyproject)
         except Exception:  # unparseable: CF001 says why; any change of the file counts
             data = None
         if data is None:

@@ -103,7 +103,7 @@ class Config:
     problems: tuple = ()
 
 
-def _load_toml(path: Path) -> dict | None:
+def load_toml(path: Path) -> dict | None:
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
@@ -129,7 +129,7 @@ def load_config(workdir: Path) -> Config:
         return Config(problems=(Violation("pyproject.toml", line, "CF001", message),))
 
     try:
-        data = _load_toml(path)
+        data = load_toml(path)
     except Exception as exc:  # tomllib.TOMLDecodeError, read errors
         return problem(f"pyproject.toml cannot be parsed: {exc}")
     if data is None:

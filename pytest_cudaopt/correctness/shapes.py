@@ -308,7 +308,7 @@ def check_on_meta(module: types.ModuleType, constants: Mapping[str, int]) -> Met
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return MetaCheck(False, f"{type(exc).__name__}: {first}"[:300])
-    from pytest_cudaopt.memory import nbytes
+    from pytest_cudaopt.tensors import nbytes
 
     total, found = _numel_and_shapes(inputs)
     return MetaCheck(True, "", total, found, nbytes(list(inputs)), nbytes(outputs))

@@ -1,8 +1,7 @@
-"""The contenders of the speed verdict: eager Model, torch.compile(Model), ModelNew, peers, the precision-matched baseline."""
+"""The line-up of the speed verdict: eager Model, torch.compile(Model), peers, the target branch, ModelNew, and the TF32 scope of the precision-matched baseline."""
 
 from __future__ import annotations
 
-import importlib.util
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,11 +9,13 @@ from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import torch
 
-from pytest_cudaopt import timing
-from pytest_cudaopt.contenders import (  # noqa: F401  (keys of the lineup, used as baselines.X)
-    COMPILE, CUSTOM, EAGER, FP32, PEER_PREFIX, PRECISION_MATCHED, TARGET, TIERS, below_fp32,
-)
+from pytest_cudaopt.perf.clocks import host_time, synchronize_device
+from pytest_cudaopt.perf.engine import Contender
 
+# Contender keys; the line-up, the gate, tables and reports refer to contenders by these.
+EAGER, COMPILE, CUSTOM, PRECISION_MATCHED = "eager", "compile", "custom", "precision-matched"
+TARGET = "target"  # the target branch's ModelNew (--cudaopt-baseline-workdir), for the regression check
+PEER_PREFIX = "peer:"
 PEERS_FILE = "peers.py"
 
 
@@ -47,7 +48,7 @@ def fp32_strict() -> ContextManager[None]:
 
 def synchronize(device: Any) -> None:
     if torch.device(device).type == "cuda":
-        timing.synchronize_device()
+        synchronize_device()
 
 
 def fresh_caller(model: Callable[..., Any], name: str) -> Callable[..., Any]:
@@ -72,23 +73,11 @@ def compile_model(model: Callable[..., Any], example_inputs: Sequence[Any], devi
     compiled = torch.compile(fresh_caller(model, name.replace("-", "_")), **kwargs)
     with scope():
         synchronize(device)
-        start = timing.host_time()
+        start = host_time()
         compiled(*example_inputs)
         synchronize(device)
-        seconds = timing.host_time() - start
+        seconds = host_time() - start
     return compiled, seconds
-
-
-def _import_file(path: Path, module_name: str, aliases: dict[str, Any]) -> Any:
-    """Import `path` as `module_name`, with the workdir on sys.path and `aliases` (e.g.
-    `model` -> the already loaded reference module) visible to its imports."""
-    from pytest_cudaopt.workdir import temporary_modules
-
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    with temporary_modules(aliases, path.parent):
-        spec.loader.exec_module(module)
-    return module
 
 
 def load_peer_factories(workdir: Path, reference_module: Any = None) -> dict[str, Callable[..., Any]]:
@@ -102,12 +91,13 @@ def load_peer_factories(workdir: Path, reference_module: Any = None) -> dict[str
     path = Path(workdir) / PEERS_FILE
     if not path.is_file():
         return {}
+    from pytest_cudaopt.workdir import WorkdirError, import_file, module_prefix
+
     aliases = {"model": reference_module} if reference_module is not None else {}
-    name = f"cudaopt_peers_{abs(hash(str(path.resolve()))):x}"
     try:
-        module = _import_file(path, name, aliases)
-    except Exception as exc:
-        raise PeerError(f"{path}: import failed: {type(exc).__name__}: {exc}") from exc
+        module = import_file(f"{module_prefix(path.parent)}.peers", path, path.parent, aliases)
+    except WorkdirError as exc:
+        raise PeerError(str(exc)) from exc
     peers = getattr(module, "PEERS", None)
     if not isinstance(peers, dict) or not all(isinstance(k, str) and callable(v) for k, v in peers.items()):
         raise PeerError(f"{path}: expected a module-level PEERS = {{'name': factory, ...}} "
@@ -138,7 +128,7 @@ def make_peer(name: str, factory: Callable[..., Any], init_inputs: Sequence[Any]
 class Lineup:
     """The contenders of one perf test, plus what happened while preparing them."""
 
-    contenders: list[timing.Contender] = field(default_factory=list)
+    contenders: list[Contender] = field(default_factory=list)
     compile_seconds: dict[str, float] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)   # key -> why it is not in the lineup
 
@@ -173,12 +163,12 @@ def lineup(
     `errors` (the gate reports it); the custom path is always in. `target` is the target
     branch's ModelNew (timed for the regression check), or why it could not be built."""
     out = Lineup()
-    out.contenders.append(timing.Contender(EAGER, model, "Model (eager)", scope=fp32_strict))
+    out.contenders.append(Contender(EAGER, model, "Model (eager)", scope=fp32_strict))
     label = compile_label(compile_mode, compile_backend)
     try:
         compiled, seconds = compile_model(model, example_inputs, device, mode=compile_mode,
                                           backend=compile_backend, name="compiled_fp32")
-        out.contenders.append(timing.Contender(COMPILE, compiled, label, scope=fp32_strict))
+        out.contenders.append(Contender(COMPILE, compiled, label, scope=fp32_strict))
         out.compile_seconds[COMPILE] = seconds
     except Exception as exc:
         out.errors[COMPILE] = f"{label} failed: {type(exc).__name__}: {exc}"
@@ -187,7 +177,7 @@ def lineup(
             compiled, seconds = compile_model(model, example_inputs, device, mode=compile_mode,
                                               backend=compile_backend, name="compiled_tf32",
                                               scope=tf32_allowed)
-            out.contenders.append(timing.Contender(PRECISION_MATCHED, compiled, label + " + TF32",
+            out.contenders.append(Contender(PRECISION_MATCHED, compiled, label + " + TF32",
                                                    scope=tf32_allowed))
             out.compile_seconds[PRECISION_MATCHED] = seconds
         except Exception as exc:
@@ -206,10 +196,10 @@ def lineup(
             except PeerError as exc:
                 out.errors[key] = str(exc)
                 continue
-            out.contenders.append(timing.Contender(key, peer, f"peer: {name}"))
+            out.contenders.append(Contender(key, peer, f"peer: {name}"))
     if isinstance(target, str):
         out.errors[TARGET] = target
     elif target is not None:
-        out.contenders.append(timing.Contender(TARGET, target, "ModelNew (target branch)"))
-    out.contenders.append(timing.Contender(CUSTOM, model_new, "ModelNew (custom)"))
+        out.contenders.append(Contender(TARGET, target, "ModelNew (target branch)"))
+    out.contenders.append(Contender(CUSTOM, model_new, "ModelNew (custom)"))
     return out

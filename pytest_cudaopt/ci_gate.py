@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-# Exit codes of `cudaopt gate`: a failed verdict is the candidate's; a broken setup is the runner's.
+# Exit codes of `cudaopt gate` (2, bad arguments, is argparse's): a failed verdict is the
+# candidate's; a broken setup is the runner's.
 PASSED = 0        # every verdict passed (and no regression against the target branch)
 FAILED = 1        # a verdict failed: a rule, correctness, the speed gate or the regression check
-USAGE = 2         # bad arguments (argparse)
 BROKEN = 3        # the setup is broken: no CUDA device, a verdict kind not collected, pytest error
 KINDS = ("policy", "correctness", "perf")
 SETUP_PROPERTY = "cudaopt_setup_broken"  # user property of an item that failed for the runner's sake
@@ -101,9 +101,7 @@ def run(workdir: Path, *, out: Path, baseline_workdir: Path | None = None,
         allow_lock_change: bool = False) -> int:
     """Run the gate on `workdir`; write report.json, junit.xml and summary.md to `out` (and
     the summary to $GITHUB_STEP_SUMMARY when set). Returns the gate's exit code."""
-    import pytest
-
-    from pytest_cudaopt.cli import entry_point_installed
+    from pytest_cudaopt.launch import run_pytest
 
     out.mkdir(parents=True, exist_ok=True)
     report_path = out / "report.json"
@@ -115,10 +113,8 @@ def run(workdir: Path, *, out: Path, baseline_workdir: Path | None = None,
         args.append(f"--cudaopt-baseline-workdir={baseline_workdir}")
     if regression_margin is not None:
         args.append(f"--cudaopt-regression-margin={regression_margin}")
-    if not entry_point_installed():
-        args[:0] = ["-p", "pytest_cudaopt.plugin"]
     observer = Observer()
-    status = int(pytest.main([*args, *pytest_args], plugins=[observer]))
+    status = run_pytest([*args, *pytest_args], plugins=[observer])
     code, reasons = exit_code(status, observer)
     changed = None if allow_lock_change else lock_change(workdir, baseline_workdir)
     if changed and code == PASSED:

@@ -1,14 +1,12 @@
 """Runtime guards of the correctness verdict: secret inputs, clones, fresh outputs, poison, determinism, and one case through them all.
 
-A little over 400 lines: `run_case` drives every guard in one order, and each guard is the few
-lines it needs next to it (the op audit and the CUDA faults have their own modules)."""
+`run_case` drives every guard in one order; each guard is the few lines it needs beside it
+(the op audit, the CUDA faults and the float64 run have their own modules)."""
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
-import math
 import time
 import warnings
 import weakref
@@ -18,20 +16,19 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from pytest_cudaopt import compare
-from pytest_cudaopt.audit import OpAudit
-from pytest_cudaopt.faults import CudaFault, context_alive, is_cuda_fault
-from pytest_cudaopt.timing import clone_inputs
-# The timeout watchdog lives in watchdog.py; the suite reaches it through these names.
-from pytest_cudaopt.watchdog import Watchdog, keep_stderr, set_case  # noqa: F401
-
+from pytest_cudaopt import memory
+from pytest_cudaopt.correctness import compare
+from pytest_cudaopt.correctness.audit import OpAudit
+from pytest_cudaopt.correctness.faults import CudaFault, context_alive, is_cuda_fault
+from pytest_cudaopt.correctness.precision import Precision, run_float64
+from pytest_cudaopt.tensors import clone_inputs, describe_tensor, leaves
 
 
 class GuardFailure(AssertionError):
     """A guard caught the candidate; `check` names the guard, the message says what it saw."""
 
     def __init__(self, check: str, message: str, comparison: "compare.Comparison | None" = None,
-                 precision: "compare.Precision | None" = None):
+                 precision: "Precision | None" = None):
         super().__init__(message)
         self.check = check
         self.message = message
@@ -45,8 +42,6 @@ class CandidateError(Exception):
 
 class ReferenceError_(Exception):
     """model.py's Model raised on a case (for a drawn shape: the shape is not valid)."""
-
-
 
 
 # -- seeds -------------------------------------------------------------------------------------
@@ -74,12 +69,12 @@ def check_inputs_unchanged(before: list, after: list, names: list[str] | None = 
             continue
         if a.shape != b.shape or a.dtype != b.dtype:
             raise GuardFailure("input mutated", (
-                f"{file}: ModelNew.forward changed {_label(i, names)} from {compare.describe_tensor(b)} "
-                f"to {compare.describe_tensor(a)} in place; a candidate must leave its inputs alone"))
+                f"{file}: ModelNew.forward changed {_label(i, names)} from {describe_tensor(b)} "
+                f"to {describe_tensor(a)} in place; a candidate must leave its inputs alone"))
         count, index, was, now = compare.first_difference(b, a)
         if count:
             raise GuardFailure("input mutated", (
-                f"{file}: ModelNew.forward wrote into {_label(i, names)} {compare.describe_tensor(b)}: "
+                f"{file}: ModelNew.forward wrote into {_label(i, names)} {describe_tensor(b)}: "
                 f"{count} of {b.numel()} elements changed (first at {list(index)}: {was:.6g} -> {now:.6g}); "
                 f"a candidate must leave its inputs alone"))
 
@@ -125,7 +120,7 @@ class OutputHistory:
         self._refs: list[weakref.ref] = []
 
     def add(self, output: Any) -> None:
-        for _, leaf in compare.leaves(output):
+        for _, leaf in leaves(output):
             if isinstance(leaf, torch.Tensor):
                 self._refs.append(weakref.ref(leaf))
         self._refs = [r for r in self._refs if r() is not None]
@@ -143,7 +138,7 @@ def check_fresh_outputs(output: Any, inputs: list, model_new: torch.nn.Module,
     state_spans = [(n, _storage_span(t)) for n, t in
                    [*model_new.named_parameters(), *model_new.named_buffers()]]
     earlier_spans = [(t, _storage_span(t)) for t in earlier]
-    for path, leaf in compare.leaves(output):
+    for path, leaf in leaves(output):
         if not isinstance(leaf, torch.Tensor):
             continue
         if type(leaf) is not torch.Tensor:
@@ -155,19 +150,19 @@ def check_fresh_outputs(output: Any, inputs: list, model_new: torch.nn.Module,
                 what = "the same tensor object" if leaf is old else "a tensor sharing storage with the output"
                 raise GuardFailure("cached output", (
                     f"{file}: ModelNew.forward returned {what} returned by an earlier call as {path} "
-                    f"({compare.describe_tensor(leaf)}); every call must compute a fresh output "
+                    f"({describe_tensor(leaf)}); every call must compute a fresh output "
                     f"(a cached or reused output)"))
         span = _storage_span(leaf)
         for i, other in input_spans:
             if _overlaps(span, other):
                 what = "is" if leaf is inputs[i] else "shares storage with (a view of)"
                 raise GuardFailure("output aliases input", (
-                    f"{file}: {path} {compare.describe_tensor(leaf)} {what} {_label(i, names)}; "
+                    f"{file}: {path} {describe_tensor(leaf)} {what} {_label(i, names)}; "
                     f"outputs must own fresh storage, not return an input or a view of one"))
         for name, other in state_spans:
             if _overlaps(span, other):
                 raise GuardFailure("output aliases state", (
-                    f"{file}: {path} {compare.describe_tensor(leaf)} shares storage with ModelNew's "
+                    f"{file}: {path} {describe_tensor(leaf)} shares storage with ModelNew's "
                     f"parameter/buffer '{name}'; outputs must own fresh storage"))
 
 
@@ -220,8 +215,6 @@ def _poison_cuda_cache(device: torch.device) -> None:
     """Fill every inactive caching-allocator block with 0xFF bytes (NaN in every floating
     dtype): a block at a time, each request the block's exact size, all held until the
     last is filled so that none is handed out twice."""
-    from pytest_cudaopt import memory
-
     index = device.index if device.index is not None else torch.cuda.current_device()
     held = []
     memory.exclude_from_peak(device)  # the blocks are the cache's already, not the case's working set
@@ -265,13 +258,13 @@ def check_deterministic(first: Any, second: Any, nondeterministic: bool, atol: f
                 f"{file}: two runs of ModelNew on the same inputs differ beyond the tolerance "
                 f"(declared CUDAOPT_NONDETERMINISTIC, so bitwise differences are allowed):\n{result.table()}"))
         return
-    for (path, a), (_, b) in zip(compare.leaves(first), compare.leaves(second)):
+    for (path, a), (_, b) in zip(leaves(first), leaves(second)):
         if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
             continue
         if a.shape != b.shape or a.dtype != b.dtype:
             raise GuardFailure("nondeterministic", (
-                f"{file}: two runs of ModelNew on the same inputs returned {compare.describe_tensor(a)} "
-                f"and {compare.describe_tensor(b)} as {path}"))
+                f"{file}: two runs of ModelNew on the same inputs returned {describe_tensor(a)} "
+                f"and {describe_tensor(b)} as {path}"))
         count, index, va, vb = compare.first_difference(a, b)
         if count:
             raise GuardFailure("nondeterministic", (
@@ -286,7 +279,7 @@ def check_deterministic(first: Any, second: Any, nondeterministic: bool, atol: f
 @dataclass
 class CaseOutcome:
     comparison: compare.Comparison
-    precision: compare.Precision
+    precision: Precision
     seconds: float = 0.0
 
 
@@ -399,49 +392,18 @@ def run_case(trial: Trial, inputs: list) -> CaseOutcome:
     return CaseOutcome(comparison, precision, time.perf_counter() - started)
 
 
-def _precision(trial: Trial, inputs: list, candidate_out: Any, expected: Any) -> compare.Precision:
-    from pytest_cudaopt import memory
-
-    if trial.model64 is None:
-        return _against_float32(trial, candidate_out, expected, "no float64 copy of the reference")
-    free = memory.free_bytes(trial.device)
-    in_bytes, out_bytes = memory.nbytes(list(inputs)), memory.nbytes(expected)
-    if not memory.float64_fits(in_bytes, out_bytes, memory.allocated(trial.device), free):
-        return _against_float32(trial, candidate_out, expected, (
-            f"float64 reference skipped: it needs about {memory.gib(memory.float64_need(in_bytes, out_bytes))}, "
-            f"beyond the case's budget of {memory.gib(memory.case_budget(in_bytes, out_bytes))} or the "
-            f"{memory.gib(free or 0)} free; relative L2 error judged against the float32 reference"))
+def _precision(trial: Trial, inputs: list, candidate_out: Any, expected: Any) -> Precision:
+    """The candidate's precision against a float64 run of the reference, held to the relative
+    L2 bound; without a float64 run, the bound is checked against the float32 reference."""
     try:
-        with torch.no_grad():
-            reference64 = trial.model64(*compare.float64_inputs(inputs))
-        _synchronize(trial.device)
-    except Exception as exc:
-        if is_cuda_fault(exc) and not context_alive(trial.device):
-            raise CudaFault(f"Model.forward in float64 raised: {exc}") from exc
-        return _against_float32(trial, candidate_out, expected,
-                                f"the reference does not run in float64: {type(exc).__name__}")
-    return compare.Precision.measure(candidate_out, expected, reference64, trial.max_rel_error)
-
-
-def _against_float32(trial: Trial, candidate_out: Any, expected: Any, why: str) -> compare.Precision:
-    """No float64 run: the tier is unknown, but the relative L2 bound still holds the
-    candidate to the float32 reference's output."""
-    precision = compare.Precision.unknown(why)
-    if compare.float_elements(expected) == 0:
-        return compare.Precision(0.0, 0.0, compare.EXACT)
-    error = compare.relative_l2_error(candidate_out, compare.to_float64(expected))
-    if not error <= trial.max_rel_error:
-        precision.tier, precision.candidate_error, precision.bound = compare.WRONG, error, trial.max_rel_error
-        precision.reference_error = math.nan
-    return precision
-
-
-def float64_copy(model: torch.nn.Module) -> torch.nn.Module | None:
-    """A float64 copy of the reference (None when it cannot be made)."""
-    try:
-        return copy.deepcopy(model).double()
-    except Exception:
-        return None
+        reference64, why = run_float64(trial.model, inputs, expected, trial.device, trial.model64)
+    except Exception as exc:  # the float64 run lost the CUDA context
+        raise CudaFault(f"Model.forward in float64 raised: {exc}") from exc
+    if reference64 is None:
+        return Precision.against_float32(candidate_out, expected,
+                                         f"{why}; relative L2 error judged against the float32 reference",
+                                         trial.max_rel_error)
+    return Precision.measure(candidate_out, expected, reference64, trial.max_rel_error)
 
 
 def input_names(forward: Callable) -> list[str] | None:

@@ -1,4 +1,4 @@
-"""Statistics of timed runs: quartiles and IQR (from `statistics`), and the median's standard error."""
+"""Statistics of timed runs: quartiles and IQR (from `statistics`), the median's standard error, and times as text."""
 
 from __future__ import annotations
 
@@ -74,3 +74,15 @@ class Summary:
             return cls(0, nan, nan, nan, nan, math.inf, nan)
         q1, mid, q3 = quartiles(values)
         return cls(len(values), mid, q1, q3, q3 - q1, relative_standard_error(values), min(values))
+
+
+def format_seconds(seconds: float | None) -> str:
+    """3 significant digits with a unit: 12.3 us, 4.56 ms, 1.20 s."""
+    if seconds is None or (isinstance(seconds, float) and (math.isnan(seconds) or math.isinf(seconds))):
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
+        if abs(seconds) >= scale or unit == "ns":
+            value = seconds / scale
+            digits = 2 if value < 10 else 1 if value < 100 else 0
+            return f"{value:.{digits}f} {unit}"
+    return f"{seconds:.3g} s"

@@ -12,9 +12,12 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 import torch.profiler
 
-from pytest_cudaopt import timing
+from pytest_cudaopt.perf.clocks import GpuLead, host_time, synchronize_device
+from pytest_cudaopt.perf.engine import Contender
+from pytest_cudaopt.perf.stats import format_seconds
+from pytest_cudaopt.tensors import clone_inputs
 
-# Bound at import, before any workdir code runs (see timing.py): the profiler is how escapes
+# Bound at import, before any workdir code runs (see clocks.py): the profiler is how escapes
 # are found, so model_new.py must not be able to replace it.
 _profile = torch.profiler.profile
 _record_function = torch.profiler.record_function
@@ -74,7 +77,7 @@ class Escape:
 
     def describe(self, calling_stream: int | None) -> str:
         return (f"{self.kernel.describe()} (calling stream {calling_stream}, "
-                f"{timing.format_seconds(self.kernel.duration)}) {self.reason}")
+                f"{format_seconds(self.kernel.duration)}) {self.reason}")
 
 
 @dataclass
@@ -177,11 +180,11 @@ def find_escapes(trace: Trace) -> list[Escape]:
         if k.stream == trace.calling_stream:
             continue
         if k.end > end + TIE:
-            found.append(Escape(k, f"ended {timing.format_seconds(k.end - end)} after the calling stream's "
+            found.append(Escape(k, f"ended {format_seconds(k.end - end)} after the calling stream's "
                                    "work had continued past the call: it was not joined back before "
                                    "the call returned"))
         elif k.start < begin - TIE:
-            found.append(Escape(k, f"started {timing.format_seconds(begin - k.start)} before the calling "
+            found.append(Escape(k, f"started {format_seconds(begin - k.start)} before the calling "
                                    "stream reached the call: it does not wait for the calling stream"))
     return found
 
@@ -268,7 +271,7 @@ class ProfilerTracer:
 
     def __init__(self, device: Any, *, flush_bytes: int | None = None):
         self.device = torch.device(device)
-        self.lead = timing.GpuLead(self.device)
+        self.lead = GpuLead(self.device)
         if flush_bytes is None:
             l2 = int(getattr(torch.cuda.get_device_properties(self.device), "L2_cache_size", 0) or 0)
             flush_bytes = max(2 * l2, 64 << 20)
@@ -276,12 +279,12 @@ class ProfilerTracer:
         self._flush: torch.Tensor | None = None
         self._marker: torch.Tensor | None = None
 
-    def trace(self, contender: timing.Contender, args: Sequence[Any], *, lead: float = 2e-3) -> Trace:
+    def trace(self, contender: Contender, args: Sequence[Any], *, lead: float = 2e-3) -> Trace:
         if self._flush is None:
             self._flush = torch.empty(self.flush_bytes // 4, dtype=torch.int32, device=self.device)
             self._marker = torch.zeros(1, dtype=torch.int32, device=self.device)
             self.lead.calibrate()
-        timing.synchronize_device()
+        synchronize_device()
         activities = [_ProfilerActivity.CPU, _ProfilerActivity.CUDA]
         with _profile(activities=activities) as prof:
             with _record_function(LEAD):
@@ -289,13 +292,13 @@ class ProfilerTracer:
                 self._flush.zero_()
             with _record_function(BEGIN):
                 self._marker.fill_(1)
-            t0 = timing.host_time()
+            t0 = host_time()
             with contender.context(), _record_function(CALL):
                 output = contender.fn(*args)
-            host = timing.host_time() - t0
+            host = host_time() - t0
             with _record_function(END):
                 self._marker.fill_(2)
-            timing.synchronize_device()
+            synchronize_device()
         del output
         found = parse_chrome(export_events(prof))
         found.host_ahead = host < lead
@@ -322,13 +325,13 @@ class FakeTracer:
         self.traces = dict(traces)
         self.calls: list[str] = []
 
-    def trace(self, contender: timing.Contender, args: Sequence[Any], *, lead: float = 2e-3) -> Trace | None:
+    def trace(self, contender: Contender, args: Sequence[Any], *, lead: float = 2e-3) -> Trace | None:
         self.calls.append(contender.key)
         contender.fn(*args)
         return self.traces.get(contender.key)
 
 
-def trace_lineup(contenders: Sequence[timing.Contender], args: Sequence[Any], tracer: Any,
+def trace_lineup(contenders: Sequence[Contender], args: Sequence[Any], tracer: Any,
                  leads: Mapping[str, float] | None = None) -> dict[str, Trace]:
     """One traced call of each contender on clones of `args`. A contender whose trace
     cannot be taken gets a Trace with `error` (the verdict does not depend on it)."""
@@ -336,7 +339,7 @@ def trace_lineup(contenders: Sequence[timing.Contender], args: Sequence[Any], tr
     for contender in contenders:
         lead = min(0.1, max(2e-3, 2 * (leads or {}).get(contender.key, 0.0) + 1e-3))
         try:
-            found = tracer.trace(contender, timing.clone_inputs(args), lead=lead)
+            found = tracer.trace(contender, clone_inputs(args), lead=lead)
         except Exception as exc:
             found = Trace(error=f"not traced: {type(exc).__name__}: {exc}")
         if found is not None:

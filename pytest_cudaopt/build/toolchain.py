@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_cudaopt.diagnostics import BuildError
+from pytest_cudaopt.build.diagnostics import BuildError
 
 DEFAULT_ARCH = "9.0"
 # Named architectures accepted in TORCH_CUDA_ARCH_LIST, as torch's cpp_extension reads them.
@@ -58,7 +58,7 @@ def find_cuda_home(default: Path = Path("/usr/local/cuda")) -> Path | None:
     return None
 
 
-def _cpp_extension():
+def cpp_extension_module():
     """torch.utils.cpp_extension, imported after CUDA_HOME is set (it reads it at import)."""
     home = find_cuda_home()
     if home is not None and not os.environ.get("CUDA_HOME"):
@@ -81,7 +81,7 @@ def _cpp_extension():
     return cpp_extension
 
 
-def _cuda_version(home: Path) -> str:
+def cuda_version(home: Path) -> str:
     """`13.0` from `nvcc --version` (in the build key: a new toolkit is a new build)."""
     try:
         out = subprocess.run([str(home / "bin" / "nvcc"), "--version"], capture_output=True,
@@ -92,7 +92,7 @@ def _cuda_version(home: Path) -> str:
     return match.group(1) if match else "unknown"
 
 
-def _cuda_lib_dirs(home: Path) -> list[Path]:
+def cuda_lib_dirs(home: Path) -> list[Path]:
     dirs = [home / "lib64", home / "lib", *sorted((home / "targets").glob("*/lib"))]
     return [d for d in dirs if d.is_dir()]
 
@@ -106,10 +106,6 @@ class Library:
     name: str
     include: Path
     libs: tuple[Path, ...]
-
-    @property
-    def lib_dirs(self) -> list[Path]:
-        return list(dict.fromkeys(lib.parent for lib in self.libs))
 
 
 def _wheel_roots() -> list[Path]:
@@ -155,7 +151,7 @@ def find_library(name: str, header: str, stems: tuple[str, ...],
         for include in sorted(root.glob("*/include")):
             places.append((include, [include.parent / "lib", include.parent / "lib64"]))
     if cuda_home is not None:
-        places.append((cuda_home / "include", _cuda_lib_dirs(cuda_home)))
+        places.append((cuda_home / "include", cuda_lib_dirs(cuda_home)))
         for include in sorted((cuda_home / "targets").glob("*/include")):
             places.append((include, [include.parent / "lib"]))
     for include, lib_dirs in places:
@@ -188,7 +184,9 @@ def _parse_arch_list(text: str) -> list[tuple[str, bool]]:
     return arches
 
 
-def _arch() -> tuple[list[tuple[str, bool]], str]:
+def arch_list() -> tuple[list[tuple[str, bool]], str]:
+    """The arches to build for, [("90", with_ptx)], and why: TORCH_CUDA_ARCH_LIST, else the
+    visible GPU, else DEFAULT_ARCH."""
     env = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
     if env and env != "native":
         return _parse_arch_list(env), f"from TORCH_CUDA_ARCH_LIST={env}"
@@ -212,12 +210,12 @@ CUBIN_VARIANT = {"90": "90a"}
 
 def resolve_arch() -> str:
     """The arch the build targets and why, e.g. "sm_90a (from TORCH_CUDA_ARCH_LIST=9.0)"."""
-    arches, why = _arch()
+    arches, why = arch_list()
     names = ", ".join(f"sm_{CUBIN_VARIANT.get(a, a)}" + ("+PTX" if ptx else "") for a, ptx in arches)
     return f"{names} ({why})"
 
 
-def _gencode_flags(arches: list[tuple[str, bool]]) -> list[str]:
+def gencode_flags(arches: list[tuple[str, bool]]) -> list[str]:
     flags = []
     for arch, ptx in arches:
         cubin = CUBIN_VARIANT.get(arch, arch)

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pytest_cudaopt.buildfile import MODULE_NAME
-from pytest_cudaopt.diagnostics import BuildError
+from pytest_cudaopt.build.buildfile import MODULE_NAME
+from pytest_cudaopt.build.diagnostics import BuildError
 
 
 # so path → ((mtime, size, inode), module): an unchanged build is not imported twice.

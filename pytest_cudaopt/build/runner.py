@@ -1,48 +1,4 @@
-"""Compile a workdir's `cuda_extension` with ninja and torch's build paths, once per state of its tree."""
-
-# Sources: `binding.cpp` and every `kernels/*.cu` and `kernels/*.cpp`. The build folder is
-# `<workdir>/build/cudaopt/<key>/` (root: `--cudaopt-build-dir`, env CUDAOPT_BUILD_DIR or ini
-# cudaopt_build_dir, relative to the workdir), where the key hashes what every object
-# depends on besides the sources: torch, Python and CUDA versions, the arch, the extra
-# flags. ninja recompiles only the sources that changed (headers included, via depfiles);
-# an unchanged tree costs well under a second in-process. The folder holds build.ninja,
-# build.log (the last build's full output), objs/ and cuda_extension.so, and names the
-# workdir's files by relative paths, so a copied workdir keeps its build.
-#
-# Flags:
-#   TORCH_CUDA_ARCH_LIST   "9.0", "9.0a", "8.0;9.0+PTX", "Hopper"; else the visible GPU's
-#                          capability, else 9.0 (`resolve_arch()` says which and why). A
-#                          9.0 cubin is built as sm_90a, which every sm_90 GPU runs (wgmma).
-#   extra flags            settings cxx_flags / nvcc_flags: --cudaopt-cxx-flags,
-#                          --cudaopt-nvcc-flags, env CUDAOPT_CXX_FLAGS / CUDAOPT_NVCC_FLAGS,
-#                          ini cudaopt_cxx_flags / cudaopt_nvcc_flags; space separated,
-#                          after the defaults (host: -O3 -std=c++20 -fPIC, the standard
-#                          torch builds extensions with; nvcc: the same plus
-#                          --expt-relaxed-constexpr -lineinfo and the -gencode flags).
-#   CUDA_HOME, CUDA_PATH   the toolkit; else /usr/local/cuda, else the nvcc on PATH
-#                          (symlinks and wrapper scripts followed).
-#   CXX, MAX_JOBS          host compiler (default c++) and ninja's parallelism.
-#
-# A workdir without .cu files whose sources include no CUDA header builds as a CPU-only C++
-# extension (no nvcc, no CUDA libraries). cuBLAS/cuBLASLt and cuDNN headers and libraries
-# are taken from the nvidia-* wheels next to torch (what a torch process loads) or the
-# toolkit, and linked, with an rpath, when a source includes their headers.
-#
-# Why an own build.ninja rather than `torch.utils.cpp_extension.load(..., build_directory=...)`
-# (which also writes one and runs ninja): only the own writer gives
-#   - a build folder keyed by what the objects depend on (torch, Python, CUDA, arch, flags),
-#     so switching torch or arch never reuses stale objects and switching back rebuilds nothing;
-#   - paths relative to the workdir, so a copied workdir keeps its build;
-#   - the compiler's own diagnostics, relative to the workdir, per failed source, with the
-#     workdir line that included a failing header (load() raises one RuntimeError);
-#   - -fno-gnu-unique (below) so that several workdirs' extensions load in one process;
-#   - cuBLAS/cuDNN headers and libraries from the nvidia-* wheels torch itself loads;
-#   - progress per step and a lock shared by parallel pytest-xdist workers.
-# torch's cpp_extension is still the source of the include and library paths (`_cpp_extension`).
-#
-# The module split: toolchain.py (toolkit, libraries, arch), buildfile.py (configuration and
-# the build.ninja text), diagnostics.py (the compiler's errors), loader.py (importing the
-# .so); this module runs ninja and keeps the public entry points.
+"""Run a workdir's build: ninja in the keyed build folder under a lock shared by parallel processes, then import the module."""
 
 from __future__ import annotations
 
@@ -57,18 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-# The names of the build's modules other code reaches as `build.X`.
-from pytest_cudaopt.buildfile import (  # noqa: F401
-    MODULE_NAME, _Config, _configure, _ninja_file, _object_name, _settings, discover_sources,
+from pytest_cudaopt.build.buildfile import (
+    MODULE_NAME, Config, configure, ninja_file, object_name, settings_or_default,
 )
-from pytest_cudaopt.diagnostics import MAX_REPORTED_ERRORS, BuildError, failure  # noqa: F401
-from pytest_cudaopt.loader import (  # noqa: F401
-    defined_functions, load_extension, missing_function_message, takes_module,
-)
-from pytest_cudaopt.toolchain import (  # noqa: F401
-    DEFAULT_ARCH, NAMED_ARCHES, Library, _arch, _gencode_flags, find_cuda_home, find_library,
-    resolve_arch,
-)
+from pytest_cudaopt.build.diagnostics import BuildError, failure
+from pytest_cudaopt.build.loader import load_extension
 
 LOCK_TIMEOUT_S = 3600.0
 _STATUS = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")
@@ -127,12 +76,12 @@ def _write_if_changed(path: Path, text: str) -> None:
         path.write_text(text)
 
 
-def _failure(cfg: _Config, output: str, log_path: Path) -> BuildError:
-    sources = {_object_name(s): s.as_posix() for s in cfg.sources}
+def failure_of(cfg: Config, output: str, log_path: Path) -> BuildError:
+    sources = {object_name(s): s.as_posix() for s in cfg.sources}
     return failure(output, log_path, cfg.workdir, cfg.build_dir, sources, MODULE_NAME)
 
 
-def _run_ninja(cfg: _Config, emit: Callable[[str], None], start: float) -> tuple[list[str], int]:
+def run_ninja(cfg: Config, emit: Callable[[str], None], start: float) -> tuple[list[str], int]:
     """Run ninja in the build folder; return the step descriptions it reported and its exit code."""
     cmd = [_ninja(), "-C", str(cfg.build_dir)]
     jobs = os.environ.get("MAX_JOBS")
@@ -174,7 +123,7 @@ def _die_with_parent() -> None:
         pass
 
 
-def _announce(cfg: _Config, emit: Callable[[str], None]) -> None:
+def _announce(cfg: Config, emit: Callable[[str], None]) -> None:
     """What is about to compile (ninja prints a step only when it finishes)."""
     out = subprocess.run([_ninja(), "-C", str(cfg.build_dir), "-n"], capture_output=True,
                          text=True, errors="replace", env=dict(os.environ, NINJA_STATUS="[%f/%t] "))
@@ -196,7 +145,7 @@ def compile_extension(workdir: Path, *, settings=None, verbose: bool = False,
         emit = (lambda text: print(text, flush=True)) if verbose else (lambda text: None)
     start = time.monotonic()
     workdir = Path(workdir).resolve()
-    cfg = _configure(workdir, _settings(settings))
+    cfg = configure(workdir, settings_or_default(settings))
     cfg.build_dir.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(cfg.build_dir / "lock"))
     waited = 0.0
@@ -212,15 +161,15 @@ def compile_extension(workdir: Path, *, settings=None, verbose: bool = False,
                              f"lock {cfg.build_dir / 'lock'}") from None
         waited = time.monotonic() - t
     try:
-        _write_if_changed(cfg.build_dir / "build.ninja", _ninja_file(cfg))
+        _write_if_changed(cfg.build_dir / "build.ninja", ninja_file(cfg))
         _write_if_changed(cfg.build_dir / "config.json",
                           json.dumps(cfg.key_parts, indent=2, sort_keys=True, default=str) + "\n")
         if announce:
             _announce(cfg, emit)
-        steps, code = _run_ninja(cfg, emit, start)
+        steps, code = run_ninja(cfg, emit, start)
         log_path = cfg.build_dir / "build.log"
         if code != 0:
-            raise _failure(cfg, log_path.read_text(errors="replace"), log_path)
+            raise failure_of(cfg, log_path.read_text(errors="replace"), log_path)
     finally:
         lock.release()
     compiled = [s.split(" ", 1)[1] for s in steps if s.startswith(("c++ ", "nvcc "))]
@@ -236,7 +185,7 @@ def existing_extension(workdir: Path, *, settings=None):
     None when there is none. Compiles nothing (the build may predate the latest edits)."""
     workdir = Path(workdir).resolve()
     try:
-        cfg = _configure(workdir, _settings(settings))
+        cfg = configure(workdir, settings_or_default(settings))
     except BuildError:
         return None
     so = cfg.build_dir / f"{MODULE_NAME}.so"

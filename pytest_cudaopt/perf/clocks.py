@@ -9,7 +9,7 @@ from typing import Any, Callable, ContextManager, Mapping, Protocol, Sequence
 import torch
 import torch.profiler
 
-from pytest_cudaopt.stats import median
+from pytest_cudaopt.perf.stats import median
 
 # What measures a contender is bound here, when this module is first imported (the plugin's
 # bind_timing() imports it before any workdir code runs), so that model_new.py cannot replace

@@ -1,0 +1,273 @@
+"""The element-wise comparison of the candidate's output with the reference's: structure, NaN/Inf, tolerance, the failure table."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from pytest_cudaopt.tensors import describe_tensor, leaves, structure
+
+MAX_LISTED = 5  # mismatching elements listed in a failure table
+
+
+def _index(flat: int, shape: torch.Size) -> tuple[int, ...]:
+    index = []
+    for size in reversed(shape):
+        index.append(flat % size)
+        flat //= size
+    return tuple(reversed(index))
+
+
+def _fmt_index(index: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(i) for i in index) + "]"
+
+
+def _num(x: float) -> str:
+    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return str(x)
+    return f"{x:.6g}"
+
+
+@dataclass
+class Mismatch:
+    index: tuple[int, ...]
+    actual: float
+    expected: float
+
+    def line(self) -> str:
+        return (f"{_fmt_index(self.index):>16}  actual {_num(self.actual):>14}  "
+                f"expected {_num(self.expected):>14}  |diff| {_num(abs(self.actual - self.expected))}")
+
+
+@dataclass
+class LeafReport:
+    """Errors of one output tensor against the expected one."""
+
+    path: str
+    total: int = 0
+    mismatched: int = 0
+    nan_mismatched: int = 0    # NaN in one and not the other
+    inf_mismatched: int = 0    # +-Inf in one where the other has something else
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    worst: Mismatch | None = None  # the element furthest outside (or closest to) the tolerance
+    first: list[Mismatch] = field(default_factory=list)
+    exact: bool = False            # integer/bool output: compared exactly
+    max_expected: float = 0.0      # max |expected| over finite elements (float outputs)
+
+    @property
+    def fraction(self) -> float:
+        return self.mismatched / self.total if self.total else 0.0
+
+
+def _nan_max(values) -> float:
+    values = list(values)
+    if any(math.isnan(v) for v in values):
+        return math.nan
+    return max(values, default=0.0)
+
+
+@dataclass
+class Comparison:
+    """The outcome of `compare_outputs`: passed, or the reason and an error table."""
+
+    passed: bool
+    atol: float
+    rtol: float
+    reason: str = ""
+    leaves: list[LeafReport] = field(default_factory=list)
+
+    @property
+    def max_abs(self) -> float:
+        return _nan_max(leaf.max_abs for leaf in self.leaves)
+
+    @property
+    def max_rel(self) -> float:
+        return _nan_max(leaf.max_rel for leaf in self.leaves)
+
+    @property
+    def mismatched(self) -> int:
+        return sum(leaf.mismatched for leaf in self.leaves)
+
+    @property
+    def nan_mismatched(self) -> int:
+        return sum(leaf.nan_mismatched for leaf in self.leaves)
+
+    @property
+    def total(self) -> int:
+        return sum(leaf.total for leaf in self.leaves)
+
+    @property
+    def vacuous(self) -> list[str]:
+        """Float outputs for which the element-wise tolerance says nothing: atol >= max|expected|,
+        so any output near zero would pass it (the relative L2 bound still applies)."""
+        return [leaf.path for leaf in self.leaves
+                if not leaf.exact and leaf.total and self.atol > 0 and self.atol >= leaf.max_expected]
+
+    @property
+    def exact(self) -> bool:
+        """Every tensor output is an integer/bool one (compared exactly)."""
+        return bool(self.leaves) and all(leaf.exact for leaf in self.leaves)
+
+    def table(self) -> str:
+        """The failure table: max abs/rel error, worst index with both values, fraction
+        mismatched, the first few mismatching elements."""
+        if self.reason and not self.leaves:
+            return self.reason
+        lines = [self.reason] if self.reason else []
+        rule = f"|actual - expected| <= atol + rtol*|expected| (atol={self.atol:g}, rtol={self.rtol:g})"
+        for leaf in self.leaves:
+            leaf_rule = "exact equality (integer/bool output)" if leaf.exact else rule
+            if not leaf.mismatched and not self.passed and len(self.leaves) > 1:
+                lines.append(f"{leaf.path}: all {leaf.total} elements within tolerance")
+                continue
+            pct = 100.0 * leaf.fraction
+            lines.append(f"{leaf.path}: {leaf.mismatched} of {leaf.total} elements ({pct:.3g}%) "
+                         f"outside {leaf_rule}")
+            lines.append(f"  max abs err  {_num(leaf.max_abs)}")
+            lines.append(f"  max rel err  {_num(leaf.max_rel)}")
+            if leaf.nan_mismatched:
+                lines.append(f"  NaN where the other is not: {leaf.nan_mismatched} elements")
+            if leaf.inf_mismatched:
+                lines.append(f"  Inf where the other differs: {leaf.inf_mismatched} elements")
+            if leaf.worst is not None:
+                lines.append(f"  worst at {_fmt_index(leaf.worst.index)}: actual {_num(leaf.worst.actual)}, "
+                             f"expected {_num(leaf.worst.expected)}")
+            if leaf.first:
+                lines.append(f"  first {len(leaf.first)} mismatches:")
+                lines.extend("  " + m.line() for m in leaf.first)
+        return "\n".join(lines)
+
+
+CHUNK = 1 << 24  # elements compared at a time: the float64 temporaries stay ~128 MiB each
+
+
+def _compare_tensor(path: str, actual: torch.Tensor, expected: torch.Tensor,
+                    atol: float, rtol: float, max_listed: int) -> LeafReport:
+    leaf = LeafReport(path=path, total=expected.numel())
+    if not (expected.is_floating_point() or expected.is_complex()):
+        # Integers and bools: a float tolerance never applies.
+        leaf.exact, atol, rtol = True, 0.0, 0.0
+    if leaf.total == 0:
+        return leaf
+    if expected.is_complex():
+        actual, expected = torch.view_as_real(actual), torch.view_as_real(expected)
+    flat_a, flat_e = actual.detach().reshape(-1), expected.detach().reshape(-1)
+    worst_score, worst_at = -1.0, 0
+    # In chunks, so that judging a large output needs memory in proportion to a chunk.
+    for start in range(0, flat_e.numel(), CHUNK):
+        ca, ce = flat_a[start:start + CHUNK], flat_e[start:start + CHUNK]
+        a, e = ca.to(torch.float64), ce.to(torch.float64)
+        a_nan, e_nan = torch.isnan(a), torch.isnan(e)
+        a_inf, e_inf = torch.isinf(a), torch.isinf(e)
+        finite = ~(a_nan | e_nan | a_inf | e_inf)
+        diff = torch.where(finite, (a - e).abs(), torch.zeros_like(a))
+        allowed = atol + rtol * e.abs()
+        bad_finite = finite & (diff > allowed)
+        if leaf.exact:  # compare in the output's own dtype: float64 cannot hold every int64
+            bad_finite = ca != ce
+            allowed = torch.ones_like(a)  # the worst element is then the largest difference
+        nan_bad = a_nan != e_nan
+        # An Inf must meet the same Inf; a NaN pair is a match.
+        inf_bad = (a_inf | e_inf) & ~(a_nan | e_nan) & (a != e)
+        bad = bad_finite | nan_bad | inf_bad
+        leaf.mismatched += int(bad.sum())
+        leaf.nan_mismatched += int(nan_bad.sum())
+        leaf.inf_mismatched += int(inf_bad.sum())
+        if bool(finite.any()):
+            leaf.max_abs = max(leaf.max_abs, float(diff.max()))
+            leaf.max_expected = max(leaf.max_expected,
+                                    float(torch.where(finite, e.abs(), torch.zeros_like(e)).max()))
+            nonzero = finite & (e != 0)
+            if bool(nonzero.any()):
+                leaf.max_rel = max(leaf.max_rel, float((diff[nonzero] / e[nonzero].abs()).max()))
+        # Worst: any non-finite mismatch first, else the largest excess over the tolerance.
+        score = torch.where(finite, diff / allowed, torch.zeros_like(a))
+        score = torch.where(nan_bad | inf_bad, torch.full_like(a, math.inf), score)
+        at = int(torch.argmax(score))
+        if float(score[at]) > worst_score:
+            worst_score, worst_at = float(score[at]), start + at
+        if len(leaf.first) < max_listed and bool(bad.any()):
+            positions = torch.nonzero(bad).reshape(-1)[:max_listed - len(leaf.first)].tolist()
+            leaf.first += [Mismatch(_index(start + p, expected.shape), float(a[p]), float(e[p]))
+                           for p in positions]
+    # Like torch.testing: a NaN (or Inf) where the other side differs makes the error NaN (Inf).
+    if leaf.nan_mismatched:
+        leaf.max_abs = leaf.max_rel = math.nan
+    elif leaf.inf_mismatched:
+        leaf.max_abs = leaf.max_rel = math.inf
+    leaf.worst = Mismatch(_index(worst_at, expected.shape), float(flat_a[worst_at].to(torch.float64)),
+                          float(flat_e[worst_at].to(torch.float64)))
+    return leaf
+
+
+def compare_outputs(actual: Any, expected: Any, *, atol: float = 1e-2, rtol: float = 1e-2,
+                    max_listed: int = MAX_LISTED) -> Comparison:
+    """Compare the candidate's output with the reference's: the same nest of tuples/lists/
+    dicts, tensors with the same shape, dtype and device, NaN and Inf in the same places,
+    every other element within `|a - e| <= atol + rtol*|e|`. Never raises for a mismatch."""
+    result = Comparison(passed=True, atol=atol, rtol=rtol)
+    a_leaves, e_leaves = list(leaves(actual)), list(leaves(expected))
+    if [p for p, _ in a_leaves] != [p for p, _ in e_leaves]:
+        result.passed = False
+        result.reason = (f"output structure differs: candidate returned {structure(actual)}, "
+                         f"reference returned {structure(expected)}")
+        return result
+    for (path, a), (_, e) in zip(a_leaves, e_leaves):
+        if isinstance(e, torch.Tensor) != isinstance(a, torch.Tensor):
+            result.passed = False
+            result.reason = f"{path}: candidate returned {structure(a)}, reference returned {structure(e)}"
+            return result
+        if not isinstance(e, torch.Tensor):
+            if a != e and not (isinstance(a, float) and isinstance(e, float)
+                               and abs(a - e) <= atol + rtol * abs(e)):  # ints: exact
+                result.passed = False
+                result.reason = f"{path}: candidate returned {a!r}, reference returned {e!r}"
+                return result
+            continue
+        for what, got, want in (("shape", tuple(a.shape), tuple(e.shape)),
+                                ("dtype", a.dtype, e.dtype),
+                                ("device", a.device, e.device)):
+            if got != want:
+                result.passed = False
+                result.reason = (f"{path}: {what} differs: candidate {describe_tensor(a)}, "
+                                 f"reference {describe_tensor(e)}")
+                return result
+        result.leaves.append(_compare_tensor(path, a, e, atol, rtol, max_listed))
+    if result.mismatched:
+        result.passed = False
+    return result
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape, dtype and bytes (NaN payloads included)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.numel() == 0:
+        return True
+    return torch.equal(as_bytes(a), as_bytes(b))
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's elements as a flat uint8 tensor (a copy when it is not contiguous)."""
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def first_difference(a: torch.Tensor, b: torch.Tensor) -> tuple[int, tuple[int, ...], float, float]:
+    """(elements that differ bitwise, first differing index, value in a, value in b)."""
+    wa = as_bytes(a).reshape(a.numel(), -1)
+    wb = as_bytes(b).reshape(b.numel(), -1)
+    differs = (wa != wb).any(dim=1)
+    count = int(differs.sum())
+    if not count:
+        return 0, (), 0.0, 0.0
+    flat = int(torch.nonzero(differs)[0])
+    fa, fb = a.detach().reshape(-1), b.detach().reshape(-1)
+    if fa.is_complex():
+        va, vb = complex(fa[flat]).real, complex(fb[flat]).real
+    else:
+        va, vb = float(fa[flat]), float(fb[flat])
+    return count, _index(flat, a.shape), va, vb

@@ -1,0 +1,211 @@
+"""Precision measured against float64: the relative L2 error, the tier it names, and the float64 run of the reference."""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from pytest_cudaopt import memory
+from pytest_cudaopt.tensors import clone_inputs, float64_inputs, float_elements, leaves, nbytes, to_float64
+
+# Tiers, from the candidate's relative L2 error against a float64 run of the reference (see
+# `precision_tier`). Float32 rounding leaves ~1e-7..1e-6; a 10-bit mantissa (TF32 tensor cores,
+# fp16 storage) ~3e-4..6e-4; an 8-bit one (bf16) ~2e-3..4e-3. EXACT: integer/bool outputs
+# compared bit for bit; WRONG: a float output whose relative L2 error against float64 exceeds
+# cudaopt_max_rel_error (whatever the element-wise tolerance said); UNKNOWN: no float64 run.
+FP32, TF32_LIKE, HALF_LIKE, UNKNOWN = "fp32", "tf32-like", "half-like", "unknown"
+EXACT, WRONG = "exact", "wrong"
+TIERS = (FP32, TF32_LIKE, HALF_LIKE)
+TIER_ORDER = (EXACT, FP32, TF32_LIKE, HALF_LIKE, WRONG)
+FP32_FACTOR = 10.0     # within 10x the float32 reference's own error ...
+FP32_FLOOR = 1e-5      # ... or below this, whichever is larger: fp32
+TF32_LIMIT = 1e-3      # up to this: tf32-like; above it: half-like
+CHUNK = 1 << 24        # elements compared at a time: the float64 temporaries stay ~128 MiB each
+
+
+def precision_tier(candidate_error: float, reference_error: float) -> str:
+    """The precision tier of a candidate from two relative L2 errors against a float64 run of
+    the reference: the candidate's, and the float32 reference's own.
+
+    "fp32":      candidate_error <= max(FP32_FACTOR * reference_error, FP32_FLOOR)
+    "tf32-like": candidate_error <= TF32_LIMIT (a ~10-bit mantissa: TF32 or fp16)
+    "half-like": anything larger (bf16-class rounding)
+    "unknown":   an error that is NaN (the float64 run was not possible).
+    ("exact" and "wrong" are named by `Precision.measure`.)"""
+    if math.isnan(candidate_error) or math.isnan(reference_error):
+        return UNKNOWN
+    if candidate_error <= max(FP32_FACTOR * reference_error, FP32_FLOOR):
+        return FP32
+    if candidate_error <= TF32_LIMIT:
+        return TF32_LIKE
+    return HALF_LIKE
+
+
+def worst_tier(tiers: list[str]) -> str:
+    """The least precise of several tiers ("unknown" only when all are unknown)."""
+    known = [t for t in tiers if t in TIER_ORDER]
+    if not known:
+        return UNKNOWN
+    return max(known, key=TIER_ORDER.index)
+
+
+def below_fp32(tier: str | None) -> bool:
+    """True for a measured tier less precise than fp32 ("unknown" is not)."""
+    return tier in TIERS[1:]
+
+
+def relative_l2_error(actual: Any, reference64: Any) -> float:
+    """||actual - ref|| / ||ref|| over every floating-point element of the two nests,
+    computed in float64; elements where the float64 reference is not finite are left out.
+    When ||ref|| is 0 (an all-zero reference) the root mean square of the candidate's error
+    is returned instead: an all-zero answer is judged on the size of what the candidate
+    put there, element for element."""
+    num = den = 0.0
+    count = 0
+    for (_, a), (_, r) in zip(leaves(actual), leaves(reference64)):
+        if not (isinstance(a, torch.Tensor) and isinstance(r, torch.Tensor)):
+            continue
+        if not (r.is_floating_point() or r.is_complex()) or a.shape != r.shape:
+            continue
+        flat_a, flat_r = a.detach().reshape(-1), r.detach().reshape(-1)
+        for start in range(0, flat_r.numel(), CHUNK):  # in chunks: float64 copies stay small
+            a64 = flat_a[start:start + CHUNK].to(device=r.device, dtype=r.dtype)
+            r64 = flat_r[start:start + CHUNK]
+            keep = torch.isfinite(r64)
+            if not bool(keep.all()):
+                a64, r64 = a64[keep], r64[keep]
+            num += float(torch.linalg.vector_norm(a64 - r64)) ** 2
+            den += float(torch.linalg.vector_norm(r64)) ** 2
+            count += r64.numel()
+    num, den = math.sqrt(num), math.sqrt(den)
+    if den > 0:
+        return num / den
+    return num / math.sqrt(count) if count else 0.0
+
+
+def error_bound(max_rel_error: float, reference_error: float) -> float:
+    """The largest relative L2 error a candidate may have: cudaopt_max_rel_error, or 10x the
+    float32 reference's own error when the problem is so ill-conditioned that the float32
+    reference itself is further than that from float64."""
+    if math.isnan(reference_error):
+        return max_rel_error
+    return max(max_rel_error, FP32_FACTOR * reference_error)
+
+
+@dataclass
+class Precision:
+    """Measured precision: relative L2 errors against float64, and the tier they name."""
+
+    candidate_error: float
+    reference_error: float
+    tier: str
+    note: str = ""
+    bound: float | None = None   # the relative L2 bound the candidate was held to
+    vacuous: bool = False        # atol >= max|expected| for some float output
+
+    @classmethod
+    def measure(cls, candidate_out: Any, reference_out: Any, reference64_out: Any,
+                max_rel_error: float | None = None) -> "Precision":
+        if float_elements(reference64_out) == 0:  # integer/bool outputs only: compared exactly
+            return cls(0.0, 0.0, EXACT)
+        cand = relative_l2_error(candidate_out, reference64_out)
+        ref = relative_l2_error(reference_out, reference64_out)
+        p = cls(cand, ref, precision_tier(cand, ref))
+        if max_rel_error is not None:
+            p.bound = error_bound(max_rel_error, ref)
+            if not cand <= p.bound:  # NaN included
+                p.tier = WRONG
+        return p
+
+    @classmethod
+    def unknown(cls, note: str) -> "Precision":
+        return cls(math.nan, math.nan, UNKNOWN, note)
+
+    @classmethod
+    def against_float32(cls, candidate_out: Any, expected: Any, why: str,
+                        max_rel_error: float | None = None) -> "Precision":
+        """No float64 run (`why`): the tier is unknown, but the relative L2 bound still holds
+        the candidate to the float32 reference's output."""
+        if float_elements(expected) == 0:
+            return cls(0.0, 0.0, EXACT)
+        precision = cls.unknown(why)
+        if max_rel_error is not None:
+            error = relative_l2_error(candidate_out, to_float64(expected))
+            if not error <= max_rel_error:
+                precision.tier, precision.candidate_error, precision.bound = WRONG, error, max_rel_error
+        return precision
+
+    @property
+    def wrong(self) -> bool:
+        return self.tier == WRONG
+
+    def describe(self) -> str:
+        if self.tier == UNKNOWN:
+            return f"precision unknown ({self.note})" if self.note else "precision unknown"
+        if self.tier == EXACT:
+            return "exact: integer/bool outputs equal to the reference's"
+        text = (f"{self.tier}: relative L2 error vs float64 {self.candidate_error:.2e} "
+                f"(float32 reference: {self.reference_error:.2e})")
+        if self.bound is not None and self.tier == WRONG:
+            text += f" > cudaopt_max_rel_error {self.bound:.2e}"
+        return text + (f"; {self.note}" if self.note else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"candidate_error": self.candidate_error, "reference_error": self.reference_error,
+                "tier": self.tier, "note": self.note, "bound": self.bound, "vacuous": self.vacuous}
+
+
+def float64_copy(model: torch.nn.Module) -> torch.nn.Module | None:
+    """A float64 copy of the reference (None when it cannot be made)."""
+    try:
+        return copy.deepcopy(model).double()
+    except Exception:
+        return None
+
+
+def run_float64(model: torch.nn.Module, inputs: list, expected: Any, device: torch.device | str | None,
+                model64: torch.nn.Module | None = None) -> tuple[Any, str]:
+    """(outputs, "") of a float64 copy of the reference (`model64`, else one made here) on
+    float64 copies of `inputs`, or (None, why not): not enough memory inside the case's budget
+    (FACTOR x (inputs + outputs) + OVERHEAD) or free on the device, no float64 copy, or the
+    reference does not run in float64. A CUDA error that leaves the context unusable is raised."""
+    from pytest_cudaopt.correctness.faults import context_lost
+
+    free = memory.free_bytes(device) if device is not None else None
+    in_bytes, out_bytes = nbytes(list(inputs)), nbytes(expected)
+    if not memory.float64_fits(in_bytes, out_bytes, memory.allocated(device), free):
+        return None, (f"float64 reference skipped: it needs about "
+                      f"{memory.gib(memory.float64_need(in_bytes, out_bytes))}, beyond the case's budget "
+                      f"of {memory.gib(memory.case_budget(in_bytes, out_bytes))} or the "
+                      f"{memory.gib(free or 0)} free")
+    model64 = model64 if model64 is not None else float64_copy(model)
+    if model64 is None:
+        return None, "no float64 copy of the reference"
+    try:
+        with torch.no_grad():
+            out = model64(*float64_inputs(inputs))
+        if device is not None and torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as exc:
+        if context_lost(exc):
+            raise
+        return None, f"the reference does not run in float64: {type(exc).__name__}: {exc}"
+    return out, ""
+
+
+def measure_precision(model: torch.nn.Module, candidate: Callable[..., Any], inputs: list,
+                      max_rel_error: float | None = None) -> Precision:
+    """Run `candidate`, the float32 reference and a float64 copy of the reference on the same
+    inputs (each on its own copy) and name the candidate's precision tier."""
+    with torch.no_grad():
+        candidate_out = candidate(*clone_inputs(inputs))
+        reference_out = model(*clone_inputs(inputs))
+    devices = [x.device for x in inputs if isinstance(x, torch.Tensor)]
+    reference64, why = run_float64(model, inputs, reference_out, devices[0] if devices else None)
+    if reference64 is None:
+        return Precision.against_float32(candidate_out, reference_out, why, max_rel_error)
+    return Precision.measure(candidate_out, reference_out, reference64, max_rel_error)

@@ -1,0 +1,445 @@
+"""The correctness verdict: the canonical inputs over secret seeds, then shapes past them and drawn by Hypothesis, every case through the guards.
+
+`judge_canonical` and `judge_drawn` each judge one item and record its result; both run their
+cases through `run_case` below (models and inputs built for the case, the memory check, the
+guards). The suite's items only end the way these say."""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from pytest_cudaopt import memory
+from pytest_cudaopt.correctness import compare, guards, shapes
+from pytest_cudaopt.correctness.faults import CudaFault, fault_line
+from pytest_cudaopt.correctness.precision import Precision, worst_tier
+from pytest_cudaopt.results import CorrectnessResult
+from pytest_cudaopt.watchdog import set_case
+from pytest_cudaopt.workdir import Workdir, WorkdirError
+
+
+class Abort(BaseException):
+    """A CUDA fault inside a Hypothesis run: not an Exception, so Hypothesis neither
+    shrinks nor replays it (the CUDA context is gone)."""
+
+    def __init__(self, fault: CudaFault, case: str, replay: str = ""):
+        super().__init__(str(fault))
+        self.fault = fault
+        self.case = case
+        self.replay = replay
+
+
+class CaseFailed(Exception):
+    """A case that a guard or the comparison failed; `report` is the whole message."""
+
+    def __init__(self, check: str, report: str, case: str = "", inputs: str = "",
+                 comparison: compare.Comparison | None = None, precision: Precision | None = None):
+        super().__init__(report)
+        self.precision = precision
+        self.check = check
+        self.report = report
+        self.case = case
+        self.inputs = inputs
+        self.comparison = comparison
+
+    def fill(self, result: CorrectnessResult) -> None:
+        """The failing case's inputs and errors, for the report's row."""
+        result.shapes = self.inputs
+        if self.comparison is not None and self.comparison.leaves:
+            result.max_abs, result.max_rel = self.comparison.max_abs, self.comparison.max_rel
+        if self.precision is not None:
+            result.precision = self.precision
+
+
+@dataclass
+class Verdict:
+    """How an item ends: fails with `failure`, is skipped with `skip`, or passes."""
+
+    failure: str = ""
+    skip: str = ""
+
+
+def describe_inputs(inputs: list, names: list[str] | None) -> str:
+    parts = []
+    for i, x in enumerate(inputs):
+        name = names[i] if names and i < len(names) else f"input{i}"
+        if isinstance(x, torch.Tensor):
+            dtype = str(x.dtype).removeprefix("torch.")
+            parts.append(f"{name}: {dtype}[{', '.join(map(str, x.shape))}]")
+        else:
+            parts.append(f"{name}: {x!r}")
+    return ", ".join(parts)
+
+
+# -- recording an item's result ------------------------------------------------------------------
+
+@contextlib.contextmanager
+def recorded(result: CorrectnessResult, settings, session) -> Iterator[CorrectnessResult]:
+    """Time the item and measure its peak device memory; when the block ends normally the
+    result gets both and is appended to `session.results`. After a CUDA fault the peak is
+    not read (no CUDA call is made)."""
+    device = torch.device(settings.device)
+    measured = device.type == "cuda" and torch.cuda.is_available()
+    started = time.perf_counter()
+    with memory.Peak(device) if measured else contextlib.nullcontext() as peak:
+        try:
+            yield result
+        finally:
+            if peak is not None and session.fault is not None:
+                peak.abandon()
+    result.seconds = time.perf_counter() - started
+    if peak is not None and peak.bytes is not None:
+        result.peak_bytes = peak.bytes
+    session.results.append(result)
+
+
+def _fail(result: CorrectnessResult, check: str, message: str) -> str:
+    result.passed, result.check, result.message = False, check, message
+    return message
+
+
+def _fault(nodeid: str, session, result: CorrectnessResult, exc: Abort) -> str:
+    """Mark a CUDA fault (later GPU items report it) and return the item's message."""
+    replay = f"\nreplay it alone under compute-sanitizer: compute-sanitizer {exc.replay}" if exc.replay else ""
+    message = (f"CUDA fault on case {exc.case}:\n{exc.fault}\nThe CUDA context of this process is now "
+               f"unusable: the remaining GPU tests of this session are not run and report this fault.{replay}")
+    if session.fault is None:
+        session.fault = (nodeid, fault_line(str(exc.fault)))
+    return _fail(result, "CUDA fault", message)
+
+
+# -- the canonical inputs ---------------------------------------------------------------------------
+
+def judge_canonical(loaded: Workdir, settings, session, nodeid: str, seed_index: int) -> str:
+    """The canonical inputs of get_inputs() under the secret seed of `seed_index`, through
+    every guard; the result is recorded. Returns why the item fails ("" when it passes)."""
+    seed = guards.derive_seed(session.seed, "canonical", seed_index)
+    replay = f"pytest {shlex.quote(nodeid)} --cudaopt-seed={session.seed}"
+    result = CorrectnessResult(workdir=str(loaded.path), test=nodeid, case=f"canonical seed{seed_index}",
+                               passed=False, seed=seed)
+    with recorded(result, settings, session):
+        try:
+            outcome, inputs, names = run_case(loaded, settings, session, {}, seed, replay=replay,
+                                              label=f"canonical inputs of get_inputs(), seed {seed}")
+        except Abort as exc:
+            return _fault(nodeid, session, result, exc)
+        except CaseFailed as exc:
+            exc.fill(result)
+            return _fail(result, exc.check, exc.report)
+        result.passed, result.cases = True, 1
+        result.shapes = describe_inputs(inputs, names)
+        result.max_abs, result.max_rel = outcome.comparison.max_abs, outcome.comparison.max_rel
+        result.precision = outcome.precision
+    return ""
+
+
+# -- drawn shapes ------------------------------------------------------------------------------------
+
+@dataclass
+class _Stats:
+    """What a drawn-shapes item has seen across its cases."""
+
+    cases: int = 0
+    rejected: int = 0
+    last_rejection: str = ""
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    worst: Precision | None = None
+    dims: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    dtypes: dict[int, str] = field(default_factory=dict)
+    names: list[str] | None = None
+    constants: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (min, max) judged
+
+    def reject(self, case: str, why: str) -> None:
+        import hypothesis
+
+        self.rejected += 1
+        self.last_rejection = f"{case}: {why}"
+        hypothesis.reject()
+
+    def add(self, outcome: guards.CaseOutcome, inputs: list, constants: dict[str, int]) -> None:
+        self.cases += 1
+        self.max_abs = max(self.max_abs, outcome.comparison.max_abs)
+        self.max_rel = max(self.max_rel, outcome.comparison.max_rel)
+        p = outcome.precision
+        if self.worst is None or worst_tier([self.worst.tier, p.tier]) != self.worst.tier \
+                or (p.tier == self.worst.tier and p.candidate_error > self.worst.candidate_error):
+            self.worst = p
+        if p.vacuous and self.worst is not None:
+            self.worst.vacuous = True
+        for i, x in enumerate(inputs):
+            if not isinstance(x, torch.Tensor):
+                continue
+            self.dtypes[i] = str(x.dtype).removeprefix("torch.")
+            ranges = self.dims.setdefault(i, [(s, s) for s in x.shape])
+            if len(ranges) == x.dim():
+                self.dims[i] = [(min(lo, s), max(hi, s)) for (lo, hi), s in zip(ranges, x.shape)]
+        for name, value in constants.items():
+            lo, hi = self.constants.get(name, (value, value))
+            self.constants[name] = (min(lo, value), max(hi, value))
+
+    def shapes(self) -> str:
+        parts = []
+        for i, ranges in self.dims.items():
+            name = self.names[i] if self.names and i < len(self.names) else f"input{i}"
+            dims = ", ".join(f"{lo}" if lo == hi else f"{lo}..{hi}" for lo, hi in ranges)
+            parts.append(f"{name}: {self.dtypes[i]}[{dims}]")
+        return ", ".join(parts)
+
+
+class _DrawnShapes:
+    """One drawn-shapes item: the explicit cases past the canonical one, then the shapes
+    Hypothesis draws from the session's secret seed (or one `--cudaopt-case`), each judged
+    once. A shape judged once keeps its outcome: Hypothesis maps several draws to one shape
+    and replays draws (shrinking, the final report), and must see the same result each time.
+    A failing shape runs again, so that a failure that does not repeat is called flaky."""
+
+    def __init__(self, loaded: Workdir, settings, session, nodeid: str, space: shapes.ShapeSpace):
+        self.loaded, self.settings, self.session, self.nodeid, self.space = loaded, settings, session, nodeid, space
+        self.stats = _Stats()
+        self.explicit = (shapes.explicit_cases(loaded.reference, space) if settings.case is None
+                         else shapes.Explicit())
+        self.judged: dict[tuple, str] = {tuple(sorted(space.defaults.items())): "passed"}  # canonical: own items
+
+    def replay(self, constants: dict[str, int]) -> str:
+        return (f"pytest {shlex.quote(self.nodeid)} --cudaopt-seed={self.session.seed} "
+                f"--cudaopt-case={shlex.quote(shapes.format_case(constants))}")
+
+    def judge(self, constants: dict[str, int]) -> None:
+        """One shape, at most once (see the class); raises what `_judge` raises."""
+        import hypothesis
+
+        constants = {**{k: constants[k] for k in self.space.defaults if k in constants}, **constants}
+        key = tuple(sorted({**self.space.defaults, **constants}.items()))
+        before = self.judged.get(key) if self.settings.case is None else None
+        if before == "passed":
+            return
+        if before == "rejected":
+            hypothesis.reject()
+        try:
+            self._judge(constants)
+        except hypothesis.errors.UnsatisfiedAssumption:
+            self.judged[key] = "rejected"
+            raise
+        except BaseException:
+            self.judged[key] = "failed"
+            raise
+        self.judged[key] = "passed"
+
+    def _judge(self, constants: dict[str, int]) -> None:
+        space, stats, case = self.space, self.stats, shapes.format_case(constants)
+        if space.meta_usable:
+            check = shapes.check_on_meta(self.loaded.reference, constants)
+            if not check.valid:
+                stats.reject(case, check.reason)
+            if not space.declared and space.max_elements and check.elements > space.max_elements:
+                stats.reject(case, f"{check.elements} input elements > cudaopt_max_elements {space.max_elements}")
+        seed = guards.derive_seed(self.session.seed, "drawn", sorted(constants.items()))
+        canonical = {k: v for k, v in space.defaults.items() if k in constants}
+        label = f"drawn shape {case} (canonical: {shapes.format_case(canonical)}), seed {seed}"
+        try:
+            outcome, inputs, names = run_case(self.loaded, self.settings, self.session, constants, seed, label,
+                                              replay=self.replay(constants), reference_decides=not space.meta_usable)
+        except guards.ReferenceError_ as exc:
+            stats.reject(case, str(exc).splitlines()[-1])
+        stats.names = names
+        stats.add(outcome, inputs, constants)
+
+    def run(self) -> tuple[str, str, CaseFailed | None]:
+        """Judge every case; (failure, check, the failed case) or ("", "", None). Raises Abort
+        on a CUDA fault."""
+        import hypothesis
+
+        settings, space, stats = self.settings, self.space, self.stats
+        try:
+            if settings.case is not None:
+                self.judge(shapes.parse_case(settings.case))
+                return "", "", None
+            for constants in self.explicit.cases + self.explicit.combined:  # past the canonical and the smallest
+                self.judge(constants)
+
+            @shapes.hypothesis_settings(settings.profile, settings.max_examples)
+            @hypothesis.given(space.strategy)
+            def drawn_shape(constants: dict[str, int]) -> None:
+                self.judge(constants)
+
+            # Drawn from the session's secret seed: no workdir can know its shapes in advance.
+            hypothesis.seed(self.session.seed)(drawn_shape)()
+        except shapes.ShapeError as exc:
+            return str(exc), "shape declaration", None
+        except hypothesis.errors.Unsatisfiable:
+            if not stats.cases:  # with explicit cases run, too few shapes is reported by few_shapes()
+                return (f"no drawn shape was valid ({stats.rejected} rejected; last: {stats.last_rejection}); "
+                        f"the shapes were {space.source}. Declare the valid ones in model.py with "
+                        f"{shapes.DECLARATION} (see the README)"), "no valid shape", None
+        except hypothesis.errors.UnsatisfiedAssumption:  # --cudaopt-case named an invalid shape
+            return (f"--cudaopt-case={settings.case} is not a valid shape for model.py: "
+                    f"{stats.last_rejection}"), "invalid --cudaopt-case", None
+        except (Abort, CaseFailed):
+            raise
+        except BaseException as exc:  # noqa: BLE001 - unwrap what Hypothesis re-raises
+            failed = _case_failed(exc)
+            if failed is None:
+                raise
+            flaky = "" if failed is exc else ("\n(the failure did not happen again when the case was replayed: "
+                                              "a race or other flaky behaviour)")
+            return failed.report + flaky, failed.check, failed
+        return "", "", None
+
+    def notes(self) -> list[str]:
+        notes = [self.stats.shapes()]
+        if self.stats.constants:
+            notes.append("constants " + ", ".join(f"{k} {lo}..{hi}" for k, (lo, hi) in self.stats.constants.items()))
+        if self.space.cap_note:
+            notes.append(self.space.cap_note)
+        if self.explicit.never_above:
+            notes.append(f"no valid value above its default within cudaopt_max_elements {self.space.max_elements}: "
+                         + ", ".join(self.explicit.never_above))
+        return notes
+
+    def few_shapes(self) -> str:
+        """Why too few shapes were judged, or ""."""
+        space, stats = self.space, self.stats
+        if self.settings.case is not None or space.declared or not space.meta_usable or stats.cases >= shapes.HANDFUL:
+            return ""
+        return (f"only {stats.cases} distinct valid shapes besides the canonical one could be found "
+                f"({stats.rejected} rejected; last: {stats.last_rejection or '-'}); the shapes were "
+                f"{space.source}. Declare the valid ones in model.py with {shapes.DECLARATION} "
+                f"(see the README) so that more sizes are judged")
+
+
+def _case_failed(exc: BaseException) -> CaseFailed | None:
+    if isinstance(exc, CaseFailed):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):  # FlakyFailure, ExceptionGroup
+        found = _case_failed(inner)
+        if found is not None:
+            return found
+    return None
+
+
+def judge_drawn(loaded: Workdir, settings, session, nodeid: str) -> Verdict:
+    """Shapes past the canonical (explicit cases first), then drawn by Hypothesis from the
+    session's seed (or as model.py declares), each through every guard; the result is
+    recorded. Returns how the item ends."""
+    try:
+        space = shapes.shape_space(loaded.reference, settings.max_elements, _free_bytes(settings.device))
+    except shapes.ShapeError as exc:
+        return Verdict(failure=str(exc))
+    if space.strategy is None and settings.case is None:
+        return Verdict(skip=f"no drawn shapes: {space.source}")
+    drawn = _DrawnShapes(loaded, settings, session, nodeid, space)
+    result = CorrectnessResult(workdir=str(loaded.path), test=nodeid, case="drawn shapes", passed=False)
+    with recorded(result, settings, session):
+        try:
+            failure, check, failed = drawn.run()
+        except Abort as exc:
+            return Verdict(failure=_fault(nodeid, session, result, exc))
+        except CaseFailed as exc:  # raised outside Hypothesis: an explicit case or --cudaopt-case
+            failure, check, failed = exc.report, exc.check, exc
+        result.cases = drawn.stats.cases
+        if failure:
+            if failed is not None:
+                result.case = f"drawn shape {failed.case}"
+                failed.fill(result)
+            return Verdict(failure=_fail(result, check, failure))
+        result.shapes = "; ".join(drawn.notes())
+        few = drawn.few_shapes()
+        if few:
+            return Verdict(failure=_fail(result, "few shapes", few))
+        result.passed = True
+        result.case = f"drawn shapes ({drawn.stats.cases} cases)"
+        result.max_abs, result.max_rel = drawn.stats.max_abs, drawn.stats.max_rel
+        result.precision = drawn.stats.worst
+    return Verdict()
+
+
+# -- one case -------------------------------------------------------------------------------------------
+
+def _free_bytes(device: str) -> int | None:
+    try:
+        return memory.free_bytes(device)
+    except Exception:  # noqa: BLE001 - no usable device: nothing to plan (the item reports it)
+        return None
+
+
+def _extra_allowed(settings) -> frozenset[str]:
+    return frozenset(op.strip() for op in (settings.allow_ops or "").split(",") if op.strip())
+
+
+def _history(workdir: Workdir) -> guards.OutputHistory:
+    history = getattr(workdir, "output_history", None)
+    if history is None:
+        history = guards.OutputHistory()
+        workdir.output_history = history
+    return history
+
+
+def run_case(workdir: Workdir, settings, session, constants: dict[str, int], seed: int, label: str,
+             replay: str = "", reference_decides: bool = False) -> tuple[guards.CaseOutcome, list, list[str] | None]:
+    """One case: models and inputs built with `constants` applied to model.py, then every
+    guard. Raises CaseFailed with the whole report, Abort on a CUDA fault, and
+    guards.ReferenceError_ when `reference_decides` and the reference rejects the case."""
+    device = torch.device(settings.device)
+    set_case(label)
+    _check_memory(workdir, settings, constants, label, replay)
+    with shapes.applied(workdir.reference, constants):
+        try:
+            model, model_new = workdir.make_models(device, seed=guards.derive_seed(seed, "weights"))
+            inputs = workdir.inputs(seed, device)
+        except WorkdirError as exc:
+            if reference_decides and exc.file == workdir.model_file.name:
+                raise guards.ReferenceError_(str(exc)) from exc
+            raise CaseFailed("load", f"{exc}\ncase: {label}" + (f"\nreplay: {replay}" if replay else "")) from None
+        names = guards.input_names(model.forward)
+        trial = guards.Trial(
+            model=model, model_new=model_new, model64=None, workdir=workdir.path,
+            extension=workdir.extension, device=device, atol=settings.atol, rtol=settings.rtol,
+            max_rel_error=settings.max_rel_error,
+            nondeterministic=workdir.nondeterministic or settings.nondeterministic,
+            extra_allowed=_extra_allowed(settings), history=_history(workdir), input_names=names)
+        described = describe_inputs(inputs, names)
+        footer = f"\ncase: {label}; inputs {described}" + (f"\nreplay: {replay}" if replay else "")
+        short = shapes.format_case(constants) or "canonical"
+        try:
+            outcome = guards.run_case(trial, inputs)
+        except guards.GuardFailure as exc:
+            raise CaseFailed(exc.check, f"{exc.message}{footer}", short, described, exc.comparison,
+                             exc.precision) from None
+        except CudaFault as exc:
+            raise Abort(exc, f"{label}; inputs {described}", replay) from None
+        except guards.CandidateError as exc:
+            raise CaseFailed("candidate raised", f"{workdir.model_new_file.name}: {exc}{footer}",
+                             short, described) from None
+        except guards.ReferenceError_ as exc:
+            if reference_decides:
+                raise
+            raise CaseFailed("reference raised", f"{workdir.model_file.name}: {exc}{footer}",
+                             short, described) from None
+    return outcome, inputs, names
+
+
+def _check_memory(workdir: Workdir, settings, constants: dict[str, int], label: str, replay: str) -> None:
+    """Fail the case at once, saying how much it needs and what is free, when its inputs
+    and outputs (measured on the meta device) cannot fit in free device memory."""
+    free = _free_bytes(settings.device)
+    if free is None:
+        return
+    check = shapes.check_on_meta(workdir.reference, constants)
+    if not check.valid:
+        return
+    lower = ("lower --cudaopt-max-elements (cudaopt_max_elements) to draw smaller shapes" if constants else
+             f"the canonical sizes are {workdir.model_file.name}'s constants: free device memory or run on a "
+             f"device with more")
+    try:
+        memory.check_fits(f"{label} (inputs {memory.gib(check.input_bytes)}, outputs "
+                          f"{memory.gib(check.output_bytes)})",
+                          memory.case_need(check.input_bytes, check.output_bytes), free, lower)
+    except memory.DoesNotFit as exc:
+        raise CaseFailed("memory", str(exc) + (f"\nreplay: {replay}" if replay else ""),
+                         shapes.format_case(constants) or "canonical") from None

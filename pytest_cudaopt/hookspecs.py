@@ -1,0 +1,21 @@
+"""The hooks cudaopt declares: what the plugin's own tests may plug in instead of the perf items' clock and tracer."""
+
+from __future__ import annotations
+
+import pytest
+
+# Hooks whose implementation decides a verdict: one outside pytest_cudaopt (a conftest.py) is
+# refused unless the run is a self-test (--cudaopt-self-test, CUDAOPT_SELF_TEST=1).
+VERDICT_HOOKS = ("pytest_cudaopt_perf_clock", "pytest_cudaopt_perf_tracer")
+
+
+class CudaoptHooks:
+    @pytest.hookspec(firstresult=True)
+    def pytest_cudaopt_perf_clock(self, config: pytest.Config, device: str):
+        """The clock of the perf items, e.g. a `pytest_cudaopt.perf.clocks.FakeClock` that
+        scripts each contender's times; None: CUDA events on a GPU, perf_counter on the CPU."""
+
+    @pytest.hookspec(firstresult=True)
+    def pytest_cudaopt_perf_tracer(self, config: pytest.Config, device: str):
+        """The kernel tracer of the perf items, e.g. a `pytest_cudaopt.perf.trace.FakeTracer`;
+        None: torch.profiler on a GPU (when the `trace` setting is on), no trace on the CPU."""

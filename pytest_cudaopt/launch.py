@@ -1,0 +1,41 @@
+"""How to start pytest with the plugin: through the installed package's pytest11 entry point, or `-p` from a checkout."""
+
+from __future__ import annotations
+
+import sys
+from functools import lru_cache
+from typing import Sequence
+
+PLUGIN = "pytest_cudaopt.plugin"
+
+
+@lru_cache(maxsize=None)
+def entry_point_installed() -> bool:
+    """True when the installed package's pytest11 entry point loads the plugin by itself."""
+    from importlib.metadata import entry_points
+
+    return any(ep.value == PLUGIN for ep in entry_points(group="pytest11"))
+
+
+def plugin_args() -> list[str]:
+    """The arguments that load the plugin into a new pytest session: `-p pytest_cudaopt.plugin`
+    unless the entry point does (naming it both ways would register it twice)."""
+    return [] if entry_point_installed() else ["-p", PLUGIN]
+
+
+def conftest_plugins() -> list[str]:
+    """`pytest_plugins` of a workdir's conftest.py: the plugin, unless the entry point (or an
+    earlier conftest) imported it already when pytest started."""
+    return [] if PLUGIN in sys.modules else [PLUGIN]
+
+
+def run_pytest(args: Sequence[str], plugins: Sequence[object] = ()) -> int:
+    """`pytest.main` in this process with the plugin loaded; returns pytest's exit status."""
+    import pytest
+
+    return int(pytest.main([*plugin_args(), *args], plugins=list(plugins)))
+
+
+def pytest_command(args: Sequence[str], python: str | None = None) -> list[str]:
+    """The command line of a pytest process with the plugin loaded."""
+    return [python or sys.executable, "-m", "pytest", *plugin_args(), *args]

@@ -1,0 +1,420 @@
+"""The timing engine: every contender timed alike by two clocks (device time, latency), interleaved, until the medians are tight."""
+
+from __future__ import annotations
+
+import math
+import random
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager, Sequence
+
+from pytest_cudaopt.perf.clocks import Clock, Sample, TimingError
+from pytest_cudaopt.perf.stats import Summary, format_seconds, median, relative_standard_error
+from pytest_cudaopt.tensors import clone_inputs, refill_inputs
+
+CLOCKS = ("device", "latency")  # what the gate can compare: see Config.clock
+
+# ---------------------------------------------------------------------------------------
+# Contenders and settings
+
+
+@dataclass
+class Contender:
+    """One thing to time. `key` is stable ("eager", "compile", "custom", "peer:sdpa",
+    "precision-matched") and `label` is what tables show. `scope` (if any) is entered around
+    every call but outside the measured region (e.g. TF32 allowed for one baseline only)."""
+
+    key: str
+    fn: Callable[..., Any]
+    label: str = ""
+    scope: Callable[[], ContextManager] | None = None
+    check: bool = True
+
+    def __post_init__(self) -> None:
+        self.label = self.label or self.key
+
+    def context(self) -> ContextManager:
+        return self.scope() if self.scope is not None else nullcontext()
+
+
+
+@dataclass(frozen=True)
+class Config:
+    """How long and how carefully to time. `from_settings` maps the cudaopt options."""
+
+    warmup: float = 1.0            # seconds of untimed calls per contender (and >= min_warmup_runs)
+    max_time: float = 20.0         # seconds of timed rounds; the round running when it is hit completes
+    target_rse: float = 0.005      # stop once every median's relative standard error is below this
+    min_runs: int = 50             # timed runs per contender before the stop rule may fire
+    min_warmup_runs: int = 3
+    max_rounds: int = 100_000
+    check_fraction: float = 0.05   # share of timed runs (beyond one per input set) whose output is checked
+    escape_abs: float = 5e-6       # seconds of device work after the stream's end event that are tolerated ...
+    escape_rel: float = 0.05       # ... plus this share of the contender's median
+    seed: int = 0                  # which runs are checked
+    clock: str = "device"          # the figure the stop rule and the gate use: "device" or "latency"
+    share_inputs: bool = False     # one copy of each input set for all contenders (memory-bound problems)
+
+    def __post_init__(self) -> None:
+        if self.clock not in CLOCKS:
+            raise ValueError(f"unknown clock {self.clock!r}; expected one of {', '.join(CLOCKS)}")
+
+    @classmethod
+    def from_settings(cls, settings: Any, **overrides: Any) -> "Config":
+        values = dict(warmup=settings.warmup, max_time=settings.max_time,
+                      target_rse=settings.target_rse, min_runs=settings.min_runs)
+        if getattr(settings, "clock", None):
+            values["clock"] = settings.clock
+        values.update(overrides)
+        return cls(**values)
+
+
+# ---------------------------------------------------------------------------------------
+# The engine
+
+
+@dataclass
+class ContenderResult:
+    """One contender's runs: `device` and `latency` per timed round, `samples` the ones of
+    the clock that gates (Config.clock), `walls`/`escapes` of the latency runs."""
+
+    key: str
+    label: str
+    samples: list[float] = field(default_factory=list)
+    device: list[float] = field(default_factory=list)
+    latency: list[float] = field(default_factory=list)
+    walls: list[float] = field(default_factory=list)
+    escapes: list[float] = field(default_factory=list)
+    warmup_runs: int = 0
+    warmup_seconds: float = 0.0
+    checked: int = 0
+    failure: str | None = None
+    error: BaseException | None = field(default=None, repr=False)  # what the contender raised
+
+    @property
+    def summary(self) -> Summary:
+        return Summary.of(self.samples)
+
+    @property
+    def device_summary(self) -> Summary:
+        return Summary.of(self.device)
+
+    @property
+    def latency_summary(self) -> Summary:
+        return Summary.of(self.latency)
+
+    @property
+    def wall_median(self) -> float:
+        return median(self.walls) if self.walls else math.nan
+
+    @property
+    def escape_median(self) -> float:
+        return median(self.escapes) if self.escapes else math.nan
+
+    def fail(self, reason: str) -> None:
+        if self.failure is None:
+            self.failure = reason
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.summary
+        # NaN and infinite figures (no samples) become null in the JSON writer.
+        return {"key": self.key, "label": self.label, "n": s.n, "median_s": s.median,
+                "q1_s": s.q1, "q3_s": s.q3, "iqr_s": s.iqr, "rse": s.rse, "min_s": s.minimum,
+                "device_median_s": self.device_summary.median, "device_iqr_s": self.device_summary.iqr,
+                "latency_median_s": self.latency_summary.median, "latency_iqr_s": self.latency_summary.iqr,
+                "wall_median_s": self.wall_median,
+                "escape_median_s": self.escape_median, "warmup_runs": self.warmup_runs,
+                "warmup_s": self.warmup_seconds, "outputs_checked": self.checked,
+                "failure": self.failure}
+
+
+@dataclass
+class Measurement:
+    results: dict[str, ContenderResult]
+    schedule: list[tuple[int, str, int]]  # (round, contender key, input slot) in run order
+    rounds: int
+    stop_reason: str                      # "target_rse" | "max_time" | "max_rounds" | "all failed"
+    seconds: float
+    clock: str
+    flush_bytes: int
+    escape_floor: float
+    config: Config
+    queued_rounds: int = 0     # rounds timed with the host ahead of the GPU (device time) ...
+    behind_rounds: int = 0     # ... and among them, rounds where the host needed longer than the lead
+
+    @property
+    def gate_clock(self) -> str:
+        return self.config.clock
+
+    def __getitem__(self, key: str) -> ContenderResult:
+        return self.results[key]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"clock": self.clock, "gate_clock": self.gate_clock, "queued_rounds": self.queued_rounds,
+                "behind_rounds": self.behind_rounds, "rounds": self.rounds, "stop_reason": self.stop_reason,
+                "seconds": self.seconds, "flush_bytes": self.flush_bytes,
+                "escape_floor_s": self.escape_floor,
+                "target_rse": self.config.target_rse, "max_time_s": self.config.max_time,
+                "warmup_s": self.config.warmup,
+                "contenders": [r.to_json() for r in self.results.values()]}
+
+
+Compare = Callable[[Any, Any], "str | None"]  # (output, expected) -> None, or the failure table
+
+
+def precise_enough(samples: Sequence[Sequence[float]], config: Config) -> bool:
+    """The stop rule: every contender has at least `min_runs` samples and the relative
+    standard error of its median is at most `target_rse`."""
+    return all(len(values) >= config.min_runs
+               and relative_standard_error(values) <= config.target_rse for values in samples)
+
+
+def round_order(keys: Sequence[str], round_index: int) -> list[str]:
+    """Contenders of one round: the list rotated by the round number (A B C, B C A, C A B,
+    ...), so that each runs first, and after each other one, equally often."""
+    k = round_index % len(keys)
+    return list(keys[k:]) + list(keys[:k])
+
+
+class Engine:
+    """One timing run of `contenders` on `input_sets` with `clock` (see `measure`): the
+    warm-up, the timed rounds and the stop rule, each contender's runs in `results`."""
+
+    def __init__(self, contenders: Sequence[Contender], input_sets: Sequence[Sequence[Any]], *,
+                 clock: Clock, config: Config, expected: Sequence[Any] | None = None,
+                 compare: Compare | None = None):
+        if not contenders:
+            raise ValueError("measure() needs at least one contender")
+        if not input_sets:
+            raise ValueError("measure() needs at least one input set")
+        self.keys = [c.key for c in contenders]
+        if len(set(self.keys)) != len(self.keys):
+            raise ValueError(f"contender keys must be distinct: {self.keys}")
+        if expected is not None and compare is None:
+            raise ValueError("measure() with `expected` outputs needs `compare`")
+        self.by_key = {c.key: c for c in contenders}
+        self.results = {c.key: ContenderResult(c.key, c.label) for c in contenders}
+        self.input_sets, self.clock, self.config = input_sets, clock, config
+        self.expected, self.compare = expected, compare
+        self.n_sets = len(input_sets)
+        self.rng = random.Random(config.seed)
+        self.schedule: list[tuple[int, str, int]] = []
+        self.rounds = 0
+        if config.share_inputs:  # one copy for all: a refill is seen by every contender, as is `content`
+            shared, held = [clone_inputs(s) for s in input_sets], list(range(self.n_sets))
+            self.slots = {key: shared for key in self.keys}
+            self.content = {key: held for key in self.keys}
+        else:
+            self.slots = {key: [clone_inputs(s) for s in input_sets] for key in self.keys}
+            self.content = {key: list(range(self.n_sets)) for key in self.keys}  # which set each slot holds
+        self.runners: dict[str, list[Callable[[], Any]]] = {}
+
+    # -- one call ------------------------------------------------------------------------
+
+    def failed(self, key: str) -> bool:
+        return self.results[key].failure is not None
+
+    def alive(self) -> list[str]:
+        return [k for k in self.keys if not self.failed(k)]
+
+    def record_error(self, key: str, exc: BaseException) -> None:
+        if isinstance(exc, TimingError):
+            self.results[key].fail(str(exc))
+        else:  # the contender's own error ends its timing, not the run
+            self.results[key].fail(f"raised {type(exc).__name__}: {exc}")
+            self.results[key].error = exc
+
+    def run_once(self, key: str, slot: int) -> Sample | None:
+        """One call from an idle device (the latency clock), or None when it raised."""
+        try:
+            with self.by_key[key].context():
+                return self.clock.time(key, self.runners[key][slot])
+        except Exception as exc:
+            self.record_error(key, exc)
+        return None
+
+    def queue(self, order: Sequence[str], slot: int, keep: Sequence[str] = ()) -> list[Any]:
+        """One queued pass (device time); outputs are kept only for `keep` (the others are
+        dropped at once, so a round holds one output at a time, as the latency runs do)."""
+        def dropping(run: Callable[[], Any]) -> Callable[[], Any]:
+            return lambda: (run(), None)[1]
+
+        return self.clock.queue([(key, self.runners[key][slot] if key in keep else dropping(self.runners[key][slot]),
+                                  self.by_key[key].context) for key in order])
+
+    def check_output(self, key: str, slot: int, output: Any, which: str) -> None:
+        result = self.results[key]
+        result.checked += 1
+        problem = self.compare(output, self.expected[self.content[key][slot]])
+        if problem:
+            result.fail(f"output of timed round {self.rounds + 1} ({which}, input set "
+                        f"{self.content[key][slot]}) differs from the reference: {problem}")
+
+    # -- warm-up ---------------------------------------------------------------------------
+
+    def warm_up(self) -> None:
+        """Each contender in turn, called directly until it has run `min_warmup_runs` times
+        and for `warmup` seconds; then its runners are prepared (a CUDA graph is captured
+        only now, once lazy initialisation and autotuning are done); then one untimed queued
+        pass of every contender, from which the clock learns the host's enqueue time."""
+        for key in self.keys:
+            fn = self.by_key[key].fn
+            self.runners[key] = [(lambda fn=fn, args=args: fn(*args)) for args in self.slots[key]]
+            start, runs = self.clock.now(), 0
+            while runs < self.config.min_warmup_runs or self.clock.now() - start < self.config.warmup:
+                if self.run_once(key, runs % self.n_sets) is None:
+                    break
+                runs += 1
+            self.results[key].warmup_runs = runs
+            self.results[key].warmup_seconds = self.clock.now() - start
+            if not self.failed(key):
+                self._prepare(key)
+        alive = self.alive()
+        for key, outcome in zip(alive, self.queue(alive, 0) if alive else []):
+            if isinstance(outcome, BaseException):
+                self.record_error(key, outcome)
+
+    def _prepare(self, key: str) -> None:
+        contender = self.by_key[key]
+        try:
+            self.runners[key] = [self.clock.runner(contender.fn, contender.context, args) for args in self.slots[key]]
+        except Exception as exc:
+            self.results[key].fail(f"could not be prepared for timing ({type(exc).__name__}: {exc})")
+            return
+        if getattr(self.clock, "graphs", False):
+            for slot in range(self.n_sets):  # each captured graph replays once before it is timed
+                if self.run_once(key, slot) is None:
+                    break
+
+    # -- one timed round -------------------------------------------------------------------
+
+    def _refill(self, order: Sequence[str], slot: int, checks: dict[str, bool]) -> None:
+        """Before a checked run, the slot is refilled in place with another input set's values,
+        so a contender that replays an earlier call's output on the same tensors fails. Shared
+        inputs are refilled once a round: every contender last ran on this slot's previous
+        values, so one change reaches them all (several would cycle back)."""
+        refilled = False
+        for key in order:
+            if checks[key] and self.n_sets > 1 and not (self.config.share_inputs and refilled):
+                source = (self.content[key][slot] + 1) % self.n_sets
+                refill_inputs(self.slots[key][slot], self.input_sets[source])
+                self.content[key][slot] = source
+                refilled = True
+            self.schedule.append((self.rounds, key, slot))
+
+    def round(self) -> None:
+        """Every live contender on the round's slot, in `round_order`: first queued back to
+        back with the host ahead of the GPU (device time), then each from an idle device
+        (latency). A checked round compares both runs' outputs with the expected ones."""
+        slot = self.rounds % self.n_sets
+        checked_round = self.expected is not None and (
+            self.rounds < self.n_sets or self.rng.random() < self.config.check_fraction)
+        order = [k for k in round_order(self.keys, self.rounds) if not self.failed(k)]
+        checks = {key: checked_round and self.by_key[key].check for key in order}
+        self._refill(order, slot, checks)
+        kept = [k for k in order if checks[k]]
+        if self.config.share_inputs and kept:
+            # Memory-bound problems: a queued round keeps one output (each contender's in turn),
+            # not one per contender; every checked contender's latency run is still checked.
+            kept = [kept[self.rounds % len(kept)]]
+        device: dict[str, float] = {}
+        for key, outcome in zip(order, self.queue(order, slot, keep=kept)):
+            if isinstance(outcome, BaseException):
+                self.record_error(key, outcome)
+                continue
+            device[key] = outcome.seconds
+            if key in kept:  # the queued outputs are checked (and freed) before the latency runs
+                self.check_output(key, slot, outcome.output, "queued")
+            del outcome
+        for key in order:
+            if not self.failed(key) and key in device:
+                self._latency_run(key, slot, device[key], checks[key])
+        self.rounds += 1
+
+    def _latency_run(self, key: str, slot: int, device_seconds: float, check: bool) -> None:
+        sample = self.run_once(key, slot)
+        if sample is None:
+            return
+        result = self.results[key]
+        result.device.append(device_seconds)
+        result.latency.append(sample.seconds)
+        result.samples.append(device_seconds if self.config.clock == "device" else sample.seconds)
+        result.walls.append(sample.wall)
+        result.escapes.append(sample.escaped)
+        if check:
+            self.check_output(key, slot, sample.output, "from an idle device")
+
+    # -- the whole run -----------------------------------------------------------------------
+
+    def run(self) -> Measurement:
+        """Warm up, then rounds until the stop rule (checked every round up to 50 rounds, then
+        whenever the count grew by 5%), `max_time` seconds of rounds or `max_rounds`."""
+        self.clock.prepare()
+        self.warm_up()
+        queued_before = getattr(self.clock, "queued_rounds", 0)
+        behind_before = getattr(self.clock, "behind_rounds", 0)
+        began = self.clock.now()
+        next_check = self.config.min_runs
+        stop_reason = "max_rounds"
+        while self.rounds < self.config.max_rounds:
+            if not self.alive():
+                stop_reason = "all failed"
+                break
+            self.round()
+            live = [self.results[k] for k in self.alive()]
+            if self.rounds >= next_check or self.rounds <= 50:
+                if live and precise_enough([r.samples for r in live], self.config):
+                    stop_reason = "target_rse"
+                    break
+                next_check = max(self.rounds + 1, math.ceil(self.rounds * 1.05))
+            if self.clock.now() - began >= self.config.max_time:
+                stop_reason = "max_time"
+                break
+        for result in self.results.values():
+            _check_escape(result, self.clock.escape_floor, self.config)
+        return Measurement(results=self.results, schedule=self.schedule, rounds=self.rounds,
+                           stop_reason=stop_reason, seconds=self.clock.now() - began, clock=self.clock.name,
+                           flush_bytes=getattr(self.clock, "flush_bytes", 0),
+                           escape_floor=self.clock.escape_floor, config=self.config,
+                           queued_rounds=getattr(self.clock, "queued_rounds", 0) - queued_before,
+                           behind_rounds=getattr(self.clock, "behind_rounds", 0) - behind_before)
+
+
+def measure(contenders: Sequence[Contender], input_sets: Sequence[Sequence[Any]], *, clock: Clock,
+            config: Config = Config(), expected: Sequence[Any] | None = None,
+            compare: Compare | None = None) -> Measurement:
+    """Time `contenders` on `input_sets` with `clock`, interleaved run by run (`Engine`).
+
+    Each contender gets its own clones of the input sets (slots), or one shared copy with
+    `config.share_inputs`. After the warm-up, rounds: all contenders on the same slot (round r
+    uses slot r mod the number of sets), in `round_order`, first queued back to back with the
+    host ahead of the GPU (`clock.queue`: device time), then each from an idle device
+    (`clock.time`: latency). The clock named by `config.clock` gives `samples`, which the
+    stop rule and the gate use: until every such median's relative standard error is at most
+    `target_rse` (after `min_runs` runs each) or `max_time` seconds of rounds have passed.
+
+    With `expected` (the reference output of each input set), the outputs of the first run of
+    each slot and of a random `check_fraction` of the others are compared with `compare`
+    (output, expected) -> None or the failure table. A contender that raises, mismatches, or
+    whose work escapes the measured stream is marked failed (`failure`) and leaves the
+    remaining rounds."""
+    return Engine(contenders, input_sets, clock=clock, config=config, expected=expected, compare=compare).run()
+
+
+def escape_limit(median_seconds: float, floor: float, config: Config) -> float:
+    """Largest tolerated median escape time: the calibrated floor + escape_abs +
+    escape_rel x the contender's median."""
+    return floor + config.escape_abs + config.escape_rel * median_seconds
+
+
+def _check_escape(result: ContenderResult, floor: float, config: Config) -> None:
+    if result.failure is not None or len(result.escapes) < 3:
+        return
+    escaped = median(result.escapes)
+    mid = median(result.latency or result.samples)  # the escapes come from the latency runs
+    if escaped > escape_limit(mid, floor, config):
+        result.fail(
+            f"work escaped the measured stream: the device stayed busy {format_seconds(escaped)} "
+            f"(median of {len(result.escapes)} runs) after the current stream's end event, against "
+            f"{format_seconds(mid)} measured on that stream; launch every kernel on "
+            "torch.cuda.current_stream() (a side stream or deferred work is not timed)")

@@ -1,0 +1,127 @@
+"""The result of each verdict as data: what the correctness and perf items found, and results read back from records.
+
+Each verdict is decided in its own package (correctness/, perf/, policy/); these classes carry
+what was decided, `report.py` renders them, and `to_json` is their part of the JSON report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:  # types only: this module imports nothing of the package at run time
+    from pytest_cudaopt.correctness.precision import Precision
+    from pytest_cudaopt.perf.engine import Measurement
+    from pytest_cudaopt.perf.gate import GateVerdict
+
+CUSTOM = "custom"  # the candidate's contender key (perf.lineup.CUSTOM)
+
+
+@dataclass
+class CorrectnessResult:
+    """One correctness item's verdict, appended to `cudaopt_session.results`."""
+
+    workdir: str
+    test: str                  # pytest node id
+    case: str                  # "canonical seed0", "drawn shapes (25 cases)"
+    passed: bool
+    shapes: str = ""           # the inputs: "x: float32[16, 256]"
+    seed: int | None = None
+    cases: int = 0             # cases run (drawn shapes: examples that ran)
+    max_abs: float | None = None
+    max_rel: float | None = None
+    precision: "Precision | None" = None
+    check: str = ""            # the guard or comparison that failed
+    message: str = ""
+    seconds: float = 0.0
+    kind: str = "correctness"
+    peak_bytes: int | None = None  # torch's max allocated device memory during the item
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind, "workdir": self.workdir, "test": self.test, "case": self.case,
+            "passed": self.passed, "inputs": self.shapes, "seed": self.seed, "cases": self.cases,
+            "max_abs": self.max_abs, "max_rel": self.max_rel,
+            "precision": self.precision.to_json() if self.precision else None,
+            "check": self.check, "message": self.message, "seconds": self.seconds,
+            "peak_bytes": self.peak_bytes,
+        }
+
+
+@dataclass
+class PerfResult:
+    """One perf item's verdict, appended to `cudaopt_session.results`: the measurement of
+    every contender, their precision tiers, the compile times and the gate."""
+
+    workdir: str
+    test: str
+    gate: "GateVerdict"
+    measurement: "Measurement | None" = None
+    labels: dict[str, str] = field(default_factory=dict)         # key -> table label
+    tiers: dict[str, str] = field(default_factory=dict)          # key -> measured precision tier
+    precision_note: str = ""                                     # the candidate's measured errors
+    compile_seconds: dict[str, float] = field(default_factory=dict)
+    peak_bytes: int | None = None                                # torch's max allocated device memory
+    errors: dict[str, str] = field(default_factory=dict)         # key -> why it was not timed
+    environment: dict[str, Any] = field(default_factory=dict)
+    failure: str = ""                                            # a failure outside the gate
+    traces: dict[str, Any] = field(default_factory=dict)         # key -> perf.trace.Trace of one call
+    regression: dict[str, Any] = field(default_factory=dict)     # the check against the target branch
+    figure_warnings: list[str] = field(default_factory=list)     # where the candidate's figures disagree
+    kind: str = "perf"
+
+    @property
+    def passed(self) -> bool:
+        return self.gate.passed and not self.failure
+
+    @property
+    def precision(self) -> str:
+        return self.tiers.get(CUSTOM, "-")
+
+    def medians(self) -> dict[str, float]:
+        if self.measurement is None:
+            return {}
+        return {k: r.summary.median for k, r in self.measurement.results.items() if r.samples}
+
+    def failures(self) -> dict[str, str]:
+        out = dict(self.errors)
+        if self.measurement is not None:
+            out.update({k: r.failure for k, r in self.measurement.results.items() if r.failure})
+        return out
+
+    def label(self, key: str) -> str:
+        return self.labels.get(key, key)
+
+    @property
+    def gate_clock(self) -> str:
+        return self.measurement.gate_clock if self.measurement is not None else "device"
+
+    def kernel_sum(self, key: str) -> float | None:
+        found = self.traces.get(key)
+        if found is None or getattr(found, "error", None):
+            return None
+        return found.kernel_sum
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "workdir": self.workdir, "test": self.test, "passed": self.passed,
+                "failure": self.failure, "precision": self.precision, "tiers": self.tiers,
+                "precision_note": self.precision_note, "labels": self.labels,
+                "gate": self.gate.to_json(), "compile_seconds": self.compile_seconds,
+                "errors": self.errors, "environment": self.environment, "gate_clock": self.gate_clock,
+                "regression": self.regression, "peak_bytes": self.peak_bytes,
+                "timing": self.measurement.to_json() if self.measurement is not None else None,
+                "traces": {k: t.to_json() for k, t in self.traces.items()},
+                "figure_warnings": list(self.figure_warnings)}
+
+
+class RecordedResult:
+    """A result rebuilt from its record (`report.record`): results sent from pytest-xdist
+    workers, already rendered there."""
+
+    def __init__(self, rec: Mapping[str, Any]):
+        self.record = dict(rec)
+        self.kind = rec["kind"]
+        self.passed = rec["passed"]
+        self.test = rec.get("data", {}).get("test")
+
+    def to_json(self) -> dict[str, Any]:
+        return self.record["data"]

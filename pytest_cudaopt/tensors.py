@@ -1,0 +1,87 @@
+"""Nests of tensors (the inputs and outputs of a model): leaves, copies, refills, float64 versions, sizes."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Iterator, Sequence
+
+import torch
+
+
+def leaves(value: Any, path: str = "output") -> Iterator[tuple[str, Any]]:
+    """(path, leaf) for every leaf of a nest of tuples, lists and dicts: `output[1]['y']`."""
+    if isinstance(value, (tuple, list)):
+        for i, item in enumerate(value):
+            yield from leaves(item, f"{path}[{i}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from leaves(item, f"{path}[{key!r}]")
+    else:
+        yield path, value
+
+
+def describe_tensor(t: torch.Tensor) -> str:
+    """`float32[16, 256] on cpu`."""
+    dtype = str(t.dtype).removeprefix("torch.")
+    return f"{dtype}[{', '.join(str(s) for s in t.shape)}] on {t.device}"
+
+
+def structure(value: Any) -> str:
+    """A short description of a nest: `tuple(Tensor float32[3, 4] on cpu, int)`."""
+    if isinstance(value, (tuple, list)):
+        return f"{type(value).__name__}({', '.join(structure(v) for v in value)})"
+    if isinstance(value, dict):
+        return "dict(" + ", ".join(f"{k!r}: {structure(v)}" for k, v in value.items()) + ")"
+    if isinstance(value, torch.Tensor):
+        return f"{type(value).__name__} {describe_tensor(value)}"
+    return type(value).__name__
+
+
+def clone_inputs(inputs: Sequence[Any]) -> list[Any]:
+    """A deep copy of the inputs: every tensor cloned (same strides), other values copied
+    (a candidate that mutates a list argument cannot reach the reference's)."""
+    return [x.clone() if isinstance(x, torch.Tensor) else copy.deepcopy(x) for x in inputs]
+
+
+def refill_inputs(target: Sequence[Any], source: Sequence[Any]) -> None:
+    """Copy the values of one input set into another's tensors, in place (same storage)."""
+    for dst, src in zip(target, source):
+        if isinstance(dst, torch.Tensor):
+            dst.copy_(src)
+
+
+def to_float64(value: Any) -> Any:
+    """A nest with every floating-point tensor converted to float64 (complex to complex128)."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(to_float64(v) for v in value)
+    if isinstance(value, dict):
+        return {k: to_float64(v) for k, v in value.items()}
+    if isinstance(value, torch.Tensor):
+        if value.is_complex():
+            return value.to(torch.complex128)
+        if value.is_floating_point():
+            return value.to(torch.float64)
+    return value
+
+
+def float64_inputs(inputs: Sequence[Any]) -> list[Any]:
+    """Fresh float64 copies of the inputs (one copy each, not a clone and then a conversion);
+    complex tensors become complex128, other values are passed as they are."""
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            dtype = (torch.complex128 if x.is_complex() else torch.float64 if x.is_floating_point() else x.dtype)
+            x = x.to(dtype, copy=True)
+        out.append(x)
+    return out
+
+
+def float_elements(value: Any) -> int:
+    """Elements of the floating-point (and complex) tensors of a nest."""
+    return sum(x.numel() for _, x in leaves(value)
+               if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()))
+
+
+def nbytes(value: Any) -> int:
+    """Bytes of every tensor of a nest of tuples, lists and dicts."""
+    return sum(x.numel() * x.element_size() for _, x in leaves(value) if isinstance(x, torch.Tensor))

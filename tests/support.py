@@ -1,0 +1,118 @@
+"""Helpers of the plugin's self-tests: pytest in a subprocess with the plugin loaded, the example workdirs and their built copies."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import shutil
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+from pytest_cudaopt.launch import plugin_args
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+WORKDIRS = Path(__file__).resolve().parent / "workdirs"
+TEMPLATES = REPO_ROOT / "pytest_cudaopt" / "templates"
+FIXED_FILES = ("binding.cpp", "binding_registry.h")
+# Files that several example workdirs share, kept once in tests/workdirs/_shared/ and added to
+# the copies of the workdirs named here (a workdir's own file at that path wins).
+SHARED = WORKDIRS / "_shared"
+SHARED_FILES = {
+    "model.py": ("cheat_kernels", "cpu_scale", "cuda_cheats", "cuda_scale", "registry_forms", "upstream_scale"),
+    "kernels/scale.cpp": ("cpu_scale", "registry_forms", "upstream_scale"),
+    "kernels/scale_binding.cpp": ("cpu_scale", "upstream_scale"),
+}
+# Built copies of tests/workdirs/<name>, kept between runs so that a test that copies a
+# workdir starts from objects that are up to date (every torch binding costs tens of
+# seconds to compile). Ignored by git (/build/).
+PREBUILT_ROOT = REPO_ROOT / "build" / "test-workdirs"
+def subprocess_env() -> dict[str, str]:
+    """os.environ with the repo root first on PYTHONPATH, so an uninstalled checkout imports."""
+    env = dict(os.environ)
+    parts = [str(REPO_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
+    return env
+
+
+def run_pytest(pytester: pytest.Pytester, *args: str, timeout: float | None = None) -> pytest.RunResult:
+    """`pytester.runpytest_subprocess(*args)` with the plugin loaded whether or not the
+    package is installed. The subprocess runs in `pytester.path`."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", subprocess_env()["PYTHONPATH"])
+        return pytester.runpytest_subprocess(*plugin_args(), "-p", "no:cacheprovider", *args,
+                                             timeout=timeout)
+
+
+def _added_files(name: str) -> dict[Path, Path]:
+    """What a copy of tests/workdirs/<name> gets besides its own files: the shared ones named
+    for it, and the fixed binding files from pytest_cudaopt/templates/ (a workdir that carries
+    its own, another registry, keeps them). Relative path -> source."""
+    src = WORKDIRS / name
+    added = {Path(rel): SHARED / rel for rel, users in SHARED_FILES.items() if name in users}
+    added.update({Path(fixed): TEMPLATES / fixed for fixed in FIXED_FILES})
+    return {rel: source for rel, source in added.items() if not (src / rel).is_file()}
+
+
+def copy_workdir(name: str, dest: Path) -> Path:
+    """Copy tests/workdirs/<name> to `dest` with its added files (_added_files). Files already
+    at `dest` with the same content are left alone (so their mtimes, and the objects built
+    from them, stay valid)."""
+    src = WORKDIRS / name
+    if not src.is_dir():
+        raise FileNotFoundError(f"no example workdir {src}")
+    dest = Path(dest)
+    pairs = [(path, dest / path.relative_to(src)) for path in sorted(src.rglob("*"))
+             if path.is_file() and not {"__pycache__", "build"} & set(path.relative_to(src).parts)]
+    pairs += [(source, dest / rel) for rel, source in _added_files(name).items()]
+    for source, target in pairs:
+        if target.is_file() and filecmp.cmp(source, target, shallow=False):
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+    return dest
+
+
+def _prune(dest: Path, name: str) -> None:
+    """Remove files of a prebuilt copy that its example workdir no longer has (build/ stays)."""
+    keep = {p.relative_to(WORKDIRS / name) for p in (WORKDIRS / name).rglob("*") if p.is_file()}
+    keep |= set(_added_files(name))
+    for path in sorted(dest.rglob("*"), reverse=True):
+        rel = path.relative_to(dest)
+        if rel.parts[0] in ("build", "__pycache__") or "__pycache__" in rel.parts:
+            continue
+        if path.is_file() and rel not in keep:
+            path.unlink()
+
+
+def prebuild(name: str) -> Path:
+    """The built copy of tests/workdirs/<name> under build/test-workdirs/, brought up to
+    date (ninja recompiles only what changed since the last run). Returns its path."""
+    from pytest_cudaopt import build
+
+    dest = PREBUILT_ROOT / name
+    dest.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(PREBUILT_ROOT / f"{name}.lock")):
+        copy_workdir(name, dest)
+        _prune(dest, name)
+        build.compile_extension(dest)
+    return dest
+
+
+def junit_cases(path: Path) -> dict[tuple[str, str], tuple[str, str]]:
+    """(workdir, test name) -> (outcome, message and text) of a --junitxml file."""
+    cases = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        workdir = case.get("classname", "").split(".")[0]
+        outcome, text = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            found = case.find(tag)
+            if found is not None:
+                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
+                text = (found.get("message") or "") + "\n" + (found.text or "")
+                break
+        cases[(workdir, case.get("name"))] = (outcome, text)
+    return cases

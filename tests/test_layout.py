@@ -1,0 +1,132 @@
+"""The package's layout is its architecture: no import cycles (imports inside functions counted),
+no private names reached across modules, no `_pytest` imports, the correctness verdict never
+imports the speed verdict, and no module or function too long to hold in one's head."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "pytest_cudaopt"
+MAX_MODULE_LINES = 450
+MAX_FUNCTION_LINES = 80
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "templates" in path.relative_to(PACKAGE).parts:
+            continue
+        parts = ["pytest_cudaopt", *path.relative_to(PACKAGE).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> list[tuple[str, list[str], int]]:
+    """(module imported, names taken from it, line) for every import statement of a module,
+    at any depth; relative imports resolved."""
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, [], node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            out.append((base, [a.name for a in node.names], node.lineno))
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {name: set() for name in MODULES}
+    for name, path in MODULES.items():
+        for module, names, _ in _imports(name, path):
+            targets = [module] + [f"{module}.{n}" for n in names]
+            for target in targets:
+                if target in MODULES and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def _is_ancestor(package: str, module: str) -> bool:
+    return module.startswith(package + ".")
+
+
+def test_the_package_has_no_import_cycle_even_through_imports_inside_functions():
+    graph = _graph()
+    # A package's __init__ importing its own modules is how it states what it offers; a module
+    # importing its parent package is then a cycle only through that __init__, which Python
+    # resolves, so edges from a module to its own ancestor packages are left out.
+    edges = {a: {b for b in bs if not _is_ancestor(b, a) and not _is_ancestor(a, b)} for a, bs in graph.items()}
+    cycles = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_module_imports_another_modules_private_names():
+    found = []
+    for name, path in MODULES.items():
+        for module, names, line in _imports(name, path):
+            if module.startswith("pytest_cudaopt") and module != name:
+                found += [f"{path.relative_to(PACKAGE.parent)}:{line}: {module}.{n}" for n in names
+                          if n.startswith("_") and not n.startswith("__")]
+    assert not found, "private names imported across modules:\n" + "\n".join(found)
+
+
+def test_nothing_imports_pytests_private_modules():
+    found = [f"{path.relative_to(PACKAGE.parent)}:{line}: {module}" for name, path in MODULES.items()
+             for module, _, line in _imports(name, path) if module.split(".")[0] == "_pytest"]
+    assert not found, "\n".join(found)
+
+
+def test_the_correctness_verdict_never_imports_the_speed_verdict():
+    found = [f"{path.relative_to(PACKAGE.parent)}:{line}: {module}" for name, path in MODULES.items()
+             if name.startswith("pytest_cudaopt.correctness")
+             for module, _, line in _imports(name, path) if module.startswith("pytest_cudaopt.perf")]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_modules_and_functions_stay_short(name):
+    path = MODULES[name]
+    text = path.read_text()
+    lines = len(text.splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{path.relative_to(PACKAGE.parent)} has {lines} lines"
+    long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines, line {node.lineno})"
+            for node in ast.walk(ast.parse(text)) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, f"{path.relative_to(PACKAGE.parent)}: " + ", ".join(long)
+
+
+def test_setuptools_finds_every_subpackage():
+    from setuptools import find_packages
+
+    found = set(find_packages(str(PACKAGE.parent), include=["pytest_cudaopt*"], exclude=["pytest_cudaopt.templates*"]))
+    wanted = {name for name, path in MODULES.items() if path.name == "__init__.py"}
+    assert wanted <= found, f"not found by setuptools: {sorted(wanted - found)}"
