@@ -107,7 +107,7 @@ def run(workdir: Path, *, out: Path, baseline_workdir: Path | None = None,
     report_path = out / "report.json"
     report_path.unlink(missing_ok=True)
     args = [str(workdir / "model_new.py"), "--rootdir", str(workdir), "-p", "no:cacheprovider",
-            "--cudaopt-ci-gate=1", f"--cudaopt-report={report_path}", f"--junitxml={out / 'junit.xml'}",
+            "--cudaopt-ci-gate", f"--cudaopt-report={report_path}", f"--junitxml={out / 'junit.xml'}",
             "-o", "junit_family=xunit2"]
     if baseline_workdir is not None:
         args.append(f"--cudaopt-baseline-workdir={baseline_workdir}")

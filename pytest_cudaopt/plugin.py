@@ -21,6 +21,7 @@ SUITE_MODULE = "pytest_cudaopt.suite.items"
 # Importing these binds the timing functions that `perf.clocks.tampered()` checks.
 TIMING_MODULES = ("pytest_cudaopt.perf.clocks", "pytest_cudaopt.perf.trace")
 MARKERS = {
+    "build": "the workdir's extension compiles and imports (generated per workdir; runs without a GPU too)",
     "correctness": "the custom path computes the same function as model.py (generated per workdir)",
     "perf": "the custom path is faster than torch.compile (generated per workdir)",
     "policy": "the workdir rules hold (generated per workdir)",
@@ -37,16 +38,32 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("cudaopt", "cudaopt: judge a CUDA extension workdir")
     for option in _settings.OPTIONS:
-        if option.cli:
-            group.addoption(option.flag, dest="cudaopt_" + option.name, default=None,
+        dest = "cudaopt_" + option.name
+        if option.cli and option.is_flag:
+            group.addoption(option.flag, dest=dest, default=None, action="store_const", const="true",
                             help=option.full_help)
+            group.addoption(option.off_flag, dest=dest, action="store_const", const="false",
+                            help=f"turn {option.flag} off")
+        elif option.cli:
+            group.addoption(option.flag, dest=dest, default=None, help=option.full_help)
         if option.ini:
             parser.addini(option.ini_key, help=option.full_help, default=None)
+
+
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+    """A misspelled `--cudaopt-*` option is a usage error that names the closest one (argparse
+    would only say "unrecognized arguments")."""
+    unknown = _settings.unknown_flags(args)
+    if unknown:
+        raise pytest.UsageError(f"cudaopt: unknown option {'; '.join(unknown)}")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    unknown = _settings.unknown_ini_keys(_settings.ini_keys(config.inipath, config.option.override_ini or ()))
+    if unknown:
+        raise pytest.UsageError(f"cudaopt: unknown ini option {'; '.join(unknown)} in {config.inipath}")
     try:
         resolved = _settings.Settings.resolve_all(
             cli=lambda name: config.getoption("cudaopt_" + name, default=None),
@@ -243,7 +260,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if needs_device and session.settings.device == "cuda":
             item.add_marker(pytest.mark.gpu)
     if session.settings.ci_gate:  # policy, then correctness, then perf (a stable sort)
-        order = ("policy", "correctness", "perf")
+        order = ("build", "policy", "correctness", "perf")
         items.sort(key=lambda i: next((n for n, m in enumerate(order) if i.get_closest_marker(m)), len(order)))
     # A skip mark (not pytest.skip in a hook) so that `-rs` shows the item's own location. The
     # CI gate never skips them: pytest_runtest_setup fails them instead.

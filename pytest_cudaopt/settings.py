@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
 
 
 class SettingError(ValueError):
@@ -31,11 +33,26 @@ def _choice(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+def _number(kind: Callable[[str], Any], text: str, what: str) -> Any:
+    """`kind(text)` with Python's own complaint ("could not convert string to float") put in
+    the setting's words."""
+    try:
+        return kind(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"expected {what}, got {text!r}") from None
+
+
+def _integer(text: str) -> int:
+    return _number(int, text, "an integer")
+
+
 def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    what = "a positive integer" if kind is int else "a positive number"
+
     def parse(text: str) -> Any:
-        value = kind(text)
+        value = _number(kind, text, what)
         if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"expected a positive number, got {text!r}")
+            raise ValueError(f"expected {what}, got {text!r}")
         return value
 
     parse.__name__ = f"positive {kind.__name__}"
@@ -44,7 +61,7 @@ def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
 
 def _non_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
-        value = kind(text)
+        value = _number(kind, text, "a finite number >= 0")
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"expected a finite number >= 0, got {text!r}")
         return value
@@ -68,6 +85,16 @@ class Option:
     @property
     def flag(self) -> str:
         return "--cudaopt-" + self.name.replace("_", "-")
+
+    @property
+    def is_flag(self) -> bool:
+        """A true/false setting: a plain flag on the command line (`--cudaopt-trace`), turned
+        off with `--cudaopt-no-trace`; true/false values in the environment and the ini file."""
+        return self.parse is _bool
+
+    @property
+    def off_flag(self) -> str:
+        return "--cudaopt-no-" + self.name.replace("_", "-")
 
     @property
     def ini_key(self) -> str:
@@ -95,7 +122,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_rel_error", _positive(float), 1e-2,
            "most relative L2 error vs a float64 run of the reference a candidate may have, whatever atol allows"),
     Option("seeds", _positive(int), 3, "number of secret seeds for the canonical inputs of get_inputs()"),
-    Option("seed", int, None,
+    Option("seed", _integer, None,
            "replay: use this seed instead of a secret one (printed by every failure)", ini=False),
     Option("profile", _choice("ci", "thorough"), "ci",
            "Hypothesis profile for the drawn shapes: 'ci' (explicit cases past the defaults, then a modest count drawn from the session seed) or 'thorough'"),
@@ -157,6 +184,83 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 BY_NAME: dict[str, Option] = {option.name: option for option in OPTIONS}
+
+
+# Settings that change what a correctness case computes or how it is judged: a replay command
+# carries the ones that differ from their defaults, so that it judges the case the same way.
+REPLAYED = ("device", "atol", "rtol", "max_rel_error", "nondeterministic", "allow_ops", "max_elements")
+
+
+def replay_args(settings: Any) -> str:
+    """` --cudaopt-device=cpu ...`: the REPLAYED settings that differ from their defaults."""
+    import shlex
+
+    parts = []
+    for name in REPLAYED:
+        option, value = BY_NAME[name], getattr(settings, name)
+        if value == option.default or value in (None, ""):
+            continue
+        if option.is_flag:
+            parts.append(option.flag if value else option.off_flag)
+        else:
+            parts.append(f"{option.flag}={shlex.quote(f'{value:g}' if isinstance(value, float) else str(value))}")
+    return "".join(f" {p}" for p in parts)
+
+
+def closest(name: str, known: Iterable[str], prefix: str = "") -> str:
+    """" (did you mean X?)" for the known name closest to a misspelled one, or "". Names are
+    compared without their shared `prefix` (it would make every pair look alike)."""
+    stems = {k.removeprefix(prefix): k for k in known}
+    found = difflib.get_close_matches(name.removeprefix(prefix), list(stems), n=1, cutoff=0.6)
+    return f" (did you mean {stems[found[0]]}?)" if found else ""
+
+
+def ini_keys(inipath: Any, overrides: Iterable[str] = ()) -> list[str]:
+    """The keys of pytest's ini file (pytest.ini, tox.ini, setup.cfg or pyproject.toml's
+    [tool.pytest.ini_options]) and of `-o key=value` overrides."""
+    import configparser
+
+    keys = [str(o).split("=", 1)[0] for o in overrides]
+    path = None if inipath is None else Path(inipath)
+    if path is None or not path.is_file():
+        return keys
+    if path.suffix == ".toml":
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10: pytest reads it with tomli; so may we
+            try:
+                import tomli as tomllib  # type: ignore[no-redef]
+            except ModuleNotFoundError:
+                return keys
+        with path.open("rb") as handle:
+            table = tomllib.load(handle).get("tool", {}).get("pytest", {})
+        return keys + list(table.get("ini_options", table) if isinstance(table, dict) else {})
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read(path, encoding="utf-8")
+    for section in ("pytest", "tool:pytest"):
+        if parser.has_section(section):
+            return keys + list(parser[section])
+    return keys
+
+
+def unknown_ini_keys(keys: Iterable[str]) -> list[str]:
+    """The `cudaopt_*` keys of an ini file that name no setting, each with the closest one:
+    a misspelled key would leave its setting at the default without a word."""
+    known = [option.ini_key for option in OPTIONS if option.ini]
+    return [f"{key}{closest(key, known, 'cudaopt_')}" for key in keys
+            if key.startswith("cudaopt_") and key not in known]
+
+
+def unknown_flags(args: Iterable[str]) -> list[str]:
+    """The `--cudaopt-*` arguments that name no option, each with the closest one."""
+    known = [option.flag for option in OPTIONS if option.cli]
+    known += [option.off_flag for option in OPTIONS if option.cli and option.is_flag]
+    found = []
+    for arg in args:
+        flag = str(arg).split("=", 1)[0]
+        if flag.startswith("--cudaopt-") and flag not in known:
+            found.append(f"{flag}{closest(flag, known, '--cudaopt-')}")
+    return found
 
 
 def resolve(

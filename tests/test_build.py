@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -488,3 +489,43 @@ def test_the_rootdir_extension_is_a_session_fixture_built_once(pytester, make_wo
     result.assert_outcomes(passed=2)
     setups = [line for line in result.outlines if re.search(r"SETUP\s+S cudaopt_root_extension", line)]
     assert len(setups) == 1, result.stdout.str()
+
+
+def test_a_failed_unit_is_shown_at_once_and_not_as_a_success(tmp_path, monkeypatch):
+    cfg = _config(tmp_path)
+    cfg.build_dir.mkdir(parents=True)
+    ninja = tmp_path / "ninja"
+    ninja.write_text(textwrap.dedent("""\
+        #!/bin/sh
+        echo "[1/3] nvcc kernels/broken.cu"
+        echo "FAILED: [code=2] objs/kernels/broken.cu.o"
+        echo "nvcc -c ../../../kernels/broken.cu -o objs/kernels/broken.cu.o"
+        echo '../../../kernels/broken.cu(5): error: identifier "undefined_name" is undefined'
+        sleep 1
+        echo "[2/3] c++ kernels/x_binding.cpp"
+        echo "ninja: build stopped: subcommand failed."
+        exit 1
+        """))
+    ninja.chmod(0o755)
+    monkeypatch.setattr(runner, "_ninja", lambda: str(ninja))
+    seen: list[tuple[float, str]] = []
+    steps, code = runner.run_ninja(cfg, lambda text: seen.append((time.monotonic(), text)), time.monotonic())
+    assert code == 1 and steps == ["nvcc kernels/broken.cu", "c++ kernels/x_binding.cpp"]
+    texts = [text for _, text in seen]
+    assert re.fullmatch(r"\[1/3\] nvcc kernels/broken\.cu  \(\d+\.\d s\)  FAILED", texts[0]), texts
+    assert texts[1] == 'kernels/broken.cu failed: kernels/broken.cu:5: error: identifier "undefined_name" is undefined'
+    assert texts[2].startswith("[2/3] c++ kernels/x_binding.cpp  (") and not texts[2].endswith("FAILED")
+    # The error was shown when the unit failed, a second before the next unit finished.
+    assert seen[2][0] - seen[1][0] > 0.5
+
+
+@needs_nvcc
+def test_a_compile_error_fails_the_build_item_on_a_machine_without_a_gpu(pytester, make_workdir, run_pytest):
+    root = make_workdir("cuda_scale", pytester.path / "wd")
+    (root / "kernels" / "scale.cu").write_text((root / "kernels" / "scale.cu").read_text() + "\nnot_cuda_at_all;\n")
+    result = run_pytest(pytester, "wd", "-m", "build or correctness", timeout=1200)
+    assert result.ret == 1
+    result.assert_outcomes(failed=1, skipped=4)  # the build item; the correctness items need a GPU
+    result.stdout.fnmatch_lines(["*kernels/scale.cu failed: kernels/scale.cu:*: error*"])  # at once, on the terminal
+    result.stdout.fnmatch_lines(["*kernels/scale.cu:*: error*", "*cudaopt build: 1 error in kernels/scale.cu*",
+                                 "*FAILED wd/model_new.py::TestBuild::test_extension*"])

@@ -292,7 +292,7 @@ def test_a_kernel_left_on_an_unjoined_side_stream_fails_at_any_duration(pytester
 
 def test_the_trace_setting_turns_the_kernel_trace_off(pytester, workdir):
     workdir(speeds(custom=1 * MS, compile_=2 * MS), traces=dict(TRACED, custom=[("k", 13, 0.0, 2e-3)]))
-    result = run_pytest(pytester, "wd", "-m", "perf", "--cudaopt-trace=false")
+    result = run_pytest(pytester, "wd", "-m", "perf", "--cudaopt-no-trace")
     result.assert_outcomes(passed=1)
     assert "kernel sum" not in result.stdout.str()
 
@@ -309,7 +309,7 @@ def test_a_workdir_conftest_cannot_replace_the_perf_clock_without_the_self_test_
     conftest = pytester.path / "wd" / "conftest.py"
     conftest.write_text("import os\nos.environ['CUDAOPT_SELF_TEST'] = '1'\n" + conftest.read_text())
     run_pytest(pytester, "wd", "-m", "perf").assert_outcomes(failed=1)
-    run_pytest(pytester, "wd", "-m", "perf", "--cudaopt-self-test=1").assert_outcomes(passed=1)
+    run_pytest(pytester, "wd", "-m", "perf", "--cudaopt-self-test").assert_outcomes(passed=1)
 
 
 def test_pytest_xdist_workers_use_the_seed_the_controller_printed(pytester, workdir):

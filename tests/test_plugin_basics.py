@@ -120,7 +120,9 @@ def test_help_lists_every_cudaopt_option_and_ini_key(pytester, run_pytest, monke
     assert result.ret == 0
     text = result.stdout.str()
     for option in settings.OPTIONS:
-        if option.cli:
+        if option.cli and option.is_flag:  # a plain flag, and its --cudaopt-no-* twin
+            assert f"  {option.flag} " in text and f"  {option.off_flag} " in text, f"{option.flag} missing"
+        elif option.cli:
             assert f"  {option.flag}=" in text, f"{option.flag} missing from --help"
         if option.ini:
             assert f"  {option.ini_key} (" in text, f"ini key {option.ini_key} missing from --help"

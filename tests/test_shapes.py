@@ -182,7 +182,8 @@ def test_a_module_without_constants_has_no_space_and_says_how_to_declare_one():
         def get_init_inputs():
             return []
     """))
-    assert space.strategy is None and "declare CUDAOPT_SHAPES" in space.source
+    assert space.strategy is None and "owner declares the shapes with CUDAOPT_SHAPES" in space.source
+    assert "cudaopt init --lock-only" in space.source
 
 
 def test_a_reference_that_cannot_run_on_meta_is_noted_not_fatal():

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from pytest_cudaopt.build.buildfile import (
     MODULE_NAME, Config, configure, ninja_file, object_name, settings_or_default,
 )
-from pytest_cudaopt.build.diagnostics import BuildError, failure
+from pytest_cudaopt.build.diagnostics import BuildError, diagnostics, failure
 from pytest_cudaopt.build.loader import load_extension
 
 LOCK_TIMEOUT_S = 3600.0
@@ -81,8 +81,59 @@ def failure_of(cfg: Config, output: str, log_path: Path) -> BuildError:
     return failure(output, log_path, cfg.workdir, cfg.build_dir, sources, MODULE_NAME)
 
 
+class _Progress:
+    """ninja's output as progress lines. ninja prints a step when it finishes, failed or not,
+    and goes on with the other units after a failure: a step is shown once the next line says
+    whether it failed, and a failed unit's first errors at once, not when the build ends."""
+
+    SHOWN = 6       # diagnostic lines of a failed unit shown at once (all of them end the build's report)
+    QUIET_S = 0.2   # ninja prints a unit's status and output together: this long quiet ends them
+
+    def __init__(self, cfg: Config, emit: Callable[[str], None], start: float):
+        self.cfg, self.emit, self.start = cfg, emit, start
+        self.pending: str | None = None        # a finished step whose outcome is not known yet
+        self.failed: list[str] | None = None   # the output of the failed unit being read
+
+    def line(self, line: str) -> str | None:
+        """Take one line of ninja's output; return the step's description if it is a status line."""
+        match = _STATUS.match(line)
+        if match:
+            self.flush()
+            self.pending = f"{line}  ({time.monotonic() - self.start:.1f} s)"
+            return match.group(3)
+        if line.startswith("FAILED: "):
+            self.flush(failed=True)
+            self.failed = [line]
+        elif self.failed is not None:
+            self.failed.append(line)
+        return None
+
+    def flush(self, failed: bool = False) -> None:
+        if self.pending is not None:
+            self.emit(f"{self.pending}  FAILED" if failed else self.pending)
+            self.pending = None
+        if self.failed is not None:
+            self._show_errors("\n".join(self.failed))
+            self.failed = None
+
+    def _show_errors(self, output: str) -> None:
+        cfg = self.cfg
+        if not hasattr(cfg, "sources"):
+            return
+        sources = {object_name(s): s.as_posix() for s in cfg.sources}
+        shown, per_source = diagnostics(output, cfg.workdir, cfg.build_dir, sources)
+        where = ", ".join(per_source) or "a build step"
+        errors = [s for s in shown if not s.startswith(" ")][:self.SHOWN]
+        self.emit(f"{where} failed: " + ("; ".join(errors) if errors else "see the report when the build ends"))
+
+
 def run_ninja(cfg: Config, emit: Callable[[str], None], start: float) -> tuple[list[str], int]:
-    """Run ninja in the build folder; return the step descriptions it reported and its exit code."""
+    """Run ninja in the build folder; return the step descriptions it reported and its exit code.
+    Its output is read by a thread, so that a failed unit's errors are shown once ninja has
+    been quiet for a moment rather than when its next unit ends."""
+    import queue
+    import threading
+
     cmd = [_ninja(), "-C", str(cfg.build_dir)]
     jobs = os.environ.get("MAX_JOBS")
     if jobs and jobs.isdigit():
@@ -90,17 +141,27 @@ def run_ninja(cfg: Config, emit: Callable[[str], None], start: float) -> tuple[l
     env = dict(os.environ, NINJA_STATUS="[%f/%t] ")
     steps: list[str] = []
     log_lines: list[str] = []
+    progress = _Progress(cfg, emit, start)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", env=env, preexec_fn=_die_with_parent)
     assert proc.stdout is not None
-    for line in proc.stdout:
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [*map(lines.put, proc.stdout), lines.put(None)], daemon=True).start()
+    while True:
+        try:
+            line = lines.get(timeout=_Progress.QUIET_S)
+        except queue.Empty:
+            progress.flush()  # ninja is quiet: what it printed last is complete
+            continue
+        if line is None:
+            break
         line = line.rstrip("\n")
         log_lines.append(line)
-        match = _STATUS.match(line)
-        if match:
-            steps.append(match.group(3))
-            emit(f"{line}  ({time.monotonic() - start:.1f} s)")
+        step = progress.line(line)
+        if step is not None:
+            steps.append(step)
     code = proc.wait()
+    progress.flush()
     # A no-op build ("ninja: no work to do") keeps the log of the last build that did work.
     log = cfg.build_dir / "build.log"
     if steps or code != 0 or not log.is_file():

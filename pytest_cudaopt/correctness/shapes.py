@@ -19,6 +19,9 @@ EDGE_SIZES = (1, 2, 3, 5, 7, 13, 17, 31, 33, 61, 67, 97, 127, 129, 191, 251, 257
 # A drawn case may hold this many times the canonical inputs' elements (see max_elements).
 GROWTH = 2
 
+# model.py is the owner's (locked): where the shapes must be declared, who does it, and how.
+OWNER_DECLARES = (f"the workdir's owner declares the shapes with {DECLARATION} in model.py (see docs/verdicts.md) "
+                  f"and records the change with `cudaopt init --lock-only`")
 # Fewer distinct valid drawn shapes than this: the item says so instead of passing quietly.
 HANDFUL = 5
 
@@ -264,7 +267,7 @@ def shape_space(module: types.ModuleType, max_elements: int | None = None,
         return space
     if not defaults:
         space.source = (f"{_file(module)}: get_inputs/get_init_inputs read no module-level int constants "
-                        f"to vary; declare {DECLARATION} in model.py to draw shapes")
+                        f"to vary; {OWNER_DECLARES}")
         return space
     space.strategy = st.fixed_dictionaries({name: around(value) for name, value in defaults.items()})
     space.source = "inferred from " + ", ".join(f"{k}={v}" for k, v in defaults.items())

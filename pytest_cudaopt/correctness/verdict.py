@@ -19,6 +19,7 @@ from pytest_cudaopt.correctness import compare, guards, shapes
 from pytest_cudaopt.correctness.faults import CudaFault, fault_line
 from pytest_cudaopt.correctness.precision import Precision, worst_tier
 from pytest_cudaopt.results import CorrectnessResult
+from pytest_cudaopt.settings import replay_args
 from pytest_cudaopt.watchdog import set_case
 from pytest_cudaopt.workdir import Workdir, WorkdirError
 
@@ -119,7 +120,7 @@ def judge_canonical(loaded: Workdir, settings, session, nodeid: str, seed_index:
     """The canonical inputs of get_inputs() under the secret seed of `seed_index`, through
     every guard; the result is recorded. Returns why the item fails ("" when it passes)."""
     seed = guards.derive_seed(session.seed, "canonical", seed_index)
-    replay = f"pytest {shlex.quote(nodeid)} --cudaopt-seed={session.seed}"
+    replay = f"pytest {shlex.quote(nodeid)} --cudaopt-seed={session.seed}{replay_args(settings)}"
     result = CorrectnessResult(workdir=str(loaded.path), test=nodeid, case=f"canonical seed{seed_index}",
                                passed=False, seed=seed)
     with recorded(result, settings, session):
@@ -208,7 +209,7 @@ class _DrawnShapes:
 
     def replay(self, constants: dict[str, int]) -> str:
         return (f"pytest {shlex.quote(self.nodeid)} --cudaopt-seed={self.session.seed} "
-                f"--cudaopt-case={shlex.quote(shapes.format_case(constants))}")
+                f"--cudaopt-case={shlex.quote(shapes.format_case(constants))}{replay_args(self.settings)}")
 
     def judge(self, constants: dict[str, int]) -> None:
         """One shape, at most once (see the class); raises what `_judge` raises."""
@@ -275,8 +276,7 @@ class _DrawnShapes:
         except hypothesis.errors.Unsatisfiable:
             if not stats.cases:  # with explicit cases run, too few shapes is reported by few_shapes()
                 return (f"no drawn shape was valid ({stats.rejected} rejected; last: {stats.last_rejection}); "
-                        f"the shapes were {space.source}. Declare the valid ones in model.py with "
-                        f"{shapes.DECLARATION} (see the README)"), "no valid shape", None
+                        f"the shapes were {space.source}; {shapes.OWNER_DECLARES}"), "no valid shape", None
         except hypothesis.errors.UnsatisfiedAssumption:  # --cudaopt-case named an invalid shape
             return (f"--cudaopt-case={settings.case} is not a valid shape for model.py: "
                     f"{stats.last_rejection}"), "invalid --cudaopt-case", None
@@ -309,8 +309,7 @@ class _DrawnShapes:
             return ""
         return (f"only {stats.cases} distinct valid shapes besides the canonical one could be found "
                 f"({stats.rejected} rejected; last: {stats.last_rejection or '-'}); the shapes were "
-                f"{space.source}. Declare the valid ones in model.py with {shapes.DECLARATION} "
-                f"(see the README) so that more sizes are judged")
+                f"{space.source}; so that more sizes are judged, {shapes.OWNER_DECLARES}")
 
 
 def _case_failed(exc: BaseException) -> CaseFailed | None:

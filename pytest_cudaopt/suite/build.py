@@ -1,0 +1,22 @@
+"""The build item: the workdir's extension compiles, links and imports, wherever pytest runs (a CPU-only CI too)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_cudaopt.build import BuildError
+
+
+@pytest.mark.build
+class TestBuild:
+    """`pytest -m build`: the kernels compile. Built once per session; the correctness and perf
+    items reuse the module, and refer to this item's report when the build failed."""
+
+    def test_extension(self, request, cudaopt_session, cudaopt_workdir_path) -> None:
+        try:
+            cudaopt_session.extension(cudaopt_workdir_path)
+        except BuildError as exc:
+            failure = cudaopt_session.failure_report(cudaopt_workdir_path, request.node.nodeid, exc)
+        else:
+            return
+        pytest.fail(failure, pytrace=False)  # outside the except block: one report, no exception chain
