@@ -7,7 +7,9 @@
 # The verdicts themselves come from pytest (the same items as `pytest -m correctness|perf`);
 # the lines are read back from its JSON report, so they are the table's own numbers.
 # `--single-run a,b` runs the named contenders once each on the canonical inputs, untimed and
-# unguarded, for a profiler in front (`ncu ... python -m utils.profiling --single-run cuda_extension`).
+# unguarded, for a profiler in front (`ncu ... python -m utils.profiling --single-run cuda_extension`);
+# a build that fails, a CUDA build with no CUDA device or a contender that raises is one line on
+# stderr and exit code 1.
 
 from __future__ import annotations
 
@@ -22,13 +24,28 @@ CONTENDERS = {"torch_baseline": "eager", "torch_compile": "compile", "cuda_exten
 LABELS = {"eager": "Torch Baseline", "compile": "Torch Compile", "custom": "CUDA Extension"}
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number of runs, got {text!r}")
+    return value
+
+
 def _parser(command: str) -> argparse.ArgumentParser:
+    from pytest_cudaopt.settings import BY_NAME
+
+    min_runs = BY_NAME["min_runs"]
     p = argparse.ArgumentParser(prog=f"python -m utils.{command}", add_help=True,
                                 description="Classic flags; anything else goes to pytest "
                                             "(e.g. --cudaopt-profile=thorough).")
-    p.add_argument("--iters", type=int, default=10,
-                   help="profiling: timed runs per contender at least (the engine keeps going until "
-                        "its medians are precise); verification: ignored. Default: 10")
+    # No default of its own: without --iters the setting decides (ini, environment, default).
+    p.add_argument("--iters", type=_positive_int, default=None,
+                   help=f"profiling: timed runs per contender at least ({min_runs.flag}; the engine keeps "
+                        f"going until its medians are precise); verification: ignored. Default: "
+                        f"{min_runs.ini_key} of the ini file or {min_runs.env_var}, else {min_runs.default}")
     p.add_argument("--single-run", default=None, metavar="NAMES",
                    help="comma-separated from torch_baseline,torch_compile,cuda_extension: run each once "
                         "on the canonical inputs, no timing and no guards (for ncu/nsys)")
@@ -80,26 +97,63 @@ def profiling_lines(doc: dict[str, Any]) -> list[str]:
     return lines or ["Torch Baseline: n/a, Torch Compile: n/a, CUDA Extension: n/a (no perf result)"]
 
 
+def _one_line(text: str) -> str:
+    """A `user_traceback` text (or a WorkdirError's message) as one line: the error, then
+    where in the workdir it was raised."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    frames = [ln.strip() for ln in lines if ln.startswith("  ")]
+    error = " ".join(ln.strip() for ln in lines if not ln.startswith("  "))
+    return error + (f" (at {frames[-1]})" if frames else "")
+
+
+def _single_run_failed(message: str) -> int:
+    print(f"single run: {message}", file=sys.stderr)
+    return 1
+
+
+def _build_failure(exc) -> str:
+    """A BuildError in one line: its first compiler error, if any, and its summary."""
+    first = exc.diagnostics[0].splitlines()[0] if exc.diagnostics else ""
+    return f"cuda_extension does not build: {first + '; ' if first else ''}{exc.summary}" + (
+        " (`cudaopt build` prints the compiler's errors)" if first else "")
+
+
 def single_run(workdir: Path, names: Sequence[str]) -> int:
-    """Run each named contender once on get_inputs() (seed 0), on CUDA when there is one."""
+    """Run each named contender once on get_inputs() (seed 0), on CUDA when there is one. A
+    build that fails, a CUDA build with no CUDA device, or a contender that raises is one
+    line on stderr and exit code 1."""
     import torch
 
     from pytest_cudaopt import build, workdir as wd
     from pytest_cudaopt.perf import lineup
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    work = wd.load_workdir(workdir, build.build_extension(workdir))
-    model, model_new = work.make_models(device)
-    inputs = work.inputs(0, device)
+    try:
+        result = build.build(workdir)
+    except build.BuildError as exc:
+        return _single_run_failed(_build_failure(exc))
+    if result.cuda and device == "cpu" and "cuda_extension" in names:
+        return _single_run_failed("no CUDA device is visible and cuda_extension is a CUDA build (kernels/*.cu): "
+                                  "run --single-run cuda_extension on a machine with a GPU")
+    try:
+        work = wd.load_workdir(workdir, result.module)
+        model, model_new = work.make_models(device)
+        inputs = work.inputs(0, device)
+    except wd.WorkdirError as exc:
+        return _single_run_failed(_one_line(str(exc)))
     with torch.no_grad():
         for name in names:
             key = CONTENDERS[name]
-            if key == "compile":
-                run, _ = lineup.compile_model(model, inputs, device)
-            else:
-                run = model if key == "eager" else model_new
-            run(*inputs)
-            lineup.synchronize(device)
+            try:
+                if key == "compile":
+                    run, _ = lineup.compile_model(model, inputs, device)
+                else:
+                    run = model if key == "eager" else model_new
+                run(*inputs)
+                lineup.synchronize(device)
+            except Exception as exc:  # noqa: BLE001 - the contender's own failure, in one line
+                return _single_run_failed(f"{name} failed on {device}: "
+                                          + _one_line(wd.user_traceback(exc, [workdir])))
             print(f"single run: {name} done on {device}")
     return 0
 
@@ -112,8 +166,8 @@ def main(command: str, workdir: Path, argv: Sequence[str]) -> int:
     from pytest_cudaopt.cli import main as cli_main
 
     extra = list(rest)
-    if command == "profiling" and "--iters" in argv:
-        extra.append(f"--cudaopt-min-runs={max(1, args.iters)}")
+    if command == "profiling" and args.iters is not None:  # `--iters 20`, `--iters=20` alike
+        extra.append(f"--cudaopt-min-runs={args.iters}")
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         code = cli_main(["verify" if command == "verification" else "profile", str(workdir),

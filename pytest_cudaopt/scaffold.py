@@ -1,4 +1,4 @@
-"""`cudaopt init`: a new workdir around a user's model.py, with a ModelNew that mirrors Model's constructor."""
+"""`cudaopt init`: a new workdir around a user's model.py; its ModelNew is Model's class but for forward's body."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import builtins
 import re
 import shutil
 import sys
-import textwrap
 from pathlib import Path
 
 from pytest_cudaopt import policy
@@ -43,6 +42,16 @@ pytest_plugins = conftest_plugins()
 '''
 
 
+# What a workdir's runs leave behind. Not locked: editing it moves no verdict.
+GITIGNORE = """\
+build/
+.benchmarks/
+.hypothesis/
+__pycache__/
+.pytest_cache/
+"""
+
+
 class ScaffoldError(Exception):
     """`cudaopt init` cannot create the workdir; the message says why."""
 
@@ -51,9 +60,9 @@ def init_workdir(dest: Path, model_path: Path, notes: list[str] | None = None) -
     """Create the workdir `dest` around `model_path` and return its resolved path.
 
     Writes the fixed binding files, utils/, model.py (a byte copy), model_new.py, an empty
-    kernels/, pyproject.toml, conftest.py and the lock file. Refuses an existing non-empty
-    `dest`; nothing is written when the model cannot be read. Warnings (names model.py
-    reads but never defines) are appended to `notes`."""
+    kernels/, pyproject.toml, conftest.py, a .gitignore (build outputs, caches) and the lock
+    file. Refuses an existing non-empty `dest`; nothing is written when the model cannot be
+    read. Warnings (names model.py reads but never defines) are appended to `notes`."""
     dest, model_path = Path(dest).resolve(), Path(model_path).resolve()
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise ScaffoldError(f"{dest} already exists and is not an empty folder; cudaopt init never "
@@ -83,6 +92,7 @@ def init_workdir(dest: Path, model_path: Path, notes: list[str] | None = None) -
                                       f"allow-imports = [{listed}]\n")
     (dest / "pyproject.toml").write_text(pyproject, encoding="utf-8")
     (dest / "conftest.py").write_text(CONFTEST, encoding="utf-8")
+    (dest / ".gitignore").write_text(GITIGNORE, encoding="utf-8")
     policy.write_lock(dest)
     return dest
 
@@ -93,6 +103,14 @@ def lock_workdir(workdir: Path) -> Path:
     if not (workdir / "model.py").is_file():
         raise ScaffoldError(f"{workdir} is not a workdir: it has no model.py")
     return policy.write_lock(workdir)
+
+
+# --------------------------------------------------------------------------- model_new.py
+
+# Scopes in which a zero-argument super() would not see the method's class and first argument.
+_NESTED_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.ListComp, ast.SetComp,
+                  ast.DictComp, ast.GeneratorExp)
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 def _bound_names(node: ast.stmt) -> set[str]:
@@ -121,9 +139,13 @@ def _free_names(node: ast.AST) -> set[str]:
     return loads - local
 
 
+def _first_line(node: ast.stmt) -> int:
+    """The statement's first line, its decorators included."""
+    return min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+
+
 def _segment(lines: list[str], node: ast.stmt) -> str:
-    start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
-    return "".join(lines[start - 1:node.end_lineno])
+    return "".join(lines[_first_line(node) - 1:node.end_lineno])
 
 
 def third_party_imports(source: str) -> list[str]:
@@ -138,10 +160,9 @@ def third_party_imports(source: str) -> list[str]:
     return sorted(roots - ignored)
 
 
-def render_model_new(source: str, model_path: Path, notes: list[str] | None = None) -> str:
-    """model_new.py for the model in `source`: ModelNew.__init__ is Model.__init__'s source (so the
-    constructor and the state dict match), with what it needs from model.py copied along
-    (helper classes, functions, constants, imports); forward raises NotImplementedError."""
+def _parse_model(source: str, model_path: Path) -> tuple[ast.Module, ast.ClassDef, list[ast.FunctionDef]]:
+    """model.py's tree, its class Model and Model's forward definitions (the last one is the
+    method), or a ScaffoldError saying what the KernelBench format misses."""
     try:
         tree = ast.parse(source, filename=str(model_path))
     except SyntaxError as exc:
@@ -154,29 +175,56 @@ def render_model_new(source: str, model_path: Path, notes: list[str] | None = No
                if not any(isinstance(n, ast.FunctionDef) and n.name == f for n in tree.body)]
     if missing:
         raise ScaffoldError(f"{model_path} defines no {' and no '.join(missing)}() (KernelBench format)")
-    methods = {n.name: n for n in model.body if isinstance(n, ast.FunctionDef)}
-    if "forward" not in methods:
+    forwards = [n for n in model.body if isinstance(n, ast.FunctionDef) and n.name == "forward"]
+    if not forwards:
         raise ScaffoldError(f"{model_path}: class Model has no forward method")
-    init, forward = methods.get("__init__"), methods["forward"]
-    lines = source.splitlines(keepends=True)
+    return tree, model, forwards
 
-    # Module-level statements that the constructor (and the class bases) need, transitively.
+
+def _model_patches(tree: ast.Module) -> list[ast.stmt]:
+    """Module-level assignments to Model's attributes (`Model.expansion = 4`): class attributes
+    too. A replaced forward is not carried (ModelNew's forward is the one to write)."""
+    found = []
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and all(
+                isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "Model"
+                and t.attr not in ("forward", "__call__") for t in targets):
+            found.append(node)
+    return found
+
+
+def _class_needs(model: ast.ClassDef, forwards: list[ast.FunctionDef]) -> set[str]:
+    """Module-level names that ModelNew's class reads: its bases, keywords and decorators, its
+    class attributes, methods and nested classes; of forward only the signature."""
+    names = set().union(*(_free_names(n) for n in (*model.bases, *model.keywords, *model.decorator_list)))
+    in_class = set().union(*(_bound_names(s) for s in model.body))
+    for stmt in model.body:
+        if stmt in forwards:
+            names |= _free_names(stmt.args) | (_free_names(stmt.returns) if stmt.returns else set())
+        elif isinstance(stmt, (*_FUNCTIONS, ast.ClassDef)):
+            names |= _free_names(stmt)  # a method does not see the class body's names
+        else:
+            names |= _free_names(stmt) - in_class  # `b = a * 2` after `a = 1` in the class body
+    return names
+
+
+def _module_statements(tree: ast.Module, skip: list[ast.stmt], todo: set[str]) -> tuple[list[ast.stmt], set[str]]:
+    """The module-level statements that define the names in `todo`, transitively (in source
+    order), and the names that nothing at module level defines."""
     definitions: dict[str, ast.stmt] = {}
     for node in tree.body:
-        if node is model or (isinstance(node, ast.FunctionDef) and node.name in ("get_inputs", "get_init_inputs")):
+        if node in skip or (isinstance(node, ast.FunctionDef) and node.name in ("get_inputs", "get_init_inputs")):
             continue
         for name in _bound_names(node):
             definitions.setdefault(name, node)
     needed: list[ast.stmt] = []
-    todo = _free_names(init) if init else set()
-    for base in model.bases:
-        todo |= _free_names(base)
     seen: set[str] = set()
     unresolved: set[str] = set()
     while todo:
         name = todo.pop()
         if name not in definitions:
-            if not hasattr(builtins, name) and name != "Model":
+            if not hasattr(builtins, name) and name not in ("Model", "ModelNew"):
                 unresolved.add(name)
             continue
         if name in seen:
@@ -187,46 +235,122 @@ def render_model_new(source: str, model_path: Path, notes: list[str] | None = No
             needed.append(node)
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 todo |= _free_names(node)
-    # A star import may define anything the constructor reads: keep it.
-    stars = [n for n in tree.body if isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names)]
-    needed += [n for n in stars if n not in needed]
-    needed.sort(key=lambda n: n.lineno)
+    # A star import may define anything the class reads, and a __future__ import changes
+    # how the file compiles: keep them.
+    kept = [n for n in tree.body if isinstance(n, ast.ImportFrom)
+            and (n.module == "__future__" or any(a.name == "*" for a in n.names))]
+    needed += [n for n in kept if n not in needed]
+    return sorted(needed, key=lambda n: n.lineno), unresolved
+
+
+def _direct_super_calls(model: ast.ClassDef) -> list[ast.Call]:
+    """`super(Model, self)` calls in the bodies of Model's own methods (not in nested
+    functions, lambdas or comprehensions, where `super()` would not find the method's class)."""
+    found = []
+    for method in (n for n in model.body if isinstance(n, _FUNCTIONS)):
+        params = [*method.args.posonlyargs, *method.args.args]
+        todo: list[ast.AST] = list(method.body)
+        while todo:
+            node = todo.pop()
+            if isinstance(node, _NESTED_SCOPES):
+                continue
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super" \
+                    and len(node.args) == 2 and not node.keywords and params \
+                    and all(isinstance(a, ast.Name) for a in node.args) \
+                    and [a.id for a in node.args] == ["Model", params[0].arg]:
+                found.append(node)
+            todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _renamed_lines(source: str, tree: ast.Module, model: ast.ClassDef) -> list[str]:
+    """`source`'s lines for model_new.py, where the class is ModelNew: `super(Model, self)` in
+    Model's methods becomes `super()`, every other read of the name Model (`Model.expansion`,
+    `isinstance(m, Model)`, `super(Model, self)` in a nested function) becomes ModelNew. The
+    line numbers stay those of the AST."""
+    supers = _direct_super_calls(model)
+    inside = {id(call.args[0]) for call in supers}
+    edits: list[tuple[ast.expr, str]] = [(call, "super()") for call in supers]
+    edits += [(n, "ModelNew") for n in ast.walk(tree)
+              if isinstance(n, ast.Name) and n.id == "Model" and id(n) not in inside]
+    lines = source.splitlines(keepends=True)
+    for node, text in sorted(edits, key=lambda e: (e[0].lineno, e[0].col_offset), reverse=True):
+        first, last = lines[node.lineno - 1], lines[node.end_lineno - 1]
+        # AST columns count UTF-8 bytes.
+        start = len(first.encode()[:node.col_offset].decode())
+        end = len(last.encode()[:node.end_col_offset].decode())
+        # A call over several lines is joined on its first; blank lines keep the line count.
+        lines[node.lineno - 1:node.end_lineno] = [first[:start] + text + last[end:],
+                                                  *["\n"] * (node.end_lineno - node.lineno)]
+    return lines
+
+
+def _forward_stub(forward: ast.FunctionDef, indent: str) -> str:
+    """`def forward(<Model.forward's parameters>)` raising NOT_IMPLEMENTED, at `indent`."""
+    returns = f" -> {ast.unparse(forward.returns)}" if forward.returns is not None else ""
+    inner = indent * 2 if indent else "    "
+    return (f"{indent}def forward({ast.unparse(forward.args)}){returns}:\n"
+            f"{inner}raise NotImplementedError(\n{inner}    \"{NOT_IMPLEMENTED}\"\n{inner})\n")
+
+
+def _model_new_class(lines: list[str], source: str, model: ast.ClassDef, forwards: list[ast.FunctionDef]) -> str:
+    """class ModelNew: Model's decorators, bases and body as written (class attributes,
+    methods, nested classes, comments), forward's body replaced by the stub."""
+    decorators = "".join(lines[_first_line(model) - 1:model.lineno - 1])
+    bases = ", ".join(ast.get_source_segment(source, b) for b in (*model.bases, *model.keywords)) or "nn.Module"
+    body, at = [], _first_line(model.body[0])
+    for forward in forwards:
+        body += lines[at - 1:_first_line(forward) - 1]
+        at = forward.end_lineno + 1
+    last = forwards[-1]
+    indent = re.match(r"[ \t]*", lines[last.lineno - 1]).group()
+    body += [_forward_stub(last, indent), *lines[at - 1:model.end_lineno]]
+    text = "".join(body)
+    return f"{decorators}class ModelNew({bases}):\n{text}" + ("" if text.endswith("\n") else "\n")
+
+
+def render_model_new(source: str, model_path: Path, notes: list[str] | None = None) -> str:
+    """model_new.py for the model in `source`: ModelNew is Model's class (constructor, other
+    methods, class attributes, nested classes: so the constructor runs and the state dict
+    matches) with what it needs from model.py copied along (helper classes, functions,
+    constants, imports); forward keeps its parameters and raises NotImplementedError."""
+    tree, model, forwards = _parse_model(source, model_path)
+    patches = _model_patches(tree)
+    needs = _class_needs(model, forwards).union(*(_free_names(p) for p in patches))
+    needed, unresolved = _module_statements(tree, [model, *patches], needs)
+    lines = _renamed_lines(source, tree, model)
     imports = [n for n in needed if isinstance(n, (ast.Import, ast.ImportFrom))]
     others = [n for n in needed if n not in imports]
-    bound = set().union(*(_bound_names(n) for n in imports)) if imports else set()
-
-    header = [f'"""ModelNew for {model_path.name}: Model\'s constructor and state dict; forward runs the '
-              'kernels of kernels/ through cuda_extension."""\n', "\n"]
-    import_lines = [_segment(lines, n) for n in imports]
+    bound = set().union(*(_bound_names(n) for n in imports))
+    # A __future__ import must come first.
+    imports.sort(key=lambda n: not (isinstance(n, ast.ImportFrom) and n.module == "__future__"))
+    futures = [_segment(lines, n) for n in imports if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
+    import_lines = [_segment(lines, n) for n in imports[len(futures):]]
     if "torch" not in bound:
         import_lines.insert(0, "import torch\n")
     if "nn" not in bound:
         import_lines.append("import torch.nn as nn\n")
-    body = header + import_lines + ["\n", "import cuda_extension  # noqa: F401  (built from kernels/)\n"]
+    body = [f'"""ModelNew for {model_path.name}: Model\'s constructor, methods and state dict; forward runs '
+            'the kernels of kernels/ through cuda_extension."""\n', "\n", *futures, *import_lines,
+            "\n", "import cuda_extension  # noqa: F401  (built from kernels/)\n"]
     for node in others:
         body += ["\n\n", _segment(lines, node)]
-    bases = ", ".join(ast.get_source_segment(source, b) for b in model.bases) or "nn.Module"
-    body += ["\n\n", f"class ModelNew({bases}):\n"]
-    if init is not None:
-        text = re.sub(r"super\(\s*Model\s*,\s*self\s*\)", "super()", textwrap.dedent(_segment(lines, init)))
-        body += [textwrap.indent(text, "    "), "\n"]
-    returns = f" -> {ast.unparse(forward.returns)}" if forward.returns is not None else ""
-    body += [f"    def forward({ast.unparse(forward.args)}){returns}:\n",
-             f'        raise NotImplementedError(\n            "{NOT_IMPLEMENTED}"\n        )\n']
+    body += ["\n\n", _model_new_class(lines, source, model, forwards)]
+    if patches:
+        body += ["\n\n", *(_segment(lines, p) for p in patches)]
     text = "".join(body)
     try:
         ast.parse(text)
-    except SyntaxError as exc:  # e.g. a constructor whose source cannot be moved as is
+    except SyntaxError as exc:  # e.g. a class whose source cannot be moved as is
         raise ScaffoldError(f"could not generate model_new.py from {model_path}: line {exc.lineno}: "
                             f"{exc.msg}") from None
-    if unresolved and not stars and notes is not None:
+    if unresolved and not any(any(a.name == "*" for a in n.names) for n in imports) and notes is not None:
         # Only a warning: the name may sit in a branch that never runs (Python fails only
         # when the line is executed), and the verdict imports model.py for real anyway.
-        notes.append(f"{model_path.name}: Model.__init__ may use {', '.join(sorted(unresolved))} (directly or "
-                     "through what it calls), which model.py does not define at module level; "
+        notes.append(f"{model_path.name}: Model's constructor or methods may use {', '.join(sorted(unresolved))} "
+                     "(directly or through what they call), which model.py does not define at module level; "
                      "model_new.py fails the same way if that code runs")
     return text
-
 
 
 # --------------------------------------------------------------------------- cudaopt adopt

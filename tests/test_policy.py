@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import types
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -136,8 +137,9 @@ class ModelNew(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         super().__init__()
         self.fc = nn.Linear(in_features, out_features, bias=bias)
-        self.weight = nn.Parameter(torch.empty(out_features))
-        self.register_buffer("table", torch.zeros(4))
+        # Tensors forward reads besides Model's parameters; not in the state dict, which must match Model's (MN010).
+        self.register_buffer("weight", torch.empty(out_features), persistent=False)
+        self.register_buffer("table", torch.zeros(4), persistent=False)
         self.n = in_features
         self.op = cuda_extension.gelu
 
@@ -232,7 +234,8 @@ def test_a_constructor_with_other_parameters_is_reported(signature: str, clean_w
     source = source.replace("def __init__(self, in_features: int, out_features: int, bias: bool = True)",
                             f"def __init__({signature})")
     (clean_workdir / "model_new.py").write_text(source)
-    [violation] = policy.check_workdir(clean_workdir)
+    # Built from Model's arguments, such a constructor may fail MN010 too; this is about MN002.
+    [violation] = [v for v in policy.check_workdir(clean_workdir) if v.rule != "MN010"]
     assert violation.rule == "MN002"
     assert "Model.__init__(self, in_features, out_features, bias=True)" in violation.message
 
@@ -470,6 +473,125 @@ def test_without_a_toml_reader_the_configuration_is_skipped_with_a_warning(clean
     assert config == policy.Config()
 
 
+# --------------------------------------------------------------------------- ModelNew's construction (MN010)
+
+def _add_to_constructor(workdir: Path, lines: str) -> None:
+    path = workdir / "model_new.py"
+    anchor = "        self.scale = math.sqrt(2.0 / math.pi)\n"
+    path.write_text(path.read_text().replace(anchor, anchor + textwrap.indent(lines, " " * 8)))
+
+
+def test_a_constructor_may_store_extension_functions_but_not_call_them_without_a_build(clean_workdir: Path) -> None:
+    _add_to_constructor(clean_workdir, "self.op = cuda_extension.gelu\nself.table = cuda_extension.make_table(4)\n")
+    [violation] = policy.check_workdir(clean_workdir)
+    assert (violation.path, violation.line, violation.rule) == ("model_new.py", 26, "MN010")
+    assert violation.message == (
+        "ModelNew(*get_init_inputs()) fails on the CPU: ExtensionNotBuilt: cuda_extension.make_table() was called "
+        "while the workdir has no build of cuda_extension; ModelNew's constructor and model_new.py's import must "
+        "not call the extension (it is checked without one), or build it first (`cudaopt build`) (in __init__: "
+        "`self.table = cuda_extension.make_table(4)`)")
+
+
+def test_with_a_build_the_constructor_runs_with_the_real_extension(clean_workdir: Path) -> None:
+    _add_to_constructor(clean_workdir, "self.table = cuda_extension.make_table(4)\n")
+    built = types.SimpleNamespace(make_table=lambda n: list(range(n)))
+    assert policy.check_workdir(clean_workdir, extension=built) == []
+
+
+def test_cudaopt_check_constructs_with_the_last_build_on_disk(clean_workdir: Path, monkeypatch, capsys) -> None:
+    from pytest_cudaopt import build
+
+    _add_to_constructor(clean_workdir, "self.table = cuda_extension.make_table(4)\n")
+    assert cli.main(["check", str(clean_workdir)]) == 1
+    assert "MN010: ModelNew(*get_init_inputs()) fails on the CPU: ExtensionNotBuilt" in capsys.readouterr().out
+    built = types.ModuleType("cuda_extension")
+    built.make_table, built.linear, built.gelu = (lambda *a: None,) * 3
+    monkeypatch.setattr(build, "existing_extension", lambda workdir, **kwargs: built)
+    assert cli.main(["check", str(clean_workdir)]) == 0, capsys.readouterr().out
+
+
+def test_a_helper_that_fails_names_its_own_line_and_the_constructor_line_that_called_it(clean_workdir: Path) -> None:
+    path = clean_workdir / "model_new.py"
+    path.write_text(path.read_text().replace(
+        "        self.scale = math.sqrt(2.0 / math.pi)\n",
+        "        self.scale = self._scale(2.0)\n\n    def _scale(self, x):\n        return math.sqrt(x / self.pi)\n"))
+    [violation] = policy.check_workdir(clean_workdir)
+    assert (violation.path, violation.line) == ("model_new.py", 27)
+    assert violation.message == ("ModelNew(*get_init_inputs()) fails on the CPU: AttributeError: 'ModelNew' object "
+                                 "has no attribute 'pi' (in _scale: `return math.sqrt(x / self.pi)`; called from "
+                                 "model_new.py:24 in __init__)")
+
+
+def test_a_constructor_that_exits_is_a_finding_not_the_end_of_the_check(clean_workdir: Path) -> None:
+    _add_to_constructor(clean_workdir, "raise SystemExit(3)\n")
+    [violation] = policy.check_workdir(clean_workdir)
+    assert (violation.line, violation.message) == (
+        25, "ModelNew(*get_init_inputs()) fails on the CPU: SystemExit: 3 (in __init__: `raise SystemExit(3)`)")
+
+
+def test_parameters_of_other_shapes_are_reported(clean_workdir: Path) -> None:
+    path = clean_workdir / "model_new.py"
+    path.write_text(path.read_text().replace("nn.Linear(in_features, out_features, bias=bias)",
+                                             "nn.Linear(out_features, in_features, bias=bias)"))
+    [violation] = policy.check_workdir(clean_workdir)
+    assert (violation.line, violation.rule) == (19, "MN010")
+    assert violation.message.endswith("other shapes: fc.weight (80, 96) in Model, (96, 80) in ModelNew, "
+                                      "fc.bias (80,) in Model, (96,) in ModelNew")
+
+
+def test_a_broken_get_init_inputs_is_reported_in_model_py(clean_workdir: Path) -> None:
+    path = clean_workdir / "model.py"
+    path.write_text(path.read_text().replace("    return [in_features, out_features]",
+                                             "    return [in_features, out_features // 0]"))
+    policy.write_lock(clean_workdir)
+    [violation] = policy.check_workdir(clean_workdir)
+    assert (violation.path, violation.line, violation.rule) == ("model.py", 28, "MN010")
+    assert violation.message.startswith("get_init_inputs() failed, so ModelNew cannot be constructed: "
+                                        "ZeroDivisionError: integer division or modulo by zero")
+
+
+def test_a_constructor_that_needs_real_values_is_built_on_the_cpu() -> None:
+    import torch
+    from pytest_cudaopt.policy import construction
+
+    class Plain(torch.nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.fc = torch.nn.Linear(n, n)
+
+    class ReadsValues(Plain):
+        def __init__(self, n):
+            super().__init__(int(torch.linspace(0, n, 3)[1].item()))  # .item() fails on the meta device
+
+    assert construction._build(Plain, [4]).fc.weight.device.type == "meta"  # no memory filled
+    assert construction._build(ReadsValues, [4]).fc.weight.shape == (2, 2)
+
+
+def test_the_construction_check_leaves_the_process_as_it_was(tmp_path: Path) -> None:
+    import torch
+    from pytest_cudaopt.workdir import module_prefix
+
+    workdir = assemble("mn006_other_workdir", tmp_path / "wd")
+    path, state = list(sys.path), torch.get_rng_state()
+    assert "MN010" in {v.rule for v in policy.check_workdir(workdir)}
+    assert sys.path == path and torch.equal(torch.get_rng_state(), state)
+    assert not [name for name in sys.modules if name.startswith(module_prefix(workdir)) or name == "cuda_extension"]
+
+
+def test_disabling_mn010_skips_the_construction(tmp_path: Path) -> None:
+    workdir = assemble("mn010_missing_class_attribute", tmp_path / "wd")
+    assert policy.check_workdir(workdir, policy.Config(disable=frozenset({"MN010"}))) == []
+
+
+def test_pytest_m_policy_fails_the_construction_item_with_its_line(pytester: pytest.Pytester, run_pytest) -> None:
+    assemble("mn010_missing_class_attribute", pytester.path / "wd")
+    result = run_pytest(pytester, "-m", "policy", "wd/model_new.py")
+    result.assert_outcomes(passed=len(policy.RULE_IDS) - 1, failed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*MN010: model_new.py imports and `ModelNew(*get_init_inputs())` constructs*",
+                                 "wd/model_new.py:12: MN010: ModelNew(*get_init_inputs()) fails on the CPU: "
+                                 "AttributeError: 'ModelNew' object has no attribute '_make_fc' (in __init__: *"])
+
+
 # --------------------------------------------------------------------------- front doors
 
 def test_render_prints_path_line_rule_message_relative_to_the_current_folder(tmp_path, monkeypatch) -> None:
@@ -482,7 +604,8 @@ def test_render_prints_path_line_rule_message_relative_to_the_current_folder(tmp
 
 def test_cudaopt_check_exits_zero_on_a_clean_workdir(clean_workdir: Path, capsys) -> None:
     assert cli.main(["check", str(clean_workdir)]) == 0
-    assert "follows all 22 rules" in capsys.readouterr().out
+    assert f"follows all {len(policy.RULES)} rules" in capsys.readouterr().out
+    assert len(policy.RULES) == 23
 
 
 def test_cudaopt_check_exits_non_zero_and_prints_json(tmp_path: Path, capsys) -> None:

@@ -31,6 +31,9 @@ RULES: dict[str, str] = {
              "`os.getenv`, `Path.read_text`, `torch.load`, `np.load`)",
     "MN009": "model_new.py changes no torch global state (`torch.backends.*` flags, `torch.set_*`, "
              "seeds, monkeypatching torch)",
+    "MN010": "model_new.py imports and `ModelNew(*get_init_inputs())` constructs on the CPU, with no GPU "
+             "and no build (the constructor may store `cuda_extension` functions, not call them), and its "
+             "state_dict has Model's keys and shapes",
     "KC001": "kernels/ C++ calls no torch/ATen operator: only `torch::empty*`, metadata, the current-"
              "stream getters (`x.sum()`, `at::matmul`, unqualified `matmul(x, y)` are violations)",
     "KC002": "kernels/ includes only CUDA runtime/math, C/C++ standard, torch binding, pybind11, "

@@ -11,23 +11,39 @@ from pytest_cudaopt import policy
 _REPORTS = pytest.StashKey[dict]()
 
 
-def _report(config: pytest.Config, workdir: Path) -> tuple[policy.Config, list[policy.Violation]]:
+def _built_extension(session, workdir: Path):
+    """The extension MN010 constructs ModelNew with: this session's build, else the last one on
+    disk, else None (the stand-in). Compiles nothing."""
+    from pytest_cudaopt import build
+
+    module = session.loaded_extension(workdir)
+    if module is None:
+        try:
+            module = build.existing_extension(workdir, settings=session.settings)
+        except build.BuildError:  # a build that does not load: the correctness items say why
+            module = None
+    return module
+
+
+def _report(config: pytest.Config, workdir: Path, session) -> tuple[policy.Config, list[policy.Violation]]:
     """The workdir's configuration and violations, computed once per session."""
     reports = config.stash.setdefault(_REPORTS, {})
     key = Path(workdir).resolve()
     if key not in reports:
         settings = policy.load_config(key)
-        reports[key] = (settings, policy.check_workdir(key, settings))
+        extension = None if "MN010" in settings.disable else _built_extension(session, key)
+        reports[key] = (settings, policy.check_workdir(key, settings, extension))
     return reports[key]
 
 
 @pytest.mark.policy
 class TestPolicy:
-    """Static checks of the workdir rules (`cudaopt check` gives the same lines); no GPU needed."""
+    """The workdir rules (`cudaopt check` gives the same lines); no GPU needed."""
 
     @pytest.mark.parametrize("rule", policy.RULE_IDS)
-    def test_rule(self, rule: str, cudaopt_workdir_path: Path, request: pytest.FixtureRequest) -> None:
-        settings, violations = _report(request.config, cudaopt_workdir_path)
+    def test_rule(self, rule: str, cudaopt_workdir_path: Path, cudaopt_session,
+                  request: pytest.FixtureRequest) -> None:
+        settings, violations = _report(request.config, cudaopt_workdir_path, cudaopt_session)
         lines = list(policy.iter_rule_lines(violations, rule, cudaopt_workdir_path))
         if rule in settings.disable and not lines:
             pytest.skip(f"{rule} is disabled by [tool.cudaopt] in {cudaopt_workdir_path / 'pyproject.toml'}")
