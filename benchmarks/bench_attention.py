@@ -1,6 +1,7 @@
 """Check and time the default workdir's attention layer on a GPU, through pytest_cudaopt's own engine."""
 # Usage (from the repo root, on a CUDA machine):
 #   python benchmarks/bench_attention.py [--out DIR] [--max-time S]
+#   (BENCH_ATTENTION_CONFIGS=0,2 checks and times those attention configs only)
 # 1. build: the workdir's cuda_extension (pytest_cudaopt.build, the plugin's build).
 # 2. check: per shape and attention config (0 = tensor cores, 1 = generic), ModelNew's relative
 #    L2 error against a float64 run of model.Model, beside the float32 reference's own, and its
@@ -14,11 +15,14 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import sys
 
 from bench_run import ROOT, main as bench_main
 
-CONFIGS = {0: "wgmma where it runs", 1: "generic", 2: "mma.sync"}
+CONFIGS = {0: "wgmma warp-specialised", 1: "generic", 2: "mma.sync"}
+if os.environ.get("BENCH_ATTENTION_CONFIGS"):
+    CONFIGS = {c: CONFIGS[c] for c in map(int, os.environ["BENCH_ATTENTION_CONFIGS"].split(","))}
 # (B, T, C, H): the canonical shape, edge sizes, other head sizes (D = C / H).
 SHAPES = [(16, 1024, 768, 12), (2, 1, 768, 12), (3, 77, 768, 12), (2, 100, 35, 5), (2, 257, 768, 6)]
 

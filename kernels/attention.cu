@@ -13,15 +13,19 @@
 //          y written once (50 MB): 201 MB / 4.3 TB/s = 47 us, so the kernel is compute-bound.
 //   floor: 25.8 GFLOP / ~60 TFLOP/s of fp32 FFMA = 0.43 ms. On the tensor cores with 3xTF32
 //          (x = hi + lo, x*y ~ hi*hi + hi*lo + lo*hi: three tf32 products per fp32 product,
-//          fp32-level error) and mma.sync at ~300 TFLOP/s tf32: 77 GFLOP / 300 = 0.26 ms.
-//   measured (H200): wgmma kernel 0.379 ms = 68 TFLOP/s of fp32-accurate attention (204 TFLOP/s
-//          of tf32 work); mma.sync kernel 0.461 ms; a plain FFMA flash kernel 0.853 ms; torch's
-//          fp32 SDPA 0.896 ms.
+//          fp32-level error): 77 GFLOP of tf32 work, on wgmma at the measured ~411 TFLOP/s
+//          0.19 ms (82 GFLOP, 0.20 ms, for the 64-row x 64-key tiles the wgmma kernel computes).
+//   measured (H200): warp-specialised wgmma kernel 0.282 ms = 92 TFLOP/s of fp32-accurate
+//          attention (291 TFLOP/s of tf32 work, 71% of that peak; ncu: tensor pipe active 60% of
+//          cycles); the lockstep wgmma kernel it replaced 0.375 ms; mma.sync kernel 0.460 ms; a
+//          plain FFMA flash kernel 0.853 ms; torch's fp32 SDPA 0.896 ms.
 //          Error vs float64 0.55x-2.5x the fp32 reference's, flat in T up to 4096.
 //
 // Kernels (the launcher's `config` picks one; see attention_launcher at the end):
-//   attention_kernel_wgmma   3xTF32 on Hopper's wgmma.m64n64k8, 64 query rows per warpgroup,
-//                            K/V split once per tile into shared memory; D = 64, sm_90a images.
+//   attention_kernel_ws      3xTF32 on Hopper's wgmma.m64n64k8, warp-specialised: a producer
+//                            warpgroup stages K/V by TMA and splits them into a ring of split
+//                            tiles, two consumer warpgroups of 64 query rows each run S, softmax
+//                            and PV with no block-wide barrier; persistent grid; D = 64, sm_90a.
 //   attention_kernel_mma     3xTF32 mma.sync m16n8k8, 16 query rows per warp slab, K/V tiles
 //                            pipelined in shared memory by cp.async; D in {32, 64, 96, 128}.
 //   attention_kernel_generic one warp per query row, any head size D (slow, always correct).
@@ -571,196 +575,301 @@ attention_kernel_generic(const float* __restrict__ qkv, float* __restrict__ y, i
 }
 
 // ---------------------------------------------------------------------------------------------
-// Kernel 3: 3xTF32 flash attention on Hopper's wgmma (sm_90a, D = 64)
+// Kernel 3: warp-specialised 3xTF32 flash attention on Hopper's wgmma (sm_90a, D = 64)
 // ---------------------------------------------------------------------------------------------
 //
-// Block = 2 warpgroups on 128 consecutive query rows of one (b, h), 64 rows each; 64-key tiles.
-// Per tile all 256 threads split the staged K and V (cp.async, double-buffered) into K_hi, K_lo
-// (K-major, 128-byte swizzle) and V^T_hi, V^T_lo (keys contiguous per d, swizzled, keys permuted
-// within each 8 so that P goes from the S accumulators into PV's A registers unshuffled: position
-// t <-> key 2t, t+4 <-> key 2t+1, as in kernel 1). Each warpgroup then issues
-//   S  = Q K^T: 8 k8 slices x 3 wgmma.m64n64k8 (Q hi/lo in registers for the whole key loop),
-//   online softmax on the S accumulators (masked only on tiles that cross its diagonal),
+// Block = 3 warpgroups; a work item is one (b, h, 128-row query tile), items longest first.
+// Warpgroup 0, the producer: one thread has TMA bring each raw K/V tile (64 keys; a 3-D tensor
+// map over qkv, 128-byte swizzle, rows past T zero-filled) into one of two staging buffers, and
+// each item's Q tile into its own buffer; all 128 threads split each staged tile into a ring of
+// SPLIT_STAGES split tiles of four 16 KB wgmma B operands:
+//   K_hi, K_lo   [key][d], K-major in the 128-byte swizzle (the layout TMA delivered: split in place),
+//   V^T_hi, V^T_lo [d][position], V transposed (tf32 wgmma reads B K-major only) with the keys of
+//                each group of 8 permuted (position t <-> key 2t, t+4 <-> key 2t+1) so that P goes
+//                from the S accumulators into PV's A registers without a shuffle.
+// Warpgroups 1 and 2, the consumers, own 64 query rows each. Q is split into hi/lo A fragments
+// once per item (64 registers for the whole key loop); per key tile each issues
+//   S  = Q K^T: 8 k8 slices x 3 wgmma.m64n64k8 (small terms first),
+//   the online softmax on the S accumulators (masked only on tiles that cross its diagonal),
 //   O' = P V:   8 k8 slices x 3 wgmma.m64n64k8 into a zeroed accumulator, O = O * alpha + O'
-// (per-tile PV accumulation: the tensor cores' fp32 accumulation truncates, see kernel 1).
-// Shared memory: 64 KB split tiles + 2 x 32 KB staging; 1 block per SM.
-struct WgTile {
-  static constexpr int D = 64, BR = 128, BC = 64, THREADS = 256;
-  static constexpr int SPLIT_BYTES = 4 * BC * D * 4;    // K_hi, K_lo, Vt_hi, Vt_lo: 16 KB each
-  static constexpr int STAGE_FLOATS = 2 * BC * D;       // raw K and V of one tile, [key][d]
-  static constexpr int SMEM_BYTES = 1024 + SPLIT_BYTES + 2 * STAGE_FLOATS * 4;
-  enum : uint32_t { K_HI = 0, K_LO = 16384, VT_HI = 32768, VT_LO = 49152 };  // split tiles' offsets
+//   (per-tile PV accumulation: the tensor cores' fp32 accumulation truncates, see kernel 1).
+// No block-wide barrier: mbarriers hand over the ring slots (full: 128 producer arrivals after
+// the split stores and their proxy fence; empty: 8 consumer warps after their PV wgmmas), the
+// staging buffers and the Q buffer, so one consumer's softmax overlaps the other's wgmmas and the
+// split runs beside both. The first consumer stops at its own diagonal: the item's last 64-key
+// tile is wholly masked for its rows (it hands that slot back unread).
+// Persistent grid, G = one block per SM: block b takes items b, 2G-1-b, 2G+b, ... (a snake over
+// the rounds, which evens out the triangle's item lengths: 98.9% balance at the canonical shape,
+// 93% for plain round robin), and the producer runs ahead into the next item, so no block
+// prologue is exposed after the first (one block per item, the hardware's schedule, was 8% slower).
+// Shared memory: 2 x 64 KB split tiles + 2 x 32 KB staging + 32 KB Q = 224 KB; 1 block per SM.
+struct WsTile {
+  static constexpr int D = 64, BR = 128, BC = 64;
+  static constexpr int BOX_COLS = 32;                 // TMA box: 32 floats (one swizzle row) x BC rows
+  static constexpr int CONSUMERS = 2;                 // consumer warpgroups, 64 query rows each
+  static constexpr int THREADS = 128 * (1 + CONSUMERS);
+  static constexpr int SPLIT_STAGES = 2;              // ring of split K/V tiles (64 KB each)
+  static constexpr int PRODUCER_REGS = 40;            // setmaxnreg: 40 + 2 x 232 per 3 x 128 threads
+  static constexpr int CONSUMER_REGS = 232;
+  static constexpr int SPLIT_BYTES = 4 * BC * D * 4;  // K_hi, K_lo, Vt_hi, Vt_lo: 16 KB each
+  static constexpr int RAW_BYTES = 2 * BC * D * 4;    // raw K | V of one tile: [d / 32][key][32 d], swizzled
+  static constexpr int Q_BYTES = BR * D * 4;          // raw Q of an item: [d / 32][row][32 d], swizzled
+  static constexpr int BARRIERS = 2 * SPLIT_STAGES + 2 + 2;  // full[], empty[], raw_full[2], q_full, q_empty
+  static constexpr int SMEM_BYTES = 1024 + SPLIT_STAGES * SPLIT_BYTES + 2 * RAW_BYTES + Q_BYTES + 8 * BARRIERS;
+  static constexpr int PRODUCER_BAR = 1;              // named barrier of the producer warpgroup
+  enum : uint32_t { K_HI = 0, K_LO = 16384, VT_HI = 32768, VT_LO = 49152 };
+  static_assert(SMEM_BYTES <= 232448, "over the 227 KB a block may have");
+  static_assert(128 * (PRODUCER_REGS + CONSUMERS * CONSUMER_REGS) <= 65536, "over the register file");
 };
 
-__global__ void __launch_bounds__(WgTile::THREADS, 1)
-attention_kernel_wgmma(const float* __restrict__ qkv, float* __restrict__ y, int BH, int H, int T,
-                       float scale_log2) {
+__global__ void __launch_bounds__(WsTile::THREADS, 1)
+attention_kernel_ws(const __grid_constant__ CUtensorMap map_qkv, float* __restrict__ y, int BH, int H, int T,
+                    float scale_log2) {
 #if defined(HOPPER_WGMMA)  // elsewhere never launched: the launcher probes the device first
-  using Tr = WgTile;
-  constexpr int D = Tr::D, BR = Tr::BR, BC = Tr::BC;
+  using Tr = WsTile;
+  constexpr int D = Tr::D, BR = Tr::BR, BC = Tr::BC, NS = Tr::SPLIT_STAGES;
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* base =
-      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  const uint32_t split_s = hopper::smem_u32(base);
-  float* stage = reinterpret_cast<float*>(base + Tr::SPLIT_BYTES);  // [2][K | V][BC][D]
+  unsigned char* base = hopper::align_smem_1024(smem_raw);
+  const uint32_t split_s = hopper::smem_u32(base);                     // [NS][64 KB]
+  unsigned char* raw = base + NS * Tr::SPLIT_BYTES;                    // [2][32 KB]
+  unsigned char* q_s = raw + 2 * Tr::RAW_BYTES;                        // [32 KB]
+  const uint32_t raw_s = hopper::smem_u32(raw), q_addr = hopper::smem_u32(q_s);
+  const uint32_t bars = q_addr + Tr::Q_BYTES;
+  auto full = [&](int s) { return bars + 8 * s; };
+  auto empty = [&](int s) { return bars + 8 * (NS + s); };
+  auto raw_full = [&](int st) { return bars + 8 * (2 * NS + st); };
+  const uint32_t q_full = bars + 8 * (2 * NS + 2), q_empty = q_full + 8;
 
   const int C = H * D;
-  const long rs = 3L * C;
   const int n_qt = (T + BR - 1) / BR;
-  const int bh = blockIdx.x % BH;
-  const int qt = n_qt - 1 - static_cast<int>(blockIdx.x / BH);  // longest query tiles first
-  const int b = bh / H, h = bh - b * H;
-  const int q0 = qt * BR;
-  const float* qg = qkv + static_cast<long>(b) * T * rs + h * D;
-  const float* kg = qg + C;
-  const float* vg = qg + 2 * C;
-
-  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-  const int g = lane >> 2, t = lane & 3;
-  const int wg_row0 = q0 + wg * 64;                 // first row of this warpgroup
-  const int row0 = wg_row0 + warp * 16 + g;         // this thread's rows: row0 and row0 + 8
-
-  const int kv_end = min(q0 + BR, T);
-  const int n_kt = (kv_end + BC - 1) / BC;
-
-  auto load_tile = [&](int tile, int st) {          // 2 x 64 rows x 16 chunks of 16 bytes
-    float* dst = stage + st * Tr::STAGE_FLOATS;
-    const int k0 = tile * BC;
-#pragma unroll
-    for (int i = 0; i < 2 * BC * (D / 4) / Tr::THREADS; ++i) {
-      const int c = tid + i * Tr::THREADS;
-      const int m = c / (BC * D / 4);               // 0: K, 1: V
-      const int r = (c / (D / 4)) % BC, col = (c % (D / 4)) * 4;
-      const int key = k0 + r;
-      const bool ok = key < T;                      // rows past T are zero-filled (V must be finite)
-      const float* src = (m == 0 ? kg : vg) + static_cast<long>(ok ? key : 0) * rs + col;
-      cp_async16(dst + m * BC * D + r * D + col, src, ok);
-    }
+  const int n_items = n_qt * BH;
+  const int G = static_cast<int>(gridDim.x);
+  // Round r's item of this block (-1 past the end; once -1, every later round is too).
+  auto item_of = [&](int r) {
+    const int i = r * G + ((r & 1) ? G - 1 - static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x));
+    return i < n_items ? i : -1;
   };
+  // Item i: query tile n_qt - 1 - i / BH (longest first) of (b, h) = i % BH.
+  auto item_q0 = [&](int i) { return (n_qt - 1 - i / BH) * BR; };
+  auto item_tiles = [&](int i) { return (min(item_q0(i) + BR, T) + BC - 1) / BC; };
 
-  // K_hi/K_lo[key][d] (K-major, two 32-float column blocks of 8 KB) and Vt_hi/Vt_lo[d][position].
-  auto split_tile = [&](int st) {
-    const float* ks = stage + st * Tr::STAGE_FLOATS;
-    const float* vs = ks + BC * D;
-#pragma unroll
-    for (int i = 0; i < BC * D / 4 / Tr::THREADS; ++i) {
-      const int c = tid + i * Tr::THREADS;
-      const int r = c / (D / 4), d = (c % (D / 4)) * 4;
-      const float4 v = *reinterpret_cast<const float4*>(ks + r * D + d);
-      uint32_t hi[4], lo[4];
-      hopper::split_tf32(v.x, hi[0], lo[0]);
-      hopper::split_tf32(v.y, hi[1], lo[1]);
-      hopper::split_tf32(v.z, hi[2], lo[2]);
-      hopper::split_tf32(v.w, hi[3], lo[3]);
-      const uint32_t off = (d / 32) * 8192 + hopper::sw128_offset(r, d % 32);
-      *reinterpret_cast<uint4*>(base + Tr::K_HI + off) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-      *reinterpret_cast<uint4*>(base + Tr::K_LO + off) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  // The warpgroup index through a shuffle: the compiler then knows it (and every loop count and
+  // ring position derived from it) is warp-uniform, and keeps the wgmma descriptors in uniform
+  // registers (as CUTLASS's canonical_warp_group_idx does); 80 bytes spilled without it.
+  const int tid = threadIdx.x, wg = __shfl_sync(kFullMask, tid >> 7, 0);
+  if (tid == 0) {
+    for (int s = 0; s < NS; ++s) {
+      hopper::mbar_init(full(s), 128);                 // every producer thread, after its split stores
+      hopper::mbar_init(empty(s), 4 * Tr::CONSUMERS);  // every consumer warp, after its PV wgmmas
     }
-#pragma unroll
-    for (int i = 0; i < BC * D / 4 / Tr::THREADS; ++i) {
-      const int c = tid + i * Tr::THREADS;
-      const int d = c % D, q = c / D;               // q = 2 * (key group) + parity
-      const int grp = q >> 1, par = q & 1;
-      uint32_t hi[4], lo[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) hopper::split_tf32(vs[(grp * 8 + 2 * e + par) * D + d], hi[e], lo[e]);
-      const int pos = grp * 8 + par * 4;            // positions pos..pos+3 hold keys 2e + par
-      const uint32_t off = (pos / 32) * 8192 + hopper::sw128_offset(d, pos % 32);
-      *reinterpret_cast<uint4*>(base + Tr::VT_HI + off) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-      *reinterpret_cast<uint4*>(base + Tr::VT_LO + off) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-    }
-  };
+    hopper::mbar_init(raw_full(0), 1);                 // TMA transactions
+    hopper::mbar_init(raw_full(1), 1);
+    hopper::mbar_init(q_full, 1);
+    hopper::mbar_init(q_empty, 4 * Tr::CONSUMERS);
+    hopper::mbar_init_fence();
+  }
+  __syncthreads();
 
-  load_tile(0, 0);
-  cp_async_commit();
-
-  // Q fragments for the whole key loop: a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4).
-  uint32_t qh[D / 8][4], ql[D / 8][4];
+  if (wg == 0) {
+    // ---- producer ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tr::PRODUCER_REGS) : "memory");
+    int cur = item_of(0);
+    if (cur < 0) return;
+    // Coordinates in map_qkv: (column of qkv's last axis, t, b).
+    auto load_q = [&](int i) {
+      const int bh = i % BH, b = bh / H, h = bh - b * H;
+      hopper::mbar_expect_tx(q_full, Tr::Q_BYTES);
+      for (int blk = 0; blk < D / Tr::BOX_COLS; ++blk)
+        for (int half = 0; half < BR / BC; ++half)  // boxes of BC rows
+          hopper::tma_load_3d(q_addr + blk * BR * 128 + half * BC * 128, &map_qkv, h * D + blk * Tr::BOX_COLS,
+                              item_q0(i) + half * BC, b, q_full);
+    };
+    auto load_kv = [&](int i, int tile, int st) {
+      const int bh = i % BH, b = bh / H, h = bh - b * H;
+      const uint32_t dst = raw_s + st * Tr::RAW_BYTES;
+      hopper::mbar_expect_tx(raw_full(st), Tr::RAW_BYTES);
+      for (int m = 0; m < 2; ++m)  // K, V
+        for (int blk = 0; blk < D / Tr::BOX_COLS; ++blk)
+          hopper::tma_load_3d(dst + (2 * m + blk) * BC * 128, &map_qkv, (1 + m) * C + h * D + blk * Tr::BOX_COLS,
+                              tile * BC, b, raw_full(st));
+    };
+    auto split = [&](int st, int s) {  // ends with the slot announced full
+      const unsigned char* ks = raw + st * Tr::RAW_BYTES;
+      const float* vs = reinterpret_cast<const float*>(ks + BC * D * 4);
+      unsigned char* dst = base + s * Tr::SPLIT_BYTES;
+#pragma unroll 2
+      for (int it = 0; it < BC * D / 4 / 128; ++it) {  // K: the same swizzled layout in and out
+        const uint32_t off = (tid + it * 128) * 16;
+        const float4 v = *reinterpret_cast<const float4*>(ks + off);
+        uint32_t hi[4], lo[4];
+        hopper::split_tf32(v.x, hi[0], lo[0]);
+        hopper::split_tf32(v.y, hi[1], lo[1]);
+        hopper::split_tf32(v.z, hi[2], lo[2]);
+        hopper::split_tf32(v.w, hi[3], lo[3]);
+        *reinterpret_cast<uint4*>(dst + Tr::K_HI + off) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+        *reinterpret_cast<uint4*>(dst + Tr::K_LO + off) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+      }
+#pragma unroll 2
+      for (int it = 0; it < BC * D / 4 / 128; ++it) {  // V: keys 2e + par of group grp, column d -> V^T
+        const int c = tid + it * 128, d = c & (D - 1), q = c / D, grp = q >> 1, par = q & 1;
+        const float* vcol = vs + (d / 32) * (BC * 32);
+        uint32_t hi[4], lo[4];
 #pragma unroll
-  for (int kk = 0; kk < D / 8; ++kk) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int row = row0 + (i & 1) * 8;
-      const int col = kk * 8 + t + (i >> 1) * 4;
-      const float x = row < T ? qg[static_cast<long>(row) * rs + col] : 0.f;
-      hopper::split_tf32(x, qh[kk][i], ql[kk][i]);
+        for (int e = 0; e < 4; ++e) {
+          const int key = grp * 8 + 2 * e + par;
+          hopper::split_tf32(vcol[hopper::sw128_offset(key, d % 32) / 4], hi[e], lo[e]);
+        }
+        const int pos = grp * 8 + par * 4;
+        const uint32_t off = (pos / 32) * 8192 + hopper::sw128_offset(d, pos % 32);
+        *reinterpret_cast<uint4*>(dst + Tr::VT_HI + off) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+        *reinterpret_cast<uint4*>(dst + Tr::VT_LO + off) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+      }
+      hopper::fence_proxy_async();
+      hopper::mbar_arrive(full(s));
+    };
+    if (tid == 0) {
+      hopper::prefetch_tensormap(&map_qkv);
+      load_q(cur);
+      load_kv(cur, 0, 0);
     }
+    uint32_t it = 0;  // tiles split so far over all items: the ring position
+    for (int r = 0, k = 0; cur >= 0; ++r, ++k) {
+      const int nxt = item_of(r + 1);
+      const int n_kt = item_tiles(cur);
+      for (int j = 0; j < n_kt; ++j, ++it) {
+        hopper::named_sync(Tr::PRODUCER_BAR, 128);  // every producer thread is done with staging (it + 1) % 2
+        if (tid == 0) {
+          if (j + 1 < n_kt) {
+            load_kv(cur, j + 1, (it + 1) & 1);
+          } else if (nxt >= 0) {
+            hopper::mbar_wait(q_empty, k & 1);  // both consumers have read this item's Q
+            load_q(nxt);
+            load_kv(nxt, 0, (it + 1) & 1);
+          }
+        }
+        hopper::mbar_wait(raw_full(it & 1), (it >> 1) & 1);  // tile it staged
+        const int s = it % NS;
+        if (it >= NS) hopper::mbar_wait(empty(s), ((it / NS) - 1) & 1);
+        split(it & 1, s);
+      }
+      cur = nxt;
+    }
+    return;
   }
 
-  float o[D / 2], op[D / 2], s[BC / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  // ---- consumers ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::CONSUMER_REGS) : "memory");
+  const int c = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int lrow = c * 64 + warp * 16 + g;  // this thread's rows in the item: lrow and lrow + 8
+  const float* qf = reinterpret_cast<const float*>(q_s);
+  uint32_t it = 0;
+  for (int r = 0, k = 0;; ++r, ++k) {
+    const int cur = item_of(r);
+    if (cur < 0) break;
+    const int q0 = item_q0(cur), n_kt = item_tiles(cur);
+    const int wg_row0 = q0 + c * 64, row0 = q0 + lrow;
+    // Key tiles this warpgroup computes: up to its diagonal (none when all its rows are past T).
+    const int n_c = wg_row0 < T ? (min(wg_row0 + 64, T) + BC - 1) / BC : 0;
 
-  for (int j = 0; j < n_kt; ++j) {
-    if (j + 1 < n_kt) load_tile(j + 1, (j + 1) & 1);
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();  // tile j staged; every warpgroup is done with tile j - 1's split tiles
-    split_tile(j & 1);
-    hopper::fence_proxy_async();
-    __syncthreads();
-    const int k0 = j * BC;
-
-    // S = Q K^T (small terms first).
-    hopper::wgmma_fence();
+    // Q fragments for the whole key loop: a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4).
+    hopper::mbar_wait(q_full, k & 1);
+    uint32_t qh[D / 8][4], ql[D / 8][4];
 #pragma unroll
     for (int kk = 0; kk < D / 8; ++kk) {
-      const uint32_t at = split_s + (kk / 4) * 8192 + (kk % 4) * 32;
-      hopper::wgmma_3xtf32<BC>(s, qh[kk], ql[kk], hopper::sw128_desc(at + Tr::K_HI),
-                               hopper::sw128_desc(at + Tr::K_LO), kk > 0);
-    }
-    hopper::wgmma_commit();
-    hopper::wgmma_wait_all();
-
-    // Online softmax; s[4n + e] is fragment (n, e) of mask_causal's layout.
-    auto& sf = reinterpret_cast<float (&)[BC / 8][4]>(s);
-    if (k0 + BC - 1 > wg_row0) mask_causal<BC / 8>(sf, k0, row0, t);  // the tile crosses this warpgroup's diagonal
-    float alpha[2];
-    online_softmax<BC / 8>(sf, m_run, l_run, scale_log2, alpha);
-
-    // O' = P V: A = P with position t <-> key 2t, t+4 <-> key 2t+1 (V^T's order).
-    uint32_t ph[BC / 8][4], pl[BC / 8][4];
 #pragma unroll
-    for (int n = 0; n < BC / 8; ++n) {
-      hopper::split_tf32(s[4 * n], ph[n][0], pl[n][0]);      // (g,   key 2t)
-      hopper::split_tf32(s[4 * n + 2], ph[n][1], pl[n][1]);  // (g+8, key 2t)
-      hopper::split_tf32(s[4 * n + 1], ph[n][2], pl[n][2]);  // (g,   key 2t+1)
-      hopper::split_tf32(s[4 * n + 3], ph[n][3], pl[n][3]);  // (g+8, key 2t+1)
+      for (int i = 0; i < 4; ++i) {
+        const int rr = lrow + (i & 1) * 8, col = kk * 8 + t + (i >> 1) * 4;
+        hopper::split_tf32(qf[(col / 32) * (BR * 32) + hopper::sw128_offset(rr, col % 32) / 4], qh[kk][i], ql[kk][i]);
+      }
     }
-    hopper::wgmma_fence();
+    __syncwarp();
+    if (lane == 0) hopper::mbar_arrive(q_empty);
+
+    float o[D / 2], op[D / 2], s[BC / 2];
 #pragma unroll
-    for (int n = 0; n < BC / 8; ++n) {
-      const uint32_t at = split_s + (n / 4) * 8192 + (n % 4) * 32;
-      hopper::wgmma_3xtf32<D>(op, ph[n], pl[n], hopper::sw128_desc(at + Tr::VT_HI),
-                              hopper::sw128_desc(at + Tr::VT_LO), n > 0);
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+    int j = 0;
+    for (; j < n_c; ++j, ++it) {
+      const int st = it % NS;
+      const uint32_t tile_s = split_s + st * Tr::SPLIT_BYTES;
+      hopper::mbar_wait(full(st), (it / NS) & 1);
+      const int k0 = j * BC;
+
+      // S = Q K^T (small terms first).
+      hopper::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 8; ++kk) {
+        const uint32_t at = tile_s + (kk / 4) * 8192 + (kk % 4) * 32;
+        hopper::wgmma_3xtf32<BC>(s, qh[kk], ql[kk], hopper::sw128_desc(at + Tr::K_HI),
+                                 hopper::sw128_desc(at + Tr::K_LO), kk > 0);
+      }
+      hopper::wgmma_commit();
+      hopper::wgmma_wait_all();
+
+      auto& sf = reinterpret_cast<float (&)[BC / 8][4]>(s);
+      if (k0 + BC - 1 > wg_row0) mask_causal<BC / 8>(sf, k0, row0, t);  // the tile crosses the diagonal
+      float alpha[2];
+      online_softmax<BC / 8>(sf, m_run, l_run, scale_log2, alpha);
+      // The row sums are done before the PV batch is issued (left to itself, the scheduler sinks
+      // them below it and keeps the exp'd scores alive through the wgmmas: spills).
+      asm volatile("" : "+f"(l_run[0]), "+f"(l_run[1]));
+
+      // O' = P V: A = P with position t <-> key 2t, t+4 <-> key 2t+1 (V^T's order).
+      uint32_t ph[BC / 8][4], pl[BC / 8][4];
+#pragma unroll
+      for (int n = 0; n < BC / 8; ++n) {
+        hopper::split_tf32(s[4 * n], ph[n][0], pl[n][0]);      // (g,   key 2t)
+        hopper::split_tf32(s[4 * n + 2], ph[n][1], pl[n][1]);  // (g+8, key 2t)
+        hopper::split_tf32(s[4 * n + 1], ph[n][2], pl[n][2]);  // (g,   key 2t+1)
+        hopper::split_tf32(s[4 * n + 3], ph[n][3], pl[n][3]);  // (g+8, key 2t+1)
+      }
+      hopper::wgmma_fence();
+#pragma unroll
+      for (int n = 0; n < BC / 8; ++n) {
+        const uint32_t at = tile_s + (n / 4) * 8192 + (n % 4) * 32;
+        hopper::wgmma_3xtf32<D>(op, ph[n], pl[n], hopper::sw128_desc(at + Tr::VT_HI),
+                                hopper::sw128_desc(at + Tr::VT_LO), n > 0);
+      }
+      hopper::wgmma_commit();
+      hopper::wgmma_wait_all();
+      __syncwarp();
+      if (lane == 0) hopper::mbar_arrive(empty(st));  // this warp's reads of the slot are done
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        o[4 * n] = fmaf(o[4 * n], alpha[0], op[4 * n]);
+        o[4 * n + 1] = fmaf(o[4 * n + 1], alpha[0], op[4 * n + 1]);
+        o[4 * n + 2] = fmaf(o[4 * n + 2], alpha[1], op[4 * n + 2]);
+        o[4 * n + 3] = fmaf(o[4 * n + 3], alpha[1], op[4 * n + 3]);
+      }
     }
-    hopper::wgmma_commit();
-    hopper::wgmma_wait_all();
+    for (; j < n_kt; ++j, ++it) {  // tiles past this warpgroup's rows: hand the slot back unread
+      const int st = it % NS;
+      hopper::mbar_wait(full(st), (it / NS) & 1);
+      __syncwarp();
+      if (lane == 0) hopper::mbar_arrive(empty(st));
+    }
+    if (n_c == 0) continue;
+
+    l_run[0] += __shfl_xor_sync(kFullMask, l_run[0], 1);
+    l_run[0] += __shfl_xor_sync(kFullMask, l_run[0], 2);
+    l_run[1] += __shfl_xor_sync(kFullMask, l_run[1], 1);
+    l_run[1] += __shfl_xor_sync(kFullMask, l_run[1], 2);
+    const float inv0 = 1.f / l_run[0], inv1 = 1.f / l_run[1];
+    const int bh = cur % BH, b = bh / H, h = bh - b * H;
+    float* yb = y + static_cast<long>(b) * T * C + h * D;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
-      o[4 * n] = fmaf(o[4 * n], alpha[0], op[4 * n]);
-      o[4 * n + 1] = fmaf(o[4 * n + 1], alpha[0], op[4 * n + 1]);
-      o[4 * n + 2] = fmaf(o[4 * n + 2], alpha[1], op[4 * n + 2]);
-      o[4 * n + 3] = fmaf(o[4 * n + 3], alpha[1], op[4 * n + 3]);
+      const int col = n * 8 + 2 * t;
+      if (row0 < T)
+        *reinterpret_cast<float2*>(yb + static_cast<long>(row0) * C + col) =
+            make_float2(o[4 * n] * inv0, o[4 * n + 1] * inv0);
+      if (row0 + 8 < T)
+        *reinterpret_cast<float2*>(yb + static_cast<long>(row0 + 8) * C + col) =
+            make_float2(o[4 * n + 2] * inv1, o[4 * n + 3] * inv1);
     }
-  }
-
-  l_run[0] += __shfl_xor_sync(kFullMask, l_run[0], 1);
-  l_run[0] += __shfl_xor_sync(kFullMask, l_run[0], 2);
-  l_run[1] += __shfl_xor_sync(kFullMask, l_run[1], 1);
-  l_run[1] += __shfl_xor_sync(kFullMask, l_run[1], 2);
-  const float inv0 = 1.f / l_run[0], inv1 = 1.f / l_run[1];
-  float* yb = y + static_cast<long>(b) * T * C + h * D;
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n) {
-    const int col = n * 8 + 2 * t;
-    if (row0 < T)
-      *reinterpret_cast<float2*>(yb + static_cast<long>(row0) * C + col) =
-          make_float2(o[4 * n] * inv0, o[4 * n + 1] * inv0);
-    if (row0 + 8 < T)
-      *reinterpret_cast<float2*>(yb + static_cast<long>(row0 + 8) * C + col) =
-          make_float2(o[4 * n + 2] * inv1, o[4 * n + 3] * inv1);
   }
 #endif  // HOPPER_WGMMA
 }
@@ -826,29 +935,54 @@ cudaError_t launch_tensor_core(const float* qkv, float* y, int B, int T, int H, 
   }
 }
 
-cudaError_t launch_wgmma(const float* qkv, float* y, int B, int T, int H, float scale_log2, cudaStream_t stream) {
+// qkv (B, T, 3C) as a 3-D TMA map (3C, T, B): boxes of 32 floats x `box_rows` rows x 1, the
+// 128-byte swizzle, zero fill past T.
+bool make_qkv_map(CUtensorMap* map, const float* qkv, int B, int T, int C, int box_rows) {
+  const auto encode = hopper::tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(3L * C), static_cast<cuuint64_t>(T),
+                              static_cast<cuuint64_t>(B)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(3L * C) * sizeof(float),
+                                 static_cast<cuuint64_t>(3L * C) * T * sizeof(float)};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(WsTile::BOX_COLS), static_cast<cuuint32_t>(box_rows), 1};
+  const cuuint32_t step[3] = {1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<float*>(qkv), dims, strides, box, step,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// One block per SM (or per item, when there are fewer items), each walking its items.
+cudaError_t launch_ws(const float* qkv, float* y, int B, int T, int H, float scale_log2, cudaStream_t stream) {
+  using Tr = WsTile;
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  err = hopper::allow_dynamic_smem_once<attention_kernel_wgmma>(device, WgTile::SMEM_BYTES);
+  err = hopper::allow_dynamic_smem_once<attention_kernel_ws>(device, Tr::SMEM_BYTES);
   if (err != cudaSuccess) return err;
-  const long blocks = static_cast<long>((T + WgTile::BR - 1) / WgTile::BR) * B * H;
-  attention_kernel_wgmma<<<static_cast<unsigned>(blocks), WgTile::THREADS, WgTile::SMEM_BYTES, stream>>>(
-      qkv, y, B * H, H, T, scale_log2);
+  const long items = static_cast<long>((T + Tr::BR - 1) / Tr::BR) * B * H;
+  if (items >= (1L << 31)) return cudaErrorInvalidValue;
+  int sms = 0;
+  if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return err;
+  const long blocks = items < sms ? items : sms;
+  CUtensorMap map{};
+  if (!make_qkv_map(&map, qkv, B, T, H * Tr::D, Tr::BC)) return cudaErrorNotSupported;
+  attention_kernel_ws<<<static_cast<unsigned>(blocks), Tr::THREADS, Tr::SMEM_BYTES, stream>>>(
+      map, y, B * H, H, T, scale_log2);
   return cudaGetLastError();
 }
 
 bool wgmma_runs(int D, cudaStream_t stream) {
   int device = 0;
-  return D == WgTile::D && cudaGetDevice(&device) == cudaSuccess && hopper::device_has_sm90a(device, stream);
+  return D == WsTile::D && cudaGetDevice(&device) == cudaSuccess && hopper::device_has_sm90a(device, stream);
 }
 
 }  // namespace
 
-// config (kAttentionConfigs in attention.h): kAttentionTensorCore = the wgmma kernel for D = 64 on
-// an sm_90a image, else the mma.sync kernel for head sizes 32, 64, 96 and 128 (any other head
-// size, and misaligned pointers, take the generic path); kAttentionGeneric = the generic path for
-// every shape (slow, the fallback); kAttentionMmaSync = as config 0 without the wgmma kernel.
+// config (kAttentionConfigs in attention.h): kAttentionTensorCore = the warp-specialised wgmma
+// kernel for D = 64 on an sm_90a image, else the mma.sync kernel for head sizes 32, 64, 96 and 128
+// (any other head size, and misaligned pointers, take the generic path); kAttentionGeneric = the
+// generic path for every shape (slow, the fallback); kAttentionMmaSync = as config 0 without the
+// wgmma kernel.
 extern "C" cudaError_t attention_launcher(const float* qkv, float* y, int B, int T, int H, int D,
                                           int config, cudaStream_t stream) {
   if (B <= 0 || T <= 0 || H <= 0 || D <= 0 || config < 0 || config >= kAttentionConfigs) {
@@ -858,7 +992,7 @@ extern "C" cudaError_t attention_launcher(const float* qkv, float* y, int B, int
   const bool aligned = reinterpret_cast<uintptr_t>(qkv) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
   if (config == kAttentionGeneric || !aligned) return launch_generic(qkv, y, B, T, H, D, scale_log2, stream);
   if (config == kAttentionTensorCore && wgmma_runs(D, stream)) {
-    return launch_wgmma(qkv, y, B, T, H, scale_log2, stream);
+    return launch_ws(qkv, y, B, T, H, scale_log2, stream);
   }
   return launch_tensor_core(qkv, y, B, T, H, D, scale_log2, stream);
 }

@@ -4,8 +4,8 @@
 #include <cuda_runtime.h>
 
 // What the launcher's `config` selects (see attention.cu).
-constexpr int kAttentionTensorCore = 0;  // the default: 3xTF32 on wgmma for D = 64 on an sm_90a
-                                         // image, on mma.sync for D in {32, 64, 96, 128} elsewhere
+constexpr int kAttentionTensorCore = 0;  // the default: 3xTF32 on wgmma (warp-specialised) for D = 64 on
+                                         // an sm_90a image, on mma.sync for D in {32, 64, 96, 128} elsewhere
 constexpr int kAttentionGeneric = 1;     // one warp per query row, any head size (the fallback)
 constexpr int kAttentionMmaSync = 2;     // 3xTF32 on mma.sync only (config 0 before wgmma)
 constexpr int kAttentionConfigs = 3;

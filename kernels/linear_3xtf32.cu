@@ -17,7 +17,7 @@
 // wgmma.m64nBNk8 (A = x_hi or x_lo from registers, B = W_lo or W_hi from shared memory), taking
 // turns with each other. Tiles are 128 x BN x 32 (32 floats = one 128-byte swizzle row, the TMA
 // box and wgmma's SW128 K-major layout); a persistent grid (one block per SM) walks the tiles.
-// The epilogue adds the bias and stores straight from the accumulators.
+// The fp32 accumulator starts from the bias; the epilogue stores straight from the accumulators.
 //
 // Napkin math, GPT-2 small at B*T = 16384 rows, K = 768 (H200, ~411 TFLOP/s tf32 measured):
 //   c_attn (N = 2304): 58.0 GFLOP x 3 products = 174 GFLOP -> 0.42 ms at the tf32 ceiling;
@@ -25,8 +25,9 @@
 //   Per k-step and block (BN = 128): TMA brings 16 KB of x and 2 x 16 KB of W for 1.57 M tf32
 //   FMAs (~1536 cycles at 1024 FMA/cycle/SM): 32 B/cycle from L2; the wgmmas read W_hi twice and
 //   W_lo once per warpgroup from shared memory, 64 B/cycle at the tensor cores' peak.
-//   Measured (H200, config 0): c_attn 515 us, c_proj 180 us, 82% of the tf32 peak; cuBLASLt's
-//   fp32 SGEMM (the fallback): 1.17 ms and 392 us. docs/perf-notes.md has every version.
+//   Measured (H200, config 0): c_attn 445 us, c_proj 157 us (391 and 369 TFLOP/s of tf32 work,
+//   95% and 90% of the ~411 measured; ncu: tensor pipe active 85% of cycles); cuBLASLt's fp32
+//   SGEMM (the fallback): 1.17 ms and 392 us. docs/perf-notes.md has every version.
 //
 // Requirements (else the launcher returns cudaErrorNotSupported and the binding falls back to
 // cuBLASLt's fp32 SGEMM): a device image built for sm_90a (probed once per device), K and N
@@ -35,8 +36,6 @@
 
 #include "hopper.h"
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -73,38 +72,8 @@ using Tile128P2 = Tile<128, 4, 2>;
 
 #if defined(HOPPER_WGMMA)
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  }
-}
-// TMA: the box at (c0 = k, c1 = row) of `map` into shared memory, completing bytes on `bar`.
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
-
 // Named barriers 1 and 2 order the consumer warpgroups' wgmma issue (0 is __syncthreads).
-__device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory"); }
-__device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
+constexpr int kTurnThreads = 128 * kConsumers;
 
 #endif  // HOPPER_WGMMA
 
@@ -143,7 +112,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int BN = Tr::BN, STAGES = Tr::STAGES;
   extern __shared__ unsigned char smem_raw[];
   // TMA's 128-byte swizzle and the wgmma descriptors assume 1024-byte aligned tiles.
-  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* smem = align_smem_1024(smem_raw);
   const uint32_t ring = smem_u32(smem);
   const uint32_t bars = ring + STAGES * Tr::STAGE_BYTES;  // full[s] at bars + 8s, empty[s] at bars + 8(STAGES + s)
   auto a_tile = [&](int s) { return ring + s * Tr::STAGE_BYTES; };
@@ -163,7 +132,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(full(s), 1);
       mbar_init(empty(s), kConsumers * 4);  // one arrival per consumer warp
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
 
@@ -172,8 +141,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Its warpgroup gives registers back to the consumers (40 + 2 x 232 per 3 x 128 threads).
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     if (threadIdx.x == 0) {
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
+      prefetch_tensormap(&map_x);
+      prefetch_tensormap(&map_w);
       int it = 0;  // k-steps loaded so far, over all of this block's tiles: the ring position
       for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const int n0 = (tile % tiles_n) * BN, m0 = (tile / tiles_n) * kBM;
@@ -210,12 +179,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   // fp32 adds and A loads with the other's tensor-core work (in lockstep both wait on the tensor
   // cores at once, then both leave them idle: 10% slower, docs/perf-notes.md).
   const int my_turn = c == 0 ? 2 : 1, their_turn = c == 0 ? 1 : 2;
-  if (c == 1) named_arrive(2);
+  if (c == 1) named_arrive(2, kTurnThreads);
   int it = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int n0 = (tile % tiles_n) * BN, m0 = (tile / tiles_n) * kBM;
+    // The fp32 accumulator starts from the bias, loaded as the tile starts (its latency hidden
+    // behind the first k-steps), so the epilogue is stores only: with the bias loaded and added
+    // after the tile's last wgmmas (L2 latency on the tensor cores' critical path) c_attn took
+    // 479 us instead of 449 (docs/perf-notes.md).
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+    for (int j = 0; j < BN / 8; ++j) {
+      const int col = n0 + 8 * j + 2 * t;  // N is a multiple of 4 and col is even: col + 1 < N too
+      const float2 b = col < N ? *reinterpret_cast<const float2*>(bias + col) : make_float2(0.f, 0.f);
+      acc[4 * j] = acc[4 * j + 2] = b.x;
+      acc[4 * j + 1] = acc[4 * j + 3] = b.y;
+    }
     for (int ks = 0; ks < k_steps; ++ks, ++it) {
       const int s = it % STAGES;
       mbar_wait(full(s), (it / STAGES) & 1);
@@ -231,7 +209,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         split_tf32(a[row * kBK + c1], a_hi[kk][2], a_lo[kk][2]);
         split_tf32(a[(row + 8) * kBK + c1], a_hi[kk][3], a_lo[kk][3]);
       }
-      named_sync(my_turn);
+      named_sync(my_turn, kTurnThreads);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
@@ -239,7 +217,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                          sw128_desc(wlo_tile(s) + kk * 32), kk > 0 || ks % Tr::PROMOTE != 0);
       }
       wgmma_commit();
-      named_arrive(their_turn);
+      named_arrive(their_turn, kTurnThreads);
       wgmma_wait_all();
       __syncwarp();
       if (lane == 0) mbar_arrive(empty(s));
@@ -249,22 +227,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
 
-    // Epilogue: bias, then float2 stores straight from the accumulator fragments.
+    // Epilogue: float2 stores straight from the accumulator fragments.
     const int r0 = m0 + row, r1 = r0 + 8;
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
       const int col = n0 + 8 * j + 2 * t;
       if (col >= N) continue;  // N is a multiple of 4 and col is even: col + 1 < N as well
-      const float2 b = *reinterpret_cast<const float2*>(bias + col);
       if (r0 < M)
-        *reinterpret_cast<float2*>(y + static_cast<int64_t>(r0) * N + col) =
-            make_float2(acc[4 * j] + b.x, acc[4 * j + 1] + b.y);
+        *reinterpret_cast<float2*>(y + static_cast<int64_t>(r0) * N + col) = make_float2(acc[4 * j], acc[4 * j + 1]);
       if (r1 < M)
         *reinterpret_cast<float2*>(y + static_cast<int64_t>(r1) * N + col) =
-            make_float2(acc[4 * j + 2] + b.x, acc[4 * j + 3] + b.y);
+            make_float2(acc[4 * j + 2], acc[4 * j + 3]);
     }
   }
-  if (c == 0) named_sync(2);
+  if (c == 0) named_sync(2, kTurnThreads);
 #endif
 }
 
@@ -272,24 +248,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Host side
 // ---------------------------------------------------------------------------------------------
 
-PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      p = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
-  return fn;
-}
-
 // A row-major (rows, K) float32 matrix read in boxes of `box_rows` x 32 floats, 128-byte swizzle,
 // zero fill outside the matrix.
 bool make_map(CUtensorMap* map, const float* base, int64_t rows, int64_t K, int box_rows) {
-  const auto encode = encode_tiled();
+  const auto encode = tensor_map_encoder();
   if (encode == nullptr) return false;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(K) * sizeof(float)};
@@ -336,7 +298,7 @@ extern "C" int linear_3xtf32_supported(const float* x, const float* weight, cons
   if (!aligned(x, 16) || !aligned(weight, 16) || !aligned(y, 16) || !aligned(bias, 8)) return 0;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  return device_has_sm90a(device, stream) && encode_tiled() != nullptr ? 1 : 0;
+  return device_has_sm90a(device, stream) && tensor_map_encoder() != nullptr ? 1 : 0;
 }
 
 extern "C" cudaError_t linear_3xtf32_launcher(const float* x, const float* weight, const float* bias, float* y,

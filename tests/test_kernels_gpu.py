@@ -129,13 +129,19 @@ def attention64(qkv, n_head):
     return (att.softmax(-1) @ v).transpose(1, 2).reshape(B, T, C3 // 3)
 
 
-# (B, T, C, H): D = 64 at the canonical T, tails of the 128-row and 64-key tiles, one row, a long
-# sequence; D = 32 (config 2 takes the mma.sync kernel there).
+# (B, T, C, H): D = 64 at the canonical T, tails of the 128-row and 64-key tiles (at T = 129 the
+# second 64 rows of the last query tile are all past T), one row, a long sequence; D = 32 (the
+# mma.sync kernel for every config). More work items than SMs, so the persistent kernel's blocks
+# take several (the snake order, the producer running ahead into the next item): items of one
+# key tile each (T = 64), and items with tails (T = 200).
 ATTENTION_SHAPES = [(2, 1024, 768, 12), (3, 77, 128, 2), (1, 129, 64, 1), (2, 1, 256, 4), (1, 2049, 128, 2),
-                    (2, 300, 128, 4)]
+                    (2, 300, 128, 4), (24, 64, 768, 12), (8, 200, 768, 12)]
+# 0: the warp-specialised wgmma kernel on a Hopper GPU with the sm_90a build (mma.sync elsewhere),
+# 2: the mma.sync kernel everywhere.
+ATTENTION_CONFIGS = [0, 2]
 
 
-@pytest.mark.parametrize("config", [0, 2])
+@pytest.mark.parametrize("config", ATTENTION_CONFIGS)
 @pytest.mark.parametrize("B, T, C, H", ATTENTION_SHAPES)
 def test_attention_is_fp32_accurate_on_every_config_and_tail(ext, B, T, C, H, config):
     gen = torch.Generator(device="cuda").manual_seed(B * 131 + T * 7 + C)
@@ -147,3 +153,17 @@ def test_attention_is_fp32_accurate_on_every_config_and_tail(ext, B, T, C, H, co
     # within 1e-5, the floor an fp32 flash kernel keeps at these sizes.
     assert err < 1e-5, f"config {config} at {(B, T, C, H)}: error {err:.2e} (rounding alone {precision.relative_l2_error(ref64.float(), ref64):.2e})"
     assert torch.isfinite(got).all()
+
+
+@pytest.mark.parametrize("config", ATTENTION_CONFIGS)
+def test_attention_is_deterministic_and_writes_every_element(ext, config):
+    # Two runs on the same input agree bit for bit (a race between the producer and the consumers,
+    # or between the ring slots, would move the result), and no output element is left unwritten
+    # (the output is fresh memory each call; NaN-filled caching allocator blocks would show).
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    qkv = torch.randn(12, 333, 3 * 768, device="cuda", generator=gen)
+    torch.full((12, 333, 768), float("nan"), device="cuda")  # freed at once: NaN left in the allocator's cache
+    first = ext.causal_attention(qkv, 12, config)
+    second = ext.causal_attention(qkv, 12, config)
+    assert torch.isfinite(first).all()
+    assert torch.equal(first, second)
