@@ -115,7 +115,7 @@ def test_the_gate_runs_the_three_verdicts_in_order_and_fails_on_a_regression(pyt
     result = run_gate(pytester, "wd", "--out", "out", "--baseline-workdir", "target", "--", "-v")
     assert result.ret == ci_gate.PASSED, result.stdout.str()
     kinds = [line.split("::")[1] for line in result.outlines if "model_new.py::" in line and "PASSED" in line]
-    assert kinds == sorted(kinds, key=["TestPolicy", "TestCorrectness", "TestPerf"].index) and len(set(kinds)) == 3
+    assert kinds == sorted(kinds, key=["TestBuild", "TestPolicy", "TestCorrectness", "TestPerf"].index) and len(set(kinds)) == 4
     summary = (pytester.path / "out" / "summary.md").read_text()
     assert summary.startswith("## cudaopt gate: PASSED")
     assert "| ModelNew (target branch) | 1.02 ms |" in summary

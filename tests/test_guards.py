@@ -138,9 +138,10 @@ def workdir(tmp_path):
         spec = importlib.util.spec_from_file_location("guarded_model_new", tmp_path / "model_new.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    finally:
+        kernels = sys.modules["kernels"]
+    finally:  # an import that failed shows its own error, not a KeyError from this clean-up
         sys.path.remove(str(tmp_path))
-        kernels = sys.modules.pop("kernels")
+        sys.modules.pop("kernels", None)
     module.kernels_module = kernels
     module.path = tmp_path
     return module

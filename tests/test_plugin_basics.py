@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -121,7 +122,8 @@ def test_help_lists_every_cudaopt_option_and_ini_key(pytester, run_pytest, monke
     text = result.stdout.str()
     for option in settings.OPTIONS:
         if option.cli and option.is_flag:  # a plain flag, and its --cudaopt-no-* twin
-            assert f"  {option.flag} " in text and f"  {option.off_flag} " in text, f"{option.flag} missing"
+            for flag in (option.flag, option.off_flag):
+                assert re.search(rf"^  {flag}\b(?!=)", text, re.M), f"{flag} missing from --help"
         elif option.cli:
             assert f"  {option.flag}=" in text, f"{option.flag} missing from --help"
         if option.ini:
