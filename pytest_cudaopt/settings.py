@@ -178,7 +178,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("nvcc_flags", str, "", "extra nvcc flags for the extension, space separated"),
     # trust
     Option("self_test", _bool, False,
-           "let a conftest.py override fixtures that decide a verdict (cudaopt_perf_clock), for the "
+           "let a conftest.py implement the hooks that decide a verdict (pytest_cudaopt_perf_clock), for the "
            "plugin's own tests; never read from an ini file, and the environment variable only as it "
            "was before any conftest.py ran", ini=False),
 )

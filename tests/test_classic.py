@@ -15,7 +15,7 @@ import torch
 from pytest_cudaopt import build, classic, cli
 from pytest_cudaopt.settings import BY_NAME
 
-from conftest import TEMPLATES, copy_workdir, subprocess_env
+from support import TEMPLATES, copy_workdir, subprocess_env
 
 
 @pytest.fixture
