@@ -156,3 +156,13 @@ def test_passed_needs_a_child_that_ended_normally_with_a_report_that_says_passed
     outcome = type("Outcome", (), {"timed_out": False, "signal": None, "returncode": 0, "seconds": 1.0, "tail": ""})()
     read = stages.read_pytest("perf", outcome, Path("/nonexistent.json"), Path("/nonexistent.xml"))
     assert read.status == "crashed" and "without writing its JSON report" in read.reason
+
+
+def test_judge_takes_any_number_of_paths_then_pytest_arguments_after_a_double_dash(monkeypatch):
+    from pytest_cudaopt import cli
+
+    seen = {}
+    monkeypatch.setattr(cli, "cmd_judge", lambda args: seen.update(
+        paths=args.paths, extra=args.pytest_args, gpus=args.gpus) or 0)
+    assert cli.main(["judge", "a", "b", "--gpus", "0,3", "--", "--cudaopt-device=cpu", "-x"]) == 0
+    assert seen == {"paths": ["a", "b"], "extra": ["--cudaopt-device=cpu", "-x"], "gpus": "0,3"}

@@ -91,3 +91,17 @@ def test_a_failed_compile_is_not_stored(tmp_path):
 def test_depfiles_are_read_with_continuations_and_escaped_spaces():
     text = "objs/a.o: ../../a.cpp /usr/include/x\\ y.h \\\n  ../../kernels/h.h\n"
     assert objcache.parse_depfile(text) == ["../../a.cpp", "/usr/include/x y.h", "../../kernels/h.h"]
+
+
+def test_build_ninja_wraps_every_compile_only_when_the_cache_is_set(tmp_path):
+    from pytest_cudaopt.build.buildfile import configure, ninja_file
+    from pytest_cudaopt.settings import Settings
+    from support import copy_workdir
+
+    workdir = copy_workdir("cpu_scale", tmp_path / "w")
+    plain = ninja_file(configure(workdir, Settings.resolve_all(env={})))
+    cached = ninja_file(configure(workdir, Settings.resolve_all(env={"CUDAOPT_OBJECT_CACHE": str(tmp_path / "c")})))
+    assert "$objcache" not in plain
+    assert "command = $objcache --source $in --out $out --depfile $out.d -- $cxx -MMD -MF $out.d" in cached
+    assert f"--cache {tmp_path / 'c'} --workdir ../../.." in cached
+    assert cached.count("depfile = $out.d") == plain.count("depfile = $out.d")
