@@ -1,4 +1,4 @@
-"""The `cudaopt` command: build, verify, profile, check, init, adopt, report. A front door, no logic."""
+"""The `cudaopt` command: build, verify, profile, check, init, adopt, gate, judge, report. A front door, no logic."""
 
 from __future__ import annotations
 
@@ -128,6 +128,64 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_judge(args: argparse.Namespace) -> int:
+    from pytest_cudaopt import judge
+    from pytest_cudaopt.judge.display import Progress, summary
+
+    options = judge.Options(
+        gpus=[g for g in args.gpus.split(",") if g] if args.gpus not in (None, "all") else None,
+        cpu_slots=args.cpu_slots, jobs=args.jobs or judge.Options().jobs, share=args.share,
+        timeout=args.timeout, pytest_args=list(args.pytest_args), all_stages=args.all_stages, seed=args.seed,
+        cache_dir=None if args.no_cache else (Path(args.cache_dir) if args.cache_dir else judge.Options().cache_dir),
+        scratch=Path(args.scratch) if args.scratch else None, keep=args.keep, keep_env=list(args.env))
+    out = Path(args.out).resolve()
+    try:
+        written = judge.run(args.paths, options, out=out, ray=args.ray, resume=args.resume, progress=Progress(0))
+    except KeyboardInterrupt:
+        print(f"cudaopt judge: interrupted; the lines so far (unfinished workdirs as cancelled) are in {out}",
+              file=sys.stderr)
+        return 130
+    print(summary(written.lines, wall_s=written.wall_s, busy=written.busy, root=Path.cwd()))
+    kept = f" ({written.kept} kept from the earlier run)" if written.kept else ""
+    print(f"cudaopt judge: {len(written.lines)} lines{kept} in {out}; exit {written.code}")
+    return written.code
+
+
+def _judge_parser(sub) -> None:
+    p = sub.add_parser("judge", help="judge many workdirs, each in processes of its own, over every GPU of this "
+                       "host (or a Ray cluster); one JSON line per workdir",
+                       description="Judge many workdirs: build (CPU), policy (CPU), correctness (GPUs may be "
+                       "shared) and perf (alone on its GPU), each a fresh process with a time limit on a private copy. "
+                       "Arguments after `--` go to every pytest child (e.g. -- --cudaopt-device=cpu). Exit 0 all "
+                       "passed, 1 some failed, 2 bad arguments, 3 some could not be judged.")
+    p.add_argument("paths", nargs="+", help="workdirs, or folders holding workdirs")
+    p.add_argument("--gpus", default=None, help="GPU indices to use, comma separated (default: all visible)")
+    p.add_argument("--cpu-slots", type=int, default=2,
+                   help="slots for CPU workdirs (--cudaopt-device=cpu after --); default 2")
+    p.add_argument("--jobs", type=int, default=None, help="builds and policy checks at once (default: a quarter "
+                   "of the cores)")
+    p.add_argument("--share", type=int, default=2, help="correctness processes at once on one GPU while their "
+                   "memory fits (default 2); a perf process always has its GPU alone")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds each process may run (default 600)")
+    p.add_argument("--out", default="cudaopt-judge.jsonl", help="the JSON-lines file (default ./cudaopt-judge.jsonl)")
+    p.add_argument("--resume", action="store_true", help="keep the lines of --out that judged an unchanged "
+                   "workdir, and judge only the others")
+    p.add_argument("--ray", default=None, metavar="ADDRESS", help="judge on a Ray cluster: auto, or its address "
+                   "(needs the ray extra: pip install -e '.[ray]')")
+    p.add_argument("--all-stages", action="store_true", help="run correctness and perf even after an earlier "
+                   "stage failed (as one pytest session does)")
+    p.add_argument("--seed", type=int, default=None, help="replay with this seed (it is then on the children's "
+                   "command lines; by default each child draws a secret one)")
+    p.add_argument("--cache-dir", default=None, help="the host's object and torch.compile caches "
+                   "(default ~/.cache/cudaopt)")
+    p.add_argument("--no-cache", action="store_true", help="no shared caches")
+    p.add_argument("--scratch", default=None, help="where the private copies go (default: a temporary folder)")
+    p.add_argument("--keep", action="store_true", help="keep the private copies and the children's logs")
+    p.add_argument("--env", action="append", default=[], metavar="NAME",
+                   help="an environment variable the children keep (the environment is scrubbed otherwise)")
+    p.set_defaults(func=cmd_judge, pytest_args=[])
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="cudaopt", description=DESCRIPTION)
     top.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -174,6 +232,7 @@ def parser() -> argparse.ArgumentParser:
                        "and say what its fixed files and bindings are; changes no other file")
     p.add_argument("dir", nargs="?", default=".", help="the workdir; default: the current folder")
     p.set_defaults(func=cmd_adopt)
+    _judge_parser(sub)
     p = sub.add_parser("report", help="render a --cudaopt-report JSON file")
     p.add_argument("json", help="the JSON file written by --cudaopt-report")
     p.add_argument("--format", choices=("table", "markdown"), default="table")
@@ -189,8 +248,16 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     top = parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passed_on: list[str] | None = None
+    if argv[:1] == ["judge"] and "--" in argv:  # `cudaopt judge PATHS... -- PYTEST_ARGS`: PATHS take any number
+        passed_on, argv = argv[argv.index("--") + 1:], argv[:argv.index("--")]
     args, unknown = top.parse_known_args(argv)
-    if unknown:
+    if passed_on is not None:
+        if unknown:
+            top.error(f"unrecognized arguments: {' '.join(unknown)} (pytest's go after --)")
+        args.pytest_args = passed_on
+    elif unknown:
         if args.command == "gate":  # `cudaopt gate [options] [WORKDIR] -- PYTEST_ARGS`
             args.pytest_args = unknown[1:] if unknown[0] == "--" else unknown
         elif hasattr(args, "pytest_args"):

@@ -176,6 +176,10 @@ OPTIONS: tuple[Option, ...] = (
            "root of the extension build folders, relative to the workdir; unset: <workdir>/build/cudaopt"),
     Option("cxx_flags", str, "", "extra host compiler flags for the extension, space separated"),
     Option("nvcc_flags", str, "", "extra nvcc flags for the extension, space separated"),
+    Option("object_cache", str, None,
+           "a folder of compiled objects shared by workdirs: a source compiled before with the same "
+           "command, toolchain, source bytes and headers is copied from there instead of compiled "
+           "(build/objcache.py); unset: no cache"),
     # trust
     Option("self_test", _bool, False,
            "let a conftest.py implement the hooks that decide a verdict (pytest_cudaopt_perf_clock), for the "

@@ -116,3 +116,27 @@ def junit_cases(path: Path) -> dict[tuple[str, str], tuple[str, str]]:
                 break
         cases[(workdir, case.get("name"))] = (outcome, text)
     return cases
+
+
+# The judge's CPU cases: cpu_scale as it is (honest) and with one file replaced from
+# tests/workdirs/judge_variants/<name>/ (wrong, segfault, hang, build_error).
+JUDGE_VARIANTS = WORKDIRS / "judge_variants"
+JUDGE_CASES = ("honest", "wrong", "segfault", "hang", "build_error")
+# The object and torch.compile caches of the judge's tests, kept between runs like the prebuilt copies.
+JUDGE_CACHE = PREBUILT_ROOT / "judge-cache"
+JUDGE_CPU_ARGS = ("--cudaopt-device=cpu", "--cudaopt-compile-backend=eager", "--cudaopt-max-time=1",
+                  "--cudaopt-warmup=0.1", "--cudaopt-min-runs=5", "--cudaopt-max-examples=5")
+
+
+def judge_workdirs(dest: Path, names=JUDGE_CASES) -> dict[str, Path]:
+    """The judge's CPU cases under `dest`, by name (sources only: the judge builds them)."""
+    made = {}
+    for name in names:
+        target = copy_workdir("cpu_scale", Path(dest) / name)
+        variant = JUDGE_VARIANTS / name
+        if variant.is_dir():
+            for path in variant.rglob("*"):
+                if path.is_file():
+                    shutil.copyfile(path, target / path.relative_to(variant))
+        made[name] = target
+    return made

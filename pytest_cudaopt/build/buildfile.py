@@ -74,6 +74,7 @@ class Config:
     ldflags: list[str]
     key_parts: dict[str, Any]
     inside: bool = True   # the build folder sits in the workdir: commands name its files relatively
+    object_cache: Path | None = None   # build/objcache.py wraps every compile when set
 
     def ref(self, path: Path) -> str:
         """How commands in build_dir name `path`: relative when both sit in the workdir (a
@@ -181,6 +182,8 @@ def configure(workdir: Path, settings) -> Config:
     cfg = Config(workdir, root / f"{prefix}-{digest}", sources, cuda, tools.arch, cxx, tools.nvcc,
                  [], [], [], key_parts, inside)
     _set_flags(cfg, tools, cpp_extension, extra_cxx, extra_nvcc)
+    if settings.object_cache:
+        cfg.object_cache = Path(settings.object_cache).expanduser().resolve()
     return cfg
 
 
@@ -228,6 +231,24 @@ def object_name(source: Path) -> str:
     return f"objs/{source.as_posix()}.o"
 
 
+def _wrapped(cfg: Config, command: str) -> str:
+    """A compile rule's command, through the object cache when the configuration has one."""
+    if cfg.object_cache is None:
+        return command
+    return "$objcache --source $in --out $out --depfile $out.d -- " + command
+
+
+def _objcache_line(cfg: Config) -> list[str]:
+    if cfg.object_cache is None:
+        return []
+    from pytest_cudaopt.build import objcache
+
+    # -I: the script's folder is not put on sys.path (it imports only the standard library).
+    command = [sys.executable, "-I", objcache.__file__, "--cache", str(cfg.object_cache),
+               "--workdir", cfg.ref(cfg.workdir)]
+    return [f"objcache = {_ninja_value(command)}"]
+
+
 def ninja_file(cfg: Config) -> str:
     ref = cfg.ref
     lines = [
@@ -236,9 +257,10 @@ def ninja_file(cfg: Config) -> str:
         f"cxx = {shlex.quote(cfg.cxx)}",
         f"cflags = {_ninja_value(cfg.cflags)}",
         f"ldflags = {_ninja_value(cfg.ldflags)}",
+        *_objcache_line(cfg),
         "",
         "rule cxx",
-        "  command = $cxx -MMD -MF $out.d $cflags -c $in -o $out",
+        "  command = " + _wrapped(cfg, "$cxx -MMD -MF $out.d $cflags -c $in -o $out"),
         "  depfile = $out.d",
         "  deps = gcc",
         "  description = c++ $src",
@@ -253,8 +275,8 @@ def ninja_file(cfg: Config) -> str:
                       f"cuda_cflags = {_ninja_value(cfg.cuda_cflags)}"]
         lines += [
             "rule nvcc",
-            "  command = $nvcc --generate-dependencies-with-compile --dependency-output $out.d "
-            "$cuda_cflags -c $in -o $out",
+            "  command = " + _wrapped(cfg, "$nvcc --generate-dependencies-with-compile --dependency-output $out.d "
+                                      "$cuda_cflags -c $in -o $out"),
             "  depfile = $out.d",
             "  deps = gcc",
             "  description = nvcc $src",

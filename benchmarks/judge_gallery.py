@@ -1,0 +1,223 @@
+"""A gallery of workdirs judged two ways, one `pytest` session after another and `cudaopt judge`: verdicts side by side, wall time, workdirs per hour, time by stage.
+
+    python3 benchmarks/judge_gallery.py [--out DIR] [--arm both|pytest|judge] [--gpus 0,1]   # GPU
+    python3 benchmarks/judge_gallery.py --smoke --out DIR                                   # CPU
+
+GPU (default): 12 workdirs built from benchmarks/gallery/gpu/<problem>/ (model.py, model_new.py,
+one binding, and one workdir per `<op>.<variant>.cu`: honest, wrong, slow, a CUDA fault, a build
+error), each with the fixed binding files and a lock. --smoke: 3 CPU workdirs from the repo's
+tests/workdirs (cpu_scale honest, wrong, failing to build) with --cudaopt-device=cpu. Both arms
+get the same short timing settings, cold caches of their own (a fresh torch.compile cache each;
+the judge's object cache starts empty unless --cache-dir names one) and the same copies of the
+gallery. Results: OUT/judge_gallery.json, OUT/judge_gallery.txt (the table), OUT/pytest/*.log.
+Exit 0 when both arms give every workdir the same verdict, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # pytest_cudaopt runs from the checkout, uninstalled
+    sys.path.insert(0, str(ROOT))
+
+GALLERY = ROOT / "benchmarks" / "gallery"
+TESTS = ROOT / "tests" / "workdirs"
+TEMPLATES = ROOT / "pytest_cudaopt" / "templates"
+GPU_ARGS = ["--cudaopt-max-time=1", "--cudaopt-warmup=0.2", "--cudaopt-min-runs=20", "--cudaopt-max-examples=10"]
+CPU_ARGS = ["--cudaopt-device=cpu", "--cudaopt-compile-backend=eager", "--cudaopt-max-time=1", "--cudaopt-warmup=0.1",
+            "--cudaopt-min-runs=5", "--cudaopt-max-examples=5"]
+
+
+def _finish(workdir: Path) -> Path:
+    from pytest_cudaopt import scaffold
+
+    for name in ("binding.cpp", "binding_registry.h"):
+        if not (workdir / name).is_file():
+            shutil.copyfile(TEMPLATES / name, workdir / name)
+    scaffold.lock_workdir(workdir)
+    return workdir
+
+
+def gpu_gallery(dest: Path) -> list[Path]:
+    """One workdir per `<op>.<variant>.cu` of each problem in benchmarks/gallery/gpu."""
+    made = []
+    for problem in sorted(p for p in (GALLERY / "gpu").iterdir() if p.is_dir()):
+        for kernel in sorted(problem.glob("*.*.cu")):
+            op, variant = kernel.name.split(".")[:2]
+            workdir = dest / f"{problem.name}-{variant}"
+            (workdir / "kernels").mkdir(parents=True)
+            shutil.copyfile(problem / "model.py", workdir / "model.py")
+            override = problem / f"model_new.{variant}.py"
+            shutil.copyfile(override if override.is_file() else problem / "model_new.py", workdir / "model_new.py")
+            shutil.copyfile(kernel, workdir / "kernels" / f"{op}.cu")
+            shutil.copyfile(problem / f"{op}_binding.cpp", workdir / "kernels" / f"{op}_binding.cpp")
+            made.append(_finish(workdir))
+    return made
+
+
+def cpu_gallery(dest: Path) -> list[Path]:
+    """The smoke gallery: the repo's CPU example workdir, honest, wrong and failing to build."""
+    made = []
+    for variant in ("honest", "wrong", "build_error"):
+        workdir = dest / f"cpu_scale-{variant}"
+        (workdir / "kernels").mkdir(parents=True)
+        shutil.copyfile(TESTS / "_shared" / "model.py", workdir / "model.py")
+        shutil.copyfile(TESTS / "cpu_scale" / "model_new.py", workdir / "model_new.py")
+        for name in ("scale.cpp", "scale_binding.cpp"):
+            shutil.copyfile(TESTS / "_shared" / "kernels" / name, workdir / "kernels" / name)
+        overlay = TESTS / "judge_variants" / variant
+        for path in overlay.rglob("*") if overlay.is_dir() else ():
+            if path.is_file():
+                shutil.copyfile(path, workdir / path.relative_to(overlay))
+        made.append(_finish(workdir))
+    return made
+
+
+def pytest_arm(workdirs: list[Path], args: list[str], out: Path, env: dict) -> dict:
+    """One plain pytest session per workdir, one after another (build included)."""
+    from pytest_cudaopt.judge.stages import read_junit
+    from pytest_cudaopt.launch import pytest_command
+
+    results, start = {}, time.monotonic()
+    for workdir in workdirs:
+        report, junit = out / f"{workdir.name}.json", out / f"{workdir.name}.xml"
+        command = pytest_command([str(workdir / "model_new.py"), "--rootdir", str(workdir), "-p", "no:cacheprovider",
+                                  "-p", "no:benchmark", "-q", f"--cudaopt-report={report}", f"--junitxml={junit}",
+                                  *args])
+        t = time.monotonic()
+        with open(out / f"{workdir.name}.log", "w") as log:
+            code = subprocess.call(command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
+        seconds = time.monotonic() - t
+        try:
+            doc = json.loads(report.read_text())
+        except (OSError, ValueError):
+            doc = None
+        cases = read_junit(junit)
+        kinds: dict[str, float] = {}
+        for case in cases:
+            kinds[case["kind"]] = kinds.get(case["kind"], 0.0) + case["seconds"]
+        results[workdir.name] = {"passed": code == 0 and bool(doc and doc.get("passed")), "exit": code,
+                                 "seconds": seconds, "time": kinds, "verdicts": _verdicts(cases)}
+        print(f"pytest arm: {workdir.name}: exit {code}, {seconds:.1f} s", flush=True)
+    return {"wall_s": time.monotonic() - start, "results": results}
+
+
+def _verdicts(cases: list[dict]) -> dict[str, str]:
+    from pytest_cudaopt.judge.lines import verdicts
+    from pytest_cudaopt.judge.stages import StageResult
+
+    return verdicts([StageResult("all", "ok", cases=cases)])
+
+
+def judge_arm(workdirs: list[Path], args: list[str], cache: Path, gpus: list[str] | None, out: Path) -> dict:
+    from pytest_cudaopt import judge
+
+    options = judge.Options(gpus=gpus, pytest_args=list(args), cache_dir=cache, timeout=300, cpu_slots=2)
+    job = judge.Judge(workdirs, options)
+    lines = []
+    with open(out / "judge.jsonl", "w") as handle:
+        for line in job:
+            handle.write(json.dumps(line) + "\n")
+            lines.append(line)
+            print(f"judge arm: {Path(line['workdir']).name}: {line['status']} {line['seconds'].get('total', 0):.1f} s",
+                  flush=True)
+    return {"wall_s": job.wall_s, "busy": job.busy,
+            "results": {Path(line["workdir"]).name: line for line in lines}}
+
+
+def table(pytest_run: dict | None, judge_run: dict | None, devices: int) -> tuple[str, bool]:
+    """Verdicts side by side, then throughput and time by stage for each arm."""
+    from pytest_cudaopt.report import render_rows
+
+    names = sorted({*((pytest_run or {}).get("results", {})), *((judge_run or {}).get("results", {}))})
+    rows, same = [], True
+    for name in names:
+        p = (pytest_run or {}).get("results", {}).get(name)
+        j = (judge_run or {}).get("results", {}).get(name)
+        agree = p is None or j is None or p["passed"] == j["passed"]
+        same &= agree
+        rows.append({"workdir": name, "pytest": "-" if p is None else "PASS" if p["passed"] else "FAIL",
+                     "judge": "-" if j is None else "PASS" if j["passed"] else "FAIL",
+                     "judge status": j["status"] if j else "-", "same": "yes" if agree else "NO",
+                     "pytest verdicts": " ".join(f"{k}:{v}" for k, v in p["verdicts"].items()) if p else "-",
+                     "judge verdicts": " ".join(f"{k}:{v}" for k, v in j["verdicts"].items()) if j else "-",
+                     "pytest s": f"{p['seconds']:.1f}" if p else "-",
+                     "judge s": f"{j['seconds']['total']:.1f}" if j else "-",
+                     "baseline compile s": f"{j['time'].get('baseline_compile', 0):.1f}" if j else "-"})
+    notes = []
+    for label, run in (("pytest sessions", pytest_run), ("cudaopt judge", judge_run)):
+        if not run:
+            continue
+        n, wall = len(run["results"]), run["wall_s"]
+        notes.append(f"{label}: {n} workdirs in {wall:.1f} s = {n * 3600 / wall:.0f} workdirs/hour, "
+                     f"{n * 3600 / (wall * devices):.0f} per device-hour")
+    if pytest_run and judge_run:
+        notes.append(f"cudaopt judge / pytest sessions: {pytest_run['wall_s'] / judge_run['wall_s']:.2f}x the workdirs per hour")
+        spent: dict[str, float] = {}
+        for r in pytest_run["results"].values():
+            for k, v in r["time"].items():
+                spent[k] = spent.get(k, 0.0) + v
+        notes.append("pytest sessions, item time by kind (the build is inside the first item): "
+                     + ", ".join(f"{k} {v:.1f} s" for k, v in spent.items()))
+    if judge_run:
+        spent = {}
+        for line in judge_run["results"].values():
+            for k, v in line["time"].items():
+                spent[k] = spent.get(k, 0.0) + v
+        notes.append("cudaopt judge, time by stage (summed): " + ", ".join(f"{k} {v:.1f} s" for k, v in spent.items()))
+        notes.append("busy: " + ", ".join(f"{d} {f:.0%}" for d, f in judge_run.get("busy", {}).items()))
+        cached = sum(line["objects"].get("cached", 0) for line in judge_run["results"].values())
+        compiled = sum(line["objects"].get("compiled", 0) for line in judge_run["results"].values())
+        notes.append(f"objects: {cached} from the cache, {compiled} compiled")
+    notes.append("verdicts: " + ("the same for every workdir" if same else "DIFFERENT (see the rows marked NO)"))
+    return render_rows(rows, title="judge gallery: one pytest session after another vs cudaopt judge", notes=notes), same
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=os.environ.get("OUT") or "judge-gallery-out")
+    parser.add_argument("--smoke", action="store_true", help="CPU workdirs (what CI runs)")
+    parser.add_argument("--arm", choices=("both", "pytest", "judge"), default="both")
+    parser.add_argument("--gpus", default=None, help="GPU indices for the judge arm (default: all visible)")
+    parser.add_argument("--cache-dir", default=None, help="the judge arm's caches (default: a fresh folder)")
+    parser.add_argument("--pytest-cache", action="store_true",
+                        help="let the pytest arm use the judge's object cache too (the CPU smoke test, for time)")
+    args = parser.parse_args(argv)
+    out = Path(args.out).resolve()
+    shutil.rmtree(out / "work", ignore_errors=True)
+    (out / "pytest").mkdir(parents=True, exist_ok=True)
+    make, pytest_args = (cpu_gallery, CPU_ARGS) if args.smoke else (gpu_gallery, GPU_ARGS)
+    cache = Path(args.cache_dir).resolve() if args.cache_dir else out / "work" / "judge-cache"
+    gpus = [g for g in args.gpus.split(",") if g] if args.gpus else None
+    pytest_run = judge_run = None
+    if args.arm in ("both", "pytest"):
+        workdirs = make(out / "work" / "pytest")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                   TORCHINDUCTOR_CACHE_DIR=str(out / "work" / "inductor-pytest"),
+                   TRITON_CACHE_DIR=str(out / "work" / "triton-pytest"))
+        if gpus and not args.smoke:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[0]
+        if args.pytest_cache:
+            env["CUDAOPT_OBJECT_CACHE"] = str(cache / "objects")
+        pytest_run = pytest_arm(workdirs, pytest_args, out / "pytest", env)
+    if args.arm in ("both", "judge"):
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        judge_run = judge_arm(make(out / "work" / "judge"), pytest_args, cache, gpus, out)
+    devices = 1 if args.smoke else max(1, len(judge_run["busy"]) if judge_run else 1)
+    text, same = table(pytest_run, judge_run, devices)
+    (out / "judge_gallery.txt").write_text(text + "\n")
+    (out / "judge_gallery.json").write_text(json.dumps({"pytest": pytest_run, "judge": judge_run}, default=str))
+    print(text)
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

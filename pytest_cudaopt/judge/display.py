@@ -1,0 +1,83 @@
+"""What a person watching `cudaopt judge` sees: a progress line while it runs and a table at the end."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Sequence, TextIO
+
+from pytest_cudaopt.judge.lines import table_rows
+
+
+class Progress:
+    """A bar on a terminal (rewritten in place), else one line per finished workdir."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, width: int = 30):
+        self.total, self.width = total, width
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.done = self.passed = 0
+        self.running: dict[tuple[int, str], str | None] = {}
+        self.start = time.monotonic()
+
+    def event(self, kind: str, job, task, result=None) -> None:
+        if kind == "start":
+            self.running[(task.job, task.stage)] = task.device
+        else:
+            self.running.pop((task.job, task.stage), None)
+        self._draw()
+
+    def line(self, line: dict) -> None:
+        self.done += 1
+        self.passed += bool(line["passed"])
+        if not self.tty:
+            verdict = "PASS" if line["passed"] else "FAIL"
+            why = f" ({line['reason'].splitlines()[0][:100]})" if line.get("reason") and not line["passed"] else ""
+            self.stream.write(f"cudaopt judge: {self.done}/{self.total} {line['workdir']}: {line['status']} "
+                              f"{verdict}{why} {line['seconds'].get('total', 0):.1f} s\n")
+            self.stream.flush()
+        self._draw()
+
+    def _draw(self) -> None:
+        if not self.tty:
+            return
+        filled = int(self.width * self.done / max(1, self.total))
+        stages = {}
+        for (_, stage), _device in self.running.items():
+            stages[stage] = stages.get(stage, 0) + 1
+        doing = ", ".join(f"{n} {s}" for s, n in sorted(stages.items())) or "idle"
+        self.stream.write(f"\r\033[Kcudaopt judge [{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} "
+                          f"({self.passed} passed) {doing}, {time.monotonic() - self.start:.0f} s")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def summary(lines: Sequence[dict], *, wall_s: float, busy: dict[str, float], root: Path | None = None) -> str:
+    """The final table and its notes: throughput, each device's busy fraction, time by stage, the caches."""
+    from pytest_cudaopt.report import render_rows  # imports torch: only once there is a table to show
+
+    passed = sum(1 for line in lines if line["passed"])
+    notes = [f"{len(lines)} workdirs in {wall_s:.1f} s: {passed} passed; "
+             f"{len(lines) * 3600 / max(wall_s, 1e-9):.0f} workdirs per hour"]
+    if busy:
+        notes.append("busy: " + ", ".join(f"{name} {fraction:.0%}" for name, fraction in busy.items()))
+    spent: dict[str, float] = {}
+    for line in lines:
+        for key, value in line.get("time", {}).items():
+            spent[key] = spent.get(key, 0.0) + value
+    if spent:
+        notes.append("time by stage (summed over workdirs): " + ", ".join(f"{k} {v:.1f} s" for k, v in spent.items()))
+    cached = sum(line.get("objects", {}).get("cached", 0) for line in lines)
+    compiled = sum(line.get("objects", {}).get("compiled", 0) for line in lines)
+    if cached or compiled:
+        notes.append(f"objects: {cached} from the cache, {compiled} compiled")
+    statuses: dict[str, int] = {}
+    for line in lines:
+        statuses[line["status"]] = statuses.get(line["status"], 0) + 1
+    notes.append("status: " + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())))
+    return render_rows(table_rows(lines, root), title="cudaopt judge", notes=notes)

@@ -1,0 +1,115 @@
+"""The judge's front: paths to workdirs, the local pool or Ray, lines written as they come (with --resume, kept ones skipped), and the exit code."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+from pytest_cudaopt.judge import lines as line_module, sandbox
+from pytest_cudaopt.judge.discover import find_workdirs
+from pytest_cudaopt.judge.options import Options, result_key
+
+# Exit codes of `cudaopt judge` (2, bad arguments, is argparse's).
+PASSED, FAILED, UNJUDGED = 0, 1, 3
+
+
+class Judge:
+    """Iterate for one line per workdir found under `paths`, as each finishes; afterwards
+    `busy` (each device's busy fraction) and `wall_s`. `ray`: an address ("auto", "local",
+    "ray://host:10001") for the Ray backend; `skip`: keys whose lines are already had (resume)."""
+
+    def __init__(self, paths: Sequence[str | Path], options: Options | None = None, *, ray: str | None = None,
+                 on_event: Callable[..., None] | None = None, skip: frozenset[str] = frozenset(),
+                 ray_init: dict | None = None):
+        self.options = options or Options()
+        self.workdirs, self.problems = find_workdirs(paths)
+        self.ray, self.on_event, self.skip, self.ray_init = ray, on_event, skip, ray_init
+        self.busy: dict[str, float] = {}
+        self.wall_s = 0.0
+        self.skipped = 0
+
+    def __len__(self) -> int:
+        return len(self.workdirs) + len(self.problems)
+
+    def __iter__(self) -> Iterator[dict]:
+        for raw, why in self.problems:
+            yield line_module.unjudged(raw, result_key(raw, "", self.options), "error", why)
+        todo = [w for w in self.workdirs if not self.skip or _key(w, self.options) not in self.skip]
+        self.skipped = len(self.workdirs) - len(todo)
+        if not todo:
+            return
+        if self.ray:
+            from pytest_cudaopt.judge.ray_backend import RayPool
+
+            backend = RayPool(todo, self.options, self.ray, init=self.ray_init)
+        else:
+            from pytest_cudaopt.judge.pool import LocalPool
+
+            backend = LocalPool(todo, self.options, on_event=self.on_event)
+        try:
+            yield from backend.lines()
+        finally:
+            self.busy, self.wall_s = backend.busy, backend.wall_s
+
+
+def _key(workdir: Path, options: Options) -> str | None:
+    try:
+        return result_key(str(workdir), sandbox.digest(sandbox.workdir_files(workdir)), options)
+    except (OSError, sandbox.SandboxError):
+        return None
+
+
+def judge(paths: Sequence[str | Path], options: Options | None = None, **kwargs) -> Iterator[dict]:
+    """One line per workdir under `paths` (workdirs, or folders holding them), each as it finishes."""
+    return iter(Judge(paths, options, **kwargs))
+
+
+@dataclass
+class Written:
+    """What `run` wrote: every line (kept from an earlier run first), its exit code, the run's stats."""
+
+    lines: list[dict] = field(default_factory=list)
+    code: int = PASSED
+    wall_s: float = 0.0
+    busy: dict[str, float] = field(default_factory=dict)
+    kept: int = 0
+
+
+def exit_code(found: Sequence[dict]) -> int:
+    if any(line["status"] in ("error", "cancelled") for line in found):
+        return UNJUDGED
+    return PASSED if all(line["passed"] for line in found) else FAILED
+
+
+def run(paths: Sequence[str | Path], options: Options, *, out: Path, ray: str | None = None, resume: bool = False,
+        progress=None) -> Written:
+    """Judge and write each line to `out` (JSON lines) as it comes. With `resume`, the lines of
+    `out` that judged a workdir (any status but error and cancelled) are kept, and those workdirs,
+    unchanged, are not judged again."""
+    kept = [line for line in line_module.read_lines(out) if line.get("status") not in ("error", "cancelled")] if resume else []
+    job = Judge(paths, options, ray=ray, skip=frozenset(line["key"] for line in kept),
+                on_event=progress.event if progress is not None else None)
+    if progress is not None:
+        progress.total = len(job)
+    written = Written(lines=list(kept), kept=len(kept))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", encoding="utf-8") as handle:
+        for line in kept:
+            handle.write(line_module.dumps(line) + "\n")
+        try:
+            for line in job:
+                handle.write(line_module.dumps(line) + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+                written.lines.append(line)
+                if progress is not None:
+                    progress.line(line)
+        finally:
+            if progress is not None:
+                progress.close()
+    if progress is not None and job.skipped:
+        progress.total -= job.skipped
+    written.code, written.wall_s, written.busy = exit_code(written.lines), job.wall_s, job.busy
+    return written

@@ -1,0 +1,180 @@
+"""One JSON line per workdir: its stages merged into one status, verdicts by kind, time by stage and the children's reports as one document."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from pytest_cudaopt.judge.stages import FAILED, OK, StageResult
+
+LINE_SCHEMA = "cudaopt-judge/1"
+# Line statuses: judged (every stage ran to its end; `passed` says the verdict), build-failed,
+# crashed, timeout, error (could not be judged: not a workdir, a copy or a Ray task failed),
+# cancelled (the judge was interrupted first).
+STATUSES = ("judged", "build-failed", "crashed", "timeout", "error", "cancelled")
+KINDS = ("policy", "correctness", "perf")
+
+
+def merge_reports(results: Sequence[StageResult]) -> dict | None:
+    """The children's JSON reports as one document: results in stage order, passed only when
+    every one says so, complete only when every one was, each stage's seed kept."""
+    docs = [(r.stage, r.report) for r in results if r.report is not None]
+    if not docs:
+        return None
+    first = docs[-1][1]
+    merged: dict[str, Any] = {
+        "schema": docs[0][1].get("schema"), "created": first.get("created"),
+        "environment": first.get("environment"), "settings": first.get("settings"),
+        "seeds": {stage: doc.get("seed") for stage, doc in docs},
+        "relaxations": sorted({r for _, doc in docs for r in doc.get("relaxations", [])}),
+        "passed": all(bool(doc.get("passed")) for _, doc in docs),
+        "results": [rec for _, doc in docs for rec in doc.get("results", [])],
+    }
+    failed = [item for _, doc in docs for item in doc.get("failed_items", [])]
+    if failed:
+        merged["failed_items"] = failed
+    early = [(stage, doc) for stage, doc in docs if doc.get("complete") is False]
+    if early:
+        merged.update(complete=False, running=early[0][1].get("running"))
+    return merged
+
+
+def verdicts(results: Sequence[StageResult]) -> dict[str, str]:
+    """pass / FAIL / skipped / not run for each verdict kind, from the JUnit cases."""
+    cases = [c for r in results for c in r.cases]
+    found = {}
+    for kind in [*KINDS, *sorted({c["kind"] for c in cases} - set(KINDS))]:
+        mine = [c["outcome"] for c in cases if c["kind"] == kind]
+        if any(o in ("failure", "error") for o in mine):
+            found[kind] = "FAIL"
+        elif any(o == "passed" for o in mine):
+            found[kind] = "pass"
+        elif mine:
+            found[kind] = "skipped"
+        else:
+            found[kind] = "not run"
+    return found
+
+
+def where_time_goes(results: Sequence[StageResult], report: dict | None) -> dict[str, float]:
+    """Seconds of: build, startup (process start, imports, collection, load: the pytest
+    children's wall time less their items), policy, correctness, perf items, and of them the
+    torch.compile baseline's first call."""
+    spent = {"build": 0.0, "startup": 0.0}
+    for r in results:
+        if r.stage == "build":
+            spent["build"] += r.seconds
+            continue
+        items = sum(c["seconds"] for c in r.cases)
+        spent["startup"] += max(0.0, r.seconds - items)
+        for c in r.cases:
+            spent[c["kind"]] = spent.get(c["kind"], 0.0) + c["seconds"]
+    compiles = [rec.get("data", {}).get("compile_seconds", {}).get("compile") for rec in (report or {}).get("results", [])
+                if rec.get("kind") == "perf"]
+    spent["baseline_compile"] = sum(c for c in compiles if isinstance(c, (int, float)))
+    return {k: round(v, 3) for k, v in spent.items()}
+
+
+def status_of(results: Sequence[StageResult]) -> tuple[str, str | None]:
+    """The line's status and reason: the first stage that did not end in ok or failed decides."""
+    for r in results:
+        if r.status not in (OK, FAILED, "not-run"):
+            return r.status, r.reason
+    failed = next((r for r in results if r.status == FAILED), None)
+    return "judged", (f"{failed.stage}: {failed.reason}" if failed is not None else None)
+
+
+def assemble(*, workdir: str, key: str, content: str, results: Sequence[StageResult],
+             seconds: dict[str, float], copy: str | None = None, status: str | None = None,
+             reason: str | None = None) -> dict[str, Any]:
+    """The line of one workdir. `passed` is true only when every stage ran, ended normally and
+    its report said passed; `copy`: the private copy's path, replaced by `workdir` in the reports."""
+    found_status, found_reason = status_of(results)
+    status = status or found_status
+    reason = reason if reason is not None else found_reason
+    report = merge_reports(results)
+    ran = {r.stage for r in results if r.status != "not-run"}
+    passed = (status == "judged" and all(r.status == OK for r in results) and {"build", "policy", "check", "perf"} <= ran
+              and report is not None and report.get("passed") is True and report.get("complete") is not False)
+    line: dict[str, Any] = {
+        "schema": LINE_SCHEMA, "key": key, "workdir": workdir, "status": status, "passed": passed,
+        "reason": reason, "host": socket.gethostname(),
+        "gpu": next((r.device for r in reversed(results) if r.device is not None), None),
+        "devices": {r.stage: r.device for r in results if r.device is not None},
+        "seconds": {k: round(v, 3) for k, v in seconds.items()},
+        "time": where_time_goes(results, report), "verdicts": verdicts(results), "content": content,
+        "objects": next((r.objects for r in results if r.stage == "build"), {}),
+        "stages": {r.stage: r.to_json() for r in results}, "report": report,
+    }
+    if copy:
+        line = json.loads(dumps(line).replace(json.dumps(copy)[1:-1], json.dumps(workdir)[1:-1]))
+    return line
+
+
+def unjudged(workdir: str, key: str, status: str, reason: str, seconds: float = 0.0) -> dict[str, Any]:
+    """The line of a workdir that could not be judged (or whose judging was cancelled)."""
+    return assemble(workdir=workdir, key=key, content="", results=[], seconds={"total": seconds},
+                    status=status, reason=reason)
+
+
+def dumps(line: dict) -> str:
+    """Strict JSON on one line (NaN and infinities as null)."""
+    return json.dumps(_finite(line), allow_nan=False, default=str, separators=(",", ":"))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def read_lines(path: Path) -> list[dict]:
+    """The lines of a JSON-lines file (a torn last line, from a killed judge, is left out)."""
+    found = []
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return []
+    for raw in text.splitlines():
+        try:
+            found.append(json.loads(raw))
+        except ValueError:
+            continue
+    return found
+
+
+def speedup(line: dict) -> str:
+    """The perf record's `vs compile` figure, or -."""
+    for rec in (line.get("report") or {}).get("results", []):
+        if rec.get("kind") == "perf":
+            return str(rec.get("row", {}).get("vs compile", "-"))
+    return "-"
+
+
+def table_rows(lines: Iterable[dict], root: Path | None = None) -> list[dict[str, str]]:
+    """The final table's rows: workdir, status, verdict by kind, speedup, seconds by stage, GPU."""
+    rows = []
+    for line in lines:
+        name = line["workdir"]
+        if root is not None:
+            try:
+                name = str(Path(name).relative_to(root))
+            except ValueError:
+                pass
+        stages = line.get("stages", {})
+        v = line.get("verdicts", {})
+        rows.append({"workdir": name, "status": line["status"], "verdict": "PASS" if line["passed"] else "FAIL",
+                     "policy": v.get("policy", "-"), "correctness": v.get("correctness", "-"),
+                     "perf": v.get("perf", "-"), "vs compile": speedup(line),
+                     **{f"{s} s": f"{stages[s]['seconds']:.1f}" if stages.get(s, {}).get("status", "not-run") != "not-run"
+                        else "-"
+                        for s in ("build", "policy", "check", "perf")},
+                     "gpu": str(line.get("gpu") if line.get("gpu") is not None else "-")})
+    return rows

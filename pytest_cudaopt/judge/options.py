@@ -1,0 +1,77 @@
+"""The judge's options, with their defaults, and the fingerprint that goes into every result key."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+def default_cache_dir() -> Path:
+    """Where a host's shared caches live: $XDG_CACHE_HOME/cudaopt, else ~/.cache/cudaopt."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "cudaopt"
+
+
+def default_jobs() -> int:
+    """Concurrent builds and policy checks: a quarter of the cores (each build runs ninja on a few)."""
+    return max(1, (os.cpu_count() or 2) // 4)
+
+
+@dataclass
+class Options:
+    """How `judge` runs. gpus: GPU indices (None: every visible GPU); cpu_slots: slots for CPU
+    workdirs (used when pytest_args hold --cudaopt-device=cpu); jobs: concurrent CPU stages;
+    share: checks at once per device; timeout: seconds each child may run; pytest_args: passed
+    to every pytest child; all_stages: run check and perf even after an earlier stage failed
+    (as one pytest session would); seed: replay seed (else each child draws a secret one);
+    cache_dir: the host's object and torch.compile caches (None: no caches); scratch: where the
+    private copies go (None: a temporary folder); keep: leave the copies and logs there."""
+
+    gpus: list[str] | None = None
+    cpu_slots: int = 2
+    jobs: int = field(default_factory=default_jobs)
+    share: int = 2
+    timeout: float = 600.0
+    build_timeout: float = 1800.0
+    pytest_args: list[str] = field(default_factory=list)
+    all_stages: bool = False
+    seed: int | None = None
+    cache_dir: Path | None = field(default_factory=default_cache_dir)
+    scratch: Path | None = None
+    keep: bool = False
+    keep_env: list[str] = field(default_factory=list)
+    grace: float = 10.0
+
+    @property
+    def cpu(self) -> bool:
+        """CPU workdirs: the pytest arguments set --cudaopt-device=cpu."""
+        args = self.pytest_args
+        return any(a == "--cudaopt-device=cpu" or (a == "--cudaopt-device" and args[i + 1:i + 2] == ["cpu"])
+                   for i, a in enumerate(args))
+
+    def fingerprint(self) -> str:
+        """What changes a verdict (pytest arguments, seed, stages): part of every result key."""
+        wanted = {"pytest_args": self.pytest_args, "seed": self.seed, "all_stages": self.all_stages}
+        return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:16]
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        for key in ("cache_dir", "scratch"):
+            data[key] = None if data[key] is None else str(data[key])
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Options":
+        data = dict(data)
+        for key in ("cache_dir", "scratch"):
+            data[key] = None if data.get(key) is None else Path(data[key])
+        return cls(**data)
+
+
+def result_key(workdir: str, content: str, options: Options) -> str:
+    """The idempotent key of one workdir's result: its path, its content and the options."""
+    text = json.dumps([workdir, content, options.fingerprint()])
+    return hashlib.sha256(text.encode()).hexdigest()[:32]

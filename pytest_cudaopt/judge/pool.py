@@ -1,0 +1,158 @@
+"""The local engine: every workdir through its stages, each a fresh child on a CPU slot or a device the scheduler gives it; one line per workdir as it finishes."""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+from pytest_cudaopt.judge import lines, runner, sandbox
+from pytest_cudaopt.judge.devices import DeviceSet, cpu_slots, gpus
+from pytest_cudaopt.judge.options import Options, result_key
+from pytest_cudaopt.judge.scheduler import STAGES, Scheduler, Task
+from pytest_cudaopt.judge.stages import FAILED, OK, StageResult, run_stage
+
+
+def resolve_devices(options: Options) -> DeviceSet:
+    """CPU slots for CPU workdirs, else the GPUs asked for (or all visible)."""
+    if options.cpu:
+        return cpu_slots(options.cpu_slots)
+    return gpus(options.gpus)
+
+
+@dataclass
+class Job:
+    """One workdir's way through the stages."""
+
+    index: int
+    workdir: Path
+    folder: Path
+    problem: str | None
+    results: list[StageResult] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+    content: str = ""
+
+    @property
+    def copy(self) -> Path:
+        return self.folder / self.workdir.name
+
+    @property
+    def out(self) -> Path:
+        return self.folder / "out"
+
+
+def _problem(workdir: Path) -> str | None:
+    """The reference's content (candidates of one problem share a model.py): what the scheduler
+    learns memory needs by."""
+    try:
+        return hashlib.sha256((workdir / "model.py").read_bytes()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
+class LocalPool:
+    """Judges `workdirs` on this host. Iterate `lines()`; afterwards `busy` holds each device's
+    busy fraction and `wall_s` the wall time. `on_event(kind, job, task)` sees every start and end."""
+
+    def __init__(self, workdirs: Sequence[Path], options: Options, devices: DeviceSet | None = None,
+                 on_event: Callable[..., None] | None = None, names: Sequence[str] | None = None):
+        self.workdirs = [Path(w) for w in workdirs]
+        self.names = list(names) if names is not None else [str(w) for w in self.workdirs]
+        self.options = options
+        self.devices = devices or resolve_devices(options)
+        self.on_event = on_event or (lambda *args: None)
+        self.busy: dict[str, float] = {}
+        self.wall_s = 0.0
+        self.children = runner.Children()
+
+    def lines(self) -> Iterator[dict]:
+        if not self.devices.names:
+            for name in self.names:
+                yield lines.unjudged(name, result_key(name, "", self.options), "error",
+                                     "no GPU visible (use --gpus, or --cudaopt-device=cpu for CPU workdirs)")
+            return
+        own_scratch = self.options.scratch is None
+        scratch = Path(tempfile.mkdtemp(prefix="cudaopt-judge-")) if own_scratch else Path(self.options.scratch)
+        scheduler = Scheduler(self.devices.names, jobs=self.options.jobs, share=self.options.share,
+                              memory=self.devices.memory)
+        jobs = {i: Job(i, w, scratch / f"{i:05d}", _problem(w)) for i, w in enumerate(self.workdirs)}
+        for job in jobs.values():
+            scheduler.add(job.index, job.problem)
+        events: queue.Queue = queue.Queue()
+        start = time.monotonic()
+        try:
+            yield from self._loop(scheduler, jobs, events)
+        finally:
+            self.children.stop_all()
+            self.busy, self.wall_s = scheduler.busy_fraction(), time.monotonic() - start
+            if own_scratch and not self.options.keep:
+                shutil.rmtree(scratch, ignore_errors=True)
+
+    def _loop(self, scheduler: Scheduler, jobs: dict[int, Job], events: queue.Queue) -> Iterator[dict]:
+        done: set[int] = set()
+        try:
+            while not scheduler.done:
+                for task in scheduler.ready():
+                    self.on_event("start", jobs[task.job], task)
+                    threading.Thread(target=self._work, args=(jobs[task.job], task, events), daemon=True).start()
+                task, result = events.get()
+                line = self._finished(scheduler, jobs[task.job], task, result)
+                if line is not None:
+                    done.add(task.job)
+                    yield line
+        except KeyboardInterrupt:
+            self.children.stop_all()
+            for job in jobs.values():
+                if job.index not in done:
+                    yield self._line(job, status="cancelled", reason="the judge was interrupted before this workdir's end")
+            raise
+
+    def _work(self, job: Job, task: Task, events: queue.Queue) -> None:
+        try:
+            if task.stage == "build":
+                copied = time.monotonic()
+                job.out.mkdir(parents=True, exist_ok=True)
+                job.content = sandbox.private_copy(job.workdir, job.copy)
+                job.seconds["copy"] = time.monotonic() - copied
+            result = run_stage(task.stage, job.copy, job.out, self.devices, task.device, self.options, self.children)
+        except (OSError, sandbox.SandboxError) as exc:
+            result = StageResult(task.stage, "error", reason=f"could not {'copy' if task.stage == 'build' else 'run'} "
+                                                               f"{job.workdir}: {exc}")
+        except Exception as exc:  # the judge's own bug: the workdir still gets its line
+            result = StageResult(task.stage, "error", reason=f"the judge failed: {exc!r}")
+        events.put((task, result))
+
+    def _finished(self, scheduler: Scheduler, job: Job, task: Task, result: StageResult) -> dict | None:
+        job.results.append(result)
+        job.seconds[task.stage] = result.seconds
+        self.on_event("end", job, task, result)
+        proceed = result.status == OK or (result.status == FAILED and self.options.all_stages)
+        peak = _peak(result.report) if task.stage == "check" else None
+        if scheduler.finish(task, proceed=proceed, peak_bytes=peak) is not None:
+            return None
+        for stage in STAGES[STAGES.index(task.stage) + 1:]:
+            job.results.append(StageResult(stage, "not-run", reason=f"not run: the {task.stage} stage {result.status}"))
+        line = self._line(job)
+        if not self.options.keep:
+            shutil.rmtree(job.folder, ignore_errors=True)
+        return line
+
+    def _line(self, job: Job, status: str | None = None, reason: str | None = None) -> dict:
+        name = self.names[job.index]
+        job.seconds["total"] = time.monotonic() - job.started
+        return lines.assemble(workdir=name, key=result_key(name, job.content, self.options), content=job.content,
+                              results=job.results, seconds=job.seconds, copy=str(job.copy), status=status,
+                              reason=reason)
+
+
+def _peak(report: dict | None) -> int | None:
+    peaks = [rec.get("data", {}).get("peak_bytes") for rec in (report or {}).get("results", [])]
+    peaks = [p for p in peaks if isinstance(p, int)]
+    return max(peaks) if peaks else None

@@ -1,0 +1,148 @@
+"""One child process: started in a session of its own, logged to a file, ended with its whole group at its time limit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+GRACE_S = 10.0   # after SIGTERM at the time limit (the plugin writes its reports), then SIGKILL
+TAIL_LINES = 40
+
+
+@dataclass
+class Outcome:
+    """How a child ended: its exit status (negative: the signal that ended it), whether the
+    time limit ended it, its wall time and the last lines of its output."""
+
+    returncode: int
+    timed_out: bool
+    seconds: float
+    tail: str
+    log: Path
+
+    @property
+    def signal(self) -> str | None:
+        if self.returncode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.returncode).name
+        except ValueError:
+            return f"signal {-self.returncode}"
+
+
+class Children:
+    """The running children, so that an interrupted judge ends them all (by their groups)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._procs: set[subprocess.Popen] = set()
+        self.stopping = False
+
+    def add(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self._procs.add(proc)
+            if self.stopping:
+                _end_group(proc, signal.SIGTERM)
+
+    def remove(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self._procs.discard(proc)
+
+    def stop_all(self) -> None:
+        with self._lock:
+            self.stopping = True
+            procs = list(self._procs)
+        for proc in procs:
+            _end_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_S
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _end_group(proc, signal.SIGKILL)
+
+
+def _end_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _reap_group(pgid: int, wait_s: float = 5.0) -> None:
+    """What the child left running in its group (the plugin's sentinel writes the JUnit file
+    after a crash) gets `wait_s` to end, then SIGKILL."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.05)
+    _end_group_id(pgid, signal.SIGKILL)
+
+
+def _end_group_id(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _die_with_judge() -> None:
+    """In the child, before exec: SIGTERM when the thread that started it (the judge) dies."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_DEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+
+def run(command: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout: float, log: Path,
+        children: Children | None = None, grace: float = GRACE_S) -> Outcome:
+    """Run `command` to its end or its time limit (SIGTERM to its process group, SIGKILL after
+    `grace`); stdout and stderr go to `log`."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    timed_out = False
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(list(command), env=dict(env), cwd=str(cwd), stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_judge)
+        if children is not None:
+            children.add(proc)
+        try:
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _end_group(proc, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=grace)
+                except subprocess.TimeoutExpired:
+                    _end_group(proc, signal.SIGKILL)
+                    proc.wait()
+            _reap_group(proc.pid)
+        finally:
+            if children is not None:
+                children.remove(proc)
+    return Outcome(proc.returncode, timed_out, time.monotonic() - start, tail(log), log)
+
+
+def tail(path: Path, lines: int = TAIL_LINES) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 64 * 1024))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])

@@ -1,0 +1,202 @@
+"""Which stage of which workdir runs where next: CPU slots for builds, devices for judging, a perf stage alone on its device. No processes here."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+# The stages of a workdir, in order. build and policy run on the host's CPUs (no device); check
+# (correctness and the other non-perf items) may share its device with other checks; perf has
+# its device to itself: no other stage of any workdir runs there while it times.
+STAGES = ("build", "policy", "check", "perf")
+CPU_STAGES = frozenset({"build", "policy"})
+OVERHEAD_BYTES = 2 << 30   # what a judging process holds besides its cases (the CUDA context, workspaces)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One stage of one workdir (`job`, its index), on `device` (None for a CPU stage)."""
+
+    job: int
+    stage: str
+    device: str | None = None
+
+
+@dataclass
+class Device:
+    """A GPU (or, for CPU workdirs, a CPU slot): what runs on it and how long it was busy."""
+
+    name: str
+    memory: int | None = None                               # bytes; None: only the count limits sharing
+    checks: dict[int, int | None] = field(default_factory=dict)   # job -> memory it was given
+    perf: int | None = None                                  # the job timing here, alone
+    draining: bool = False                                   # a perf stage waits for it: no new checks
+    busy_s: float = 0.0
+    busy_since: float | None = None
+
+    @property
+    def idle(self) -> bool:
+        return not self.checks and self.perf is None
+
+
+@dataclass
+class _Job:
+    stages: list[str]
+    problem: str | None
+    waiting: str | None = None      # the stage ready to start
+    running: Task | None = None
+
+
+class Scheduler:
+    """Assigns stages to CPU slots (`jobs` at once) and devices. A device takes up to `share`
+    checks at once while their memory fits (a problem's need is learned from its first check's
+    peak; unknown needs count as memory/share), or one perf stage alone. Perf stages go first;
+    a perf stage that finds no idle device drains one (no new checks there) until it is idle.
+    `clock` is injectable so tests can account busy time without waiting."""
+
+    def __init__(self, devices: Sequence[str], *, jobs: int = 2, share: int = 2,
+                 memory: dict[str, int] | None = None, clock: Callable[[], float] = time.monotonic):
+        if not devices:
+            raise ValueError("the scheduler needs at least one device (a GPU or a CPU slot)")
+        if jobs < 1 or share < 1:
+            raise ValueError(f"jobs and share must be at least 1 (got jobs={jobs}, share={share})")
+        self.devices = [Device(str(d), (memory or {}).get(str(d))) for d in devices]
+        self.jobs, self.share, self.clock = jobs, share, clock
+        self.started = clock()
+        self._jobs: dict[int, _Job] = {}
+        self._cpu_running = 0
+        self.need: dict[str, int] = {}   # problem -> learned memory of one check
+
+    # -- jobs -----------------------------------------------------------------------------
+
+    def add(self, job: int, problem: str | None = None, stages: Sequence[str] = STAGES) -> None:
+        if job in self._jobs:
+            raise ValueError(f"job {job} was added twice")
+        unknown = [s for s in stages if s not in STAGES]
+        if unknown or not stages:
+            raise ValueError(f"unknown stages {unknown} (the stages are {', '.join(STAGES)})")
+        self._jobs[job] = _Job(list(stages), problem, waiting=stages[0])
+
+    @property
+    def done(self) -> bool:
+        return all(j.waiting is None and j.running is None for j in self._jobs.values())
+
+    def running(self) -> list[Task]:
+        return [j.running for j in self._jobs.values() if j.running is not None]
+
+    def waiting(self) -> list[tuple[int, str]]:
+        return [(n, j.waiting) for n, j in self._jobs.items() if j.waiting is not None]
+
+    # -- assignment -----------------------------------------------------------------------
+
+    def ready(self) -> list[Task]:
+        """The tasks that may start now, marked running: perf first, then checks, then CPU stages."""
+        started: list[Task] = []
+        waiting = sorted(self.waiting())
+        for job, stage in [w for w in waiting if w[1] == "perf"]:
+            device = next((d for d in self.devices if d.idle and d.draining), None) or next(
+                (d for d in self.devices if d.idle), None)
+            if device is None:
+                self._drain()
+                continue
+            device.perf = job
+            started.append(self._start(job, stage, device))
+        self._release_drains()
+        for job, stage in [w for w in waiting if w[1] == "check"]:
+            device = self._fitting(self._jobs[job].problem)
+            if device is not None:
+                device.checks[job] = self._need(self._jobs[job].problem, device)
+                started.append(self._start(job, stage, device))
+        for job, stage in [w for w in waiting if w[1] in CPU_STAGES]:
+            if self._cpu_running >= self.jobs:
+                break
+            self._cpu_running += 1
+            started.append(self._start(job, stage, None))
+        return started
+
+    def _start(self, job: int, stage: str, device: Device | None) -> Task:
+        if device is not None:
+            self._touch(device)
+        task = Task(job, stage, device.name if device is not None else None)
+        self._jobs[job].running, self._jobs[job].waiting = task, None
+        return task
+
+    def _need(self, problem: str | None, device: Device) -> int | None:
+        if problem in self.need:
+            return self.need[problem]
+        return device.memory // self.share if device.memory else None
+
+    def _fitting(self, problem: str | None) -> Device | None:
+        """The device with the fewest checks that takes one more (no perf, not draining, memory fits)."""
+        fits = []
+        for device in self.devices:
+            if device.perf is not None or device.draining or len(device.checks) >= self.share:
+                continue
+            need = self._need(problem, device)
+            used = sum(n or 0 for n in device.checks.values())
+            if device.memory and need is not None and device.checks and used + need > device.memory:
+                continue
+            fits.append(device)
+        return min(fits, key=lambda d: len(d.checks)) if fits else None
+
+    def _drain(self) -> None:
+        """One more device stops taking checks, for a waiting perf stage (as many draining
+        devices as perf stages wait, the one with the fewest checks first)."""
+        waiting = sum(1 for _, s in self.waiting() if s == "perf")
+        if sum(d.draining for d in self.devices) >= waiting:
+            return
+        candidates = [d for d in self.devices if not d.draining and d.perf is None and not d.idle]
+        if candidates:
+            min(candidates, key=lambda d: len(d.checks)).draining = True
+
+    def _release_drains(self) -> None:
+        """A device drains only while a perf stage waits for it (and never while it times)."""
+        waiting = sum(1 for _, s in self.waiting() if s == "perf")
+        for device in self.devices:
+            if device.draining and (device.perf is not None or waiting <= 0):
+                device.draining = False
+            elif device.draining:
+                waiting -= 1
+
+    # -- completion -----------------------------------------------------------------------
+
+    def finish(self, task: Task, *, proceed: bool = True, peak_bytes: int | None = None) -> str | None:
+        """Mark `task` done. `proceed`: go on to the job's next stage (False drops the rest).
+        A check's `peak_bytes` teaches the scheduler its problem's memory. Returns the next
+        stage of the job, or None when the job is over."""
+        job = self._jobs[task.job]
+        if job.running != task:
+            raise ValueError(f"{task} is not running")
+        job.running = None
+        if task.device is None:
+            self._cpu_running -= 1
+        else:
+            device = self._device(task.device)
+            self._touch(device)
+            device.checks.pop(task.job, None)
+            if device.perf == task.job:
+                device.perf = None
+            self._touch(device)
+        if task.stage == "check" and peak_bytes is not None and job.problem is not None:
+            self.need[job.problem] = max(self.need.get(job.problem, 0), peak_bytes + OVERHEAD_BYTES)
+        following = job.stages[job.stages.index(task.stage) + 1:] if proceed else []
+        job.waiting = following[0] if following else None
+        return job.waiting
+
+    def _device(self, name: str) -> Device:
+        return next(d for d in self.devices if d.name == name)
+
+    def _touch(self, device: Device) -> None:
+        """Account busy time up to now (called before and after every change of a device)."""
+        now = self.clock()
+        if device.busy_since is not None:
+            device.busy_s += now - device.busy_since
+        device.busy_since = None if device.idle else now
+
+    def busy_fraction(self) -> dict[str, float]:
+        """Each device's busy share of the wall time since the scheduler started."""
+        now = self.clock()
+        wall = max(now - self.started, 1e-9)
+        return {d.name: min(1.0, (d.busy_s + (now - d.busy_since if d.busy_since is not None else 0.0)) / wall)
+                for d in self.devices}

@@ -1,0 +1,208 @@
+"""One stage of one workdir as a child process: its command line and environment, and what its exit, JSON report and JUnit file say."""
+
+from __future__ import annotations
+
+import json
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_cudaopt.judge import runner, sandbox
+from pytest_cudaopt.judge.devices import DeviceSet
+from pytest_cudaopt.judge.options import Options
+from pytest_cudaopt.launch import pytest_command
+
+# The pytest children: which items each runs, and the verdict kinds it must have collected.
+MARKERS = {"policy": "policy", "check": "not perf and not policy", "perf": "perf"}
+EXPECTED = {"policy": ("policy",), "check": ("correctness",), "perf": ("perf",)}
+KIND_OF_CLASS = {"TestPolicy": "policy", "TestCorrectness": "correctness", "TestPerf": "perf"}
+# Stage statuses: ok (every item asked for ran and passed), failed (a verdict failed), then
+# what ended the child: build-failed, crashed (a signal, or no report), timeout, error (the
+# judge's or the setup's trouble: bad arguments, pytest's own error), not-run.
+OK, FAILED = "ok", "failed"
+
+
+@dataclass
+class StageResult:
+    """What one stage's child ended with."""
+
+    stage: str
+    status: str
+    seconds: float = 0.0
+    device: str | None = None
+    exit_code: int | None = None
+    reason: str | None = None
+    report: dict | None = None
+    cases: list[dict] = field(default_factory=list)   # JUnit: kind, name, outcome, seconds
+    objects: dict[str, int] = field(default_factory=dict)
+    tail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """The stage in the line: its items counted by kind and outcome, the failed ones named
+        (the records themselves are in the line's report)."""
+        data = asdict(self)
+        for key in ("report", "stage", "cases"):
+            del data[key]
+        if self.status == OK:
+            del data["tail"]
+        counts: dict[str, dict[str, int]] = {}
+        for case in self.cases:
+            kind = counts.setdefault(case["kind"], {})
+            kind[case["outcome"]] = kind.get(case["outcome"], 0) + 1
+        data["items"] = counts
+        data["failed"] = [f"{c['kind']} {c['name']}" for c in self.cases if c["outcome"] in ("failure", "error")]
+        if not self.objects:
+            del data["objects"]
+        return data
+
+
+def environment(stage: str, devices: DeviceSet, device: str | None, options: Options) -> dict[str, str]:
+    """A child's environment: the scrubbed base, its device, the host's shared caches."""
+    given = {"CUDA_VISIBLE_DEVICES": devices.visible(device) if device is not None else "",
+             "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    if devices.arch_list and not _env_has("TORCH_CUDA_ARCH_LIST"):
+        given["TORCH_CUDA_ARCH_LIST"] = devices.arch_list
+    if options.cache_dir is not None:
+        cache = Path(options.cache_dir).expanduser().resolve()
+        # Every child (not only the build): their in-process build writes the same build.ninja.
+        given["CUDAOPT_OBJECT_CACHE"] = str(cache / "objects")
+        given["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
+        given["TRITON_CACHE_DIR"] = str(cache / "triton")
+    if stage == "build":
+        given["MAX_JOBS"] = str(max(1, _cores() // max(1, options.jobs)))
+    return sandbox.scrubbed_env(given, keep=options.keep_env)
+
+
+def _env_has(name: str) -> bool:
+    import os
+
+    return bool(os.environ.get(name, "").strip())
+
+
+def _cores() -> int:
+    import os
+
+    return os.cpu_count() or 2
+
+
+def command(stage: str, copy: Path, out: Path, options: Options) -> list[str]:
+    if stage == "build":
+        return [sys.executable, "-m", "pytest_cudaopt.judge.child_build", str(copy), *options.pytest_args]
+    args = [str(copy / "model_new.py"), "--rootdir", str(copy), "-m", MARKERS[stage], "-p", "no:cacheprovider",
+            "-p", "no:benchmark", "-q", f"--cudaopt-report={out / f'{stage}.json'}",
+            f"--junitxml={out / f'{stage}.xml'}", "-o", "junit_family=xunit2"]
+    if stage != "policy":
+        args.append("--cudaopt-ci-gate=1")   # a GPU item that would be skipped fails instead
+    if options.seed is not None and stage != "policy":
+        args.append(f"--cudaopt-seed={options.seed}")
+    return pytest_command([*args, *options.pytest_args])
+
+
+def run_stage(stage: str, copy: Path, out: Path, devices: DeviceSet, device: str | None, options: Options,
+              children: runner.Children | None = None) -> StageResult:
+    """Run one stage of the workdir at `copy` (outputs in `out`) and read what it left."""
+    timeout = options.build_timeout if stage == "build" else options.timeout
+    outcome = runner.run(command(stage, copy, out, options), env=environment(stage, devices, device, options),
+                         cwd=out, timeout=timeout, log=out / f"{stage}.log", children=children, grace=options.grace)
+    if stage == "build":
+        result = read_build(outcome)
+        result.objects = _object_counts(copy)
+    else:
+        result = read_pytest(stage, outcome, out / f"{stage}.json", out / f"{stage}.xml")
+    result.device = device
+    return result
+
+
+def _object_counts(copy: Path) -> dict[str, int]:
+    from pytest_cudaopt.build import objcache
+
+    total = {"hit": 0, "store": 0, "miss": 0}
+    for folder in (copy / "build" / "cudaopt").glob("*"):
+        for key, n in objcache.counts(folder).items():
+            total[key] += n
+    return {"cached": total["hit"], "compiled": total["store"] + total["miss"]}
+
+
+def _ended(stage: str, outcome: runner.Outcome) -> StageResult | None:
+    """A child the time limit or a signal ended."""
+    if outcome.timed_out:
+        return StageResult(stage, "timeout", outcome.seconds, exit_code=outcome.returncode, tail=outcome.tail,
+                           reason=f"the {stage} stage ran past its time limit and was ended")
+    if outcome.signal:
+        return StageResult(stage, "crashed", outcome.seconds, exit_code=outcome.returncode, tail=outcome.tail,
+                           reason=f"the {stage} stage was killed by {outcome.signal}")
+    return None
+
+
+def read_build(outcome: runner.Outcome) -> StageResult:
+    ended = _ended("build", outcome)
+    if ended is not None:
+        return ended
+    if outcome.returncode == 0:
+        return StageResult("build", OK, outcome.seconds, exit_code=0)
+    status = "build-failed" if outcome.returncode == 1 else "error"
+    return StageResult("build", status, outcome.seconds, exit_code=outcome.returncode, tail=outcome.tail,
+                       reason=outcome.tail[-4000:] or f"the build ended with status {outcome.returncode}")
+
+
+def read_junit(path: Path) -> list[dict]:
+    """Each test case of a JUnit file: its verdict kind (from its class), name, outcome, seconds."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return []
+    cases = []
+    for case in root.iter("testcase"):
+        cls = case.get("classname", "").rsplit(".", 1)[-1]
+        kind = KIND_OF_CLASS.get(cls, cls.removeprefix("Test").lower() or "other")
+        outcome = next((tag for tag in ("failure", "error", "skipped") if case.find(tag) is not None), "passed")
+        cases.append({"kind": kind, "name": case.get("name", ""), "outcome": outcome,
+                      "seconds": float(case.get("time") or 0.0)})
+    return cases
+
+
+def _read_report(path: Path) -> dict | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and "schema" in doc and "passed" in doc and "results" in doc else None
+
+
+def read_pytest(stage: str, outcome: runner.Outcome, report_path: Path, junit_path: Path) -> StageResult:
+    """A pytest child's status: ok only when it exited 0, its report says passed and complete,
+    and it collected the verdict kinds the stage exists for, none of them all skipped."""
+    report, cases = _read_report(report_path), read_junit(junit_path)
+    result = _ended(stage, outcome) or StageResult(stage, OK, outcome.seconds, exit_code=outcome.returncode)
+    result.report, result.cases = report, cases
+    if result.status != OK:
+        return result
+    result.tail = outcome.tail
+    if outcome.returncode not in (0, 1):
+        result.status, result.reason = "error", f"pytest ended with status {outcome.returncode} (usage or internal error)"
+    elif report is None:
+        result.status, result.reason = "crashed", f"the {stage} stage ended without writing its JSON report"
+    elif report.get("complete") is False:
+        hung = any(r.get("data", {}).get("check") == "timeout" for r in report.get("results", []))
+        result.status = "timeout" if hung else "crashed"
+        result.reason = f"the {stage} stage ended early, while running {report.get('running')}"
+    else:
+        result.status, result.reason = _verdict(stage, outcome.returncode, report, cases)
+    return result
+
+
+def _verdict(stage: str, returncode: int, report: dict, cases: list[dict]) -> tuple[str, str | None]:
+    for kind in EXPECTED[stage]:
+        mine = [c for c in cases if c["kind"] == kind]
+        if not mine:
+            return FAILED, f"no {kind} items were collected"
+        if all(c["outcome"] == "skipped" for c in mine):
+            return FAILED, f"every {kind} item was skipped"
+    failed = [f"{c['kind']} {c['name']}" for c in cases if c["outcome"] in ("failure", "error")]
+    if failed:
+        return FAILED, "failed: " + ", ".join(failed[:5]) + (f" and {len(failed) - 5} more" if len(failed) > 5 else "")
+    if returncode != 0 or not report.get("passed"):
+        return FAILED, "the report does not say passed" if returncode == 0 else f"pytest exited {returncode}"
+    return OK, None

@@ -1,0 +1,168 @@
+"""`cudaopt judge` on CPU workdirs: one line per workdir whatever each one does (pass, fail, segfault, hang, build failure), the table, the exit code, resume; and what a child is given."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_cudaopt.judge import lines as judge_lines, sandbox, stages
+from pytest_cudaopt.judge.devices import DeviceSet
+from pytest_cudaopt.judge.options import Options
+from support import JUDGE_CACHE, JUDGE_CPU_ARGS, judge_workdirs, subprocess_env
+
+TIMEOUT_S = 90   # each child's limit: the hang's check ends there
+
+
+def _judge_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest_cudaopt.cli", "judge", *args], cwd=cwd, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=1800)
+
+
+@pytest.fixture(scope="module")
+def judged(tmp_path_factory):
+    """One `cudaopt judge` run over the five CPU cases and a folder that holds no workdir."""
+    root = tmp_path_factory.mktemp("judge")
+    made = judge_workdirs(root / "gallery")
+    (root / "gallery" / "empty").mkdir()
+    out = root / "lines.jsonl"
+    args = [str(root / "gallery"), str(root / "gallery" / "empty"), "--cpu-slots", "2", "--jobs", "2",
+            "--timeout", str(TIMEOUT_S), "--cache-dir", str(JUDGE_CACHE), "--out", str(out), "--", *JUDGE_CPU_ARGS]
+    proc = _judge_cli(*args, cwd=root)
+    found = {Path(line["workdir"]).name: line for line in judge_lines.read_lines(out)}
+    return {"proc": proc, "lines": found, "made": made, "args": args, "out": out, "root": root,
+            "raw": out.read_text().splitlines()}
+
+
+def test_every_workdir_gets_exactly_one_line(judged):
+    names = [Path(json.loads(raw)["workdir"]).name for raw in judged["raw"]]
+    assert sorted(names) == sorted([*judged["made"], "empty"]), judged["proc"].stderr[-3000:]
+
+
+def test_an_honest_workdir_passes_every_stage(judged):
+    line = judged["lines"]["honest"]
+    assert (line["status"], line["passed"]) == ("judged", True), line["reason"]
+    assert line["verdicts"] == {"policy": "pass", "correctness": "pass", "perf": "pass"}
+    assert line["report"]["passed"] is True and line["report"]["results"]
+    assert line["key"] and line["gpu"] in ("cpu0", "cpu1")
+    assert set(line["seconds"]) >= {"build", "policy", "check", "perf", "total"}
+
+
+def test_a_wrong_workdir_fails_correctness_and_is_never_timed(judged):
+    line = judged["lines"]["wrong"]
+    assert (line["status"], line["passed"]) == ("judged", False)
+    assert line["verdicts"]["correctness"] == "FAIL" and line["verdicts"]["perf"] == "not run"
+    assert line["stages"]["perf"]["status"] == "not-run"
+
+
+def test_a_segfault_ends_its_own_process_and_says_so(judged):
+    line = judged["lines"]["segfault"]
+    assert (line["status"], line["passed"]) == ("crashed", False)
+    assert "SIGSEGV" in line["reason"]
+
+
+def test_a_hang_is_ended_at_the_time_limit(judged):
+    line = judged["lines"]["hang"]
+    assert (line["status"], line["passed"]) == ("timeout", False)
+    assert line["stages"]["check"]["seconds"] >= TIMEOUT_S
+
+
+def test_a_build_failure_carries_the_compilers_words(judged):
+    line = judged["lines"]["build_error"]
+    assert (line["status"], line["passed"]) == ("build-failed", False)
+    assert "undeclared_offset" in line["reason"] and "kernels/scale.cpp" in line["reason"]
+    assert line["stages"]["policy"]["status"] == "not-run"
+
+
+def test_a_path_that_holds_no_workdir_gets_a_line_saying_why(judged):
+    line = judged["lines"]["empty"]
+    assert (line["status"], line["passed"]) == ("error", False)
+    assert "holds none" in line["reason"]
+
+
+def test_the_run_ends_with_a_table_and_exit_3_when_something_could_not_be_judged(judged):
+    proc = judged["proc"]
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "cudaopt judge" in proc.stdout and "workdirs per hour" in proc.stdout
+    assert "busy: cpu0" in proc.stdout
+
+
+def test_the_fixed_binding_compiles_once_and_later_workdirs_take_it_from_the_cache(judged):
+    objects = [judged["lines"][n]["objects"] for n in ("honest", "wrong", "segfault", "hang")]
+    assert sum(o.get("cached", 0) for o in objects) >= 3 * 2   # binding.cpp and scale_binding.cpp at least
+
+
+def test_resume_keeps_the_judged_lines_and_judges_only_the_rest(judged):
+    args = judged["args"]
+    proc = _judge_cli(*args[:args.index("--")], "--resume", *args[args.index("--"):], cwd=judged["root"])
+    assert "5 kept from the earlier run" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    again = judge_lines.read_lines(judged["out"])
+    assert len(again) == 6 and sum(line["status"] == "error" for line in again) == 1
+
+
+# ------------------------------------------------------------------ what a child is given
+
+def test_a_childs_environment_is_scrubbed_of_the_judges_secrets(monkeypatch, tmp_path):
+    monkeypatch.setenv("CUDAOPT_SEED", "1234")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hunter2")
+    monkeypatch.setenv("PATH", os.environ.get("PATH", "/usr/bin"))
+    options = Options(cache_dir=tmp_path / "cache")
+    env = stages.environment("check", DeviceSet(["3"]), "3", options)
+    assert "CUDAOPT_SEED" not in env and "AWS_SECRET_ACCESS_KEY" not in env
+    assert env["CUDA_VISIBLE_DEVICES"] == "3" and env["PATH"]
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str((tmp_path / "cache" / "inductor").resolve())
+    assert stages.environment("build", DeviceSet(["3"]), None, options)["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_no_seed_reaches_a_childs_command_line_unless_replaying(tmp_path):
+    command = stages.command("check", tmp_path / "w", tmp_path / "out", Options())
+    assert not any(arg.startswith("--cudaopt-seed") for arg in command)
+    replay = stages.command("check", tmp_path / "w", tmp_path / "out", Options(seed=5))
+    assert "--cudaopt-seed=5" in replay
+
+
+def test_a_private_copy_has_no_earlier_build_and_no_link_out(tmp_path):
+    src = tmp_path / "src"
+    (src / "build" / "cudaopt").mkdir(parents=True)
+    (src / "build" / "cudaopt" / "cuda_extension.so").write_bytes(b"planted")
+    (src / "model.py").write_text("x = 1\n")
+    secret = tmp_path / "other" / "model_new.py"
+    secret.parent.mkdir()
+    secret.write_text("theirs\n")
+    (src / "model_new.py").symlink_to(secret)
+    digest = sandbox.private_copy(src, tmp_path / "copy")
+    copied = tmp_path / "copy" / "model_new.py"
+    assert not (tmp_path / "copy" / "build").exists()
+    assert copied.is_file() and not copied.is_symlink() and copied.read_text() == "theirs\n"
+    packed, same = sandbox.pack(src)
+    sandbox.unpack(packed, tmp_path / "unpacked")
+    assert same == digest and (tmp_path / "unpacked" / "model.py").read_text() == "x = 1\n"
+
+
+def test_passed_needs_a_child_that_ended_normally_with_a_report_that_says_passed():
+    report = {"schema": "cudaopt-report/1", "passed": True, "results": []}
+    cases = [{"kind": k, "name": "t", "outcome": "passed", "seconds": 0.1} for k in ("policy", "correctness", "perf")]
+    ok = [stages.StageResult(s, "ok", 1.0, report=report if s != "build" else None,
+                             cases=[c for c in cases if stages.EXPECTED.get(s, ("",))[0] == c["kind"]])
+          for s in ("build", "policy", "check", "perf")]
+    assert judge_lines.assemble(workdir="w", key="k", content="", results=ok, seconds={})["passed"] is True
+    crashed = [*ok[:3], stages.StageResult("perf", "crashed", 1.0, report=report, reason="killed by SIGSEGV")]
+    line = judge_lines.assemble(workdir="w", key="k", content="", results=crashed, seconds={})
+    assert (line["status"], line["passed"]) == ("crashed", False)
+    outcome = type("Outcome", (), {"timed_out": False, "signal": None, "returncode": 0, "seconds": 1.0, "tail": ""})()
+    read = stages.read_pytest("perf", outcome, Path("/nonexistent.json"), Path("/nonexistent.xml"))
+    assert read.status == "crashed" and "without writing its JSON report" in read.reason
+
+
+def test_judge_takes_any_number_of_paths_then_pytest_arguments_after_a_double_dash(monkeypatch):
+    from pytest_cudaopt import cli
+
+    seen = {}
+    monkeypatch.setattr(cli, "cmd_judge", lambda args: seen.update(
+        paths=args.paths, extra=args.pytest_args, gpus=args.gpus) or 0)
+    assert cli.main(["judge", "a", "b", "--gpus", "0,3", "--", "--cudaopt-device=cpu", "-x"]) == 0
+    assert seen == {"paths": ["a", "b"], "extra": ["--cudaopt-device=cpu", "-x"], "gpus": "0,3"}
