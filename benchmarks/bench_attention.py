@@ -67,6 +67,7 @@ def time_all(wd, ext, max_time, emit):
     import torch
 
     from pytest_cudaopt.perf import clocks, engine, lineup
+    from pytest_cudaopt.perf.feed import Feed
 
     B, T, C, H = SHAPES[0]
     torch.manual_seed(0)
@@ -96,7 +97,7 @@ def time_all(wd, ext, max_time, emit):
     config = engine.Config(warmup=1.0, max_time=max_time)
     for group in (contenders, ops):
         with torch.no_grad():
-            measured = engine.measure(group, [[x]], clock=clocks.CudaClock(), config=config)
+            measured = engine.measure(group, Feed(lambda n: [x]), clock=clocks.CudaClock(), config=config)
         for key, result in measured.results.items():
             emit({"kind": "time", "key": key, "label": result.label, "shape": [B, T, C, H],
                   "device_median_s": result.device_summary.median,

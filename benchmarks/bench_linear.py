@@ -53,6 +53,7 @@ def time_all(ext, max_time, emit):
     import torch
 
     from pytest_cudaopt.perf import clocks, engine, lineup
+    from pytest_cudaopt.perf.feed import Feed
 
     for name, M, N, K in SHAPES[:2]:
         torch.manual_seed(0)
@@ -64,7 +65,7 @@ def time_all(ext, max_time, emit):
         group += [engine.Contender(f"{name}:{c}", (lambda c: lambda _x: ext.linear(x, w, b, c))(c),
                                    f"linear config {c} ({words})", check=False) for c, words in CONFIGS.items()]
         with torch.no_grad():
-            measured = engine.measure(group, [[x]], clock=clocks.CudaClock(),
+            measured = engine.measure(group, Feed(lambda n: [x]), clock=clocks.CudaClock(),
                                       config=engine.Config(warmup=0.5, max_time=max_time))
         for key, result in measured.results.items():
             median = result.device_summary.median if result.samples else None

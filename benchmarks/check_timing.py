@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from pytest_cudaopt import environment, report  # noqa: E402
 from pytest_cudaopt.perf import clocks, engine, gate, stats, trace  # noqa: E402  (binds the timing functions first)
+from pytest_cudaopt.perf.feed import Feed  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -60,7 +61,7 @@ CONFIG = engine.Config(warmup=0.5, max_time=6.0, target_rse=0.005)
 # not judged; the tolerance judges the kernels that do not reach the power cap.
 POWER_CAPPED = {"hgemm 8192 fp16"}
 ALONE = engine.Config(warmup=0.5, max_time=1.0, target_rse=1e-12)
-DUMMY_INPUTS = [[]]  # contenders below close over their own tensors
+DUMMY_INPUTS = Feed(lambda n: [])  # contenders below close over their own tensors
 ROWS: list[dict[str, str]] = []
 
 

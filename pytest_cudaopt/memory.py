@@ -10,7 +10,6 @@ import torch
 GiB = 1 << 30
 FACTOR = 4            # a case may use this many times its inputs + outputs ...
 OVERHEAD = 2 * GiB    # ... plus this (the CUDA context, workspaces, the extension)
-MIN_INPUT_SETS = 2    # the perf item rotates at least this many input sets
 
 
 class DoesNotFit(Exception):
@@ -148,31 +147,28 @@ def cap_max_elements(max_elements: int | None, canonical_elements: int, canonica
                  f"{gib(free)} of device memory free")
 
 
-def perf_input_plan(requested: int, input_bytes: int, output_bytes: int, free: int | None,
-                    contenders: int = 4) -> tuple[int, bool, str]:
-    """(input sets, shared, note) for the perf item, inside the case budget (FACTOR x (inputs +
-    outputs) + OVERHEAD) and the free memory. Each set is held once with its expected output;
-    the timing engine gives every contender its own copy of the inputs unless they are
-    `shared` (all contenders time on the same tensors), which is chosen only when even
-    MIN_INPUT_SETS private copies would not fit."""
-    limit = case_budget(input_bytes, output_bytes)
-    if free is not None:
-        limit = min(limit, free - OVERHEAD)
+def perf_input_plan(input_bytes: int, output_bytes: int, free: int | None,
+                    contenders: int) -> tuple[int, bool, str]:
+    """(contenders per queued pass, one checked output per pass, note) for the perf item,
+    inside the case budget (FACTOR x (inputs + outputs) + OVERHEAD) and the free memory.
+
+    Every timed call gets an input set of its own, so a queued pass (its calls enqueued back
+    to back behind one spin kernel) holds the inputs of all its calls at once, plus the
+    expected and the returned output of each checked call and the output being made; the
+    verdict holds one example input set besides, and an expected output is computed on a
+    copy of the inputs. Where a pass of every contender with every output checked does not
+    fit, one output a pass is checked (each contender's in turn); where even that does not
+    fit, the contenders are queued in smaller passes."""
     if free is None or input_bytes + output_bytes <= 0:
-        return requested, False, ""
-    # Private: each set, its expected output and a copy per contender, plus the queued outputs
-    # that a checked round keeps (one per contender).
-    private = input_bytes + output_bytes + contenders * input_bytes
-    room = limit - contenders * output_bytes
-    if private * requested <= room:
-        return requested, False, ""
-    if private * MIN_INPUT_SETS <= room:
-        count = max(MIN_INPUT_SETS, min(requested, int(room // private)))
-        return count, False, (f"{count} input sets rotated instead of {requested}: the case budget "
-                              f"{gib(limit)} holds that many with a copy per contender")
-    # Shared: each set, its one copy and its expected output, plus the one queued output that
-    # a checked round keeps (timing.measure keeps one, not one per contender, when shared).
-    shared = 2 * input_bytes + output_bytes
-    count = max(MIN_INPUT_SETS, min(requested, int((limit - output_bytes) // shared)))
-    return count, True, (f"{count} input sets, shared by the contenders instead of a copy each: a copy "
-                         f"per contender would not fit the case budget of {gib(limit)}")
+        return contenders, False, ""
+    limit = min(case_budget(input_bytes, output_bytes), free - OVERHEAD)
+
+    def need(group: int, checked: int) -> int:
+        return (2 + group) * input_bytes + (2 * checked + 1) * output_bytes
+
+    if need(contenders, contenders) <= limit:
+        return contenders, False, ""
+    group = next((g for g in range(contenders, 1, -1) if need(g, 1) <= limit), 1)
+    smaller = "" if group == contenders else f", and the contenders queued {group} at a time"
+    return group, True, (f"one output checked per queued pass{smaller}: the inputs of a pass of every "
+                         f"contender with every output checked would not fit the case budget of {gib(limit)}")

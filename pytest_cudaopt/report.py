@@ -190,8 +190,8 @@ def perf_notes(r: PerfResult) -> list[str]:
         stop = {"target_rse": f"every median's relative standard error <= {m.config.target_rse:g}",
                 "max_time": f"time cap of {m.config.max_time:g} s",
                 "max_rounds": "round cap", "all failed": "every contender failed"}.get(m.stop_reason, m.stop_reason)
-        lines.append(f"timing: {m.clock}, {m.rounds} interleaved rounds in {m.seconds:.1f} s, "
-                     f"stopped by {stop}; {flush}; warm-up {m.config.warmup:g} s per contender")
+        lines.append(f"timing: {m.clock}, {m.rounds} interleaved rounds in {m.seconds:.1f} s, stopped by {stop}; {flush}; "
+                     f"warm-up {m.config.warmup:g} s per contender; every call on a fresh input set ({m.inputs_drawn} drawn)")
         ahead = (f"; the host stayed ahead in {m.queued_rounds - m.behind_rounds} of {m.queued_rounds} rounds"
                  if m.queued_rounds else "")
         lines.append(f"clocks: the gate compares {'device time' if m.gate_clock == 'device' else 'latency'}. "

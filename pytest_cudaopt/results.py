@@ -35,6 +35,7 @@ class CorrectnessResult:
     seconds: float = 0.0
     kind: str = "correctness"
     peak_bytes: int | None = None  # torch's max allocated device memory during the item
+    state: str = ""            # Model's state: "default" (as initialised) or "moved" (correctness.state)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -43,7 +44,7 @@ class CorrectnessResult:
             "max_abs": self.max_abs, "max_rel": self.max_rel,
             "precision": self.precision.to_json() if self.precision else None,
             "check": self.check, "message": self.message, "seconds": self.seconds,
-            "peak_bytes": self.peak_bytes,
+            "peak_bytes": self.peak_bytes, "state": self.state,
         }
 
 

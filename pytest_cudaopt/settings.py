@@ -152,7 +152,6 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_time", _positive(float), 20.0, "seconds of timing per perf test before it stops"),
     Option("target_rse", _positive(float), 0.005,
            "stop timing once the relative standard error of every median is below this"),
-    Option("input_sets", _positive(int), 4, "input sets rotated during timing"),
     Option("cuda_graph", _bool, False, "time each contender as CUDA-graph replays (for tiny kernels)"),
     Option("clock", _choice("device", "latency"), "device",
            "the figure the perf gate compares: 'device' (CUDA events with the host ahead of the GPU) or "

@@ -134,24 +134,55 @@ def _to_device(value: Any, device: torch.device | str) -> Any:
 
 
 @contextlib.contextmanager
-def private_rng(seed: int) -> Iterator[None]:
-    """Torch (CPU and the current CUDA device), Python `random` and NumPy seeded with `seed`
-    for the duration; the global generators are left as they were."""
+def saved_rng() -> Iterator[None]:
+    """The global generators (torch's CPU one and the current CUDA device's, Python `random`,
+    NumPy) as they were before the block, whatever it seeds or draws."""
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
     py_state = random.getstate()
     np = sys.modules.get("numpy")
     np_state = np.random.get_state() if np is not None else None
     with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        random.seed(seed)
-        if np is not None:
-            np.random.seed(seed % 2**32)
         try:
             yield
         finally:
             random.setstate(py_state)
             if np is not None:
                 np.random.set_state(np_state)
+
+
+def _seed_all(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed(seed % 2**32)
+
+
+@contextlib.contextmanager
+def private_rng(seed: int) -> Iterator[None]:
+    """Torch (CPU and the current CUDA device), Python `random` and NumPy seeded with `seed`
+    for the duration; the global generators are left as they were."""
+    with saved_rng():
+        _seed_all(seed)
+        yield
+
+
+@contextlib.contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    """The generators seeded with `seed`, their earlier state not kept (cheap: no state is
+    saved or restored; the caller keeps it with `saved_rng` around many draws). With CUDA
+    initialised only the CPU and CUDA generators are seeded directly, not through
+    torch.manual_seed's other backends."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.default_generator.manual_seed(seed)
+        torch.cuda.manual_seed_all(seed)
+        random.seed(seed)
+        np = sys.modules.get("numpy")
+        if np is not None:
+            np.random.seed(seed % 2**32)
+    else:
+        _seed_all(seed)
+    yield
 
 
 def _describe(value: Any) -> str:
@@ -209,12 +240,15 @@ class Workdir:
         values = self._call(self.model_file, "get_init_inputs()", self.reference.get_init_inputs)
         return _as_list(values, self.model_file, "get_init_inputs()", "the arguments of Model(...)")
 
-    def inputs(self, seed: int, device: torch.device | str = "cpu") -> list:
+    def inputs(self, seed: int, device: torch.device | str = "cpu", isolated: bool = True) -> list:
         """model.py's get_inputs() under a private RNG seeded by `seed`, moved to `device`.
         On CUDA, get_inputs() runs with that device as the default, so that torch.rand(...)
-        draws there: a 6 GiB input takes milliseconds, not seconds on the CPU and a copy."""
+        draws there: a 6 GiB input takes milliseconds, not seconds on the CPU and a copy.
+        `isolated=False` seeds the global generators without saving their state (a draw per
+        timed call: the caller keeps the state once, with `saved_rng`)."""
         on_device = torch.device(device).type == "cuda"
-        with private_rng(seed), (torch.device(device) if on_device else contextlib.nullcontext()):
+        rng = private_rng(seed) if isolated else _seeded(seed)
+        with rng, (torch.device(device) if on_device else contextlib.nullcontext()):
             values = self._call(self.model_file, "get_inputs()", self.reference.get_inputs)
         values = _as_list(values, self.model_file, "get_inputs()", "the arguments of forward(...)")
         return [_to_device(v, device) for v in values]

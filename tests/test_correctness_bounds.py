@@ -1,4 +1,4 @@
-"""The correctness verdict on outputs allclose cannot judge: fills of tiny outputs, integer outputs, buffers, canonical-only candidates."""
+"""The correctness verdict on outputs allclose cannot judge: fills of tiny outputs, integer outputs, buffers, canonical-only candidates, empty inputs, a get_inputs() that yields no case."""
 
 import re
 import textwrap
@@ -194,3 +194,77 @@ def test_an_item_with_fewer_than_a_handful_of_valid_shapes_says_so(pytester, mak
     assert "FAIL (few shapes)" in text
     assert "only 2 distinct valid shapes besides the canonical one" in text
     assert "CUDAOPT_SHAPES" in text
+
+
+SCALE_MODEL = """
+import torch
+import torch.nn as nn
+
+batch_size = {batch}
+features = 64
+
+
+class Model(nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(features))
+        self.bias = nn.Parameter(torch.randn(features))
+
+    def forward(self, x):
+        return x * self.weight + self.bias
+
+
+def get_inputs():
+    {get_inputs}
+
+
+def get_init_inputs():
+    return [features]
+"""
+NO_CASE = {
+    "empty": (0, "return [torch.randn(batch_size, features)]"),
+    "bare": (16, "return torch.randn(batch_size, features)"),
+    "raises": (16, "raise ValueError('no inputs here')"),
+}
+
+
+@pytest.fixture(scope="module")
+def no_case(prebuilt_workdir, tmp_path_factory):
+    """One `pytest -m correctness` session over cpu_scale copies whose model.py has a size-0
+    batch, a get_inputs() that returns a bare tensor, one that raises: junit cases."""
+    import shutil
+    import subprocess
+    import sys
+
+    from support import junit_cases, subprocess_env
+
+    from pytest_cudaopt.launch import plugin_args
+
+    root = tmp_path_factory.mktemp("no_case")
+    for name, (batch, body) in NO_CASE.items():
+        shutil.copytree(prebuilt_workdir("cpu_scale"), root / name, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.lock"))
+        (root / name / "model.py").write_text(SCALE_MODEL.format(batch=batch, get_inputs=body))
+    cmd = [sys.executable, "-m", "pytest", *plugin_args(), "-p", "no:cacheprovider", "-m", "correctness",
+           "--cudaopt-device=cpu", "--cudaopt-seeds=1", f"--junitxml={root / 'junit.xml'}",
+           *[f"{name}/model_new.py" for name in NO_CASE]]
+    done = subprocess.run(cmd, cwd=root, env=subprocess_env(), capture_output=True, text=True, timeout=900)
+    assert (root / "junit.xml").is_file(), done.stdout + done.stderr
+    return junit_cases(root / "junit.xml")
+
+
+def test_a_size_0_dimension_is_judged_like_any_shape(no_case):
+    for test in ("test_canonical[seed0]", "test_drawn_shapes"):
+        outcome, text = no_case[("empty", test)]
+        assert outcome == "passed", text
+
+
+@pytest.mark.parametrize("name, why", [
+    ("bare", "model.py: get_inputs() returned a bare tensor float32["),
+    ("raises", "ValueError: no inputs here"),
+])
+def test_a_drawn_shapes_item_that_could_judge_no_case_fails_and_says_why(no_case, name, why):
+    assert no_case[(name, "test_canonical[seed0]")][0] == "failed"
+    outcome, text = no_case[(name, "test_drawn_shapes")]
+    assert outcome == "failed", text
+    assert "no drawn shape could be judged (" in text and why in text, text

@@ -25,7 +25,7 @@ VARIANTS = WORKDIRS / WORKDIR / "variants"
 CORRECTNESS = ("-m", "correctness", "--cudaopt-device=cuda", "--cudaopt-profile=ci",
                "--cudaopt-max-examples=5", "--cudaopt-timeout=120")
 PERF = ("-m", "perf", "--cudaopt-device=cuda", "--cudaopt-compile-backend=eager", "--cudaopt-warmup=0.05",
-        "--cudaopt-max-time=1", "--cudaopt-input-sets=2", "--cudaopt-timeout=120")
+        "--cudaopt-max-time=1", "--cudaopt-timeout=120")
 SESSION_TIMEOUT = 300
 INI = "[pytest]\n"  # pins the rootdir, so node ids read wd/model_new.py::...
 CANONICAL = ("test_canonical[seed0]", "test_canonical[seed1]", "test_canonical[seed2]")

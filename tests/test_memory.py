@@ -1,4 +1,4 @@
-"""memory.py with made-up sizes: the case budget, the shrinking size cap, input sets that fit, the failure that says what to do."""
+"""memory.py with made-up sizes: the case budget, the shrinking size cap, queued passes that fit, the failure that says what to do."""
 
 import pytest
 import torch
@@ -34,21 +34,24 @@ def test_the_size_cap_shrinks_to_free_memory_and_says_so():
     assert memory.cap_max_elements(4096, 1024, 8192, free=None) == (4096, "")
 
 
-def test_perf_input_sets_fit_the_case_budget_and_are_shared_only_when_they_must_be():
-    # 1/16 GiB in and out: budget 4 x 1/8 + 2 = 2.5 GiB; a set with 4 private copies takes
-    # 3/8 GiB, and a checked round keeps 4 queued outputs (1/4 GiB).
-    assert memory.perf_input_plan(4, GiB // 16, GiB // 16, 100 * GiB) == (4, False, "")
-    # 1/8 GiB: budget 3 GiB, 1/2 GiB of queued outputs; sets of 3/4 GiB: three fit.
-    count, shared, note = memory.perf_input_plan(4, GiB // 8, GiB // 8, 100 * GiB)
-    assert (count, shared) == (3, False) and "3 input sets rotated instead of 4" in note
-    # 1/4 GiB in and out: budget 4 GiB, 1 GiB of queued outputs; private sets take 1.5 GiB each: two fit.
-    count, shared, note = memory.perf_input_plan(4, GiB // 4, GiB // 4, 100 * GiB)
-    assert (count, shared) == (2, False) and "2 input sets rotated instead of 4" in note
-    # KernelBench softmax: 6 GiB in, 6 GiB out, budget 50 GiB: two private sets (72 GiB) do
-    # not fit, two shared ones (36 GiB, and one kept queued output: 42 GiB) do.
-    count, shared, note = memory.perf_input_plan(4, 6 * GiB, 6 * GiB, 120 * GiB)
-    assert (count, shared) == (2, True) and "shared by the contenders" in note
-    assert memory.perf_input_plan(4, 6 * GiB, 6 * GiB, None) == (4, False, "")
+def test_the_perf_items_queued_passes_fit_the_case_budget_checking_fewer_outputs_only_when_they_must():
+    # A queued pass holds the inputs of each of its calls, the expected and returned output of
+    # each checked call and one output being made, beside an example set and one copy.
+    # 1/16 GiB in and out, 4 contenders: (2 + 4) / 16 + 9 / 16 GiB of 2.5 GiB: everything fits.
+    assert memory.perf_input_plan(GiB // 16, GiB // 16, 100 * GiB, 4) == (4, False, "")
+    # 1/4 GiB in and out: budget 4 GiB; every output checked needs 3.75 GiB, it fits.
+    assert memory.perf_input_plan(GiB // 4, GiB // 4, 100 * GiB, 4) == (4, False, "")
+    # 1/2 GiB: budget 6 GiB; every output checked needs 7.5 GiB, one a pass 4.5 GiB.
+    group, one, note = memory.perf_input_plan(GiB // 2, GiB // 2, 100 * GiB, 4)
+    assert (group, one) == (4, True) and "one output checked per queued pass" in note and "6.00 GiB" in note
+    # KernelBench softmax: 6 GiB in, 6 GiB out, budget 50 GiB: three contenders with one output
+    # checked a pass take 48 GiB; a fourth would need 54 GiB, so it is queued in a pass of its own.
+    assert memory.perf_input_plan(6 * GiB, 6 * GiB, 120 * GiB, 3)[:2] == (3, True)
+    group, one, note = memory.perf_input_plan(6 * GiB, 6 * GiB, 120 * GiB, 4)
+    assert (group, one) == (3, True) and "queued 3 at a time" in note
+    # Free memory below the budget shrinks it: 30 GiB free leaves 28 GiB, two a pass (36 GiB) do not fit.
+    assert memory.perf_input_plan(6 * GiB, 6 * GiB, 30 * GiB, 3)[:2] == (1, True)
+    assert memory.perf_input_plan(6 * GiB, 6 * GiB, None, 4) == (4, False, "")
 
 
 def test_the_float64_run_is_planned_only_where_it_fits():

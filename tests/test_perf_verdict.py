@@ -347,3 +347,145 @@ def test_a_model_new_that_replaces_a_timing_function_at_import_fails_the_perf_it
     result = run_pytest(pytester, *args, "-m", "perf")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"*the timing functions {replaced} were replaced while the contenders ran*"])
+
+
+# -- every timed call on inputs no earlier call saw -----------------------------------------------
+
+MEMO_CLOCK = """\
+import sys
+from pathlib import Path
+
+from pytest_cudaopt.perf.clocks import FakeClock
+
+
+def _hits():
+    for name, module in list(sys.modules.items()):
+        if name.endswith(".model_new") and hasattr(module, "cuda_extension"):
+            return module.cuda_extension.memo_hits()
+    return 0
+
+
+class _Charge:
+    \"\"\"The custom path's figure: 0.1 ms for a call its memo answered, else the naive kernel's 8 ms.\"\"\"
+
+    def __init__(self):
+        self.seen = 0
+
+    def __call__(self):
+        now = _hits()
+        hit, self.seen = now > self.seen, now
+        return 0.1e-3 if hit else 8e-3
+
+
+def pytest_cudaopt_perf_clock(config, device):
+    return FakeClock({"eager": 3e-3, "compile": 1e-3, "custom": _Charge()})
+
+
+def pytest_sessionfinish(session):
+    Path(session.config.rootpath, "hits.txt").write_text(str(_hits()))
+"""
+
+
+def test_a_memo_keyed_by_input_content_never_hits_and_fails_the_gate_at_its_honest_speed(
+        pytester, make_workdir, monkeypatch):
+    # KernelBench level1/1 in small: a naive matmul behind a memo of eight sampled input elements.
+    monkeypatch.setenv("CUDAOPT_SELF_TEST", "1")
+    path = make_workdir("cpu_problems", dest=pytester.path / "wd")
+    for name, source in (("model.py", "model.py"), ("model_new.py", "content_memo.py")):
+        (path / name).write_text((path / "variants" / "matmul" / source).read_text())
+    (path / "pytest.ini").write_text(INI)
+    (path / "conftest.py").write_text(MEMO_CLOCK)
+    result = run_pytest(pytester, "wd", "-m", "perf", "--cudaopt-report=report.json")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["ModelNew (custom) *8.00 ms *8.00 ms *FAIL (< 1.05x)",
+                                 "*FAIL (speedup 0.125x, needed 1.05x)"])
+    assert (pytester.path / "wd" / "hits.txt").read_text() == "0"
+    timing = json.loads((pytester.path / "report.json").read_text())["results"][0]["data"]["timing"]
+    custom = next(c for c in timing["contenders"] if c["key"] == "custom")
+    assert custom["min_s"] == pytest.approx(8e-3) and custom["failure"] is None
+    assert timing["inputs_drawn"] >= 6 * custom["n"]   # a set for each call of the three contenders
+
+
+IN_PLACE_MODEL = '''\
+"""y = x * weight + bias, computed in x's own storage (KernelBench models do this)."""
+
+import torch
+import torch.nn as nn
+
+batch_size = 16
+features = 64
+
+
+class Model(nn.Module):
+    def __init__(self, features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(features))
+        self.bias = nn.Parameter(torch.randn(features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(self.weight).add_(self.bias)
+        return x
+
+
+def get_inputs():
+    return [torch.randn(batch_size, features)]
+
+
+def get_init_inputs():
+    return [features]
+'''
+
+
+def test_a_reference_that_writes_into_its_input_does_not_fail_a_correct_candidate(pytester, workdir):
+    path = workdir(speeds(custom=1 * MS, compile_=2 * MS))
+    (path / "model.py").write_text(IN_PLACE_MODEL)
+    result = run_pytest(pytester, "wd", "-m", "correctness or perf", "-p", "no:randomly")
+    result.assert_outcomes(passed=5)
+    result.stdout.fnmatch_lines(["Model (eager) *3.00 ms*reference", "ModelNew (custom) *1.00 ms*PASS (>= 1.05x)"])
+    assert "differs from the reference" not in result.stdout.str()
+
+
+HALF_OFF_CANONICAL = '''\
+"""Exact at the canonical size (16 x 64), rounded to bfloat16 everywhere else."""
+
+import torch
+import torch.nn as nn
+
+import cuda_extension
+
+
+class ModelNew(nn.Module):
+    def __init__(self, features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(features))
+        self.bias = nn.Parameter(torch.randn(features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 16 and x.shape[1] == 64:
+            return cuda_extension.scale(x, self.weight, self.bias)
+        return cuda_extension.scale_bf16(x, self.weight, self.bias)
+'''
+
+
+def test_the_perf_verdict_names_the_workdirs_worst_tier_and_times_the_precision_matched_baseline(
+        pytester, make_workdir, monkeypatch):
+    monkeypatch.setenv("CUDAOPT_SELF_TEST", "1")
+    path = make_workdir("cheat_kernels", dest=pytester.path / "wd")
+    (path / "model_new.py").write_text(HALF_OFF_CANONICAL)
+    (path / "pytest.ini").write_text(INI)
+    (path / "conftest.py").write_text(FAKE_CLOCK.format(
+        durations=speeds(custom=1 * MS, compile_=2 * MS, **{"precision-matched": 1.5 * MS}), escaped={}, latency={}))
+    result = run_pytest(pytester, "wd", "-m", "correctness or perf", "-p", "no:randomly",
+                        "--cudaopt-report=report.json")
+    result.assert_outcomes(passed=5)
+    result.stdout.fnmatch_lines([
+        "*contender *vs compile+TF32 *precision *verdict",
+        "torch.compile (backend=eager) + TF32 *1.50 ms *",
+        "ModelNew (custom) *1.00 ms *half-like *PASS (>= 1.05x)",
+        "precision of ModelNew (custom): half-like: * on drawn shapes (* cases), the least precise of 4 "
+        "correctness results of this run; on the timed inputs fp32: *",
+    ])
+    perf = next(r["data"] for r in json.loads((pytester.path / "report.json").read_text())["results"]
+                if r["kind"] == "perf")
+    assert perf["precision"] == "half-like" and perf["tiers"]["precision-matched"] == "fp32"
+    assert perf["gate"]["baseline"] == "compile"

@@ -11,6 +11,7 @@ from pytest_cudaopt.cli import main as cli_main
 from pytest_cudaopt.perf import clocks, gate
 from pytest_cudaopt.perf.clocks import FakeClock
 from pytest_cudaopt.perf.engine import Config, Contender, measure
+from pytest_cudaopt.perf.feed import Feed
 from pytest_cudaopt.perf.gate import gate_verdict
 from pytest_cudaopt.perf.trace import Kernel, Trace
 from pytest_cudaopt.results import PerfResult
@@ -76,7 +77,7 @@ def perf_result(custom=1.0 * MS, compile_=1.5 * MS, eager=3.0 * MS, tf32=None, e
     labels = {"eager": "Model (eager)", "compile": "torch.compile", "precision-matched": "torch.compile + TF32",
               "custom": "ModelNew (custom)"}
     clock = FakeClock(durations, escaped={"custom": escaped}, latency=latency)
-    m = measure([Contender(k, lambda x: x, labels[k]) for k in keys], [[torch.ones(2)]], clock=clock,
+    m = measure([Contender(k, lambda x: x, labels[k]) for k in keys], Feed(lambda n: [torch.ones(2)]), clock=clock,
                 config=Config(warmup=0.0, min_warmup_runs=1, min_runs=10, clock=gate_clock))
     m.clock = clock_name
     failures = {k: r.failure for k, r in m.results.items() if r.failure}
@@ -125,7 +126,7 @@ def test_an_escaping_custom_path_fails_with_its_reason_in_the_notes():
 
 
 def test_a_baseline_that_could_not_be_compiled_is_a_row_and_fails_the_gate():
-    m = measure([Contender(k, lambda x: x, k) for k in ("eager", "custom")], [[torch.ones(2)]],
+    m = measure([Contender(k, lambda x: x, k) for k in ("eager", "custom")], Feed(lambda n: [torch.ones(2)]),
                 clock=FakeClock({"eager": 3 * MS, "custom": MS}), config=Config(warmup=0.0, min_warmup_runs=1))
     errors = {"compile": "torch.compile failed: InvalidCxxCompiler: no working C++ compiler found",
               "peer:*": "peers.py: import failed: SyntaxError: invalid syntax"}

@@ -258,6 +258,8 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 def first_difference(a: torch.Tensor, b: torch.Tensor) -> tuple[int, tuple[int, ...], float, float]:
     """(elements that differ bitwise, first differing index, value in a, value in b)."""
+    if a.numel() == 0:  # nothing to differ (a size-0 dimension)
+        return 0, (), 0.0, 0.0
     wa = as_bytes(a).reshape(a.numel(), -1)
     wb = as_bytes(b).reshape(b.numel(), -1)
     differs = (wa != wb).any(dim=1)

@@ -1,8 +1,10 @@
 """The correctness verdict: the canonical inputs over secret seeds, then shapes past them and drawn by Hypothesis, every case through the guards.
 
 `judge_canonical` and `judge_drawn` each judge one item and record its result; both run their
-cases through `run_case` below (models and inputs built for the case, the memory check, the
-guards). The suite's items only end the way these say."""
+cases through `case.run_case` (models and inputs built for the case, the memory check, the
+guards). The canonical seed0 judges Model's state as initialised; the other seeds and every
+drawn shape judge it moved from there (`state.perturb`). The suite's items only end the way
+these say."""
 
 from __future__ import annotations
 
@@ -15,46 +17,13 @@ from typing import Iterator
 import torch
 
 from pytest_cudaopt import memory
-from pytest_cudaopt.correctness import compare, guards, shapes
-from pytest_cudaopt.correctness.faults import CudaFault, fault_line
+from pytest_cudaopt.correctness import guards, shapes
+from pytest_cudaopt.correctness.case import Abort, CaseFailed, describe_inputs, free_bytes, run_case
+from pytest_cudaopt.correctness.faults import fault_line
 from pytest_cudaopt.correctness.precision import Precision, worst_tier
 from pytest_cudaopt.results import CorrectnessResult
 from pytest_cudaopt.settings import replay_args
-from pytest_cudaopt.watchdog import set_case
-from pytest_cudaopt.workdir import Workdir, WorkdirError
-
-
-class Abort(BaseException):
-    """A CUDA fault inside a Hypothesis run: not an Exception, so Hypothesis neither
-    shrinks nor replays it (the CUDA context is gone)."""
-
-    def __init__(self, fault: CudaFault, case: str, replay: str = ""):
-        super().__init__(str(fault))
-        self.fault = fault
-        self.case = case
-        self.replay = replay
-
-
-class CaseFailed(Exception):
-    """A case that a guard or the comparison failed; `report` is the whole message."""
-
-    def __init__(self, check: str, report: str, case: str = "", inputs: str = "",
-                 comparison: compare.Comparison | None = None, precision: Precision | None = None):
-        super().__init__(report)
-        self.precision = precision
-        self.check = check
-        self.report = report
-        self.case = case
-        self.inputs = inputs
-        self.comparison = comparison
-
-    def fill(self, result: CorrectnessResult) -> None:
-        """The failing case's inputs and errors, for the report's row."""
-        result.shapes = self.inputs
-        if self.comparison is not None and self.comparison.leaves:
-            result.max_abs, result.max_rel = self.comparison.max_abs, self.comparison.max_rel
-        if self.precision is not None:
-            result.precision = self.precision
+from pytest_cudaopt.workdir import Workdir
 
 
 @dataclass
@@ -63,18 +32,6 @@ class Verdict:
 
     failure: str = ""
     skip: str = ""
-
-
-def describe_inputs(inputs: list, names: list[str] | None) -> str:
-    parts = []
-    for i, x in enumerate(inputs):
-        name = names[i] if names and i < len(names) else f"input{i}"
-        if isinstance(x, torch.Tensor):
-            dtype = str(x.dtype).removeprefix("torch.")
-            parts.append(f"{name}: {dtype}[{', '.join(map(str, x.shape))}]")
-        else:
-            parts.append(f"{name}: {x!r}")
-    return ", ".join(parts)
 
 
 # -- recording an item's result ------------------------------------------------------------------
@@ -123,10 +80,13 @@ def judge_canonical(loaded: Workdir, settings, session, nodeid: str, seed_index:
     replay = f"pytest {shlex.quote(nodeid)} --cudaopt-seed={session.seed}{replay_args(settings)}"
     result = CorrectnessResult(workdir=str(loaded.path), test=nodeid, case=f"canonical seed{seed_index}",
                                passed=False, seed=seed)
+    moved = seed_index > 0  # seed0 judges the state as initialised, the others moved from it
+    result.state = "moved" if moved else "default"
     with recorded(result, settings, session):
         try:
-            outcome, inputs, names = run_case(loaded, settings, session, {}, seed, replay=replay,
-                                              label=f"canonical inputs of get_inputs(), seed {seed}")
+            outcome, inputs, names = _diagnosed(lambda: run_case(
+                loaded, settings, session, {}, seed, replay=replay, moved=moved,
+                label=f"canonical inputs of get_inputs(), seed {seed}"), loaded, settings)
         except Abort as exc:
             return _fault(nodeid, session, result, exc)
         except CaseFailed as exc:
@@ -245,7 +205,8 @@ class _DrawnShapes:
         label = f"drawn shape {case} (canonical: {shapes.format_case(canonical)}), seed {seed}"
         try:
             outcome, inputs, names = run_case(self.loaded, self.settings, self.session, constants, seed, label,
-                                              replay=self.replay(constants), reference_decides=not space.meta_usable)
+                                              replay=self.replay(constants), reference_decides=not space.meta_usable,
+                                              moved=True)
         except guards.ReferenceError_ as exc:
             stats.reject(case, str(exc).splitlines()[-1])
         stats.names = names
@@ -280,12 +241,16 @@ class _DrawnShapes:
         except hypothesis.errors.UnsatisfiedAssumption:  # --cudaopt-case named an invalid shape
             return (f"--cudaopt-case={settings.case} is not a valid shape for model.py: "
                     f"{stats.last_rejection}"), "invalid --cudaopt-case", None
-        except (Abort, CaseFailed):
+        except Abort:
+            raise
+        except CaseFailed as exc:
+            exc.diagnose(self.loaded, self.settings)
             raise
         except BaseException as exc:  # noqa: BLE001 - unwrap what Hypothesis re-raises
             failed = _case_failed(exc)
             if failed is None:
                 raise
+            failed.diagnose(self.loaded, self.settings)
             flaky = "" if failed is exc else ("\n(the failure did not happen again when the case was replayed: "
                                               "a race or other flaky behaviour)")
             return failed.report + flaky, failed.check, failed
@@ -303,13 +268,29 @@ class _DrawnShapes:
         return notes
 
     def few_shapes(self) -> str:
-        """Why too few shapes were judged, or ""."""
+        """Why too few shapes were judged, or "". No case at all always fails: an item that
+        judged nothing (every draw rejected, or the canonical shape again) proves nothing."""
         space, stats = self.space, self.stats
+        if not stats.cases:
+            why = (f"{stats.rejected} rejected; last: {stats.last_rejection}" if stats.rejected else
+                   f"every shape drawn was the canonical one, which the canonical items judge; declare others "
+                   f"with {shapes.DECLARATION}, or {shapes.DECLARATION} = {{}} for none")
+            meta = f"; the reference does not run on the meta device: {space.meta_note}" if space.meta_note else ""
+            return f"no drawn shape could be judged ({why}); the shapes were {space.source}{meta}"
         if self.settings.case is not None or space.declared or not space.meta_usable or stats.cases >= shapes.HANDFUL:
             return ""
         return (f"only {stats.cases} distinct valid shapes besides the canonical one could be found "
                 f"({stats.rejected} rejected; last: {stats.last_rejection or '-'}); the shapes were "
                 f"{space.source}; so that more sizes are judged, {shapes.OWNER_DECLARES}")
+
+
+def _diagnosed(run, loaded: Workdir, settings):
+    """`run()`; a CaseFailed it raises gets the state diagnosis first (which may raise Abort)."""
+    try:
+        return run()
+    except CaseFailed as exc:
+        exc.diagnose(loaded, settings)
+        raise
 
 
 def _case_failed(exc: BaseException) -> CaseFailed | None:
@@ -327,13 +308,14 @@ def judge_drawn(loaded: Workdir, settings, session, nodeid: str) -> Verdict:
     session's seed (or as model.py declares), each through every guard; the result is
     recorded. Returns how the item ends."""
     try:
-        space = shapes.shape_space(loaded.reference, settings.max_elements, _free_bytes(settings.device))
+        space = shapes.shape_space(loaded.reference, settings.max_elements, free_bytes(settings.device))
     except shapes.ShapeError as exc:
         return Verdict(failure=str(exc))
     if space.strategy is None and settings.case is None:
         return Verdict(skip=f"no drawn shapes: {space.source}")
     drawn = _DrawnShapes(loaded, settings, session, nodeid, space)
-    result = CorrectnessResult(workdir=str(loaded.path), test=nodeid, case="drawn shapes", passed=False)
+    result = CorrectnessResult(workdir=str(loaded.path), test=nodeid, case="drawn shapes", passed=False,
+                               state="moved")
     with recorded(result, settings, session):
         try:
             failure, check, failed = drawn.run()
@@ -350,95 +332,10 @@ def judge_drawn(loaded: Workdir, settings, session, nodeid: str) -> Verdict:
         result.shapes = "; ".join(drawn.notes())
         few = drawn.few_shapes()
         if few:
-            return Verdict(failure=_fail(result, "few shapes", few))
+            return Verdict(failure=_fail(result, "few shapes" if drawn.stats.cases else "no case judged", few))
         result.passed = True
         result.case = f"drawn shapes ({drawn.stats.cases} cases)"
         result.max_abs, result.max_rel = drawn.stats.max_abs, drawn.stats.max_rel
         result.precision = drawn.stats.worst
     return Verdict()
 
-
-# -- one case -------------------------------------------------------------------------------------------
-
-def _free_bytes(device: str) -> int | None:
-    try:
-        return memory.free_bytes(device)
-    except Exception:  # noqa: BLE001 - no usable device: nothing to plan (the item reports it)
-        return None
-
-
-def _extra_allowed(settings) -> frozenset[str]:
-    return frozenset(op.strip() for op in (settings.allow_ops or "").split(",") if op.strip())
-
-
-def _history(workdir: Workdir) -> guards.OutputHistory:
-    history = getattr(workdir, "output_history", None)
-    if history is None:
-        history = guards.OutputHistory()
-        workdir.output_history = history
-    return history
-
-
-def run_case(workdir: Workdir, settings, session, constants: dict[str, int], seed: int, label: str,
-             replay: str = "", reference_decides: bool = False) -> tuple[guards.CaseOutcome, list, list[str] | None]:
-    """One case: models and inputs built with `constants` applied to model.py, then every
-    guard. Raises CaseFailed with the whole report, Abort on a CUDA fault, and
-    guards.ReferenceError_ when `reference_decides` and the reference rejects the case."""
-    device = torch.device(settings.device)
-    set_case(label)
-    _check_memory(workdir, settings, constants, label, replay)
-    with shapes.applied(workdir.reference, constants):
-        try:
-            model, model_new = workdir.make_models(device, seed=guards.derive_seed(seed, "weights"))
-            inputs = workdir.inputs(seed, device)
-        except WorkdirError as exc:
-            if reference_decides and exc.file == workdir.model_file.name:
-                raise guards.ReferenceError_(str(exc)) from exc
-            raise CaseFailed("load", f"{exc}\ncase: {label}" + (f"\nreplay: {replay}" if replay else "")) from None
-        names = guards.input_names(model.forward)
-        trial = guards.Trial(
-            model=model, model_new=model_new, model64=None, workdir=workdir.path,
-            extension=workdir.extension, device=device, atol=settings.atol, rtol=settings.rtol,
-            max_rel_error=settings.max_rel_error,
-            nondeterministic=workdir.nondeterministic or settings.nondeterministic,
-            extra_allowed=_extra_allowed(settings), history=_history(workdir), input_names=names)
-        described = describe_inputs(inputs, names)
-        footer = f"\ncase: {label}; inputs {described}" + (f"\nreplay: {replay}" if replay else "")
-        short = shapes.format_case(constants) or "canonical"
-        try:
-            outcome = guards.run_case(trial, inputs)
-        except guards.GuardFailure as exc:
-            raise CaseFailed(exc.check, f"{exc.message}{footer}", short, described, exc.comparison,
-                             exc.precision) from None
-        except CudaFault as exc:
-            raise Abort(exc, f"{label}; inputs {described}", replay) from None
-        except guards.CandidateError as exc:
-            raise CaseFailed("candidate raised", f"{workdir.model_new_file.name}: {exc}{footer}",
-                             short, described) from None
-        except guards.ReferenceError_ as exc:
-            if reference_decides:
-                raise
-            raise CaseFailed("reference raised", f"{workdir.model_file.name}: {exc}{footer}",
-                             short, described) from None
-    return outcome, inputs, names
-
-
-def _check_memory(workdir: Workdir, settings, constants: dict[str, int], label: str, replay: str) -> None:
-    """Fail the case at once, saying how much it needs and what is free, when its inputs
-    and outputs (measured on the meta device) cannot fit in free device memory."""
-    free = _free_bytes(settings.device)
-    if free is None:
-        return
-    check = shapes.check_on_meta(workdir.reference, constants)
-    if not check.valid:
-        return
-    lower = ("lower --cudaopt-max-elements (cudaopt_max_elements) to draw smaller shapes" if constants else
-             f"the canonical sizes are {workdir.model_file.name}'s constants: free device memory or run on a "
-             f"device with more")
-    try:
-        memory.check_fits(f"{label} (inputs {memory.gib(check.input_bytes)}, outputs "
-                          f"{memory.gib(check.output_bytes)})",
-                          memory.case_need(check.input_bytes, check.output_bytes), free, lower)
-    except memory.DoesNotFit as exc:
-        raise CaseFailed("memory", str(exc) + (f"\nreplay: {replay}" if replay else ""),
-                         shapes.format_case(constants) or "canonical") from None

@@ -333,7 +333,8 @@ class PerfCounterClock:
 
 class FakeClock:
     """Scripted durations per contender key, for tests: `durations[key]` is the device time,
-    a number or a sequence cycled run by run; `latency[key]` likewise (default: the
+    a number, a sequence cycled run by run, or a function called after each run for its
+    figure (one that charges less when a memo answered); `latency[key]` likewise (default: the
     durations, cycled separately); `escaped[key]` the escape of the latency runs. Virtual
     time advances by each figure (plus `overhead`), so warm-up and the time cap behave as
     with a real clock. The calls are real (outputs are checked); `calls` lists the keys in
@@ -392,6 +393,9 @@ class FakeClock:
 
 
 def _cycle(value: Any):
+    if callable(value):
+        while True:
+            yield value()
     values = list(value) if isinstance(value, (list, tuple)) else [value]
     while True:
         yield from values

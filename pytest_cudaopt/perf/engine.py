@@ -1,4 +1,4 @@
-"""The timing engine: every contender timed alike by two clocks (device time, latency), interleaved, until the medians are tight."""
+"""The timing engine: every contender timed alike by two clocks (device time, latency), interleaved, each call on inputs no earlier call saw, until the medians are tight."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Sequence
 
 from pytest_cudaopt.perf.clocks import Clock, Sample, TimingError
+from pytest_cudaopt.perf.feed import Call, Feed
 from pytest_cudaopt.perf.stats import Summary, format_seconds, median, relative_standard_error
-from pytest_cudaopt.tensors import clone_inputs, refill_inputs
+from pytest_cudaopt.tensors import refill_inputs
 
 CLOCKS = ("device", "latency")  # what the gate can compare: see Config.clock
 
@@ -48,12 +49,14 @@ class Config:
     min_runs: int = 50             # timed runs per contender before the stop rule may fire
     min_warmup_runs: int = 3
     max_rounds: int = 100_000
-    check_fraction: float = 0.05   # share of timed runs (beyond one per input set) whose output is checked
+    check_fraction: float = 0.05   # share of timed rounds (after the first `checked_rounds`) whose outputs are checked
+    checked_rounds: int = 4        # the first rounds: every output checked
     escape_abs: float = 5e-6       # seconds of device work after the stream's end event that are tolerated ...
     escape_rel: float = 0.05       # ... plus this share of the contender's median
     seed: int = 0                  # which runs are checked
     clock: str = "device"          # the figure the stop rule and the gate use: "device" or "latency"
-    share_inputs: bool = False     # one copy of each input set for all contenders (memory-bound problems)
+    queue_group: int = 0           # contenders per queued pass (0: all; fewer when their inputs do not fit)
+    one_check_per_pass: bool = False  # a checked queued pass keeps one output, not one per contender (memory)
 
     def __post_init__(self) -> None:
         if self.clock not in CLOCKS:
@@ -131,7 +134,7 @@ class ContenderResult:
 @dataclass
 class Measurement:
     results: dict[str, ContenderResult]
-    schedule: list[tuple[int, str, int]]  # (round, contender key, input slot) in run order
+    schedule: list[tuple[int, str, int]]  # (round, contender key, input set) of every timed call, in run order
     rounds: int
     stop_reason: str                      # "target_rse" | "max_time" | "max_rounds" | "all failed"
     seconds: float
@@ -141,6 +144,8 @@ class Measurement:
     config: Config
     queued_rounds: int = 0     # rounds timed with the host ahead of the GPU (device time) ...
     behind_rounds: int = 0     # ... and among them, rounds where the host needed longer than the lead
+    inputs_drawn: int = 0      # input sets drawn (one per call), and the host time drawing them and
+    draw_seconds: float = 0.0  # computing the checked calls' expected outputs took (outside the timing)
 
     @property
     def gate_clock(self) -> str:
@@ -155,7 +160,8 @@ class Measurement:
                 "seconds": self.seconds, "flush_bytes": self.flush_bytes,
                 "escape_floor_s": self.escape_floor,
                 "target_rse": self.config.target_rse, "max_time_s": self.config.max_time,
-                "warmup_s": self.config.warmup,
+                "warmup_s": self.config.warmup, "inputs_drawn": self.inputs_drawn,
+                "draw_s": self.draw_seconds, "queue_group": self.config.queue_group,
                 "contenders": [r.to_json() for r in self.results.values()]}
 
 
@@ -177,37 +183,31 @@ def round_order(keys: Sequence[str], round_index: int) -> list[str]:
 
 
 class Engine:
-    """One timing run of `contenders` on `input_sets` with `clock` (see `measure`): the
-    warm-up, the timed rounds and the stop rule, each contender's runs in `results`."""
+    """One timing run of `contenders` on the input sets of `feed` with `clock` (see
+    `measure`): the warm-up, the timed rounds and the stop rule, each contender's runs in
+    `results`."""
 
-    def __init__(self, contenders: Sequence[Contender], input_sets: Sequence[Sequence[Any]], *,
-                 clock: Clock, config: Config, expected: Sequence[Any] | None = None,
+    def __init__(self, contenders: Sequence[Contender], feed: Feed, *, clock: Clock, config: Config,
                  compare: Compare | None = None):
         if not contenders:
             raise ValueError("measure() needs at least one contender")
-        if not input_sets:
-            raise ValueError("measure() needs at least one input set")
         self.keys = [c.key for c in contenders]
         if len(set(self.keys)) != len(self.keys):
             raise ValueError(f"contender keys must be distinct: {self.keys}")
-        if expected is not None and compare is None:
-            raise ValueError("measure() with `expected` outputs needs `compare`")
+        if feed.reference is not None and compare is None:
+            raise ValueError("measure() with a reference to check outputs against needs `compare`")
         self.by_key = {c.key: c for c in contenders}
         self.results = {c.key: ContenderResult(c.key, c.label) for c in contenders}
-        self.input_sets, self.clock, self.config = input_sets, clock, config
-        self.expected, self.compare = expected, compare
-        self.n_sets = len(input_sets)
+        self.feed, self.clock, self.config, self.compare = feed, clock, config, compare
+        self.feed_before = (feed.drawn, feed.seconds)  # what the feed gave before this run
         self.rng = random.Random(config.seed)
         self.schedule: list[tuple[int, str, int]] = []
         self.rounds = 0
-        if config.share_inputs:  # one copy for all: a refill is seen by every contender, as is `content`
-            shared, held = [clone_inputs(s) for s in input_sets], list(range(self.n_sets))
-            self.slots = {key: shared for key in self.keys}
-            self.content = {key: held for key in self.keys}
-        else:
-            self.slots = {key: [clone_inputs(s) for s in input_sets] for key in self.keys}
-            self.content = {key: list(range(self.n_sets)) for key in self.keys}  # which set each slot holds
-        self.runners: dict[str, list[Callable[[], Any]]] = {}
+        # A CUDA graph replays on the addresses it was captured with: each contender then has
+        # one slot of inputs and one runner, and every call's fresh inputs are copied into it.
+        self.fixed = bool(getattr(clock, "graphs", False))
+        self.slots: dict[str, list] = {}
+        self.runners: dict[str, Callable[[], Any]] = {}
 
     # -- one call ------------------------------------------------------------------------
 
@@ -224,125 +224,130 @@ class Engine:
             self.results[key].fail(f"raised {type(exc).__name__}: {exc}")
             self.results[key].error = exc
 
-    def run_once(self, key: str, slot: int) -> Sample | None:
+    def call(self, key: str, check: bool = False) -> Call:
+        """A call of `key` on a fresh input set (and, when `check`, the reference's output
+        for it), prepared now: before, never inside, the timed region."""
+        index, inputs = self.feed.next()
+        expected = self.feed.expected(inputs) if check else None
+        contender = self.by_key[key]
+        if key in self.runners:  # a captured graph: the fresh values go into its slot
+            refill_inputs(self.slots[key], inputs)
+            run = self.runners[key]
+        elif self.fixed:  # warm-up, before the graph is captured: a plain call
+            run = lambda fn=contender.fn, args=inputs: fn(*args)  # noqa: E731
+        else:
+            run = self.clock.runner(contender.fn, contender.context, inputs)
+        return Call(key, index, run, check, expected)
+
+    def run_once(self, call: Call) -> Sample | None:
         """One call from an idle device (the latency clock), or None when it raised."""
         try:
-            with self.by_key[key].context():
-                return self.clock.time(key, self.runners[key][slot])
+            with self.by_key[call.key].context():
+                return self.clock.time(call.key, call.run)
         except Exception as exc:
-            self.record_error(key, exc)
+            self.record_error(call.key, exc)
         return None
 
-    def queue(self, order: Sequence[str], slot: int, keep: Sequence[str] = ()) -> list[Any]:
-        """One queued pass (device time); outputs are kept only for `keep` (the others are
-        dropped at once, so a round holds one output at a time, as the latency runs do)."""
+    def queue(self, calls: Sequence[Call]) -> list[Any]:
+        """One queued pass (device time); outputs are kept only for the checked calls (the
+        others are dropped at once, so a pass holds one unchecked output at a time)."""
         def dropping(run: Callable[[], Any]) -> Callable[[], Any]:
             return lambda: (run(), None)[1]
 
-        return self.clock.queue([(key, self.runners[key][slot] if key in keep else dropping(self.runners[key][slot]),
-                                  self.by_key[key].context) for key in order])
+        return self.clock.queue([(c.key, c.run if c.checked else dropping(c.run), self.by_key[c.key].context)
+                                 for c in calls])
 
-    def check_output(self, key: str, slot: int, output: Any, which: str) -> None:
-        result = self.results[key]
+    def check_output(self, call: Call, output: Any, which: str) -> None:
+        result = self.results[call.key]
         result.checked += 1
-        problem = self.compare(output, self.expected[self.content[key][slot]])
+        problem = self.compare(output, call.expected)
         if problem:
-            result.fail(f"output of timed round {self.rounds + 1} ({which}, input set "
-                        f"{self.content[key][slot]}) differs from the reference: {problem}")
+            result.fail(f"output of timed round {self.rounds + 1} ({which}, input set {call.index}) "
+                        f"differs from the reference: {problem}")
 
     # -- warm-up ---------------------------------------------------------------------------
 
     def warm_up(self) -> None:
         """Each contender in turn, called directly until it has run `min_warmup_runs` times
-        and for `warmup` seconds; then its runners are prepared (a CUDA graph is captured
-        only now, once lazy initialisation and autotuning are done); then one untimed queued
-        pass of every contender, from which the clock learns the host's enqueue time."""
+        and for `warmup` seconds; then, for CUDA graphs, its graph is captured (only now,
+        once lazy initialisation and autotuning are done); then one untimed queued pass of
+        every contender, from which the clock learns the host's enqueue time."""
         for key in self.keys:
-            fn = self.by_key[key].fn
-            self.runners[key] = [(lambda fn=fn, args=args: fn(*args)) for args in self.slots[key]]
             start, runs = self.clock.now(), 0
             while runs < self.config.min_warmup_runs or self.clock.now() - start < self.config.warmup:
-                if self.run_once(key, runs % self.n_sets) is None:
+                if self.run_once(self.call(key)) is None:
                     break
                 runs += 1
             self.results[key].warmup_runs = runs
             self.results[key].warmup_seconds = self.clock.now() - start
-            if not self.failed(key):
-                self._prepare(key)
+            if self.fixed and not self.failed(key):
+                self._capture(key)
         alive = self.alive()
-        for key, outcome in zip(alive, self.queue(alive, 0) if alive else []):
+        for key, outcome in zip(alive, self.queue([self.call(k) for k in alive]) if alive else []):
             if isinstance(outcome, BaseException):
                 self.record_error(key, outcome)
 
-    def _prepare(self, key: str) -> None:
+    def _capture(self, key: str) -> None:
         contender = self.by_key[key]
+        _, self.slots[key] = self.feed.next()
         try:
-            self.runners[key] = [self.clock.runner(contender.fn, contender.context, args) for args in self.slots[key]]
+            self.runners[key] = self.clock.runner(contender.fn, contender.context, self.slots[key])
         except Exception as exc:
             self.results[key].fail(f"could not be prepared for timing ({type(exc).__name__}: {exc})")
             return
-        if getattr(self.clock, "graphs", False):
-            for slot in range(self.n_sets):  # each captured graph replays once before it is timed
-                if self.run_once(key, slot) is None:
-                    break
+        self.run_once(self.call(key))  # the captured graph replays once before it is timed
 
     # -- one timed round -------------------------------------------------------------------
 
-    def _refill(self, order: Sequence[str], slot: int, checks: dict[str, bool]) -> None:
-        """Before a checked run, the slot is refilled in place with another input set's values,
-        so a contender that replays an earlier call's output on the same tensors fails. Shared
-        inputs are refilled once a round: every contender last ran on this slot's previous
-        values, so one change reaches them all (several would cycle back)."""
-        refilled = False
-        for key in order:
-            if checks[key] and self.n_sets > 1 and not (self.config.share_inputs and refilled):
-                source = (self.content[key][slot] + 1) % self.n_sets
-                refill_inputs(self.slots[key][slot], self.input_sets[source])
-                self.content[key][slot] = source
-                refilled = True
-            self.schedule.append((self.rounds, key, slot))
+    def _groups(self, order: Sequence[str]) -> list[list[str]]:
+        size = self.config.queue_group or len(order)
+        return [list(order[i:i + size]) for i in range(0, len(order), size)]
 
     def round(self) -> None:
-        """Every live contender on the round's slot, in `round_order`: first queued back to
-        back with the host ahead of the GPU (device time), then each from an idle device
-        (latency). A checked round compares both runs' outputs with the expected ones."""
-        slot = self.rounds % self.n_sets
-        checked_round = self.expected is not None and (
-            self.rounds < self.n_sets or self.rng.random() < self.config.check_fraction)
+        """Every live contender, in `round_order`: first queued back to back with the host
+        ahead of the GPU (device time; all of a pass's inputs drawn before it starts), then
+        each from an idle device (latency), every call on a fresh input set. A checked round
+        compares both runs' outputs with the reference's on the same inputs."""
+        checked_round = self.feed.reference is not None and (
+            self.rounds < self.config.checked_rounds or self.rng.random() < self.config.check_fraction)
         order = [k for k in round_order(self.keys, self.rounds) if not self.failed(k)]
         checks = {key: checked_round and self.by_key[key].check for key in order}
-        self._refill(order, slot, checks)
-        kept = [k for k in order if checks[k]]
-        if self.config.share_inputs and kept:
-            # Memory-bound problems: a queued round keeps one output (each contender's in turn),
-            # not one per contender; every checked contender's latency run is still checked.
-            kept = [kept[self.rounds % len(kept)]]
         device: dict[str, float] = {}
-        for key, outcome in zip(order, self.queue(order, slot, keep=kept)):
-            if isinstance(outcome, BaseException):
-                self.record_error(key, outcome)
-                continue
-            device[key] = outcome.seconds
-            if key in kept:  # the queued outputs are checked (and freed) before the latency runs
-                self.check_output(key, slot, outcome.output, "queued")
-            del outcome
+        for group in self._groups(order):
+            kept = [k for k in group if checks[k]]
+            if self.config.one_check_per_pass and kept:
+                # Memory-bound problems: a queued pass keeps one output (each contender's in turn);
+                # every checked contender's latency run is still checked.
+                kept = [kept[self.rounds % len(kept)]]
+            calls = [self.call(key, key in kept) for key in group]
+            for call, outcome in zip(calls, self.queue(calls)):
+                self.schedule.append((self.rounds, call.key, call.index))
+                if isinstance(outcome, BaseException):
+                    self.record_error(call.key, outcome)
+                    continue
+                device[call.key] = outcome.seconds
+                if call.checked:  # the queued outputs are checked (and freed) before the latency runs
+                    self.check_output(call, outcome.output, "queued")
+                del outcome
+            del calls
         for key in order:
             if not self.failed(key) and key in device:
-                self._latency_run(key, slot, device[key], checks[key])
+                self._latency_run(self.call(key, checks[key]), device[key])
         self.rounds += 1
 
-    def _latency_run(self, key: str, slot: int, device_seconds: float, check: bool) -> None:
-        sample = self.run_once(key, slot)
+    def _latency_run(self, call: Call, device_seconds: float) -> None:
+        self.schedule.append((self.rounds, call.key, call.index))
+        sample = self.run_once(call)
         if sample is None:
             return
-        result = self.results[key]
+        result = self.results[call.key]
         result.device.append(device_seconds)
         result.latency.append(sample.seconds)
         result.samples.append(device_seconds if self.config.clock == "device" else sample.seconds)
         result.walls.append(sample.wall)
         result.escapes.append(sample.escaped)
-        if check:
-            self.check_output(key, slot, sample.output, "from an idle device")
+        if call.checked:
+            self.check_output(call, sample.output, "from an idle device")
 
     # -- the whole run -----------------------------------------------------------------------
 
@@ -377,28 +382,29 @@ class Engine:
                            flush_bytes=getattr(self.clock, "flush_bytes", 0),
                            escape_floor=self.clock.escape_floor, config=self.config,
                            queued_rounds=getattr(self.clock, "queued_rounds", 0) - queued_before,
-                           behind_rounds=getattr(self.clock, "behind_rounds", 0) - behind_before)
+                           behind_rounds=getattr(self.clock, "behind_rounds", 0) - behind_before,
+                           inputs_drawn=self.feed.drawn - self.feed_before[0],
+                           draw_seconds=self.feed.seconds - self.feed_before[1])
 
 
-def measure(contenders: Sequence[Contender], input_sets: Sequence[Sequence[Any]], *, clock: Clock,
-            config: Config = Config(), expected: Sequence[Any] | None = None,
+def measure(contenders: Sequence[Contender], feed: Feed, *, clock: Clock, config: Config = Config(),
             compare: Compare | None = None) -> Measurement:
-    """Time `contenders` on `input_sets` with `clock`, interleaved run by run (`Engine`).
+    """Time `contenders` with `clock`, interleaved run by run (`Engine`), every call on an
+    input set of its own (`feed.next()`, drawn outside the timed region).
 
-    Each contender gets its own clones of the input sets (slots), or one shared copy with
-    `config.share_inputs`. After the warm-up, rounds: all contenders on the same slot (round r
-    uses slot r mod the number of sets), in `round_order`, first queued back to back with the
-    host ahead of the GPU (`clock.queue`: device time), then each from an idle device
-    (`clock.time`: latency). The clock named by `config.clock` gives `samples`, which the
-    stop rule and the gate use: until every such median's relative standard error is at most
-    `target_rse` (after `min_runs` runs each) or `max_time` seconds of rounds have passed.
+    After the warm-up, rounds: all contenders in `round_order`, first queued back to back
+    with the host ahead of the GPU (`clock.queue`: device time; `config.queue_group`
+    contenders a pass), then each from an idle device (`clock.time`: latency). The clock
+    named by `config.clock` gives `samples`, which the stop rule and the gate use: until
+    every such median's relative standard error is at most `target_rse` (after `min_runs`
+    runs each) or `max_time` seconds of rounds have passed.
 
-    With `expected` (the reference output of each input set), the outputs of the first run of
-    each slot and of a random `check_fraction` of the others are compared with `compare`
-    (output, expected) -> None or the failure table. A contender that raises, mismatches, or
-    whose work escapes the measured stream is marked failed (`failure`) and leaves the
-    remaining rounds."""
-    return Engine(contenders, input_sets, clock=clock, config=config, expected=expected, compare=compare).run()
+    With `feed.reference`, the outputs of the first `checked_rounds` rounds and of a random
+    `check_fraction` of the others are compared with `compare` (output, expected) -> None or
+    the failure table, the expected output computed from a copy of the call's own inputs
+    before the call. A contender that raises, mismatches, or whose work escapes the measured
+    stream is marked failed (`failure`) and leaves the remaining rounds."""
+    return Engine(contenders, feed, clock=clock, config=config, compare=compare).run()
 
 
 def escape_limit(median_seconds: float, floor: float, config: Config) -> float:

@@ -1,8 +1,8 @@
-"""The speed verdict: eager, torch.compile, peers and the custom path timed by one engine on the same inputs, traced, then gated."""
+"""The speed verdict: eager, torch.compile, peers and the custom path timed by one engine, every call on inputs no earlier call saw, traced, then gated."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -10,10 +10,12 @@ from pytest_cudaopt import memory
 from pytest_cudaopt.environment import environment
 from pytest_cudaopt.correctness.compare import compare_outputs
 from pytest_cudaopt.correctness.guards import derive_seed
-from pytest_cudaopt.correctness.precision import FP32, UNKNOWN, below_fp32, measure_precision
+from pytest_cudaopt.correctness.precision import FP32, TIER_ORDER, UNKNOWN, WRONG, below_fp32, measure_precision
 from pytest_cudaopt.perf import engine, gate, lineup, trace
+from pytest_cudaopt.perf.feed import Feed
 from pytest_cudaopt.results import PerfResult
 from pytest_cudaopt.tensors import clone_inputs, nbytes
+from pytest_cudaopt.workdir import saved_rng
 
 
 def _compare(settings: Any):
@@ -56,20 +58,38 @@ def _target_model(target: Any, model: torch.nn.Module, device: torch.device, see
     return target_new
 
 
-def _input_sets(workdir: Any, model: torch.nn.Module, settings: Any, seed: int,
-                device: torch.device) -> tuple[list, list, bool, str]:
-    """As many input sets as the case budget holds (at least 2), each with the reference's
-    output: (input sets, expected outputs, shared by the contenders, note)."""
-    input_sets = [workdir.inputs(derive_seed(seed, "perf", "inputs", 0), device)]
-    with lineup.fp32_strict():
-        expected = [model(*clone_inputs(input_sets[0]))]
-    count, share_inputs, note = memory.perf_input_plan(
-        settings.input_sets, nbytes(input_sets[0]), nbytes(expected[0]), memory.free_bytes(device))
-    for i in range(1, count):
-        input_sets.append(workdir.inputs(derive_seed(seed, "perf", "inputs", i), device))
+def _workdir_tier(tier: str, note: str, known: Sequence[tuple[str, Any]]) -> tuple[str, str]:
+    """The workdir's one precision tier: the least precise of the timed inputs' (`tier`,
+    `note`) and of every case the correctness items of this session judged (`known`:
+    (case, Precision) pairs; failed cases' "wrong" is theirs to report, not a tier)."""
+    cases = [(case, p) for case, p in known if p is not None and p.tier in TIER_ORDER and p.tier != WRONG]
+    if not cases:
+        return tier, note
+    case, worst = max(cases, key=lambda cp: (TIER_ORDER.index(cp[1].tier), cp[1].candidate_error))
+    if tier in TIER_ORDER and TIER_ORDER.index(tier) >= TIER_ORDER.index(worst.tier):
+        return tier, f"{note} (no less precise on the {len(cases)} correctness results of this run)"
+    return worst.tier, (f"{worst.describe()} on {case}, the least precise of {len(cases)} correctness "
+                        f"results of this run; on the timed inputs {note}")
+
+
+def _feed(workdir: Any, model: torch.nn.Module, seed: int, device: torch.device) -> Feed:
+    """Input set n: get_inputs() under its own secret seed, derived from the session's (the
+    global generators' state is kept once around all the draws, by `judge`); the expected
+    output: Model in float32 (TF32 off)."""
+    def draw(n: int) -> list:
+        return workdir.inputs(derive_seed(seed, "perf", "inputs", n), device, isolated=False)
+
+    def reference(*inputs: Any) -> Any:
         with lineup.fp32_strict():
-            expected.append(model(*clone_inputs(input_sets[-1])))
-    return input_sets, expected, share_inputs, note
+            return model(*inputs)
+
+    return Feed(draw, reference)
+
+
+def _plan(feed: Feed, example: list, device: torch.device, contenders: int) -> tuple[int, bool, str]:
+    """`memory.perf_input_plan` for inputs and outputs the size of `example`'s."""
+    output_bytes = nbytes(feed.expected(example))
+    return memory.perf_input_plan(nbytes(example), output_bytes, memory.free_bytes(device), contenders)
 
 
 def _traces(lineup_: lineup.Lineup, measurement: engine.Measurement, args: list, tracer: Any) -> dict:
@@ -90,19 +110,21 @@ def _traces(lineup_: lineup.Lineup, measurement: engine.Measurement, args: list,
 
 
 def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
-          tracer: Any = None, target: Any = None) -> tuple[PerfResult, dict]:
+          tracer: Any = None, target: Any = None, known: Sequence[tuple[str, Any]] = ()) -> tuple[PerfResult, dict]:
     """Time every contender of `workdir`, trace one call of each (with `tracer`, if any)
     and decide the gate. Returns the result and what the pytest-benchmark recording needs
-    (the custom model and the input sets). `target` is the loaded baseline workdir (the
-    target branch), or the error that loading it raised."""
+    (the custom model and the feed of fresh inputs). `target` is the loaded baseline workdir
+    (the target branch), or the error that loading it raised; `known` the (case, Precision)
+    of every correctness case this session judged of the workdir (the tier is the worst)."""
     device = torch.device(settings.device)
-    with memory.Peak(device) as peak:
+    with memory.Peak(device) as peak, saved_rng():
         model, model_new = workdir.make_models(device, seed=derive_seed(seed, "perf", "weights"))
-        input_sets, expected, share_inputs, sets_note = _input_sets(workdir, model, settings, seed, device)
-        tier, note = _tier(model, model_new, input_sets[0])
+        feed = _feed(workdir, model, seed, device)
+        _, example = feed.next()
+        tier, note = _workdir_tier(*_tier(model, model_new, example), known)
         precision_matched = below_fp32(tier) or settings.gate == "precision-matched"
         line = lineup.lineup(
-            model, model_new, clone_inputs(input_sets[0]), device,
+            model, model_new, clone_inputs(example), device,
             compile_mode=settings.compile_mode, compile_backend=settings.compile_backend,
             precision_matched=precision_matched, workdir=workdir.path,
             reference_module=workdir.reference, init_inputs=workdir.init_inputs(),
@@ -111,16 +133,18 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
         tiers = {lineup.EAGER: FP32, lineup.CUSTOM: tier}
         for contender in line.contenders:
             if contender.key not in tiers:
-                tiers[contender.key] = _tier(model, contender.fn, input_sets[0], contender.scope)[0]
+                tiers[contender.key] = _tier(model, contender.fn, example, contender.scope)[0]
+        group, one_check, plan_note = _plan(feed, example, device, len(line.contenders))
+        del example  # every timed call draws its own
         config = engine.Config.from_settings(settings, seed=derive_seed(seed, "perf", "checks"),
-                                             share_inputs=share_inputs)
-        measurement = engine.measure(line.contenders, input_sets, clock=clock, config=config,
-                                     expected=expected, compare=_compare(settings))
-        traces = _traces(line, measurement, input_sets[0], tracer)
+                                             queue_group=group, one_check_per_pass=one_check)
+        measurement = engine.measure(line.contenders, feed, clock=clock, config=config,
+                                     compare=_compare(settings))
+        traces = _traces(line, measurement, feed.next()[1], tracer)
     result = _result(workdir, test, settings, measurement, line, tiers, traces,
-                     f"{note}; {sets_note}" if sets_note else note)
+                     f"{note}; {plan_note}" if plan_note else note)
     result.peak_bytes = peak.bytes
-    return result, {"model_new": model_new, "input_sets": input_sets, "device": device}
+    return result, {"model_new": model_new, "feed": feed, "device": device}
 
 
 def _result(workdir: Any, test: str, settings: Any, measurement: engine.Measurement, line: lineup.Lineup,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import pytest
@@ -10,20 +9,21 @@ import torch
 
 from pytest_cudaopt import report
 from pytest_cudaopt.perf import clocks, lineup, trace
+from pytest_cudaopt.perf.feed import Feed
 from pytest_cudaopt.perf.verdict import judge
 from pytest_cudaopt.results import PerfResult
-from pytest_cudaopt.tensors import clone_inputs
+from pytest_cudaopt.workdir import saved_rng
 
 # pytest-benchmark rounds of the custom path (bounded: the engine's medians are the verdict).
 BENCHMARK_ROUNDS = (5, 200)
 
 
 def record_benchmark(benchmark: Any, result: PerfResult, clock: Any,
-                     model_new: Any, input_sets: list, device: torch.device) -> None:
+                     model_new: Any, feed: Feed, device: torch.device) -> None:
     """Time the custom path once more through pytest-benchmark's `benchmark` fixture, for
-    --benchmark-autosave / --benchmark-compare. Each round: input set rotated, cache flushed,
-    device idle (setup, untimed); then the call and a device-wide synchronise (timed), so
-    the numbers are host time to completion. No-op without pytest-benchmark (None)."""
+    --benchmark-autosave / --benchmark-compare. Each round: a fresh input set drawn, cache
+    flushed, device idle (setup, untimed); then the call and a device-wide synchronise
+    (timed), so the numbers are host time to completion. No-op without pytest-benchmark (None)."""
     if benchmark is None:
         return
     benchmark.extra_info.update(report.benchmark_extra_info(result))
@@ -31,16 +31,15 @@ def record_benchmark(benchmark: Any, result: PerfResult, clock: Any,
     if custom is None or custom.failure or not custom.samples:
         benchmark.skipped = True  # nothing worth recording (and no "fixture not used" warning)
         return
-    sets = [clone_inputs(s) for s in input_sets]
-    order = itertools.cycle(range(len(sets)))
     flush = getattr(clock, "flush", None)
 
     def setup():
+        _, inputs = feed.next()
         lineup.synchronize(device)
         if callable(flush):
             flush()
         lineup.synchronize(device)
-        return (sets[next(order)],), {}
+        return (inputs,), {}
 
     def target(args):
         output = model_new(*args)
@@ -49,7 +48,15 @@ def record_benchmark(benchmark: Any, result: PerfResult, clock: Any,
 
     low, high = BENCHMARK_ROUNDS
     rounds = max(low, min(high, len(custom.samples)))
-    benchmark.pedantic(target, setup=setup, rounds=rounds, warmup_rounds=2)
+    with saved_rng():  # the feed's draws seed the global generators
+        benchmark.pedantic(target, setup=setup, rounds=rounds, warmup_rounds=2)
+
+
+def judged_precisions(results: list, path: Any) -> list[tuple[str, Any]]:
+    """(case, Precision) of every correctness result of this session for the workdir at `path`
+    (results of other pytest-xdist workers are not here: they reach only the controller)."""
+    return [(r.case, r.precision) for r in results if getattr(r, "kind", "") == "correctness"
+            and getattr(r, "workdir", None) == str(path) and getattr(r, "precision", None) is not None]
 
 
 @pytest.mark.perf
@@ -75,7 +82,8 @@ class TestPerf:
         with torch.no_grad():
             result, extra = judge(workdir=workdir, settings=cudaopt_settings, seed=cudaopt_session.seed,
                                   clock=clock, test=request.node.nodeid, tracer=tracer,
-                                  target=cudaopt_session.target_workdir())
+                                  target=cudaopt_session.target_workdir(),
+                                  known=judged_precisions(cudaopt_session.results, workdir.path))
             changed = clocks.tampered()
             if changed:
                 result.failure = (f"the timing functions {', '.join(changed)} were replaced while "

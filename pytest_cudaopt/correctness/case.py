@@ -1,0 +1,163 @@
+"""One correctness case: models (state as initialised or moved) and inputs built for it, the memory check, every guard; what a failed case reports."""
+
+from __future__ import annotations
+
+import torch
+
+from pytest_cudaopt import memory
+from pytest_cudaopt.correctness import compare, guards, shapes, state
+from pytest_cudaopt.correctness.faults import CudaFault
+from pytest_cudaopt.correctness.precision import Precision
+from pytest_cudaopt.results import CorrectnessResult
+from pytest_cudaopt.watchdog import set_case
+from pytest_cudaopt.workdir import Workdir, WorkdirError
+
+
+class Abort(BaseException):
+    """A CUDA fault inside a Hypothesis run: not an Exception, so Hypothesis neither
+    shrinks nor replays it (the CUDA context is gone)."""
+
+    def __init__(self, fault: CudaFault, case: str, replay: str = ""):
+        super().__init__(str(fault))
+        self.fault = fault
+        self.case = case
+        self.replay = replay
+
+
+class CaseFailed(Exception):
+    """A case that a guard or the comparison failed; `report` is the whole message."""
+
+    def __init__(self, check: str, report: str, case: str = "", inputs: str = "",
+                 comparison: compare.Comparison | None = None, precision: Precision | None = None):
+        super().__init__(report)
+        self.precision = precision
+        self.check = check
+        self.report = report
+        self.case = case
+        self.inputs = inputs
+        self.comparison = comparison
+        self.moved: tuple[dict[str, int], int] | None = None  # (constants, seed) of a case with moved state
+
+    def diagnose(self, loaded: Workdir, settings) -> None:
+        """A mismatch or wrong answer with moved state: say which tensors the candidate
+        ignores (`state.diagnose`, a few extra calls, only now that the case failed)."""
+        if self.moved is None or self.check not in ("mismatch", "wrong"):
+            return
+        moved, self.moved = self.moved, None  # once, however often the failure is handed on
+        try:
+            found = state.diagnose(loaded, torch.device(settings.device), *moved, settings.atol, settings.rtol)
+        except CudaFault as fault:
+            raise Abort(fault, self.case) from None
+        if found:
+            self.report = f"{self.report}\n{found}"
+
+    def fill(self, result: CorrectnessResult) -> None:
+        """The failing case's inputs and errors, for the report's row."""
+        result.shapes = self.inputs
+        if self.comparison is not None and self.comparison.leaves:
+            result.max_abs, result.max_rel = self.comparison.max_abs, self.comparison.max_rel
+        if self.precision is not None:
+            result.precision = self.precision
+
+
+def describe_inputs(inputs: list, names: list[str] | None) -> str:
+    """`x: float32[16, 64], dim: 1`: each input by name (forward's parameters), its dtype and shape."""
+    parts = []
+    for i, x in enumerate(inputs):
+        name = names[i] if names and i < len(names) else f"input{i}"
+        if isinstance(x, torch.Tensor):
+            dtype = str(x.dtype).removeprefix("torch.")
+            parts.append(f"{name}: {dtype}[{', '.join(map(str, x.shape))}]")
+        else:
+            parts.append(f"{name}: {x!r}")
+    return ", ".join(parts)
+
+
+def free_bytes(device: str) -> int | None:
+    """Free device memory (`memory.free_bytes`), None when there is no usable device."""
+    try:
+        return memory.free_bytes(device)
+    except Exception:  # noqa: BLE001 - no usable device: nothing to plan (the item reports it)
+        return None
+
+
+def _extra_allowed(settings) -> frozenset[str]:
+    return frozenset(op.strip() for op in (settings.allow_ops or "").split(",") if op.strip())
+
+
+def _history(workdir: Workdir) -> guards.OutputHistory:
+    history = getattr(workdir, "output_history", None)
+    if history is None:
+        history = guards.OutputHistory()
+        workdir.output_history = history
+    return history
+
+
+def run_case(workdir: Workdir, settings, session, constants: dict[str, int], seed: int, label: str,
+             replay: str = "", reference_decides: bool = False,
+             moved: bool = False) -> tuple[guards.CaseOutcome, list, list[str] | None]:
+    """One case: models and inputs built with `constants` applied to model.py (with `moved`,
+    Model's parameters and running statistics moved from their defaults: `state.perturb`),
+    then every guard. Raises CaseFailed with the whole report, Abort on a CUDA fault, and
+    guards.ReferenceError_ when `reference_decides` and the reference rejects the case."""
+    device = torch.device(settings.device)
+    set_case(label)
+    _check_memory(workdir, settings, constants, label, replay)
+    with shapes.applied(workdir.reference, constants):
+        try:
+            model, model_new = workdir.make_models(device, seed=guards.derive_seed(seed, "weights"))
+            done = state.perturb_pair(workdir, model, model_new, seed) if moved else []
+            inputs = workdir.inputs(seed, device)
+        except WorkdirError as exc:
+            if reference_decides and exc.file == workdir.model_file.name:
+                raise guards.ReferenceError_(str(exc)) from exc
+            raise CaseFailed("load", f"{exc}\ncase: {label}" + (f"\nreplay: {replay}" if replay else "")) from None
+        names = guards.input_names(model.forward)
+        trial = guards.Trial(
+            model=model, model_new=model_new, model64=None, workdir=workdir.path,
+            extension=workdir.extension, device=device, atol=settings.atol, rtol=settings.rtol,
+            max_rel_error=settings.max_rel_error,
+            nondeterministic=workdir.nondeterministic or settings.nondeterministic,
+            extra_allowed=_extra_allowed(settings), history=_history(workdir), input_names=names)
+        described = describe_inputs(inputs, names)
+        footer = (f"\ncase: {label}; inputs {described}" + (f"\n{state.describe(done)}" if moved else "")
+                  + (f"\nreplay: {replay}" if replay else ""))
+        short = shapes.format_case(constants) or "canonical"
+        try:
+            outcome = guards.run_case(trial, inputs)
+        except guards.GuardFailure as exc:
+            failed = CaseFailed(exc.check, f"{exc.message}{footer}", short, described, exc.comparison, exc.precision)
+            failed.moved = (dict(constants), seed) if done else None
+            raise failed from None
+        except CudaFault as exc:
+            raise Abort(exc, f"{label}; inputs {described}", replay) from None
+        except guards.CandidateError as exc:
+            raise CaseFailed("candidate raised", f"{workdir.model_new_file.name}: {exc}{footer}",
+                             short, described) from None
+        except guards.ReferenceError_ as exc:
+            if reference_decides:
+                raise
+            raise CaseFailed("reference raised", f"{workdir.model_file.name}: {exc}{footer}",
+                             short, described) from None
+    return outcome, inputs, names
+
+
+def _check_memory(workdir: Workdir, settings, constants: dict[str, int], label: str, replay: str) -> None:
+    """Fail the case at once, saying how much it needs and what is free, when its inputs
+    and outputs (measured on the meta device) cannot fit in free device memory."""
+    free = free_bytes(settings.device)
+    if free is None:
+        return
+    check = shapes.check_on_meta(workdir.reference, constants)
+    if not check.valid:
+        return
+    lower = ("lower --cudaopt-max-elements (cudaopt_max_elements) to draw smaller shapes" if constants else
+             f"the canonical sizes are {workdir.model_file.name}'s constants: free device memory or run on a "
+             f"device with more")
+    try:
+        memory.check_fits(f"{label} (inputs {memory.gib(check.input_bytes)}, outputs "
+                          f"{memory.gib(check.output_bytes)})",
+                          memory.case_need(check.input_bytes, check.output_bytes), free, lower)
+    except memory.DoesNotFit as exc:
+        raise CaseFailed("memory", str(exc) + (f"\nreplay: {replay}" if replay else ""),
+                         shapes.format_case(constants) or "canonical") from None

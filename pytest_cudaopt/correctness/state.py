@@ -1,0 +1,161 @@
+"""Model state away from its default initialisation: parameters and running statistics moved, structural buffers left alone, and which moved tensor a candidate ignores.
+
+At its default initialisation much of a model's state is trivial: LayerNorm's weight is 1 and
+its bias 0, BatchNorm's running mean 0 and variance 1. A kernel that drops such a tensor is
+exact there. `perturb` moves every floating-point `nn.Parameter` and the running statistics of
+normalisation modules (buffers named `running_mean` / `running_var`), each by a rule that keeps
+its scale and sign (see `moved`), under a secret seed; every other buffer (a causal mask, rotary
+tables, `num_batches_tracked`) is the model's structure and stays as it is. `diagnose` names the
+tensors whose change the reference sees and the candidate does not."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pytest_cudaopt.correctness import compare, shapes
+from pytest_cudaopt.correctness.faults import CudaFault, context_lost
+from pytest_cudaopt.correctness.guards import derive_seed
+from pytest_cudaopt.tensors import clone_inputs
+
+RUNNING_STATS = ("running_mean", "running_var")
+CONSTANT_SPREAD = 0.3   # a constant c != 0 becomes c * U(1 - 0.3, 1 + 0.3), element by element
+ZERO_SPREAD = 0.3       # a constant 0 becomes U(-0.3, 0.3)
+SHUFFLE_JITTER = 0.2    # any other tensor: its own values shuffled, each times U(0.8, 1.2)
+DIAGNOSED = 10          # tensors tried one at a time after a failure, at most
+
+
+@dataclass(frozen=True)
+class Moved:
+    """One tensor `perturb` moves: its state-dict name and what it is."""
+
+    name: str
+    kind: str           # "parameter" or "running statistic"
+    constant: bool      # initialised to one value (the likeliest to be dropped by a kernel)
+
+
+def movable(model: torch.nn.Module) -> list[tuple[Moved, torch.Tensor]]:
+    """The tensors of `model` that `perturb` moves, in state-dict order, parameters first:
+    every floating-point parameter (tied ones once) and every floating-point buffer named
+    running_mean or running_var. Empty tensors are left out (nothing to move)."""
+    found: list[tuple[Moved, torch.Tensor]] = []
+    named = [(n, t, "parameter") for n, t in model.named_parameters()]
+    named += [(n, t, "running statistic") for n, t in model.named_buffers()
+              if n.rsplit(".", 1)[-1] in RUNNING_STATS]
+    for name, tensor, kind in named:
+        if tensor is None or not tensor.is_floating_point() or tensor.numel() == 0:
+            continue
+        flat = tensor.detach().reshape(-1)
+        found.append((Moved(name, kind, bool((flat == flat[0]).all())), tensor))
+    return found
+
+
+def moved(tensor: torch.Tensor, constant: bool, seed: int) -> torch.Tensor:
+    """A new value for `tensor`, drawn from `seed` on its device, with its scale kept so
+    that a realistic model stays well conditioned:
+      - a constant c != 0 (LayerNorm's weight, BatchNorm's running variance): c times
+        U(0.7, 1.3) per element, so its sign is kept (a variance stays positive);
+      - a constant 0 (a bias, a running mean): U(-0.3, 0.3) per element;
+      - anything else (a randomly initialised weight): its own values in a random order,
+        each times U(0.8, 1.2): the same distribution, range and signs, other values."""
+    generator = torch.Generator(device=tensor.device).manual_seed(seed)
+    flat = tensor.detach().reshape(-1).float()
+
+    def uniform(low: float, high: float) -> torch.Tensor:
+        u = torch.rand(flat.shape, generator=generator, device=tensor.device, dtype=torch.float32)
+        return low + (high - low) * u
+
+    if constant and float(flat[0]) == 0.0:
+        new = uniform(-ZERO_SPREAD, ZERO_SPREAD)
+    elif constant:
+        new = flat * uniform(1 - CONSTANT_SPREAD, 1 + CONSTANT_SPREAD)
+    else:
+        order = torch.randperm(flat.numel(), generator=generator, device=tensor.device)
+        new = flat[order] * uniform(1 - SHUFFLE_JITTER, 1 + SHUFFLE_JITTER)
+    return new.to(tensor.dtype).reshape(tensor.shape)
+
+
+def perturb(model: torch.nn.Module, seed: int, only: set[str] | None = None) -> list[Moved]:
+    """Move `model`'s parameters and running statistics in place (all, or those named in
+    `only`); each tensor's new value depends on `seed` and its name alone, so moving one
+    tensor by itself gives it the value it had when all moved. Returns what moved."""
+    done = []
+    with torch.no_grad():
+        for info, tensor in movable(model):
+            if only is not None and info.name not in only:
+                continue
+            tensor.copy_(moved(tensor, info.constant, derive_seed(seed, "state", info.name)))
+            done.append(info)
+    return done
+
+
+def perturb_pair(workdir: Any, model: torch.nn.Module, model_new: torch.nn.Module, seed: int,
+                 only: set[str] | None = None) -> list[Moved]:
+    """`perturb` Model, then load its state into ModelNew (`Workdir.copy_state`)."""
+    done = perturb(model, seed, only)
+    workdir.copy_state(model, model_new)
+    return done
+
+
+def describe(done: list[Moved]) -> str:
+    """`state: 3 tensors moved from their defaults (ln.weight, ln.bias, ...)`."""
+    if not done:
+        return "state: as initialised (Model has no parameter or running statistic to move)"
+    names = ", ".join(m.name for m in done[:6]) + (", ..." if len(done) > 6 else "")
+    return (f"state: Model's parameters and running statistics moved from their defaults "
+            f"({len(done)}: {names})")
+
+
+# -- which tensor the candidate ignores ---------------------------------------------------------
+
+def _call(module: torch.nn.Module, inputs: list) -> Any:
+    with torch.no_grad():
+        return module(*clone_inputs(inputs))
+
+
+def _same(a: Any, b: Any, atol: float, rtol: float) -> bool:
+    return compare.compare_outputs(a, b, atol=atol, rtol=rtol).passed
+
+
+def diagnose(workdir: Any, device: torch.device, constants: dict[str, int], seed: int,
+             atol: float, rtol: float, cap: int = DIAGNOSED) -> str:
+    """After a case with moved state failed: the same case at the default state, then with
+    one tensor moved at a time (at most `cap`, the constant-initialised first). Returns the
+    lines that say which tensors change the reference's output and leave the candidate's
+    unchanged, or "" when nothing could be told. Raises CudaFault if the context is lost."""
+    try:
+        with shapes.applied(workdir.reference, constants):
+            return _diagnose(workdir, device, seed, atol, rtol, cap)
+    except Exception as exc:  # noqa: BLE001 - a diagnosis that cannot run says nothing
+        if context_lost(exc):
+            raise CudaFault(f"while naming the ignored state: {exc}") from exc
+        return ""
+
+
+def _diagnose(workdir: Any, device: torch.device, seed: int, atol: float, rtol: float, cap: int) -> str:
+    model, model_new = workdir.make_models(device, seed=derive_seed(seed, "weights"))
+    inputs = workdir.inputs(seed, device)
+    default = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    reference, candidate = _call(model, inputs), _call(model_new, inputs)
+    if not _same(candidate, reference, atol, rtol):
+        return "at the default state this case fails too"
+    tried = sorted((info for info, _ in movable(model)), key=lambda m: not m.constant)
+    ignored, wrong = [], []
+    for info in tried[:cap]:
+        model.load_state_dict(default)
+        perturb_pair(workdir, model, model_new, seed, only={info.name})
+        ref_one, new_one = _call(model, inputs), _call(model_new, inputs)
+        if _same(new_one, ref_one, atol, rtol) or _same(ref_one, reference, atol, rtol):
+            continue  # right with it moved, or the reference does not see it at this case
+        (ignored if _same(new_one, candidate, atol, rtol) else wrong).append(f"`{info.name}`")
+    lines = ["at the default state this case passes"]
+    if ignored:
+        lines.append("ModelNew ignores state the reference uses: "
+                     + "; ".join(f"output unchanged when {name} changes" for name in ignored))
+    if wrong:
+        lines.append(f"ModelNew's output is wrong when only {' or '.join(wrong)} changes")
+    if len(tried) > cap:
+        lines.append(f"({len(tried) - cap} more tensors not tried one at a time)")
+    return "\n".join(lines)
