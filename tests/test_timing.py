@@ -463,3 +463,24 @@ def test_device_time_leaves_out_the_launches_that_latency_counts():
     assert r.failure is None
     assert r.latency_summary.median > 1.5 * r.device_summary.median
     assert m.behind_rounds <= m.queued_rounds // 10
+
+
+def test_the_candidate_is_checked_on_every_call_so_a_replay_after_the_first_rounds_fails():
+    """A contender that turns to replaying its last output once the checked first rounds are
+    past escapes sampled checks (check_fraction 0 here); marked every_call, it fails."""
+    def late_replay():
+        calls, last = [0], [None]
+
+        def run(x):
+            calls[0] += 1
+            if calls[0] > 20 and last[0] is not None:
+                return last[0].clone()
+            last[0] = x * 2
+            return last[0]
+        return run
+
+    config = quick(min_runs=30, checked_rounds=2, check_fraction=0.0)
+    m = measure([Contender("sampled", late_replay()), Contender("custom", late_replay(), every_call=True)],
+                feed(), clock=FakeClock({}, default=MS), config=config, compare=table)
+    assert m["sampled"].failure is None  # sampling misses it: why the candidate is checked every call
+    assert "differs from the reference" in m["custom"].failure, m["custom"].failure

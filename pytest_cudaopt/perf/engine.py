@@ -30,6 +30,9 @@ class Contender:
     label: str = ""
     scope: Callable[[], ContextManager] | None = None
     check: bool = True
+    # Checked on every timed call rather than on a sample: the candidate, whose code may replay
+    # an earlier output once the first rounds are past (the baselines are trusted code).
+    every_call: bool = False
 
     def __post_init__(self) -> None:
         self.label = self.label or self.key
@@ -311,14 +314,17 @@ class Engine:
         checked_round = self.feed.reference is not None and (
             self.rounds < self.config.checked_rounds or self.rng.random() < self.config.check_fraction)
         order = [k for k in round_order(self.keys, self.rounds) if not self.failed(k)]
-        checks = {key: checked_round and self.by_key[key].check for key in order}
+        checks = {key: self.feed.reference is not None and self.by_key[key].check
+                  and (checked_round or self.by_key[key].every_call) for key in order}
         device: dict[str, float] = {}
         for group in self._groups(order):
             kept = [k for k in group if checks[k]]
             if self.config.one_check_per_pass and kept:
-                # Memory-bound problems: a queued pass keeps one output (each contender's in turn);
-                # every checked contender's latency run is still checked.
-                kept = [kept[self.rounds % len(kept)]]
+                # Memory-bound problems: a queued pass keeps one output (the candidate's when it is
+                # checked every call, else each contender's in turn); every checked contender's
+                # latency run is still checked.
+                every = [k for k in kept if self.by_key[k].every_call]
+                kept = every[:1] or [kept[self.rounds % len(kept)]]
             calls = [self.call(key, key in kept) for key in group]
             for call, outcome in zip(calls, self.queue(calls)):
                 self.schedule.append((self.rounds, call.key, call.index))

@@ -201,5 +201,5 @@ def lineup(
         out.errors[TARGET] = target
     elif target is not None:
         out.contenders.append(Contender(TARGET, target, "ModelNew (target branch)"))
-    out.contenders.append(Contender(CUSTOM, model_new, "ModelNew (custom)"))
+    out.contenders.append(Contender(CUSTOM, model_new, "ModelNew (custom)", every_call=True))
     return out
