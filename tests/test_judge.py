@@ -130,14 +130,22 @@ def test_a_private_copy_has_no_earlier_build_and_no_link_out(tmp_path):
     (src / "build" / "cudaopt").mkdir(parents=True)
     (src / "build" / "cudaopt" / "cuda_extension.so").write_bytes(b"planted")
     (src / "model.py").write_text("x = 1\n")
-    secret = tmp_path / "other" / "model_new.py"
-    secret.parent.mkdir()
+    shared = tmp_path / "problem" / "peers.py"  # an owner's file shared by a problem's candidates
+    shared.parent.mkdir()
+    shared.write_text("PEERS = {}\n")
+    (src / "peers.py").symlink_to(shared)
+    secret = tmp_path / "other" / "kernels" / "scale.cu"  # another candidate's kernel
+    secret.parent.mkdir(parents=True)
     secret.write_text("theirs\n")
+    (src / "kernels").mkdir()
+    (src / "kernels" / "scale.cu").symlink_to(secret)
     (src / "model_new.py").symlink_to(secret)
     digest = sandbox.private_copy(src, tmp_path / "copy")
-    copied = tmp_path / "copy" / "model_new.py"
-    assert not (tmp_path / "copy" / "build").exists()
-    assert copied.is_file() and not copied.is_symlink() and copied.read_text() == "theirs\n"
+    copied = tmp_path / "copy"
+    assert not (copied / "build").exists()
+    assert (copied / "peers.py").is_file() and not (copied / "peers.py").is_symlink()
+    assert (copied / "peers.py").read_text() == "PEERS = {}\n"
+    assert not (copied / "kernels" / "scale.cu").exists() and not (copied / "model_new.py").exists()
     packed, same = sandbox.pack(src)
     sandbox.unpack(packed, tmp_path / "unpacked")
     assert same == digest and (tmp_path / "unpacked" / "model.py").read_text() == "x = 1\n"

@@ -26,16 +26,27 @@ class SandboxError(Exception):
     """A workdir that cannot be copied or shipped; the message names it and why."""
 
 
+# The candidate's own files: a symlink there could pull another workdir's kernels or results into
+# the copy, so it is left out (the owner's files, such as a model.py shared by the candidates of
+# one problem, may be links: the copy holds their content).
+CANDIDATE_FILES = ("model_new.py", "kernels")
+
+
+def _candidates(rel: str) -> bool:
+    return rel in CANDIDATE_FILES or rel.startswith("kernels/")
+
+
 def workdir_files(workdir: Path) -> list[tuple[str, Path]]:
-    """(relative posix path, file) of every file a copy holds, sorted; symlinks are followed
-    (the copy holds their content, never a link back out), dangling ones skipped."""
+    """(relative posix path, file) of every file a copy holds, sorted. Symlinks among the
+    owner's files are followed (the copy holds their content, never a link back out); in the
+    candidate's (model_new.py, kernels/) they are left out; dangling ones are skipped."""
     workdir = Path(workdir)
     found, total = [], 0
     for root, dirs, files in os.walk(workdir, followlinks=False):
         dirs[:] = sorted(d for d in dirs if d not in SKIPPED)
         for name in sorted(files):
             path = Path(root, name)
-            if not path.is_file():
+            if not path.is_file() or (path.is_symlink() and _candidates(path.relative_to(workdir).as_posix())):
                 continue
             total += path.stat().st_size
             if total > MAX_BYTES:
