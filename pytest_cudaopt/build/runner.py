@@ -93,19 +93,33 @@ def run_ninja(cfg: Config, emit: Callable[[str], None], start: float) -> tuple[l
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", env=env, preexec_fn=_die_with_parent)
     assert proc.stdout is not None
-    for line in proc.stdout:
-        line = line.rstrip("\n")
-        log_lines.append(line)
-        match = _STATUS.match(line)
-        if match:
-            steps.append(match.group(3))
-            emit(f"{line}  ({time.monotonic() - start:.1f} s)")
-    code = proc.wait()
+    try:
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            log_lines.append(line)
+            match = _STATUS.match(line)
+            if match:
+                steps.append(match.group(3))
+                emit(f"{line}  ({time.monotonic() - start:.1f} s)")
+        code = proc.wait()
+    except BaseException:  # a timeout or an interrupt of this process alone: ninja stops too
+        _stop(proc)
+        raise
     # A no-op build ("ninja: no work to do") keeps the log of the last build that did work.
     log = cfg.build_dir / "build.log"
     if steps or code != 0 or not log.is_file():
         log.write_text("\n".join(log_lines) + "\n")
     return steps, code
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End ninja (SIGTERM, on which it stops its compilers), before the lock is released."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _die_with_parent() -> None:

@@ -1,0 +1,84 @@
+"""SIGINT and SIGTERM in the pytest process become pytest's interrupt (exit status 2; the summary, the JUnit file and the JSON report written), never in the middle of an import.
+
+Python raises KeyboardInterrupt for SIGINT wherever the main thread is; SIGTERM kills the process
+outright. Both lose results: SIGTERM leaves no summary, no JSON report and (sent to the process
+group, as CI runners do) no JUnit file; an interrupt inside an import leaves a half-made module
+that later code trips on (a half-imported Hypothesis breaks the terminal summary). The handler
+here raises KeyboardInterrupt (`Terminated` for SIGTERM) once no import is in progress, at most
+`DEFER_S` after the signal; a workdir's own file is interrupted at once. Installed only where
+cudaopt has work (plugin.py), and only over Python's default handlers.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from pytest_cudaopt.watchdog import in_import
+
+DEFER_S = 5.0      # the longest an import in progress delays the interrupt
+RESIGNAL_S = 0.1   # meanwhile the signal is delivered again this often
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+_previous: dict[int, Any] = {}     # signal -> the handler before ours
+_first_seen: dict[int, float] = {}  # signal -> when it arrived, while deferred
+received: list[str] = []            # the names of the signals that interrupted the run
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised as pytest's interrupt."""
+
+
+def install() -> None:
+    """Our handler for SIGINT and SIGTERM, where the handler in place is Python's default
+    (an ignored signal, as for a background job, stays ignored; another handler is left alone)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+    for signum in SIGNALS:
+        if signum not in _previous and signal.getsignal(signum) is defaults[signum]:
+            _previous[signum] = signal.signal(signum, _handler)
+
+
+def uninstall() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum, handler in list(_previous.items()):
+        if signal.getsignal(signum) is _handler:
+            signal.signal(signum, handler)
+        del _previous[signum]
+
+
+def reason() -> str:
+    """What interrupted the run, for the report: "SIGTERM", "SIGINT (Ctrl-C)", or ""."""
+    return ", then ".join(received)
+
+
+def _handler(signum: int, frame) -> None:
+    now = time.monotonic()
+    first = _first_seen.setdefault(signum, now)
+    if in_import(frame) and now - first < DEFER_S:
+        timer = threading.Timer(RESIGNAL_S, _deliver, (threading.main_thread().ident, signum))
+        timer.daemon = True
+        timer.start()
+        return
+    del _first_seen[signum]
+    name = "SIGTERM" if signum == signal.SIGTERM else "SIGINT (Ctrl-C)"
+    if signum == signal.SIGTERM and "SIGTERM" in received:
+        # pytest is already ending on the first one: let it write its files (SIGKILL ends it now).
+        sys.stderr.write("cudaopt: SIGTERM again while the run ends; it is writing its reports\n")
+        return
+    received.append(name)
+    if signum == signal.SIGTERM:
+        raise Terminated("SIGTERM: the run was asked to stop")
+    raise KeyboardInterrupt
+
+
+def _deliver(thread_id: int, signum: int) -> None:
+    try:
+        signal.pthread_kill(thread_id, signum)
+    except (OSError, ValueError):
+        pass
