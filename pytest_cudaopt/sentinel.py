@@ -217,7 +217,10 @@ def summary(rows: list[tuple[dict, Outcome]], junit: str | None) -> str:
     for _, outcome in rows:
         counts[outcome.kind] = counts.get(outcome.kind, 0) + 1
     lines = ["\ncudaopt: the pytest process ended before its session finished; what remains, from the sentinel:"]
-    lines += [f"  {o.kind.upper()} {item['nodeid']}: {o.message}" for item, o in rows if o.kind in ("failed", "error")]
+    for item, o in rows:
+        if o.kind in ("failed", "error"):
+            lines.append(f"  {o.kind.upper()} {item['nodeid']}: {o.message}")
+            lines += [f"    {line}" for line in o.text.splitlines() if line.startswith("replay: ")][:1]
     not_run = sum(1 for _, o in rows if o.message.startswith("not run"))
     lines.append("cudaopt: " + ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
                  + (f" ({not_run} of the skipped not run)" if not_run else ""))

@@ -25,6 +25,7 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 _previous: dict[int, Any] = {}     # signal -> the handler before ours
 _first_seen: dict[int, float] = {}  # signal -> when it arrived, while deferred
+_timers: list[threading.Timer] = []  # the deliveries of a deferred signal still to come
 received: list[str] = []            # the names of the signals that interrupted the run
 
 
@@ -44,8 +45,17 @@ def install() -> None:
 
 
 def uninstall() -> None:
+    """Python's handlers again (pytest_unconfigure). A signal still deferred by an import at
+    this point came as the run ended; it is said, not raised outside pytest's reach."""
     if threading.current_thread() is not threading.main_thread():
         return
+    for timer in _timers:
+        timer.cancel()
+    _timers.clear()
+    for signum in list(_first_seen):
+        sys.stderr.write(f"cudaopt: {signal.Signals(signum).name} arrived while the run's last imports ran, "
+                         "after its verdicts\n")
+        del _first_seen[signum]
     for signum, handler in list(_previous.items()):
         if signal.getsignal(signum) is _handler:
             signal.signal(signum, handler)
@@ -63,6 +73,7 @@ def _handler(signum: int, frame) -> None:
     if in_import(frame) and now - first < DEFER_S:
         timer = threading.Timer(RESIGNAL_S, _deliver, (threading.main_thread().ident, signum))
         timer.daemon = True
+        _timers[:] = [t for t in _timers if t.is_alive()] + [timer]
         timer.start()
         return
     del _first_seen[signum]

@@ -81,6 +81,15 @@ def failure_of(cfg: Config, output: str, log_path: Path) -> BuildError:
     return failure(output, log_path, cfg.workdir, cfg.build_dir, sources, MODULE_NAME)
 
 
+def unwritable(cfg: Config, exc: OSError) -> BuildError:
+    """The build folder cannot be written (a read-only workdir): one line that says so and
+    which setting puts the build elsewhere."""
+    what = f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)
+    return BuildError(f"cudaopt build: the build folder {cfg.build_dir} cannot be written ({what}); a read-only "
+                      f"workdir builds elsewhere with cudaopt_build_dir (--cudaopt-build-dir=/tmp/cudaopt-build, "
+                      f"CUDAOPT_BUILD_DIR or ini cudaopt_build_dir)", [], None)
+
+
 def run_ninja(cfg: Config, emit: Callable[[str], None], start: float) -> tuple[list[str], int]:
     """Run ninja in the build folder; return the step descriptions it reported and its exit code."""
     cmd = [_ninja(), "-C", str(cfg.build_dir)]
@@ -160,11 +169,13 @@ def compile_extension(workdir: Path, *, settings=None, verbose: bool = False,
     start = time.monotonic()
     workdir = Path(workdir).resolve()
     cfg = configure(workdir, settings_or_default(settings))
-    cfg.build_dir.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(cfg.build_dir / "lock"))
     waited = 0.0
     try:
+        cfg.build_dir.mkdir(parents=True, exist_ok=True)
         lock.acquire(timeout=0)
+    except OSError as exc:  # filelock's Timeout is no OSError
+        raise unwritable(cfg, exc) from None
     except Timeout:
         emit(f"waiting for another build of {workdir} (lock {cfg.build_dir / 'lock'})")
         t = time.monotonic()
@@ -175,9 +186,12 @@ def compile_extension(workdir: Path, *, settings=None, verbose: bool = False,
                              f"lock {cfg.build_dir / 'lock'}") from None
         waited = time.monotonic() - t
     try:
-        _write_if_changed(cfg.build_dir / "build.ninja", ninja_file(cfg))
-        _write_if_changed(cfg.build_dir / "config.json",
-                          json.dumps(cfg.key_parts, indent=2, sort_keys=True, default=str) + "\n")
+        try:
+            _write_if_changed(cfg.build_dir / "build.ninja", ninja_file(cfg))
+            _write_if_changed(cfg.build_dir / "config.json",
+                              json.dumps(cfg.key_parts, indent=2, sort_keys=True, default=str) + "\n")
+        except OSError as exc:
+            raise unwritable(cfg, exc) from None
         if announce:
             _announce(cfg, emit)
         steps, code = run_ninja(cfg, emit, start)
