@@ -5,8 +5,8 @@ outright. Both lose results: SIGTERM leaves no summary, no JSON report and (sent
 group, as CI runners do) no JUnit file; an interrupt inside an import leaves a half-made module
 that later code trips on (a half-imported Hypothesis breaks the terminal summary). The handler
 here raises KeyboardInterrupt (`Terminated` for SIGTERM) once no import is in progress, at most
-`DEFER_S` after the signal; a workdir's own file is interrupted at once. Installed only where
-cudaopt has work (plugin.py), and only over Python's default handlers.
+`DEFER_S` after the signal; a second Ctrl-C, and a workdir's own file, are interrupted at once.
+Installed only where cudaopt has work (plugin.py), and only over Python's default handlers.
 """
 
 from __future__ import annotations
@@ -19,13 +19,15 @@ from typing import Any
 
 from pytest_cudaopt.watchdog import in_import
 
-DEFER_S = 5.0      # the longest an import in progress delays the interrupt
+DEFER_S = 60.0     # the longest an import in progress delays the interrupt (torch's takes seconds)
 RESIGNAL_S = 0.1   # meanwhile the signal is delivered again this often
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 _previous: dict[int, Any] = {}     # signal -> the handler before ours
 _first_seen: dict[int, float] = {}  # signal -> when it arrived, while deferred
 _timers: list[threading.Timer] = []  # the deliveries of a deferred signal still to come
+_ours: dict[int, int] = {}          # signal -> deliveries made by the timers, not yet handled
+_ours_lock = threading.Lock()       # the timers count up, the handler (main thread) down
 received: list[str] = []            # the names of the signals that interrupted the run
 
 
@@ -69,14 +71,22 @@ def reason() -> str:
 
 def _handler(signum: int, frame) -> None:
     now = time.monotonic()
+    with _ours_lock:
+        ours = _ours.get(signum, 0) > 0
+        if ours:
+            _ours[signum] -= 1
+    again = signum in _first_seen and not ours  # pressed again while deferred: at once
     first = _first_seen.setdefault(signum, now)
-    if in_import(frame) and now - first < DEFER_S:
+    # A frame between two lines (f_lineno None) would break pytest's report of the interrupt.
+    if (in_import(frame) or frame is None or frame.f_lineno is None) and now - first < DEFER_S and not again:
         timer = threading.Timer(RESIGNAL_S, _deliver, (threading.main_thread().ident, signum))
         timer.daemon = True
         _timers[:] = [t for t in _timers if t.is_alive()] + [timer]
         timer.start()
         return
     del _first_seen[signum]
+    with _ours_lock:
+        _ours.pop(signum, None)
     name = "SIGTERM" if signum == signal.SIGTERM else "SIGINT (Ctrl-C)"
     if signum == signal.SIGTERM and "SIGTERM" in received:
         # pytest is already ending on the first one: let it write its files (SIGKILL ends it now).
@@ -89,7 +99,10 @@ def _handler(signum: int, frame) -> None:
 
 
 def _deliver(thread_id: int, signum: int) -> None:
+    with _ours_lock:
+        _ours[signum] = _ours.get(signum, 0) + 1
     try:
         signal.pthread_kill(thread_id, signum)
     except (OSError, ValueError):
-        pass
+        with _ours_lock:
+            _ours[signum] -= 1

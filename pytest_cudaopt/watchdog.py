@@ -153,7 +153,9 @@ class Watchdog:
             pass
 
     def _handler(self, signum, frame) -> None:
-        if self.fired and not self._done.is_set() and not in_import(frame):
+        # Resignalled until the frame is at a line (no import in progress, f_lineno set).
+        if self.fired and not self._done.is_set() and not in_import(frame) \
+                and getattr(frame, "f_lineno", None) is not None:
             raise HangTimeout(self.message())
 
     def _watch(self) -> None:
