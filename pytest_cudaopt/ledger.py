@@ -132,6 +132,10 @@ class Ledger:
         if when == "teardown" and self.running == test:
             self.running = None
 
+    def pending(self) -> list[Entry]:
+        """The items pytest has not reported an outcome for yet."""
+        return [entry for entry in self.entries.values() if entry.status == NOT_RUN and not entry.reason]
+
     def end(self, cause: str, reason: str) -> None:
         """The session ended early; the first cause given is kept."""
         if self.ended is None:

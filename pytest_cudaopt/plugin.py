@@ -6,7 +6,6 @@ import contextlib
 import fnmatch
 import importlib
 import os
-import re
 from pathlib import Path
 
 import pytest
@@ -236,6 +235,9 @@ class WorkdirModule(pytest.Module):
 
     @classmethod
     def from_parent(cls, parent: pytest.Collector, **kwargs) -> "WorkdirModule":
+        from pytest_cudaopt import signals
+
+        signals.install()  # a run that finds its workdirs only now
         bind_timing()  # before the suite, and the workdir's code, is imported
         module = super().from_parent(parent, **kwargs)
         module.obj = importlib.import_module(SUITE_MODULE)  # instead of importing model_new.py
@@ -365,7 +367,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
 
     if exitstatus == pytest.ExitCode.INTERNAL_ERROR:
         cudaopt.ledger.end(ledger.INTERNAL_ERROR, "pytest stopped with an internal error")
-    elif session.shouldfail or session.shouldstop:
+    elif (session.shouldfail or session.shouldstop) and cudaopt.ledger.pending():
         cudaopt.ledger.end(ledger.STOPPED, f"stopped early: {session.shouldfail or session.shouldstop}")
     cudaopt.write_report()
     if cudaopt.report_error and exitstatus == pytest.ExitCode.OK:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 

@@ -220,12 +220,23 @@ class InterruptHooks:
     def pytest_keyboard_interrupt(self, excinfo) -> None:
         from pytest_cudaopt import ledger, signals
 
+        if not self.cudaopt.ledger.entries:
+            return  # no verdict item in this run: pytest's interrupt as it always is
         what = signals.reason() or excinfo.typename
         reason = f"interrupted by {what}"
         self.cudaopt.ledger.end(ledger.INTERRUPTED, reason)
         session = self.session
-        if session is None or hasattr(session.config, "workerinput") or not session.items:
-            return  # interrupted before collection, or a pytest-xdist controller or worker
+        if session is None or hasattr(session.config, "workerinput"):
+            return  # interrupted before the session, or a pytest-xdist worker (its controller reports)
+        if not session.items:  # a pytest-xdist controller knows the items by node id only
+            for entry in self.cudaopt.ledger.pending():
+                path = entry.test.split("::")[0]
+                now = time.time()
+                session.config.hook.pytest_runtest_logreport(report=pytest.TestReport(
+                    entry.test, (path, None, entry.test.split("::")[-1]), {entry.kind: 1}, "skipped",
+                    (str(session.config.rootpath / path), 1, f"not run: the run was {reason} before it"), "setup",
+                    start=now, stop=now))
+            return
         items = [item for item in session.items if item.nodeid not in self.finished]
         running = next((item for item in items if item.nodeid == self.started), None)
         dog = watchdog.Watchdog.last

@@ -267,3 +267,17 @@ def test_ctrl_c_during_an_import_waits_for_the_import_and_exits_2(pytester, run_
     assert result.ret == pytest.ExitCode.INTERRUPTED
     assert (pytester.path / "halfway.txt").read_text() == "whole"
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
+def test_the_gate_never_passes_against_a_report_that_does_not(tmp_path):
+    from pytest_cudaopt import ci_gate
+
+    path = tmp_path / "report.json"
+    assert ci_gate.report_disagrees(path) == [f"the JSON report is missing or unreadable: {path}: no such file"]
+    path.write_text(json.dumps({"schema": "cudaopt-report/2", "passed": False,
+                                "not_passed": ["wd/model_new.py::TestPolicy::test_extension_functions: skipped: "
+                                               "EX001 needs the built extension"]}))
+    assert ci_gate.report_disagrees(path) == ["the JSON report says not passed: wd/model_new.py::TestPolicy::"
+                                              "test_extension_functions: skipped: EX001 needs the built extension"]
+    path.write_text(json.dumps({"schema": "cudaopt-report/2", "passed": True, "not_passed": []}))
+    assert ci_gate.report_disagrees(path) == []
