@@ -207,6 +207,7 @@ class InterruptHooks:
         self.session: pytest.Session | None = None
         self.started: str | None = None
         self.finished: set[str] = set()
+        self.workers: dict[str, object] = {}  # node id -> the pytest-xdist worker that reported on it
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         self.session = session
@@ -216,6 +217,27 @@ class InterruptHooks:
 
     def pytest_runtest_logfinish(self, nodeid: str, location) -> None:
         self.finished.add(nodeid)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.workers[report.nodeid] = getattr(report, "node", None)  # a pytest-xdist worker's
+
+    def _report_pending(self, config: pytest.Config, reason: str) -> None:
+        """On a pytest-xdist controller: each verdict item without an outcome failed (its
+        worker had set it up: it ran) or skipped as not run, as the worker's own report would
+        (the same worker, so that --junitxml keeps one test case per item)."""
+        for entry in self.cudaopt.ledger.pending():
+            path, name = entry.test.split("::")[0], entry.test.split("::")[-1]
+            now = time.time()
+            if entry.test in self.workers:
+                report = pytest.TestReport(entry.test, (path, None, name), {entry.kind: 1}, "failed",
+                                           f"INTERRUPTED: {reason} while this test ran", "call", start=now, stop=now)
+            else:
+                report = pytest.TestReport(entry.test, (path, None, name), {entry.kind: 1}, "skipped",
+                                           (str(config.rootpath / path), 1, f"not run: the run was {reason} before it"),
+                                           "setup", start=now, stop=now)
+            if self.workers.get(entry.test) is not None:
+                report.node = self.workers[entry.test]
+            config.hook.pytest_runtest_logreport(report=report)
 
     def pytest_keyboard_interrupt(self, excinfo) -> None:
         from pytest_cudaopt import ledger, signals
@@ -229,13 +251,7 @@ class InterruptHooks:
         if session is None or hasattr(session.config, "workerinput"):
             return  # interrupted before the session, or a pytest-xdist worker (its controller reports)
         if not session.items:  # a pytest-xdist controller knows the items by node id only
-            for entry in self.cudaopt.ledger.pending():
-                path = entry.test.split("::")[0]
-                now = time.time()
-                session.config.hook.pytest_runtest_logreport(report=pytest.TestReport(
-                    entry.test, (path, None, entry.test.split("::")[-1]), {entry.kind: 1}, "skipped",
-                    (str(session.config.rootpath / path), 1, f"not run: the run was {reason} before it"), "setup",
-                    start=now, stop=now))
+            self._report_pending(session.config, reason)
             return
         items = [item for item in session.items if item.nodeid not in self.finished]
         running = next((item for item in items if item.nodeid == self.started), None)

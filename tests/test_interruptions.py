@@ -248,3 +248,20 @@ def test_an_unwritable_build_folder_fails_its_first_item_once_and_the_others_ref
     assert text.count(f"not run: the build failed; the report is under {CANONICAL}") == 3
     assert "Traceback" not in text and "IsADirectoryError" not in text
     assert json.loads((pytester.path / "r.json").read_text())["passed"] is False
+
+
+def test_a_sigterm_to_a_pytest_xdist_group_leaves_every_item_in_the_junit_file(tmp_path, workdir):
+    workdir(STARTED)
+    ended = run_group(tmp_path, "-p", "xdist", "-n", "2", "wd/model_new.py", "-m", "correctness",
+                      "--cudaopt-report=r.json", "--junitxml=j.xml", signal_when=(tmp_path / "started").exists,
+                      signum=signal.SIGTERM)
+    assert ended.ret == 2, ended.stdout + ended.stderr
+    doc = ended.report()
+    assert (doc["passed"], doc["complete"], doc["cause"]) == (False, False, "interrupted")
+    statuses = sorted(item["status"] for item in doc["items"])
+    assert len(statuses) == 4 and set(statuses) <= {"failed", "not run"} and "failed" in statuses
+    cases = ended.cases()
+    assert len(cases) == 4  # one test case per item: the workers' and the controller's reports agree
+    for outcome, text in cases.values():
+        assert (outcome, text.split("\n")[0]) in (("failed", "INTERRUPTED: interrupted by SIGTERM while this test ran"),
+                                                   ("skipped", "not run: the run was interrupted by SIGTERM before it"))
