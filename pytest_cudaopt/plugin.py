@@ -101,6 +101,7 @@ def _check_report_path(config: pytest.Config) -> None:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
+    """Say at once that the JSON report cannot be written (the verdicts still run)."""
     error = _session(session.config).report_error
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if error and reporter is not None:
@@ -363,9 +364,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller reports
         config.workeroutput["cudaopt_records"] = cudaopt.records()
         return
-    from pytest_cudaopt import ledger
+    from pytest_cudaopt import ledger, signals
 
-    if exitstatus == pytest.ExitCode.INTERNAL_ERROR:
+    if exitstatus == pytest.ExitCode.INTERRUPTED:  # before any verdict item was collected, say
+        cudaopt.ledger.end(ledger.INTERRUPTED, f"interrupted by {signals.reason() or 'KeyboardInterrupt'}")
+    elif exitstatus == pytest.ExitCode.INTERNAL_ERROR:
         cudaopt.ledger.end(ledger.INTERNAL_ERROR, "pytest stopped with an internal error")
     elif (session.shouldfail or session.shouldstop) and cudaopt.ledger.pending():
         cudaopt.ledger.end(ledger.STOPPED, f"stopped early: {session.shouldfail or session.shouldstop}")

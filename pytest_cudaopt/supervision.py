@@ -244,7 +244,7 @@ class InterruptHooks:
 
         if not self.cudaopt.ledger.entries:
             return  # no verdict item in this run: pytest's interrupt as it always is
-        what = signals.reason() or excinfo.typename
+        what = signals.reason() or (f"{excinfo.typename}: {excinfo.value}" if str(excinfo.value) else excinfo.typename)
         reason = f"interrupted by {what}"
         self.cudaopt.ledger.end(ledger.INTERRUPTED, reason)
         session = self.session

@@ -263,10 +263,13 @@ def test_ctrl_c_during_an_import_waits_for_the_import_and_exits_2(pytester, run_
                 f.write("whole" if getattr(module, "DONE", False) else "half-made or missing")
     """)
     pytester.makepyfile(test_x="def test_x():\n    pass\n")
-    result = run_pytest(pytester, "--cudaopt-device=cpu")
+    result = run_pytest(pytester, "--cudaopt-device=cpu", "--cudaopt-report=r.json")
     assert result.ret == pytest.ExitCode.INTERRUPTED
     assert (pytester.path / "halfway.txt").read_text() == "whole"
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
+    doc = read_report(pytester.path / "r.json")
+    assert (doc["complete"], doc["cause"], doc["reason"]) == (False, "interrupted", "interrupted by SIGINT (Ctrl-C)")
+    assert_not_passed(doc, "the session did not complete: interrupted by SIGINT (Ctrl-C)")
 
 
 def test_the_gate_never_passes_against_a_report_that_does_not(tmp_path):
