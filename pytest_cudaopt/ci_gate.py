@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-# Exit codes of `cudaopt gate` (2, bad arguments, is argparse's): a failed verdict is the
-# candidate's; a broken setup is the runner's.
+# Exit codes of `cudaopt gate` (docs/results.md): a failed verdict is the candidate's; a broken
+# setup is the runner's.
 PASSED = 0        # every verdict passed (and no regression against the target branch)
 FAILED = 1        # a verdict failed: a rule, correctness, the speed gate or the regression check
+USAGE = 2         # bad arguments (argparse's, or pytest's usage error), or interrupted (Ctrl-C, SIGTERM)
 BROKEN = 3        # the setup is broken: no CUDA device, a verdict kind not collected, pytest error
 KINDS = ("policy", "correctness", "perf")
 SETUP_PROPERTY = "cudaopt_setup_broken"  # user property of an item that failed for the runner's sake
@@ -60,14 +61,17 @@ def lock_change(workdir: Path, baseline_workdir: Path | None) -> str | None:
 
 def exit_code(pytest_status: int, observer: Observer) -> tuple[int, list[str]]:
     """The gate's exit code and the reasons for it, from pytest's status and what was seen."""
+    if pytest_status == 4:
+        return USAGE, ["pytest refused its arguments (a usage error: see its message above)"]
+    if pytest_status == 2:
+        return USAGE, ["the run was interrupted (Ctrl-C, SIGINT or SIGTERM); its reports say how far it got"]
     reasons = []
     missing = [k for k in KINDS if not observer.kinds.get(k)]
     if missing:
         reasons.append(f"no {', '.join(missing)} items were collected: the gate needs all three verdicts")
     reasons += [f"{node}: {why}" for node, why in observer.broken]
     if pytest_status not in (0, 1):
-        reasons.append(f"pytest ended with status {pytest_status} (interrupted, internal error, "
-                       "usage error or nothing collected)")
+        reasons.append(f"pytest ended with status {pytest_status} (internal error or nothing collected)")
     if reasons:
         return BROKEN, reasons
     if pytest_status == 1 or observer.failed:
@@ -75,20 +79,33 @@ def exit_code(pytest_status: int, observer: Observer) -> tuple[int, list[str]]:
     return PASSED, []
 
 
+def report_disagrees(report_path: Path) -> list[str]:
+    """Why the JSON report does not say passed (a verdict skipped or not run that pytest's
+    status lets through), or that there is none: the gate never passes against it."""
+    from pytest_cudaopt import jsonreport
+
+    try:
+        doc = jsonreport.read(report_path)
+    except ValueError as exc:
+        return [f"the JSON report is missing or unreadable: {exc}"]
+    return [] if doc.get("passed") else [f"the JSON report says not passed: {r}" for r in doc.get("not_passed", [])]
+
+
 def summary_markdown(code: int, reasons: Sequence[str], observer: Observer, report_path: Path,
                      relaxations: Sequence[str]) -> str:
     """The job summary: the outcome, why, the relaxations in force, the verdict tables and
     the first lines of each failure."""
-    from pytest_cudaopt import report
+    from pytest_cudaopt import jsonreport
 
-    title = {PASSED: "PASSED", FAILED: "FAILED (a verdict failed)", BROKEN: "BROKEN (the setup, not the candidate)"}
+    title = {PASSED: "PASSED", FAILED: "FAILED (a verdict failed)", BROKEN: "BROKEN (the setup, not the candidate)",
+             USAGE: "NOT RUN (bad arguments, or interrupted)"}
     counts = ", ".join(f"{n} {k}" for k, n in sorted(observer.counts.items()))
     out = [f"## cudaopt gate: {title.get(code, code)}", "", f"exit code {code}; items: {counts or 'none'}", ""]
     out += [f"- {line}" for line in reasons]
     if relaxations:
         out += ["", f"**Relaxations in force ({len(relaxations)}):**", ""] + [f"- {r}" for r in relaxations]
     if report_path.is_file():
-        out += ["", report.render_file(report_path, fmt="markdown")]
+        out += ["", jsonreport.render_file(report_path, fmt="markdown")]
     for node, text in observer.failed:
         lines = text.strip().splitlines()
         out += ["", f"<details><summary>{node}</summary>", "", "```",
@@ -116,6 +133,9 @@ def run(workdir: Path, *, out: Path, baseline_workdir: Path | None = None,
     observer = Observer()
     status = run_pytest([*args, *pytest_args], plugins=[observer])
     code, reasons = exit_code(status, observer)
+    if code == PASSED:
+        reasons = report_disagrees(report_path)
+        code = BROKEN if reasons else PASSED
     changed = None if allow_lock_change else lock_change(workdir, baseline_workdir)
     if changed and code == PASSED:
         code = FAILED

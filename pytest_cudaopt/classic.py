@@ -56,7 +56,7 @@ def parse_contenders(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     bad = [n for n in names if n not in CONTENDERS]
     if bad or not names:
-        raise SystemExit(f"--single-run: unknown contender {', '.join(bad) or '(none)'}; "
+        raise ValueError(f"--single-run: unknown contender {', '.join(bad) or '(none)'}; "
                          f"choose from {','.join(CONTENDERS)}")
     return names
 
@@ -158,11 +158,28 @@ def single_run(workdir: Path, names: Sequence[str]) -> int:
     return 0
 
 
+def exit_status(code: int, lines: Sequence[str]) -> int:
+    """The command's status: `code` (`cudaopt verify|profile`'s), never 0 when the lines say
+    a check failed (1) or that nothing ran (5, as `cudaopt verify` says for no item run)."""
+    if code != 0:
+        return code
+    if any(line.startswith("[FAIL]") for line in lines):
+        return 5 if any("no correctness case ran" in line for line in lines) else 1
+    if any("(no perf result)" in line for line in lines):
+        return 5
+    return 1 if any("CUDA Extension: n/a" in line for line in lines) else 0  # the custom path untimed
+
+
 def main(command: str, workdir: Path, argv: Sequence[str]) -> int:
-    """`command` is "verification" or "profiling"."""
-    args, rest = _parser(command).parse_known_args(list(argv))
+    """`command` is "verification" or "profiling"; returns the exit status (docs/results.md)."""
+    parser = _parser(command)
+    args, rest = parser.parse_known_args(list(argv))
     if args.single_run is not None:
-        return single_run(workdir, parse_contenders(args.single_run))
+        try:
+            names = parse_contenders(args.single_run)
+        except ValueError as exc:
+            parser.error(str(exc))  # a usage error: status 2
+        return single_run(workdir, names)
     from pytest_cudaopt.cli import main as cli_main
 
     extra = list(rest)
@@ -176,4 +193,4 @@ def main(command: str, workdir: Path, argv: Sequence[str]) -> int:
     lines = verification_lines(doc) if command == "verification" else profiling_lines(doc)
     print("\n".join(lines))
     sys.stdout.flush()
-    return code
+    return exit_status(code, lines)

@@ -20,12 +20,45 @@ def _workdir(text: str) -> Path:
     return path
 
 
+# Exit statuses of the commands (docs/results.md): besides 0 and 1 (a verdict failed), a usage
+# error and an interrupt are 2 everywhere, and a verdict none of whose items ran is 5.
+USAGE = INTERRUPTED = 2
+NOTHING_RAN = 5
+
+
+class _Ran:
+    """Counts the items of one verdict kind that ran (passed or failed) and those skipped."""
+
+    def __init__(self, marker: str):
+        self.marker, self.ran, self.skipped = marker, 0, []
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if self.marker not in report.keywords:
+            return
+        if report.when == "call":
+            self.ran += 1
+        elif report.when == "setup" and report.skipped:
+            self.skipped.append(str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else "skipped")
+        elif report.when == "setup" and report.failed:
+            self.ran += 1
+
+
 def _run_pytest(workdir: Path, marker: str, extra: Sequence[str]) -> int:
     """verify and profile are the plugin's own verdicts, run through pytest so that the
-    command line and `pytest -m ...` can never disagree."""
+    command line and `pytest -m ...` can never disagree. pytest's status, but 2 for its usage
+    error (4) and 5 when no item of the verdict ran (all skipped: pytest says 0)."""
     from pytest_cudaopt.launch import run_pytest
 
-    return run_pytest([str(workdir / "model_new.py"), "-m", marker, "--rootdir", str(workdir), "-q", *extra])
+    ran = _Ran(marker)
+    code = run_pytest([str(workdir / "model_new.py"), "-m", marker, "--rootdir", str(workdir), "-q", *extra],
+                      plugins=[ran])
+    if code == 4:
+        return USAGE
+    if code in (0, 5) and not ran.ran:
+        why = f": {len(ran.skipped)} skipped ({ran.skipped[0].removeprefix('Skipped: ')})" if ran.skipped else ""
+        print(f"cudaopt: no {marker} item ran{why}; nothing was judged", file=sys.stderr)
+        return NOTHING_RAN
+    return code
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -37,9 +70,9 @@ def cmd_build(args: argparse.Namespace) -> int:
         print(exc.report(), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        # ninja was interrupted too (same process group) and the lock is released.
+        # ninja was stopped too and the lock is released.
         print("cudaopt build: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     print(build.describe(result))
     return 0
 
@@ -118,10 +151,10 @@ def cmd_adopt(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from pytest_cudaopt import report
+    from pytest_cudaopt import jsonreport
 
     try:
-        print(report.render_file(Path(args.json), fmt=args.format))
+        print(jsonreport.render_file(Path(args.json), fmt=args.format))
     except ValueError as exc:
         print(f"cudaopt report: {exc}", file=sys.stderr)
         return 2
@@ -217,7 +250,8 @@ def parser() -> argparse.ArgumentParser:
                    help="only (re)record what DIR/cudaopt.lock protects (an existing workdir, after an intended change)")
     p.set_defaults(func=cmd_init)
     p = with_workdir("gate", "the CI gate: policy, correctness and perf in one pytest session; exit 0 passed, "
-                             "1 a verdict failed, 2 bad arguments, 3 broken setup (no GPU, nothing collected)")
+                             "1 a verdict failed, 2 bad arguments or interrupted, 3 broken setup (no GPU, nothing "
+                             "collected, a verdict not run)")
     p.add_argument("--out", default="cudaopt-gate", help="folder for report.json, junit.xml and summary.md "
                                                          "(default: ./cudaopt-gate)")
     p.add_argument("--baseline-workdir", type=_workdir, default=None,
@@ -247,20 +281,21 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command's exit status (docs/results.md lists every one): 2 for a usage error."""
     top = parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     passed_on: list[str] | None = None
-    if argv[:1] == ["judge"] and "--" in argv:  # `cudaopt judge PATHS... -- PYTEST_ARGS`: PATHS take any number
-        passed_on, argv = argv[argv.index("--") + 1:], argv[:argv.index("--")]
+    # `cudaopt gate [options] [WORKDIR] -- PYTEST_ARGS`, `cudaopt judge PATHS... -- PYTEST_ARGS`
+    if argv[:1] in (["gate"], ["judge"]) and "--" in argv:
+        cut = argv.index("--")
+        argv, passed_on = argv[:cut], argv[cut + 1:]
     args, unknown = top.parse_known_args(argv)
-    if passed_on is not None:
+    if args.command in ("gate", "judge"):
         if unknown:
-            top.error(f"unrecognized arguments: {' '.join(unknown)} (pytest's go after --)")
-        args.pytest_args = passed_on
+            top.error(f"unrecognized arguments: {' '.join(unknown)} (arguments for pytest go after `--`)")
+        args.pytest_args = passed_on or []
     elif unknown:
-        if args.command == "gate":  # `cudaopt gate [options] [WORKDIR] -- PYTEST_ARGS`
-            args.pytest_args = unknown[1:] if unknown[0] == "--" else unknown
-        elif hasattr(args, "pytest_args"):
+        if hasattr(args, "pytest_args"):
             # `cudaopt verify --cudaopt-device=cpu` (workdir omitted): options before the
             # workdir that argparse does not know are pytest's.
             args.pytest_args = unknown + list(args.pytest_args)

@@ -6,7 +6,6 @@ import contextlib
 import fnmatch
 import importlib
 import os
-import re
 from pathlib import Path
 
 import pytest
@@ -74,8 +73,14 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"cudaopt: {exc}") from None
     # A pytest-xdist worker uses the seed its controller drew (pytest_configure_node).
     seed = getattr(config, "workerinput", {}).get("cudaopt_seed")
-    config.stash[SESSION_KEY] = CudaoptSession(resolved, rootpath=config.rootpath, seed=seed)
+    config.stash[SESSION_KEY] = CudaoptSession(resolved, rootpath=config.rootpath, seed=seed,
+                                               asked=config.getoption("markexpr", default="") or "")
     config.stash[SESSION_KEY].workdir_paths = workdirs_in(config.args, config.invocation_params.dir, config.rootpath)
+    _check_report_path(config)
+    if config.stash[SESSION_KEY].workdir_paths or _cudaopt_options_given(config):
+        from pytest_cudaopt import signals
+
+        signals.install()  # before torch is imported: an interrupt never lands inside an import
     if config.stash[SESSION_KEY].workdir_paths:
         bind_timing()
     config.stash[SESSION_KEY].emit = _terminal_lines(config)
@@ -84,11 +89,41 @@ def pytest_configure(config: pytest.Config) -> None:
     from pytest_cudaopt import watchdog
 
     watchdog.keep_stderr()  # the terminal's stderr, for the watchdog (fd 2 is captured during tests)
-    config.pluginmanager.register(_FailedItems(config.stash[SESSION_KEY]), "cudaopt-failed-items")
+    from pytest_cudaopt.ledger import LedgerHooks
+
+    config.pluginmanager.register(LedgerHooks(config.stash[SESSION_KEY].ledger,
+                                              lambda nodeid: _item_workdir(config.stash[SESSION_KEY], nodeid)),
+                                  "cudaopt-ledger")
+    from pytest_cudaopt.supervision import InterruptHooks
+
+    config.pluginmanager.register(InterruptHooks(config.stash[SESSION_KEY]), "cudaopt-interrupt")
     if config.pluginmanager.hasplugin("benchmark"):
         config.pluginmanager.register(_BenchmarkHooks(), "cudaopt-benchmark")
     else:
         config.pluginmanager.register(_NoBenchmark(), "cudaopt-no-benchmark")
+
+
+def _check_report_path(config: pytest.Config) -> None:
+    """`--cudaopt-report` on another output's file, a folder or a file that is no report is
+    refused at once; one that cannot be written is said at the start and the end."""
+    session = config.stash[SESSION_KEY]
+    if not session.settings.report or hasattr(config, "workerinput"):
+        return
+    others = {f"--{flag}": getattr(config.option, dest, None)
+              for flag, dest in (("junitxml", "xmlpath"), ("benchmark-json", "benchmark_json"),
+                                 ("report-log", "report_log"), ("html", "htmlpath"))}
+    refused = session.resolve_report(config.invocation_params.dir, others)
+    if refused:
+        raise pytest.UsageError(f"cudaopt: --cudaopt-report={session.settings.report}: {refused}")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Say at once that the JSON report cannot be written (the verdicts still run)."""
+    error = _session(session.config).report_error
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if error and reporter is not None:
+        reporter.write_line(f"cudaopt: ERROR: --cudaopt-report: {error}; the verdicts run, no JSON report is "
+                            "written, and the run exits with status 4", red=True, bold=True)
 
 
 def bind_timing() -> None:
@@ -117,18 +152,8 @@ def _terminal_lines(config: pytest.Config):
     return emit
 
 
-class _FailedItems:
-    """Remembers the correctness and perf items pytest reports as failed (also those run by a
-    pytest-xdist worker that crashed): the JSON report counts the ones without a result."""
-
-    def __init__(self, session: CudaoptSession):
-        self.session = session
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.failed and ("correctness" in report.keywords or "perf" in report.keywords):
-            lines = [line for line in report.longreprtext.strip().splitlines()
-                     if line.strip() and not re.match(r"\[gw\d+\] ", line)]  # xdist's worker header
-            self.session.failed_items.setdefault(report.nodeid, lines[0] if lines else "failed")
+def _item_workdir(session: CudaoptSession, nodeid: str) -> str:
+    return str((session.rootpath / nodeid.split("::")[0]).parent)
 
 
 class _BenchmarkHooks:
@@ -228,6 +253,9 @@ class WorkdirModule(pytest.Module):
 
     @classmethod
     def from_parent(cls, parent: pytest.Collector, **kwargs) -> "WorkdirModule":
+        from pytest_cudaopt import signals
+
+        signals.install()  # a run that finds its workdirs only now
         bind_timing()  # before the suite, and the workdir's code, is imported
         module = super().from_parent(parent, **kwargs)
         module.obj = importlib.import_module(SUITE_MODULE)  # instead of importing model_new.py
@@ -272,9 +300,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    from pytest_cudaopt.ledger import kind_of
     from pytest_cudaopt.supervision import start_sentinel
 
-    start_sentinel(session)
+    cudaopt = _session(session.config)
+    for item in session.items:
+        node = _workdir_node(item)
+        cudaopt.ledger.collect(item.nodeid, kind_of(item.nodeid, (m.name for m in item.iter_markers())),
+                               str(node.workdir_path) if node is not None else _item_workdir(cudaopt, item.nodeid))
+    start_sentinel(session, _supervised, str(cudaopt.report_path) if cudaopt.report_path else None)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids) -> None:
+    """pytest-xdist controller: the items a worker collected, so that one never run is counted."""
+    from pytest_cudaopt.ledger import kind_of
+
+    session = _session(node.config)
+    for nodeid in ids:
+        session.ledger.collect(nodeid, kind_of(nodeid), _item_workdir(session, nodeid))
+
+
+def _supervised(item: pytest.Item) -> bool:
+    """Under the watchdog from the first line: the workdir's items (some policy items import its
+    code) and any correctness or perf item."""
+    return _workdir_node(item) is not None or _judged(item)
 
 
 def _judged(item: pytest.Item) -> bool:
@@ -283,7 +333,10 @@ def _judged(item: pytest.Item) -> bool:
     return judged(item)
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    """GPU items without a device fail in the CI gate; a workdir's correctness and perf items
+    after its hang are not run; supervised items set up under the watchdog (supervision.py)."""
     session = _session(item.config)
     if item.get_closest_marker("gpu") and session.settings.ci_gate:
         reason = session.gpu_unavailable_reason()
@@ -297,18 +350,25 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         reason = session.not_run_reason(node.workdir_path)
         if reason:
             pytest.fail(reason, pytrace=False)
+    if not _supervised(item):
+        return (yield)
+    from pytest_cudaopt.supervision import run_supervised
+
+    workdir = node.workdir_path if node is not None else session.rootpath
+    return (yield from run_supervised(item, session, workdir, "setup"))
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
-    """Correctness and perf items run under supervision (supervision.py)."""
-    if not _judged(item):
+    """Supervised items run under the watchdog (supervision.py)."""
+    if not _supervised(item):
         return (yield)
-    from pytest_cudaopt.supervision import run_judged
+    from pytest_cudaopt.supervision import run_supervised
 
     session = _session(item.config)
     node = _workdir_node(item)
-    return (yield from run_judged(item, session, node.workdir_path if node is not None else session.rootpath))
+    workdir = node.workdir_path if node is not None else session.rootpath
+    return (yield from run_supervised(item, session, workdir, "call"))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
@@ -317,10 +377,27 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     config = session.config
+    cudaopt = _session(config)
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller reports
-        config.workeroutput["cudaopt_records"] = _session(config).records()
-    else:
-        _session(config).write_report()
+        config.workeroutput["cudaopt_records"] = cudaopt.records()
+        return
+    from pytest_cudaopt import ledger, signals
+
+    if exitstatus == pytest.ExitCode.INTERRUPTED:  # before any verdict item was collected, say
+        cudaopt.ledger.end(ledger.INTERRUPTED, f"interrupted by {signals.reason() or 'KeyboardInterrupt'}")
+    elif exitstatus == pytest.ExitCode.INTERNAL_ERROR:
+        cudaopt.ledger.end(ledger.INTERNAL_ERROR, "pytest stopped with an internal error")
+    elif (session.shouldfail or session.shouldstop) and cudaopt.ledger.pending():
+        cudaopt.ledger.end(ledger.STOPPED, f"stopped early: {session.shouldfail or session.shouldstop}")
+    cudaopt.write_report()
+    if cudaopt.report_error and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR  # the report asked for was not written
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from pytest_cudaopt import signals
+
+    signals.uninstall()
 
 
 @pytest.hookimpl(optionalhook=True)

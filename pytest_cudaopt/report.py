@@ -1,4 +1,4 @@
-"""Rendering only: results as tables (terminal, Markdown), as the JSON report (`--cudaopt-report`, read back by `cudaopt report`), as pytest-benchmark's extra fields.
+"""Rendering only: results as records and tables (terminal, Markdown), as pytest-benchmark's extra fields; the JSON report's file is jsonreport.py.
 
 The verdicts are decided in correctness/, perf/ and policy/ and carried by results.py."""
 
@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -15,9 +14,8 @@ from pytest_cudaopt.environment import environment
 from pytest_cudaopt.perf.gate import GateVerdict
 from pytest_cudaopt.perf.lineup import COMPILE, CUSTOM, EAGER, PEER_PREFIX, PRECISION_MATCHED, TARGET
 from pytest_cudaopt.perf.stats import format_seconds
-from pytest_cudaopt.results import CorrectnessResult, PerfResult, RecordedResult
+from pytest_cudaopt.results import ACCEPTED, CorrectnessResult, PerfResult, PolicyResult, RecordedResult
 
-SCHEMA = "cudaopt-report/1"
 KIND_ORDER = ("correctness", "perf", "policy")
 PERF_COLUMNS = ("contender", "device time", "latency", "kernel sum", "IQR", "n", "vs eager", "vs compile",
                 "vs compile+TF32", "precision", "verdict")  # the gate's clock is marked "(gate)"
@@ -68,6 +66,20 @@ def correctness_row(r: CorrectnessResult) -> dict[str, str]:
                      if r.precision else "-",
         "verdict": "pass" if r.passed else f"FAIL ({r.check})" if r.check else "FAIL",
     }
+
+
+def policy_row(r: PolicyResult) -> dict[str, str]:
+    """The policy table's row of one workdir: how many rules passed, the others by status."""
+    passed = sum(1 for status in r.rules.values() if status in ACCEPTED)
+    by_status: dict[str, list[str]] = {}
+    for rule, status in r.rules.items():
+        if status not in ACCEPTED:
+            by_status.setdefault(status, []).append(rule)
+    others = ", ".join(f"{' '.join(rules)} {status}" if len(rules) <= 3 else f"{len(rules)} {status}"
+                       for status, rules in by_status.items())
+    return {"workdir": _short_path(r.workdir), "rules": f"{passed} of {len(r.rules)} passed",
+            "not passed": others or "-", "violations": str(len(r.violations)),
+            "verdict": "pass" if r.passed else "FAIL"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -294,10 +306,12 @@ def record(result: Any) -> dict[str, Any]:
                    notes=perf_notes(result))
     elif isinstance(result, CorrectnessResult):
         rec["row"] = correctness_row(result)
+    elif isinstance(result, PolicyResult):
+        rec["row"] = policy_row(result)
     else:
         rec["row"] = {str(k): str(v) for k, v in result.row().items()}
     # Plain types only: records cross from pytest-xdist workers through execnet.
-    return json.loads(_dumps(rec))
+    return json.loads(strict_dumps(rec))
 
 
 def render_rows(rows: Sequence[Mapping[str, str]], *, title: str = "", notes: Iterable[str] = (),
@@ -360,55 +374,33 @@ def render_records(records: Sequence[Mapping[str, Any]], fmt: str = "table") -> 
     return "\n\n".join(sections)
 
 
-def terminal_summary(terminalreporter: Any, session: Any) -> None:
+def account_lines(account: Any, limit: int = 10) -> list[str]:
+    """What the JSON report's `passed` and `complete` say (ledger.Account), as the summary's last lines."""
+    counts = ", ".join(f"{n} {status}" for status, n in account.counts.items())
+    if account.passed:
+        return [f"cudaopt: passed: every verdict asked for ran and passed ({counts})"]
+    lines = [f"cudaopt: NOT PASSED ({counts or 'no verdict items'})"
+             + ("" if account.complete else f"; incomplete: {account.reason}")]
+    reasons = [r for r in account.not_passed if not r.startswith("the session did not complete")]
+    lines += [f"  {reason}" for reason in reasons[:limit]]
+    if len(reasons) > limit:
+        lines.append(f"  ... and {len(reasons) - limit} more (all of them in the JSON report's not_passed)")
+    return lines
+
+
+def terminal_summary(terminalreporter: Any, records: Sequence[Mapping[str, Any]], last_lines: Sequence[str]) -> None:
     """The cudaopt section of pytest's terminal summary: one table per kind (perf: one per
-    workdir with its notes)."""
-    records = [record(r) for r in session.results]
-    if not records:
+    workdir with its notes), then `last_lines` (the account, where the report went)."""
+    if not records and not last_lines:
         return
     terminalreporter.write_sep("=", "cudaopt summary")
-    for line in render_records(records, "table").splitlines():
+    for line in render_records(records, "table").splitlines() if records else []:
         terminalreporter.write_line(line)
-    path = getattr(session.settings, "report", None)
-    if path:
-        terminalreporter.write_line(f"cudaopt: report written to {path}")
+    for line in last_lines:
+        terminalreporter.write_line(line)
 
 
-def document(results: Sequence[Any], *, seed: int | None = None,
-             settings: Mapping[str, Any] | None = None, relaxations: Sequence[str] = (),
-             running: str | None = None, failed_items: Sequence[Mapping[str, str]] = ()) -> dict[str, Any]:
-    """The JSON report: schema, time, environment, seed, settings, the relaxations in force
-    and every result's record. `running` names the item that was about to run when the report
-    was written before the end of the run (`"complete": false`): what remains if that item
-    hangs the process for good. `failed_items`: items pytest reported as failed that left no
-    result (a crashed pytest-xdist worker); any of them fails the report."""
-    doc = {"schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-           "environment": environment(), "seed": seed, "settings": dict(settings or {}),
-           "relaxations": list(relaxations),
-           "passed": all(bool(r.passed) for r in results) and running is None and not failed_items,
-           "results": [record(r) for r in results]}
-    if failed_items:
-        doc["failed_items"] = [dict(item) for item in failed_items]
-    if running is not None:
-        doc.update(complete=False, running=running)
-    return doc
-
-
-def write_json(path: str | Path, results: Sequence[Any], *, seed: int | None = None,
-               settings: Mapping[str, Any] | None = None, relaxations: Sequence[str] = (),
-               running: str | None = None, failed_items: Sequence[Mapping[str, str]] = ()) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = _dumps(document(results, seed=seed, settings=settings, relaxations=relaxations,
-                           running=running, failed_items=failed_items), indent=2)
-    # Written aside and renamed: a process killed mid-write leaves the previous report whole.
-    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    partial.write_text(text + "\n")
-    os.replace(partial, path)
-    return path
-
-
-def _dumps(value: Any, **kwargs: Any) -> str:
+def strict_dumps(value: Any, **kwargs: Any) -> str:
     """Strict JSON: a NaN or infinite float (a median of no samples, a ratio of zeros)
     becomes null, a Path its text, anything else not JSON its repr."""
     return json.dumps(_nan_to_none(value), allow_nan=False, default=_json_default, **kwargs)
@@ -426,25 +418,3 @@ def _nan_to_none(value: Any) -> Any:
 
 def _json_default(value: Any) -> Any:
     return str(value) if isinstance(value, Path) else repr(value)
-
-
-def render_file(path: str | Path, fmt: str = "table") -> str:
-    """Render a `--cudaopt-report` JSON file as tables (`cudaopt report`) or Markdown."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: not a cudaopt JSON report ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise ValueError(f"{path}: not a cudaopt JSON report (schema {doc.get('schema') if isinstance(doc, dict) else None!r}, "
-                         f"expected {SCHEMA!r})")
-    env = doc.get("environment") or {}
-    gpu = f"{env.get('gpu')} ({env.get('gpu_capability')})" if env.get("gpu") else "no GPU"
-    head = (f"cudaopt report {path.name}: {doc.get('created', '?')}, {gpu}, torch {env.get('torch')}, "
-            f"CUDA {env.get('cuda')}, seed {doc.get('seed')}")
-    body = render_records(doc.get("results", []), fmt)
-    if fmt == "markdown":
-        head = f"_{head}_"
-    return head + ("\n\n" + body if body else "\n\n(no results)")

@@ -14,6 +14,12 @@ if TYPE_CHECKING:  # types only: this module imports nothing of the package at r
     from pytest_cudaopt.perf.gate import GateVerdict
 
 CUSTOM = "custom"  # the candidate's contender key (perf.lineup.CUSTOM)
+# How an item ended, in the JSON report (ledger.py); a disabled rule or a not applicable item
+# leaves `passed` true, any other status but passed makes it false.
+PASSED, FAILED, SKIPPED, NOT_RUN = "passed", "failed", "skipped", "not run"
+DISABLED, NOT_APPLICABLE = "disabled", "not applicable"
+STATUSES = (PASSED, FAILED, SKIPPED, NOT_RUN, DISABLED, NOT_APPLICABLE)
+ACCEPTED = frozenset({PASSED, DISABLED, NOT_APPLICABLE})
 
 
 @dataclass
@@ -112,6 +118,26 @@ class PerfResult:
                 "timing": self.measurement.to_json() if self.measurement is not None else None,
                 "traces": {k: t.to_json() for k, t in self.traces.items()},
                 "figure_warnings": list(self.figure_warnings)}
+
+
+@dataclass
+class PolicyResult:
+    """One workdir's policy verdict: the status of each rule's item and the lines of the
+    violations found (one record per workdir in the JSON report)."""
+
+    workdir: str
+    rules: dict[str, str] = field(default_factory=dict)      # rule id -> status
+    reasons: dict[str, str] = field(default_factory=dict)    # rule id -> why it did not pass
+    violations: list[str] = field(default_factory=list)      # `path:line: RULE: ...` lines
+    kind: str = "policy"
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.rules) and all(status in ACCEPTED for status in self.rules.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "workdir": self.workdir, "passed": self.passed, "rules": dict(self.rules),
+                "reasons": dict(self.reasons), "violations": list(self.violations)}
 
 
 class RecordedResult:

@@ -5,11 +5,14 @@ no last word: a C/C++ loop that holds the GIL (faulthandler's C thread dumps the
 exits the process) and a crash (a segfault, an abort, the driver killing the process). The
 sentinel is a small process outside the interpreter, started by the plugin before the first
 item of a run with correctness or perf items. It hears each item's start and outcome through a
-pipe. When the pipe closes without the word "done", or a judged item outlives its backstop,
-it writes the `--junitxml` file (the running item failed, every later item not run) and prints
-a summary on stderr. If the process is still alive 5 s past the backstop (pytest's own
+pipe, and which case the running item is on. When the pipe closes without the word "done", or
+a judged item outlives its backstop, it writes the `--junitxml` file (the running item failed
+with its case and replay command, every later item not run), marks the JSON report written
+before that item as ended by the crash or the hang, and prints a summary on stderr. If the process is still alive 5 s past the backstop (pytest's own
 `faulthandler_timeout` owns faulthandler's timer and only dumps), it sends SIGABRT, which
-faulthandler turns into a stack dump, so the run always ends.
+faulthandler turns into a stack dump, so the run always ends. A SIGTERM to the whole process
+group (a CI runner stopping a job) leaves it running until pytest, which turns SIGTERM into its
+interrupt, has finished writing (or `TERM_GRACE_S` has passed).
 
 Run as `python -m pytest_cudaopt.sentinel PID`, it imports only the standard library.
 """
@@ -30,7 +33,8 @@ from datetime import datetime, timezone
 from typing import Any
 from xml.etree import ElementTree as ET
 
-KILL_AFTER_S = 5.0  # past the backstop, the time the process gets to end by itself
+KILL_AFTER_S = 5.0   # past the backstop, the time the process gets to end by itself
+TERM_GRACE_S = 30.0  # after a SIGTERM, the time pytest gets to end its session
 
 
 class Sentinel:
@@ -41,7 +45,8 @@ class Sentinel:
         self._lock = threading.Lock()  # the watchdog thread sends too
 
     @classmethod
-    def start(cls, *, items: list[dict], junit: str | None, suite: str, stderr_fd: int | None) -> "Sentinel | None":
+    def start(cls, *, items: list[dict], junit: str | None, suite: str, stderr_fd: int | None,
+              report: str | None = None) -> "Sentinel | None":
         # By module name, with the package's folder first on the path: run as a file, its
         # folder would shadow standard modules (trace.py).
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,7 +59,7 @@ class Sentinel:
         except OSError:
             return None
         sentinel = cls(proc)
-        sentinel._send({"items": items, "junit": junit, "suite": suite})
+        sentinel._send({"items": items, "junit": junit, "suite": suite, "report": report})
         return sentinel
 
     def _send(self, message: dict) -> None:
@@ -69,6 +74,10 @@ class Sentinel:
 
     def started(self, nodeid: str) -> None:
         self._send({"start": nodeid})
+
+    def case(self, text: str, replay: str = "") -> None:
+        """The running item is on this case now (named if the process dies)."""
+        self._send({"case": text, "replay": replay})
 
     def backstop(self, seconds: float | None, why: str = "") -> None:
         """The running item ends within `seconds` (None: no limit, e.g. a debugger is attached);
@@ -119,8 +128,11 @@ class Run:
     items: list[dict] = field(default_factory=list)   # nodeid, classname, name, in run order
     junit: str | None = None
     suite: str = "pytest"
+    report: str | None = None          # the JSON report, rewritten before each judged item
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     running: str | None = None
+    case: str = ""                     # the running item's case and its replay command
+    replay: str = ""
     started_at: float = 0.0
     backstop_at: float | None = None   # monotonic time by which the running item must end
     why: str = ""
@@ -128,9 +140,13 @@ class Run:
     def apply(self, message: dict) -> None:
         if "items" in message:
             self.items, self.junit, self.suite = message["items"], message.get("junit"), message.get("suite") or "pytest"
+            self.report = message.get("report")
         elif "start" in message:
             self.running, self.started_at, self.backstop_at = message["start"], time.monotonic(), None
+            self.case, self.replay = "", ""
             self.outcomes.setdefault(self.running, Outcome())
+        elif "case" in message:
+            self.case, self.replay = message["case"] or "", message.get("replay") or ""
         elif "backstop" in message:
             seconds, self.why = message["backstop"], message.get("why") or "its time limit"
             self.backstop_at = None if seconds is None else time.monotonic() + float(seconds)
@@ -150,6 +166,12 @@ class Run:
         if m["when"] == "teardown" and self.running == m["report"]:
             self.running, self.backstop_at = None, None
 
+    def cause(self, cause: str) -> str:
+        """`cause` with the running item's case and how to replay it alone, when it said."""
+        case = f"\ncase: {self.case}" if self.case else ""
+        replay = f"\nreplay: {self.replay}" if self.replay else ""
+        return f"{cause}{case}{replay}"
+
     def end(self, cause: str) -> list[tuple[dict, Outcome]]:
         """Every item with its final outcome, after the process ended for `cause`."""
         rows = []
@@ -157,7 +179,9 @@ class Run:
             nodeid = item["nodeid"]
             if nodeid == self.running:
                 done = self.outcomes.get(nodeid, Outcome())
-                outcome = Outcome("failed", cause, f"{cause}\n{done.text}".rstrip(),
+                text = self.cause(cause)
+                message = f"{cause} (case: {self.case})" if self.case else cause
+                outcome = Outcome("failed", message, f"{text}\n{done.text}".rstrip(),
                                   time.monotonic() - self.started_at)
             elif nodeid in self.outcomes:
                 outcome = self.outcomes[nodeid]
@@ -193,7 +217,10 @@ def summary(rows: list[tuple[dict, Outcome]], junit: str | None) -> str:
     for _, outcome in rows:
         counts[outcome.kind] = counts.get(outcome.kind, 0) + 1
     lines = ["\ncudaopt: the pytest process ended before its session finished; what remains, from the sentinel:"]
-    lines += [f"  {o.kind.upper()} {item['nodeid']}: {o.message}" for item, o in rows if o.kind in ("failed", "error")]
+    for item, o in rows:
+        if o.kind in ("failed", "error"):
+            lines.append(f"  {o.kind.upper()} {item['nodeid']}: {o.message}")
+            lines += [f"    {line}" for line in o.text.splitlines() if line.startswith("replay: ")][:1]
     not_run = sum(1 for _, o in rows if o.message.startswith("not run"))
     lines.append("cudaopt: " + ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
                  + (f" ({not_run} of the skipped not run)" if not_run else ""))
@@ -212,7 +239,53 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _write_last_words(run: Run, cause: str) -> None:
+_STATUS = {"passed": "passed", "failed": "failed", "error": "failed", "skipped": "skipped"}
+
+
+def amend_report(run: Run, cause: str, kind: str) -> None:
+    """Bring the JSON report written before the running item up to date after the process
+    ended for `cause` (`kind`: crash, timeout, interrupted): not complete, not passed, the
+    running item failed with its case, the items that ended since with their outcomes."""
+    if not run.report:
+        return
+    try:
+        with open(run.report, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return  # not written yet (no judged item started), or not a report: nothing to amend
+    if not isinstance(doc, dict) or doc.get("cause") != "running":
+        return  # the session's own final report
+    reason = run.cause(cause).replace("\n", "; ")
+    where = f" while {run.running} ran" if run.running else ""
+    doc.update(passed=False, complete=False, cause=kind, reason=reason, running=run.running)
+    for item in doc.get("items", []):
+        if item.get("status") != "not run":
+            continue
+        if item.get("test") == run.running:
+            item.update(status="failed", reason=reason)
+        elif item.get("test") in run.outcomes:
+            outcome = run.outcomes[item["test"]]
+            item.update(status=_STATUS.get(outcome.kind, "failed"), reason=outcome.message)
+        else:
+            item["reason"] = f"not run: the pytest process ended{where}"
+    doc["not_passed"] = [f"the session did not complete: {reason}"] + [
+        f"{item['test']}: {item['status']}: {item['reason']}" for item in doc.get("items", [])
+        if item.get("status") not in ("passed", "disabled", "not applicable")]
+    doc["counts"] = {}
+    for item in doc.get("items", []):
+        doc["counts"][item["status"]] = doc["counts"].get(item["status"], 0) + 1
+    try:
+        partial = f"{run.report}.{os.getpid()}.tmp"
+        with open(partial, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+        os.replace(partial, run.report)
+    except OSError as exc:
+        sys.stderr.write(f"cudaopt: the sentinel could not amend {run.report}: {exc}\n")
+
+
+def _write_last_words(run: Run, cause: str, kind: str) -> None:
+    amend_report(run, cause, kind)
     rows = run.end(cause)
     if run.junit and rows:
         try:
@@ -228,18 +301,28 @@ def _write_last_words(run: Run, cause: str) -> None:
     sys.stderr.flush()
 
 
+_terminated_at: list[float] = []  # when SIGTERM reached the sentinel
+
+
 def watch(parent: int, stream: Any = None) -> int:
-    """Read the plugin's messages until "done" (exit 0), or until the pipe closes or a judged
-    item outlives its backstop (write the last words, exit 1)."""
+    """Read the plugin's messages until "done" (exit 0), or until the pipe closes, a judged
+    item outlives its backstop or a SIGTERM its grace (write the last words, exit 1)."""
     fd = (stream or sys.stdin.buffer).fileno()
     run, buffer = Run(), b""
     while True:
-        wait = None if run.backstop_at is None else max(0.0, run.backstop_at - time.monotonic())
+        ends = [t for t in (run.backstop_at, _terminated_at[0] + TERM_GRACE_S if _terminated_at else None) if t]
+        # At most a second: a SIGTERM's handler cannot wake a select() that Python resumes.
+        wait = min([1.0] + [max(0.0, t - time.monotonic()) for t in ends])
         ready, _, _ = select.select([fd], [], [], wait)
-        if not ready:  # the backstop passed: the item holds the GIL, or nothing ends it
+        if not ready and _terminated_at and time.monotonic() >= _terminated_at[0] + TERM_GRACE_S:
+            _write_last_words(run, f"TERMINATED: SIGTERM, and pytest had not ended its session {TERM_GRACE_S:g} s "
+                                   "later", "interrupted")
+            return 1
+        if not ready and run.backstop_at is not None and time.monotonic() >= run.backstop_at:
+            # the backstop passed: the item holds the GIL, or nothing ends it
             cause = (f"TIMEOUT: {run.why}: a C/C++ loop that holds the GIL, which the watchdog cannot "
                      f"interrupt; faulthandler prints every stack on stderr")
-            _write_last_words(run, cause)
+            _write_last_words(run, cause, "timeout")
             deadline = time.monotonic() + KILL_AFTER_S
             while _alive(parent) and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -247,10 +330,12 @@ def watch(parent: int, stream: Any = None) -> int:
                 sys.stderr.write(f"cudaopt: ending pytest (pid {parent}) with SIGABRT: nothing else ends it\n")
                 os.kill(parent, signal.SIGABRT)
             return 1
+        if not ready:
+            continue
         chunk = os.read(fd, 65536)
         if not chunk:
             _write_last_words(run, "CRASH: the pytest process ended while this test ran: a segfault, an "
-                                   "abort, a kill, or faulthandler's exit after a hang; see its stderr")
+                                   "abort, a kill, or faulthandler's exit after a hang; see its stderr", "crash")
             return 1
         buffer += chunk
         *lines, buffer = buffer.split(b"\n")
@@ -263,8 +348,15 @@ def watch(parent: int, stream: Any = None) -> int:
             run.apply(message)
 
 
+def _on_sigterm(signum, frame) -> None:
+    if not _terminated_at:
+        _terminated_at.append(time.monotonic())
+
+
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is pytest's to handle; its "done" follows
+    # A SIGTERM to the process group is pytest's too: it ends its session and says "done".
+    signal.signal(signal.SIGTERM, _on_sigterm)
     return watch(int(argv[0]))
 
 

@@ -6,6 +6,7 @@ import secrets
 from pathlib import Path
 from typing import Any, Callable
 
+from pytest_cudaopt.ledger import Ledger
 from pytest_cudaopt.settings import Settings
 
 
@@ -36,7 +37,7 @@ def workdirs_in(args, invocation_dir: Path, rootpath: Path) -> list[Path]:
 
 
 class CudaoptSession:
-    def __init__(self, settings: Settings, rootpath: Path, seed: int | None = None):
+    def __init__(self, settings: Settings, rootpath: Path, seed: int | None = None, asked: str = ""):
         self.settings = settings
         self.rootpath = Path(rootpath)
         # The seed from which every trial's secret seed is derived; a replay fixes it, and
@@ -57,9 +58,13 @@ class CudaoptSession:
         # Workdir → (item id, message) of a correctness or perf item that timed out: the
         # workdir's later correctness and perf items are not run.
         self.hung: dict[Path, tuple[str, str]] = {}
-        # Correctness and perf items pytest reported as failed (nodeid -> first line): the
-        # report counts those that left no result of their own (a crashed pytest-xdist worker).
-        self.failed_items: dict[str, str] = {}
+        # Every verdict item and how it ended (the plugin feeds it pytest's reports): what
+        # decides the JSON report's `passed` and `complete`.
+        self.ledger = Ledger(asked)
+        # Where `--cudaopt-report` goes (resolved at the start), and why it cannot be written,
+        # once known (said at the start and the end).
+        self.report_path: Path | None = Path(settings.report) if settings.report else None
+        self.report_error: str = ""
 
     # -- the header -------------------------------------------------------------------------
 
@@ -128,6 +133,17 @@ class CudaoptSession:
         if isinstance(found, BaseException):
             raise found.with_traceback(None)
         return found
+
+    def builds_later(self, workdir: Path) -> bool:
+        """Whether a correctness or perf item of `workdir` is still to run in this session (and
+        will build its extension)."""
+        from pytest_cudaopt.results import NOT_RUN
+
+        if self.settings.device == "cuda" and self.gpu_unavailable_reason():
+            return False  # its items skip, or fail in the CI gate, before any build
+        workdir = Path(workdir).resolve()
+        return any(entry.kind in ("correctness", "perf") and entry.status == NOT_RUN and not entry.reason
+                   and Path(entry.workdir).resolve() == workdir for entry in self.ledger.entries.values())
 
     def loaded_extension(self, workdir: Path):
         """The workdir's extension if this session has built it already, else None."""
@@ -220,16 +236,28 @@ class CudaoptSession:
         hung = self.hung.get(Path(workdir).resolve())
         if hung is None:
             return None
-        return f"not run: {hung[0]} timed out ({hung[1]})"
+        return f"not run: {hung[0]} timed out ({hung[1].splitlines()[0]})"
 
     # -- results ------------------------------------------------------------------------------
 
-    def terminal_summary(self, terminalreporter) -> None:
-        if not self.results:
-            return
-        from pytest_cudaopt import report
+    def account(self, running: str | None = None):
+        """The run's account now (ledger.Account); `running`: taken before that item ran."""
+        return self.ledger.account(self.results, running=running)
 
-        report.terminal_summary(terminalreporter, self)
+    def terminal_summary(self, terminalreporter) -> None:
+        """The result tables and the account's lines, when this run had verdict items."""
+        if not self.results and not self.ledger.entries:
+            return
+        from pytest_cudaopt import ledger, report
+
+        account = self.account()
+        records = [report.record(r) for r in [*self.results, *ledger.policy_results(account.items)]]
+        lines = report.account_lines(account)
+        if self.report_error:
+            lines.append(f"cudaopt: ERROR: no JSON report: --cudaopt-report={self.settings.report}: {self.report_error}")
+        elif self.settings.report:
+            lines.append(f"cudaopt: report written to {self.settings.report}")
+        report.terminal_summary(terminalreporter, records, lines)
 
     def records(self) -> list[dict]:
         """The results as plain data (sent from pytest-xdist workers to the controller)."""
@@ -242,16 +270,32 @@ class CudaoptSession:
 
         self.results.extend(RecordedResult(r) for r in records)
 
+    def resolve_report(self, base: Path, others: dict[str, Any]) -> str:
+        """Where `--cudaopt-report` goes (relative to `base`); why it is refused ("" when not):
+        the file of another output (`others`: option -> path), a folder, a file that is no
+        report. A folder that cannot be written is kept in `report_error` instead."""
+        from pytest_cudaopt import jsonreport
+
+        path = Path(base, self.settings.report)
+        why, refused = jsonreport.unusable(path, {k: Path(base, str(v)) for k, v in others.items() if v})
+        if refused:
+            return why
+        self.report_path, self.report_error = path, why
+        return ""
+
     def write_report(self, running: str | None = None) -> None:
         """Write the JSON report to `--cudaopt-report` (if given); `running`: written before
-        that item, as an incomplete report that survives a hang nothing can interrupt."""
-        if not self.settings.report:
+        that item, as an incomplete report that survives a hang nothing can interrupt. A
+        report that cannot be written is said once, and fails no item."""
+        if self.report_path is None or self.report_error:
             return
-        from pytest_cudaopt import report
+        from pytest_cudaopt import jsonreport, ledger
 
-        reported = {getattr(r, "test", None) for r in self.results if not r.passed}
-        unexplained = [{"test": test, "message": message} for test, message in self.failed_items.items()
-                       if test not in reported]
-        report.write_json(self.settings.report, self.results, seed=self.seed,
-                          settings=self.settings.as_dict(), relaxations=self.relaxations(),
-                          running=running, failed_items=unexplained)
+        account = self.account(running)
+        doc = jsonreport.document(account, [*self.results, *ledger.policy_results(account.items)],
+                                  seed=self.seed, settings=self.settings.as_dict(),
+                                  relaxations=self.relaxations())
+        try:
+            jsonreport.write_json(self.report_path, doc)
+        except OSError as exc:
+            self.report_error = f"writing it failed: {type(exc).__name__}: {exc}"

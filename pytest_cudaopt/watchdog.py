@@ -35,6 +35,7 @@ GRACE_S = 5.0     # after the signal, time for the main thread to leave the test
 RESIGNAL_S = 0.25  # within it, the signal is sent again this often
 BACKSTOP_S = 10.0  # then faulthandler's C thread, for a hang that holds the GIL
 SIGNAL = getattr(signal, "SIGUSR2", None)
+WORKDIR_MODULES = "cudaopt_workdir_"  # workdir.MODULE_PREFIX: the workdir's own files
 DEBUGGER_MODULES = ("pdb", "bdb", "pydevd", "_pydevd", "debugpy", "IPython.core.debugger", "ipdb")
 
 _STDERR_FD: int | None = None
@@ -78,11 +79,17 @@ def is_debugging() -> bool:
     return False
 
 
-def _importing(frame) -> bool:
-    """The interrupted frame is inside an import (importlib's frames are on its stack)."""
+def in_import(frame, interruptible: tuple[str, ...] = (WORKDIR_MODULES,)) -> bool:
+    """The frame is inside an import (importlib's frames are on its stack), unless the module
+    the innermost import runs is one of `interruptible`: a workdir's model.py or model_new.py,
+    whose half-made module nothing else uses (workdir.import_file drops it)."""
+    module = None
     while frame is not None:
         if frame.f_code.co_filename.startswith("<frozen importlib"):
-            return True
+            name = (module.f_globals.get("__name__") or "") if module is not None else ""
+            return not name.startswith(interruptible)
+        if frame.f_code.co_name == "<module>":
+            module = frame
         frame = frame.f_back
     return False
 
@@ -99,16 +106,22 @@ class Watchdog:
     from the watchdog thread when the main thread does not leave the test after the signal;
     the process then exits with status 1. `backstop=False` leaves faulthandler's timer alone
     (pytest's own `faulthandler_timeout` owns it). `on_debugging()` is called, from the
-    watchdog thread, each time the timeout passes with a debugger attached."""
+    watchdog thread, each time the timeout passes with a debugger attached; `on_case(case,
+    replay)` each time the test says which case it runs (`set_case`)."""
 
     current: "Watchdog | None" = None
+    last: "Watchdog | None" = None  # the latest one entered, still there after it ended
 
     def __init__(self, timeout: float, test: str, stream=None,
                  on_stuck: Callable[[str], None] | None = None, backstop: bool = True,
-                 on_debugging: Callable[[], None] | None = None):
+                 on_debugging: Callable[[], None] | None = None,
+                 on_case: Callable[[str, str], None] | None = None):
         self.timeout = timeout
         self.test = test
         self.case = ""
+        self.replay = ""
+        self.stage = ""  # what the test does before its cases ("loading the workdir ...")
+        self._on_case = on_case
         self.fired = False
         self._stream = stream
         self._on_stuck = on_stuck
@@ -121,8 +134,12 @@ class Watchdog:
 
     def message(self) -> str:
         case = f" on case {self.case}" if self.case else ""
+        replay = f"\nreplay: {self.replay}" if self.replay else ""
+        if self.stage:
+            return (f"TIMEOUT: {self.test} ran longer than cudaopt_timeout={self.timeout:g}s while {self.stage}; "
+                    f"an import, a build or a get_inputs() that never ends{replay}")
         return (f"TIMEOUT: {self.test} ran longer than cudaopt_timeout={self.timeout:g}s{case}; "
-                "a kernel that never finishes, a deadlock or an endless loop")
+                f"a kernel that never finishes, a deadlock or an endless loop{replay}")
 
     def _fd(self) -> int:
         if self._stream is not None:
@@ -136,7 +153,9 @@ class Watchdog:
             pass
 
     def _handler(self, signum, frame) -> None:
-        if self.fired and not self._done.is_set() and not _importing(frame):
+        # Resignalled until the frame is at a line (no import in progress, f_lineno set).
+        if self.fired and not self._done.is_set() and not in_import(frame) \
+                and getattr(frame, "f_lineno", None) is not None:
             raise HangTimeout(self.message())
 
     def _watch(self) -> None:
@@ -170,7 +189,7 @@ class Watchdog:
             os._exit(1)
 
     def __enter__(self) -> "Watchdog":
-        Watchdog.current = self
+        Watchdog.current = Watchdog.last = self
         if SIGNAL is not None and threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(SIGNAL, self._handler)
             self._installed = True
@@ -192,7 +211,11 @@ class Watchdog:
             Watchdog.current = None
 
 
-def set_case(text: str) -> None:
-    """Tell the running watchdog which case is running (printed if it fires)."""
-    if Watchdog.current is not None:
-        Watchdog.current.case = text
+def set_case(text: str, replay: str = "") -> None:
+    """Tell the running watchdog which case is running and how to replay it alone (printed if
+    it fires, and by the sentinel if the process dies)."""
+    dog = Watchdog.current
+    if dog is not None:
+        dog.case, dog.replay = text, replay
+        if dog._on_case is not None:
+            dog._on_case(text, replay)

@@ -107,6 +107,9 @@ def import_file(name: str, file: Path, workdir: Path,
     except Exception as exc:
         sys.modules.pop(name, None)
         raise WorkdirError(f"importing {file} failed:\n{user_traceback(exc, [workdir])}", file.name) from exc
+    except BaseException:  # the watchdog's timeout or an interrupt: no half-made module stays
+        sys.modules.pop(name, None)
+        raise
     return module
 
 

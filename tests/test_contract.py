@@ -101,7 +101,7 @@ def test_profiling_line_reports_the_table_medians_in_microseconds():
 
 def test_single_run_refuses_an_unknown_contender():
     assert classic.parse_contenders("cuda_extension,torch_compile") == ["cuda_extension", "torch_compile"]
-    with pytest.raises(SystemExit, match="unknown contender cuda"):
+    with pytest.raises(ValueError, match="unknown contender cuda"):
         classic.parse_contenders("cuda")
 
 

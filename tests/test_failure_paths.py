@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_cudaopt import build, cli, policy, report, settings
+from pytest_cudaopt import build, cli, jsonreport, policy, settings
 from pytest_cudaopt.build import runner
 from pytest_cudaopt.environment import device_summary
 
@@ -61,17 +61,17 @@ def test_report_of_a_missing_file_says_no_such_file(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == f"cudaopt report: {tmp_path / 'r.json'}: no such file"
     with pytest.raises(ValueError, match="not a cudaopt JSON report"):
         (tmp_path / "bad.json").write_text("{}")
-        report.render_file(tmp_path / "bad.json")
+        jsonreport.render_file(tmp_path / "bad.json")
 
 
-def test_ctrl_c_during_build_says_interrupted_and_exits_130(tmp_path, monkeypatch, capsys):
+def test_ctrl_c_during_build_says_interrupted_and_exits_2(tmp_path, monkeypatch, capsys):
     (tmp_path / "model.py").write_text("")
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(build, "build", interrupted)
-    assert cli.main(["build", str(tmp_path)]) == 130
+    assert cli.main(["build", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == "cudaopt build: interrupted"
 
 

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from pytest_cudaopt import report, results
+from pytest_cudaopt import jsonreport, report, results
+from pytest_cudaopt.ledger import Ledger
 from pytest_cudaopt.cli import main as cli_main
 from pytest_cudaopt.perf import clocks, gate
 from pytest_cudaopt.perf.clocks import FakeClock
@@ -205,20 +206,30 @@ def test_markdown_tables_have_a_header_rule_and_right_aligned_numbers():
                                  "- note"]
 
 
+def write_report(path, results, **kwargs):
+    """The JSON report of `results`, each the outcome of an item of its kind that ran."""
+    ledger = Ledger()
+    for i, result in enumerate(results):
+        test = getattr(result, "test", None) or f"wd/model_new.py::Test::test_{i}"
+        ledger.report(test, result.kind, "/w", "call", "passed" if result.passed else "failed", "")
+    return jsonreport.write_json(path, jsonreport.document(ledger.account(results), results, **kwargs))
+
+
 def test_the_json_report_renders_back_to_the_same_tables(tmp_path):
     results = [perf_result(), Checked("canonical seed0", True)]
-    path = report.write_json(tmp_path / "sub" / "report.json", results, seed=1234, settings={"min_speedup": 1.05})
+    path = write_report(tmp_path / "sub" / "report.json", results, seed=1234, settings={"min_speedup": 1.05})
     doc = json.loads(path.read_text())
-    assert doc["schema"] == report.SCHEMA and doc["seed"] == 1234 and doc["passed"] is True
+    assert doc["schema"] == jsonreport.SCHEMA and doc["seed"] == 1234 and doc["passed"] is True
     assert [r["kind"] for r in doc["results"]] == ["perf", "correctness"]
     perf = doc["results"][0]
     assert perf["data"]["gate"]["speedup"] == pytest.approx(1.5)
     assert perf["data"]["timing"]["contenders"][2]["key"] == "custom"
     live = report.render_records([report.record(r) for r in results])
-    rendered = report.render_file(path)
+    rendered = jsonreport.render_file(path)
     assert rendered.splitlines()[0].startswith("cudaopt report report.json:")
-    assert rendered.endswith(live)
-    assert "| ModelNew (custom) | 1.00 ms |" in report.render_file(path, fmt="markdown")
+    assert live in rendered
+    assert rendered.endswith("cudaopt: passed: every verdict asked for ran and passed (2 passed)")
+    assert "| ModelNew (custom) | 1.00 ms |" in jsonreport.render_file(path, fmt="markdown")
 
 
 def test_recorded_results_from_workers_render_like_the_originals():
@@ -229,12 +240,12 @@ def test_recorded_results_from_workers_render_like_the_originals():
 
 
 def test_the_report_command_prints_the_tables_and_rejects_other_files(tmp_path, capsys):
-    path = report.write_json(tmp_path / "r.json", [perf_result()])
+    path = write_report(tmp_path / "r.json", [perf_result()])
     assert cli_main(["report", str(path)]) == 0
     assert "ModelNew (custom)" in capsys.readouterr().out
     (tmp_path / "other.json").write_text('{"a": 1}')
     with pytest.raises(ValueError, match="not a cudaopt JSON report"):
-        report.render_file(tmp_path / "other.json")
+        jsonreport.render_file(tmp_path / "other.json")
     assert cli_main(["report", str(tmp_path / "other.json")]) == 2
     assert "other.json: not a cudaopt JSON report" in capsys.readouterr().err
 
@@ -263,7 +274,7 @@ class _Untimed:
 
 def test_the_json_report_round_trips_the_gates_numbers_and_writes_null_for_nan(tmp_path):
     result = perf_result(custom=1.0 * MS, compile_=2.0 * MS, min_speedup=1.25)
-    path = report.write_json(tmp_path / "r.json", [result, _Untimed()])
+    path = write_report(tmp_path / "r.json", [result, _Untimed()])
     strict = json.loads(path.read_text(), parse_constant=lambda name: pytest.fail(f"{name} in the JSON report"))
     perf, untimed = strict["results"]
     gate = perf["data"]["gate"]

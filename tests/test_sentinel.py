@@ -120,3 +120,57 @@ def test_a_cleared_backstop_never_fires(tmp_path, capsys):
     with os.fdopen(read, "rb") as stream:
         assert sentinel.watch(parent.pid, stream) == 0
     assert parent.wait(10) == 0 and capsys.readouterr().err == ""
+
+
+def test_the_crash_names_the_running_items_case_and_replay_command(tmp_path, capsys):
+    junit = tmp_path / "j.xml"
+    case = {"case": "drawn shape features=65, seed 7", "replay": f"pytest '{HUNG}' --cudaopt-case=features=65"}
+    assert _watch([*_messages(str(junit)), case], close=True, parent=os.getpid()) == 1
+    [hung] = [c for c in ET.parse(junit).getroot().iter("testcase") if c.get("name") == "test_canonical[seed0]"]
+    failure = hung.find("failure")
+    assert failure.get("message").endswith("(case: drawn shape features=65, seed 7)")
+    assert "\ncase: drawn shape features=65, seed 7\nreplay: pytest " in failure.text
+    assert f"    replay: pytest '{HUNG}' --cudaopt-case=features=65" in capsys.readouterr().err
+
+
+def _early_report(path, running):
+    """A JSON report as the plugin writes it before `running` (cause "running")."""
+    items = [{"test": n, "kind": "policy" if "Policy" in n else "correctness", "workdir": "/wd",
+              "status": "passed" if n == ITEMS[0] else "not run", "reason": ""} for n in ITEMS]
+    path.write_text(json.dumps({"schema": "cudaopt-report/2", "passed": False, "complete": False,
+                                "cause": "running", "running": running, "items": items, "not_passed": []}))
+
+
+def test_the_crash_amends_the_report_written_before_the_item(tmp_path):
+    report = tmp_path / "r.json"
+    _early_report(report, HUNG)
+    messages = _messages(str(tmp_path / "j.xml"))
+    messages[0]["report"] = str(report)
+    assert _watch([*messages, {"case": "canonical seed0", "replay": "pytest x"}], close=True, parent=os.getpid()) == 1
+    doc = json.loads(report.read_text())
+    assert (doc["passed"], doc["complete"], doc["cause"]) == (False, False, "crash")
+    assert doc["reason"].startswith("CRASH: the pytest process ended") and "; case: canonical seed0" in doc["reason"]
+    status = {item["test"]: (item["status"], item["reason"]) for item in doc["items"]}
+    assert status[HUNG][0] == "failed" and "replay: pytest x" in status[HUNG][1]
+    assert status[ITEMS[1]] == ("failed", "KC001: torch op")  # ended after the report was written
+    assert status[ITEMS[4]] == ("not run", f"not run: the pytest process ended while {HUNG} ran")
+    assert doc["not_passed"][0].startswith("the session did not complete: CRASH")
+    assert doc["counts"] == {"passed": 1, "failed": 2, "skipped": 1, "not run": 1}
+
+
+def test_a_final_report_is_never_amended(tmp_path):
+    report = tmp_path / "r.json"
+    final = {"schema": "cudaopt-report/2", "passed": True, "complete": True, "cause": None, "items": []}
+    report.write_text(json.dumps(final))
+    messages = _messages(str(tmp_path / "j.xml"))
+    messages[0]["report"] = str(report)
+    assert _watch(messages, close=True, parent=os.getpid()) == 1
+    assert json.loads(report.read_text()) == final
+
+
+def test_a_sigterm_leaves_pytest_its_grace_then_the_sentinel_writes(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sentinel, "TERM_GRACE_S", 0.5)
+    monkeypatch.setattr(sentinel, "_terminated_at", [time.monotonic()])
+    junit = tmp_path / "j.xml"
+    assert _watch(_messages(str(junit)), close=False, parent=os.getpid()) == 1
+    assert "TERMINATED: SIGTERM, and pytest had not ended its session 0.5 s later" in junit.read_text()

@@ -127,6 +127,15 @@ class _Progress:
         self.emit(f"{where} failed: " + ("; ".join(errors) if errors else "see the report when the build ends"))
 
 
+def unwritable(cfg: Config, exc: OSError) -> BuildError:
+    """The build folder cannot be written (a read-only workdir): one line that says so and
+    which setting puts the build elsewhere."""
+    what = f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)
+    return BuildError(f"cudaopt build: the build folder {cfg.build_dir} cannot be written ({what}); a read-only "
+                      f"workdir builds elsewhere with cudaopt_build_dir (--cudaopt-build-dir=/tmp/cudaopt-build, "
+                      f"CUDAOPT_BUILD_DIR or ini cudaopt_build_dir)", [], None)
+
+
 def run_ninja(cfg: Config, emit: Callable[[str], None], start: float) -> tuple[list[str], int]:
     """Run ninja in the build folder; return the step descriptions it reported and its exit code.
     Its output is read by a thread, so that a failed unit's errors are shown once ninja has
@@ -145,28 +154,42 @@ def run_ninja(cfg: Config, emit: Callable[[str], None], start: float) -> tuple[l
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", env=env, preexec_fn=_die_with_parent)
     assert proc.stdout is not None
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [*map(lines.put, proc.stdout), lines.put(None)], daemon=True).start()
-    while True:
-        try:
-            line = lines.get(timeout=_Progress.QUIET_S)
-        except queue.Empty:
-            progress.flush()  # ninja is quiet: what it printed last is complete
-            continue
-        if line is None:
-            break
-        line = line.rstrip("\n")
-        log_lines.append(line)
-        step = progress.line(line)
-        if step is not None:
-            steps.append(step)
-    code = proc.wait()
+    try:
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [*map(lines.put, proc.stdout), lines.put(None)], daemon=True).start()
+        while True:
+            try:
+                line = lines.get(timeout=_Progress.QUIET_S)
+            except queue.Empty:
+                progress.flush()  # ninja is quiet: what it printed last is complete
+                continue
+            if line is None:
+                break
+            line = line.rstrip("\n")
+            log_lines.append(line)
+            step = progress.line(line)
+            if step is not None:
+                steps.append(step)
+        code = proc.wait()
+    except BaseException:  # a timeout or an interrupt of this process alone: ninja stops too
+        _stop(proc)
+        raise
     progress.flush()
     # A no-op build ("ninja: no work to do") keeps the log of the last build that did work.
     log = cfg.build_dir / "build.log"
     if steps or code != 0 or not log.is_file():
         log.write_text("\n".join(log_lines) + "\n")
     return steps, code
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End ninja (SIGTERM, on which it stops its compilers), before the lock is released."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _die_with_parent() -> None:
@@ -207,11 +230,13 @@ def compile_extension(workdir: Path, *, settings=None, verbose: bool = False,
     start = time.monotonic()
     workdir = Path(workdir).resolve()
     cfg = configure(workdir, settings_or_default(settings))
-    cfg.build_dir.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(cfg.build_dir / "lock"))
     waited = 0.0
     try:
+        cfg.build_dir.mkdir(parents=True, exist_ok=True)
         lock.acquire(timeout=0)
+    except OSError as exc:  # filelock's Timeout is no OSError
+        raise unwritable(cfg, exc) from None
     except Timeout:
         emit(f"waiting for another build of {workdir} (lock {cfg.build_dir / 'lock'})")
         t = time.monotonic()
@@ -222,9 +247,12 @@ def compile_extension(workdir: Path, *, settings=None, verbose: bool = False,
                              f"lock {cfg.build_dir / 'lock'}") from None
         waited = time.monotonic() - t
     try:
-        _write_if_changed(cfg.build_dir / "build.ninja", ninja_file(cfg))
-        _write_if_changed(cfg.build_dir / "config.json",
-                          json.dumps(cfg.key_parts, indent=2, sort_keys=True, default=str) + "\n")
+        try:
+            _write_if_changed(cfg.build_dir / "build.ninja", ninja_file(cfg))
+            _write_if_changed(cfg.build_dir / "config.json",
+                              json.dumps(cfg.key_parts, indent=2, sort_keys=True, default=str) + "\n")
+        except OSError as exc:
+            raise unwritable(cfg, exc) from None
         if announce:
             _announce(cfg, emit)
         steps, code = run_ninja(cfg, emit, start)

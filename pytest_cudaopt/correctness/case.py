@@ -101,7 +101,7 @@ def run_case(workdir: Workdir, settings, session, constants: dict[str, int], see
     then every guard. Raises CaseFailed with the whole report, Abort on a CUDA fault, and
     guards.ReferenceError_ when `reference_decides` and the reference rejects the case."""
     device = torch.device(settings.device)
-    set_case(label)
+    set_case(label, replay)
     _check_memory(workdir, settings, constants, label, replay)
     with shapes.applied(workdir.reference, constants):
         try:

@@ -338,4 +338,3 @@ def judge_drawn(loaded: Workdir, settings, session, nodeid: str) -> Verdict:
         result.max_abs, result.max_rel = drawn.stats.max_abs, drawn.stats.max_rel
         result.precision = drawn.stats.worst
     return Verdict()
-

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pytest_cudaopt.correctness.verdict import judge_canonical, judge_drawn
+from pytest_cudaopt.ledger import SKIP_PROPERTY
+from pytest_cudaopt.results import NOT_APPLICABLE
 from pytest_cudaopt.workdir import Workdir
 
 
@@ -29,7 +31,8 @@ class TestCorrectness:
     def test_drawn_shapes(self, request, loaded, cudaopt_session, cudaopt_settings):
         """Shapes drawn by Hypothesis around the canonical one (or as model.py declares)."""
         verdict = judge_drawn(loaded, cudaopt_settings, cudaopt_session, request.node.nodeid)
-        if verdict.skip:
+        if verdict.skip:  # model.py has nothing to vary: no verdict is missing
+            request.node.user_properties.append((SKIP_PROPERTY, NOT_APPLICABLE))
             pytest.skip(verdict.skip)
         if verdict.failure:
             pytest.fail(verdict.failure, pytrace=False)

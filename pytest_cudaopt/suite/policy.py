@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from pytest_cudaopt import policy
+from pytest_cudaopt.ledger import RULE_PROPERTY, SKIP_PROPERTY
+from pytest_cudaopt.results import DISABLED
 
 _REPORTS = pytest.StashKey[dict]()
 
@@ -45,20 +47,33 @@ class TestPolicy:
                   request: pytest.FixtureRequest) -> None:
         settings, violations = _report(request.config, cudaopt_workdir_path, cudaopt_session)
         lines = list(policy.iter_rule_lines(violations, rule, cudaopt_workdir_path))
-        if rule in settings.disable and not lines:
+        if rule in settings.disable and not lines:  # the owner's choice, shown as a relaxation
+            request.node.user_properties.append((SKIP_PROPERTY, DISABLED))
             pytest.skip(f"{rule} is disabled by [tool.cudaopt] in {cudaopt_workdir_path / 'pyproject.toml'}")
         if lines:
             pytest.fail(f"{rule}: {policy.RULES[rule]}\n" + "\n".join(lines), pytrace=False)
 
-    def test_extension_functions(self, cudaopt_workdir_path: Path, cudaopt_session) -> None:
+    def test_extension_functions(self, cudaopt_workdir_path: Path, cudaopt_session, request) -> None:
         """EX001: every cuda_extension function that model_new.py calls is defined by the built
-        module. Uses the session's build or the last one on disk; compiles nothing."""
+        module. Uses the session's build, builds now when this session's correctness or perf
+        items will build anyway, else the last build on disk."""
         from pytest_cudaopt import build
         from pytest_cudaopt.policy.extension_names import RULE, RULE_TEXT, check_extension_names
 
+        request.node.user_properties.append((RULE_PROPERTY, RULE))
         module = cudaopt_session.loaded_extension(cudaopt_workdir_path)
-        if module is None:
-            module = build.existing_extension(cudaopt_workdir_path, settings=cudaopt_session.settings)
+        failure = ""
+        try:
+            if module is None and cudaopt_session.builds_later(cudaopt_workdir_path):
+                module = cudaopt_session.extension(cudaopt_workdir_path)
+            if module is None:
+                module = build.existing_extension(cudaopt_workdir_path, settings=cudaopt_session.settings)
+        except build.BuildError as exc:
+            failure = (cudaopt_session.failure_report(cudaopt_workdir_path, request.node.nodeid, exc)
+                       if cudaopt_session.builds_later(cudaopt_workdir_path) else
+                       f"{RULE} not checked: {exc.summary}; the build log: {exc.log_path}")
+        if failure:
+            pytest.fail(failure, pytrace=False)
         if module is None:
             pytest.skip(f"{RULE} needs the built extension: run `cudaopt build {cudaopt_workdir_path}` "
                         "or the correctness items first")

@@ -1,0 +1,267 @@
+"""Results that survive every fault: SIGINT and SIGTERM to pytest or its process group, hangs from an item's first line (imports, the build), a crash on a drawn shape, a build folder that cannot be written. Each test reads the files on disk once every process is gone."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from support import junit_cases, run_pytest, subprocess_env
+
+from pytest_cudaopt import build
+from pytest_cudaopt.launch import plugin_args
+
+CPU_INI = "[pytest]\ncudaopt_device = cpu\ncudaopt_compile_backend = eager\ncudaopt_warmup = 0.01\n"
+CANONICAL = "wd/model_new.py::TestCorrectness::test_canonical[seed0]"
+# ModelNew of the cpu_scale workdir, with a line put in front of its forward's return.
+MODEL_NEW = '''\
+import ctypes
+import os
+import time
+
+import torch
+import torch.nn as nn
+
+import cuda_extension
+
+
+class ModelNew(nn.Module):
+    def __init__(self, features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(features))
+        self.bias = nn.Parameter(torch.randn(features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        {line}
+        return cuda_extension.scale(x, self.weight, self.bias)
+'''
+# Written by a forward that is about to hang: the signal is sent once the item is in its call.
+STARTED = 'open("started", "w").close(); time.sleep(3600)'
+
+
+@dataclass
+class Ended:
+    ret: int
+    stdout: str
+    stderr: str
+    path: Path
+
+    def report(self) -> dict:
+        return json.loads((self.path / "r.json").read_text())
+
+    def cases(self) -> dict:
+        return junit_cases(self.path / "j.xml")
+
+
+def _wait_until_gone(pgid: int, seconds: float = 60) -> None:
+    """Until no process of the group is left (the sentinel included): files are final then."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.killpg(pgid, signal.SIGKILL)
+    pytest.fail(f"processes of group {pgid} were still alive {seconds} s after pytest ended")
+
+
+def run_group(path: Path, *args: str, signal_when=None, signum=None, group: bool = True,
+              env: dict | None = None, timeout: float = 300) -> Ended:
+    """pytest in its own process group in `path`; `signal_when()` true: send `signum` to pytest
+    or to its whole group. Returns once every process of the group is gone."""
+    cmd = [sys.executable, "-m", "pytest", *plugin_args(), "-p", "no:cacheprovider", *args]
+    out, err = open(path / "out.txt", "w+"), open(path / "err.txt", "w+")
+    proc = subprocess.Popen(cmd, cwd=path, env={**subprocess_env(), **(env or {})}, stdout=out, stderr=err,
+                            start_new_session=True)
+    deadline = time.monotonic() + timeout
+    try:
+        if signal_when is not None:
+            while not signal_when():
+                assert proc.poll() is None, "pytest ended before the signal was sent"
+                assert time.monotonic() < deadline, "the item never started"
+                time.sleep(0.1)
+            os.killpg(proc.pid, signum) if group else proc.send_signal(signum)
+        ret = proc.wait(max(1.0, deadline - time.monotonic()))
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    _wait_until_gone(proc.pid)
+    return Ended(ret, (path / "out.txt").read_text(), (path / "err.txt").read_text(), path)
+
+
+@pytest.fixture
+def workdir(tmp_path, make_workdir):
+    """`workdir(line)`: the built cpu_scale workdir at tmp_path/wd, `line` in front of the
+    return of ModelNew.forward."""
+
+    def make(line: str = "pass") -> Path:
+        path = make_workdir("cpu_scale", dest=tmp_path / "wd")
+        (tmp_path / "pytest.ini").write_text(CPU_INI)
+        (path / "model_new.py").write_text(MODEL_NEW.format(line=line))
+        return path
+
+    return make
+
+
+# -- SIGINT and SIGTERM ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("signum, group, marker", [
+    (signal.SIGTERM, True, "correctness"), (signal.SIGTERM, False, "correctness"),
+    (signal.SIGINT, True, "correctness"), (signal.SIGINT, False, "perf"),
+], ids=["sigterm-group", "sigterm-pid", "sigint-group", "sigint-pid-perf"])
+def test_a_signal_leaves_the_junit_file_the_report_and_the_summary_and_exits_2(tmp_path, workdir, signum,
+                                                                                group, marker):
+    workdir(STARTED)
+    ended = run_group(tmp_path, "wd/model_new.py", "-m", f"{marker} or policy", "--cudaopt-report=r.json",
+                      "--junitxml=j.xml", signal_when=(tmp_path / "started").exists, signum=signum, group=group)
+    name = "SIGTERM" if signum == signal.SIGTERM else "SIGINT (Ctrl-C)"
+    assert ended.ret == 2, ended.stdout + ended.stderr
+    running = CANONICAL if marker == "correctness" else "wd/model_new.py::TestPerf::test_speedup"
+    doc = ended.report()
+    assert (doc["passed"], doc["complete"], doc["cause"], doc["reason"]) == (False, False, "interrupted",
+                                                                             f"interrupted by {name}")
+    assert doc["running"] == running
+    statuses = {item["test"]: item["status"] for item in doc["items"]}
+    assert statuses.pop(running) == "failed" and set(statuses.values()) == {"not run"}
+    cases = ended.cases()
+    outcome, text = cases[("wd", running.split("::")[-1])]
+    assert outcome == "failed" and text.startswith(f"INTERRUPTED: interrupted by {name} while this test ran")
+    if marker == "correctness":
+        assert "on case canonical inputs of get_inputs()" in text and "replay: pytest " in text
+    later = [o for (_, test), (o, t) in cases.items() if test != running.split("::")[-1]]
+    assert later and set(later) == {"skipped"}
+    assert "= cudaopt summary =" in ended.stdout and "cudaopt: NOT PASSED (1 failed, " in ended.stdout
+    assert f"incomplete: interrupted by {name}" in ended.stdout
+    assert "from the sentinel" not in ended.stderr  # pytest ended its own session
+    assert "Traceback" not in ended.stdout
+
+
+# -- timeouts from the first line --------------------------------------------------------------
+
+@pytest.mark.parametrize("file", ["model.py", "model_new.py"])
+def test_a_hang_while_importing_the_workdir_ends_as_a_timeout_with_every_file_written(tmp_path, workdir, file):
+    path = workdir()
+    source = (path / file).read_text()
+    (path / file).write_text(source.replace("\nimport torch\n", "\nimport time\nimport torch\ntime.sleep(10**6)\n", 1))
+    started = time.monotonic()
+    ended = run_group(tmp_path, "wd/model_new.py", "-m", "correctness", "--cudaopt-timeout=8",
+                      "--cudaopt-report=r.json", "--junitxml=j.xml", timeout=120)
+    assert ended.ret == 1 and time.monotonic() - started < 90, ended.stdout + ended.stderr
+    outcome, text = ended.cases()[("wd", "test_canonical[seed0]")]
+    assert outcome == "error"  # at setup: "failed on setup with ..."
+    assert f"TIMEOUT: {CANONICAL} ran longer than cudaopt_timeout=8s while loading the workdir" in text
+    assert f"where it was:\n  {file}:" in text and "in <module>: time.sleep(10**6)" in text
+    doc = ended.report()
+    assert doc["passed"] is False and doc["complete"] is True
+    assert doc["not_passed"][0].startswith(f"{CANONICAL}: failed: TIMEOUT: ")
+    assert "3 items, not run: " in doc["not_passed"][1]
+    assert "= cudaopt summary =" in ended.stdout and "FAIL (timeout)" in ended.stdout
+
+
+def test_a_hung_get_inputs_ends_as_a_timeout_of_its_case(tmp_path, workdir):
+    path = workdir()
+    model = (path / "model.py").read_text()
+    (path / "model.py").write_text(model.replace("def get_inputs():\n",
+                                                 "def get_inputs():\n    import time; time.sleep(10**6)\n"))
+    ended = run_group(tmp_path, "wd/model_new.py", "-m", "correctness", "--cudaopt-timeout=8",
+                      "--cudaopt-report=r.json", "--junitxml=j.xml", "-k", "seed0", timeout=120)
+    assert ended.ret == 1
+    outcome, text = ended.cases()[("wd", "test_canonical[seed0]")]
+    assert outcome == "failed" and "on case canonical inputs of get_inputs()" in text
+    assert "model.py:" in text and "in get_inputs: import time; time.sleep(10**6)" in text
+    assert ended.report()["passed"] is False
+
+
+def test_a_hung_build_ends_as_a_timeout_and_stops_the_compiler(tmp_path, workdir):
+    workdir()
+    compiler = tmp_path / "hung-c++"
+    compiler.write_text(f"#!/bin/sh\necho $$ > {tmp_path / 'compiler.pid'}\nexec sleep 600\n")
+    compiler.chmod(0o755)
+    ended = run_group(tmp_path, "wd/model_new.py", "-m", "correctness", "--cudaopt-timeout=8",
+                      "--cudaopt-report=r.json", "--junitxml=j.xml", env={"CXX": str(compiler)}, timeout=120)
+    assert ended.ret == 1, ended.stdout + ended.stderr
+    outcome, text = ended.cases()[("wd", "test_canonical[seed0]")]
+    assert outcome == "error" and "while loading the workdir (building its extension" in text
+    pid = int((tmp_path / "compiler.pid").read_text())
+    with pytest.raises(ProcessLookupError):  # stopped with ninja, before the lock was released
+        os.kill(pid, 0)
+    assert ended.report()["passed"] is False
+
+
+# -- a crash names its case ------------------------------------------------------------------
+
+def test_a_crash_on_a_drawn_shape_names_the_shape_and_the_replay_command(tmp_path, workdir):
+    workdir("if x.shape[-1] == 65:\n            ctypes.string_at(0)")
+    ended = run_group(tmp_path, "wd/model_new.py", "-m", "correctness", "--cudaopt-report=r.json",
+                      "--junitxml=j.xml", timeout=300)
+    assert ended.ret not in (0, 1, 2)  # killed by SIGSEGV
+    outcome, text = ended.cases()[("wd", "test_drawn_shapes")]
+    assert outcome == "failed" and text.startswith("CRASH: the pytest process ended while this test ran")
+    assert "(case: drawn shape batch_size=16,features=65 " in text
+    assert "\nreplay: pytest wd/model_new.py::TestCorrectness::test_drawn_shapes --cudaopt-seed=" in text
+    assert "--cudaopt-case=batch_size=16,features=65" in text
+    assert "    replay: pytest wd/model_new.py::TestCorrectness::test_drawn_shapes" in ended.stderr
+    doc = ended.report()
+    assert (doc["passed"], doc["complete"], doc["cause"]) == (False, False, "crash")
+    assert "case: drawn shape batch_size=16,features=65" in doc["reason"]
+    [drawn] = [item for item in doc["items"] if item["test"].endswith("test_drawn_shapes")]
+    assert drawn["status"] == "failed" and "--cudaopt-case=batch_size=16,features=65" in drawn["reason"]
+    assert [item["status"] for item in doc["items"] if item is not drawn] == ["passed"] * 3
+
+
+# -- a build folder that cannot be written ---------------------------------------------------
+
+def test_a_read_only_build_folder_is_one_line_naming_cudaopt_build_dir(tmp_path, prebuilt_workdir, monkeypatch):
+    from filelock import FileLock
+
+    def read_only(self, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", self.lock_file)
+
+    monkeypatch.setattr(FileLock, "acquire", read_only)
+    with pytest.raises(build.BuildError) as info:
+        build.build(prebuilt_workdir("cpu_scale"))
+    text = info.value.report()
+    assert len(text.splitlines()) == 1 and "Traceback" not in text
+    assert "cannot be written (Read-only file system: " in text and "/lock)" in text
+    assert "a read-only workdir builds elsewhere with cudaopt_build_dir (--cudaopt-build-dir=" in text
+
+
+def test_an_unwritable_build_folder_fails_its_first_item_once_and_the_others_refer_to_it(pytester, make_workdir):
+    path = make_workdir("cpu_scale", dest=pytester.path / "wd")
+    pytester.makeini(CPU_INI)
+    [build_dir] = (path / "build" / "cudaopt").iterdir()
+    (build_dir / "lock").unlink(missing_ok=True)
+    (build_dir / "lock").mkdir()  # a lock file that cannot be opened, as on a read-only mount
+    result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness", "--cudaopt-report=r.json")
+    result.assert_outcomes(errors=4)
+    text = result.stdout.str().split("short test summary info")[0].split("= cudaopt summary =")[0]
+    assert text.count(f"cudaopt build: the build folder {build_dir} cannot be written (Is a directory: ") == 1
+    assert text.count(f"not run: the build failed; the report is under {CANONICAL}") == 3
+    assert "Traceback" not in text and "IsADirectoryError" not in text
+    assert json.loads((pytester.path / "r.json").read_text())["passed"] is False
+
+
+def test_a_sigterm_to_a_pytest_xdist_group_leaves_every_item_in_the_junit_file(tmp_path, workdir):
+    workdir(STARTED)
+    ended = run_group(tmp_path, "-p", "xdist", "-n", "2", "wd/model_new.py", "-m", "correctness",
+                      "--cudaopt-report=r.json", "--junitxml=j.xml", signal_when=(tmp_path / "started").exists,
+                      signum=signal.SIGTERM)
+    assert ended.ret == 2, ended.stdout + ended.stderr
+    doc = ended.report()
+    assert (doc["passed"], doc["complete"], doc["cause"]) == (False, False, "interrupted")
+    statuses = sorted(item["status"] for item in doc["items"])
+    assert len(statuses) == 4 and set(statuses) <= {"failed", "not run"} and "failed" in statuses
+    cases = ended.cases()
+    assert len(cases) == 4  # one test case per item: the workers' and the controller's reports agree
+    for outcome, text in cases.values():
+        assert (outcome, text.split("\n")[0]) in (("failed", "INTERRUPTED: interrupted by SIGTERM while this test ran"),
+                                                   ("skipped", "not run: the run was interrupted by SIGTERM before it"))
