@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import contextlib
-import fnmatch
-import importlib
 import os
 from pathlib import Path
 
 import pytest
 
 from pytest_cudaopt import settings as _settings
+from pytest_cudaopt.collection import (
+    SUITE_MODULE, WorkdirModule, bind_timing, is_workdir_file, matches_python_files, workdir_node,
+)
 from pytest_cudaopt.session import CudaoptSession, pin_worker_to_gpu, workdirs_in
 
 SESSION_KEY = pytest.StashKey[CudaoptSession]()
 # CUDAOPT_SELF_TEST as it was when the plugin loaded, before any conftest.py could set it.
 _SELF_TEST_AT_LOAD = os.environ.get("CUDAOPT_SELF_TEST", "")
-SUITE_MODULE = "pytest_cudaopt.suite.items"
-# Importing these binds the timing functions that `perf.clocks.tampered()` checks.
-TIMING_MODULES = ("pytest_cudaopt.perf.clocks", "pytest_cudaopt.perf.trace")
 MARKERS = {
     "build": "the workdir's extension compiles and imports (generated per workdir; runs without a GPU too)",
     "correctness": "the custom path computes the same function as model.py (generated per workdir)",
@@ -126,16 +124,6 @@ def pytest_sessionstart(session: pytest.Session) -> None:
                             "written, and the run exits with status 4", red=True, bold=True)
 
 
-def bind_timing() -> None:
-    """Import the timing engine, which binds time.perf_counter, torch.cuda.synchronize, ...
-    as they are now. Called before any workdir code runs: in pytest_configure when the
-    command line names a workdir, else when collection finds the first one (a workdir's
-    model_new.py is imported only when its items run). Not at the plugin's import, so that
-    loading the plugin imports no torch."""
-    for name in TIMING_MODULES:
-        importlib.import_module(name)
-
-
 def _terminal_lines(config: pytest.Config):
     """Build progress on pytest's terminal, past output capturing (a build runs inside an
     item's setup): one `cudaopt build: ...` line per step. Silent with -qq and on xdist workers."""
@@ -206,64 +194,27 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def pytest_report_collectionfinish(config: pytest.Config, start_path: Path, items: list[pytest.Item]) -> list[str]:
-    if not config.stash.get(HEADER_SHOWN, False) and any(_workdir_node(item) for item in items):
+    if not config.stash.get(HEADER_SHOWN, False) and any(workdir_node(item) for item in items):
         return _header_lines(config)
     return []
-
-
-def _is_workdir_file(file_path: Path) -> bool:
-    return file_path.name == "model_new.py" and (file_path.parent / "model.py").is_file()
-
-
-def _matches_python_files(path: Path, patterns: list[str]) -> bool:
-    """Whether pytest's python plugin collects `path` (the `python_files` ini patterns): a
-    pattern without a slash matches the file name, one with a slash the end of the path."""
-    for pattern in patterns:
-        if "/" not in pattern and os.sep not in pattern:
-            matched = fnmatch.fnmatch(path.name, pattern)
-        else:
-            full = pattern if os.path.isabs(pattern) else f"*{os.sep}{pattern}"
-            matched = fnmatch.fnmatch(str(path), full)
-        if matched:
-            return True
-    return False
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):
     """A `model_new.py` next to a `model.py` is a workdir: collect the verdict suite for it.
     Where pytest's python plugin collects the file itself (a path named on the command
     line, or one matching python_files), it asks pytest_pycollect_makemodule below."""
-    if _is_workdir_file(file_path) and not (
+    if is_workdir_file(file_path) and not (
             parent.session.isinitpath(file_path)
-            or _matches_python_files(file_path, parent.config.getini("python_files"))):
+            or matches_python_files(file_path, parent.config.getini("python_files"))):
         return WorkdirModule.from_parent(parent, path=file_path)
     return None
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector):
-    if _is_workdir_file(module_path):
+    if is_workdir_file(module_path):
         return WorkdirModule.from_parent(parent, path=module_path)
     return None
-
-
-class WorkdirModule(pytest.Module):
-    """The suite in `pytest_cudaopt.suite.items`, collected once for each workdir under
-    the workdir's `model_new.py` (node ids like `model_new.py::TestCorrectness::...`)."""
-
-    @classmethod
-    def from_parent(cls, parent: pytest.Collector, **kwargs) -> "WorkdirModule":
-        from pytest_cudaopt import signals
-
-        signals.install()  # a run that finds its workdirs only now
-        bind_timing()  # before the suite, and the workdir's code, is imported
-        module = super().from_parent(parent, **kwargs)
-        module.obj = importlib.import_module(SUITE_MODULE)  # instead of importing model_new.py
-        return module
-
-    @property
-    def workdir_path(self) -> Path:
-        return self.path.parent
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -273,15 +224,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("seed_index", range(count), ids=[f"seed{i}" for i in range(count)])
 
 
-def _workdir_node(item: pytest.Item) -> WorkdirModule | None:
-    return item.getparent(WorkdirModule)
-
-
 @pytest.hookimpl(trylast=True)  # after reordering plugins (pytest-randomly), for the gate's order
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     session = _session(config)
     for item in items:
-        node = _workdir_node(item)
+        node = workdir_node(item)
         if node is None:
             continue
         needs_device = any(item.get_closest_marker(m) for m in ("correctness", "perf"))
@@ -305,7 +252,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
     cudaopt = _session(session.config)
     for item in session.items:
-        node = _workdir_node(item)
+        node = workdir_node(item)
         cudaopt.ledger.collect(item.nodeid, kind_of(item.nodeid, (m.name for m in item.iter_markers())),
                                str(node.workdir_path) if node is not None else _item_workdir(cudaopt, item.nodeid))
     start_sentinel(session, _supervised, str(cudaopt.report_path) if cudaopt.report_path else None)
@@ -324,7 +271,7 @@ def pytest_xdist_node_collection_finished(node, ids) -> None:
 def _supervised(item: pytest.Item) -> bool:
     """Under the watchdog from the first line: the workdir's items (some policy items import its
     code) and any correctness or perf item."""
-    return _workdir_node(item) is not None or _judged(item)
+    return workdir_node(item) is not None or _judged(item)
 
 
 def _judged(item: pytest.Item) -> bool:
@@ -345,7 +292,7 @@ def pytest_runtest_setup(item: pytest.Item):
 
             item.user_properties.append((SETUP_PROPERTY, reason))
             pytest.fail(f"{reason}: the CI gate never passes without the device", pytrace=False)
-    node = _workdir_node(item)
+    node = workdir_node(item)
     if node is not None and _judged(item):
         reason = session.not_run_reason(node.workdir_path)
         if reason:
@@ -366,7 +313,7 @@ def pytest_runtest_call(item: pytest.Item):
     from pytest_cudaopt.supervision import run_supervised
 
     session = _session(item.config)
-    node = _workdir_node(item)
+    node = workdir_node(item)
     workdir = node.workdir_path if node is not None else session.rootpath
     return (yield from run_supervised(item, session, workdir, "call"))
 

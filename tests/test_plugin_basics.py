@@ -175,7 +175,7 @@ def test_a_workdir_found_by_collection_is_collected_once_whatever_python_files_s
 
 
 def test_python_files_patterns_match_the_name_or_the_end_of_the_path(tmp_path):
-    from pytest_cudaopt.plugin import _matches_python_files
+    from pytest_cudaopt.collection import matches_python_files as _matches_python_files
 
     path = tmp_path / "wd" / "model_new.py"
     assert _matches_python_files(path, ["test_*.py", "model_*.py"])
