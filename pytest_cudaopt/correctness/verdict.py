@@ -15,10 +15,12 @@ from typing import Iterator
 import torch
 
 from pytest_cudaopt import memory
-from pytest_cudaopt.correctness import compare, guards, shapes
+from pytest_cudaopt.correctness import compare, guards, isolated, shapes
+from pytest_cudaopt.isolation import Breach
 from pytest_cudaopt.correctness.faults import CudaFault, fault_line
 from pytest_cudaopt.correctness.precision import Precision, worst_tier
 from pytest_cudaopt.results import CorrectnessResult
+from pytest_cudaopt.tensors import describe_inputs
 from pytest_cudaopt.watchdog import set_case
 from pytest_cudaopt.workdir import Workdir, WorkdirError
 
@@ -62,18 +64,6 @@ class Verdict:
 
     failure: str = ""
     skip: str = ""
-
-
-def describe_inputs(inputs: list, names: list[str] | None) -> str:
-    parts = []
-    for i, x in enumerate(inputs):
-        name = names[i] if names and i < len(names) else f"input{i}"
-        if isinstance(x, torch.Tensor):
-            dtype = str(x.dtype).removeprefix("torch.")
-            parts.append(f"{name}: {dtype}[{', '.join(map(str, x.shape))}]")
-        else:
-            parts.append(f"{name}: {x!r}")
-    return ", ".join(parts)
 
 
 # -- recording an item's result ------------------------------------------------------------------
@@ -128,9 +118,13 @@ def judge_canonical(loaded: Workdir, settings, session, nodeid: str, seed_index:
                                               label=f"canonical inputs of get_inputs(), seed {seed}")
         except Abort as exc:
             return _fault(nodeid, session, result, exc)
+        except Breach as exc:
+            return isolated.failed(result, exc)
         except CaseFailed as exc:
             exc.fill(result)
-            return _fail(result, exc.check, exc.report)
+            return isolated.final(result, session, loaded.path) or _fail(result, exc.check, exc.report)
+        if isolated.final(result, session, loaded.path):
+            return result.message
         result.passed, result.cases = True, 1
         result.shapes = describe_inputs(inputs, names)
         result.max_abs, result.max_rel = outcome.comparison.max_abs, outcome.comparison.max_rel
@@ -340,9 +334,13 @@ def judge_drawn(loaded: Workdir, settings, session, nodeid: str) -> Verdict:
             failure, check, failed = drawn.run()
         except Abort as exc:
             return Verdict(failure=_fault(nodeid, session, result, exc))
+        except Breach as exc:
+            return Verdict(failure=isolated.failed(result, exc))
         except CaseFailed as exc:  # raised outside Hypothesis: an explicit case or --cudaopt-case
             failure, check, failed = exc.report, exc.check, exc
         result.cases = drawn.stats.cases
+        if isolated.final(result, session, loaded.path):
+            return Verdict(failure=result.message)
         if failure:
             if failed is not None:
                 result.case = f"drawn shape {failed.case}"
@@ -402,7 +400,8 @@ def run_case(workdir: Workdir, settings, session, constants: dict[str, int], see
             extension=workdir.extension, device=device, atol=settings.atol, rtol=settings.rtol,
             max_rel_error=settings.max_rel_error,
             nondeterministic=workdir.nondeterministic or settings.nondeterministic,
-            extra_allowed=_extra_allowed(settings), history=_history(workdir), input_names=names)
+            extra_allowed=_extra_allowed(settings), history=_history(workdir), input_names=names,
+            verify=isolated.verifier(session, workdir.path))
         described = describe_inputs(inputs, names)
         footer = f"\ncase: {label}; inputs {described}" + (f"\nreplay: {replay}" if replay else "")
         short = shapes.format_case(constants) or "canonical"
@@ -413,6 +412,9 @@ def run_case(workdir: Workdir, settings, session, constants: dict[str, int], see
                              exc.precision) from None
         except CudaFault as exc:
             raise Abort(exc, f"{label}; inputs {described}", replay) from None
+        except Breach as exc:
+            exc.case = f"{label}; inputs {described}"
+            raise
         except guards.CandidateError as exc:
             raise CaseFailed("candidate raised", f"{workdir.model_new_file.name}: {exc}{footer}",
                              short, described) from None

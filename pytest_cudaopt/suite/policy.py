@@ -37,12 +37,9 @@ class TestPolicy:
     def test_extension_functions(self, cudaopt_workdir_path: Path, cudaopt_session) -> None:
         """EX001: every cuda_extension function that model_new.py calls is defined by the built
         module. Uses the session's build or the last one on disk; compiles nothing."""
-        from pytest_cudaopt import build
         from pytest_cudaopt.policy.extension_names import RULE, RULE_TEXT, check_extension_names
 
-        module = cudaopt_session.loaded_extension(cudaopt_workdir_path)
-        if module is None:
-            module = build.existing_extension(cudaopt_workdir_path, settings=cudaopt_session.settings)
+        module = cudaopt_session.inspect_extension(cudaopt_workdir_path)
         if module is None:
             pytest.skip(f"{RULE} needs the built extension: run `cudaopt build {cudaopt_workdir_path}` "
                         "or the correctness items first")
