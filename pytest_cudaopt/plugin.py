@@ -20,10 +20,13 @@ _SELF_TEST_AT_LOAD = os.environ.get("CUDAOPT_SELF_TEST", "")
 SUITE_MODULE = "pytest_cudaopt.suite.items"
 # Importing these binds the timing functions that `perf.clocks.tampered()` checks.
 TIMING_MODULES = ("pytest_cudaopt.perf.clocks", "pytest_cudaopt.perf.trace")
+# The items that judge the workdir at run time: on the device, under the watchdog.
+JUDGED_KINDS = ("correctness", "perf", "memsafety")
 MARKERS = {
     "correctness": "the custom path computes the same function as model.py (generated per workdir)",
     "perf": "the custom path is faster than torch.compile (generated per workdir)",
     "policy": "the workdir rules hold (generated per workdir)",
+    "memsafety": "one small case of the custom path runs clean under compute-sanitizer (generated per workdir)",
     "gpu": "needs a CUDA device; skipped with a reason where none is visible",
 }
 
@@ -101,14 +104,14 @@ def _terminal_lines(config: pytest.Config):
 
 
 class _FailedItems:
-    """Remembers the correctness and perf items pytest reports as failed (also those run by a
+    """Remembers the correctness, perf and memory-safety items pytest reports as failed (also those run by a
     pytest-xdist worker that crashed): the JSON report counts the ones without a result."""
 
     def __init__(self, session: CudaoptSession):
         self.session = session
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.failed and ("correctness" in report.keywords or "perf" in report.keywords):
+        if report.failed and any(kind in report.keywords for kind in JUDGED_KINDS):
             lines = [line for line in report.longreprtext.strip().splitlines()
                      if line.strip() and not re.match(r"\[gw\d+\] ", line)]  # xdist's worker header
             self.session.failed_items.setdefault(report.nodeid, lines[0] if lines else "failed")
@@ -239,11 +242,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         node = _workdir_node(item)
         if node is None:
             continue
-        needs_device = any(item.get_closest_marker(m) for m in ("correctness", "perf"))
+        needs_device = any(item.get_closest_marker(m) for m in JUDGED_KINDS)
         if needs_device and session.settings.device == "cuda":
             item.add_marker(pytest.mark.gpu)
     if session.settings.ci_gate:  # policy, then correctness, then perf (a stable sort)
-        order = ("policy", "correctness", "perf")
+        order = ("policy", "correctness", "memsafety", "perf")
         items.sort(key=lambda i: next((n for n, m in enumerate(order) if i.get_closest_marker(m)), len(order)))
     # A skip mark (not pytest.skip in a hook) so that `-rs` shows the item's own location. The
     # CI gate never skips them: pytest_runtest_setup fails them instead.
@@ -260,7 +263,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     # Collection has loaded every conftest.py and no workdir code yet (model_new.py and the
     # extension are imported when their items run): what torch is now is trusted.
     if any(_workdir_node(item) for item in session.items):
-        _session(session.config).isolation.trust()
+        unwatched = _session(session.config).isolation.trust().unwatched
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if unwatched and reporter is not None:  # a torch without some of the API: said, not hidden
+            reporter.write_line(f"cudaopt: isolation does not verify {'; '.join(unwatched)}")
     start_sentinel(session)
 
 

@@ -18,8 +18,8 @@ SENTINEL_PLUGIN = "cudaopt-sentinel"
 
 
 def judged(item: pytest.Item) -> bool:
-    """A correctness or perf item (what runs under supervision)."""
-    return any(item.get_closest_marker(m) for m in ("correctness", "perf"))
+    """A correctness, perf or memory-safety item (what runs under supervision)."""
+    return any(item.get_closest_marker(m) for m in ("correctness", "perf", "memsafety"))
 
 
 def start_sentinel(session: pytest.Session) -> None:
