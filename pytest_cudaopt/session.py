@@ -166,12 +166,13 @@ class CudaoptSession:
         watch = self.isolation
         if watch.trusted is None:
             watch.trust()
-        extension = self.extension(path)
-        failure = watch.verify("found after importing cuda_extension, built from kernels/", path)
-        if failure:
-            raise WorkdirError(failure, "kernels/")
-        loaded = load_workdir(path, extension, after_reference=watch.trust)
-        failure = watch.verify("found after importing model_new.py", path)
+        with watch.trusted_grad_mode():
+            extension = self.extension(path)
+            failure = watch.verify("found after importing cuda_extension, built from kernels/", path)
+            if failure:
+                raise WorkdirError(failure, "kernels/")
+            loaded = load_workdir(path, extension, after_reference=watch.trust)
+            failure = watch.verify("found after importing model_new.py", path)
         if failure:
             raise WorkdirError(failure, "model_new.py")
         return loaded
@@ -188,8 +189,9 @@ class CudaoptSession:
             return module
         if self.isolation.trusted is None:
             self.isolation.trust()
-        module = build.existing_extension(path, settings=self.settings)
-        failure = self.isolation.verify("found after importing cuda_extension, built from kernels/", path)
+        with self.isolation.trusted_grad_mode():
+            module = build.existing_extension(path, settings=self.settings)
+            failure = self.isolation.verify("found after importing cuda_extension, built from kernels/", path)
         if failure:
             self._workdirs.setdefault(Path(path).resolve(), WorkdirError(failure, "kernels/"))
         return module

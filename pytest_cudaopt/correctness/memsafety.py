@@ -38,7 +38,8 @@ def find_sanitizer(setting: str | None = None) -> tuple[str | None, str]:
     `cudaopt_compute_sanitizer`, else PATH, else the CUDA toolkit's bin/."""
     if setting:
         path = Path(setting).expanduser()
-        return (str(path) if path.is_file() and os.access(path, os.X_OK) else None), f"cudaopt_compute_sanitizer={setting}"
+        usable = path.is_file() and os.access(path, os.X_OK)
+        return (str(path) if usable else None), f"cudaopt_compute_sanitizer={setting}"
     found = shutil.which(EXECUTABLE)
     if found:
         return found, "PATH"
@@ -84,7 +85,8 @@ def child_environment() -> dict[str, str]:
     segment) and this package importable."""
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
     here = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([here, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]))
+    paths = [here, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return env
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 # Every line of compute-sanitizer's own output starts with this prefix; a record's first line
 # follows it directly, its details are indented below it.
 _PREFIX = re.compile(r"^=========(?: |$)")
-_SUMMARY = re.compile(r"^(?:ERROR SUMMARY: (?P<errors>\d+) errors?|RACECHECK SUMMARY: .*|LEAK SUMMARY.*|COMPUTE-SANITIZER.*|CUDA-MEMCHECK.*)$")
+_SUMMARY = re.compile(r"^(?:ERROR SUMMARY: (?P<errors>\d+) errors?|RACECHECK SUMMARY: .*|LEAK SUMMARY.*"
+                      r"|COMPUTE-SANITIZER.*|CUDA-MEMCHECK.*)$")
 # `... in kernels/x.cu:44` (12.x and later) or `... in /path/x.cu:44:kernel(...)` (older).
 _LOCATION = re.compile(r"\bin (?P<file>\S+?\.(?:cu|cuh|cpp|cc|cxx|h|hpp|hxx|inl)):(?P<line>\d+)")
 _FUNCTION = re.compile(r"\bat (?:0x[0-9a-fA-F]+ in \S+:\d+:)?(?P<func>.+?)(?:\+0x[0-9a-fA-F]+)?(?: in \S+)?$")

@@ -4,7 +4,8 @@ What it offers: `Watch` (the session's trusted snapshot: `trust()`, `verify(phas
 returning the failure text, `tainted` once a change cannot be put back), `take` / `changes`
 (a snapshot and what differs from it, as `Change` rows naming the road, the attribute, flag or
 `op / dispatch key`, and where the new thing was defined), `GRAD_MODE` (the flag callers set
-themselves around candidate calls), `Breach` (raised where a change ends a case). Used by the correctness and the speed verdicts alike.
+themselves around candidate calls), `Breach` (raised where a change ends a case). Used by the
+correctness and the speed verdicts alike.
 
 The modules: namespaces.py (attributes of torch's modules and classes, sys.modules and the
 import hooks), flags.py (torch's process-wide settings), dispatcher.py (kernels per dispatch

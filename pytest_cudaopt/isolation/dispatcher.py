@@ -16,6 +16,8 @@ from pytest_cudaopt.isolation.changes import DISPATCHER, Change, origin_of, shor
 _KERNEL = re.compile(r"^(?P<key>[A-Za-z0-9_]+(?:\[alias\])?)(?: \(inactive\))?: registered at (?P<where>.+?)"
                      r"(?: :: .*)?$")
 _DEFINED = re.compile(r"^debug: registered at (?P<where>.+)$")
+# The top folders of torch's source tree: the folder above one is where torch was built.
+_TORCH_TREES = frozenset({"aten", "torch", "c10", "caffe2", "functorch", "build", "third_party"})
 # What this torch must offer for the dispatcher to be read; without it the road is not verified.
 NEEDED = ("_dispatch_get_all_op_names", "_dispatch_dump")
 
@@ -36,10 +38,19 @@ class Registrations:
         return frozenset(name.split("::")[0] for name in self.dumps)
 
     @functools.cached_property
-    def cpp_dirs(self) -> frozenset[str]:
-        """The folders of torch's own C++ registrations at the snapshot."""
-        return frozenset(str(Path(where.rpartition(":")[0]).parent) for text in self.dumps.values()
-                         for _, where in _parse(text) if not where.rpartition(":")[0].endswith(".py"))
+    def cpp_roots(self) -> frozenset[str]:
+        """The source trees of torch's own C++ registrations at the snapshot: the folder above
+        `aten/`, `torch/`, `c10/`, `build/`... (`/__w/pytorch/pytorch`), where torch was built."""
+        roots = set()
+        for text in self.dumps.values():
+            for _, where in _parse(text):
+                parts = Path(where.rpartition(":")[0]).parts
+                if not parts or parts[0] != "/" or parts[-1].endswith(".py"):
+                    continue
+                top = next((i for i, part in enumerate(parts) if part in _TORCH_TREES), None)
+                if top is not None and top >= 2:
+                    roots.add(str(Path(*parts[:top])))
+        return frozenset(roots)
 
 
 def missing_api() -> list[str]:
@@ -116,8 +127,8 @@ def take() -> Registrations:
 
 
 def _trusted(where: str, before: Registrations) -> bool:
-    """A registration torch made itself (lazily, after the snapshot): Python code in torch's
-    package, or C++ in a folder where torch's own registrations were at the snapshot."""
+    """A registration torch made itself (lazily, after the snapshot: a library it loads on
+    first use): Python code in torch's package, or C++ in the source tree torch was built in."""
     path = where.rpartition(":")[0] or where
     if path.endswith(".py"):
         try:
@@ -125,7 +136,7 @@ def _trusted(where: str, before: Registrations) -> bool:
         except OSError:
             return False
         return resolved.startswith(before.torch_dir + "/")
-    return Path(path).is_absolute() and str(Path(path).parent) in before.cpp_dirs
+    return Path(path).is_absolute() and any(path.startswith(root + "/") for root in before.cpp_roots)
 
 
 def kernel_changes(before: Registrations) -> list[Change]:

@@ -77,6 +77,14 @@ def _new_entry_counts(owner: Any, name: str, value: Any) -> bool:
         name.startswith("__") and name.endswith("__"))
 
 
+def same_module(new: Any, old: Any) -> bool:
+    """A module imported again (its entry left sys.modules and came back: pytester's in-process
+    runs do that) is the same module: same name, same file."""
+    return (isinstance(new, types.ModuleType) and isinstance(old, types.ModuleType)
+            and new.__name__ == old.__name__ and getattr(new, "__file__", None) is not None
+            and getattr(new, "__file__", None) == getattr(old, "__file__", None))
+
+
 def torch_wrapper(new: Any, old: Any) -> bool:
     """torch's own wrapping of one of its functions after the snapshot (torch._dynamo wraps
     torch.manual_seed and nn.Module.__init__ when first imported): `new` is a function
@@ -112,7 +120,8 @@ def changes(before: dict[str, tuple[Any, dict[str, Any], frozenset[str]]]) -> li
             if name not in now:
                 found.append(Change(ATTRIBUTE, f"{label}.{name}", f"was {short(value)}, now removed",
                                     undo=_setter(owner, name, value, True)))
-            elif now[name] is not value and not torch_wrapper(now[name], value):
+            elif now[name] is not value and not torch_wrapper(now[name], value) \
+                    and not same_module(now[name], value):
                 new = now[name]
                 found.append(Change(ATTRIBUTE, f"{label}.{name}", f"was {short(value)}, now {short(new)}",
                                     origin_of(new), _setter(owner, name, value, True)))
@@ -147,7 +156,8 @@ def import_changes(before: dict[str, Any]) -> list[Change]:
             if added:
                 found.append(Change(IMPORT, name, f"added {', '.join(short(h) for h in added)}",
                                     origin_of(added[0]), _hooks_undo(name, value)))
-        elif new is not value and not (new == value and isinstance(value, DATA)):
+        elif new is not value and not (new == value and isinstance(value, DATA)) \
+                and not same_module(new, value):
             found.append(Change(IMPORT, name, f"was {short(value)}, now {short(new)}", origin_of(new),
                                 _module_undo(name, value) if name.endswith("]") else None))
     return found

@@ -93,6 +93,14 @@ class Watch:
         self.trusted = take()
         return self.trusted
 
+    def trusted_grad_mode(self):
+        """A block with autograd as trusted (a workdir loaded inside a perf item's no_grad()
+        is verified against the trusted mode, and the caller's mode is back after it)."""
+        import torch
+
+        mode = self.trusted.flags.get(GRAD_MODE, True) if self.trusted is not None else torch.is_grad_enabled()
+        return torch.set_grad_enabled(mode)
+
     def verify(self, phase: str, workdir: Path | None = None, context: dict[str, Any] | None = None,
                full: bool = True) -> str:
         """"" when every road is as trusted; else the failure (see `failure`)."""
