@@ -1,12 +1,15 @@
 // softmax_binding.cpp: the isolation workdir's bindings. `softmax` is honest; `sigmoid` computes the
 // wrong function; `patch_torch_softmax` and `override_aten_softmax` make the reference compute it
-// too, through Python run from C++ and through the operator dispatcher, when model_new.py asks
-// (tests/test_isolation_workdirs.py plants them; the static rules KC006/KC007 refuse both).
+// too, through Python run from C++ and through the operator dispatcher, when model_new.py asks;
+// the TORCH_LIBRARY_IMPL below does it when the extension is imported, in a process whose
+// environment asks (tests/test_isolation_workdirs.py plants them; KC006-KC008 refuse them all).
 #include <ATen/core/Tensor.h>
 #include <pybind11/eval.h>
 #include <torch/csrc/autograd/generated/variable_factories.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
+
+#include <cstdlib>
 
 #include "binding_registry.h"
 
@@ -66,6 +69,11 @@ void override_aten_softmax() {
 }
 
 }  // namespace
+
+// At the extension's import: aten::_softmax on the CPU becomes a sigmoid for the whole process.
+TORCH_LIBRARY_IMPL(aten, CPU, m) {
+  if (std::getenv("CUDAOPT_ISOLATION_OVERRIDE_AT_IMPORT") != nullptr) m.impl("_softmax", TORCH_FN(sigmoid_as_softmax));
+}
 
 void register_isolation(pybind11::module& m) {
   m.def("softmax", &row_softmax, "softmax(x) -> y: softmax over the last dimension (float32, CPU)", pybind11::arg("x"));

@@ -1,10 +1,9 @@
-"""Cheat: the extension registers a sigmoid as the CPU kernel of aten::_softmax, which the reference dispatches to."""
+"""Cheat: the extension's import registered a sigmoid as the CPU kernel of aten::_softmax (its
+TORCH_LIBRARY_IMPL, in a process with CUDAOPT_ISOLATION_OVERRIDE_AT_IMPORT set); the kernel computes a sigmoid."""
 
 import torch.nn as nn
 
 import cuda_extension
-
-cuda_extension.override_aten_softmax()
 
 
 class ModelNew(nn.Module):
