@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import stat
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
