@@ -1,6 +1,6 @@
 """What the run was asked to judge and how each item ended: the account behind `passed` and `complete` in the JSON report.
 
-Every collected verdict item (build, correctness, perf, policy) is entered when collection ends, and its
+Every collected verdict item (build, correctness, perf, policy, memsafety) is entered when collection ends, and its
 status follows pytest's reports: passed, failed, skipped, not run, or, for a skip that is no missing
 verdict, disabled (a rule the owner turned off, shown as a relaxation) or not applicable (no drawn
 shapes for a model without shape constants). `Ledger.account` decides `passed`: true only when
@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 
 from pytest_cudaopt.results import ACCEPTED, FAILED, NOT_RUN, PASSED, SKIPPED, STATUSES, PolicyResult
 
-KINDS = ("build", "correctness", "perf", "policy")
+KINDS = ("build", "correctness", "perf", "policy", "memsafety")
 # Item user properties: how the plugin's items say what a skip means, and which rule a policy item is.
 SKIP_PROPERTY = "cudaopt_skip_status"
 RULE_PROPERTY = "cudaopt_rule"
@@ -23,7 +23,8 @@ RULE_PROPERTY = "cudaopt_rule"
 INTERRUPTED, TIMEOUT, CRASH, STOPPED, INTERNAL_ERROR, RUNNING = (
     "interrupted", "timeout", "crash", "stopped", "internal error", "running")
 # The suite's classes (suite/items.py): a pytest-xdist controller knows its items by node id only.
-_SUITE_KINDS = {"TestBuild": "build", "TestCorrectness": "correctness", "TestPerf": "perf", "TestPolicy": "policy"}
+_SUITE_KINDS = {"TestBuild": "build", "TestCorrectness": "correctness", "TestPerf": "perf", "TestPolicy": "policy",
+                "TestMemorySafety": "memsafety"}
 _SUITE_RULES = {"test_extension_functions": "EX001"}  # policy items not parametrized by rule
 _MAX_TEXT_LINES = 60
 
@@ -153,7 +154,7 @@ class Ledger:
         if cause is not None:
             not_passed.append(f"the session did not complete: {reason}")
         if not items:
-            not_passed.append("no verdict item (build, correctness, perf, policy) was collected")
+            not_passed.append("no verdict item (build, correctness, perf, policy, memsafety) was collected")
         for kind in asked_kinds(self.asked):
             if not any(item.kind == kind for item in items):
                 not_passed.append(f"-m {self.asked!r} asks for {kind} verdicts, but no {kind} item was collected")

@@ -17,11 +17,14 @@ from pytest_cudaopt.session import CudaoptSession, pin_worker_to_gpu, workdirs_i
 SESSION_KEY = pytest.StashKey[CudaoptSession]()
 # CUDAOPT_SELF_TEST as it was when the plugin loaded, before any conftest.py could set it.
 _SELF_TEST_AT_LOAD = os.environ.get("CUDAOPT_SELF_TEST", "")
+# The items that judge the workdir at run time: on the device, under the watchdog.
+JUDGED_KINDS = ("correctness", "perf", "memsafety")
 MARKERS = {
     "build": "the workdir's extension compiles and imports (generated per workdir; runs without a GPU too)",
     "correctness": "the custom path computes the same function as model.py (generated per workdir)",
     "perf": "the custom path is faster than torch.compile (generated per workdir)",
     "policy": "the workdir rules hold (generated per workdir)",
+    "memsafety": "one small case of the custom path runs clean under compute-sanitizer (generated per workdir)",
     "gpu": "needs a CUDA device; skipped with a reason where none is visible",
 }
 
@@ -231,11 +234,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         node = workdir_node(item)
         if node is None:
             continue
-        needs_device = any(item.get_closest_marker(m) for m in ("correctness", "perf"))
+        needs_device = any(item.get_closest_marker(m) for m in JUDGED_KINDS)
         if needs_device and session.settings.device == "cuda":
             item.add_marker(pytest.mark.gpu)
     if session.settings.ci_gate:  # policy, then correctness, then perf (a stable sort)
-        order = ("build", "policy", "correctness", "perf")
+        order = ("build", "policy", "correctness", "memsafety", "perf")
         items.sort(key=lambda i: next((n for n, m in enumerate(order) if i.get_closest_marker(m)), len(order)))
     # A skip mark (not pytest.skip in a hook) so that `-rs` shows the item's own location. The
     # CI gate never skips them: pytest_runtest_setup fails them instead.
@@ -255,6 +258,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         node = workdir_node(item)
         cudaopt.ledger.collect(item.nodeid, kind_of(item.nodeid, (m.name for m in item.iter_markers())),
                                str(node.workdir_path) if node is not None else _item_workdir(cudaopt, item.nodeid))
+    # Collection has loaded every conftest.py and no workdir code yet (model_new.py and the
+    # extension are imported when their items run): what torch is now is trusted.
+    if any(workdir_node(item) for item in session.items):
+        unwatched = _session(session.config).isolation.trust().unwatched
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if unwatched and reporter is not None:  # a torch without some of the API: said, not hidden
+            reporter.write_line(f"cudaopt: isolation does not verify {'; '.join(unwatched)}")
     start_sentinel(session, _supervised, str(cudaopt.report_path) if cudaopt.report_path else None)
 
 

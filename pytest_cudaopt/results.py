@@ -1,4 +1,4 @@
-"""The result of each verdict as data: what the correctness and perf items found, and results read back from records.
+"""The result of each verdict as data: what the correctness, perf and memory-safety items found, and results read back from records.
 
 Each verdict is decided in its own package (correctness/, perf/, policy/); these classes carry
 what was decided, `report.py` renders them, and `to_json` is their part of the JSON report."""
@@ -138,6 +138,39 @@ class PolicyResult:
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "workdir": self.workdir, "passed": self.passed, "rules": dict(self.rules),
                 "reasons": dict(self.reasons), "violations": list(self.violations)}
+
+
+@dataclass
+class MemorySafetyResult:
+    """The memory-safety item's verdict: one small case under compute-sanitizer. `findings`
+    are `kernels/x.cu:44: memcheck: ...` lines in the workdir's own kernels, `failures` why
+    nothing could be vouched for, `notes` what was seen elsewhere or not run."""
+
+    workdir: str
+    test: str
+    case: str                                                    # "batch_size=1" or "canonical"
+    passed: bool
+    tools: dict[str, str] = field(default_factory=dict)          # tool -> "clean", "2 finding(s)", "not run"
+    findings: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    seconds_by_tool: dict[str, float] = field(default_factory=dict)
+    kind: str = "memsafety"
+
+    @property
+    def message(self) -> str:
+        return "\n".join([*self.failures, *self.findings])
+
+    def row(self) -> dict[str, str]:
+        return {"workdir": self.workdir.rstrip("/").rsplit("/", 1)[-1], "case": self.case,
+                "tools": ", ".join(f"{t} {s}" for t, s in self.tools.items()) or "-",
+                "seconds": f"{self.seconds:.1f}", "verdict": "pass" if self.passed else "FAIL"}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "workdir": self.workdir, "test": self.test, "case": self.case,
+                "passed": self.passed, "tools": self.tools, "findings": self.findings, "failures": self.failures,
+                "notes": self.notes, "seconds": self.seconds, "seconds_by_tool": self.seconds_by_tool}
 
 
 class RecordedResult:

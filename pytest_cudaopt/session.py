@@ -65,6 +65,11 @@ class CudaoptSession:
         # once known (said at the start and the end).
         self.report_path: Path | None = Path(settings.report) if settings.report else None
         self.report_error: str = ""
+        # torch's namespaces, flags and dispatcher as trusted before any workdir code ran
+        # (isolation.Watch: the plugin trusts them at the end of collection).
+        from pytest_cudaopt.isolation import Watch
+
+        self.isolation = Watch()
 
     # -- the header -------------------------------------------------------------------------
 
@@ -154,18 +159,58 @@ class CudaoptSession:
         """The loaded workdir (`workdir.Workdir`: model.py, model_new.py, its extension),
         loaded at most once per session. Raises build.BuildError or workdir.WorkdirError (the
         same one again for every later item of the workdir)."""
-        from pytest_cudaopt.workdir import WorkdirError, load_workdir
+        from pytest_cudaopt.workdir import WorkdirError
 
         path = Path(path).resolve()
         if path not in self._workdirs:
             try:
-                self._workdirs[path] = load_workdir(path, self.extension(path))
+                self._workdirs[path] = self._load(path)
             except WorkdirError as exc:
                 self._workdirs[path] = exc
         found = self._workdirs[path]
         if isinstance(found, BaseException):
             raise found.with_traceback(None)
         return found
+
+    def _load(self, path: Path):
+        """Build and import the extension, then model.py, then model_new.py, verifying torch's
+        namespaces, flags and dispatcher after the candidate's code (the extension's import,
+        model_new.py's import). What model.py changes at its import is the reference's own: it
+        is trusted."""
+        from pytest_cudaopt.workdir import WorkdirError, load_workdir
+
+        watch = self.isolation
+        if watch.trusted is None:
+            watch.trust()
+        with watch.trusted_grad_mode():
+            extension = self.extension(path)
+            failure = watch.verify("found after importing cuda_extension, built from kernels/", path)
+            if failure:
+                raise WorkdirError(failure, "kernels/")
+            loaded = load_workdir(path, extension, after_reference=watch.trust)
+            failure = watch.verify("found after importing model_new.py", path)
+        if failure:
+            raise WorkdirError(failure, "model_new.py")
+        return loaded
+
+    def inspect_extension(self, path: Path):
+        """The workdir's extension for a policy item that compiles nothing: this session's
+        build, else the last one on disk (None without one). Its import is verified like a
+        build's: a change it made fails the workdir's later correctness and perf items."""
+        from pytest_cudaopt import build
+        from pytest_cudaopt.workdir import WorkdirError
+
+        module = self.loaded_extension(path)
+        if module is not None:
+            return module
+        if self.isolation.trusted is None:
+            self.isolation.trust()
+        with self.isolation.trusted_grad_mode():
+            module = build.existing_extension(path, settings=self.settings)
+            failure = self.isolation.verify("found after importing cuda_extension, built from kernels/", path)
+        if failure:
+            self._workdirs.setdefault(Path(path).resolve(), WorkdirError(failure, "kernels/"))
+        return module
 
     def loaded_or_fail(self, path: Path, test: str, verb: str = "run"):
         """The loaded workdir for item `test`; the item fails ("not <verb>: ...") after an
@@ -179,6 +224,8 @@ class CudaoptSession:
             where, message = self.fault
             pytest.fail(f"not {verb}: an earlier CUDA fault in {where} left this process's CUDA context "
                         f"unusable: {message}", pytrace=False)
+        if self.isolation.tainted:
+            pytest.fail(f"not {verb}: {self.isolation.tainted}", pytrace=False)
         try:
             return self.workdir(path)
         except (BuildError, WorkdirError) as exc:

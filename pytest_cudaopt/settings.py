@@ -139,6 +139,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("allow_ops", str, "",
            "ATen ops ModelNew.forward may run besides allocation, creation, views and metadata, "
            "comma separated, e.g. 'aten::copy_,aten::as_strided'"),
+    # memory safety
+    Option("memsafety_timeout", _positive(float), 300.0,
+           "seconds the memory-safety item's compute-sanitizer runs may take together (memcheck first; "
+           "racecheck and initcheck while time is left), within cudaopt_timeout"),
+    Option("memsafety_case", str, None,
+           "the case the memory-safety item runs, e.g. 'batch_size=1,seq_len=130' (default: the smallest "
+           "of the canonical and the explicit cases)"),
+    Option("compute_sanitizer", str, None,
+           "path of compute-sanitizer (default: PATH, then the CUDA toolkit's bin/)"),
     # speed
     Option("min_speedup", _positive(float), 1.05,
            "the perf gate: median(custom) <= median(torch.compile) / min_speedup"),

@@ -22,8 +22,8 @@ SENTINEL_PLUGIN = "cudaopt-sentinel"
 
 
 def judged(item: pytest.Item) -> bool:
-    """A correctness or perf item: a hang of one keeps the workdir's later ones from running."""
-    return any(item.get_closest_marker(m) for m in ("correctness", "perf"))
+    """A correctness, perf or memory-safety item (what runs under supervision)."""
+    return any(item.get_closest_marker(m) for m in ("correctness", "perf", "memsafety"))
 
 
 def start_sentinel(session: pytest.Session, supervised, report: str | None = None) -> None:

@@ -85,3 +85,16 @@ def float_elements(value: Any) -> int:
 def nbytes(value: Any) -> int:
     """Bytes of every tensor of a nest of tuples, lists and dicts."""
     return sum(x.numel() * x.element_size() for _, x in leaves(value) if isinstance(x, torch.Tensor))
+
+
+def describe_inputs(inputs: list, names: list[str] | None) -> str:
+    """`x: float32[16, 64], n: 3`: the inputs of a case as failures and reports show them."""
+    parts = []
+    for i, x in enumerate(inputs):
+        name = names[i] if names and i < len(names) else f"input{i}"
+        if isinstance(x, torch.Tensor):
+            dtype = str(x.dtype).removeprefix("torch.")
+            parts.append(f"{name}: {dtype}[{', '.join(map(str, x.shape))}]")
+        else:
+            parts.append(f"{name}: {x!r}")
+    return ", ".join(parts)

@@ -11,7 +11,7 @@ import traceback
 import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -323,10 +323,11 @@ def copy_non_persistent_buffers(model: torch.nn.Module, model_new: torch.nn.Modu
             target.copy_(buffer)
 
 
-def load_workdir(path: Path, extension: Any) -> Workdir:
+def load_workdir(path: Path, extension: Any, after_reference: Callable[[], Any] | None = None) -> Workdir:
     """Import `path`/model.py and `path`/model_new.py as `cudaopt_workdir_<hash>.model` and
     `.model_new`. While model_new.py is imported, `import cuda_extension` finds `extension`
-    and `import model` finds this workdir's model.py; both names are restored afterwards."""
+    and `import model` finds this workdir's model.py; both names are restored afterwards.
+    `after_reference` is called between the two imports (the session trusts what model.py did)."""
     path = Path(path).resolve()
     for name in ("model.py", "model_new.py"):
         if not (path / name).is_file():
@@ -340,6 +341,8 @@ def load_workdir(path: Path, extension: Any) -> Workdir:
         if not hasattr(reference, required):
             raise WorkdirError(f"{path / 'model.py'} defines no {required} (KernelBench format: "
                                f"class Model, get_inputs(), get_init_inputs())")
+    if after_reference is not None:
+        after_reference()
     candidate = import_file(f"{prefix}.model_new", path / "model_new.py", path,
                             {"cuda_extension": extension, "model": reference})
     if not hasattr(candidate, "ModelNew"):

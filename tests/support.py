@@ -22,7 +22,8 @@ FIXED_FILES = ("binding.cpp", "binding_registry.h")
 # the copies of the workdirs named here (a workdir's own file at that path wins).
 SHARED = WORKDIRS / "_shared"
 SHARED_FILES = {
-    "model.py": ("cheat_kernels", "cpu_scale", "cuda_cheats", "cuda_scale", "registry_forms", "upstream_scale"),
+    "model.py": ("cheat_kernels", "cpu_scale", "cuda_cheats", "cuda_memsafety", "cuda_scale", "registry_forms",
+                 "upstream_scale"),
     "kernels/scale.cpp": ("cpu_scale", "registry_forms", "upstream_scale"),
     "kernels/scale_binding.cpp": ("cpu_scale", "upstream_scale"),
 }

@@ -570,9 +570,10 @@ def test_the_build_shows_its_steps_and_a_lock_held_elsewhere_under_pytest(pytest
     kernel = workdir / "kernels" / "cheats.cpp"
     kernel.write_text(kernel.read_text() + "\n// changed: this object recompiles\n")
     [build_dir] = (workdir / "build" / "cudaopt").iterdir()
-    # Another process holds the build's lock from the start of the session for 3 s.
+    # Another process holds the build's lock from the start of the session for 6 s (collection takes
+    # a snapshot of torch first).
     holder = (f"import time\nfrom filelock import FileLock\nwith FileLock({str(build_dir / 'lock')!r}):\n"
-              "    print('held', flush=True)\n    time.sleep(3)\n")
+              "    print('held', flush=True)\n    time.sleep(6)\n")
     pytester.makeconftest(f"""
         import subprocess, sys
 

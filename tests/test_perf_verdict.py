@@ -332,14 +332,17 @@ def test_pytest_xdist_workers_use_the_seed_the_controller_printed(pytester, work
 
 # The timing functions are bound before any workdir code runs, whether the command line names
 # the workdir (bound in pytest_configure) or collection finds it (bound on the first workdir).
-@pytest.mark.parametrize("replaced, args", [
-    ("time.perf_counter", ["wd"]),
+# A torch function is one of the namespaces isolation watches: the workdir's load fails first.
+@pytest.mark.parametrize("replaced, args, message", [
+    ("time.perf_counter", ["wd"], "*the timing functions time.perf_counter were replaced while the contenders ran*"),
     ("time.perf_counter", [".", "-o", "cudaopt_device=cpu", "-o", "cudaopt_compile_backend=eager",
-                           "-o", "cudaopt_warmup=0.01", "-o", "cudaopt_max_time=1.0"]),
-    ("torch.cuda.synchronize", ["wd"]),
+                           "-o", "cudaopt_warmup=0.01", "-o", "cudaopt_max_time=1.0"],
+     "*the timing functions time.perf_counter were replaced while the contenders ran*"),
+    ("torch.cuda.synchronize", ["wd"], "  attribute torch.cuda.synchronize: was <function synchronize *, now "
+                                       "<function <lambda> *> (defined in model_new.py:*)"),
 ], ids=["perf_counter-named", "perf_counter-collected", "synchronize-named"])
 def test_a_model_new_that_replaces_a_timing_function_at_import_fails_the_perf_item(
-        pytester, workdir, replaced, args):
+        pytester, workdir, replaced, args, message):
     path = workdir(speeds(custom=1 * MS, compile_=2 * MS))
     owner, name = replaced.rsplit(".", 1)
     model_new = path / "model_new.py"
@@ -489,3 +492,6 @@ def test_the_perf_verdict_names_the_workdirs_worst_tier_and_times_the_precision_
                 if r["kind"] == "perf")
     assert perf["precision"] == "half-like" and perf["tiers"]["precision-matched"] == "fp32"
     assert perf["gate"]["baseline"] == "compile"
+
+
+    result.stdout.fnmatch_lines([message])

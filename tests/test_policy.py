@@ -346,6 +346,64 @@ def test_torch_operators_in_a_binding_are_reported(line: str, what: str, clean_w
     assert any(what in v.message for v in violations), "\n".join(map(str, violations))
 
 
+@pytest.mark.parametrize("line, rule, what", [
+    ('pybind11::exec("import torch");', "KC006", "pybind11::exec runs Python"),
+    ('pybind11::eval("1 + 1");', "KC006", "pybind11::eval"),
+    ('pybind11::eval_file("patch.py");', "KC006", "pybind11::eval_file"),
+    ('auto g = pybind11::globals();', "KC006", "pybind11::globals"),
+    ('auto torch_module = pybind11::module_::import("torch");', "KC006", "pybind11::module_::import"),
+    ('namespace py = pybind11;\n  py::exec("import torch");', "KC006", "pybind11::exec"),
+    ('using namespace pybind11;\n  exec("import torch");', "KC006", "exec(...) runs Python from C++"),
+    ('pybind11::setattr(pybind11::none(), "softmax", pybind11::none());', "KC006", "pybind11::setattr"),
+    ('pybind11::cast(y).attr("__class__");', "KC006", ".attr(...) reaches an attribute"),
+    ('PyObject_SetAttrString(nullptr, "softmax", nullptr);', "KC006", "PyObject_SetAttrString(...) calls the CPython"),
+    ('Py_CompileString("x", "<string>", 0);', "KC006", "Py_CompileString"),
+    ("TORCH_LIBRARY(myops, m) { }", "KC007", "TORCH_LIBRARY registers operator kernels"),
+    ("TORCH_LIBRARY_FRAGMENT(aten, m) { }", "KC007", "TORCH_LIBRARY_FRAGMENT"),
+    ('torch::Library lib(torch::Library::IMPL, "aten", c10::DispatchKey::CPU, __FILE__, __LINE__);', "KC007",
+     "torch::Library registers"),
+    ("auto& dispatcher = c10::Dispatcher::singleton();", "KC007", "c10::Dispatcher"),
+    ('const char* who = getenv("PYTEST_CURRENT_TEST");', "KC008", "getenv(...) reads the environment"),
+    ('const char* who = ::secure_getenv("HOME");', "KC008", "secure_getenv"),
+    ("char** env = environ;", "KC008", "environ reads the environment"),
+    ('std::ifstream cache("cache.bin");', "KC008", "std::ifstream reads"),
+    ('auto p = std::filesystem::path("x");', "KC008", "std::filesystem::path reads"),
+    ('int rc = system("nvidia-smi");', "KC008", "system(...)"),
+    ('FILE* pipe = popen("ls", "r");', "KC008", "popen(...)"),
+    ('void* lib = dlopen("libcuda.so", 0);', "KC008", "dlopen(...)"),
+    ("auto later = std::async([] { return 0; });", "KC009", "std::async(...) runs code on another thread"),
+    ("pthread_t t; pthread_create(&t, nullptr, nullptr, nullptr);", "KC009", "pthread_create(...)"),
+    ("#pragma omp parallel for\n  for (int i = 0; i < 4; ++i) {}", "KC009", "#pragma omp starts a team"),
+    ("cudaLaunchHostFunc(nullptr, nullptr, nullptr);", "KC009", "cudaLaunchHostFunc(...) runs code on another"),
+])
+def test_cpp_that_reaches_python_the_dispatcher_the_environment_or_threads_is_reported(
+        line: str, rule: str, what: str, clean_workdir: Path) -> None:
+    path = clean_workdir / "kernels" / "gelu_binding.cpp"
+    path.write_text(path.read_text().replace("  cudaStream_t stream =", f"  {line}\n  cudaStream_t stream =", 1))
+    violations = [v for v in policy.check_workdir(clean_workdir) if v.rule != "KC001"]
+    assert {(v.path, v.rule) for v in violations} == {("kernels/gelu_binding.cpp", rule)}, "\n".join(map(str, violations))
+    assert any(what in v.message for v in violations), "\n".join(map(str, violations))
+    assert all(v.line >= 19 for v in violations)
+
+
+@pytest.mark.parametrize("line", [
+    'pybind11::gil_scoped_release release;', "auto none = pybind11::none();", "int system_count = 0;",
+    "std::this_thread::yield();", 'throw std::system_error(std::error_code(), "gelu");',
+    "struct Opener { void open() {} } opener;\n  opener.open();", "int threads = 256; (void)threads;",
+    "auto library_version = 3; (void)library_version;",
+])
+def test_cpp_that_only_looks_like_reaching_out_is_allowed(line: str, clean_workdir: Path) -> None:
+    path = clean_workdir / "kernels" / "gelu_binding.cpp"
+    path.write_text(path.read_text().replace("  cudaStream_t stream =", f"  {line}\n  cudaStream_t stream =", 1))
+    assert [str(v) for v in policy.check_workdir(clean_workdir)] == []
+
+
+def test_the_fixed_binding_registry_may_read_the_module_it_defines(clean_workdir: Path) -> None:
+    text = (clean_workdir / "binding_registry.h").read_text()
+    assert 'm.attr("__dict__")' in text and "pybind11::getattr" in text
+    assert policy.check_workdir(clean_workdir) == []
+
+
 @pytest.mark.parametrize("line, operator", [
     ("auto z = y * 2;", "*"), ("auto z = y[0];", "["), ("if (y == y) {}", "=="), ("auto w = -y;", "-"),
     ("auto e = torch::empty({4}, y.options());\n  auto f = e + 1;", "+"),
@@ -606,6 +664,8 @@ def test_cudaopt_check_exits_zero_on_a_clean_workdir(clean_workdir: Path, capsys
     assert cli.main(["check", str(clean_workdir)]) == 0
     assert f"follows all {len(policy.RULES)} rules" in capsys.readouterr().out
     assert len(policy.RULES) == 23
+
+
 
 
 def test_cudaopt_check_exits_non_zero_and_prints_json(tmp_path: Path, capsys) -> None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import torch
 
 from pytest_cudaopt import memory
-from pytest_cudaopt.correctness import compare, guards, shapes, state
+from pytest_cudaopt.correctness import compare, guards, isolated, shapes, state
 from pytest_cudaopt.correctness.faults import CudaFault
 from pytest_cudaopt.correctness.precision import Precision
+from pytest_cudaopt.isolation import Breach
 from pytest_cudaopt.results import CorrectnessResult
+from pytest_cudaopt.tensors import describe_inputs
 from pytest_cudaopt.watchdog import set_case
 from pytest_cudaopt.workdir import Workdir, WorkdirError
 
@@ -60,19 +62,6 @@ class CaseFailed(Exception):
             result.precision = self.precision
 
 
-def describe_inputs(inputs: list, names: list[str] | None) -> str:
-    """`x: float32[16, 64], dim: 1`: each input by name (forward's parameters), its dtype and shape."""
-    parts = []
-    for i, x in enumerate(inputs):
-        name = names[i] if names and i < len(names) else f"input{i}"
-        if isinstance(x, torch.Tensor):
-            dtype = str(x.dtype).removeprefix("torch.")
-            parts.append(f"{name}: {dtype}[{', '.join(map(str, x.shape))}]")
-        else:
-            parts.append(f"{name}: {x!r}")
-    return ", ".join(parts)
-
-
 def free_bytes(device: str) -> int | None:
     """Free device memory (`memory.free_bytes`), None when there is no usable device."""
     try:
@@ -118,7 +107,8 @@ def run_case(workdir: Workdir, settings, session, constants: dict[str, int], see
             extension=workdir.extension, device=device, atol=settings.atol, rtol=settings.rtol,
             max_rel_error=settings.max_rel_error,
             nondeterministic=workdir.nondeterministic or settings.nondeterministic,
-            extra_allowed=_extra_allowed(settings), history=_history(workdir), input_names=names)
+            extra_allowed=_extra_allowed(settings), history=_history(workdir), input_names=names,
+            verify=isolated.verifier(session, workdir.path))
         described = describe_inputs(inputs, names)
         footer = (f"\ncase: {label}; inputs {described}" + (f"\n{state.describe(done)}" if moved else "")
                   + (f"\nreplay: {replay}" if replay else ""))
@@ -131,6 +121,9 @@ def run_case(workdir: Workdir, settings, session, constants: dict[str, int], see
             raise failed from None
         except CudaFault as exc:
             raise Abort(exc, f"{label}; inputs {described}", replay) from None
+        except Breach as exc:
+            exc.case = f"{label}; inputs {described}"
+            raise
         except guards.CandidateError as exc:
             raise CaseFailed("candidate raised", f"{workdir.model_new_file.name}: {exc}{footer}",
                              short, described) from None

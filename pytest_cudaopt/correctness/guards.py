@@ -300,6 +300,9 @@ class Trial:
     extra_allowed: frozenset[str] = frozenset()
     history: OutputHistory = field(default_factory=OutputHistory)
     input_names: list[str] | None = None
+    # Called after each candidate call, before the reference runs: raises when the call (or
+    # ModelNew's construction) changed torch's namespaces or flags (isolation.Breach).
+    verify: Callable[[str], None] | None = None
 
 
 def _run_candidate(trial: Trial, inputs: list) -> tuple[Any, OpAudit]:
@@ -310,6 +313,8 @@ def _run_candidate(trial: Trial, inputs: list) -> tuple[Any, OpAudit]:
         _synchronize(trial.device)
     except Exception as exc:
         _raise_user_error(exc, trial.workdir, "ModelNew.forward", CandidateError)
+    if trial.verify is not None:
+        trial.verify("found after ModelNew(...) was built and called, before the reference ran")
     return output, audit
 
 

@@ -17,12 +17,14 @@ from typing import Iterator
 import torch
 
 from pytest_cudaopt import memory
-from pytest_cudaopt.correctness import guards, shapes
-from pytest_cudaopt.correctness.case import Abort, CaseFailed, describe_inputs, free_bytes, run_case
+from pytest_cudaopt.correctness import guards, isolated, shapes
+from pytest_cudaopt.correctness.case import Abort, CaseFailed, free_bytes, run_case
 from pytest_cudaopt.correctness.faults import fault_line
 from pytest_cudaopt.correctness.precision import Precision, worst_tier
+from pytest_cudaopt.isolation import Breach
 from pytest_cudaopt.results import CorrectnessResult
 from pytest_cudaopt.settings import replay_args
+from pytest_cudaopt.tensors import describe_inputs
 from pytest_cudaopt.workdir import Workdir
 
 
@@ -89,9 +91,13 @@ def judge_canonical(loaded: Workdir, settings, session, nodeid: str, seed_index:
                 label=f"canonical inputs of get_inputs(), seed {seed}"), loaded, settings)
         except Abort as exc:
             return _fault(nodeid, session, result, exc)
+        except Breach as exc:
+            return isolated.failed(result, exc)
         except CaseFailed as exc:
             exc.fill(result)
-            return _fail(result, exc.check, exc.report)
+            return isolated.final(result, session, loaded.path) or _fail(result, exc.check, exc.report)
+        if isolated.final(result, session, loaded.path):
+            return result.message
         result.passed, result.cases = True, 1
         result.shapes = describe_inputs(inputs, names)
         result.max_abs, result.max_rel = outcome.comparison.max_abs, outcome.comparison.max_rel
@@ -321,9 +327,13 @@ def judge_drawn(loaded: Workdir, settings, session, nodeid: str) -> Verdict:
             failure, check, failed = drawn.run()
         except Abort as exc:
             return Verdict(failure=_fault(nodeid, session, result, exc))
+        except Breach as exc:
+            return Verdict(failure=isolated.failed(result, exc))
         except CaseFailed as exc:  # raised outside Hypothesis: an explicit case or --cudaopt-case
             failure, check, failed = exc.report, exc.check, exc
         result.cases = drawn.stats.cases
+        if isolated.final(result, session, loaded.path):
+            return Verdict(failure=result.message)
         if failure:
             if failed is not None:
                 result.case = f"drawn shape {failed.case}"

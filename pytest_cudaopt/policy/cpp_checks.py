@@ -1,4 +1,4 @@
-"""C++ checks of kernels/: torch operators (KC001), includes (KC002), file roles (KC003-KC005), cuDNN (CV001)."""
+"""C++ checks of kernels/: torch operators (KC001), includes (KC002), file roles (KC003-KC005), reaching Python, the dispatcher, the environment or threads (KC006-KC009, cpp_reach.py), cuDNN (CV001)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pytest_cudaopt.policy.allowlists import (
     TORCH_OP_NAMESPACES, TORCH_ROOTS,
 )
 from pytest_cudaopt.policy.cpp_lexer import Include, Token, is_call, lex_cpp, qualified_name
+from pytest_cudaopt.policy.cpp_reach import reach_violations
 from pytest_cudaopt.policy.files import HEADER_SUFFIXES, SOURCE_SUFFIXES, kernel_files
 from pytest_cudaopt.policy.rules import Config, Violation
 
@@ -72,7 +73,7 @@ class _Unit:
 
 
 class KernelScan:
-    """Lexes kernels/ and every local header it reaches; collects KC001-KC005 and facts for other rules."""
+    """Lexes kernels/ and every local header it reaches; collects KC001-KC009 and facts for other rules."""
 
     def __init__(self, workdir: Path, config: Config):
         self.workdir, self.config = workdir, config
@@ -195,6 +196,9 @@ class KernelScan:
                                                  "keep them in the *_binding.cpp file and pass raw pointers "
                                                  "and a cudaStream_t to the launcher")
         self._check_tokens(unit, torch_reach is not None, suffix, is_binding)
+        if unit.rel != "binding_registry.h":  # the fixed registry reads the module it defines (PF001 guards it)
+            for line, rule, message in reach_violations(unit.tokens):
+                self._add(unit, line, rule, message)
         if torch_reach is not None:
             for line, op, name in _tensor_operators(unit.tokens):
                 self._add(unit, line, "KC001", f"operator `{op}` on the tensor {name} dispatches an ATen op")

@@ -43,6 +43,14 @@ RULES: dict[str, str] = {
     "KC004": "no `__global__` function in a `.cpp` file (bindings and cuBLAS/cuDNN callers); kernels "
              "live in `.cu` files",
     "KC005": "a `.cpp` file that is not a `*_binding.cpp` calls cuBLAS or cuDNN",
+    "KC006": "kernels/ runs no Python: no `pybind11::exec`/`eval`/`eval_file`/`globals`, no module import, no "
+             "`.attr(...)` of a Python object, no CPython API (`PyRun_*`, `PyImport_*`, `PyObject_SetAttr*`)",
+    "KC007": "kernels/ registers no operator kernels: no `TORCH_LIBRARY`, `TORCH_LIBRARY_IMPL`, "
+             "`TORCH_LIBRARY_FRAGMENT`, `torch::Library`, `c10::RegisterOperators`, `c10::Dispatcher`",
+    "KC008": "kernels/ reads no environment and no files and runs no program (`getenv`, `secure_getenv`, "
+             "`environ`, `fopen`, `open`, `std::ifstream`, `popen`, `system`, `dlopen`, `exec*`, `fork`)",
+    "KC009": "kernels/ starts no threads (`std::thread`, `std::async`, `pthread_create`, `#pragma omp`, "
+             "host callbacks: `cudaLaunchHostFunc`, `cudaStreamAddCallback`)",
     "CV001": "when model.py uses a convolution (nn.Conv*/ConvTranspose*, F.conv*) and kernels/ has "
              "sources, they include cudnn.h and call cudnnConvolutionForward / "
              "cudnnConvolutionBackwardData",

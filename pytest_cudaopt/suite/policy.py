@@ -66,8 +66,8 @@ class TestPolicy:
         try:
             if module is None and cudaopt_session.builds_later(cudaopt_workdir_path):
                 module = cudaopt_session.extension(cudaopt_workdir_path)
-            if module is None:
-                module = build.existing_extension(cudaopt_workdir_path, settings=cudaopt_session.settings)
+            if module is None:  # the last build on disk, its import verified like a build's
+                module = cudaopt_session.inspect_extension(cudaopt_workdir_path)
         except build.BuildError as exc:
             failure = (cudaopt_session.failure_report(cudaopt_workdir_path, request.node.nodeid, exc)
                        if cudaopt_session.builds_later(cudaopt_workdir_path) else

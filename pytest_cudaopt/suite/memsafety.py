@@ -1,0 +1,38 @@
+"""The memory-safety item: `pytest -m memsafety`, judged by `pytest_cudaopt.correctness.memsafety`."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_cudaopt.correctness.guards import derive_seed
+from pytest_cudaopt.correctness.memsafety import failure_text, find_sanitizer, judge_memory_safety
+
+
+@pytest.mark.memsafety
+class TestMemorySafety:
+    """One small case of ModelNew in a child process under compute-sanitizer (memcheck; racecheck
+    and initcheck where cudaopt_memsafety_timeout leaves time), the caching allocator off: a
+    write past an output, a shared-memory race or a read of uninitialised memory in the
+    workdir's kernels fails, named by `kernels/x.cu:line`."""
+
+    def test_memory_safety(self, request, cudaopt_session, cudaopt_settings, cudaopt_workdir_path):
+        # The plugin's own tests run the plumbing on the CPU with a stand-in sanitizer they name.
+        stand_in = cudaopt_settings.self_test and cudaopt_settings.compute_sanitizer
+        if cudaopt_settings.device != "cuda" and not stand_in:
+            pytest.skip("cudaopt_device is cpu: the memory-safety item checks CUDA kernels with compute-sanitizer")
+        sanitizer, where = find_sanitizer(cudaopt_settings.compute_sanitizer)
+        if sanitizer is None:
+            reason = (f"compute-sanitizer not found (looked in {where}); it comes with the CUDA toolkit, or "
+                      "set cudaopt_compute_sanitizer")
+            if cudaopt_settings.ci_gate:  # the gate never passes without a verdict it asked for
+                from pytest_cudaopt.ci_gate import SETUP_PROPERTY
+
+                request.node.user_properties.append((SETUP_PROPERTY, reason))
+                pytest.fail(f"{reason}: the CI gate never passes without the memory-safety verdict", pytrace=False)
+            pytest.skip(reason)
+        workdir = cudaopt_session.loaded_or_fail(cudaopt_workdir_path, request.node.nodeid, "run")
+        result = judge_memory_safety(workdir, cudaopt_settings, derive_seed(cudaopt_session.seed, "memsafety"),
+                                     request.node.nodeid, sanitizer)
+        cudaopt_session.results.append(result)
+        if not result.passed:
+            pytest.fail(failure_text(result), pytrace=False)

@@ -1,0 +1,297 @@
+"""The memory-safety item without a GPU: compute-sanitizer's recorded reports read into `kernels/x.cu:line` findings, and the item's plumbing (the child, the time plan, the skips) run against a stand-in sanitizer."""
+
+from __future__ import annotations
+
+import json
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from support import WORKDIRS, run_pytest
+
+from pytest_cudaopt.correctness import memsafety, sanitizer_log
+
+LOGS = Path(__file__).resolve().parent / "sanitizer_logs"
+CUDA_WORKDIR = WORKDIRS / "cuda_memsafety"
+BUILD_DIR = CUDA_WORKDIR / "build" / "cudaopt" / "cuda-9.0-1f2e3d"  # where the build names sources from
+
+
+def read(tool: str, name: str) -> sanitizer_log.Report:
+    return sanitizer_log.read(tool, (LOGS / name).read_text(), CUDA_WORKDIR, BUILD_DIR)
+
+
+def marked_line(text: str) -> int:
+    """The line of kernels/memsafety.cu whose comment names what a tool must find."""
+    lines = (CUDA_WORKDIR / "kernels" / "memsafety.cu").read_text().splitlines()
+    return next(n for n, line in enumerate(lines, 1) if text in line)
+
+
+# -- reading the sanitizer's report -------------------------------------------------------------------
+
+def test_a_write_past_the_output_is_a_finding_at_its_kernel_line_and_the_api_error_after_it_a_note():
+    report = read("memcheck", "memcheck_past_end.log")
+    [finding] = report.findings
+    assert finding.where == f"kernels/memsafety.cu:{marked_line('the write memcheck must name')}"
+    assert finding.line().startswith("kernels/memsafety.cu:33: memcheck: Invalid __global__ write of size 4 bytes "
+                                     "in scale_past_end(const float *, const float *, const float *, float *, long, "
+                                     "long); by thread (15,0,0) in block (0,0,0); Address 0x7f3c1a200040 is out of "
+                                     "bounds; and is 1 bytes after the nearest allocation")
+    assert "Host Frame" not in finding.line()
+    assert report.summary_errors == 2 and report.records == 2
+    assert report.notes == ['memcheck: Program hit cudaErrorLaunchFailure (error 719) due to "unspecified launch '
+                            'failure" on CUDA API call to cudaStreamSynchronize. (not in the workdir\'s kernels: '
+                            'not judged)']
+
+
+def test_a_shared_memory_race_names_both_accesses():
+    [finding] = read("racecheck", "racecheck_shared_race.log").findings
+    race = marked_line("the race racecheck must name")
+    assert finding.where == f"kernels/memsafety.cu:{race - 1} and kernels/memsafety.cu:{race}"
+    assert finding.kernel.startswith("scale_shared_race(") and "[248 hazards]" in finding.line()
+
+
+def test_a_read_of_uninitialised_memory_is_one_finding_for_all_its_threads_and_torchs_kernels_are_notes():
+    report = read("initcheck", "initcheck_uninitialised.log")
+    [finding] = report.findings
+    assert finding.where == f"kernels/memsafety.cu:{marked_line('the read initcheck must name')}"
+    assert finding.count == 16 and "(16 times)" in finding.line()
+    [note] = report.notes
+    assert "at::native::vectorized_elementwise_kernel" in note and "not judged" in note
+
+
+def test_errors_inside_cublas_are_notes_not_findings():
+    report = read("memcheck", "memcheck_in_cublas.log")
+    assert report.findings == [] and len(report.notes) == 1 and "cutlass_80_simt_sgemm" in report.notes[0]
+
+
+@pytest.mark.parametrize("name", ["memcheck_basename_only.log", "cuda_memcheck_legacy.log"])
+def test_a_bare_file_name_and_the_legacy_format_still_map_into_kernels(name):
+    [finding] = read("memcheck", name).findings
+    assert finding.where == "kernels/memsafety.cu:33" and finding.kernel.startswith("scale_past_end(")
+
+
+def test_a_clean_report_has_nothing():
+    report = read("memcheck", "memcheck_clean.log")
+    assert (report.findings, report.notes, report.summary_errors) == ([], [], 0)
+
+
+def _run(tool: str, name: str, returncode: int, output: str = "") -> memsafety.MemorySafetyResult:
+    result = memsafety.MemorySafetyResult(workdir=str(CUDA_WORKDIR), test="t", case="features=1", passed=False)
+    run = memsafety.Run(tool, returncode, (LOGS / name).read_text(), output, 1.0)
+    memsafety.judge_run(run, CUDA_WORKDIR, BUILD_DIR, result)
+    return result
+
+
+def test_errors_the_reader_cannot_place_fail_rather_than_pass():
+    result = _run("memcheck", "memcheck_unreadable.log", memsafety.ERROR_EXIT)
+    [failure] = result.failures
+    assert "memcheck reported 1 error(s) that could not be read as records" in failure
+    assert "Device-side assertion in a form this reader has never seen" in failure
+
+
+def test_a_case_that_did_not_complete_fails_with_the_childs_last_words():
+    result = _run("memcheck", "memcheck_clean.log", 3, "cudaopt memsafety: the case raised RuntimeError: bad shape")
+    [failure] = result.failures
+    assert "the case did not complete under memcheck (exit status 3)" in failure and "bad shape" in failure
+
+
+def test_a_path_outside_the_workdir_is_not_the_workdirs(tmp_path):
+    assert sanitizer_log.kernel_source("/usr/local/cuda/include/cuda/std/detail/libcxx.h", CUDA_WORKDIR) is None
+    assert sanitizer_log.kernel_source("../../../kernels/memsafety.cu", CUDA_WORKDIR, BUILD_DIR) == \
+        "kernels/memsafety.cu"
+    assert sanitizer_log.kernel_source(str(CUDA_WORKDIR / "kernels" / "memsafety.cu"), CUDA_WORKDIR) == \
+        "kernels/memsafety.cu"
+
+
+# -- the plan ---------------------------------------------------------------------------------------
+
+def test_the_commands_run_memcheck_with_padding_and_the_child_with_the_caching_allocator_off():
+    child = memsafety.child_command(Path("/wd"), "/wd/build/x.so", {"batch_size": 1}, 7, "cuda")
+    cmd = memsafety.command("/cuda/bin/compute-sanitizer", "memcheck", Path("/tmp/m.log"), child)
+    assert cmd[:7] == ["/cuda/bin/compute-sanitizer", "--tool", "memcheck", "--padding", "32", "--leak-check", "no"]
+    assert cmd[cmd.index("--log-file") + 1] == "/tmp/m.log" and "--error-exitcode" in cmd
+    assert cmd[-11:] == [sys.executable, "-m", "pytest_cudaopt.correctness.sanitized_call", "/wd", "--extension",
+                         "/wd/build/x.so", "--case", "batch_size=1", "--seed", "7", "--device", "cuda"][-11:]
+    assert memsafety.child_environment()["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1"
+
+
+def test_the_case_is_the_smallest_valid_one_unless_the_setting_names_one(prebuilt_workdir):
+    from pytest_cudaopt.workdir import import_file
+
+    path = prebuilt_workdir("cpu_scale")
+    reference = import_file("cudaopt_memsafety_test_model", path / "model.py", path)
+
+    class Settings:
+        memsafety_case, max_elements = None, None
+
+    assert memsafety.small_case(reference, Settings) == {"features": 1}  # 16 x 1: fewer elements than 1 x 64
+    Settings.memsafety_case = "batch_size=3,features=5"
+    assert memsafety.small_case(reference, Settings) == {"batch_size": 3, "features": 5}
+
+
+def test_the_sanitizer_is_found_by_setting_path_or_toolkit_and_its_absence_says_where(tmp_path, monkeypatch):
+    tool = tmp_path / "bin" / "compute-sanitizer"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    assert memsafety.find_sanitizer(str(tool)) == (str(tool), f"cudaopt_compute_sanitizer={tool}")
+    assert memsafety.find_sanitizer(str(tmp_path / "nothing"))[0] is None
+    monkeypatch.setenv("PATH", str(tool.parent))
+    assert memsafety.find_sanitizer(None) == (str(tool), "PATH")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    import pytest_cudaopt.build as build
+
+    monkeypatch.setattr(build, "find_cuda_home", lambda: str(tmp_path))
+    assert memsafety.find_sanitizer(None) == (str(tool), str(tool.parent))
+    monkeypatch.setattr(build, "find_cuda_home", lambda: str(tmp_path / "empty"))
+    assert memsafety.find_sanitizer(None) == (None, f"PATH and {tmp_path / 'empty' / 'bin'}")
+
+
+# -- the item, against a stand-in sanitizer ---------------------------------------------------------------
+
+# Runs the real child (on the CPU), checks what the item promised it, then writes the recorded
+# report of its tool ($FAKE_SANITIZER_LOGS/<tool>.log, else a clean one) and exits as
+# compute-sanitizer does (--error-exitcode when the report has errors).
+FAKE_SANITIZER = '''\
+#!{python}
+import os, re, subprocess, sys, time
+args = sys.argv[1:]
+tool = args[args.index("--tool") + 1]
+log = args[args.index("--log-file") + 1]
+child = args[args.index("-m") - 1:]
+assert os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1", "the caching allocator is on"
+assert tool != "memcheck" or "--padding" in args, "memcheck without --padding"
+time.sleep(float(os.environ.get("FAKE_SANITIZER_SLEEP_" + tool.upper(), "0")))
+if os.environ.get("FAKE_SANITIZER_NO_CHILD"):
+    done = subprocess.CompletedProcess(child, 0, "", "")
+else:
+    done = subprocess.run(child, capture_output=True, text=True)
+sys.stdout.write(done.stdout + done.stderr)
+recorded = os.path.join(os.environ.get("FAKE_SANITIZER_LOGS", "/nonexistent"), tool + ".log")
+text = open(recorded).read() if os.path.exists(recorded) else "========= COMPUTE-SANITIZER\\n========= ERROR SUMMARY: 0 errors\\n"
+open(log, "w").write(text)
+errors = re.search(r"ERROR SUMMARY: (\\d+)", text)
+sys.exit(86 if errors and int(errors.group(1)) else done.returncode)
+'''
+SCALE_PAST_END = """\
+========= COMPUTE-SANITIZER
+========= Invalid __global__ write of size 4 bytes
+=========     at scale_rows(const float *, const float *, const float *, float *, long, long)+0x1d0 in ../../../kernels/scale.cpp:{line}
+=========     by thread (0,0,0) in block (0,0,0)
+=========     Address 0x7f3c1a200040 is out of bounds
+=========     and is 1 bytes after the nearest allocation at 0x7f3c1a200000 of size 64 bytes
+=========
+========= ERROR SUMMARY: 1 error
+"""
+
+
+@pytest.fixture
+def sanitized(pytester, make_workdir, monkeypatch, tmp_path):
+    """`sanitized(logs={tool: text}, ini="")`: the built CPU workdir at pytester.path/wd judged
+    as a self-test on the CPU with the stand-in sanitizer (the real child runs)."""
+    monkeypatch.setenv("CUDAOPT_SELF_TEST", "1")
+    fake = tmp_path / "compute-sanitizer"
+    fake.write_text(FAKE_SANITIZER.format(python=sys.executable))
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    monkeypatch.setenv("FAKE_SANITIZER_LOGS", str(logs))
+
+    def make(logs_by_tool=None, ini=""):
+        path = make_workdir("cpu_scale", dest=pytester.path / "wd")
+        (path / "pytest.ini").write_text(f"[pytest]\ncudaopt_device = cpu\ncudaopt_compute_sanitizer = {fake}\n{ini}")
+        for tool, text in (logs_by_tool or {}).items():
+            (logs / f"{tool}.log").write_text(text)
+        return path
+
+    return make
+
+
+def scale_line() -> int:
+    lines = (WORKDIRS / "_shared" / "kernels" / "scale.cpp").read_text().splitlines()
+    return next(n for n, line in enumerate(lines, 1) if "yr[f] = xr[f] * weight[f] + bias[f]" in line)
+
+
+def test_the_item_passes_a_clean_workdir_after_all_three_tools(pytester, sanitized):
+    sanitized()
+    result = run_pytest(pytester, "wd", "-m", "memsafety", "--cudaopt-report=report.json", "-rA")
+    result.assert_outcomes(passed=1)
+    [record] = [r for r in json.loads((pytester.path / "report.json").read_text())["results"]
+                if r["kind"] == "memsafety"]
+    data = record["data"]
+    assert data["passed"] and data["case"] == "features=1" and data["findings"] == []
+    assert data["tools"] == {"memcheck": "clean", "racecheck": "clean", "initcheck": "clean"}
+    assert set(data["seconds_by_tool"]) == {"memcheck", "racecheck", "initcheck"}
+    result.stdout.fnmatch_lines(["*cudaopt memsafety: 1 of 1 passed*"])
+
+
+def test_the_item_fails_a_write_past_the_output_naming_the_kernel_line(pytester, sanitized):
+    sanitized({"memcheck": SCALE_PAST_END.format(line=scale_line())})
+    result = run_pytest(pytester, "wd", "-m", "memsafety", "--cudaopt-report=report.json")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*memory safety of *wd on case features=1 (PYTORCH_NO_CUDA_MEMORY_CACHING=1; memcheck: 1 finding(s), "
+        "racecheck: not run (memcheck decided), initcheck: not run (memcheck decided)):",
+        f"  kernels/scale.cpp:{scale_line()}: memcheck: Invalid __global__ write of size 4 bytes in scale_rows(*",
+    ])
+    report = json.loads((pytester.path / "report.json").read_text())
+    assert report["passed"] is False
+    [data] = [r["data"] for r in report["results"] if r["kind"] == "memsafety"]
+    assert data["findings"][0].startswith(f"kernels/scale.cpp:{scale_line()}: memcheck:")
+
+
+def test_a_memcheck_that_runs_past_its_time_fails_and_slow_optional_tools_are_noted(pytester, sanitized, monkeypatch):
+    monkeypatch.setenv("FAKE_SANITIZER_SLEEP_MEMCHECK", "30")
+    sanitized(ini="cudaopt_memsafety_timeout = 12\n")
+    result = run_pytest(pytester, "wd", "-m", "memsafety")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*memcheck did not finish within its time (1? s); raise cudaopt_memsafety_timeout*"])
+
+
+def test_the_optional_tools_are_left_out_when_memcheck_took_the_time(pytester, sanitized, monkeypatch):
+    monkeypatch.setenv("FAKE_SANITIZER_SLEEP_MEMCHECK", "8")
+    monkeypatch.setenv("FAKE_SANITIZER_NO_CHILD", "1")  # memcheck takes its 8 s, whatever this machine's load
+    sanitized(ini="cudaopt_memsafety_timeout = 14\n")
+    result = run_pytest(pytester, "wd", "-m", "memsafety", "--cudaopt-report=report.json")
+    result.assert_outcomes(passed=1)
+    [data] = [r["data"] for r in json.loads((pytester.path / "report.json").read_text())["results"]]
+    assert data["tools"] == {"memcheck": "clean", "racecheck": "not run", "initcheck": "not run"}
+    assert any(note.startswith("racecheck not run: ") and "memcheck took" in note for note in data["notes"])
+
+
+def test_without_compute_sanitizer_the_item_skips_saying_where_it_looked(pytester, sanitized):
+    path = sanitized()
+    (path / "pytest.ini").write_text("[pytest]\ncudaopt_device = cpu\ncudaopt_compute_sanitizer = /nonexistent/cs\n")
+    result = run_pytest(pytester, "wd", "-m", "memsafety", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*compute-sanitizer not found (looked in cudaopt_compute_sanitizer=/nonexistent/cs)*"])
+
+
+def test_on_the_cpu_device_the_item_skips_and_on_cuda_it_needs_the_gpu(pytester, make_workdir, monkeypatch):
+    monkeypatch.delenv("CUDAOPT_SELF_TEST", raising=False)
+    path = make_workdir("cpu_scale", dest=pytester.path / "wd")
+    (path / "pytest.ini").write_text("[pytest]\ncudaopt_device = cpu\n")
+    result = run_pytest(pytester, "wd", "-m", "memsafety", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*cudaopt_device is cpu: the memory-safety item checks CUDA kernels*"])
+    (path / "pytest.ini").write_text("[pytest]\ncudaopt_device = cuda\n")
+    result = run_pytest(pytester, "wd", "-m", "memsafety", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*no CUDA device visible*"])  # the gpu marker's skip
+
+
+def test_the_child_runs_one_call_and_says_so(prebuilt_workdir, subprocess_env):
+    import subprocess
+
+    path = prebuilt_workdir("cpu_scale")
+    so = next((path / "build" / "cudaopt").glob("*/cuda_extension.so"))
+    cmd = memsafety.child_command(path, str(so), {"features": 3}, 1, "cpu")
+    done = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == 'cudaopt-memsafety-call: {"case": "features=3", "inputs": ' \
+                                                    '"input0: float32[16, 3]"}'
+    bad = subprocess.run(memsafety.child_command(path, str(so), {"features": -1}, 1, "cpu"), capture_output=True,
+                         text=True, env=subprocess_env, timeout=300)
+    assert bad.returncode == 3 and "cudaopt memsafety: the case raised" in bad.stderr
