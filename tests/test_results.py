@@ -41,7 +41,7 @@ def read_report(path) -> dict:
 def test_nothing_judged_is_not_a_pass():
     account = Ledger().account([])
     assert not account.passed and account.complete
-    assert account.not_passed == ["no verdict item (build, correctness, perf, policy) was collected"]
+    assert account.not_passed == ["no verdict item (build, correctness, perf, policy, memsafety) was collected"]
 
 
 def test_a_skipped_item_fails_the_account_and_a_disabled_rule_or_an_item_with_nothing_to_judge_does_not():
