@@ -46,7 +46,8 @@ def test_every_workdir_gets_exactly_one_line(judged):
 def test_an_honest_workdir_passes_every_stage(judged):
     line = judged["lines"]["honest"]
     assert (line["status"], line["passed"]) == ("judged", True), line["reason"]
-    assert line["verdicts"] == {"policy": "pass", "correctness": "pass", "perf": "pass"}
+    assert line["verdicts"] == {"build": "pass", "policy": "pass", "correctness": "pass", "perf": "pass",
+                                "memsafety": "skipped"}  # a CPU workdir: no CUDA kernel to sanitize
     assert line["report"]["passed"] is True and line["report"]["results"]
     assert line["key"] and line["gpu"] in ("cpu0", "cpu1")
     assert set(line["seconds"]) >= {"build", "policy", "check", "perf", "total"}

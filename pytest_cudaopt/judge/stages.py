@@ -17,7 +17,8 @@ from pytest_cudaopt.launch import pytest_command
 # The pytest children: which items each runs, and the verdict kinds it must have collected.
 MARKERS = {"policy": "policy", "check": "not perf and not policy", "perf": "perf"}
 EXPECTED = {"policy": ("policy",), "check": ("correctness",), "perf": ("perf",)}
-KIND_OF_CLASS = {"TestPolicy": "policy", "TestCorrectness": "correctness", "TestPerf": "perf"}
+KIND_OF_CLASS = {"TestBuild": "build", "TestPolicy": "policy", "TestCorrectness": "correctness",
+                 "TestMemorySafety": "memsafety", "TestPerf": "perf"}
 # Stage statuses: ok (every item asked for ran and passed), failed (a verdict failed), then
 # what ended the child: build-failed, crashed (a signal, or no report), timeout, error (the
 # judge's or the setup's trouble: bad arguments, pytest's own error), not-run.
