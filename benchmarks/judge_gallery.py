@@ -160,7 +160,8 @@ def table(pytest_run: dict | None, judge_run: dict | None, devices: int) -> tupl
         notes.append(f"{label}: {n} workdirs in {wall:.1f} s = {n * 3600 / wall:.0f} workdirs/hour, "
                      f"{n * 3600 / (wall * devices):.0f} per device-hour")
     if pytest_run and judge_run:
-        notes.append(f"cudaopt judge / pytest sessions: {pytest_run['wall_s'] / judge_run['wall_s']:.2f}x the workdirs per hour")
+        rate = {k: len(r["results"]) / r["wall_s"] for k, r in (("pytest", pytest_run), ("judge", judge_run))}
+        notes.append(f"cudaopt judge / pytest sessions: {rate['judge'] / rate['pytest']:.2f}x the workdirs per hour")
         spent: dict[str, float] = {}
         for r in pytest_run["results"].values():
             for k, v in r["time"].items():
@@ -188,6 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arm", choices=("both", "pytest", "judge"), default="both")
     parser.add_argument("--gpus", default=None, help="GPU indices for the judge arm (default: all visible)")
     parser.add_argument("--cache-dir", default=None, help="the judge arm's caches (default: a fresh folder)")
+    parser.add_argument("--pytest-sample", type=int, default=1, metavar="K",
+                        help="the pytest arm judges every K-th workdir only (its rate is per workdir; verdicts are "
+                             "compared on those), for a device call too short for both arms in full")
+    parser.add_argument("--judge-first", action="store_true", help="run the judge arm before the pytest arm")
+    parser.add_argument("--skip-memsafety", action="store_true",
+                        help="leave the memory-safety item out of both arms (-k 'not test_memory_safety')")
     parser.add_argument("--pytest-cache", action="store_true",
                         help="let the pytest arm use the judge's object cache too (the CPU smoke test, for time)")
     args = parser.parse_args(argv)
@@ -195,11 +202,14 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(out / "work", ignore_errors=True)
     (out / "pytest").mkdir(parents=True, exist_ok=True)
     make, pytest_args = (cpu_gallery, CPU_ARGS) if args.smoke else (gpu_gallery, GPU_ARGS)
+    if args.skip_memsafety:
+        pytest_args = [*pytest_args, "-k", "not test_memory_safety"]
     cache = Path(args.cache_dir).resolve() if args.cache_dir else out / "work" / "judge-cache"
     gpus = [g for g in args.gpus.split(",") if g] if args.gpus else None
     pytest_run = judge_run = None
-    if args.arm in ("both", "pytest"):
-        workdirs = make(out / "work" / "pytest")
+
+    def run_pytest_arm() -> dict:
+        workdirs = make(out / "work" / "pytest")[::max(1, args.pytest_sample)]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                    TORCHINDUCTOR_CACHE_DIR=str(out / "work" / "inductor-pytest"),
                    TRITON_CACHE_DIR=str(out / "work" / "triton-pytest"))
@@ -207,10 +217,18 @@ def main(argv: list[str] | None = None) -> int:
             env["CUDA_VISIBLE_DEVICES"] = gpus[0]
         if args.pytest_cache:
             env["CUDAOPT_OBJECT_CACHE"] = str(cache / "objects")
-        pytest_run = pytest_arm(workdirs, pytest_args, out / "pytest", env)
-    if args.arm in ("both", "judge"):
+        return pytest_arm(workdirs, pytest_args, out / "pytest", env)
+
+    def run_judge_arm() -> dict:
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        judge_run = judge_arm(make(out / "work" / "judge"), pytest_args, cache, gpus, out)
+        return judge_arm(make(out / "work" / "judge"), pytest_args, cache, gpus, out)
+
+    if args.judge_first and args.arm in ("both", "judge"):
+        judge_run = run_judge_arm()
+    if args.arm in ("both", "pytest"):
+        pytest_run = run_pytest_arm()
+    if not args.judge_first and args.arm in ("both", "judge"):
+        judge_run = run_judge_arm()
     devices = 1 if args.smoke else max(1, len(judge_run["busy"]) if judge_run else 1)
     text, same = table(pytest_run, judge_run, devices)
     (out / "judge_gallery.txt").write_text(text + "\n")

@@ -10,14 +10,13 @@ extern "C" cudaError_t gelu_launcher(const float* x, float* y, int64_t n, cudaSt
 
 namespace {
 
-at::Tensor gelu_forward(const at::Tensor& x, double negative_slope) {
+at::Tensor gelu_forward(const at::Tensor& x) {
   TORCH_CHECK(x.scalar_type() == at::kFloat, "gelu: x must be float32; got ", x.scalar_type());
   TORCH_CHECK(x.is_contiguous(), "gelu: x must be contiguous; got strides ", x.strides());
   TORCH_CHECK(x.is_cuda(), "gelu: x must be a CUDA tensor; got device ", x.device());
   at::Tensor y = torch::empty_like(x);
   cudaError_t status = gelu_launcher(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(),
-                                           static_cast<float>(negative_slope),
-                                           c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
+                                     c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
   TORCH_CHECK(status == cudaSuccess, "gelu: kernel launch failed: ", cudaGetErrorString(status));
   return y;
 }
@@ -26,8 +25,8 @@ at::Tensor gelu_forward(const at::Tensor& x, double negative_slope) {
 
 void register_gelu(pybind11::module& m) {
   m.def("gelu", &gelu_forward,
-        "gelu(x, negative_slope) -> y: x where x > 0, else negative_slope * x; x float32, contiguous, CUDA.",
-        pybind11::arg("x"), pybind11::arg("negative_slope"));
+        "gelu(x) -> y: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); x float32, contiguous, CUDA.",
+        pybind11::arg("x"));
 }
 
 REGISTER_BINDING(gelu, register_gelu);
