@@ -76,6 +76,7 @@ def test_a_build_failure_carries_the_compilers_words(judged):
     line = judged["lines"]["build_error"]
     assert (line["status"], line["passed"]) == ("build-failed", False)
     assert "undeclared_offset" in line["reason"] and "kernels/scale.cpp" in line["reason"]
+    assert "::" not in line["reason"] and "cudaopt build: [" not in line["reason"]  # the report, no collection or progress
     assert line["stages"]["policy"]["status"] == "not-run"
 
 

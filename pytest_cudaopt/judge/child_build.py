@@ -13,6 +13,11 @@ import sys
 from pathlib import Path
 
 
+# Before the compiler's report in the child's output: what the build stage's line shows as its
+# reason (the collected items and the progress lines above it are left out).
+REPORT_MARK = "cudaopt judge: the build's report:"
+
+
 class BuildPlugin:
     """Compiles the workdir once collection has resolved the session's settings."""
 
@@ -29,7 +34,7 @@ class BuildPlugin:
             result = build.compile_extension(self.workdir, settings=settings,
                                              emit=lambda line: print(f"cudaopt build: {line}", flush=True))
         except build.BuildError as exc:
-            print(exc.report(), file=sys.stderr, flush=True)
+            print(f"{REPORT_MARK}\n{exc.report()}", file=sys.stderr, flush=True)
             self.code = 1
             return
         print(build.describe(result), flush=True)

@@ -143,9 +143,13 @@ def read_build(outcome: runner.Outcome) -> StageResult:
         return ended
     if outcome.returncode == 0:
         return StageResult("build", OK, outcome.seconds, exit_code=0)
+    from pytest_cudaopt.judge.child_build import REPORT_MARK
+
     status = "build-failed" if outcome.returncode == 1 else "error"
-    return StageResult("build", status, outcome.seconds, exit_code=outcome.returncode, tail=outcome.tail,
-                       reason=outcome.tail[-4000:] or f"the build ended with status {outcome.returncode}")
+    tail = outcome.tail
+    report = tail[tail.rindex(REPORT_MARK) + len(REPORT_MARK):].strip() if REPORT_MARK in tail else tail
+    return StageResult("build", status, outcome.seconds, exit_code=outcome.returncode, tail=tail,
+                       reason=report[-4000:] or f"the build ended with status {outcome.returncode}")
 
 
 def read_junit(path: Path) -> list[dict]:
