@@ -168,6 +168,21 @@ def test_passed_needs_a_child_that_ended_normally_with_a_report_that_says_passed
     assert read.status == "crashed" and "without writing its JSON report" in read.reason
 
 
+def test_the_merged_report_keeps_every_stages_items_and_the_first_unfinished_stages_cause():
+    def doc(test, status, complete=True, cause=None):
+        return {"schema": "cudaopt-report/2", "passed": status == "passed", "complete": complete, "cause": cause,
+                "reason": cause and f"{test} {cause}", "running": test if cause else None, "results": [],
+                "items": [{"test": test, "status": status}], "not_passed": [] if status == "passed" else [test]}
+    results = [stages.StageResult("policy", "ok", 1.0, report=doc("p", "passed")),
+               stages.StageResult("check", "ok", 1.0, report=doc("c", "failed", False, "timeout")),
+               stages.StageResult("perf", "ok", 1.0, report=doc("t", "passed", False, "crash"))]
+    merged = judge_lines.merge_reports(results)
+    assert [i["test"] for i in merged["items"]] == ["p", "c", "t"] and merged["not_passed"] == ["c"]
+    assert (merged["passed"], merged["complete"], merged["cause"], merged["running"]) == (False, False, "timeout", "c")
+    finished = judge_lines.merge_reports(results[:1])
+    assert (finished["passed"], finished["complete"]) == (True, True) and "cause" not in finished
+
+
 def test_judge_takes_any_number_of_paths_then_pytest_arguments_after_a_double_dash(monkeypatch):
     from pytest_cudaopt import cli
 

@@ -33,12 +33,12 @@ def merge_reports(results: Sequence[StageResult]) -> dict | None:
         "passed": all(bool(doc.get("passed")) for _, doc in docs),
         "results": [rec for _, doc in docs for rec in doc.get("results", [])],
     }
-    failed = [item for _, doc in docs for item in doc.get("failed_items", [])]
-    if failed:
-        merged["failed_items"] = failed
-    early = [(stage, doc) for stage, doc in docs if doc.get("complete") is False]
-    if early:
-        merged.update(complete=False, running=early[0][1].get("running"))
+    merged["items"] = [item for _, doc in docs for item in doc.get("items", [])]
+    merged["not_passed"] = [test for _, doc in docs for test in doc.get("not_passed", [])]
+    early = [doc for _, doc in docs if doc.get("complete") is False]
+    merged["complete"] = not early
+    if early:  # the first stage that did not finish says why
+        merged.update(cause=early[0].get("cause"), reason=early[0].get("reason"), running=early[0].get("running"))
     return merged
 
 
