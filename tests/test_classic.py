@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -22,7 +23,16 @@ from support import TEMPLATES, copy_workdir, subprocess_env
 def forwarded(monkeypatch) -> list[list[str]]:
     """The argument lists `python -m utils.profiling` hands to `cudaopt profile`/`verify`."""
     calls: list[list[str]] = []
-    monkeypatch.setattr(cli, "main", lambda argv: calls.append(list(argv)) or 0)
+
+    def fake_main(argv):
+        calls.append(list(argv))
+        [report] = [a.split("=", 1)[1] for a in argv if a.startswith("--cudaopt-report=")]
+        timing = {"contenders": [{"key": k, "median_s": t} for k, t in
+                                 (("eager", 3e-3), ("compile", 2e-3), ("custom", 1e-3))]}
+        Path(report).write_text(json.dumps({"results": [{"kind": "perf", "data": {"timing": timing}}]}))
+        return 0
+
+    monkeypatch.setattr(cli, "main", fake_main)
     return calls
 
 
@@ -31,6 +41,7 @@ def test_iters_sets_the_least_number_of_timed_runs_however_it_is_spelled(spellin
     assert classic.main("profiling", tmp_path, spelling) == 0
     [argv] = forwarded
     assert argv[0] == "profile" and "--cudaopt-min-runs=20" in argv
+    assert "CUDA Extension: 1000.00us" in capsys.readouterr().out
 
 
 def test_without_iters_the_setting_decides(forwarded, tmp_path, capsys) -> None:

@@ -349,7 +349,7 @@ def test_a_model_new_that_replaces_a_timing_function_at_import_fails_the_perf_it
     model_new.write_text(model_new.read_text() + f"\nimport {owner.split('.')[0]}\n{owner}.{name} = lambda *a: 0.0\n")
     result = run_pytest(pytester, *args, "-m", "perf")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([f"*the timing functions {replaced} were replaced while the contenders ran*"])
+    result.stdout.fnmatch_lines([message])
 
 
 # -- every timed call on inputs no earlier call saw -----------------------------------------------
@@ -492,6 +492,3 @@ def test_the_perf_verdict_names_the_workdirs_worst_tier_and_times_the_precision_
                 if r["kind"] == "perf")
     assert perf["precision"] == "half-like" and perf["tiers"]["precision-matched"] == "fp32"
     assert perf["gate"]["baseline"] == "compile"
-
-
-    result.stdout.fnmatch_lines([message])

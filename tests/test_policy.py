@@ -663,7 +663,7 @@ def test_render_prints_path_line_rule_message_relative_to_the_current_folder(tmp
 def test_cudaopt_check_exits_zero_on_a_clean_workdir(clean_workdir: Path, capsys) -> None:
     assert cli.main(["check", str(clean_workdir)]) == 0
     assert f"follows all {len(policy.RULES)} rules" in capsys.readouterr().out
-    assert len(policy.RULES) == 23
+    assert len(policy.RULES) == 27
 
 
 

@@ -235,9 +235,7 @@ def compile_extension(workdir: Path, *, settings=None, verbose: bool = False,
     try:
         cfg.build_dir.mkdir(parents=True, exist_ok=True)
         lock.acquire(timeout=0)
-    except OSError as exc:  # filelock's Timeout is no OSError
-        raise unwritable(cfg, exc) from None
-    except Timeout:
+    except Timeout:  # first: filelock's Timeout is a TimeoutError, hence an OSError
         emit(f"waiting for another build of {workdir} (lock {cfg.build_dir / 'lock'})")
         t = time.monotonic()
         try:
@@ -246,6 +244,8 @@ def compile_extension(workdir: Path, *, settings=None, verbose: bool = False,
             raise BuildError(f"cudaopt build: gave up after {LOCK_TIMEOUT_S:.0f} s waiting for the "
                              f"lock {cfg.build_dir / 'lock'}") from None
         waited = time.monotonic() - t
+    except OSError as exc:
+        raise unwritable(cfg, exc) from None
     try:
         try:
             _write_if_changed(cfg.build_dir / "build.ninja", ninja_file(cfg))
