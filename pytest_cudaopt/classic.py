@@ -128,8 +128,12 @@ def single_run(workdir: Path, names: Sequence[str]) -> int:
     from pytest_cudaopt.perf import lineup
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    from pytest_cudaopt.settings import SettingError
+
     try:
         result = build.build(workdir)
+    except SettingError as exc:
+        return _single_run_failed(str(exc))
     except build.BuildError as exc:
         return _single_run_failed(_build_failure(exc))
     if result.cuda and device == "cpu" and "cuda_extension" in names:

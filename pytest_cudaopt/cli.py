@@ -63,9 +63,13 @@ def _run_pytest(workdir: Path, marker: str, extra: Sequence[str]) -> int:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from pytest_cudaopt import build
+    from pytest_cudaopt.settings import SettingError
 
     try:
         result = build.build(args.workdir, verbose=True)
+    except SettingError as exc:
+        print(f"cudaopt build: {exc}", file=sys.stderr)
+        return USAGE
     except build.BuildError as exc:
         print(exc.report(), file=sys.stderr)
         return 1

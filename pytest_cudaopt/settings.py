@@ -227,15 +227,11 @@ def closest(name: str, known: Iterable[str], prefix: str = "") -> str:
     return f" (did you mean {stems[found[0]]}?)" if found else ""
 
 
-def ini_keys(inipath: Any, overrides: Iterable[str] = ()) -> list[str]:
-    """The keys of pytest's ini file (pytest.ini, tox.ini, setup.cfg or pyproject.toml's
-    [tool.pytest.ini_options]) and of `-o key=value` overrides."""
+def ini_table(path: Path) -> dict[str, Any] | None:
+    """The pytest options of an ini file (pytest.ini, tox.ini, setup.cfg or pyproject.toml's
+    [tool.pytest.ini_options]), None when the file holds no pytest section."""
     import configparser
 
-    keys = [str(o).split("=", 1)[0] for o in overrides]
-    path = None if inipath is None else Path(inipath)
-    if path is None or not path.is_file():
-        return keys
     if path.suffix == ".toml":
         try:
             import tomllib
@@ -243,16 +239,53 @@ def ini_keys(inipath: Any, overrides: Iterable[str] = ()) -> list[str]:
             try:
                 import tomli as tomllib  # type: ignore[no-redef]
             except ModuleNotFoundError:
-                return keys
+                return None
         with path.open("rb") as handle:
-            table = tomllib.load(handle).get("tool", {}).get("pytest", {})
-        return keys + list(table.get("ini_options", table) if isinstance(table, dict) else {})
+            table = tomllib.load(handle).get("tool", {}).get("pytest")
+        if not isinstance(table, dict):
+            return None
+        return dict(table.get("ini_options", table))
     parser = configparser.ConfigParser(interpolation=None)
     parser.read(path, encoding="utf-8")
     for section in ("pytest", "tool:pytest"):
         if parser.has_section(section):
-            return keys + list(parser[section])
-    return keys
+            return dict(parser[section])
+    return {} if path.name in ("pytest.ini", ".pytest.ini") else None
+
+
+def ini_keys(inipath: Any, overrides: Iterable[str] = ()) -> list[str]:
+    """The keys of pytest's ini file and of `-o key=value` overrides."""
+    keys = [str(o).split("=", 1)[0] for o in overrides]
+    path = None if inipath is None else Path(inipath)
+    table = ini_table(path) if path is not None and path.is_file() else None
+    return keys + list(table or {})
+
+
+# In the order pytest looks for them in each folder, from the workdir up.
+_INI_NAMES = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
+
+
+def workdir_ini(workdir: Path) -> tuple[Path | None, dict[str, Any]]:
+    """The ini file `pytest WORKDIR/model_new.py` reads, and its options: the first file with
+    a pytest section in the workdir or a folder above it."""
+    for folder in (Path(workdir).resolve(), *Path(workdir).resolve().parents):
+        for name in _INI_NAMES:
+            path = folder / name
+            table = ini_table(path) if path.is_file() else None
+            if table is not None:
+                return path, table
+    return None, {}
+
+
+def workdir_settings(workdir: Path) -> "Settings":
+    """The settings a command outside pytest (`cudaopt build`) uses for `workdir`: the
+    environment, then the workdir's ini file, then the defaults, as pytest would resolve them
+    without command-line options. An unknown cudaopt_* key raises SettingError."""
+    path, table = workdir_ini(workdir)
+    unknown = unknown_ini_keys(table)
+    if unknown:
+        raise SettingError(f"unknown ini option {'; '.join(unknown)} in {path}")
+    return Settings.resolve_all(ini=lambda name: table.get(BY_NAME[name].ini_key))
 
 
 def unknown_ini_keys(keys: Iterable[str]) -> list[str]:

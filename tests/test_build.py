@@ -529,3 +529,21 @@ def test_a_compile_error_fails_the_build_item_on_a_machine_without_a_gpu(pyteste
     result.stdout.fnmatch_lines(["*kernels/scale.cu failed: kernels/scale.cu:*: error*"])  # at once, on the terminal
     result.stdout.fnmatch_lines(["*kernels/scale.cu:*: error*", "*cudaopt build: 1 error in kernels/scale.cu*",
                                  "*FAILED wd/model_new.py::TestBuild::test_extension*"])
+
+
+def test_cudaopt_build_reads_the_workdirs_ini_as_pytest_does(make_workdir, tmp_path, capsys, monkeypatch):
+    """utils/compile.sh (`cudaopt build`) builds what `pytest` in the workdir builds: the
+    build folder, flags and object cache of its ini file count."""
+    from pytest_cudaopt import cli
+    from pytest_cudaopt.build import buildfile
+
+    monkeypatch.delenv("CUDAOPT_BUILD_DIR", raising=False)
+    workdir = make_workdir("cpu_scale")
+    (workdir / "pytest.ini").write_text(f"[pytest]\ncudaopt_build_dir = {tmp_path / 'elsewhere'}\n")
+    cfg = buildfile.configure(workdir.resolve(), buildfile.settings_or_default(None, workdir))
+    assert cfg.build_dir.parent == tmp_path / "elsewhere"
+    (workdir / "pytest.ini").write_text("[pytest]\ncudaopt_build_dri = /tmp/x\n")
+    assert cli.main(["build", str(workdir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cudaopt build: unknown ini option cudaopt_build_dri (did you mean cudaopt_build_dir?) in ")
+    assert str(workdir / "pytest.ini") in err

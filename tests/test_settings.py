@@ -102,3 +102,34 @@ def test_a_bad_value_on_the_command_line_is_one_line_naming_the_option(pytester,
     assert result.ret == 4
     result.stderr.fnmatch_lines(["ERROR: cudaopt: --cudaopt-min-speedup='abc': expected a positive number, got 'abc'"])
     assert "Traceback" not in result.stderr.str()
+
+
+# -- the ini file of a command run outside pytest (`cudaopt build`, utils/compile.sh) ------------
+
+def test_a_workdirs_ini_is_found_as_pytest_finds_it_from_the_workdir_up(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDAOPT_BUILD_DIR", raising=False)
+    workdir = tmp_path / "repo" / "wd"
+    workdir.mkdir(parents=True)
+    (tmp_path / "repo" / "tox.ini").write_text("[pytest]\ncudaopt_build_dir = from-tox\n")
+    (workdir / "setup.cfg").write_text("[metadata]\nname = x\n")  # no pytest section: not pytest's file
+    (workdir / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    assert settings.workdir_ini(workdir) == (tmp_path / "repo" / "tox.ini", {"cudaopt_build_dir": "from-tox"})
+    assert settings.workdir_settings(workdir).build_dir == "from-tox"
+    (workdir / "pyproject.toml").write_text("[tool.pytest.ini_options]\ncudaopt_build_dir = 'from-pyproject'\n")
+    assert settings.workdir_settings(workdir).build_dir == "from-pyproject"
+    (workdir / "pytest.ini").write_text("[pytest]\n")  # pytest.ini wins in its folder, even empty
+    assert settings.workdir_ini(workdir) == (workdir / "pytest.ini", {})
+    assert settings.workdir_settings(workdir).build_dir is None
+    monkeypatch.setenv("CUDAOPT_BUILD_DIR", "from-env")  # the environment wins over the ini file
+    (workdir / "pytest.ini").write_text("[pytest]\ncudaopt_build_dir = from-ini\n")
+    assert settings.workdir_settings(workdir).build_dir == "from-env"
+
+
+def test_a_workdirs_ini_with_an_unknown_or_bad_cudaopt_key_is_an_error_naming_the_file(tmp_path):
+    (tmp_path / "pytest.ini").write_text("[pytest]\ncudaopt_nvcc_flag = -lineinfo\n")
+    with pytest.raises(settings.SettingError, match=r"unknown ini option cudaopt_nvcc_flag \(did you mean "
+                                                    r"cudaopt_nvcc_flags\?\) in .*pytest\.ini"):
+        settings.workdir_settings(tmp_path)
+    (tmp_path / "pytest.ini").write_text("[pytest]\ncudaopt_timeout = soon\n")
+    with pytest.raises(settings.SettingError, match="ini option cudaopt_timeout='soon'"):
+        settings.workdir_settings(tmp_path)

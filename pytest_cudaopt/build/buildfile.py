@@ -85,13 +85,14 @@ class Config:
         return str(path)
 
 
-def settings_or_default(settings) -> Any:
-    """`settings`, else the settings resolved from the environment and the defaults."""
+def settings_or_default(settings, workdir: Path) -> Any:
+    """`settings`, else those pytest would resolve for `workdir` without command-line
+    options (the environment, the workdir's ini file, the defaults)."""
     if settings is not None:
         return settings
-    from pytest_cudaopt.settings import Settings
+    from pytest_cudaopt.settings import workdir_settings
 
-    return Settings.resolve_all()
+    return workdir_settings(workdir)
 
 
 @dataclass

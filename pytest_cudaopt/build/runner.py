@@ -229,7 +229,7 @@ def compile_extension(workdir: Path, *, settings=None, verbose: bool = False,
         emit = (lambda text: print(text, flush=True)) if verbose else (lambda text: None)
     start = time.monotonic()
     workdir = Path(workdir).resolve()
-    cfg = configure(workdir, settings_or_default(settings))
+    cfg = configure(workdir, settings_or_default(settings, workdir))
     lock = FileLock(str(cfg.build_dir / "lock"))
     waited = 0.0
     try:
@@ -274,8 +274,8 @@ def existing_extension(workdir: Path, *, settings=None):
     None when there is none. Compiles nothing (the build may predate the latest edits)."""
     workdir = Path(workdir).resolve()
     try:
-        cfg = configure(workdir, settings_or_default(settings))
-    except BuildError:
+        cfg = configure(workdir, settings_or_default(settings, workdir))
+    except (BuildError, ValueError):  # ValueError: a setting of the workdir's ini that does not parse
         return None
     so = cfg.build_dir / f"{MODULE_NAME}.so"
     if not so.is_file():
