@@ -179,9 +179,12 @@ class CudaoptSession:
         is trusted."""
         from pytest_cudaopt.workdir import WorkdirError, load_workdir
 
+        from pytest_cudaopt.isolation import introspection
+
         watch = self.isolation
         if watch.trusted is None:
             watch.trust()
+        introspection.watch_file(Path(path) / "model_new.py")
         with watch.trusted_grad_mode():
             extension = self.extension(path)
             failure = watch.verify("found after importing cuda_extension, built from kernels/", path)

@@ -265,3 +265,106 @@ def test_paths_are_shown_relative_to_the_workdir(tmp_path):
     assert workdir_path("/elsewhere/lib.py:9", tmp_path) == "/elsewhere/lib.py:9"
     assert shown_origin("module cudaopt_ext_0123_1.cuda_extension", tmp_path) == \
         "a function of cuda_extension (kernels/)"
+
+
+# -- frames and the object graph (introspection) ------------------------------------------------
+
+CANDIDATE = '''\
+import gc
+import inspect
+import sys
+
+
+def getframe():
+    return sys._getframe(1)  # line 7
+
+
+def generator_frame():
+    gen = (i for i in range(1))
+    return gen.gi_frame  # line 12
+
+
+def traceback_frame():
+    try:
+        raise ValueError
+    except ValueError as exc:
+        return exc.__traceback__.tb_frame  # line 19
+
+
+def through_inspect():
+    return inspect.currentframe()  # line 23
+
+
+def every_object():
+    return len(gc.get_objects())  # line 27
+
+
+def through(helper):
+    return helper()  # line 31
+
+
+def module_name_lookups():
+    import collections
+    import typing
+
+    return collections.namedtuple("Pair", "a b"), typing.TypeVar("T")
+'''
+
+
+@pytest.fixture
+def candidate(tmp_path):
+    """A module whose file is watched as a model_new.py is."""
+    import importlib.util
+
+    from pytest_cudaopt.isolation import introspection
+
+    path = tmp_path / "model_new.py"
+    path.write_text(CANDIDATE)
+    spec = importlib.util.spec_from_file_location("cudaopt_test_candidate", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    Watch()  # a new session: nothing watched, nothing read
+    introspection.watch_file(path)
+    yield module
+    introspection.reset()
+
+
+def test_every_way_to_a_frame_from_a_watched_file_is_noted_with_its_line(candidate, tmp_path):
+    from pytest_cudaopt.isolation import introspection
+
+    candidate.getframe()
+    candidate.generator_frame()
+    candidate.traceback_frame()
+    candidate.through_inspect()  # inspect is the standard library: the read is the caller's
+    candidate.every_object()
+    shown = [r.line_text(tmp_path) for r in introspection.take_readings()]
+    assert shown == ["sys._getframe() at model_new.py:7", ".gi_frame at model_new.py:12",
+                     ".tb_frame at model_new.py:19", "sys._getframe() at model_new.py:23",
+                     "gc.get_objects() at model_new.py:27"]
+    assert introspection.take_readings() == []
+
+
+def test_frames_read_by_other_code_do_not_count_even_when_a_watched_file_called_it(candidate):
+    from pytest_cudaopt.isolation import introspection
+
+    sys._getframe(0)  # this file is not watched
+    candidate.through(lambda: sys._getframe(1))  # the read is made here
+    candidate.module_name_lookups()  # the standard library reads its caller's frame for __module__
+    torch.compile(lambda x: x + 1, backend="eager")(torch.ones(2))  # dynamo reads frames
+    assert introspection.take_readings() == []
+
+
+def test_a_read_fails_the_next_verification_and_leaves_no_later_verdict_standing(candidate, tmp_path):
+    watch = Watch()
+    watch.trust()
+    from pytest_cudaopt.isolation import introspection
+
+    introspection.watch_file(tmp_path / "model_new.py")
+    candidate.getframe()
+    message = watch.verify("found after a call", tmp_path)
+    assert message.splitlines()[:2] == [
+        "candidate code read the interpreter's frames or object graph (found after a call):",
+        "  sys._getframe() at model_new.py:7"]
+    later = watch.verify("found after the next call", tmp_path)
+    assert later.startswith("not judged: an earlier item found that candidate code in ")
+    assert "read the interpreter's frames or object graph (sys._getframe() at model_new.py:7" in later

@@ -163,3 +163,23 @@ def test_a_kernel_registered_for_aten_by_the_first_call_fails_the_perf_item_befo
     report = json.loads((pytester.path / "report.json").read_text())
     [perf] = [r["data"] for r in report["results"] if r["kind"] == "perf"]
     assert perf["passed"] is False and WARNING in perf["failure"]
+
+
+def test_a_forward_that_reads_the_callers_frames_fails_the_perf_item_naming_the_read_and_its_line(
+        pytester, prebuilt_workdir, monkeypatch):
+    """The variant returns the harness's own expected output of each checked timed call, found
+    through sys._getframe: every comparison would agree and the scripted clock pass the gate."""
+    monkeypatch.setenv("CUDAOPT_SELF_TEST", "1")
+    path = copy_variant(prebuilt_workdir, pytester.path / "wd", "frame_peek")
+    (path / "pytest.ini").write_text(INI + "cudaopt_compile_backend = eager\ncudaopt_warmup = 0.01\n"
+                                           "cudaopt_max_time = 0.5\n")
+    (path / "conftest.py").write_text(FAKE_CLOCK)
+    result = run_pytest(pytester, "wd", "-m", "perf", "-p", "no:benchmark", "--cudaopt-report=report.json")
+    result.assert_outcomes(failed=1)
+    line = next(n for n, t in enumerate((VARIANTS / "frame_peek.py").read_text().splitlines(), 1)
+                if "sys._getframe(1)" in t)
+    result.stdout.fnmatch_lines([f"*candidate code read the interpreter's frames*",
+                                 f"  sys._getframe() at model_new.py:{line}*"])
+    report = json.loads((pytester.path / "report.json").read_text())
+    [perf] = [r["data"] for r in report["results"] if r["kind"] == "perf"]
+    assert perf["passed"] is False

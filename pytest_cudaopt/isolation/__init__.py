@@ -10,7 +10,8 @@ correctness and the speed verdicts alike.
 The modules: namespaces.py (attributes of torch's modules and classes, sys.modules and the
 import hooks), flags.py (torch's process-wide settings), dispatcher.py (kernels per dispatch
 key, backend fallbacks, the Python dispatcher), changes.py (a change and where it came from),
-watch.py (the snapshot, its comparison, the failure message). docs/isolation.md states the
+watch.py (the snapshot, its comparison, the failure message), introspection.py (frame and
+object-graph reads from model_new.py, seen by an audit hook). docs/isolation.md states the
 guarantee."""
 
 from pytest_cudaopt.isolation.changes import ROADS, Change

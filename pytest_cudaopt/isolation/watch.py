@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_cudaopt.isolation import dispatcher, flags, namespaces
+from pytest_cudaopt.isolation import dispatcher, flags, introspection, namespaces
 from pytest_cudaopt.isolation.changes import ROADS, Change
 
 # The flag whose value the caller sets itself around candidate calls (torch.no_grad()).
@@ -88,6 +88,7 @@ class Watch:
     def __init__(self) -> None:
         self.trusted: Snapshot | None = None
         self.tainted: str = ""
+        introspection.reset()  # the hook is installed before any workdir code runs
 
     def trust(self) -> Snapshot:
         self.trusted = take()
@@ -103,9 +104,17 @@ class Watch:
 
     def verify(self, phase: str, workdir: Path | None = None, context: dict[str, Any] | None = None,
                full: bool = True) -> str:
-        """"" when every road is as trusted; else the failure (see `failure`)."""
+        """"" when every road is as trusted and candidate code read no frame; else the failure
+        (see `failure`, `introspection.failure`)."""
         if self.tainted:
             return f"not judged: {self.tainted}"
+        readings = introspection.take_readings()
+        if readings:
+            # What a frame reached (the harness's objects) cannot be verified or put back.
+            self.tainted = (f"an earlier item found that candidate code in {workdir} read the interpreter's "
+                            f"frames or object graph ({readings[0].line_text(workdir)}, {phase}), through which "
+                            "it could change the harness's state; no later verdict of this process can trust it")
+            return introspection.failure(readings, phase, workdir)
         if self.trusted is None:
             self.trust()
             return ""

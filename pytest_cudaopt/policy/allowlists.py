@@ -31,6 +31,14 @@ FORBIDDEN_STDLIB = frozenset({
     "importlib", "ctypes", "subprocess", "multiprocessing", "runpy", "builtins", "gc", "inspect", "pickle",
     "marshal", "shelve", "socket", "threading", "concurrent", "sqlite3", "urllib", "http",
 })
+# Ways to an interpreter frame (the caller's locals: the harness's state) or to every object.
+FRAME_CALLS = frozenset({
+    "sys._getframe", "sys._getframemodulename", "sys._current_frames", "sys.settrace", "sys.setprofile",
+    "sys.exc_info", "sys.exception", "traceback.walk_stack", "traceback.walk_tb", "traceback.extract_stack",
+    "traceback.print_stack", "traceback.format_stack", "traceback.StackSummary.extract", "logging.currentframe",
+})
+FRAME_ATTRIBUTES = frozenset({"f_back", "f_locals", "f_globals", "f_builtins", "tb_frame", "tb_next", "gi_frame",
+                              "cr_frame", "ag_frame", "__traceback__"})
 FILE_READ_CALLS = frozenset({
     "open", "io.open", "os.open", "os.read", "os.fdopen", "os.getenv", "os.getenvb", "os.popen",
     "torch.load", "torch.from_file", "numpy.load", "numpy.fromfile", "numpy.loadtxt", "numpy.genfromtxt",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pytest_cudaopt.policy.allowlists import (
     FILE_READ_ATTRIBUTES, FILE_READ_CALLS, FILE_READ_METHODS, FORBIDDEN_METHODS_OF_SELF, FORBIDDEN_STDLIB,
+    FRAME_ATTRIBUTES, FRAME_CALLS,
     GLOBAL_STATE_CALLS, TORCH_SETTER,
 )
 from pytest_cudaopt.policy.forward_path import ForwardPath
@@ -134,6 +135,12 @@ class ModelNewCheck:
                     self.add(node, "MN008", f"{what} reads a file or the environment")
                 elif name in ("__import__", "importlib.import_module"):
                     self.add(node, "MN006", f"{name}() imports code dynamically")
+                elif name in FRAME_CALLS:
+                    self.add(node, "MN006", f"{name}() reaches interpreter frames (the harness's state)")
+                elif name in ("getattr", "hasattr") and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) \
+                        and node.args[1].value in FRAME_ATTRIBUTES:
+                    self.add(node, "MN006", f"{name}(..., {node.args[1].value!r}) reads an interpreter frame "
+                                            "(the harness's state)")
                 elif name in GLOBAL_STATE_CALLS or TORCH_SETTER.fullmatch(name or "") \
                         or (name or "").startswith(("torch.backends.", "torch._dynamo.", "torch._inductor.")):
                     self.add(node, "MN009", f"{name}() changes torch's global state")
@@ -145,6 +152,8 @@ class ModelNewCheck:
                     self.add(node, "MN008", f"{name} reads the environment")
                 elif name in ("sys.modules", "sys.path"):
                     self.add(node, "MN006", f"{name} reaches other modules' code")
+                elif node.attr in FRAME_ATTRIBUTES:
+                    self.add(node, "MN006", f".{node.attr} reads an interpreter frame (the harness's state)")
             elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
                 targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
                 for target in targets:
