@@ -24,6 +24,7 @@ class BuildPlugin:
     def __init__(self, workdir: Path):
         self.workdir = workdir
         self.code: int | None = None
+        self.report = ""
 
     def pytest_collection_finish(self, session) -> None:
         from pytest_cudaopt import build
@@ -34,7 +35,7 @@ class BuildPlugin:
             result = build.compile_extension(self.workdir, settings=settings,
                                              emit=lambda line: print(f"cudaopt build: {line}", flush=True))
         except build.BuildError as exc:
-            print(f"{REPORT_MARK}\n{exc.report()}", file=sys.stderr, flush=True)
+            self.report = exc.report()  # printed once pytest is done: nothing of pytest's comes after it
             self.code = 1
             return
         print(build.describe(result), flush=True)
@@ -54,6 +55,9 @@ def main(argv: list[str]) -> int:
     if plugin.code is None:
         print(f"cudaopt judge: pytest ended with status {status} before the build of {workdir}", file=sys.stderr)
         return 2
+    if plugin.report:
+        sys.stdout.flush()
+        print(f"{REPORT_MARK}\n{plugin.report}", file=sys.stderr, flush=True)
     return plugin.code
 
 
