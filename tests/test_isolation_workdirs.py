@@ -7,6 +7,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from filelock import FileLock
@@ -146,40 +147,40 @@ def pytest_cudaopt_perf_clock(config, device):
 """
 
 
-def test_a_kernel_registered_for_aten_by_the_first_call_fails_the_perf_item_before_the_baselines_run(
-        pytester, prebuilt_workdir, monkeypatch):
-    """The scripted clock would pass the gate at 3x: the baselines dispatch to the candidate's kernel."""
+def judge_perf(pytester, prebuilt_workdir, monkeypatch, variant: str) -> tuple[Any, dict]:
+    """The perf item alone on `variant` under the scripted clock (which passes the gate at 3x):
+    pytest's result and the perf row of the report."""
     monkeypatch.setenv("CUDAOPT_SELF_TEST", "1")
-    path = copy_variant(prebuilt_workdir, pytester.path / "wd", "override_in_forward")
+    path = copy_variant(prebuilt_workdir, pytester.path / "wd", variant)
     (path / "pytest.ini").write_text(INI + "cudaopt_compile_backend = eager\ncudaopt_warmup = 0.01\n"
                                            "cudaopt_max_time = 0.5\n")
     (path / "conftest.py").write_text(FAKE_CLOCK)
     result = run_pytest(pytester, "wd", "-m", "perf", "-p", "no:benchmark", "--cudaopt-report=report.json")
+    report = json.loads((pytester.path / "report.json").read_text())
+    [perf] = [r["data"] for r in report["results"] if r["kind"] == "perf"]
+    return result, perf
+
+
+def test_a_kernel_registered_for_aten_by_the_first_call_fails_the_perf_item_before_the_baselines_run(
+        pytester, prebuilt_workdir, monkeypatch):
+    """The baselines would dispatch to the candidate's kernel."""
+    result, perf = judge_perf(pytester, prebuilt_workdir, monkeypatch, "override_in_forward")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         f"FAIL: {WARNING} (found after ModelNew's first calls, before the baselines were compiled):",
         "  dispatcher aten::_softmax / CPU: a kernel registered at ../../../kernels/softmax_binding.cpp:*",
     ])
-    report = json.loads((pytester.path / "report.json").read_text())
-    [perf] = [r["data"] for r in report["results"] if r["kind"] == "perf"]
     assert perf["passed"] is False and WARNING in perf["failure"]
 
 
 def test_a_forward_that_reads_the_callers_frames_fails_the_perf_item_naming_the_read_and_its_line(
         pytester, prebuilt_workdir, monkeypatch):
     """The variant returns the harness's own expected output of each checked timed call, found
-    through sys._getframe: every comparison would agree and the scripted clock pass the gate."""
-    monkeypatch.setenv("CUDAOPT_SELF_TEST", "1")
-    path = copy_variant(prebuilt_workdir, pytester.path / "wd", "frame_peek")
-    (path / "pytest.ini").write_text(INI + "cudaopt_compile_backend = eager\ncudaopt_warmup = 0.01\n"
-                                           "cudaopt_max_time = 0.5\n")
-    (path / "conftest.py").write_text(FAKE_CLOCK)
-    result = run_pytest(pytester, "wd", "-m", "perf", "-p", "no:benchmark", "--cudaopt-report=report.json")
+    through sys._getframe: every comparison would agree."""
+    result, perf = judge_perf(pytester, prebuilt_workdir, monkeypatch, "frame_peek")
     result.assert_outcomes(failed=1)
     line = next(n for n, t in enumerate((VARIANTS / "frame_peek.py").read_text().splitlines(), 1)
                 if "sys._getframe(1)" in t)
-    result.stdout.fnmatch_lines([f"*candidate code read the interpreter's frames*",
+    result.stdout.fnmatch_lines(["*candidate code read the interpreter's frames*",
                                  f"  sys._getframe() at model_new.py:{line}*"])
-    report = json.loads((pytester.path / "report.json").read_text())
-    [perf] = [r["data"] for r in report["results"] if r["kind"] == "perf"]
-    assert perf["passed"] is False
+    assert perf["passed"] is False and "sys._getframe() at model_new.py" in perf["failure"]
