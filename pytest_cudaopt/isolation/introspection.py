@@ -34,7 +34,8 @@ EVENTS = {
     "gc.get_referrers": "gc.get_referrers()",
     "gc.get_referents": "gc.get_referents()",
 }
-FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
+# The frame attributes whose reads raise an audit event (f_back does not: a frame is needed first).
+AUDITED_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
 KEPT = 12  # readings kept until the next verification; the first ones say enough
 
 
@@ -103,7 +104,7 @@ def _realpath(name: str) -> str:
 
 def _hook(event: str, args: tuple) -> None:
     if event == "object.__getattr__":
-        if len(args) < 2 or args[1] not in FRAME_ATTRIBUTES:
+        if len(args) < 2 or args[1] not in AUDITED_ATTRIBUTES:
             return
         what = f".{args[1]}"
     elif event in EVENTS:
