@@ -81,8 +81,10 @@ def cpu_gallery(dest: Path) -> list[Path]:
     return made
 
 
-def pytest_arm(workdirs: list[Path], args: list[str], out: Path, env: dict) -> dict:
-    """One plain pytest session per workdir, one after another (build included)."""
+def pytest_arm(workdirs: list[Path], args: list[str], out: Path, env: dict, progress: Path | None = None) -> dict:
+    """One plain pytest session per workdir, one after another (build included); with
+    `progress`, the arm so far is written there after each session (a device call cut short
+    keeps the sessions it finished)."""
     from pytest_cudaopt.judge.stages import read_junit
     from pytest_cudaopt.launch import pytest_command
 
@@ -107,6 +109,9 @@ def pytest_arm(workdirs: list[Path], args: list[str], out: Path, env: dict) -> d
         results[workdir.name] = {"passed": code == 0 and bool(doc and doc.get("passed")), "exit": code,
                                  "seconds": seconds, "time": kinds, "verdicts": _verdicts(cases)}
         print(f"pytest arm: {workdir.name}: exit {code}, {seconds:.1f} s", flush=True)
+        if progress is not None:
+            progress.write_text(json.dumps({"pytest": {"wall_s": time.monotonic() - start, "results": results},
+                                            "judge": None}))
     return {"wall_s": time.monotonic() - start, "results": results}
 
 
@@ -117,10 +122,12 @@ def _verdicts(cases: list[dict]) -> dict[str, str]:
     return verdicts([StageResult("all", "ok", cases=cases)])
 
 
-def judge_arm(workdirs: list[Path], args: list[str], cache: Path, gpus: list[str] | None, out: Path) -> dict:
+def judge_arm(workdirs: list[Path], args: list[str], cache: Path, gpus: list[str] | None, out: Path,
+              prestart: bool = True) -> dict:
     from pytest_cudaopt import judge
 
-    options = judge.Options(gpus=gpus, pytest_args=list(args), cache_dir=cache, timeout=300, cpu_slots=2)
+    options = judge.Options(gpus=gpus, pytest_args=list(args), cache_dir=cache, timeout=300, cpu_slots=2,
+                            prestart=prestart)
     job = judge.Judge(workdirs, options)
     lines = []
     with open(out / "judge.jsonl", "w") as handle:
@@ -192,6 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pytest-sample", type=int, default=1, metavar="K",
                         help="the pytest arm judges every K-th workdir only (its rate is per workdir; verdicts are "
                              "compared on those), for a device call too short for both arms in full")
+    parser.add_argument("--pytest-part", default=None, metavar="I/N",
+                        help="the pytest arm judges the I-th of N interleaved parts of the gallery only (one device "
+                             "call per part; --combine puts the parts together)")
+    parser.add_argument("--combine", nargs="+", default=None, metavar="JSON",
+                        help="no run: the table of earlier runs' judge_gallery.json files, their pytest arms "
+                             "added up (sessions one after another in every part) and the last judge arm")
+    parser.add_argument("--no-prestart", action="store_true",
+                        help="the judge arm starts each pytest child only when its turn comes")
     parser.add_argument("--judge-first", action="store_true", help="run the judge arm before the pytest arm")
     parser.add_argument("--skip-memsafety", action="store_true",
                         help="leave the memory-safety item out of both arms (-k 'not test_memory_safety')")
@@ -199,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="let the pytest arm use the judge's object cache too (the CPU smoke test, for time)")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
+    if args.combine:
+        return _show(*combine([Path(f) for f in args.combine]), out)
     shutil.rmtree(out / "work", ignore_errors=True)
     (out / "pytest").mkdir(parents=True, exist_ok=True)
     make, pytest_args = (cpu_gallery, CPU_ARGS) if args.smoke else (gpu_gallery, GPU_ARGS)
@@ -210,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def run_pytest_arm() -> dict:
         workdirs = make(out / "work" / "pytest")[::max(1, args.pytest_sample)]
+        if args.pytest_part:
+            part, parts = (int(n) for n in args.pytest_part.split("/"))
+            workdirs = workdirs[part - 1::parts]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                    TORCHINDUCTOR_CACHE_DIR=str(out / "work" / "inductor-pytest"),
                    TRITON_CACHE_DIR=str(out / "work" / "triton-pytest"))
@@ -217,11 +237,11 @@ def main(argv: list[str] | None = None) -> int:
             env["CUDA_VISIBLE_DEVICES"] = gpus[0]
         if args.pytest_cache:
             env["CUDAOPT_OBJECT_CACHE"] = str(cache / "objects")
-        return pytest_arm(workdirs, pytest_args, out / "pytest", env)
+        return pytest_arm(workdirs, pytest_args, out / "pytest", env, progress=out / "judge_gallery.json")
 
     def run_judge_arm() -> dict:
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        return judge_arm(make(out / "work" / "judge"), pytest_args, cache, gpus, out)
+        return judge_arm(make(out / "work" / "judge"), pytest_args, cache, gpus, out, prestart=not args.no_prestart)
 
     if args.judge_first and args.arm in ("both", "judge"):
         judge_run = run_judge_arm()
@@ -229,10 +249,28 @@ def main(argv: list[str] | None = None) -> int:
         pytest_run = run_pytest_arm()
     if not args.judge_first and args.arm in ("both", "judge"):
         judge_run = run_judge_arm()
-    devices = 1 if args.smoke else max(1, len(judge_run["busy"]) if judge_run else 1)
-    text, same = table(pytest_run, judge_run, devices)
-    (out / "judge_gallery.txt").write_text(text + "\n")
     (out / "judge_gallery.json").write_text(json.dumps({"pytest": pytest_run, "judge": judge_run}, default=str))
+    return _show(pytest_run, judge_run, out, devices=1 if args.smoke else None)
+
+
+def combine(files: list[Path]) -> tuple[dict | None, dict | None]:
+    """The pytest arms of several runs as one (their sessions ran one after another) and the last judge arm."""
+    pytest_run = judge_run = None
+    for path in files:
+        doc = json.loads(path.read_text())
+        if doc.get("pytest"):
+            pytest_run = pytest_run or {"wall_s": 0.0, "results": {}}
+            pytest_run["wall_s"] += doc["pytest"]["wall_s"]
+            pytest_run["results"].update(doc["pytest"]["results"])
+        judge_run = doc.get("judge") or judge_run
+    return pytest_run, judge_run
+
+
+def _show(pytest_run: dict | None, judge_run: dict | None, out: Path, devices: int | None = None) -> int:
+    devices = devices or max(1, len(judge_run["busy"]) if judge_run else 1)
+    text, same = table(pytest_run, judge_run, devices)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "judge_gallery.txt").write_text(text + "\n")
     print(text)
     return 0 if same else 1
 

@@ -174,7 +174,8 @@ def cmd_judge(args: argparse.Namespace) -> int:
         cpu_slots=args.cpu_slots, jobs=args.jobs or judge.Options().jobs, share=args.share,
         timeout=args.timeout, pytest_args=list(args.pytest_args), all_stages=args.all_stages, seed=args.seed,
         cache_dir=None if args.no_cache else (Path(args.cache_dir) if args.cache_dir else judge.Options().cache_dir),
-        scratch=Path(args.scratch) if args.scratch else None, keep=args.keep, keep_env=list(args.env))
+        scratch=Path(args.scratch) if args.scratch else None, keep=args.keep, keep_env=list(args.env),
+        prestart=not args.no_prestart)
     out = Path(args.out).resolve()
     try:
         written = judge.run(args.paths, options, out=out, ray=args.ray, resume=args.resume, progress=Progress(0))
@@ -199,10 +200,10 @@ def _judge_parser(sub) -> None:
     p.add_argument("--gpus", default=None, help="GPU indices to use, comma separated (default: all visible)")
     p.add_argument("--cpu-slots", type=int, default=2,
                    help="slots for CPU workdirs (--cudaopt-device=cpu after --); default 2")
-    p.add_argument("--jobs", type=int, default=None, help="builds and policy checks at once (default: a quarter "
-                   "of the cores)")
-    p.add_argument("--share", type=int, default=2, help="correctness processes at once on one GPU while their "
-                   "memory fits (default 2); a perf process always has its GPU alone")
+    p.add_argument("--jobs", type=int, default=None, help="builds and policy checks at once (default: half "
+                   "the cores)")
+    p.add_argument("--share", type=int, default=4, help="correctness processes at once on one GPU while their "
+                   "memory fits (default 4); a perf process always has its GPU alone")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds each process may run (default 600)")
     p.add_argument("--out", default="cudaopt-judge.jsonl", help="the JSON-lines file (default ./cudaopt-judge.jsonl)")
     p.add_argument("--resume", action="store_true", help="keep the lines of --out that judged an unchanged "
@@ -218,6 +219,8 @@ def _judge_parser(sub) -> None:
     p.add_argument("--no-cache", action="store_true", help="no shared caches")
     p.add_argument("--scratch", default=None, help="where the private copies go (default: a temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep the private copies and the children's logs")
+    p.add_argument("--no-prestart", action="store_true", help="start each pytest child only when its turn comes "
+                   "(by default it starts, and imports torch, while the workdir's stage before it runs)")
     p.add_argument("--env", action="append", default=[], metavar="NAME",
                    help="an environment variable the children keep (the environment is scrubbed otherwise)")
     p.set_defaults(func=cmd_judge, pytest_args=[])

@@ -31,7 +31,8 @@ def judged(tmp_path_factory):
     (root / "gallery" / "empty").mkdir()
     out = root / "lines.jsonl"
     args = [str(root / "gallery"), str(root / "gallery" / "empty"), "--cpu-slots", "2", "--jobs", "2",
-            "--timeout", str(TIMEOUT_S), "--cache-dir", str(JUDGE_CACHE), "--out", str(out), "--", *JUDGE_CPU_ARGS]
+            "--timeout", str(TIMEOUT_S), "--cache-dir", str(JUDGE_CACHE), "--out", str(out),
+            "--scratch", str(root / "scratch"), "--", *JUDGE_CPU_ARGS]
     proc = _judge_cli(*args, cwd=root)
     found = {Path(line["workdir"]).name: line for line in judge_lines.read_lines(out)}
     return {"proc": proc, "lines": found, "made": made, "args": args, "out": out, "root": root,
@@ -41,6 +42,20 @@ def judged(tmp_path_factory):
 def test_every_workdir_gets_exactly_one_line(judged):
     names = [Path(json.loads(raw)["workdir"]).name for raw in judged["raw"]]
     assert sorted(names) == sorted([*judged["made"], "empty"]), judged["proc"].stderr[-3000:]
+
+
+def test_no_child_outlives_the_judge(judged):
+    """Children started ahead for stages that never came (the build error's, the segfault's) are ended too."""
+    scratch = str(judged["root"] / "scratch")
+    left = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(scratch.encode() in a for a in args):
+            left.append(b" ".join(args).decode(errors="replace"))
+    assert not left
 
 
 def test_an_honest_workdir_passes_every_stage(judged):

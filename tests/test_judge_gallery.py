@@ -20,3 +20,27 @@ def test_the_gallery_benchmark_runs_on_cpu_and_both_arms_agree(tmp_path):
     verdicts = {name: r["passed"] for name, r in found["pytest"]["results"].items()}
     assert verdicts == {"cpu_scale-honest": True, "cpu_scale-wrong": False, "cpu_scale-build_error": False}
     assert found["judge"]["results"]["cpu_scale-build_error"]["status"] == "build-failed"
+
+
+def test_the_pytest_arm_split_over_calls_adds_up_to_one_arm(tmp_path):
+    """--pytest-part I/N runs every N-th workdir from the I-th; --combine adds the parts' sessions up."""
+    part = tmp_path / "part2"
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "judge_gallery.py"), "--smoke",
+                           "--arm", "pytest", "--pytest-part", "2/3", "--out", str(part),
+                           "--cache-dir", str(JUDGE_CACHE), "--pytest-cache"],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    second = json.loads((part / "judge_gallery.json").read_text())
+    assert list(second["pytest"]["results"]) == ["cpu_scale-wrong"]
+    first = {"pytest": {"wall_s": 30.0, "results": {"cpu_scale-honest": {
+        "passed": True, "exit": 0, "seconds": 30.0, "time": {"perf": 2.0}, "verdicts": {"perf": "pass"}}}},
+        "judge": None}
+    (tmp_path / "part1.json").write_text(json.dumps(first))
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "judge_gallery.py"), "--out",
+                           str(tmp_path / "combined"), "--combine", str(tmp_path / "part1.json"),
+                           str(part / "judge_gallery.json")], env=subprocess_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    wall = 30.0 + second["pytest"]["wall_s"]
+    assert f"pytest sessions: 2 workdirs in {wall:.1f} s" in proc.stdout
+    assert "cpu_scale-honest" in proc.stdout and "cpu_scale-wrong" in proc.stdout

@@ -16,8 +16,8 @@ def default_cache_dir() -> Path:
 
 
 def default_jobs() -> int:
-    """Concurrent builds and policy checks: a quarter of the cores (each build runs ninja on a few)."""
-    return max(1, (os.cpu_count() or 2) // 4)
+    """Concurrent builds and policy checks: half the cores (each build's ninja gets two)."""
+    return max(1, (os.cpu_count() or 2) // 2)
 
 
 @dataclass
@@ -28,12 +28,14 @@ class Options:
     to every pytest child; all_stages: run check and perf even after an earlier stage failed
     (as one pytest session would); seed: replay seed (else each child draws a secret one);
     cache_dir: the host's object and torch.compile caches (None: no caches); scratch: where the
-    private copies go (None: a temporary folder); keep: leave the copies and logs there."""
+    private copies go (None: a temporary folder); keep: leave the copies and logs there;
+    prestart: start each pytest child while the stage before it runs, so that its imports are
+    done when its turn comes."""
 
     gpus: list[str] | None = None
     cpu_slots: int = 2
     jobs: int = field(default_factory=default_jobs)
-    share: int = 2
+    share: int = 4
     timeout: float = 600.0
     build_timeout: float = 1800.0
     pytest_args: list[str] = field(default_factory=list)
@@ -44,6 +46,7 @@ class Options:
     keep: bool = False
     keep_env: list[str] = field(default_factory=list)
     grace: float = 10.0
+    prestart: bool = True
 
     @property
     def cpu(self) -> bool:

@@ -16,7 +16,7 @@ from pytest_cudaopt.judge import lines, runner, sandbox
 from pytest_cudaopt.judge.devices import DeviceSet, cpu_slots, gpus
 from pytest_cudaopt.judge.options import Options, result_key
 from pytest_cudaopt.judge.scheduler import STAGES, Scheduler, Task
-from pytest_cudaopt.judge.stages import FAILED, OK, StageResult, run_stage
+from pytest_cudaopt.judge.stages import FAILED, OK, StageResult, prestart, run_stage
 
 
 def resolve_devices(options: Options) -> DeviceSet:
@@ -38,6 +38,7 @@ class Job:
     seconds: dict[str, float] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     content: str = ""
+    warm: dict[str, runner.Warm] = field(default_factory=dict)   # stage -> its child, started ahead
 
     @property
     def copy(self) -> Path:
@@ -101,6 +102,8 @@ class LocalPool:
             while not scheduler.done:
                 for task in scheduler.ready():
                     self.on_event("start", jobs[task.job], task)
+                    # Here, not in the stage's thread: a child ends with the thread that started it.
+                    self._prestart_next(jobs[task.job], task.stage)
                     threading.Thread(target=self._work, args=(jobs[task.job], task, events), daemon=True).start()
                 task, result = events.get()
                 line = self._finished(scheduler, jobs[task.job], task, result)
@@ -121,13 +124,25 @@ class LocalPool:
                 job.out.mkdir(parents=True, exist_ok=True)
                 job.content = sandbox.private_copy(job.workdir, job.copy)
                 job.seconds["copy"] = time.monotonic() - copied
-            result = run_stage(task.stage, job.copy, job.out, self.devices, task.device, self.options, self.children)
+            result = run_stage(task.stage, job.copy, job.out, self.devices, task.device, self.options, self.children,
+                               warm=job.warm.pop(task.stage, None))
         except (OSError, sandbox.SandboxError) as exc:
             result = StageResult(task.stage, "error", reason=f"could not {'copy' if task.stage == 'build' else 'run'} "
                                                                f"{job.workdir}: {exc}")
         except Exception as exc:  # the judge's own bug: the workdir still gets its line
             result = StageResult(task.stage, "error", reason=f"the judge failed: {exc!r}")
         events.put((task, result))
+
+    def _prestart_next(self, job: Job, stage: str) -> None:
+        """The child of the job's next stage starts now and imports while this stage runs."""
+        following = STAGES[STAGES.index(stage) + 1:]
+        if not self.options.prestart or not following or self.children.stopping:
+            return
+        try:
+            job.warm[following[0]] = prestart(following[0], job.copy, job.out, self.devices, self.options,
+                                              self.children)
+        except OSError:   # the stage starts its child when its turn comes instead
+            pass
 
     def _finished(self, scheduler: Scheduler, job: Job, task: Task, result: StageResult) -> dict | None:
         job.results.append(result)
@@ -139,6 +154,10 @@ class LocalPool:
             return None
         for stage in STAGES[STAGES.index(task.stage) + 1:]:
             job.results.append(StageResult(stage, "not-run", reason=f"not run: the {task.stage} stage {result.status}"))
+        unused = list(job.warm.values())
+        job.warm.clear()
+        if unused:   # a stage it was started for will not run
+            threading.Thread(target=lambda: [w.cancel() for w in unused], daemon=True).start()
         line = self._line(job)
         if not self.options.keep:
             shutil.rmtree(job.folder, ignore_errors=True)

@@ -96,8 +96,11 @@ def _end_group_id(pgid: int, sig: int) -> None:
         pass
 
 
-def _die_with_judge() -> None:
-    """In the child, before exec: SIGTERM when the thread that started it (the judge) dies."""
+def _die_with_judge(nice: int = 0) -> None:
+    """In the child, before exec: SIGTERM when the thread that started it (the judge) dies;
+    `nice` added to its niceness."""
+    if nice:
+        os.nice(nice)
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -107,34 +110,82 @@ def _die_with_judge() -> None:
             pass
 
 
-def run(command: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout: float, log: Path,
-        children: Children | None = None, grace: float = GRACE_S) -> Outcome:
-    """Run `command` to its end or its time limit (SIGTERM to its process group, SIGKILL after
-    `grace`); stdout and stderr go to `log`."""
+def _spawn(command: Sequence[str], env: Mapping[str, str], cwd: Path, log: Path, stdin,
+           nice: int = 0) -> subprocess.Popen:
     log.parent.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    timed_out = False
     with open(log, "wb") as out:
-        proc = subprocess.Popen(list(command), env=dict(env), cwd=str(cwd), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_judge)
-        if children is not None:
-            children.add(proc)
+        return subprocess.Popen(list(command), env=dict(env), cwd=str(cwd), stdout=out, stderr=subprocess.STDOUT,
+                                stdin=stdin, start_new_session=True, preexec_fn=lambda: _die_with_judge(nice))
+
+
+def _wait(proc: subprocess.Popen, start: float, timeout: float, log: Path, children: Children | None,
+          grace: float) -> Outcome:
+    """Wait for `proc` to its end or `timeout` seconds (SIGTERM to its group, SIGKILL after `grace`)."""
+    timed_out = False
+    try:
         try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _end_group(proc, signal.SIGTERM)
             try:
-                proc.wait(timeout=timeout)
+                proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
-                timed_out = True
-                _end_group(proc, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=grace)
-                except subprocess.TimeoutExpired:
-                    _end_group(proc, signal.SIGKILL)
-                    proc.wait()
-            _reap_group(proc.pid)
-        finally:
-            if children is not None:
-                children.remove(proc)
+                _end_group(proc, signal.SIGKILL)
+                proc.wait()
+        _reap_group(proc.pid)
+    finally:
+        if children is not None:
+            children.remove(proc)
     return Outcome(proc.returncode, timed_out, time.monotonic() - start, tail(log), log)
+
+
+def run(command: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout: float, log: Path,
+        children: Children | None = None, grace: float = GRACE_S, nice: int = 0) -> Outcome:
+    """Run `command` to its end or its time limit (SIGTERM to its process group, SIGKILL after
+    `grace`); stdout and stderr go to `log`; `nice`: added to the child's niceness."""
+    start = time.monotonic()
+    proc = _spawn(command, env, cwd, log, subprocess.DEVNULL, nice)
+    if children is not None:
+        children.add(proc)
+    return _wait(proc, start, timeout, log, children, grace)
+
+
+class Warm:
+    """A child started before its turn (`judge.child_warm`): it imports, then waits on its stdin
+    for the device it is given. `go` gives it and waits, the time limit counted from then;
+    `cancel` ends a child whose turn never comes."""
+
+    def __init__(self, command: Sequence[str], *, env: Mapping[str, str], cwd: Path, log: Path,
+                 children: Children | None = None):
+        self.log, self.children = log, children
+        self.started = time.monotonic()
+        self.proc = _spawn(command, {**env, "CUDA_VISIBLE_DEVICES": ""}, cwd, log, subprocess.PIPE)
+        if children is not None:
+            children.add(self.proc)
+
+    def go(self, visible: str, *, timeout: float, grace: float = GRACE_S) -> Outcome:
+        start = time.monotonic()
+        try:
+            self.proc.stdin.write(visible.encode() + b"\n")
+            self.proc.stdin.close()
+        except (BrokenPipeError, OSError):   # it ended already (its log says why)
+            pass
+        return _wait(self.proc, start, timeout, self.log, self.children, grace)
+
+    def cancel(self) -> None:
+        try:
+            self.proc.stdin.close()   # EOF: the child exits without running anything
+        except OSError:
+            pass
+        _end_group(self.proc, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+            _end_group(self.proc, signal.SIGKILL)
+            self.proc.wait()
+        if self.children is not None:
+            self.children.remove(self.proc)
 
 
 def tail(path: Path, lines: int = TAIL_LINES) -> str:
