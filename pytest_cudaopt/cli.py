@@ -102,10 +102,16 @@ def _existing_extension(workdir: Path):
 def cmd_check(args: argparse.Namespace) -> int:
     from pytest_cudaopt import policy
     from pytest_cudaopt.policy.extension_names import check_extension_names
+    from pytest_cudaopt.settings import SettingError, workdir_settings
 
+    try:
+        limit = workdir_settings(args.workdir).timeout   # MN010 runs the workdir's code: cudaopt_timeout
+    except SettingError as exc:
+        print(f"cudaopt check: {exc}", file=sys.stderr)
+        return USAGE
     # One build serves MN010 (ModelNew constructed with it; a stand-in without one) and EX001.
     module = _existing_extension(args.workdir)
-    violations = policy.check_workdir(args.workdir, extension=module)
+    violations = policy.check_workdir(args.workdir, extension=module, construction_timeout=limit)
     violations += check_extension_names(args.workdir, module) if module is not None else []
     print(policy.render(violations, args.workdir, as_json=args.json))
     return 1 if violations else 0

@@ -666,6 +666,19 @@ def test_cudaopt_check_exits_zero_on_a_clean_workdir(clean_workdir: Path, capsys
     assert len(policy.RULES) == 27
 
 
+def test_cudaopt_check_ends_a_constructor_that_never_returns_at_cudaopt_timeout(tmp_path: Path) -> None:
+    """MN010 runs the workdir's code; `cudaopt check` gives it cudaopt_timeout, as the pytest item has."""
+    workdir = assemble("clean", tmp_path / "wd")
+    source = (workdir / "model_new.py").read_text()
+    marker = "        super().__init__()\n"
+    (workdir / "model_new.py").write_text(source.replace(marker, marker + "        while True:\n            pass\n", 1))
+    line = source[:source.index(marker)].count("\n") + 2
+    env = {"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", "CUDAOPT_TIMEOUT": "3"}
+    done = subprocess.run([sys.executable, "-m", "pytest_cudaopt.cli", "check", str(workdir)],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"wd/model_new.py:{line}: MN010: model_new.py's import and ModelNew(*get_init_inputs()) did not end " \
+           "within cudaopt_timeout=3s" in done.stdout, done.stdout
 
 
 def test_cudaopt_check_exits_non_zero_and_prints_json(tmp_path: Path, capsys) -> None:

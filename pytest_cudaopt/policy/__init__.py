@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pytest_cudaopt.policy.construction import check_construction
+from pytest_cudaopt.policy.construction import check_construction, check_construction_within
 from pytest_cudaopt.policy.cpp_checks import KernelScan, check_convolution
 from pytest_cudaopt.policy.cpp_lexer import Include, Token, lex_cpp
 from pytest_cudaopt.policy.files import (
@@ -25,16 +25,19 @@ __all__ = [
 ]
 
 
-def check_workdir(workdir: Path, config: Config | None = None, extension: Any = None) -> list[Violation]:
+def check_workdir(workdir: Path, config: Config | None = None, extension: Any = None,
+                  construction_timeout: float | None = None) -> list[Violation]:
     """Every violation of the workdir rules in `workdir`, sorted; rules disabled by the config are
     left out. `extension` is the workdir's built `cuda_extension` for MN010, when there is one
-    (None: a stand-in whose functions raise if called)."""
+    (None: a stand-in whose functions raise if called). `construction_timeout`: MN010's limit in
+    seconds, for callers that have no watchdog of their own (`cudaopt check`)."""
     workdir = Path(workdir).resolve()
     config = load_config(workdir) if config is None else config
     found: list[Violation] = list(config.problems)
     found += check_model_new(workdir, config)
     if "MN010" not in config.disable:  # the one rule that imports torch and runs the workdir's code
-        found += check_construction(workdir, extension)
+        found += (check_construction(workdir, extension) if construction_timeout is None
+                  else check_construction_within(workdir, extension, construction_timeout))
     scan = KernelScan(workdir, config)
     found += scan.violations
     found += check_convolution(workdir, scan)

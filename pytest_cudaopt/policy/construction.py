@@ -211,3 +211,20 @@ def check_construction(workdir: Path, extension: Any = None) -> list[Violation]:
         return []
     with _modules_restored(module_prefix(workdir)):
         return _construct(workdir, line, stand_in_extension() if extension is None else extension)
+
+
+def check_construction_within(workdir: Path, extension: Any, timeout: float) -> list[Violation]:
+    """`check_construction` under the `cudaopt_timeout` watchdog (`cudaopt check`; the pytest
+    item has its own): an import or a constructor that never ends is an MN010 violation at the
+    workdir line it was stuck on."""
+    from pytest_cudaopt.watchdog import HangTimeout, Watchdog
+
+    dog = Watchdog(timeout, "MN010")
+    dog.stage = "importing model_new.py and constructing ModelNew"
+    try:
+        with dog:
+            return check_construction(workdir, extension)
+    except HangTimeout as exc:
+        return [_violation(Path(workdir).resolve(), exc, f"model_new.py's import and ModelNew(*get_init_inputs()) "
+                                                         f"did not end within cudaopt_timeout={timeout:g}s",
+                           "model_new.py", 1)]
