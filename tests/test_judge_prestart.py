@@ -208,3 +208,8 @@ def test_a_build_child_yields_the_cpus_to_the_children_that_hold_a_device(monkey
     for stage in ("build", "policy"):
         stages.run_stage(stage, tmp_path / "w", tmp_path / "out", DeviceSet(["cpu0"], cpu=True), "cpu0", Options())
     assert seen == {"pytest_cudaopt.judge.child_build": stages.BUILD_NICE, "pytest": 0}
+
+
+def test_a_workdir_named_out_keeps_its_copy_apart_from_the_childrens_outputs(tmp_path):
+    job = pool_module.Job(0, tmp_path / "src" / "out", tmp_path / "scratch" / "00000", None)
+    assert job.copy != job.out and job.out.parent == job.copy.parent

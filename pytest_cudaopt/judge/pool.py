@@ -46,7 +46,8 @@ class Job:
 
     @property
     def out(self) -> Path:
-        return self.folder / "out"
+        """The children's reports and logs, beside the copy (never the copy itself, whatever the workdir's name)."""
+        return self.folder / ("out" if self.workdir.name != "out" else "out.judge")
 
 
 def _problem(workdir: Path) -> str | None:
