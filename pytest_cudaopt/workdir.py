@@ -323,11 +323,12 @@ def copy_non_persistent_buffers(model: torch.nn.Module, model_new: torch.nn.Modu
             target.copy_(buffer)
 
 
-def load_workdir(path: Path, extension: Any, after_reference: Callable[[], Any] | None = None) -> Workdir:
+def load_workdir(path: Path, extension: Any, after_reference: Callable[[Any], Any] | None = None) -> Workdir:
     """Import `path`/model.py and `path`/model_new.py as `cudaopt_workdir_<hash>.model` and
     `.model_new`. While model_new.py is imported, `import cuda_extension` finds `extension`
     and `import model` finds this workdir's model.py; both names are restored afterwards.
-    `after_reference` is called between the two imports (the session trusts what model.py did)."""
+    `after_reference(reference_module)` is called between the two imports (the session trusts
+    what model.py did, and watches its classes from then on)."""
     path = Path(path).resolve()
     for name in ("model.py", "model_new.py"):
         if not (path / name).is_file():
@@ -342,7 +343,7 @@ def load_workdir(path: Path, extension: Any, after_reference: Callable[[], Any] 
             raise WorkdirError(f"{path / 'model.py'} defines no {required} (KernelBench format: "
                                f"class Model, get_inputs(), get_init_inputs())")
     if after_reference is not None:
-        after_reference()
+        after_reference(reference)
     candidate = import_file(f"{prefix}.model_new", path / "model_new.py", path,
                             {"cuda_extension": extension, "model": reference})
     if not hasattr(candidate, "ModelNew"):

@@ -368,3 +368,57 @@ def test_a_read_fails_the_next_verification_and_leaves_no_later_verdict_standing
     later = watch.verify("found after the next call", tmp_path)
     assert later.startswith("not judged: an earlier item found that candidate code in ")
     assert "read the interpreter's frames or object graph (sys._getframe() at model_new.py:7" in later
+
+
+# ------------------------------------------------------------------ the reference itself
+
+def _reference_module(tmp_path: Path):
+    """A model.py imported as the session imports one: a module of its own, classes defined there."""
+    import importlib.util
+
+    (tmp_path / "model.py").write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Block(nn.Module):\n    def forward(self, x):\n"
+        "        return torch.softmax(x, dim=-1)\n\n\nclass Model(nn.Module):\n    def forward(self, x, scale=1.0):\n"
+        "        return Block()(x) * scale\n\n\nbatch_size = 4\n")
+    spec = importlib.util.spec_from_file_location("cudaopt_workdir_test_reference.model", tmp_path / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_references_classes_are_watched_once_it_is_trusted(tmp_path):
+    module = _reference_module(tmp_path)
+    watch = Watch()
+    watch.trust(reference=module)
+    original = module.Block.forward
+    module.Block.forward = _fake_softmax
+    module.batch_size = 9   # data: the drawn-shape cases set constants themselves
+    failure = watch.verify("found after a call of ModelNew.forward")
+    assert "attribute model.Block.forward: was <function Block.forward" in failure
+    assert f"(defined in {HERE.name}:" in failure or "test_isolation.py" in failure
+    assert module.Block.forward is original and not watch.tainted   # put back
+    module.batch_size = 4
+    assert watch.verify("again") == ""
+
+
+def test_a_function_whose_code_or_defaults_are_replaced_in_place_is_a_change(tmp_path):
+    module = _reference_module(tmp_path)
+    watch = Watch()
+    watch.trust(reference=module)
+    forward = module.Model.forward
+    code, defaults = forward.__code__, forward.__defaults__
+    forward.__code__ = _fake_softmax.__code__.replace(co_name="forward")
+    forward.__defaults__ = (2.0,)
+    failure = watch.verify("found after importing model_new.py")
+    assert "attribute model.Model.forward: the same function, its __code__ and __defaults__ replaced" in failure
+    assert forward.__code__ is code and forward.__defaults__ is defaults   # put back
+
+
+def test_torchs_own_python_functions_are_watched_for_replaced_code_too(watch):
+    code = F.softmax.__code__
+    F.softmax.__code__ = _fake_softmax.__code__
+    try:
+        failure = watch.verify("found after a call")
+    finally:
+        F.softmax.__code__ = code
+    assert "attribute torch.nn.functional.softmax: the same function, its __code__ replaced" in failure

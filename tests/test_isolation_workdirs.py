@@ -63,7 +63,8 @@ def judge(root: Path, names: list[str], *args: str, env: dict[str, str] | None =
 
 # The workdirs of one session: Python attributes and flags are put back once found, so the
 # honest workdir judged after the cheats passes.
-RESTORABLE = ["honest", "python_patch", "exec_patch", "flag_in_forward", "honest_after"]
+RESTORABLE = ["honest", "python_patch", "exec_patch", "flag_in_forward", "reference_patch", "reference_code",
+              "honest_after"]
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +109,29 @@ def test_a_global_flag_changed_by_a_call_fails_before_the_reference_runs(restora
     assert "case: canonical inputs of get_inputs()" in text
     rows = [r["data"] for r in restorable.report["results"] if Path(r["data"]["workdir"]).name == "flag_in_forward"]
     assert len(rows) == 4 and all(not r["passed"] and r["check"] == "isolation" for r in rows)
+
+
+def test_the_references_forward_replaced_through_nn_modules_subclasses_fails_every_item(restorable):
+    """A wrong candidate whose constructor makes Model compute what it computes: every check would agree."""
+    line = next(n for n, t in enumerate((VARIANTS / "reference_patch.py").read_text().splitlines(), 1)
+                if "cls.forward = " in t)
+    for test in ITEMS:
+        assert restorable.outcome("reference_patch", test) == "failed", restorable.text("reference_patch", test)
+        text = restorable.text("reference_patch", test)
+        assert "found after ModelNew(...) was built and called, before the reference ran" in text
+        assert "attribute model.Model.forward: was <function Model.forward" in text
+        assert f"(defined in model_new.py:{line})" in text
+
+
+def test_the_references_forward_keeping_its_identity_with_its_code_replaced_fails_every_item(restorable):
+    line = next(n for n, t in enumerate((VARIANTS / "reference_code.py").read_text().splitlines(), 1)
+                if t.startswith("def _sigmoid_forward"))
+    for test in ITEMS:
+        assert restorable.outcome("reference_code", test) in ("failed", "error"), restorable.text("reference_code", test)
+    text = restorable.text("reference_code", "test_canonical[seed0]")
+    assert f"{WARNING} (found after importing model_new.py)" in text
+    assert f"attribute model.Model.forward: the same function, its __code__ replaced (defined in model_new.py:{line})" \
+        in text
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +208,13 @@ def test_a_forward_that_reads_the_callers_frames_fails_the_perf_item_naming_the_
     result.stdout.fnmatch_lines(["*candidate code read the interpreter's frames*",
                                  f"  sys._getframe() at model_new.py:{line}*"])
     assert perf["passed"] is False and "sys._getframe() at model_new.py" in perf["failure"]
+
+
+def test_a_constructor_that_makes_the_reference_compute_its_output_fails_the_perf_item(
+        pytester, prebuilt_workdir, monkeypatch):
+    """Under the scripted clock the gate passes at 3x; every timed call's check would agree with
+    a reference that computes the candidate's sigmoid."""
+    result, perf = judge_perf(pytester, prebuilt_workdir, monkeypatch, "reference_patch")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*{WARNING}*", "  attribute model.Model.forward: was <function Model.forward*"])
+    assert perf["passed"] is False and WARNING in perf["failure"]

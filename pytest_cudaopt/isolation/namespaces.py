@@ -8,7 +8,7 @@ import sys
 import sysconfig
 import types
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from pytest_cudaopt.isolation.changes import ATTRIBUTE, IMPORT, Change, origin_of, short
 
@@ -28,9 +28,20 @@ HOOK_LISTS = {"sys.meta_path": lambda: sys.meta_path, "sys.path_hooks": lambda: 
               "gc.callbacks": lambda: gc.callbacks}
 
 
-def _watched() -> Iterator[tuple[str, Any]]:
+def _references(references: Sequence[types.ModuleType]) -> Iterator[tuple[str, Any]]:
+    """Each workdir's model.py (the reference) and the classes it defines: what the reference
+    and the baselines call (`Model.forward`, a helper module's forward, a module-level function)."""
+    for index, module in enumerate(references):
+        label = "model" if index == 0 else f"model#{index + 1}"
+        yield label, module
+        for name, value in sorted(vars(module).items()):
+            if inspect.isclass(value) and value.__module__ == module.__name__:
+                yield f"{label}.{value.__qualname__}", value
+
+
+def _watched(references: Sequence[types.ModuleType] = ()) -> Iterator[tuple[str, Any]]:
     """(label, namespace object): the modules above, torch.Tensor, nn.Module and every
-    nn.Module subclass that torch.nn offers (their own class dictionaries)."""
+    nn.Module subclass that torch.nn offers (their own class dictionaries), and the references."""
     import torch
 
     for name in MODULES:
@@ -45,15 +56,57 @@ def _watched() -> Iterator[tuple[str, Any]]:
                 if inspect.isclass(value) and issubclass(value, torch.nn.Module) and value not in classes]
     for cls in classes:
         yield f"{cls.__module__}.{cls.__qualname__}", cls
+    yield from _references(references)
 
 
-def take() -> dict[str, tuple[Any, dict[str, Any], frozenset[str]]]:
-    """label -> (namespace, {attribute: value} with data left out, every attribute name)."""
+# What a Python function runs besides its identity: assigning one of these changes its behaviour
+# while every reference to it stays the same object.
+FUNCTION_PARTS = ("__code__", "__defaults__", "__kwdefaults__")
+
+
+def _function(value: Any) -> types.FunctionType | None:
+    """A plain Python function, also inside a staticmethod or classmethod (type checks only:
+    an arbitrary object's attribute lookup can run code, torch.backends.cuda's initialises CUDA)."""
+    if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+    return value if isinstance(value, types.FunctionType) else None
+
+
+def _parts(value: Any) -> tuple | None:
+    """A plain Python function's code and defaults."""
+    function = _function(value)
+    return None if function is None else tuple(getattr(function, part) for part in FUNCTION_PARTS)
+
+
+def take(references: Sequence[types.ModuleType] = ()) -> dict[str, tuple[Any, dict[str, Any], frozenset[str], dict]]:
+    """label -> (namespace, {attribute: value} with data left out, every attribute name,
+    {attribute: its function's code and defaults})."""
     found = {}
-    for label, owner in _watched():
+    for label, owner in _watched(references):
         names = vars(owner)
-        found[label] = (owner, {k: v for k, v in names.items() if not isinstance(v, DATA)}, frozenset(names))
+        values = {k: v for k, v in names.items() if not isinstance(v, DATA)}
+        parts = {k: p for k, p in ((k, _parts(v)) for k, v in values.items()) if p is not None}
+        found[label] = (owner, values, frozenset(names), parts)
     return found
+
+
+def _parts_setter(value: Any, parts: tuple):
+    def undo() -> None:
+        function = _function(value)
+        for name, part in zip(FUNCTION_PARTS, parts):
+            setattr(function, name, part)
+    return undo
+
+
+def _part_change(label: str, name: str, value: Any, parts: tuple) -> Change | None:
+    """The same function object whose code or defaults were replaced."""
+    now = _parts(value)
+    if now is None or all(a is b for a, b in zip(now, parts)):
+        return None
+    changed = [part for part, a, b in zip(FUNCTION_PARTS, now, parts) if a is not b]
+    origin = origin_of(value) if changed[0] == "__code__" else ""
+    return Change(ATTRIBUTE, f"{label}.{name}", f"the same function, its {' and '.join(changed)} replaced",
+                  origin, _parts_setter(value, parts))
 
 
 def _setter(owner: Any, name: str, value: Any, present: bool):
@@ -111,12 +164,17 @@ def _filled(cell: Any) -> bool:
     return True
 
 
-def changes(before: dict[str, tuple[Any, dict[str, Any], frozenset[str]]]) -> list[Change]:
-    """Attributes replaced, removed or added since `before` (see `_new_entry_counts`)."""
+def changes(before: dict[str, tuple[Any, dict[str, Any], frozenset[str], dict]]) -> list[Change]:
+    """Attributes replaced, removed or added since `before` (see `_new_entry_counts`), and
+    functions whose code or defaults were replaced in place."""
     found = []
-    for label, (owner, values, names) in before.items():
+    for label, (owner, values, names, parts) in before.items():
         now = vars(owner)
         for name, value in values.items():
+            if name in parts and now.get(name) is value:
+                part = _part_change(label, name, value, parts[name])
+                if part is not None:
+                    found.append(part)
             if name not in now:
                 found.append(Change(ATTRIBUTE, f"{label}.{name}", f"was {short(value)}, now removed",
                                     undo=_setter(owner, name, value, True)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from pytest_cudaopt.isolation import dispatcher, flags, introspection, namespaces
 from pytest_cudaopt.isolation.changes import ROADS, Change
@@ -37,8 +37,8 @@ class Snapshot:
     seconds: float = 0.0
 
 
-def take() -> Snapshot:
-    """The state of every road now."""
+def take(references: Sequence[Any] = ()) -> Snapshot:
+    """The state of every road now; `references`: the workdirs' model.py modules loaded so far."""
     started = time.perf_counter()
     values, missing = flags.take()
     absent = dispatcher.missing_api()
@@ -48,7 +48,7 @@ def take() -> Snapshot:
         unwatched.append(f"the dispatcher (this torch lacks {', '.join(absent)})")
     elif not dispatcher.has_fallback_api():
         unwatched.append("backend fallbacks (this torch lacks torch._C._dispatch_has_backend_fallback)")
-    snapshot = Snapshot(namespaces.take(), namespaces.take_imports(), values, registrations, unwatched)
+    snapshot = Snapshot(namespaces.take(references), namespaces.take_imports(), values, registrations, unwatched)
     snapshot.seconds = time.perf_counter() - started
     return snapshot
 
@@ -73,9 +73,10 @@ def failure(found: list[Change], phase: str, workdir: Path | None) -> str:
     lines += [f"  {change.line(workdir)}" for change in found[:SHOWN]]
     if len(found) > SHOWN:
         lines.append(f"  ... and {len(found) - SHOWN} more")
-    lines.append("model_new.py and kernels/ may not change torch's Python attributes, its global flags or the "
-                 "operator dispatcher (an extension may define ops in a namespace of its own, never register "
-                 "kernels for aten or another existing namespace); see docs/isolation.md")
+    lines.append("model_new.py and kernels/ may not change the Python attributes or functions of torch or of "
+                 "model.py, torch's global flags or the operator dispatcher (an extension may define ops in a "
+                 "namespace of its own, never register kernels for aten or another existing namespace); see "
+                 "docs/isolation.md")
     return "\n".join(lines)
 
 
@@ -88,10 +89,15 @@ class Watch:
     def __init__(self) -> None:
         self.trusted: Snapshot | None = None
         self.tainted: str = ""
+        self.references: list[Any] = []   # the workdirs' model.py modules: watched as torch is
         introspection.reset()  # the hook is installed before any workdir code runs
 
-    def trust(self) -> Snapshot:
-        self.trusted = take()
+    def trust(self, reference: Any = None) -> Snapshot:
+        """A new trusted snapshot; `reference`: a workdir's model.py just imported (what it did
+        at its import is the reference's own), watched from now on."""
+        if reference is not None and not any(r is reference for r in self.references):
+            self.references.append(reference)
+        self.trusted = take(self.references)
         return self.trusted
 
     def trusted_grad_mode(self):

@@ -39,6 +39,11 @@ FRAME_CALLS = frozenset({
 })
 FRAME_ATTRIBUTES = frozenset({"f_back", "f_locals", "f_globals", "f_builtins", "tb_frame", "tb_next", "gi_frame",
                               "cr_frame", "ag_frame", "__traceback__"})
+# Ways from an object to code that is not the candidate's: every class's subclasses (the
+# reference's Model, the harness's classes), a function's module globals and closure cells, and
+# the parts of a function that can be replaced while it stays the same object.
+OBJECT_GRAPH_ATTRIBUTES = frozenset({"__subclasses__", "__globals__", "__builtins__", "__closure__", "cell_contents",
+                                     "__code__", "__defaults__", "__kwdefaults__"})
 FILE_READ_CALLS = frozenset({
     "open", "io.open", "os.open", "os.read", "os.fdopen", "os.getenv", "os.getenvb", "os.popen",
     "torch.load", "torch.from_file", "numpy.load", "numpy.fromfile", "numpy.loadtxt", "numpy.genfromtxt",

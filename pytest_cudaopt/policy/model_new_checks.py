@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pytest_cudaopt.policy.allowlists import (
     FILE_READ_ATTRIBUTES, FILE_READ_CALLS, FILE_READ_METHODS, FORBIDDEN_METHODS_OF_SELF, FORBIDDEN_STDLIB,
-    FRAME_ATTRIBUTES, FRAME_CALLS,
+    FRAME_ATTRIBUTES, FRAME_CALLS, OBJECT_GRAPH_ATTRIBUTES,
     GLOBAL_STATE_CALLS, TORCH_SETTER,
 )
 from pytest_cudaopt.policy.forward_path import ForwardPath
@@ -137,10 +137,6 @@ class ModelNewCheck:
                     self.add(node, "MN006", f"{name}() imports code dynamically")
                 elif name in FRAME_CALLS:
                     self.add(node, "MN006", f"{name}() reaches interpreter frames (the harness's state)")
-                elif name in ("getattr", "hasattr") and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) \
-                        and node.args[1].value in FRAME_ATTRIBUTES:
-                    self.add(node, "MN006", f"{name}(..., {node.args[1].value!r}) reads an interpreter frame "
-                                            "(the harness's state)")
                 elif name in GLOBAL_STATE_CALLS or TORCH_SETTER.fullmatch(name or "") \
                         or (name or "").startswith(("torch.backends.", "torch._dynamo.", "torch._inductor.")):
                     self.add(node, "MN009", f"{name}() changes torch's global state")
@@ -163,6 +159,18 @@ class ModelNewCheck:
                     elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
                             and target.value.id in self.symbols.classes and target.attr in ("forward", "__call__"):
                         self.add(node, "MN001", f"{target.value.id}.{target.attr} is replaced after the class")
+            self.check_object_graph(node)
+
+    def check_object_graph(self, node: ast.AST) -> None:
+        """MN006: an attribute that walks to other code or replaces a function's insides, also
+        spelled as a string (getattr(x, "__globals__"), vars(f)["__code__"])."""
+        if isinstance(node, ast.Attribute) and node.attr in OBJECT_GRAPH_ATTRIBUTES:
+            self.add(node, "MN006", f".{node.attr} reaches code that is not the candidate's (torch's, the "
+                                    "reference's, the harness's) or replaces a function's insides")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and node.value in FRAME_ATTRIBUTES | OBJECT_GRAPH_ATTRIBUTES:
+            self.add(node, "MN006", f"the name {node.value!r} (getattr, vars()[...]) reads an interpreter frame or "
+                                    "reaches code that is not the candidate's")
 
     def callee(self, func: ast.AST) -> str | None:
         name = self.symbols.dotted(func)

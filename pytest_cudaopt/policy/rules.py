@@ -25,7 +25,8 @@ RULES: dict[str, str] = {
              " `x > 0`, `x += y`): each dispatches a torch op",
     "MN006": "model_new.py imports only torch, cuda_extension and the standard library (not model.py, "
              "another workdir, importlib, ctypes, subprocess, torch.utils.cpp_extension) and reads no "
-             "interpreter frames (`sys._getframe`, `.f_back`, `.tb_frame`, `.gi_frame`)",
+             "interpreter frames and walks no object graph (`sys._getframe`, `.f_back`, `.tb_frame`, "
+             "`__subclasses__`, `__globals__`, `__code__`)",
     "MN007": "model_new.py has no `try`/`except` (or `contextlib.suppress`): the custom path fails "
              "loudly instead of falling back",
     "MN008": "model_new.py reads no files and no environment variables (`open`, `os.environ`, "
