@@ -422,3 +422,15 @@ def test_torchs_own_python_functions_are_watched_for_replaced_code_too(watch):
     finally:
         F.softmax.__code__ = code
     assert "attribute torch.nn.functional.softmax: the same function, its __code__ replaced" in failure
+
+
+def test_a_forward_hook_on_every_module_is_a_change_and_is_put_back(watch):
+    """Such a hook runs after the reference's Model.forward too, and may replace its output."""
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda module, inputs, output: output)
+    try:
+        failure = watch.verify("found after a call of ModelNew.forward")
+        assert "flag the global nn.Module hooks: was none, now _global_forward_hooks: " in failure
+        assert not torch.nn.modules.module._global_forward_hooks   # put back
+        assert watch.verify("again") == "" and not watch.tainted
+    finally:
+        handle.remove()

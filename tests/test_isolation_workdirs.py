@@ -64,7 +64,7 @@ def judge(root: Path, names: list[str], *args: str, env: dict[str, str] | None =
 # The workdirs of one session: Python attributes and flags are put back once found, so the
 # honest workdir judged after the cheats passes.
 RESTORABLE = ["honest", "python_patch", "exec_patch", "flag_in_forward", "reference_patch", "reference_code",
-              "honest_after"]
+              "global_hook", "honest_after"]
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +132,13 @@ def test_the_references_forward_keeping_its_identity_with_its_code_replaced_fail
     assert f"{WARNING} (found after importing model_new.py)" in text
     assert f"attribute model.Model.forward: the same function, its __code__ replaced (defined in model_new.py:{line})" \
         in text
+
+
+def test_a_forward_hook_on_every_module_that_rewrites_the_references_output_fails_every_item(restorable):
+    for test in ITEMS:
+        assert restorable.outcome("global_hook", test) == "failed", restorable.text("global_hook", test)
+    text = restorable.text("global_hook", "test_canonical[seed0]")
+    assert "flag the global nn.Module hooks: was none, now _global_forward_hooks: _hook" in text
 
 
 @pytest.fixture(scope="module")

@@ -58,6 +58,35 @@ def _current_stream(torch) -> str:
     return "default" if current.cuda_stream == default.cuda_stream else f"stream {current.cuda_stream:#x}"
 
 
+@dataclass(frozen=True)
+class Hooks:
+    """The module hooks that torch.nn.modules.module keeps for every nn.Module (a forward hook
+    there rewrites the reference's output): (dictionary name, its items) for each non-empty one."""
+
+    entries: tuple
+
+    def __repr__(self) -> str:
+        if not self.entries:
+            return "none"
+        return "; ".join(f"{name}: {', '.join(getattr(h, '__qualname__', type(h).__name__) for _, h in items)}"
+                         for name, items in self.entries)
+
+
+def _global_hooks(torch) -> Hooks:
+    module = torch.nn.modules.module
+    return Hooks(tuple((name, tuple(value.items())) for name, value in sorted(vars(module).items())
+                       if name.startswith("_global_") and isinstance(value, dict) and value))
+
+
+def _put_back_hooks(torch, saved: Hooks) -> None:
+    module = torch.nn.modules.module
+    kept = dict(saved.entries)
+    for name, value in vars(module).items():
+        if name.startswith("_global_") and isinstance(value, dict):
+            value.clear()
+            value.update(kept.get(name, ()))
+
+
 FLAGS: tuple[Flag, ...] = (
     _call("torch.get_default_dtype()", lambda t: t.get_default_dtype(), lambda t, v: t.set_default_dtype(v)),
     _call("torch.get_default_device()", lambda t: str(t.get_default_device()), lambda t, v: t.set_default_device(v)),
@@ -101,6 +130,7 @@ FLAGS: tuple[Flag, ...] = (
     _call("torch._C._is_torch_function_enabled()", lambda t: t._C._is_torch_function_enabled()),
     _call("the thread's included dispatch keys", lambda t: str(t._C._dispatch_tls_local_include_set())),
     _call("the thread's excluded dispatch keys", lambda t: str(t._C._dispatch_tls_local_exclude_set())),
+    _call("the global nn.Module hooks", _global_hooks, _put_back_hooks),
 )
 
 

@@ -140,6 +140,8 @@ class ModelNewCheck:
                 elif name in GLOBAL_STATE_CALLS or TORCH_SETTER.fullmatch(name or "") \
                         or (name or "").startswith(("torch.backends.", "torch._dynamo.", "torch._inductor.")):
                     self.add(node, "MN009", f"{name}() changes torch's global state")
+                elif (name or "").startswith("torch.") and name.rpartition(".")[2].startswith("register_module_"):
+                    self.add(node, "MN009", f"{name}() registers a hook on every nn.Module, the reference's too")
                 elif name == "setattr" and node.args and (self.callee(node.args[0]) or "").startswith("torch"):
                     self.add(node, "MN009", f"setattr on {self.callee(node.args[0])} patches torch")
             elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):

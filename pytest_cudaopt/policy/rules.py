@@ -32,7 +32,7 @@ RULES: dict[str, str] = {
     "MN008": "model_new.py reads no files and no environment variables (`open`, `os.environ`, "
              "`os.getenv`, `Path.read_text`, `torch.load`, `np.load`)",
     "MN009": "model_new.py changes no torch global state (`torch.backends.*` flags, `torch.set_*`, "
-             "seeds, monkeypatching torch)",
+             "seeds, monkeypatching torch, `register_module_*` hooks on every nn.Module)",
     "MN010": "model_new.py imports and `ModelNew(*get_init_inputs())` constructs on the CPU, with no GPU "
              "and no build (the constructor may store `cuda_extension` functions, not call them), and its "
              "state_dict has Model's keys and shapes",
