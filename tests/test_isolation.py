@@ -434,3 +434,17 @@ def test_a_forward_hook_on_every_module_is_a_change_and_is_put_back(watch):
         assert watch.verify("again") == "" and not watch.tainted
     finally:
         handle.remove()
+
+
+def test_a_compiler_setting_that_slows_the_torch_compile_baseline_is_a_change_and_is_put_back(watch):
+    import torch._inductor.config as inductor_config
+
+    watch.trust()   # with torch._inductor loaded (the plugin loads it before any workdir code runs)
+    before = inductor_config.max_fusion_size
+    inductor_config.max_fusion_size = 1   # no fusion: a slower baseline, a faster-looking candidate
+    try:
+        failure = watch.verify("found after ModelNew's first calls, before the baselines were compiled")
+        assert f"flag torch._inductor.config: max_fusion_size was {before}, now 1" in failure
+        assert inductor_config.max_fusion_size == before and watch.verify("again") == ""   # put back
+    finally:
+        inductor_config.max_fusion_size = before

@@ -16,6 +16,7 @@ class Flag:
     name: str
     read: Callable[[], Any]
     write: Callable[[Any], None] | None = None
+    lazy: bool = False   # read() is None until torch loads it by itself: not compared before that
 
 
 def _attribute(path: str) -> Flag:
@@ -87,6 +88,24 @@ def _put_back_hooks(torch, saved: Hooks) -> None:
             value.update(kept.get(name, ()))
 
 
+def _compiler_config(module_name: str) -> Flag:
+    """Every setting of torch._dynamo.config or torch._inductor.config (a smaller
+    max_fusion_size or no fusion makes the torch.compile baseline slower), once torch loaded it."""
+    import sys
+
+    def read():
+        module = sys.modules.get(module_name)
+        return None if module is None else module.get_config_copy()
+
+    def write(value):
+        module = sys.modules[module_name]
+        now = module.get_config_copy()
+        for key in [k for k in value if now.get(k, ...) != value[k]]:   # only those (others may warn)
+            setattr(module, key, value[key])
+
+    return Flag(module_name, read, write, lazy=True)
+
+
 FLAGS: tuple[Flag, ...] = (
     _call("torch.get_default_dtype()", lambda t: t.get_default_dtype(), lambda t, v: t.set_default_dtype(v)),
     _call("torch.get_default_device()", lambda t: str(t.get_default_device()), lambda t, v: t.set_default_device(v)),
@@ -131,6 +150,8 @@ FLAGS: tuple[Flag, ...] = (
     _call("the thread's included dispatch keys", lambda t: str(t._C._dispatch_tls_local_include_set())),
     _call("the thread's excluded dispatch keys", lambda t: str(t._C._dispatch_tls_local_exclude_set())),
     _call("the global nn.Module hooks", _global_hooks, _put_back_hooks),
+    _compiler_config("torch._dynamo.config"),
+    _compiler_config("torch._inductor.config"),
 )
 
 
@@ -150,11 +171,22 @@ def changes(before: dict[str, Any]) -> list[Change]:
     by_name = {flag.name: flag for flag in FLAGS}
     for name, value in before.items():
         flag = by_name[name]
+        if flag.lazy and value is None:
+            continue
         try:
             now = flag.read()
         except Exception as exc:  # noqa: BLE001 - a flag that can no longer be read has changed
             now = f"unreadable ({type(exc).__name__}: {exc})"
         if now != value:
             undo = (lambda f=flag, v=value: f.write(v)) if flag.write is not None else None
-            found.append(Change(FLAG, name, f"was {short(value)}, now {short(now)}", undo=undo))
+            found.append(Change(FLAG, name, _difference(value, now), undo=undo))
     return found
+
+
+def _difference(value: Any, now: Any) -> str:
+    """What changed: the keys of a settings table that differ, else both values."""
+    if isinstance(value, dict) and isinstance(now, dict):
+        keys = sorted(k for k in {*value, *now} if value.get(k, ...) != now.get(k, ...))
+        shown = ", ".join(f"{k} was {short(value.get(k))}, now {short(now.get(k))}" for k in keys[:3])
+        return shown + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+    return f"was {short(value)}, now {short(now)}"
