@@ -121,6 +121,7 @@ def test_sees_the_device_given():
 """
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not os.path.exists("/dev/nvidiactl"), reason="needs an NVIDIA GPU")
 def test_a_warm_child_on_a_gpu_uses_the_device_it_is_given(tmp_path):
     (tmp_path / "test_gpu.py").write_text(GPU_TEST)

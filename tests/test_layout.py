@@ -5,6 +5,7 @@ imports the speed verdict, and no module or function too long to hold in one's h
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,19 @@ def test_setuptools_finds_every_subpackage():
     found = set(find_packages(str(PACKAGE.parent), include=["pytest_cudaopt*"], exclude=["pytest_cudaopt.templates*"]))
     wanted = {name for name, path in MODULES.items() if path.name == "__init__.py"}
     assert wanted <= found, f"not found by setuptools: {sorted(wanted - found)}"
+
+
+GPU_SKIP = re.compile(r'@pytest\.mark\.skipif\(not (torch\.cuda\.is_available\(\)|os\.path\.exists\("/dev/nvidiactl"\))')
+
+
+def test_every_test_that_needs_a_gpu_is_marked_gpu_so_that_minus_m_gpu_selects_it():
+    unmarked = []
+    for path in sorted((PACKAGE.parent / "tests").glob("test_*.py")):
+        lines = path.read_text().splitlines()
+        if any(line.startswith("pytestmark") and "mark.gpu" in line for line in lines):
+            continue
+        for number, line in enumerate(lines):
+            if GPU_SKIP.match(line.strip()) and not any("pytest.mark.gpu" in previous
+                                                        for previous in lines[max(0, number - 3):number]):
+                unmarked.append(f"{path.name}:{number + 1}")
+    assert not unmarked, f"skipped without a GPU but not marked gpu: {unmarked}"

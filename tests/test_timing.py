@@ -351,6 +351,7 @@ def test_the_engine_keeps_the_functions_bound_at_import(monkeypatch):
     assert sample.seconds > 0
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")
 def test_the_cuda_clock_catches_work_on_a_side_stream():
     a = torch.randn(2048, 2048, device="cuda")
@@ -448,6 +449,7 @@ def test_the_perf_counter_clock_gives_both_figures_on_the_cpu():
     assert all(v > 0 for v in m["a"].device + m["a"].latency)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")
 def test_device_time_leaves_out_the_launches_that_latency_counts():
     x = torch.randn(256, device="cuda")

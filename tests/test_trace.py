@@ -179,6 +179,7 @@ def test_a_cpu_profile_exports_and_parses_the_tracers_ranges():
     assert t.kernels == [] and "no kernel for the tracer's cudaopt::begin and cudaopt::end marker" in t.error
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")
 def test_the_profiler_tracer_passes_a_joined_side_stream_and_fails_an_unjoined_one():
     x = torch.randn(1 << 20, device="cuda")
