@@ -66,6 +66,7 @@ def test_an_honest_workdir_passes_every_stage(judged):
     assert line["report"]["passed"] is True and line["report"]["results"]
     assert line["key"] and line["gpu"] in ("cpu0", "cpu1")
     assert set(line["seconds"]) >= {"build", "policy", "check", "perf", "total"}
+    assert line["stages"]["build"]["need_bytes"] >= 2 << 30   # the estimate: the case budget's 2 GiB at least
 
 
 def test_a_wrong_workdir_fails_correctness_and_is_never_timed(judged):

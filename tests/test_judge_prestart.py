@@ -214,3 +214,28 @@ def test_a_build_child_yields_the_cpus_to_the_children_that_hold_a_device(monkey
 def test_a_workdir_named_out_keeps_its_copy_apart_from_the_childrens_outputs(tmp_path):
     job = pool_module.Job(0, tmp_path / "src" / "out", tmp_path / "scratch" / "00000", None)
     assert job.copy != job.out and job.out.parent == job.copy.parent
+
+
+def test_the_build_child_estimates_one_checks_memory_from_the_reference_on_meta(tmp_path):
+    """1 GiB of inputs and 1 GiB of outputs, a 4 MiB weight: 4 x 2 GiB + 2 GiB + 3 x 4 MiB. Nothing is allocated."""
+    from pytest_cudaopt.judge.child_build import check_need
+
+    (tmp_path / "model.py").write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.w = nn.Parameter(torch.ones(1024, 1024))\n\n"
+        "    def forward(self, x):\n        return x * 2\n\n\n"
+        "def get_inputs():\n    return [torch.randn(256, 1024, 1024)]\n\n\ndef get_init_inputs():\n    return []\n")
+    gib, mib = 1 << 30, 1 << 20
+    assert check_need(tmp_path) == 4 * 2 * gib + 2 * gib + 3 * 4 * mib
+    (tmp_path / "model.py").write_text("raise RuntimeError('no meta here')\n")
+    assert check_need(tmp_path) is None   # the scheduler learns it from the first check instead
+
+
+def test_the_build_stage_reads_the_estimate_from_its_childs_log(tmp_path):
+    from pytest_cudaopt.judge.child_build import NEED_MARK
+
+    log = tmp_path / "build.log"
+    log.write_text(f"cudaopt build: built cuda_extension\n{NEED_MARK} 2147483648\n35 tests collected\n")
+    result = stages.read_build(runner.Outcome(0, False, 1.0, "", log))
+    assert result.status == "ok" and result.need_bytes == 2147483648
+    assert result.to_json()["need_bytes"] == 2147483648

@@ -124,3 +124,14 @@ def test_bad_arguments_say_what_is_wrong():
         s.add(0)
     with pytest.raises(ValueError, match="unknown stages"):
         s.add(1, stages=["lint"])
+
+
+def test_a_problems_estimated_memory_limits_sharing_before_its_first_check():
+    """A big problem (the build's estimate: 60 of 100 bytes) checks alone from its first check on."""
+    s = Scheduler(["0"], jobs=4, share=4, memory={"0": 100})
+    for job in range(3):
+        s.add(job, problem="big", stages=["check"])
+    s.expect("big", 60)
+    assert _ready_by_stage(s.ready()) == {(0, "check"): "0"}   # 60 + 60 > 100
+    s.expect("big", 10)   # an estimate never replaces what is known
+    assert s.need["big"] == 60

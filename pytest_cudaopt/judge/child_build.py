@@ -3,8 +3,10 @@
 Run as `python -m pytest_cudaopt.judge.child_build WORKDIR [PYTEST_ARGS...]`: a pytest session
 that only collects (command line, environment and ini resolved as in the judging children, so
 their in-process build finds everything up to date), then compiles. No candidate code runs:
-model_new.py is not imported and the built module is not loaded. Exit 0 built, 1 the build
-failed (the compiler's report on stderr), 2 pytest could not start.
+model_new.py is not imported and the built module is not loaded. After a build, the reference
+runs on the meta device for the memory one check may take (`check_need`), which the scheduler
+uses before the problem's first check. Exit 0 built, 1 the build failed (the compiler's report
+on stderr), 2 pytest could not start.
 """
 
 from __future__ import annotations
@@ -16,6 +18,34 @@ from pathlib import Path
 # Before the compiler's report in the child's output: what the build stage's line shows as its
 # reason (the collected items and the progress lines above it are left out).
 REPORT_MARK = "cudaopt judge: the build's report:"
+# Before the device bytes one check of this problem may take (read by stages.read_build).
+NEED_MARK = "cudaopt judge: one check may take bytes:"
+
+
+def check_need(workdir: Path) -> int | None:
+    """The device memory one check of this workdir's problem may take, from its reference on
+    the meta device (model.py is the owner's locked code; nothing of the candidate runs): the
+    canonical case's budget (memory.case_budget) plus three copies of Model's parameters (the
+    reference's, its float64 copy, ModelNew's). None when the reference does not run on meta:
+    the scheduler then learns the need from the first check."""
+    try:
+        import torch
+
+        from pytest_cudaopt.correctness.shapes import check_on_meta
+        from pytest_cudaopt.memory import case_budget
+        from pytest_cudaopt.workdir import import_file, module_prefix
+
+        reference = import_file(f"{module_prefix(workdir)}.need", workdir / "model.py", workdir,
+                                {"cuda_extension": None, "model": None})
+        case = check_on_meta(reference, {})
+        if not case.valid:
+            return None
+        with torch.device("meta"):
+            model = reference.Model(*reference.get_init_inputs())
+        weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+        return case_budget(case.input_bytes, case.output_bytes) + 3 * weights
+    except Exception:  # noqa: BLE001 - an estimate, never a verdict
+        return None
 
 
 class BuildPlugin:
@@ -39,6 +69,9 @@ class BuildPlugin:
             self.code = 1
             return
         print(build.describe(result), flush=True)
+        need = check_need(self.workdir)
+        if need is not None:
+            print(f"{NEED_MARK} {need}", flush=True)
         self.code = 0
 
 

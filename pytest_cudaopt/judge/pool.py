@@ -150,6 +150,8 @@ class LocalPool:
         job.seconds[task.stage] = result.seconds
         self.on_event("end", job, task, result)
         proceed = result.status == OK or (result.status == FAILED and self.options.all_stages)
+        if result.need_bytes is not None:
+            scheduler.expect(job.problem, result.need_bytes)
         peak = _peak(result.report) if task.stage == "check" else None
         if scheduler.finish(task, proceed=proceed, peak_bytes=peak) is not None:
             return None

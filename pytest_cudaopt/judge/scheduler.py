@@ -50,8 +50,9 @@ class _Job:
 
 class Scheduler:
     """Assigns stages to CPU slots (`jobs` at once) and devices. A device takes up to `share`
-    checks at once while their memory fits (a problem's need is learned from its first check's
-    peak; unknown needs count as memory/share), or one perf stage alone. Perf stages go first;
+    checks at once while their memory fits (a problem's need: the build's estimate (`expect`),
+    then at least its first check's peak; unknown needs count as memory/share), or one perf
+    stage alone. Perf stages go first;
     a perf stage that finds no idle device drains one (no new checks there) until it is idle.
     `clock` is injectable so tests can account busy time without waiting."""
 
@@ -158,6 +159,12 @@ class Scheduler:
                 device.draining = False
             elif device.draining:
                 waiting -= 1
+
+    def expect(self, problem: str | None, need_bytes: int) -> None:
+        """A problem's estimated check memory (the build's, from its reference on meta), used
+        until its first check teaches the scheduler its peak (which then counts with it)."""
+        if problem is not None and problem not in self.need:
+            self.need[problem] = need_bytes
 
     # -- completion -----------------------------------------------------------------------
 

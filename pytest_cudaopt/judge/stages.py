@@ -42,6 +42,7 @@ class StageResult:
     cases: list[dict] = field(default_factory=list)   # JUnit: kind, name, outcome, seconds
     objects: dict[str, int] = field(default_factory=dict)
     tail: str = ""
+    need_bytes: int | None = None   # the build's estimate of one check's device memory
 
     def to_json(self) -> dict[str, Any]:
         """The stage in the line: its items counted by kind and outcome, the failed ones named
@@ -59,6 +60,8 @@ class StageResult:
         data["failed"] = [f"{c['kind']} {c['name']}" for c in self.cases if c["outcome"] in ("failure", "error")]
         if not self.objects:
             del data["objects"]
+        if self.need_bytes is None:
+            del data["need_bytes"]
         return data
 
 
@@ -161,15 +164,25 @@ def read_build(outcome: runner.Outcome) -> StageResult:
     ended = _ended("build", outcome)
     if ended is not None:
         return ended
+    from pytest_cudaopt.judge.child_build import NEED_MARK, REPORT_MARK
+
     if outcome.returncode == 0:
-        return StageResult("build", OK, outcome.seconds, exit_code=0)
-    from pytest_cudaopt.judge.child_build import REPORT_MARK
+        return StageResult("build", OK, outcome.seconds, exit_code=0, need_bytes=_need(outcome.log, NEED_MARK))
 
     status = "build-failed" if outcome.returncode == 1 else "error"
     tail = outcome.tail
     report = tail[tail.rindex(REPORT_MARK) + len(REPORT_MARK):].strip() if REPORT_MARK in tail else tail
     return StageResult("build", status, outcome.seconds, exit_code=outcome.returncode, tail=tail,
                        reason=report[-4000:] or f"the build ended with status {outcome.returncode}")
+
+
+def _need(log: Path, mark: str) -> int | None:
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    found = [line[len(mark):].strip() for line in text.splitlines() if line.startswith(mark)]
+    return int(found[-1]) if found and found[-1].isdigit() else None
 
 
 def read_junit(path: Path) -> list[dict]:
