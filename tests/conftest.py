@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,12 @@ pytest_plugins = ["pytester"]
 collect_ignore = ["workdirs", "policy_gallery"]
 # Fixtures that compile an extension: their tests get the `slow` marker.
 COMPILING_FIXTURES = {"make_workdir", "prebuilt_workdir"}
+
+# A suite started in the background (`cmd &` in a script) inherits SIGINT ignored, and would pass
+# that on to the pytest children whose Ctrl-C handling the tests check. A handler of our own is
+# not inherited: those children start with SIGINT's default and install Python's.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
