@@ -159,7 +159,6 @@ class Warm:
     def __init__(self, command: Sequence[str], *, env: Mapping[str, str], cwd: Path, log: Path,
                  children: Children | None = None):
         self.log, self.children = log, children
-        self.started = time.monotonic()
         self.proc = _spawn(command, {**env, "CUDA_VISIBLE_DEVICES": ""}, cwd, log, subprocess.PIPE)
         if children is not None:
             children.add(self.proc)
