@@ -3,10 +3,14 @@
 above its default.
 
     python benchmarks/sweep_shapes.py KERNELBENCH_DIR [--before] [--examples 25] [--seed 0]
+    python benchmarks/sweep_shapes.py KERNELBENCH_DIR --derived
 
 KERNELBENCH_DIR is a KernelBench checkout (the folder holding KernelBench/level1, or that
 folder itself). --before measures the older strategy: derandomised draws only, no explicit
 cases. Prints one line per problem whose constants do not all go above, then a summary.
+--derived counts instead the problems with a constant that model.py writes in terms of other
+constants (`bias_shape = (out_features,)`) and that was drawn apart from them: before (every
+int constant drawn on its own) and after (derived constants follow the drawn ones).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from pathlib import Path
 import hypothesis
 from hypothesis import strategies as st
 
-from pytest_cudaopt.correctness import shapes
+from pytest_cudaopt.correctness import derived, shapes
 
 
 def problems(root: Path) -> list[Path]:
@@ -81,9 +85,23 @@ def judged(module, space, examples: int, seed: int, before: bool) -> tuple[list[
     return cases, never
 
 
+def drawn_apart(module) -> dict:
+    """The constants model.py derives from others, and those of them drawn on their own before
+    (every int constant drawn) and after (derived ones recomputed from the drawn values)."""
+    written = derived.references(module)
+
+    def drawn(follow: bool) -> list[str]:
+        names = {key.partition("[")[0] for key in shapes.infer_constants(module, follow_derived=follow)}
+        return sorted(names & set(written))
+
+    return {"derived": written, "before": drawn(False), "after": drawn(True)}
+
+
 def _one(path: Path, args) -> dict:
     try:
         module = load(path)
+        if args.derived:
+            return drawn_apart(module)
         space = shapes.shape_space(module)
     except Exception as exc:  # noqa: BLE001 - a problem file that does not load here
         return {"skip": f"{type(exc).__name__}: {exc}"}
@@ -137,6 +155,32 @@ def _in_child(path: Path, args) -> dict | None:
         return None
 
 
+def derived_main(args) -> int:
+    """--derived: the problems that drew a derived constant apart from its constants."""
+    started = time.perf_counter()
+    with_derived = before = after = 0
+    left_out: list[str] = []
+    for path in problems(args.kernelbench)[::args.every]:
+        label = f"{path.parent.name}/{path.name}"
+        outcome = _in_child(path, args)
+        if outcome is None or "skip" in outcome:
+            left_out.append(label)
+            continue
+        with_derived += bool(outcome["derived"])
+        before += bool(outcome["before"])
+        after += bool(outcome["after"])
+        if outcome["before"]:
+            written = ", ".join(f"{k} = {outcome['derived'][k]}" for k in outcome["before"])
+            still = f"; still drawn apart: {', '.join(outcome['after'])}" if outcome["after"] else ""
+            print(f"{label}: drawn apart before: {written}{still}")
+    print(f"\n{time.perf_counter() - started:.0f} s")
+    print(f"problems with a constant written in terms of others: {with_derived}")
+    print(f"with one drawn apart from them: before {before}, after {after}")
+    if left_out:
+        print(f"left out (did not load, or over {args.limit} s): {len(left_out)}: {', '.join(left_out)}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kernelbench", type=Path)
@@ -145,11 +189,15 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int, default=20, help="seconds per problem before it is left out")
     parser.add_argument("--every", type=int, default=1, help="a deterministic sample: every Nth problem")
+    parser.add_argument("--derived", action="store_true",
+                        help="count the problems that drew a derived constant apart, before and after")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     import torch
 
     torch.set_num_threads(1)  # no thread pool to inherit across fork (a forked child could hang on it)
+    if args.derived:
+        return derived_main(args)
     started = time.perf_counter()
     total = all_above = varied = capped = 0
     timed_out: list[str] = []

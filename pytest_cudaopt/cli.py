@@ -113,7 +113,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     module = _existing_extension(args.workdir)
     violations = policy.check_workdir(args.workdir, extension=module, construction_timeout=limit)
     violations += check_extension_names(args.workdir, module) if module is not None else []
-    print(policy.render(violations, args.workdir, as_json=args.json))
+    print(policy.render(violations, args.workdir, as_json=args.json, built=module is not None))
     return 1 if violations else 0
 
 
@@ -129,14 +129,15 @@ def cmd_init(args: argparse.Namespace) -> int:
             print("cudaopt init: --model path/to/model.py is required (or --lock-only)", file=sys.stderr)
             return 2
         notes: list[str] = []
-        created = scaffold.init_workdir(Path(args.dir), Path(args.model), notes)
+        created = scaffold.init_workdir(Path(args.dir), Path(args.model), notes, device=args.device)
         for note in notes:
             print(f"cudaopt init: warning: {note}", file=sys.stderr)
     except scaffold.ScaffoldError as exc:
         print(f"cudaopt init: {exc}", file=sys.stderr)
         return 1
-    print(f"created workdir {created}; next: write kernels/, then `cudaopt check {created}`"
-          f" and `pytest {created} -m correctness`")
+    device = " --cudaopt-device=cpu" if args.device == "cpu" else ""
+    print(f"created workdir {created} (its README.md says what to edit); next: write kernels/, then "
+          f"`cudaopt check {created}` and `pytest {created}{device} -m correctness`")
     return 0
 
 
@@ -259,6 +260,9 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("init", help="create a workdir around a model.py")
     p.add_argument("dir", help="the folder to create (must not exist or be empty)")
     p.add_argument("--model", help="path to the reference model.py (KernelBench format)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="the starting kernel in kernels/: cuda (a .cu file) or cpu (C++, for --cudaopt-device=cpu); "
+                        "default: cuda")
     p.add_argument("--lock-only", action="store_true",
                    help="only (re)record what DIR/cudaopt.lock protects (an existing workdir, after an intended change)")
     p.set_defaults(func=cmd_init)

@@ -49,10 +49,11 @@ def rule_of(nodeid: str, properties: dict[str, Any]) -> str:
 
 
 def first_line(text: str) -> str:
-    """The first line worth showing of a pytest failure text (xdist's `[gw0] ...` header skipped)."""
+    """The first line worth showing of a pytest failure text (xdist's `[gw0] ...` header skipped),
+    without the colon that introduced the lines after it."""
     lines = [line.strip() for line in text.strip().splitlines()
              if line.strip() and not re.match(r"\[gw\d+\] ", line.strip())]
-    return lines[0] if lines else ""
+    return lines[0].removesuffix(":") if lines else ""
 
 
 @dataclass
@@ -221,9 +222,10 @@ def _grouped(items: Sequence[Entry]) -> list[str]:
 
 
 def _violation(text: str) -> str:
-    """A policy failure's first violation (`path:line: RULE: ...`), after the rule's text."""
+    """A policy failure's first violation (`path:line: RULE: ...`), after the rule's text; the
+    first line of any other failure (a timeout, a build error, "not run: ...")."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    if len(lines) < 2:
+    if len(lines) < 2 or not re.match(r".+?:\d+: [A-Z]{2}\d{3}: ", lines[1]):
         return first_line(text)
     return lines[1] + (f" (and {len(lines) - 2} more)" if len(lines) > 2 else "")
 

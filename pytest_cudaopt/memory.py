@@ -26,6 +26,15 @@ def case_budget(input_bytes: int, output_bytes: int) -> int:
     return FACTOR * (input_bytes + output_bytes) + OVERHEAD
 
 
+def largest_case_budget(canonical_bytes: int, canonical_elements: int, max_elements: int | None) -> int:
+    """The budget of the largest case a correctness run may judge: the canonical case's, or that
+    of a drawn shape of `max_elements` input elements (the drawn-shape size cap) at the canonical
+    case's bytes per element (inputs + outputs), whichever is larger."""
+    if canonical_elements <= 0 or not max_elements or max_elements <= canonical_elements:
+        return FACTOR * canonical_bytes + OVERHEAD
+    return FACTOR * canonical_bytes * max_elements // canonical_elements + OVERHEAD
+
+
 def free_bytes(device: torch.device | str) -> int | None:
     """Free memory on `device` as the process can use it: the driver's free memory plus
     what torch's caching allocator holds unused. None off CUDA (no limit is checked)."""

@@ -246,7 +246,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     reason = session.gpu_unavailable_reason() if gpu_items else None
     if reason and not session.settings.ci_gate:
         for item in gpu_items:
-            item.add_marker(pytest.mark.skip(reason=reason))
+            own = session.gpu_unavailable_reason(workdir_item=True) if workdir_node(item) is not None else reason
+            item.add_marker(pytest.mark.skip(reason=own))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -292,8 +293,8 @@ def _judged(item: pytest.Item) -> bool:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item):
-    """GPU items without a device fail in the CI gate; a workdir's correctness and perf items
-    after its hang are not run; supervised items set up under the watchdog (supervision.py)."""
+    """GPU items without a device fail in the CI gate; a workdir's items after its hang fail at
+    once (session.not_run_reason); supervised items set up under the watchdog (supervision.py)."""
     session = _session(item.config)
     if item.get_closest_marker("gpu") and session.settings.ci_gate:
         reason = session.gpu_unavailable_reason()
@@ -303,8 +304,10 @@ def pytest_runtest_setup(item: pytest.Item):
             item.user_properties.append((SETUP_PROPERTY, reason))
             pytest.fail(f"{reason}: the CI gate never passes without the device", pytrace=False)
     node = workdir_node(item)
-    if node is not None and _judged(item):
-        reason = session.not_run_reason(node.workdir_path)
+    if node is not None and session.hung:
+        from pytest_cudaopt.supervision import static
+
+        reason = None if static(item) else session.not_run_reason(node.workdir_path, judged=_judged(item))
         if reason:
             pytest.fail(reason, pytrace=False)
     if not _supervised(item):

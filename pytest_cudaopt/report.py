@@ -204,19 +204,27 @@ def perf_notes(r: PerfResult) -> list[str]:
                 "max_rounds": "round cap", "all failed": "every contender failed"}.get(m.stop_reason, m.stop_reason)
         lines.append(f"timing: {m.clock}, {m.rounds} interleaved rounds in {m.seconds:.1f} s, stopped by {stop}; {flush}; "
                      f"warm-up {m.config.warmup:g} s per contender; every call on a fresh input set ({m.inputs_drawn} drawn)")
-        ahead = (f"; the host stayed ahead in {m.queued_rounds - m.behind_rounds} of {m.queued_rounds} rounds"
-                 if m.queued_rounds else "")
-        lines.append(f"clocks: the gate compares {'device time' if m.gate_clock == 'device' else 'latency'}. "
-                     "device time: each call queued behind the previous ones with the host ahead of the "
-                     f"GPU, L2 flush kernel before the start event{ahead}; latency: each call from an "
-                     "idle device, launches included"
-                     + ("; kernel sum: the kernels, copies and memsets of one profiled call"
-                        if r.traces else ""))
+        lines.append(_clocks_note(m) + ("; kernel sum: the kernels, copies and memsets of one profiled call"
+                                        if r.traces else ""))
     env = r.environment
     if env:
         gpu = f"{env.get('gpu')} ({env.get('gpu_capability')})" if env.get("gpu") else "no GPU"
         lines.append(f"environment: {gpu}, torch {env.get('torch')}, CUDA {env.get('cuda')}")
     return lines
+
+
+def _clocks_note(m) -> str:
+    """What the two figures measured: on a GPU, queued calls and calls from an idle device; on
+    the CPU (perf-counter) both are the host's wall time around one call, nothing flushed."""
+    gated = f"clocks: the gate compares {'device time' if m.gate_clock == 'device' else 'latency'}. "
+    if m.clock == "perf-counter":
+        return gated + ("on the CPU both figures are the host's wall time around one call (no GPU to queue "
+                        "behind, no cache flush), measured in separate runs")
+    ahead = (f"; the host stayed ahead in {m.queued_rounds - m.behind_rounds} of {m.queued_rounds} rounds"
+             if m.queued_rounds else "")
+    return gated + ("device time: each call queued behind the previous ones with the host ahead of the "
+                    f"GPU, L2 flush kernel before the start event{ahead}; latency: each call from an "
+                    "idle device, launches included")
 
 
 def _figure_notes(r: PerfResult) -> list[str]:

@@ -20,6 +20,9 @@ PASSED, FAILED, SKIPPED, NOT_RUN = "passed", "failed", "skipped", "not run"
 DISABLED, NOT_APPLICABLE = "disabled", "not applicable"
 STATUSES = (PASSED, FAILED, SKIPPED, NOT_RUN, DISABLED, NOT_APPLICABLE)
 ACCEPTED = frozenset({PASSED, DISABLED, NOT_APPLICABLE})
+# The `check` of a correctness case that could not get the device memory it needs (the memory
+# check before it, or an out-of-memory error inside it): the judge retries such a check alone.
+SHORTFALL = "memory"
 
 
 @dataclass
@@ -79,6 +82,15 @@ class PerfResult:
     @property
     def passed(self) -> bool:
         return self.gate.passed and not self.failure
+
+    @property
+    def reason(self) -> str:
+        """Why the item fails, in one line ("" when it passes): a failure outside the gate, else
+        the gate's (`speedup 0.085x is below the required 1.05x`)."""
+        if self.passed:
+            return ""
+        lines = (self.failure or self.gate.reason or "the gate failed").strip().splitlines()
+        return lines[0].removesuffix(":") if lines else "the gate failed"
 
     @property
     def precision(self) -> str:

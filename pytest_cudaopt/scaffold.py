@@ -9,7 +9,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from pytest_cudaopt import policy
+from pytest_cudaopt import policy, starter
 
 NOT_IMPLEMENTED = ("ModelNew.forward is not implemented yet: write kernels in kernels/ and call them "
                    "through cuda_extension")
@@ -56,13 +56,16 @@ class ScaffoldError(Exception):
     """`cudaopt init` cannot create the workdir; the message says why."""
 
 
-def init_workdir(dest: Path, model_path: Path, notes: list[str] | None = None) -> Path:
+def init_workdir(dest: Path, model_path: Path, notes: list[str] | None = None, device: str = "cuda") -> Path:
     """Create the workdir `dest` around `model_path` and return its resolved path.
 
-    Writes the fixed binding files, utils/, model.py (a byte copy), model_new.py, an empty
-    kernels/, pyproject.toml, conftest.py, a .gitignore (build outputs, caches) and the lock
+    Writes the fixed binding files, utils/, model.py (a byte copy), model_new.py, kernels/
+    with a starting kernel for `device` ("cuda": a .cu, "cpu": a .cpp) and its binding (none
+    for a model with a convolution: see starter.py), a README.md, pyproject.toml, conftest.py, a .gitignore (build outputs, caches) and the lock
     file. Refuses an existing non-empty `dest`; nothing is written when the model cannot be
     read. Warnings (names model.py reads but never defines) are appended to `notes`."""
+    if device not in starter.DEVICES:
+        raise ScaffoldError(f"unknown device {device!r}: expected one of {', '.join(starter.DEVICES)}")
     dest, model_path = Path(dest).resolve(), Path(model_path).resolve()
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise ScaffoldError(f"{dest} already exists and is not an empty folder; cudaopt init never "
@@ -80,8 +83,7 @@ def init_workdir(dest: Path, model_path: Path, notes: list[str] | None = None) -
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     shutil.copyfile(model_path, dest / "model.py")
     (dest / "model_new.py").write_text(model_new, encoding="utf-8")
-    (dest / "kernels").mkdir()
-    (dest / "kernels" / ".gitkeep").write_text("", encoding="utf-8")
+    starter.write(dest, device, convolution=bool(policy.model_convolutions(model_path)))
     pyproject = PYPROJECT
     if third_party:
         # model_new.py carries model.py's imports that the constructor needs; allow them so

@@ -55,9 +55,10 @@ class CudaoptSession:
         self.emit: Callable[[str], None] | None = None
         # Set by the first CUDA fault: (item id, message). Later GPU items report it.
         self.fault: tuple[str, str] | None = None
-        # Workdir → (item id, message) of a correctness or perf item that timed out: the
-        # workdir's later correctness and perf items are not run.
-        self.hung: dict[Path, tuple[str, str]] = {}
+        # Workdir → (item id, message, in setup) of its first item that timed out: after a hang
+        # in its set-up (an import, the build, a constructor) its later items that would set it
+        # up again fail at once, after any other hang its later correctness and perf items do.
+        self.hung: dict[Path, tuple[str, str, bool]] = {}
         # Every verdict item and how it ended (the plugin feeds it pytest's reports): what
         # decides the JSON report's `passed` and `complete`.
         self.ledger = Ledger(asked)
@@ -90,13 +91,16 @@ class CudaoptSession:
         return (f"cudaopt: seed {self.seed} (replay with --cudaopt-seed={self.seed}), "
                 f"device {self.settings.device}, hypothesis profile {self.settings.profile}")
 
-    def gpu_unavailable_reason(self) -> str | None:
+    def gpu_unavailable_reason(self, workdir_item: bool = False) -> str | None:
         """Why a `gpu` item cannot run here, or None. Workdir items carry the marker only
-        when `cudaopt_device` is cuda; the plugin's own GPU tests carry it always."""
+        when `cudaopt_device` is cuda (their reason names the CPU setting); the plugin's own
+        GPU tests carry it always."""
         from pytest_cudaopt.environment import cuda_device_name
 
         if cuda_device_name() is None:
-            return "no CUDA device visible (torch.cuda.is_available() is False)"
+            hint = ("; kernels written as C++ for the CPU are judged here with --cudaopt-device=cpu"
+                    if workdir_item else "")
+            return f"no CUDA device visible (torch.cuda.is_available() is False){hint}"
         return None
 
     # -- what decides a verdict ---------------------------------------------------------------
@@ -273,20 +277,28 @@ class CudaoptSession:
             text = str(error).strip()
             self.fault = (test, message or (text.splitlines()[0] if text else repr(error)))
 
-    def record_hang(self, workdir: Path, test: str, case: str, message: str, correctness: bool) -> None:
-        """A correctness or perf item of `workdir` timed out; a correctness item's row says so."""
-        self.hung.setdefault(Path(workdir).resolve(), (test, message))
+    def record_hang(self, workdir: Path, test: str, case: str, message: str, correctness: bool,
+                    setup: bool = False) -> None:
+        """An item of `workdir` timed out (`setup`: while it set the workdir up: an import, the
+        build, a constructor); a correctness item's row says so."""
+        self.hung.setdefault(Path(workdir).resolve(), (test, message, setup))
         if correctness:
             from pytest_cudaopt.results import CorrectnessResult
 
             self.results.append(CorrectnessResult(workdir=str(workdir), test=test, case=case or "?",
                                                   passed=False, check="timeout", message=message))
 
-    def not_run_reason(self, workdir: Path) -> str | None:
+    def not_run_reason(self, workdir: Path, judged: bool = True) -> str | None:
+        """Why an item of `workdir` fails at once after a hang (None: it runs): after a hang in
+        the set-up every later item that would set the workdir up again (the caller leaves out
+        the rules that only read files), after any other hang the `judged` ones (correctness,
+        perf, memory safety). The reason names the item, the cause and where it hung."""
         hung = self.hung.get(Path(workdir).resolve())
-        if hung is None:
+        if hung is None or not (judged or hung[2]):
             return None
-        return f"not run: {hung[0]} timed out ({hung[1].splitlines()[0]})"
+        test, message, _ = hung
+        where = message[message.index("where it was:"):] if "where it was:" in message else ""
+        return f"not run: {test} timed out ({message.splitlines()[0]})" + (f"\n{where}" if where else "")
 
     # -- results ------------------------------------------------------------------------------
 

@@ -26,6 +26,17 @@ def judged(item: pytest.Item) -> bool:
     return any(item.get_closest_marker(m) for m in ("correctness", "perf", "memsafety"))
 
 
+def static(item: pytest.Item) -> bool:
+    """A policy item of a rule that only reads files (the Python AST, C++ tokens, the protected
+    files): it imports, builds and runs nothing of the workdir's, so it can neither hang in
+    its code nor be spared after a hang there."""
+    from pytest_cudaopt.policy.rules import IMPORTS_WORKDIR, RULES
+
+    callspec = getattr(item, "callspec", None)
+    rule = callspec.params.get("rule") if callspec is not None else None
+    return bool(item.get_closest_marker("policy")) and rule in RULES and rule not in IMPORTS_WORKDIR
+
+
 def start_sentinel(session: pytest.Session, supervised, report: str | None = None) -> None:
     """A run that executes supervised items (`supervised(item)`) in this process gets a
     sentinel (sentinel.py): if the process dies before its session finishes, it writes the
@@ -85,9 +96,6 @@ def run_supervised(item: pytest.Item, session, workdir: Path, phase: str):
     supervised item: the phase under the `cudaopt_timeout` watchdog (watchdog.py), the
     sentinel's backstop set for it and told each case, and a CUDA fault it raises kept so
     that later items report it instead of failing in its wake."""
-    from pytest_cudaopt.correctness.guards import import_lazy_modules
-
-    import_lazy_modules()
     if phase == "setup" and not hasattr(item.config, "workerinput"):
         # What remains if nothing can interrupt a hang. A pytest-xdist worker writes none: its
         # controller survives a worker's death, reports the item as crashed and writes the report.
@@ -97,7 +105,7 @@ def run_supervised(item: pytest.Item, session, workdir: Path, phase: str):
     def on_stuck(message: str) -> None:
         from pytest_cudaopt.ledger import TIMEOUT
 
-        session.record_hang(workdir, item.nodeid, dog.case, message, correctness)
+        session.record_hang(workdir, item.nodeid, dog.case, message, correctness, setup=bool(dog.stage))
         session.ledger.end(TIMEOUT, f"the run ended after {item.nodeid} timed out")
         end_session(item, message)
 
@@ -120,7 +128,7 @@ def run_supervised(item: pytest.Item, session, workdir: Path, phase: str):
         with dog:
             return (yield)
     except watchdog.HangTimeout as exc:
-        where = _workdir_frames(exc, workdir) or "(not in the workdir's files)"
+        where = workdir_frames(exc, workdir) or "  (not in the workdir's files)"
     except BaseException as exc:
         session.note_fault(item.nodeid, exc)
         raise
@@ -128,13 +136,16 @@ def run_supervised(item: pytest.Item, session, workdir: Path, phase: str):
         if sentinel is not None:
             sentinel.backstop(None)
     if where:  # outside the except block: the failure alone, no exception chain
-        message = dog.message()
-        session.record_hang(workdir, item.nodeid, dog.case, f"{message}\nwhere it was:\n{where}", correctness)
-        pytest.fail(f"{message}\nthe later correctness and perf items of this workdir are not run\n"
-                    f"where it was:\n{where}", pytrace=False)
+        message, setup = dog.message(), bool(dog.stage)
+        session.record_hang(workdir, item.nodeid, dog.case, f"{message}\nwhere it was:\n{where}", correctness,
+                            setup=setup)
+        later = ("the workdir's later items that import, build or run its code fail at once (the rules that only "
+                 "read its files still run)" if setup else "the later correctness and perf items of this workdir "
+                 "are not run")
+        pytest.fail(f"{message}\n{later}\nwhere it was:\n{where}", pytrace=False)
 
 
-def _workdir_frames(exc: BaseException, workdir: Path) -> str:
+def workdir_frames(exc: BaseException, workdir: Path) -> str:
     """The frames of `exc`'s traceback in the workdir's files, `  model.py:7 in <module>: ...`."""
     import traceback
 

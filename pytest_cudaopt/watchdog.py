@@ -36,6 +36,7 @@ RESIGNAL_S = 0.25  # within it, the signal is sent again this often
 BACKSTOP_S = 10.0  # then faulthandler's C thread, for a hang that holds the GIL
 SIGNAL = getattr(signal, "SIGUSR2", None)
 WORKDIR_MODULES = "cudaopt_workdir_"  # workdir.MODULE_PREFIX: the workdir's own files
+TIMEOUT_MARK = "TIMEOUT:"  # how a timed-out test's failure begins (the judge reads it in the report's items)
 DEBUGGER_MODULES = ("pdb", "bdb", "pydevd", "_pydevd", "debugpy", "IPython.core.debugger", "ipdb")
 
 _STDERR_FD: int | None = None
@@ -136,9 +137,9 @@ class Watchdog:
         case = f" on case {self.case}" if self.case else ""
         replay = f"\nreplay: {self.replay}" if self.replay else ""
         if self.stage:
-            return (f"TIMEOUT: {self.test} ran longer than cudaopt_timeout={self.timeout:g}s while {self.stage}; "
+            return (f"{TIMEOUT_MARK} {self.test} ran longer than cudaopt_timeout={self.timeout:g}s while {self.stage}; "
                     f"an import, a build or a get_inputs() that never ends{replay}")
-        return (f"TIMEOUT: {self.test} ran longer than cudaopt_timeout={self.timeout:g}s{case}; "
+        return (f"{TIMEOUT_MARK} {self.test} ran longer than cudaopt_timeout={self.timeout:g}s{case}; "
                 f"a kernel that never finishes, a deadlock or an endless loop{replay}")
 
     def _fd(self) -> int:
@@ -219,3 +220,12 @@ def set_case(text: str, replay: str = "") -> None:
         dog.case, dog.replay = text, replay
         if dog._on_case is not None:
             dog._on_case(text, replay)
+
+
+def set_stage(text: str) -> None:
+    """Tell the running watchdog that the test sets its workdir up now (`text`: building the
+    extension, importing model.py and model_new.py, constructing the models): a hang there is
+    reported as one, and the workdir's later items that would set it up again fail at once."""
+    dog = Watchdog.current
+    if dog is not None:
+        dog.stage = text

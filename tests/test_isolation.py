@@ -114,7 +114,8 @@ def test_python_run_from_a_string_is_named_as_such(watch):
     (lambda: torch.set_float32_matmul_precision("medium"), "torch.get_float32_matmul_precision()"),
     (lambda: setattr(torch.backends.cudnn, "allow_tf32", not torch.backends.cudnn.allow_tf32),
      "torch.backends.cudnn.allow_tf32"),
-    (lambda: setattr(torch.backends.cuda.matmul, "allow_tf32", True), "torch.backends.cuda.matmul.allow_tf32"),
+    (lambda: setattr(torch.backends.cuda.matmul, "allow_tf32", not torch.backends.cuda.matmul.allow_tf32),
+     "torch.backends.cuda.matmul.allow_tf32"),
     (lambda: torch.set_default_dtype(torch.float64), "torch.get_default_dtype()"),
     (lambda: torch.set_num_threads(max(1, torch.get_num_threads() - 1) if torch.get_num_threads() > 1 else 2),
      "torch.get_num_threads()"),
@@ -175,6 +176,29 @@ def test_an_import_hook_of_a_workdir_is_a_change_one_of_an_installed_package_is_
     import hypothesis.internal.conjecture.junkdrawer as installed  # noqa: F401  (a package's own gc hook)
 
     assert isolation.changes(watch.trusted) == []
+
+
+def test_a_tracer_of_an_installed_package_is_not_a_change_one_of_a_workdir_is(watch):
+    from hypothesis.internal.scrutineer import Tracer  # what Hypothesis's explain phase installs
+
+    from pytest_cudaopt.isolation import namespaces
+
+    def workdir_tracer(frame, event, arg):  # as a model_new.py would define it
+        return None
+
+    previous_trace, previous_profile = sys.gettrace(), sys.getprofile()
+    try:
+        sys.settrace(Tracer(should_trace=True).trace)
+        installed = [c.line() for c in namespaces.import_changes(watch.trusted.imports)]
+        sys.settrace(None)
+        sys.setprofile(workdir_tracer)
+        found = [c.line() for c in namespaces.import_changes(watch.trusted.imports)]
+    finally:
+        sys.settrace(previous_trace)
+        sys.setprofile(previous_profile)
+    assert installed == []
+    assert len(found) == 1 and found[0].startswith("import sys.getprofile(): was None, now <function "), found
+    assert f"defined in {HERE}" in found[0]
 
 
 def test_a_kernel_registered_from_python_for_an_aten_op_taints_the_process(watch):

@@ -135,3 +135,89 @@ def test_a_problems_estimated_memory_limits_sharing_before_its_first_check():
     assert _ready_by_stage(s.ready()) == {(0, "check"): "0"}   # 60 + 60 > 100
     s.expect("big", 10)   # an estimate never replaces what is known
     assert s.need["big"] == 60
+
+
+# ------------------------------------------------------------------ memory a check may take
+
+SOFTMAX = '''"""KernelBench L1-23's shape: a softmax over 393216 features of 4096 rows."""
+
+import torch
+import torch.nn as nn
+
+batch_size = 4096
+dim = 393216
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=1)
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_big_problems_estimate_bounds_its_largest_drawn_case_so_two_checks_never_share_an_h200(tmp_path):
+    """Drawn shapes may hold twice the canonical inputs (cudaopt_max_elements' default): the
+    estimate is that case's budget, not the canonical one's, and one H200 holds one such check."""
+    from pytest_cudaopt.judge.child_build import check_need
+    from pytest_cudaopt.memory import case_budget
+
+    (tmp_path / "model.py").write_text(SOFTMAX)
+    canonical = 4096 * 393216 * 4   # bytes of the input; the output is as large
+    need = check_need(tmp_path)
+    assert need == case_budget(2 * canonical, 2 * canonical)   # the drawn case of twice the elements
+    assert check_need(tmp_path, max_elements=1000) == case_budget(canonical, canonical)   # canonical still runs
+    h200 = int(139.8 * GiB)
+    assert 2 * case_budget(canonical, canonical) < h200 < 2 * need   # the canonical budget would let two in
+    s = Scheduler(["0"], jobs=4, share=4, memory={"0": h200})
+    for job in range(2):
+        s.add(job, problem="softmax", stages=["check"])
+    s.expect("softmax", need)
+    assert _ready_by_stage(s.ready()) == {(0, "check"): "0"}
+
+
+def test_the_first_complete_checks_peak_refines_the_estimate_and_no_peak_is_ever_exceeded():
+    s = Scheduler(["0"], jobs=4, share=4, memory={"0": 100 * GiB})
+    for job in range(4):
+        s.add(job, problem="p", stages=["check"])
+    s.expect("p", 60 * GiB)
+    (first,) = s.ready()
+    s.finish(first, peak_bytes=10 * GiB)           # failed early: a lower bound only
+    assert s.need["p"] == 60 * GiB
+    (second,) = s.ready()
+    s.finish(second, peak_bytes=20 * GiB, complete=True)   # every case judged: the measured figure
+    assert s.need["p"] == 20 * GiB + OVERHEAD_BYTES
+    started = s.ready()
+    assert len(started) == 2                         # 22 + 22 GiB fit where 60 + 60 did not
+    s.finish(started[0], peak_bytes=30 * GiB, complete=True)
+    assert s.need["p"] == 30 * GiB + OVERHEAD_BYTES  # a larger peak always counts
+
+
+def test_a_check_short_of_memory_beside_another_runs_again_alone_and_nothing_joins_it():
+    s = Scheduler(["0"], jobs=4, share=2)
+    for job in range(3):
+        s.add(job, stages=["check", "perf"])
+    first = {t.job: t for t in s.ready()}
+    assert sorted(first) == [0, 1] and s.shared(first[0]) and s.shared(first[1])
+    assert s.finish(first[0], retry_alone=True) == "check"
+    assert s.ready() == []                  # the GPU drains for it: job 2's check waits
+    assert s.devices[0].draining
+    s.finish(first[1])
+    (alone,) = s.ready()
+    assert alone == Task(0, "check", "0") and s.devices[0].alone == 0 and not s.shared(alone)
+    assert s.ready() == []                  # nothing beside it, not job 1's perf nor job 2's check
+    assert s.finish(alone, retry_alone=True) == "perf"   # alone already: no second retry
+    assert {(t.job, t.stage) for t in s.ready()} == {(0, "perf")}
+
+
+def test_a_check_that_ran_alone_throughout_was_not_shared():
+    s = Scheduler(["0", "1"], jobs=4, share=2)
+    s.add(0, stages=["check"])
+    (task,) = s.ready()
+    assert not s.shared(task)

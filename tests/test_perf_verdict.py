@@ -115,6 +115,10 @@ def test_it_fails_a_custom_path_less_than_min_speedup_faster_with_the_table_as_m
             "*FAIL (speedup 1.040x, needed 1.05x)",
         ])
         assert "Traceback" not in result.stdout.str()
+        # the summary line carries the gate's reason, and torch's compile trace records stay out
+        result.stdout.fnmatch_lines(["  model_new.py::TestPerf::test_speedup: failed: speedup 1.040x is below "
+                                     "the required 1.05x"])
+        assert "torch.__trace" not in result.stdout.str()
 
 
 @pytest.mark.parametrize("flag", ["--benchmark-disable", "-p no:benchmark"])

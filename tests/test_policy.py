@@ -662,8 +662,19 @@ def test_render_prints_path_line_rule_message_relative_to_the_current_folder(tmp
 
 def test_cudaopt_check_exits_zero_on_a_clean_workdir(clean_workdir: Path, capsys) -> None:
     assert cli.main(["check", str(clean_workdir)]) == 0
-    assert f"follows all {len(policy.RULES)} rules" in capsys.readouterr().out
+    assert (f"follows all {len(policy.RULES)} rules; EX001 not checked: no build yet (`cudaopt build`)"
+            in capsys.readouterr().out)
     assert len(policy.RULES) == 27
+
+
+def test_cudaopt_check_counts_the_rules_the_pytest_items_check(make_workdir, pytester, run_pytest, capsys) -> None:
+    workdir = make_workdir("cpu_scale", dest=pytester.path / "wd")  # built: EX001 is checked too
+    policy.write_lock(workdir)
+    assert cli.main(["check", str(workdir)]) == 0
+    assert f"follows all {policy.rule_count()} rules" in capsys.readouterr().out
+    result = run_pytest(pytester, "wd", "-m", "policy", "--collect-only", "-q")
+    items = [line for line in result.outlines if line.startswith("wd/model_new.py::TestPolicy::")]
+    assert len(items) == policy.rule_count() == 28
 
 
 def test_cudaopt_check_ends_a_constructor_that_never_returns_at_cudaopt_timeout(tmp_path: Path) -> None:

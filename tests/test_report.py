@@ -335,6 +335,13 @@ def test_the_table_shows_device_time_latency_and_kernel_sum_and_marks_the_gates_
     assert info["custom_kernel_sum_s"] == pytest.approx(1.0 * MS) and info["gate_clock"] == "device"
 
 
+def test_on_the_cpu_the_notes_say_what_the_figures_are_and_claim_no_cache_flush():
+    text = report.perf_table(perf_result(clock_name="perf-counter"))
+    assert "L2 flush" not in text and "no cache flush" in text
+    assert ("clocks: the gate compares device time. on the CPU both figures are the host's wall time around one "
+            "call (no GPU to queue behind, no cache flush), measured in separate runs") in text
+
+
 def test_with_the_latency_clock_the_gate_compares_latencies():
     # Device time says 1.5x; latency says the candidate is no faster: the latency gate fails.
     result = perf_result(latency={"custom": 1.5 * MS, "compile": 1.5 * MS, "eager": 3.0 * MS},

@@ -60,6 +60,18 @@ def test_a_skipped_item_fails_the_account_and_a_disabled_rule_or_an_item_with_no
     assert account.counts == {"passed": 1, "skipped": 1, "disabled": 1, "not applicable": 1}
 
 
+def test_items_failed_for_one_reason_share_a_line_without_a_doubled_colon():
+    ledger = Ledger()
+    mismatch = "model_new.py: ModelNew's output differs from Model's (model.py):\noutput: 19 of 48 elements ..."
+    for seed in (1, 2):
+        ledger.report(f"wd/model_new.py::TestCorrectness::test_canonical[seed{seed}]", "correctness", "/wd", "call",
+                      "failed", mismatch)
+    [line] = ledger.account().not_passed
+    assert line == ("2 items, failed: model_new.py: ModelNew's output differs from Model's (model.py): "
+                    "wd/model_new.py::TestCorrectness::test_canonical[seed1], "
+                    "wd/model_new.py::TestCorrectness::test_canonical[seed2]")
+
+
 def test_items_that_never_ran_are_not_run_with_the_reason():
     ledger = Ledger()
     for test in (ITEM, "wd/model_new.py::TestPerf::test_speedup"):

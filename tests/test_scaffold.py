@@ -107,7 +107,10 @@ def test_init_creates_a_workdir_that_passes_check(source: str, tmp_path: Path) -
     assert workdir == (tmp_path / "wd").resolve()
     assert [str(v) for v in policy.check_workdir(workdir)] == []
     assert (workdir / "model.py").read_text() == source
-    assert sorted(p.name for p in (workdir / "kernels").iterdir()) == [".gitkeep"]
+    # a starting kernel; none where a convolution asks for cuDNN (CV001), which the README says
+    starting = [".gitkeep"] if source is CONV_MODEL else ["starter.cu", "starter_binding.cpp"]
+    assert sorted(p.name for p in (workdir / "kernels").iterdir()) == starting
+    assert ("rule\n  CV001" in (workdir / "README.md").read_text()) == (source is CONV_MODEL)
     for name in ("binding.cpp", "binding_registry.h", "utils/compile.sh", "utils/verification.py"):
         assert (workdir / name).read_bytes() == (policy.TEMPLATES / name).read_bytes()
 
@@ -173,7 +176,9 @@ def test_cudaopt_init_and_lock_only_from_the_command_line(tmp_path: Path, capsys
     assert "never overwrites a workdir" in capsys.readouterr().err
     (workdir / "model.py").write_text(MLP_MODEL.replace("batch_size = 2", "batch_size = 4"))
     assert cli.main(["check", str(workdir)]) == 1
-    assert "model.py:1: PF003: model.py changed since it was recorded" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "model.py:1: PF003: model.py changed since it was recorded" in out
+    assert f"the owner records it with `cudaopt init --lock-only {workdir.resolve()}`" in out  # how to relock
     assert cli.main(["init", str(workdir), "--lock-only"]) == 0
     assert cli.main(["check", str(workdir)]) == 0
 
@@ -186,13 +191,43 @@ def test_cudaopt_init_needs_a_model(tmp_path: Path, capsys) -> None:
 @pytest.mark.slow
 def test_an_initialised_workdir_fails_correctness_with_the_not_implemented_error(
         pytester: pytest.Pytester, run_pytest) -> None:
-    scaffold.init_workdir(pytester.path / "wd", GALLERY_MODEL)
-    result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness", "--cudaopt-device=cpu", timeout=900)
+    scaffold.init_workdir(pytester.path / "wd", GALLERY_MODEL, device="cpu")
+    result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness or policy", "--cudaopt-device=cpu",
+                        timeout=900)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     outcomes = result.parseoutcomes()
-    assert outcomes.get("failed", 0) >= 1 and outcomes.get("passed", 0) == 0
+    # the starting kernel builds and follows every rule (EX001 included); only correctness fails
+    assert outcomes.get("failed", 0) == 4 and outcomes.get("passed", 0) == len(policy.RULE_IDS) + 1, outcomes
     result.stdout.fnmatch_lines(["*ModelNew.forward is not implemented yet: write kernels in kernels/ and call "
                                  "them through cuda_extension*"])
+
+
+def test_init_for_the_cpu_leaves_a_cpp_starting_kernel_and_a_readme_with_the_cpu_commands(
+        tmp_path: Path, capsys) -> None:
+    model = write_model(tmp_path, MLP_MODEL)
+    assert cli.main(["init", str(tmp_path / "wd"), "--model", str(model), "--device", "cpu"]) == 0
+    assert "--cudaopt-device=cpu -m correctness" in capsys.readouterr().out
+    workdir = tmp_path / "wd"
+    assert sorted(p.name for p in (workdir / "kernels").iterdir()) == ["starter.cpp", "starter_binding.cpp"]
+    readme = (workdir / "README.md").read_text()
+    assert "`kernels/starter.cpp` and `kernels/starter_binding.cpp`" in readme
+    assert "pytest --cudaopt-device=cpu -m correctness" in readme and "cudaopt init --lock-only ." in readme
+    assert [str(v) for v in policy.check_workdir(workdir)] == []
+    (workdir / "README.md").write_text("my notes\n")  # not locked
+    assert policy.check_workdir(workdir) == []
+    gpu = scaffold.init_workdir(tmp_path / "gpu", model)
+    gpu_readme = (gpu / "README.md").read_text()
+    assert "pytest -m perf" in gpu_readme and "--cudaopt-device" not in gpu_readme
+
+
+@pytest.mark.slow
+def test_the_gpu_starting_kernel_builds_and_check_then_runs_every_rule(tmp_path: Path, capsys) -> None:
+    from pytest_cudaopt import build
+
+    workdir = scaffold.init_workdir(tmp_path / "wd", write_model(tmp_path, MLP_MODEL))
+    build.compile_extension(workdir)  # nvcc for kernels/starter.cu, on a machine without a GPU too
+    assert cli.main(["check", str(workdir)]) == 0
+    assert f"follows all {policy.rule_count()} rules" in capsys.readouterr().out
 
 
 # A helper whose forward names `checkpoint` only in a branch that never runs (KernelBench's
@@ -420,8 +455,9 @@ def test_init_writes_a_gitignore_for_build_outputs_and_caches_that_is_not_locked
     status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=workdir, check=True,
                             capture_output=True, text=True).stdout
     assert sorted(line.split()[-1] for line in status.splitlines()) == sorted(
-        [".gitignore", "binding.cpp", "binding_registry.h", "conftest.py", "cudaopt.lock", "kernels/.gitkeep",
-         "model.py", "model_new.py", "pyproject.toml", *(f"utils/{p.name}" for p in (workdir / "utils").iterdir())])
+        [".gitignore", "README.md", "binding.cpp", "binding_registry.h", "conftest.py", "cudaopt.lock",
+         "kernels/starter.cu", "kernels/starter_binding.cpp", "model.py", "model_new.py", "pyproject.toml",
+         *(f"utils/{p.name}" for p in (workdir / "utils").iterdir())])
     lock = (workdir / "cudaopt.lock").read_text()
     assert ".gitignore" not in json.loads(lock)["files"]
     (workdir / ".gitignore").write_text("build/\n*.log\n")  # the owner's own additions move no verdict

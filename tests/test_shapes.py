@@ -330,3 +330,139 @@ def test_the_profiles_are_registered_with_hypothesis_and_a_users_profile_wins():
     finally:
         hsettings.load_profile(before)
     assert shapes.hypothesis_settings("ci").max_examples == 25
+
+
+# -- constants model.py computes from others -----------------------------------------------------
+
+LEVEL2 = textwrap.dedent("""
+    import math
+
+    import torch
+    import torch.nn as nn
+
+    batch_size = 8
+    in_features = 32
+    out_features = 24
+    bias_shape = (out_features,)          # KernelBench level 2 writes it so
+    hidden = max(1, out_features // 4) * 4
+    scale = math.sqrt(in_features)        # an attribute call: not recomputed, not drawn (a float)
+
+    class Model(nn.Module):
+        def __init__(self, in_features, out_features, bias_shape):
+            super().__init__()
+            self.linear = nn.Linear(in_features, out_features)
+            self.bias = nn.Parameter(torch.randn(bias_shape))
+
+        def forward(self, x):
+            return torch.relu(self.linear(x) + self.bias)
+
+    def get_inputs():
+        return [torch.randn(batch_size, in_features)]
+
+    def get_init_inputs():
+        return [in_features, out_features, bias_shape]
+""")
+
+
+def module_in_file(tmp_path, source: str, name: str = "model_in_file") -> types.ModuleType:
+    """`source` as a module with a real file (derived constants are read from model.py's source)."""
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(source))
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
+    exec(compile(path.read_text(), str(path), "exec"), module.__dict__)
+    return module
+
+
+def test_a_constant_model_py_computes_from_others_follows_them_instead_of_being_drawn(tmp_path):
+    module = module_in_file(tmp_path, LEVEL2)
+    assert shapes.infer_constants(module) == {"batch_size": 8, "in_features": 32, "out_features": 24}
+    # drawn on its own, bias_shape[0] = 24 with out_features = 1 broadcasts in the reference
+    assert "bias_shape[0]" in shapes.infer_constants(module, follow_derived=False)
+    with shapes.applied(module, {"out_features": 7}):
+        assert module.bias_shape == (7,) and module.hidden == 4 and module.out_features == 7
+    assert module.bias_shape == (24,) and module.hidden == 24
+    space = shapes.shape_space(module)
+    assert "bias_shape = (out_features,)" in space.source and "hidden = max(1, out_features // 4) * 4" in space.source
+    for case in shapes.explicit_cases(module, space).cases:
+        assert shapes.check_on_meta(module, case).shapes  # valid
+        with shapes.applied(module, case):
+            assert module.Model(*module.get_init_inputs()).bias.shape == (case["out_features"],)
+
+
+def test_a_derived_constant_the_caller_names_keeps_the_value_it_is_given(tmp_path):
+    module = module_in_file(tmp_path, LEVEL2)
+    with shapes.applied(module, {"out_features": 7, "bias_shape[0]": 1}):  # --cudaopt-case, CUDAOPT_SHAPES
+        assert module.bias_shape == (1,) and module.hidden == 4
+    with shapes.applied(module, {"hidden": 5, "out_features": 2}):
+        assert module.hidden == 5 and module.bias_shape == (2,)
+
+
+def test_a_constant_read_only_through_a_derived_one_is_drawn(tmp_path):
+    module = module_in_file(tmp_path, """
+        import torch
+        import torch.nn as nn
+
+        n_embd = 16
+        n_head = 4
+        depth, width = 2, 3             # unpacked: constants too
+        head_dim = n_embd // n_head
+        shape = (depth, *(n_head, head_dim), -1 * -width)
+
+        class Model(nn.Module):
+            def forward(self, x):
+                return x * 2
+
+        def get_inputs():
+            return [torch.randn(shape)]
+
+        def get_init_inputs():
+            return []
+    """)
+    assert shapes.infer_constants(module) == {"n_embd": 16, "n_head": 4, "depth": 2, "width": 3}
+    with shapes.applied(module, {"n_embd": 40, "n_head": 5, "width": 7}):
+        assert module.shape == (2, 5, 8, 7)
+    assert module.shape == (2, 4, 4, 3)
+
+
+@pytest.mark.parametrize("expression", ["n.bit_length()", "int(n / 2)", "(n,) * 2000", "helper(n)", "n ** 2",
+                                        "min(n, 9, key=abs)"])
+def test_an_expression_outside_the_safe_forms_leaves_the_constant_drawn_on_its_own(tmp_path, expression):
+    module = module_in_file(tmp_path, f"""
+        import torch
+
+        def helper(v):
+            return v + 1
+
+        n = 6
+        m = {expression}
+
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return x
+
+        def get_inputs():
+            return [torch.randn(n, m if isinstance(m, int) else 1)]
+
+        def get_init_inputs():
+            return []
+    """)
+    assert "m" not in shapes.shape_space(module).derived
+    with shapes.applied(module, {"n": 3}):
+        assert module.m == eval(expression, {"helper": lambda v: v + 1, "n": 6})
+
+
+def test_the_drawn_shapes_never_run_hypothesis_explain_phase_whatever_the_profile():
+    from hypothesis import Phase, settings as hsettings
+
+    # The explain phase traces the failing case with sys.settrace; the isolation watch sees tracers.
+    assert Phase.explain not in shapes.hypothesis_settings("ci").phases
+    assert Phase.explain not in shapes.hypothesis_settings("thorough", max_examples=3).phases
+    before = hsettings.get_current_profile_name()
+    hsettings.register_profile("explaining", phases=list(Phase))
+    hsettings.load_profile("explaining")
+    try:
+        chosen = shapes.hypothesis_settings("ci")
+        assert Phase.explain not in chosen.phases and Phase.shrink in chosen.phases
+    finally:
+        hsettings.load_profile(before)

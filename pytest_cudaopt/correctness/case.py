@@ -9,7 +9,7 @@ from pytest_cudaopt.correctness import compare, guards, isolated, shapes, state
 from pytest_cudaopt.correctness.faults import CudaFault
 from pytest_cudaopt.correctness.precision import Precision
 from pytest_cudaopt.isolation import Breach
-from pytest_cudaopt.results import CorrectnessResult
+from pytest_cudaopt.results import SHORTFALL, CorrectnessResult
 from pytest_cudaopt.tensors import describe_inputs
 from pytest_cudaopt.watchdog import set_case
 from pytest_cudaopt.workdir import Workdir, WorkdirError
@@ -114,7 +114,7 @@ def run_case(workdir: Workdir, settings, session, constants: dict[str, int], see
                   + (f"\nreplay: {replay}" if replay else ""))
         short = shapes.format_case(constants) or "canonical"
         try:
-            outcome = guards.run_case(trial, inputs)
+            outcome = _guarded(trial, inputs, label, footer, short, described)
         except guards.GuardFailure as exc:
             failed = CaseFailed(exc.check, f"{exc.message}{footer}", short, described, exc.comparison, exc.precision)
             failed.moved = (dict(constants), seed) if done else None
@@ -135,6 +135,22 @@ def run_case(workdir: Workdir, settings, session, constants: dict[str, int], see
     return outcome, inputs, names
 
 
+def _guarded(trial: guards.Trial, inputs: list, label: str, footer: str, short: str,
+             described: str) -> guards.CaseOutcome:
+    """`guards.run_case`; torch's out-of-memory error, raised by the case's own work or inside
+    either model, fails the case as a memory shortfall (CaseFailed of check SHORTFALL)."""
+    try:
+        return guards.run_case(trial, inputs)
+    except (torch.OutOfMemoryError, guards.CandidateError, guards.ReferenceError_) as exc:
+        error = exc if isinstance(exc, torch.OutOfMemoryError) else exc.__cause__
+        if not isinstance(error, torch.OutOfMemoryError):
+            raise
+        lines = str(error).strip().splitlines()
+        del error  # its traceback holds the case's tensors
+    why = lines[0] if lines else "torch.OutOfMemoryError"
+    raise CaseFailed(SHORTFALL, f"{label} ran out of device memory: {why}{footer}", short, described)
+
+
 def _check_memory(workdir: Workdir, settings, constants: dict[str, int], label: str, replay: str) -> None:
     """Fail the case at once, saying how much it needs and what is free, when its inputs
     and outputs (measured on the meta device) cannot fit in free device memory."""
@@ -152,5 +168,5 @@ def _check_memory(workdir: Workdir, settings, constants: dict[str, int], label: 
                           f"{memory.gib(check.output_bytes)})",
                           memory.case_need(check.input_bytes, check.output_bytes), free, lower)
     except memory.DoesNotFit as exc:
-        raise CaseFailed("memory", str(exc) + (f"\nreplay: {replay}" if replay else ""),
+        raise CaseFailed(SHORTFALL, str(exc) + (f"\nreplay: {replay}" if replay else ""),
                          shapes.format_case(constants) or "canonical") from None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import sys
 import time
 import warnings
 import weakref
@@ -185,21 +186,23 @@ def poisoned_memory(device: torch.device | str) -> Iterator[None]:
     was_fill = det.fill_uninitialized_memory
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # warn_only: non-deterministic ops would only warn
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        _deterministic(True, warn_only=True)
         det.fill_uninitialized_memory = True
         try:
             yield
         finally:
             det.fill_uninitialized_memory = was_fill
-            torch.use_deterministic_algorithms(was_on, warn_only=was_warn)
+            _deterministic(was_on, warn_only=was_warn)
 
 
-def import_lazy_modules() -> None:
-    """torch.use_deterministic_algorithms imports torch._inductor on its first call (seconds
-    on a busy machine): called before an item's watchdog starts, so that the import is
-    neither counted against `cudaopt_timeout` nor interrupted by it. Changes no setting."""
-    torch.use_deterministic_algorithms(torch.are_deterministic_algorithms_enabled(),
-                                       warn_only=torch.is_deterministic_algorithms_warn_only_enabled())
+def _deterministic(mode: bool, warn_only: bool) -> None:
+    """torch.use_deterministic_algorithms without the import of torch._inductor it makes only to
+    set Inductor's own flag (seconds of a correctness session on a CPU machine, for a flag no
+    eager call reads); where Inductor is loaded already, its flag follows as torch sets it."""
+    if "torch._inductor.config" in sys.modules:
+        torch.use_deterministic_algorithms(mode, warn_only=warn_only)
+    else:
+        torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)
 
 
 def poison_plan(snapshot: list[dict], device_index: int) -> list[int]:

@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
-from hypothesis import HealthCheck, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, Phase, settings as hsettings, strategies as st
 from hypothesis.strategies import SearchStrategy
+
+from pytest_cudaopt.correctness import derived
 
 DECLARATION = "CUDAOPT_SHAPES"
 ENTRY_POINTS = ("get_inputs", "get_init_inputs")
@@ -58,7 +60,12 @@ def hypothesis_settings(profile: str, max_examples: int | None = None) -> hsetti
     parent = hsettings.get_profile(f"cudaopt-{profile}")
     if _chosen_profile() not in _AUTOMATIC_PROFILES:  # --hypothesis-profile=NAME
         parent = hsettings.default
-    return hsettings(parent, max_examples=max_examples) if max_examples is not None else hsettings(parent)
+    # No explain phase, whatever the profile says: it traces the failing case (sys.settrace) to
+    # point at lines of the item's own code, which says nothing about a kernel, and it costs a run.
+    phases = tuple(phase for phase in parent.phases if phase is not Phase.explain)
+    if max_examples is not None:
+        return hsettings(parent, max_examples=max_examples, phases=phases)
+    return hsettings(parent, phases=phases)
 
 
 # -- finding the constants ---------------------------------------------------------------------
@@ -83,15 +90,22 @@ def _names_read(func: Callable, module: types.ModuleType, seen: set[int]) -> set
     return names
 
 
-def infer_constants(module: types.ModuleType) -> dict[str, int]:
+def infer_constants(module: types.ModuleType, follow_derived: bool = True) -> dict[str, int]:
     """The module-level int constants (not bools) that get_inputs/get_init_inputs read,
-    with their current values, in the order the module defines them."""
+    with their current values, in the order the module defines them. A constant model.py
+    computes from others (`bias_shape = (out_features,)`, see derived.py) is not drawn: it
+    follows them, and reading it reads them (unless `follow_derived` is false)."""
     read: set[str] = set()
     seen: set[int] = set()
     for entry in ENTRY_POINTS:
         func = module.__dict__.get(entry)
         if callable(func):
             read |= _names_read(func, module, seen)
+    following = derived.definitions(module) if follow_derived else []
+    for item in reversed(following):  # `hidden = 4 * dim` read means dim is read
+        if item.name in read:
+            read |= item.sources
+    read -= {item.name for item in following}
     found: dict[str, int] = {}
     for name, value in module.__dict__.items():
         if name not in read:
@@ -115,7 +129,8 @@ def _element(key: str) -> tuple[str, int | None]:
 
 @contextlib.contextmanager
 def applied(module: types.ModuleType, constants: Mapping[str, int]) -> Iterator[None]:
-    """Set the module's constants to `constants` for the duration, then restore them."""
+    """Set the module's constants to `constants`, and those computed from them (derived.py),
+    for the duration, then restore them."""
     values: dict[str, Any] = {}
     missing = []
     for key, value in constants.items():
@@ -130,6 +145,8 @@ def applied(module: types.ModuleType, constants: Mapping[str, int]) -> Iterator[
             values[name] = current[:index] + (value,) + current[index + 1:]
     if missing:
         raise ShapeError(f"{_file(module)} defines no constant {', '.join(missing)}")
+    # Constants computed from the ones set here follow them, unless `constants` names them too.
+    values.update(derived.recompute(module, values))
     saved = {name: module.__dict__[name] for name in values}
     module.__dict__.update(values)
     try:
@@ -235,6 +252,13 @@ class ShapeSpace:
     meta_note: str = ""
     canonical_bytes: int = 0             # inputs + outputs of the canonical case
     cap_note: str = ""                   # set when the size cap shrank to fit device memory
+    derived: dict[str, str] = field(default_factory=dict)  # name -> expression: follows the drawn values
+
+    def derived_note(self) -> str:
+        """'bias_shape = (out_features,) follows the drawn values', or ""."""
+        if not self.derived:
+            return ""
+        return "; ".join(f"{k} = {v}" for k, v in self.derived.items()) + " follow the drawn values"
 
 
 def shape_space(module: types.ModuleType, max_elements: int | None = None,
@@ -257,6 +281,7 @@ def shape_space(module: types.ModuleType, max_elements: int | None = None,
         max_elements, space.cap_note = cap_max_elements(max_elements, canonical.elements,
                                                         space.canonical_bytes, free_bytes)
     space.max_elements = max_elements
+    space.derived = {item.name: item.text for item in derived.definitions(module)}
     if declared is not None:
         spec = module.__dict__[DECLARATION]
         if isinstance(spec, Mapping) and not spec:
@@ -271,6 +296,8 @@ def shape_space(module: types.ModuleType, max_elements: int | None = None,
         return space
     space.strategy = st.fixed_dictionaries({name: around(value) for name, value in defaults.items()})
     space.source = "inferred from " + ", ".join(f"{k}={v}" for k, v in defaults.items())
+    if space.derived:
+        space.source += f" ({space.derived_note()})"
     return space
 
 

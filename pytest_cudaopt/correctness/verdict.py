@@ -22,7 +22,7 @@ from pytest_cudaopt.correctness.case import Abort, CaseFailed, free_bytes, run_c
 from pytest_cudaopt.correctness.faults import fault_line
 from pytest_cudaopt.correctness.precision import Precision, worst_tier
 from pytest_cudaopt.isolation import Breach
-from pytest_cudaopt.results import CorrectnessResult
+from pytest_cudaopt.results import SHORTFALL, CorrectnessResult
 from pytest_cudaopt.settings import replay_args
 from pytest_cudaopt.tensors import describe_inputs
 from pytest_cudaopt.workdir import Workdir
@@ -257,15 +257,15 @@ class _DrawnShapes:
             if failed is None:
                 raise
             failed.diagnose(self.loaded, self.settings)
-            flaky = "" if failed is exc else ("\n(the failure did not happen again when the case was replayed: "
-                                              "a race or other flaky behaviour)")
-            return failed.report + flaky, failed.check, failed
+            return failed.report + _unrepeated(failed, exc), failed.check, failed
         return "", "", None
 
     def notes(self) -> list[str]:
         notes = [self.stats.shapes()]
         if self.stats.constants:
             notes.append("constants " + ", ".join(f"{k} {lo}..{hi}" for k, (lo, hi) in self.stats.constants.items()))
+        if self.space.derived_note():
+            notes.append(self.space.derived_note())
         if self.space.cap_note:
             notes.append(self.space.cap_note)
         if self.explicit.never_above:
@@ -297,6 +297,18 @@ def _diagnosed(run, loaded: Workdir, settings):
     except CaseFailed as exc:
         exc.diagnose(loaded, settings)
         raise
+
+
+def _unrepeated(failed: CaseFailed, raised: BaseException) -> str:
+    """The note for a failure that Hypothesis did not see again when it replayed the case
+    ("" when it did). Free device memory depends on what else runs on the device: a memory
+    shortfall that the replay did not meet is no race of the candidate's."""
+    if failed is raised:
+        return ""
+    if failed.check == SHORTFALL:
+        return ("\n(the case found the device memory it needs when it was replayed: free memory depends on what "
+                "else runs on the device)")
+    return "\n(the failure did not happen again when the case was replayed: a race or other flaky behaviour)"
 
 
 def _case_failed(exc: BaseException) -> CaseFailed | None:

@@ -24,6 +24,9 @@ MODULES = (
 # Values that are data, not behaviour: torch updates some as it runs (torch.cuda._initialized).
 DATA = (bool, int, float, complex, str, bytes, type(None), tuple, list, dict, set, frozenset)
 # Lists of hooks the import system and the garbage collector call: code placed there runs later.
+# The process's tracing and profiling functions (sys.settrace, sys.setprofile): one installed
+# by the workdir's code sees every frame the reference and the harness run.
+TRACERS = ("sys.gettrace()", "sys.getprofile()")
 HOOK_LISTS = {"sys.meta_path": lambda: sys.meta_path, "sys.path_hooks": lambda: sys.path_hooks,
               "gc.callbacks": lambda: gc.callbacks}
 
@@ -197,8 +200,8 @@ def take_imports() -> dict[str, Any]:
     found: dict[str, Any] = {f"sys.modules[{name!r}]": module for name, module in sys.modules.items()
                              if name == "torch" or name.startswith("torch.")}
     found.update({name: tuple(get()) for name, get in HOOK_LISTS.items()})
-    found["sys.gettrace()"] = sys.gettrace()
-    found["sys.getprofile()"] = sys.getprofile()
+    found[TRACERS[0]] = sys.gettrace()
+    found[TRACERS[1]] = sys.getprofile()
     return found
 
 
@@ -214,11 +217,21 @@ def import_changes(before: dict[str, Any]) -> list[Change]:
             if added:
                 found.append(Change(IMPORT, name, f"added {', '.join(short(h) for h in added)}",
                                     origin_of(added[0]), _hooks_undo(name, value)))
+        elif name in TRACERS and (new is value or new is None or installed_tracer(new)):
+            continue  # Hypothesis's explain phase, a debugger, coverage: not the workdir's code
         elif new is not value and not (new == value and isinstance(value, DATA)) \
                 and not same_module(new, value):
             found.append(Change(IMPORT, name, f"was {short(value)}, now {short(new)}", origin_of(new),
                                 _module_undo(name, value) if name.endswith("]") else None))
     return found
+
+
+def installed_tracer(tracer: Any) -> bool:
+    """A tracing or profiling function (a plain function or a bound method: not a partial or
+    another wrapper, which could call anything) whose code is in an installed package or the
+    standard library (see `installed`)."""
+    function = tracer.__func__ if isinstance(tracer, types.MethodType) else tracer
+    return isinstance(function, types.FunctionType) and installed(function.__code__.co_filename)
 
 
 def installed(origin: str) -> bool:

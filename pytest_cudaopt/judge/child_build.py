@@ -5,12 +5,15 @@ that only collects (command line, environment and ini resolved as in the judging
 their in-process build finds everything up to date), then compiles. No candidate code runs:
 model_new.py is not imported and the built module is not loaded. After a build, the reference
 runs on the meta device for the memory one check may take (`check_need`), which the scheduler
-uses before the problem's first check. Exit 0 built, 1 the build failed (the compiler's report
-on stderr), 2 pytest could not start.
+uses before the problem's first check; its import runs under the `cudaopt_timeout` watchdog, so
+a model.py that never finishes importing ends the workdir here, once. Exit 0 built, 1 the build
+failed (the compiler's report on stderr), 2 pytest could not start, 3 (TIMEOUT_CODE) the
+reference's import or its run on meta did not end within cudaopt_timeout (the report says where).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -20,32 +23,59 @@ from pathlib import Path
 REPORT_MARK = "cudaopt judge: the build's report:"
 # Before the device bytes one check of this problem may take (read by stages.read_build).
 NEED_MARK = "cudaopt judge: one check may take bytes:"
+# The exit status of a build stage whose memory estimate hung (model.py's import, most likely).
+TIMEOUT_CODE = 3
 
 
-def check_need(workdir: Path) -> int | None:
+def check_need(workdir: Path, max_elements: int | None = None) -> int | None:
     """The device memory one check of this workdir's problem may take, from its reference on
     the meta device (model.py is the owner's locked code; nothing of the candidate runs): the
-    canonical case's budget (memory.case_budget) plus three copies of Model's parameters (the
-    reference's, its float64 copy, ModelNew's). None when the reference does not run on meta:
-    the scheduler then learns the need from the first check."""
+    budget of the largest case the check may judge (memory.largest_case_budget: the canonical
+    case, or, where model.py has shapes to draw, a drawn shape at the size cap `max_elements`,
+    cudaopt_max_elements, by default twice the canonical inputs') plus three copies of Model's parameters (the reference's, its
+    float64 copy, ModelNew's). None when the reference does not run on meta: the scheduler then
+    learns the need from the first check. The watchdog's HangTimeout is not caught here."""
     try:
         import torch
 
-        from pytest_cudaopt.correctness.shapes import check_on_meta
-        from pytest_cudaopt.memory import case_budget
+        from pytest_cudaopt.correctness.shapes import shape_space
+        from pytest_cudaopt.memory import largest_case_budget
         from pytest_cudaopt.workdir import import_file, module_prefix
 
         reference = import_file(f"{module_prefix(workdir)}.need", workdir / "model.py", workdir,
                                 {"cuda_extension": None, "model": None})
-        case = check_on_meta(reference, {})
-        if not case.valid:
+        space = shape_space(reference, max_elements)   # the check's own size cap, before free memory shrinks it
+        if not space.meta_usable:
             return None
         with torch.device("meta"):
             model = reference.Model(*reference.get_init_inputs())
         weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-        return case_budget(case.input_bytes, case.output_bytes) + 3 * weights
+        drawn = space.max_elements if space.strategy is not None else None   # nothing to draw: the canonical case
+        return largest_case_budget(space.canonical_bytes, space.canonical_elements, drawn) + 3 * weights
     except Exception:  # noqa: BLE001 - an estimate, never a verdict
         return None
+
+
+def estimate_within(workdir: Path, settings) -> tuple[int | None, str]:
+    """`check_need` under the `cudaopt_timeout` watchdog: (need, "") or, when the reference's
+    import or its run on meta did not end in time, (None, the report: the limit and where in
+    the workdir's files it hung). A hang that no signal interrupts ends the process with
+    TIMEOUT_CODE after the report."""
+    from pytest_cudaopt.supervision import workdir_frames
+    from pytest_cudaopt.watchdog import HangTimeout, Watchdog, main_stack
+
+    def stuck(message: str) -> None:
+        print(f"{REPORT_MARK}\n{message}\nwhere it was (innermost last):\n{main_stack()}", file=sys.stderr, flush=True)
+        os._exit(TIMEOUT_CODE)
+
+    dog = Watchdog(settings.timeout, f"the build stage of {workdir}", on_stuck=stuck)
+    dog.stage = "importing model.py and running its Model on the meta device (the memory estimate)"
+    try:
+        with dog:
+            return check_need(workdir, settings.max_elements), ""
+    except HangTimeout as exc:
+        where = workdir_frames(exc, workdir) or "  (not in the workdir's files)"
+        return None, f"{dog.message()}\nwhere it was:\n{where}"
 
 
 class BuildPlugin:
@@ -69,7 +99,10 @@ class BuildPlugin:
             self.code = 1
             return
         print(build.describe(result), flush=True)
-        need = check_need(self.workdir)
+        need, hung = estimate_within(self.workdir, settings)
+        if hung:
+            self.report, self.code = hung, TIMEOUT_CODE
+            return
         if need is not None:
             print(f"{NEED_MARK} {need}", flush=True)
         self.code = 0

@@ -10,6 +10,16 @@ from typing import Sequence, TextIO
 from pytest_cudaopt.judge.lines import table_rows
 
 
+def clipped(text: str, width: int = 100) -> str:
+    """`text` cut to at most `width` characters at a word boundary, with "..." where it was cut."""
+    if len(text) <= width:
+        return text
+    cut = text[:width - 3]
+    if text[width - 3] != " " and " " in cut:  # a word cut in two: left out
+        cut = cut.rsplit(" ", 1)[0]
+    return cut.rstrip(" ,;:(") + "..."
+
+
 class Progress:
     """A bar on a terminal (rewritten in place), else one line per finished workdir."""
 
@@ -33,7 +43,7 @@ class Progress:
         self.passed += bool(line["passed"])
         if not self.tty:
             verdict = "PASS" if line["passed"] else "FAIL"
-            why = f" ({line['reason'].splitlines()[0][:100]})" if line.get("reason") and not line["passed"] else ""
+            why = f" ({clipped(line['reason'].splitlines()[0])})" if line.get("reason") and not line["passed"] else ""
             self.stream.write(f"cudaopt judge: {self.done}/{self.total} {line['workdir']}: {line['status']} "
                               f"{verdict}{why} {line['seconds'].get('total', 0):.1f} s\n")
             self.stream.flush()
@@ -62,8 +72,10 @@ def summary(lines: Sequence[dict], *, wall_s: float, busy: dict[str, float], roo
     from pytest_cudaopt.report import render_rows  # imports torch: only once there is a table to show
 
     passed = sum(1 for line in lines if line["passed"])
-    notes = [f"{len(lines)} workdirs in {wall_s:.1f} s: {passed} passed; "
-             f"{len(lines) * 3600 / max(wall_s, 1e-9):.0f} workdirs per hour"]
+    judged = sum(1 for line in lines if line["status"] not in ("error", "cancelled"))
+    rate = (f"{judged * 3600 / wall_s:.0f} workdirs per hour" if judged and wall_s >= 0.1 else
+            "nothing judged" if not judged else "too quick for a rate")
+    notes = [f"{len(lines)} workdirs in {wall_s:.1f} s: {passed} passed; {rate}"]
     if busy:
         notes.append("busy: " + ", ".join(f"{name} {fraction:.0%}" for name, fraction in busy.items()))
     spent: dict[str, float] = {}

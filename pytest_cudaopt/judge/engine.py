@@ -40,18 +40,29 @@ class Judge:
         self.skipped = len(self.workdirs) - len(todo)
         if not todo:
             return
+        named: set[str] = set()
+        try:
+            backend = self._backend(todo)
+            try:
+                for line in backend.lines():
+                    named.add(line["workdir"])
+                    yield line
+            finally:
+                self.busy, self.wall_s = backend.busy, backend.wall_s
+        except Exception as exc:  # noqa: BLE001 - the judge's own failure: each workdir left still gets its line
+            why = f"not judged: the judge failed before this workdir was judged: {type(exc).__name__}: {exc}"
+            for workdir in todo:
+                if str(workdir) not in named:
+                    yield line_module.unjudged(str(workdir), result_key(str(workdir), "", self.options), "error", why)
+
+    def _backend(self, todo: list[Path]):
         if self.ray:
             from pytest_cudaopt.judge.ray_backend import RayPool
 
-            backend = RayPool(todo, self.options, self.ray, init=self.ray_init)
-        else:
-            from pytest_cudaopt.judge.pool import LocalPool
+            return RayPool(todo, self.options, self.ray, init=self.ray_init)
+        from pytest_cudaopt.judge.pool import LocalPool
 
-            backend = LocalPool(todo, self.options, on_event=self.on_event)
-        try:
-            yield from backend.lines()
-        finally:
-            self.busy, self.wall_s = backend.busy, backend.wall_s
+        return LocalPool(todo, self.options, on_event=self.on_event)
 
 
 def _key(workdir: Path, options: Options) -> str | None:

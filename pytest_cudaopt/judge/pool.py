@@ -16,7 +16,7 @@ from pytest_cudaopt.judge import lines, runner, sandbox
 from pytest_cudaopt.judge.devices import DeviceSet, cpu_slots, gpus
 from pytest_cudaopt.judge.options import Options, result_key
 from pytest_cudaopt.judge.scheduler import STAGES, Scheduler, Task
-from pytest_cudaopt.judge.stages import FAILED, OK, StageResult, prestart, run_stage
+from pytest_cudaopt.judge.stages import FAILED, OK, StageResult, prestart, run_stage, shortfall
 
 
 def resolve_devices(options: Options) -> DeviceSet:
@@ -39,6 +39,7 @@ class Job:
     started: float = field(default_factory=time.monotonic)
     content: str = ""
     warm: dict[str, runner.Warm] = field(default_factory=dict)   # stage -> its child, started ahead
+    note: str = ""   # a check judged again alone: why
 
     @property
     def copy(self) -> Path:
@@ -137,8 +138,8 @@ class LocalPool:
     def _prestart_next(self, job: Job, stage: str) -> None:
         """The child of the job's next stage starts now and imports while this stage runs."""
         following = STAGES[STAGES.index(stage) + 1:]
-        if not self.options.prestart or not following or self.children.stopping:
-            return
+        if not self.options.prestart or not following or following[0] in job.warm or self.children.stopping:
+            return   # (a check retried alone keeps the perf child started for its first run)
         try:
             job.warm[following[0]] = prestart(following[0], job.copy, job.out, self.devices, self.options,
                                               self.children)
@@ -146,14 +147,25 @@ class LocalPool:
             pass
 
     def _finished(self, scheduler: Scheduler, job: Job, task: Task, result: StageResult) -> dict | None:
-        job.results.append(result)
-        job.seconds[task.stage] = result.seconds
         self.on_event("end", job, task, result)
+        peak = _peak(result.report) if task.stage == "check" else None
+        short = shortfall(result)
+        if short is not None and scheduler.shared(task):   # not the candidate's: judged again, alone
+            job.seconds[task.stage] = job.seconds.get(task.stage, 0.0) + result.seconds
+            job.note = (f"ran out of device memory on {task.device} beside other checks ({short.splitlines()[0]}); "
+                        f"judged again alone on an idle device")
+            scheduler.finish(task, peak_bytes=peak, retry_alone=True)
+            return None
+        if short is not None:
+            result.reason = self._shortfall_reason(task.device, short)
+        if task.stage == "check" and job.note:
+            result.note = job.note
+        job.results.append(result)
+        job.seconds[task.stage] = job.seconds.get(task.stage, 0.0) + result.seconds
         proceed = result.status == OK or (result.status == FAILED and self.options.all_stages)
         if result.need_bytes is not None:
             scheduler.expect(job.problem, result.need_bytes)
-        peak = _peak(result.report) if task.stage == "check" else None
-        if scheduler.finish(task, proceed=proceed, peak_bytes=peak) is not None:
+        if scheduler.finish(task, proceed=proceed, peak_bytes=peak, complete=result.status == OK) is not None:
             return None
         for stage in STAGES[STAGES.index(task.stage) + 1:]:
             job.results.append(StageResult(stage, "not-run", reason=f"not run: the {task.stage} stage {result.status}"))
@@ -165,6 +177,14 @@ class LocalPool:
         if not self.options.keep:
             shutil.rmtree(job.folder, ignore_errors=True)
         return line
+
+    def _shortfall_reason(self, device: str | None, message: str) -> str:
+        """A check that ran out of device memory with its device to itself: the workdir's own."""
+        total = self.devices.memory.get(device) if device is not None else None
+        size = f" ({total / (1 << 30):.2f} GiB in all)" if total else ""
+        where = device if self.devices.cpu else f"GPU {device}"
+        return (f"correctness ran out of device memory on {where}{size} with no other check beside it, so the "
+                f"shortfall is this workdir's: {message.splitlines()[0]}")
 
     def _line(self, job: Job, status: str | None = None, reason: str | None = None) -> dict:
         name = self.names[job.index]

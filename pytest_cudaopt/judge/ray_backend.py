@@ -15,6 +15,7 @@ from pytest_cudaopt.judge.devices import cpu_slots, gpus
 from pytest_cudaopt.judge.options import Options, result_key
 
 RETRIES = 3   # re-runs of a task whose worker process or node died (Ray's max_retries)
+PROBE_S = 5.0  # how long the driver waits for a cluster's address to accept a connection
 
 
 def remote_judge(packed: bytes, name: str, key: str, options_json: dict) -> dict:
@@ -59,6 +60,7 @@ class RayPool:
         import ray
 
         if not ray.is_initialized():
+            probe(self.address)
             ray.init(address=None if self.address == "local" else self.address,
                      log_to_driver=False, **self.init)
         resources = {"num_cpus": 1} if self.options.cpu else {"num_cpus": 1, "num_gpus": 1}
@@ -69,10 +71,21 @@ class RayPool:
     def lines(self) -> Iterator[dict]:
         import time
 
-        import ray
-
         start = time.monotonic()
-        remote = self._remote()
+        try:
+            import ray
+
+            remote = self._remote()
+        except ImportError as exc:
+            yield from self._unjudged(f"not judged: the Ray backend needs the ray extra "
+                                      f"(pip install -e '.[ray]'): {exc}")
+            return
+        except Exception as exc:  # noqa: BLE001 - ConnectionError, a refused address, Ray's own errors
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            yield from self._unjudged(f"not judged: no Ray cluster answered at --ray {self.address} "
+                                      f"({type(exc).__name__}: {first}); start one (`ray start --head`) or name "
+                                      f"the address of one that runs")
+            return
         pending: dict[Any, tuple[str, str]] = {}
         for name, workdir in zip(self.names, self.workdirs):
             try:
@@ -98,3 +111,24 @@ class RayPool:
             seen.add(line["key"])
             yield line
         self.wall_s = time.monotonic() - start
+
+    def _unjudged(self, reason: str) -> Iterator[dict]:
+        for name in self.names:
+            yield lines.unjudged(name, result_key(name, "", self.options), "error", reason)
+
+
+def probe(address: str, wait_s: float = PROBE_S) -> None:
+    """Raise ConnectionError at once when nothing accepts connections at the cluster's address
+    (`host:port` or `ray://host:port`; "auto" and "local" are Ray's to find or start), instead
+    of Ray's own retries for minutes."""
+    import socket
+
+    if address in ("auto", "local"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return   # Ray says what is wrong with it
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=wait_s).close()
+    except OSError as exc:
+        raise ConnectionError(f"nothing accepts connections at {host}:{port}: {exc}") from None

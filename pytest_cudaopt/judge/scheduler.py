@@ -8,7 +8,8 @@ from typing import Callable, Sequence
 
 # The stages of a workdir, in order. build and policy run on the host's CPUs (no device); check
 # (correctness and the other non-perf items) may share its device with other checks; perf has
-# its device to itself: no other stage of any workdir runs there while it times.
+# its device to itself: no other stage of any workdir runs there while it times. A check that ran
+# out of device memory beside other checks runs again alone, as a perf stage does.
 STAGES = ("build", "policy", "check", "perf")
 CPU_STAGES = frozenset({"build", "policy"})
 OVERHEAD_BYTES = 2 << 30   # what a judging process holds besides its cases (the CUDA context, workspaces)
@@ -30,14 +31,14 @@ class Device:
     name: str
     memory: int | None = None                               # bytes; None: only the count limits sharing
     checks: dict[int, int | None] = field(default_factory=dict)   # job -> memory it was given
-    perf: int | None = None                                  # the job timing here, alone
-    draining: bool = False                                   # a perf stage waits for it: no new checks
+    alone: int | None = None                                 # the job that has it to itself (perf, a check retried)
+    draining: bool = False                                   # a stage that runs alone waits for it: no new checks
     busy_s: float = 0.0
     busy_since: float | None = None
 
     @property
     def idle(self) -> bool:
-        return not self.checks and self.perf is None
+        return not self.checks and self.alone is None
 
 
 @dataclass
@@ -46,15 +47,17 @@ class _Job:
     problem: str | None
     waiting: str | None = None      # the stage ready to start
     running: Task | None = None
+    alone: bool = False             # its check runs alone (it ran out of memory beside others)
 
 
 class Scheduler:
     """Assigns stages to CPU slots (`jobs` at once) and devices. A device takes up to `share`
-    checks at once while their memory fits (a problem's need: the build's estimate (`expect`),
-    then at least its first check's peak; unknown needs count as memory/share), or one perf
-    stage alone. Perf stages go first;
-    a perf stage that finds no idle device drains one (no new checks there) until it is idle.
-    `clock` is injectable so tests can account busy time without waiting."""
+    checks at once while what each may take fits beside the others (a problem's need: the
+    build's estimate (`expect`: the largest case its check may draw), then the peak its first
+    complete check measured, never less than any check's; unknown needs count as memory/share),
+    or one stage alone: a perf stage, or a check retried alone (`finish(retry_alone=True)`).
+    Those go first; one that finds no idle device drains one (no new checks there) until it is
+    idle. `clock` is injectable so tests can account busy time without waiting."""
 
     def __init__(self, devices: Sequence[str], *, jobs: int = 2, share: int = 2,
                  memory: dict[str, int] | None = None, clock: Callable[[], float] = time.monotonic):
@@ -67,7 +70,10 @@ class Scheduler:
         self.started = clock()
         self._jobs: dict[int, _Job] = {}
         self._cpu_running = 0
-        self.need: dict[str, int] = {}   # problem -> learned memory of one check
+        self.need: dict[str, int] = {}   # problem -> the memory one check may take
+        self._peaks: dict[str, int] = {}  # problem -> the largest measured (peak + overhead)
+        self._measured: set[str] = set()  # problems whose need a complete check measured
+        self._shared: set[int] = set()    # jobs whose running check had another check beside it
 
     # -- jobs -----------------------------------------------------------------------------
 
@@ -92,21 +98,24 @@ class Scheduler:
     # -- assignment -----------------------------------------------------------------------
 
     def ready(self) -> list[Task]:
-        """The tasks that may start now, marked running: perf first, then checks, then CPU stages."""
+        """The tasks that may start now, marked running: the stages that run alone first (perf,
+        a check retried alone), then checks, then CPU stages."""
         started: list[Task] = []
         waiting = sorted(self.waiting())
-        for job, stage in [w for w in waiting if w[1] == "perf"]:
+        for job, stage in [w for w in waiting if self._sole(*w)]:
             device = next((d for d in self.devices if d.idle and d.draining), None) or next(
                 (d for d in self.devices if d.idle), None)
             if device is None:
                 self._drain()
                 continue
-            device.perf = job
+            device.alone = job
             started.append(self._start(job, stage, device))
         self._release_drains()
-        for job, stage in [w for w in waiting if w[1] == "check"]:
+        for job, stage in [w for w in waiting if w[1] == "check" and not self._sole(*w)]:
             device = self._fitting(self._jobs[job].problem)
             if device is not None:
+                if device.checks:   # beside others: a shortfall of either is no candidate's
+                    self._shared.update([*device.checks, job])
                 device.checks[job] = self._need(self._jobs[job].problem, device)
                 started.append(self._start(job, stage, device))
         for job, stage in [w for w in waiting if w[1] in CPU_STAGES]:
@@ -115,6 +124,10 @@ class Scheduler:
             self._cpu_running += 1
             started.append(self._start(job, stage, None))
         return started
+
+    def _sole(self, job: int, stage: str) -> bool:
+        """The stage has its device to itself: perf, or a check retried alone."""
+        return stage == "perf" or (stage == "check" and self._jobs[job].alone)
 
     def _start(self, job: int, stage: str, device: Device | None) -> Task:
         if device is not None:
@@ -132,7 +145,7 @@ class Scheduler:
         """The device with the fewest checks that takes one more (no perf, not draining, memory fits)."""
         fits = []
         for device in self.devices:
-            if device.perf is not None or device.draining or len(device.checks) >= self.share:
+            if device.alone is not None or device.draining or len(device.checks) >= self.share:
                 continue
             need = self._need(problem, device)
             used = sum(n or 0 for n in device.checks.values())
@@ -142,54 +155,74 @@ class Scheduler:
         return min(fits, key=lambda d: len(d.checks)) if fits else None
 
     def _drain(self) -> None:
-        """One more device stops taking checks, for a waiting perf stage (as many draining
-        devices as perf stages wait, the one with the fewest checks first)."""
-        waiting = sum(1 for _, s in self.waiting() if s == "perf")
+        """One more device stops taking checks, for a stage waiting to run alone (as many
+        draining devices as such stages wait, the one with the fewest checks first)."""
+        waiting = sum(1 for w in self.waiting() if self._sole(*w))
         if sum(d.draining for d in self.devices) >= waiting:
             return
-        candidates = [d for d in self.devices if not d.draining and d.perf is None and not d.idle]
+        candidates = [d for d in self.devices if not d.draining and d.alone is None and not d.idle]
         if candidates:
             min(candidates, key=lambda d: len(d.checks)).draining = True
 
     def _release_drains(self) -> None:
-        """A device drains only while a perf stage waits for it (and never while it times)."""
-        waiting = sum(1 for _, s in self.waiting() if s == "perf")
+        """A device drains only while a stage waits to run alone (and never while one does)."""
+        waiting = sum(1 for w in self.waiting() if self._sole(*w))
         for device in self.devices:
-            if device.draining and (device.perf is not None or waiting <= 0):
+            if device.draining and (device.alone is not None or waiting <= 0):
                 device.draining = False
             elif device.draining:
                 waiting -= 1
 
     def expect(self, problem: str | None, need_bytes: int) -> None:
-        """A problem's estimated check memory (the build's, from its reference on meta), used
-        until its first check teaches the scheduler its peak (which then counts with it)."""
+        """A problem's estimated check memory (the build's, from its reference on meta: the
+        largest case its check may draw), used until a complete check measures its peak."""
         if problem is not None and problem not in self.need:
-            self.need[problem] = need_bytes
+            self.need[problem] = max(need_bytes, self._peaks.get(problem, 0))
+
+    def shared(self, task: Task) -> bool:
+        """Whether the running check `task` had another check beside it on its device at any time."""
+        return task.job in self._shared
 
     # -- completion -----------------------------------------------------------------------
 
-    def finish(self, task: Task, *, proceed: bool = True, peak_bytes: int | None = None) -> str | None:
-        """Mark `task` done. `proceed`: go on to the job's next stage (False drops the rest).
-        A check's `peak_bytes` teaches the scheduler its problem's memory. Returns the next
-        stage of the job, or None when the job is over."""
+    def finish(self, task: Task, *, proceed: bool = True, peak_bytes: int | None = None, complete: bool = False,
+               retry_alone: bool = False) -> str | None:
+        """Mark `task` done. `proceed`: go on to the job's next stage (False drops the rest);
+        `retry_alone`: run the same stage again, alone on an idle device. A check's `peak_bytes`
+        teaches the scheduler its problem's memory: the first `complete` one (every case judged)
+        replaces the estimate, and no check's peak is ever exceeded. Returns the job's next
+        stage, or None when the job is over."""
         job = self._jobs[task.job]
         if job.running != task:
             raise ValueError(f"{task} is not running")
-        job.running = None
+        job.running, alone = None, job.alone
+        job.alone = False
+        self._shared.discard(task.job)
         if task.device is None:
             self._cpu_running -= 1
         else:
             device = self._device(task.device)
             self._touch(device)
             device.checks.pop(task.job, None)
-            if device.perf == task.job:
-                device.perf = None
+            if device.alone == task.job:
+                device.alone = None
             self._touch(device)
         if task.stage == "check" and peak_bytes is not None and job.problem is not None:
-            self.need[job.problem] = max(self.need.get(job.problem, 0), peak_bytes + OVERHEAD_BYTES)
+            self._learn(job.problem, peak_bytes + OVERHEAD_BYTES, complete)
+        if retry_alone and not alone:
+            job.waiting, job.alone = task.stage, True
+            return job.waiting
         following = job.stages[job.stages.index(task.stage) + 1:] if proceed else []
         job.waiting = following[0] if following else None
         return job.waiting
+
+    def _learn(self, problem: str, measured: int, complete: bool) -> None:
+        self._peaks[problem] = max(self._peaks.get(problem, 0), measured)
+        if complete and problem not in self._measured:
+            self._measured.add(problem)
+            self.need[problem] = self._peaks[problem]
+        else:
+            self.need[problem] = max(self.need.get(problem, 0), measured)
 
     def _device(self, name: str) -> Device:
         return next(d for d in self.devices if d.name == name)

@@ -43,6 +43,7 @@ class StageResult:
     objects: dict[str, int] = field(default_factory=dict)
     tail: str = ""
     need_bytes: int | None = None   # the build's estimate of one check's device memory
+    note: str = ""                  # what the judge did about the stage (a check retried alone)
 
     def to_json(self) -> dict[str, Any]:
         """The stage in the line: its items counted by kind and outcome, the failed ones named
@@ -62,6 +63,8 @@ class StageResult:
             del data["objects"]
         if self.need_bytes is None:
             del data["need_bytes"]
+        if not self.note:
+            del data["note"]
         return data
 
 
@@ -164,12 +167,12 @@ def read_build(outcome: runner.Outcome) -> StageResult:
     ended = _ended("build", outcome)
     if ended is not None:
         return ended
-    from pytest_cudaopt.judge.child_build import NEED_MARK, REPORT_MARK
+    from pytest_cudaopt.judge.child_build import NEED_MARK, REPORT_MARK, TIMEOUT_CODE
 
     if outcome.returncode == 0:
         return StageResult("build", OK, outcome.seconds, exit_code=0, need_bytes=_need(outcome.log, NEED_MARK))
 
-    status = "build-failed" if outcome.returncode == 1 else "error"
+    status = {1: "build-failed", TIMEOUT_CODE: "timeout"}.get(outcome.returncode, "error")
     tail = outcome.tail
     report = tail[tail.rindex(REPORT_MARK) + len(REPORT_MARK):].strip() if REPORT_MARK in tail else tail
     return StageResult("build", status, outcome.seconds, exit_code=outcome.returncode, tail=tail,
@@ -223,12 +226,26 @@ def read_pytest(stage: str, outcome: runner.Outcome, report_path: Path, junit_pa
     elif report is None:
         result.status, result.reason = "crashed", f"the {stage} stage ended without writing its JSON report"
     elif report.get("complete") is False:
-        hung = any(r.get("data", {}).get("check") == "timeout" for r in report.get("results", []))
-        result.status = "timeout" if hung else "crashed"
+        result.status = "timeout" if _timed_out(report) else "crashed"
         result.reason = f"the {stage} stage ended early, while running {report.get('running')}"
     else:
         result.status, result.reason = _verdict(stage, outcome.returncode, report, cases)
+        if result.status == FAILED and _timed_out(report):   # its later items failed at once: the workdir ends here
+            result.status = "timeout"
     return result
+
+
+def _failed(cases: list[dict], report: dict) -> list[str]:
+    """`perf test_speedup (speedup 0.085x is below the required 1.05x)` for each failed case:
+    its kind, its name and the reason the report gives it."""
+    said = {(item.get("kind"), str(item.get("test", "")).split("::")[-1]): item.get("reason")
+            for item in report.get("items", []) if isinstance(item, dict)}
+    found = []
+    for case in cases:
+        if case["outcome"] in ("failure", "error"):
+            reason = said.get((case["kind"], case["name"]))
+            found.append(f"{case['kind']} {case['name']}" + (f" ({reason})" if reason else ""))
+    return found
 
 
 def _verdict(stage: str, returncode: int, report: dict, cases: list[dict]) -> tuple[str, str | None]:
@@ -238,9 +255,34 @@ def _verdict(stage: str, returncode: int, report: dict, cases: list[dict]) -> tu
             return FAILED, f"no {kind} items were collected"
         if all(c["outcome"] == "skipped" for c in mine):
             return FAILED, f"every {kind} item was skipped"
-    failed = [f"{c['kind']} {c['name']}" for c in cases if c["outcome"] in ("failure", "error")]
+    failed = _failed(cases, report)
     if failed:
         return FAILED, "failed: " + ", ".join(failed[:5]) + (f" and {len(failed) - 5} more" if len(failed) > 5 else "")
     if returncode != 0 or not report.get("passed"):
         return FAILED, "the report does not say passed" if returncode == 0 else f"pytest exited {returncode}"
     return OK, None
+
+
+def _timed_out(report: dict) -> bool:
+    """Whether an item of the child timed out (the watchdog's TIMEOUT: a correctness row, or an
+    item's reason), though the session went on to its end."""
+    from pytest_cudaopt.watchdog import TIMEOUT_MARK
+
+    return (any(r.get("data", {}).get("check") == "timeout" for r in report.get("results", []))
+            or any(str(i.get("reason", "")).startswith(TIMEOUT_MARK) for i in report.get("items", [])
+                   if isinstance(i, dict) and i.get("status") != "passed"))
+
+
+def shortfall(result: StageResult) -> str | None:
+    """The message of a check that failed only for want of device memory (its failed
+    correctness records all of check SHORTFALL, nothing else failed), or None."""
+    from pytest_cudaopt.results import SHORTFALL
+
+    if result.stage != "check" or result.status != FAILED or not result.report:
+        return None
+    failed = [r for r in result.report.get("results", []) if not r.get("passed")]
+    memory = [r for r in failed if r.get("kind") == "correctness" and r.get("data", {}).get("check") == SHORTFALL]
+    others = [c for c in result.cases if c["outcome"] in ("failure", "error") and c["kind"] != "correctness"]
+    if not memory or len(memory) != len(failed) or others:
+        return None
+    return str(memory[0]["data"].get("message") or "the check ran out of device memory")

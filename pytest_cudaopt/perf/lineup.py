@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +23,27 @@ PEERS_FILE = "peers.py"
 
 class PeerError(Exception):
     """peers.py cannot be loaded or one of its peers cannot be built (message names which)."""
+
+
+# torch's structured-trace logger: an empty DEBUG record for each step of a compile, which
+# pytest's log capture (attached to it, though it does not propagate) shows under a failed item.
+TRACE_LOGGER = "torch.__trace"
+
+
+@contextmanager
+def quiet_compile_log() -> Iterator[None]:
+    """torch's structured-trace logger silenced inside the block, unless TORCH_TRACE asks for
+    the trace (then its records go to torch's own handler as usual)."""
+    log = logging.getLogger(TRACE_LOGGER)
+    if os.environ.get("TORCH_TRACE"):
+        yield
+        return
+    level = log.level
+    log.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 @contextmanager

@@ -322,19 +322,24 @@ def _tensor_operators(toks: list[Token]) -> Iterator[tuple[int, str, str]]:
 _CONV_NAME = re.compile(r"(Lazy)?Conv(Transpose)?[123]d|conv(_transpose)?[123]d")
 
 
-def check_convolution(workdir: Path, scan: KernelScan) -> list[Violation]:
-    """CV001: a convolution in model.py is done with cuDNN in kernels/."""
-    path = workdir / "model.py"
+def model_convolutions(path: Path) -> dict[str, int]:
+    """The convolutions a model.py names: "forward" / "transposed" -> the first line (CV001)."""
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
     except (OSError, SyntaxError, ValueError):
-        return []
-    uses: dict[str, int] = {}  # "forward" / "transposed" -> first line
+        return {}
+    uses: dict[str, int] = {}
     for node in ast.walk(tree):
         name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
         if name and _CONV_NAME.fullmatch(name):
             kind = "transposed" if "ranspose" in name else "forward"
             uses[kind] = min(uses.get(kind, node.lineno), node.lineno)
+    return uses
+
+
+def check_convolution(workdir: Path, scan: KernelScan) -> list[Violation]:
+    """CV001: a convolution in model.py is done with cuDNN in kernels/."""
+    uses = model_convolutions(workdir / "model.py")
     # An empty kernels/ (a workdir fresh from `cudaopt init`) has nothing to judge yet.
     if not uses or not any(p.suffix in SOURCE_SUFFIXES for p in kernel_files(workdir)):
         return []

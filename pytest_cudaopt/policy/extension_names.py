@@ -6,10 +6,10 @@ import ast
 from pathlib import Path
 from typing import Any
 
-from pytest_cudaopt.policy.rules import Violation
+from pytest_cudaopt.policy.rules import BUILD_RULES, Violation
 
 RULE = "EX001"
-RULE_TEXT = "every cuda_extension function that model_new.py calls is defined by the built extension"
+RULE_TEXT = BUILD_RULES[RULE]
 
 
 def called_functions(model_new: Path) -> list[tuple[int, str]]:

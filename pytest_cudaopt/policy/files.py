@@ -162,15 +162,19 @@ def check_protected(workdir: Path) -> list[Violation]:
     if "model.py" not in recorded:
         found.append(Violation(LOCK_NAME, 1, "PF002", f"lock file records no model.py; {hint}"))
     current = _locked_files(workdir)
+    owner = f"; only the owner changes it (then `{LOCK_COMMAND.format(workdir=workdir)}`)"
     for name in sorted(set(recorded) | set(current)):
         path = workdir / name
         if name not in recorded:
-            found.append(Violation(name, 1, "PF003", f"{name} was added after the workdir was locked"))
+            found.append(Violation(name, 1, "PF003", f"{name} was added after the workdir was locked{owner}"))
         elif not path.is_file():
-            found.append(Violation(LOCK_NAME, 1, "PF003", f"{name} was recorded in {LOCK_NAME} but is missing"))
+            found.append(Violation(LOCK_NAME, 1, "PF003",
+                                   f"{name} was recorded in {LOCK_NAME} but is missing{owner}"))
         elif _sha256(path) != recorded[name] and UPSTREAM_SHA256.get(name) != _sha256(path):
             found.append(Violation(name, 1, "PF003", f"{name} changed since it was recorded in {LOCK_NAME} "
-                                                     f"(sha256 differs); restore it from version control"))
+                                                     f"(sha256 differs); restore it from version control, "
+                                                     f"or, for an intended change, the owner records it with "
+                                                     f"`{LOCK_COMMAND.format(workdir=workdir)}`"))
     settings = {key: hashlib.sha256(text.encode()).hexdigest() for key, text in locked_settings(workdir).items()}
     for key in sorted(set(recorded_settings) | set(settings)):
         source = key.split(" ", 1)[0]
@@ -182,8 +186,7 @@ def check_protected(workdir: Path) -> list[Violation]:
             message = f"setting {key} changed since it was recorded in {LOCK_NAME}"
         else:
             continue
-        found.append(Violation(source, 1, "PF003", message + "; only the owner changes it (then `"
-                               + LOCK_COMMAND.format(workdir=workdir) + "`)"))
+        found.append(Violation(source, 1, "PF003", message + owner))
     return found
 
 

@@ -70,6 +70,18 @@ RULES: dict[str, str] = {
     "CF001": "the `[tool.cudaopt]` table of the workdir's pyproject.toml is valid",
 }
 RULE_IDS: tuple[str, ...] = tuple(RULES)
+# The rules that run the workdir's code (import model.py and model_new.py, construct the
+# models); every other rule only reads files, and never imports them.
+IMPORTS_WORKDIR = frozenset({"MN010"})
+# The rule that needs the built extension (policy/extension_names.py): a pytest item of its own,
+# and in `cudaopt check` only once a build exists.
+BUILD_RULES = {"EX001": "every cuda_extension function that model_new.py calls is defined by the built extension"}
+
+
+def rule_count(built: bool = True) -> int:
+    """How many rules a check runs: the static ones, and those of BUILD_RULES when `built`
+    (`pytest -m policy` always collects them: one item per rule)."""
+    return len(RULES) + (len(BUILD_RULES) if built else 0)
 
 
 @dataclass(frozen=True, order=True)
@@ -192,25 +204,28 @@ def format_violation(violation: Violation, workdir: Path) -> str:
     return f"{_display_path(workdir, violation.path)}:{violation.line}: {violation.rule}: {violation.message}"
 
 
-def render(violations: list[Violation], workdir: Path, as_json: bool = False) -> str:
-    """The output of `cudaopt check`: one line per violation and a summary, or JSON."""
+def render(violations: list[Violation], workdir: Path, as_json: bool = False, built: bool = True) -> str:
+    """The output of `cudaopt check`: one line per violation and a summary, or JSON; `built`:
+    the rules of BUILD_RULES were checked (against a build)."""
     workdir = Path(workdir).resolve()
     disabled = sorted(load_config(workdir).disable)
     if as_json:
         return json.dumps({
             "workdir": str(workdir),
             "passed": not violations,
-            "rules": RULES,
+            "rules": {**RULES, **BUILD_RULES} if built else RULES,
             "disabled": disabled,
             "violations": [v.to_json() for v in violations],
         }, indent=2)
     lines = [format_violation(v, workdir) for v in violations]
     note = f"; disabled in pyproject.toml: {', '.join(disabled)}" if disabled else ""
+    if not built:
+        note += f"; {', '.join(BUILD_RULES)} not checked: no build yet (`cudaopt build`)"
     if violations:
         rules = sorted({v.rule for v in violations})
         lines.append(f"cudaopt check: {len(violations)} violation(s) of {', '.join(rules)} in {workdir}{note}")
     else:
-        lines.append(f"cudaopt check: {workdir} follows all {len(RULES) - len(disabled)} rules{note}")
+        lines.append(f"cudaopt check: {workdir} follows all {rule_count(built) - len(disabled)} rules{note}")
     return "\n".join(lines)
 
 

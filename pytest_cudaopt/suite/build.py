@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_cudaopt.build import BuildError
+from pytest_cudaopt.watchdog import set_stage
 
 
 @pytest.mark.build
@@ -13,6 +14,7 @@ class TestBuild:
     items reuse the module, and refer to this item's report when the build failed."""
 
     def test_extension(self, request, cudaopt_session, cudaopt_workdir_path) -> None:
+        set_stage("building the extension")
         try:
             cudaopt_session.extension(cudaopt_workdir_path)
         except BuildError as exc:

@@ -79,7 +79,7 @@ class TestPerf:
         if cudaopt_settings.trace:
             tracer = (cudaopt_session.verdict_hook(request.node, "pytest_cudaopt_perf_tracer", device=device)
                       or trace.default_tracer(device))
-        with torch.no_grad():
+        with torch.no_grad(), lineup.quiet_compile_log():
             result, extra = judge(workdir=workdir, settings=cudaopt_settings, seed=cudaopt_session.seed,
                                   clock=clock, test=request.node.nodeid, tracer=tracer,
                                   target=cudaopt_session.target_workdir(),
@@ -98,5 +98,5 @@ class TestPerf:
                                                          cudaopt_workdir_path)
         if changed_after and not result.failure:
             result.failure = changed_after
-        if not result.passed:
-            pytest.fail(report.perf_table(result), pytrace=False)
+        if not result.passed:  # the reason first: the summary, JUnit and the judge show the first line
+            pytest.fail(f"{result.reason}\n{report.perf_table(result)}", pytrace=False)

@@ -9,6 +9,7 @@ import pytest
 from pytest_cudaopt import policy
 from pytest_cudaopt.ledger import RULE_PROPERTY, SKIP_PROPERTY
 from pytest_cudaopt.results import DISABLED
+from pytest_cudaopt.watchdog import set_stage
 
 _REPORTS = pytest.StashKey[dict]()
 
@@ -27,15 +28,24 @@ def _built_extension(session, workdir: Path):
     return module
 
 
-def _report(config: pytest.Config, workdir: Path, session) -> tuple[policy.Config, list[policy.Violation]]:
-    """The workdir's configuration and violations, computed once per session."""
+def _report(config: pytest.Config, workdir: Path) -> tuple[policy.Config, list[policy.Violation]]:
+    """The workdir's configuration and the violations of the rules that only read its files,
+    computed once per session: nothing of the workdir is imported."""
     reports = config.stash.setdefault(_REPORTS, {})
     key = Path(workdir).resolve()
     if key not in reports:
         settings = policy.load_config(key)
-        extension = None if "MN010" in settings.disable else _built_extension(session, key)
-        reports[key] = (settings, policy.check_workdir(key, settings, extension))
+        reports[key] = (settings, policy.check_workdir(key, settings, construct=False))
     return reports[key]
+
+
+def _construction(session, workdir: Path, settings: policy.Config) -> list[policy.Violation]:
+    """MN010's violations: model_new.py imported and ModelNew constructed, under the item's
+    watchdog (a hang there is one of the workdir's set-up)."""
+    if "MN010" in settings.disable:
+        return []
+    set_stage("importing model.py and model_new.py and constructing Model and ModelNew (MN010)")
+    return policy.check_construction(workdir, _built_extension(session, Path(workdir).resolve()))
 
 
 @pytest.mark.policy
@@ -45,7 +55,9 @@ class TestPolicy:
     @pytest.mark.parametrize("rule", policy.RULE_IDS)
     def test_rule(self, rule: str, cudaopt_workdir_path: Path, cudaopt_session,
                   request: pytest.FixtureRequest) -> None:
-        settings, violations = _report(request.config, cudaopt_workdir_path, cudaopt_session)
+        settings, violations = _report(request.config, cudaopt_workdir_path)
+        if rule in policy.IMPORTS_WORKDIR:
+            violations = _construction(cudaopt_session, cudaopt_workdir_path, settings)
         lines = list(policy.iter_rule_lines(violations, rule, cudaopt_workdir_path))
         if rule in settings.disable and not lines:  # the owner's choice, shown as a relaxation
             request.node.user_properties.append((SKIP_PROPERTY, DISABLED))
@@ -61,6 +73,7 @@ class TestPolicy:
         from pytest_cudaopt.policy.extension_names import RULE, RULE_TEXT, check_extension_names
 
         request.node.user_properties.append((RULE_PROPERTY, RULE))
+        set_stage("building or loading the extension (EX001)")
         module = cudaopt_session.loaded_extension(cudaopt_workdir_path)
         failure = ""
         try:

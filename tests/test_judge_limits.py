@@ -1,0 +1,190 @@
+"""The judge where something runs short: a check out of device memory beside others (judged again alone), a model.py that never finishes importing (one timeout), no Ray cluster, no device, the judge's own failure (a line per workdir, exit 3)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_cudaopt.judge import Judge, Options, lines as judge_lines, pool, runner, stages
+from pytest_cudaopt.judge.devices import DeviceSet, cpu_slots
+from pytest_cudaopt.judge.display import summary
+from support import subprocess_env
+
+GiB = 1 << 30
+SHORT = ("drawn shape batch_size=2095, dim=786431 (inputs 6.14 GiB, outputs 6.14 GiB) needs about 32.69 GiB of "
+         "device memory, only 28.19 GiB is free; lower --cudaopt-max-elements (cudaopt_max_elements) to draw smaller "
+         "shapes")
+
+
+def _workdir(root: Path, name: str) -> Path:
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "model.py").write_text("PROBLEM = 'softmax'\n")   # one problem: one model.py
+    (folder / "model_new.py").write_text(f"NAME = {name!r}\n")
+    return folder
+
+
+def _report(passed: bool, check: str = "", message: str = "", peak: int = GiB) -> dict:
+    data = {"check": check, "message": message, "peak_bytes": peak}
+    return {"schema": "cudaopt-report/2", "passed": passed, "complete": True, "items": [],
+            "results": [{"kind": "correctness", "passed": passed, "data": data}]}
+
+
+def _stage(stage: str, status: str = stages.OK, report: dict | None = None) -> stages.StageResult:
+    kind = {"policy": "policy", "check": "correctness", "perf": "perf"}.get(stage)
+    outcome = "passed" if status == stages.OK else "failure"
+    cases = [{"kind": kind, "name": f"test_{stage}", "outcome": outcome, "seconds": 0.1}] if kind else []
+    if report is None and kind:
+        report = {"schema": "cudaopt-report/2", "passed": status == stages.OK, "complete": True, "items": [],
+                  "results": []}
+    return stages.StageResult(stage, status, 0.1, report=report, cases=cases)
+
+
+class FakeStages:
+    """run_stage without processes: every stage passes, except that the named workdirs' checks
+    run out of device memory (`short`: how many times each), and `overlap` checks wait until
+    they have all started, so that they share the device."""
+
+    def __init__(self, short: dict[str, int], overlap: int = 1):
+        self.short, self.calls = dict(short), []
+        self.running: set[str] = set()
+        self.lock = threading.Lock()
+        self.together = threading.Barrier(overlap, timeout=20)
+
+    def __call__(self, stage, copy, out, devices, device, options, children=None, warm=None):
+        name = copy.name
+        if stage != "check":
+            return _stage(stage)
+        with self.lock:
+            first = not any(c[0] == name for c in self.calls)
+            self.calls.append((name, device, set(self.running)))
+            self.running.add(name)
+        try:
+            if first:
+                self.together.wait()
+            if self.short.get(name, 0) > 0:
+                self.short[name] -= 1
+                return _stage("check", stages.FAILED, _report(False, "memory", SHORT))
+            return _stage("check", report=_report(True, peak=30 * GiB))
+        finally:
+            time.sleep(0.05)
+            with self.lock:
+                self.running.discard(name)
+
+
+def _pool_lines(monkeypatch, tmp_path, fake: FakeStages, names, share: int = 2) -> dict[str, dict]:
+    monkeypatch.setattr(pool, "run_stage", fake)
+    workdirs = [_workdir(tmp_path / "w", n) for n in names]
+    options = Options(gpus=["0"], jobs=2, share=share, cache_dir=None, prestart=False, scratch=tmp_path / "scratch")
+    found = pool.LocalPool(workdirs, options, DeviceSet(["0"], memory={"0": 80 * GiB})).lines()
+    return {Path(line["workdir"]).name: line for line in found}
+
+
+def test_a_check_out_of_memory_beside_another_is_judged_again_alone_never_failed(monkeypatch, tmp_path):
+    fake = FakeStages({"a": 1}, overlap=2)
+    found = _pool_lines(monkeypatch, tmp_path, fake, ["a", "b"])
+    assert (found["a"]["status"], found["a"]["passed"]) == ("judged", True), found["a"]["reason"]
+    assert found["b"]["passed"]
+    runs = [(device, beside) for name, device, beside in fake.calls if name == "a"]
+    assert len(runs) == 2 and runs[1] == ("0", set())      # the second run had the GPU to itself
+    note = found["a"]["stages"]["check"]["note"]
+    assert "ran out of device memory on 0 beside other checks" in note and "32.69 GiB" in note
+    assert "judged again alone" in note
+
+
+def test_a_shortfall_with_the_gpu_to_itself_is_the_workdirs_and_says_so_with_the_numbers(monkeypatch, tmp_path):
+    fake = FakeStages({"a": 1})
+    line = _pool_lines(monkeypatch, tmp_path, fake, ["a"])["a"]
+    assert (line["status"], line["passed"]) == ("judged", False)
+    assert len([c for c in fake.calls if c[0] == "a"]) == 1    # alone already: not run again
+    reason = line["reason"]
+    assert "ran out of device memory on GPU 0 (80.00 GiB in all) with no other check beside it" in reason
+    assert "the shortfall is this workdir's" in reason and "needs about 32.69 GiB" in reason
+    assert "28.19 GiB is free" in reason and "race" not in reason and "flaky" not in reason
+
+
+# ------------------------------------------------------------------ a model.py that hangs at import
+
+def test_the_build_stage_ends_a_workdir_whose_model_py_never_finishes_importing(make_workdir, tmp_path):
+    """The memory estimate imports model.py under cudaopt_timeout: one timeout, the line says where."""
+    work = make_workdir("cpu_scale")
+    model = work / "model.py"
+    model.write_text(model.read_text().replace("import torch.nn as nn\n", "import torch.nn as nn\nimport time\n\n"
+                                                                           "time.sleep(3600)\n", 1))
+    options = Options(cache_dir=None, pytest_args=["--cudaopt-device=cpu", "--cudaopt-timeout=2"])
+    started = time.monotonic()
+    result = stages.run_stage("build", work, tmp_path / "out", cpu_slots(1), None, options)
+    assert time.monotonic() - started < 60
+    assert result.status == "timeout", result.tail
+    assert "ran longer than cudaopt_timeout=2s while importing model.py" in result.reason
+    assert "model.py:7 in <module>: time.sleep(3600)" in result.reason
+    line = judge_lines.assemble(workdir="w", key="k", content="", results=[result], seconds={})
+    assert line["status"] == "timeout" and "model.py:7" in line["reason"]
+
+
+def test_a_stage_whose_item_timed_out_ends_the_workdir_even_though_its_session_went_on(tmp_path):
+    """MN010 hung on model_new.py's import; the policy child ended normally: the stage is a timeout."""
+    test = "model_new.py::TestPolicy::test_rule[MN010]"
+    report = {"schema": "cudaopt-report/2", "passed": False, "complete": True, "results": [],
+              "items": [{"test": test, "kind": "policy", "status": "failed",
+                         "reason": f"TIMEOUT: {test} ran longer than cudaopt_timeout=4s while importing ..."}]}
+    (tmp_path / "policy.json").write_text(json.dumps(report))
+    (tmp_path / "policy.xml").write_text(
+        '<testsuites><testsuite><testcase classname="model_new.TestPolicy" name="test_rule[MN010]">'
+        '<failure message="TIMEOUT"/></testcase></testsuite></testsuites>')
+    outcome = runner.Outcome(1, False, 5.0, "", tmp_path / "policy.log")
+    result = stages.read_pytest("policy", outcome, tmp_path / "policy.json", tmp_path / "policy.xml")
+    assert result.status == "timeout" and "test_rule[MN010]" in result.reason
+
+
+# ------------------------------------------------------------------ before any workdir is judged
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ray_where_no_cluster_answers_gives_a_line_per_workdir_and_exit_3(tmp_path):
+    pytest.importorskip("ray", reason="the Ray backend needs the ray extra: pip install -e '.[ray]'")
+    for name in ("a", "b"):
+        _workdir(tmp_path, name)
+    address = f"127.0.0.1:{_free_port()}"   # nothing listens there
+    out = tmp_path / "lines.jsonl"
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pytest_cudaopt.cli", "judge", "a", "b", "--ray", address,
+                           "--out", str(out), "--no-cache"], cwd=tmp_path, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - started < 60
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    found = judge_lines.read_lines(out)
+    assert sorted(Path(line["workdir"]).name for line in found) == ["a", "b"]
+    for line in found:
+        assert line["status"] == "error" and not line["passed"]
+        assert f"no Ray cluster answered at --ray {address}" in line["reason"]
+    assert "nothing judged" in proc.stdout and "per hour" not in proc.stdout
+
+
+def test_the_judges_own_failure_before_judging_gives_each_workdir_a_line(tmp_path):
+    for name in ("a", "b"):
+        _workdir(tmp_path, name)
+    options = Options(jobs=0, cache_dir=None, pytest_args=["--cudaopt-device=cpu"])   # the scheduler refuses it
+    found = list(Judge([tmp_path], options))
+    assert sorted(Path(line["workdir"]).name for line in found) == ["a", "b"]
+    assert all(line["status"] == "error" and "jobs and share must be at least 1" in line["reason"] for line in found)
+
+
+def test_with_nothing_judged_the_summary_gives_no_rate():
+    found = [judge_lines.unjudged(f"w{i}", f"k{i}", "error", "no GPU visible") for i in range(3)]
+    text = summary(found, wall_s=0.0, busy={})
+    assert "3 workdirs in 0.0 s: 0 passed; nothing judged" in text and "per hour" not in text
+    judged = [{**found[0], "status": "judged"}, *found[1:]]
+    assert "3 workdirs in 60.0 s: 0 passed; 60 workdirs per hour" in summary(judged, wall_s=60.0, busy={})
