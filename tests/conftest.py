@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 from pathlib import Path
@@ -16,6 +17,12 @@ pytest_plugins = ["pytester"]
 collect_ignore = ["workdirs", "policy_gallery"]
 # Fixtures that compile an extension: their tests get the `slow` marker.
 COMPILING_FIXTURES = {"make_workdir", "prebuilt_workdir"}
+
+# Under `pytest -n`, this process is a pytest-xdist worker, and its environment says so; the pytest
+# runs the tests start are not workers (pytest-benchmark reads PYTEST_XDIST_WORKER and would turn
+# itself off in them), so they must not inherit it.
+for _name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+    os.environ.pop(_name, None)
 
 # A suite started in the background (`cmd &` in a script) inherits SIGINT ignored, and would pass
 # that on to the pytest children whose Ctrl-C handling the tests check. A handler of our own is

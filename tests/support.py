@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import filecmp
+import itertools
 import os
 import shutil
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 from filelock import FileLock
 
+import forkserver
 from pytest_cudaopt.launch import plugin_args
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -39,13 +43,46 @@ def subprocess_env() -> dict[str, str]:
     return env
 
 
-def run_pytest(pytester: pytest.Pytester, *args: str, timeout: float | None = None) -> pytest.RunResult:
+def run_pytest(pytester: pytest.Pytester, *args: str, timeout: float | None = None,
+               fork: bool = True) -> pytest.RunResult:
     """`pytester.runpytest_subprocess(*args)` with the plugin loaded whether or not the
-    package is installed. The subprocess runs in `pytester.path`."""
+    package is installed. The subprocess runs in `pytester.path`: a fork of the fork server
+    (forkserver.py), or a plain subprocess without `fork` (a test of what a fresh process has
+    imported) or with CUDAOPT_TEST_FORK=0."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONPATH", subprocess_env()["PYTHONPATH"])
-        return pytester.runpytest_subprocess(*plugin_args(), "-p", "no:cacheprovider", *args,
-                                             timeout=timeout)
+        if not (fork and forkserver.enabled()):
+            return pytester.runpytest_subprocess(*plugin_args(), "-p", "no:cacheprovider", *args,
+                                                 timeout=timeout)
+        basetemp = pytester.mkdir(f"runpytest-{next(_RUNS)}")
+        return run_forked(["--basetemp", str(basetemp), *plugin_args(), "-p", "no:cacheprovider", *args],
+                          cwd=pytester.path, timeout=timeout)
+
+
+_RUNS = itertools.count()
+_SERVER: list[forkserver.Server] = []
+
+
+def run_forked(args: list[str], *, cwd: Path, timeout: float | None = None,
+               env: dict[str, str] | None = None) -> pytest.RunResult:
+    """`python -m pytest *args` in `cwd`, as pytester runs it (the folder first on PYTHONPATH,
+    stdout and stderr kept in files there), through the fork server."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cwd), env.get("PYTHONPATH", "")]))
+    if not (_SERVER and _SERVER[0].alive()):
+        _SERVER[:] = [forkserver.Server(subprocess_env())]
+    out, err = Path(cwd) / "stdout", Path(cwd) / "stderr"
+    started = time.monotonic()
+    ret = _SERVER[0].run(args, cwd=Path(cwd), env=env, stdout=out, stderr=err, timeout=timeout)
+    if ret is None:
+        raise pytest.Pytester.TimeoutExpired(f"{timeout} second timeout expired running pytest {args}")
+    outlines = out.read_text(encoding="utf8", errors="replace").splitlines()
+    errlines = err.read_text(encoding="utf8", errors="replace").splitlines()
+    print("\n".join(outlines))
+    print("\n".join(errlines), file=sys.stderr)
+    with contextlib.suppress(ValueError):
+        ret = pytest.ExitCode(ret)
+    return pytest.RunResult(ret, outlines, errlines, time.monotonic() - started)
 
 
 def _added_files(name: str) -> dict[Path, Path]:

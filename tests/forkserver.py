@@ -1,0 +1,137 @@
+"""`python -m pytest` in a fork of a process that has imported torch and Hypothesis already: the self-tests' pytest runs, each without paying those imports again.
+
+The plugin's end-to-end tests start a fresh `pytest` per case (a subprocess is what they test:
+the plugin's hooks, its reports, its exit code). Most of such a child's CPU time on a small
+machine is spent importing torch, torch._dynamo, torch._inductor and Hypothesis, which no test
+looks at. The server (`python tests/forkserver.py`, one per test process, started on first use)
+imports them once, then forks a child per request. The child becomes what `python -m pytest` in
+that folder with that environment would be: its own working directory, environment, sys.path
+(the folder first, then PYTHONPATH), arguments, standard streams on the given files and stdin at
+end of file, then `pytest.main()` and the interpreter's normal exit. Nothing of
+pytest_cudaopt is imported before the fork, so the plugin loads in the child as in a fresh
+process (it reads the environment it was started with at load).
+
+The server answers each request with the child's pid, then with its exit status as
+subprocess.Popen gives it (a negative number for a signal). It ends when its standard input
+closes (the test process ended). `CUDAOPT_TEST_FORK=0` turns it off: every run is a plain
+subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+# Imported before the fork: what every pytest child of the self-tests imports and none looks at.
+PRELOAD = ("torch", "torch._dynamo", "torch._inductor", "torch._inductor.config", "torch.utils.cpp_extension",
+           "hypothesis", "numpy", "pytest", "filelock")
+
+
+def enabled() -> bool:
+    return os.environ.get("CUDAOPT_TEST_FORK", "1") != "0"
+
+
+class Server:
+    """The client's side: one server process, one request at a time."""
+
+    def __init__(self, env: dict[str, str]):
+        self.proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     env=env, text=True, bufsize=1)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def run(self, args: list[str], *, cwd: Path, env: dict[str, str], stdout: Path, stderr: Path,
+            timeout: float | None) -> int | None:
+        """The exit status of `python -m pytest *args` run in `cwd` with `env`; None when it ran
+        longer than `timeout` (it is then killed, as subprocess.run would)."""
+        request = {"args": [str(a) for a in args], "cwd": str(cwd), "env": env,
+                   "stdout": str(stdout), "stderr": str(stderr)}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        pid = json.loads(self._line(None))["pid"]
+        try:
+            return json.loads(self._line(timeout))["status"]
+        except TimeoutError:
+            os.kill(pid, signal.SIGKILL)
+            self._line(None)
+            return None
+
+    def _line(self, timeout: float | None) -> str:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            raise TimeoutError
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the pytest fork server (pid {self.proc.pid}) ended: exit {self.proc.wait()}")
+        return line
+
+
+# ------------------------------------------------------------------------------------- server
+
+def _serve() -> None:
+    requests = os.fdopen(os.dup(0), "r")
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    base_path = [p for p in sys.path[1:] if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    for name in PRELOAD:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    for line in requests:
+        request = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            requests.close()
+            replies.close()
+            _become_pytest(request, base_path)   # never returns: the child exits through SystemExit
+        replies.write(json.dumps({"pid": pid}) + "\n")
+        _, status = os.waitpid(pid, 0)
+        replies.write(json.dumps({"status": os.waitstatus_to_exitcode(status)}) + "\n")
+
+
+def _become_pytest(request: dict, base_path: list[str]) -> None:
+    try:
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+        extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:] = [os.getcwd(), *extra, *[p for p in base_path if p not in extra]]
+        import importlib
+
+        importlib.invalidate_caches()
+        import _pytest.assertion.rewrite
+        import pytest
+
+        # pytest rewrites the asserts of a plugin's modules when it imports them, and warns of
+        # those imported before it (Hypothesis, preloaded): nothing of theirs is asserted on here.
+        _pytest.assertion.rewrite.AssertionRewritingHook._warn_already_imported = lambda self, name: None
+        sys.argv = [str(Path(pytest.__file__).with_name("__main__.py")), *request["args"]]
+        code = int(pytest.main())   # what `python -m pytest` does, less its deprecated console_main
+        sys.stdout.flush()
+    except BaseException as exc:  # noqa: BLE001 - whatever ends the child becomes its exit status
+        if isinstance(exc, SystemExit):
+            raise
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(70)
+    raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    _serve()
