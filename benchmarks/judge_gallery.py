@@ -210,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--judge-first", action="store_true", help="run the judge arm before the pytest arm")
     parser.add_argument("--skip-memsafety", action="store_true",
                         help="leave the memory-safety item out of both arms (-k 'not test_memory_safety')")
+    parser.add_argument("--extra", nargs="+", default=[], metavar="WORKDIR",
+                        help="more workdirs judged in both arms beside the gallery (copied, given the fixed binding "
+                             "files and a lock), e.g. benchmarks/workdirs/kb_softmax at its published size")
     parser.add_argument("--pytest-cache", action="store_true",
                         help="let the pytest arm use the judge's object cache too (the CPU smoke test, for time)")
     args = parser.parse_args(argv)
@@ -218,7 +221,12 @@ def main(argv: list[str] | None = None) -> int:
         return _show(*combine([Path(f) for f in args.combine]), out)
     shutil.rmtree(out / "work", ignore_errors=True)
     (out / "pytest").mkdir(parents=True, exist_ok=True)
-    make, pytest_args = (cpu_gallery, CPU_ARGS) if args.smoke else (gpu_gallery, GPU_ARGS)
+    gallery, pytest_args = (cpu_gallery, CPU_ARGS) if args.smoke else (gpu_gallery, GPU_ARGS)
+
+    def make(dest: Path) -> list[Path]:
+        extra = [_finish(Path(shutil.copytree(Path(src).resolve(), dest / Path(src).name))) for src in args.extra]
+        return [*gallery(dest), *extra]
+
     if args.skip_memsafety:
         pytest_args = [*pytest_args, "-k", "not test_memory_safety"]
     cache = Path(args.cache_dir).resolve() if args.cache_dir else out / "work" / "judge-cache"

@@ -24,6 +24,13 @@ COMPILING_FIXTURES = {"make_workdir", "prebuilt_workdir"}
 for _name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
     os.environ.pop(_name, None)
 
+# Every build of the run (the prebuilt copies, the workdirs the tests make, their pytest children)
+# goes through the plugin's object cache: the example workdirs share sources (binding.cpp is in
+# all of them), and each distinct compile then runs once per run, or once for good on a machine
+# that keeps build/. Both or neither: a copy whose children built without it would recompile
+# everything, the compile commands being different.
+os.environ.setdefault("CUDAOPT_OBJECT_CACHE", str(PREBUILT_ROOT.parent / "test-objcache"))
+
 # A suite started in the background (`cmd &` in a script) inherits SIGINT ignored, and would pass
 # that on to the pytest children whose Ctrl-C handling the tests check. A handler of our own is
 # not inherited: those children start with SIGINT's default and install Python's.
