@@ -32,8 +32,8 @@ def check_need(workdir: Path, max_elements: int | None = None) -> int | None:
     the meta device (model.py is the owner's locked code; nothing of the candidate runs): the
     budget of the largest case the check may judge (memory.largest_case_budget: the canonical
     case, or, where model.py has shapes to draw, a drawn shape at the size cap `max_elements`,
-    cudaopt_max_elements, by default twice the canonical inputs') plus three copies of Model's parameters (the reference's, its
-    float64 copy, ModelNew's). None when the reference does not run on meta: the scheduler then
+    cudaopt_max_elements, by default twice the canonical inputs') plus three copies of Model's
+    parameters (the reference's, its float64 copy, ModelNew's). None when the reference does not run on meta: the scheduler then
     learns the need from the first check. The watchdog's HangTimeout is not caught here."""
     try:
         import torch
