@@ -89,19 +89,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return _run_pytest(args.workdir, "perf", args.pytest_args)
 
 
-def _existing_extension(workdir: Path):
-    """The last build on disk, loaded, or None (check compiles nothing)."""
-    from pytest_cudaopt import build
-
-    try:
-        return build.existing_extension(workdir)
-    except build.BuildError:
-        return None  # the build fails to load; `cudaopt build` says why
-
-
 def cmd_check(args: argparse.Namespace) -> int:
-    from pytest_cudaopt import policy
-    from pytest_cudaopt.policy.extension_names import check_extension_names
+    from pytest_cudaopt import build, policy
     from pytest_cudaopt.settings import SettingError, workdir_settings
 
     try:
@@ -109,12 +98,38 @@ def cmd_check(args: argparse.Namespace) -> int:
     except SettingError as exc:
         print(f"cudaopt check: {exc}", file=sys.stderr)
         return USAGE
-    # One build serves MN010 (ModelNew constructed with it; a stand-in without one) and EX001.
-    module = _existing_extension(args.workdir)
-    violations = policy.check_workdir(args.workdir, extension=module, construction_timeout=limit)
-    violations += check_extension_names(args.workdir, module) if module is not None else []
-    print(policy.render(violations, args.workdir, as_json=args.json, built=module is not None))
+    config = policy.load_config(Path(args.workdir).resolve())
+    violations = policy.check_workdir(args.workdir, config, construct=False)
+    # One build serves MN010 (ModelNew constructed with it; a stand-in without one) and EX001,
+    # both run in a worker process: this one imports nothing of the workdir's.
+    try:
+        so = build.existing_build(args.workdir)
+    except build.BuildError:
+        so = None
+    violations = sorted(set(violations) | set(_worker_findings(Path(args.workdir), so, limit,
+                                                                "MN010" not in config.disable)))
+    print(policy.render(violations, args.workdir, as_json=args.json, built=so is not None))
     return 1 if violations else 0
+
+
+def _worker_findings(workdir: Path, so: Path | None, limit: float, mn010: bool) -> list:
+    """MN010's and EX001's violations from a worker; a worker that hangs past `limit` seconds or
+    dies is an MN010 violation that says so."""
+    from pytest_cudaopt.policy.rules import Violation
+    from pytest_cudaopt.worker import Worker, WorkerError, WorkerFailed
+
+    if not mn010 and so is None:
+        return []
+    worker = Worker(workdir, so, "cpu")
+    try:
+        worker.start(require_workdir=False)
+        reply = worker.request({"op": "policy", "mn010": mn010, "ex001": so is not None},
+                               timeout=limit or None, what="importing model_new.py and constructing ModelNew")
+        return [Violation(*v) for v in reply["violations"]]
+    except (WorkerError, WorkerFailed) as exc:
+        return [Violation("model_new.py", 1, "MN010", str(exc).splitlines()[0])]
+    finally:
+        worker.stop()
 
 
 def cmd_init(args: argparse.Namespace) -> int:

@@ -78,6 +78,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                                asked=config.getoption("markexpr", default="") or "")
     config.stash[SESSION_KEY].workdir_paths = workdirs_in(config.args, config.invocation_params.dir, config.rootpath)
     _check_report_path(config)
+    config.stash[SESSION_KEY].secrets = _verdict_files(config)
     if config.stash[SESSION_KEY].workdir_paths or _cudaopt_options_given(config):
         from pytest_cudaopt import signals
 
@@ -116,6 +117,18 @@ def _check_report_path(config: pytest.Config) -> None:
     refused = session.resolve_report(config.invocation_params.dir, others)
     if refused:
         raise pytest.UsageError(f"cudaopt: --cudaopt-report={session.settings.report}: {refused}")
+
+
+def _verdict_files(config: pytest.Config) -> list[str]:
+    """The files a verdict is written to (JUnit, the JSON report, pytest-benchmark's, report-log,
+    HTML), as absolute paths: no worker's environment may name them."""
+    paths = [getattr(config.option, dest, None) for dest in ("xmlpath", "benchmark_json", "report_log", "htmlpath")]
+    paths.append(config.stash[SESSION_KEY].settings.report)
+    found = []
+    for path in filter(None, paths):
+        name = getattr(path, "name", path)
+        found.append(str(Path(config.invocation_params.dir, str(name)).resolve()))
+    return found
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -335,9 +348,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     _session(config).terminal_summary(terminalreporter)
 
 
+@pytest.hookimpl(tryfirst=True)  # before junitxml's: no worker is alive when a verdict file is written
 def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     config = session.config
     cudaopt = _session(config)
+    cudaopt.stop_workers()
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller reports
         config.workeroutput["cudaopt_records"] = cudaopt.records()
         return
@@ -399,7 +414,7 @@ def _built_extension(session: CudaoptSession, workdir: Path, test: str):
     from pytest_cudaopt.build import BuildError
 
     try:
-        return session.extension(workdir)
+        return session.extension_module(workdir)
     except BuildError as exc:
         failure = session.failure_report(workdir, test, exc)
     pytest.fail(failure, pytrace=False)

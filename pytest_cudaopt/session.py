@@ -50,6 +50,11 @@ class CudaoptSession:
         self.workdir_paths: list[Path] = []
         self._extensions: dict[Path, Any] = {}
         self._workdirs: dict[Path, Any] = {}
+        self._workers: list[Any] = []
+        # Paths no worker's environment may name (the verdict files: set by the plugin).
+        self.secrets: list[str] = []
+        # Workdirs whose extension the owner's own tests imported into this process.
+        self.in_process: set[Path] = set()
         self._failures_reported: dict[tuple, str] = {}  # (workdir, error) → the item that reported it
         # Where build progress goes (pytest's terminal, set by the plugin); None: nowhere.
         self.emit: Callable[[str], None] | None = None
@@ -125,16 +130,17 @@ class CudaoptSession:
     # -- builds and workdirs ------------------------------------------------------------------
 
     def extension(self, workdir: Path):
-        """The workdir's `cuda_extension`, built at most once per session."""
+        """The workdir's build (build.BuildResult: the .so, not imported here), brought up to
+        date at most once per session."""
         from pytest_cudaopt import build
 
         workdir = Path(workdir).resolve()
         if workdir not in self._extensions:
             try:
-                result = build.build(workdir, settings=self.settings, emit=self.emit)
+                result = build.compile_extension(workdir, settings=self.settings, emit=self.emit)
                 if self.emit is not None and (result.compiled or result.linked or result.waited_s):
                     self.emit(build.describe(result))
-                self._extensions[workdir] = result.module
+                self._extensions[workdir] = result
             except build.BuildError as exc:
                 # Every later item of this workdir reports the same failure without rebuilding.
                 self._extensions[workdir] = exc
@@ -142,6 +148,16 @@ class CudaoptSession:
         if isinstance(found, BaseException):
             raise found.with_traceback(None)
         return found
+
+    def extension_module(self, workdir: Path):
+        """The workdir's extension imported into this process, for the owner's own kernel tests
+        (the `cuda_extension` fixture); the verdict items never use it. Noted in the run's
+        account: candidate code then ran beside the verdict code."""
+        from pytest_cudaopt.build.loader import load_extension
+
+        result = self.extension(workdir)
+        self.in_process.add(Path(workdir).resolve())
+        return result.module if result.module is not None else load_extension(result)
 
     def builds_later(self, workdir: Path) -> bool:
         """Whether a correctness or perf item of `workdir` is still to run in this session (and
@@ -154,15 +170,15 @@ class CudaoptSession:
         return any(entry.kind in ("correctness", "perf") and entry.status == NOT_RUN and not entry.reason
                    and Path(entry.workdir).resolve() == workdir for entry in self.ledger.entries.values())
 
-    def loaded_extension(self, workdir: Path):
-        """The workdir's extension if this session has built it already, else None."""
+    def built(self, workdir: Path):
+        """The workdir's build if this session has made it already, else None."""
         found = self._extensions.get(Path(workdir).resolve())
         return None if found is None or isinstance(found, BaseException) else found
 
     def workdir(self, path: Path):
-        """The loaded workdir (`workdir.Workdir`: model.py, model_new.py, its extension),
-        loaded at most once per session. Raises build.BuildError or workdir.WorkdirError (the
-        same one again for every later item of the workdir)."""
+        """The loaded workdir (`workdir.Workdir`: model.py here, model_new.py and the extension
+        in a worker process), loaded at most once per session. Raises build.BuildError or
+        workdir.WorkdirError (the same one again for every later item of the workdir)."""
         from pytest_cudaopt.workdir import WorkdirError
 
         path = Path(path).resolve()
@@ -177,47 +193,69 @@ class CudaoptSession:
         return found
 
     def _load(self, path: Path):
-        """Build and import the extension, then model.py, then model_new.py, verifying torch's
-        namespaces, flags and dispatcher after the candidate's code (the extension's import,
-        model_new.py's import). What model.py changes at its import is the reference's own: it
-        is trusted."""
-        from pytest_cudaopt.workdir import WorkdirError, load_workdir
+        """Build the extension, import model.py here, start the workdir's worker (the extension
+        and model_new.py load there)."""
+        from pytest_cudaopt.workdir import load_reference
 
-        from pytest_cudaopt.isolation import introspection
-
-        watch = self.isolation
-        if watch.trusted is None:
-            watch.trust()
-        introspection.watch_file(Path(path) / "model_new.py")
-        with watch.trusted_grad_mode():
-            extension = self.extension(path)
-            failure = watch.verify("found after importing cuda_extension, built from kernels/", path)
-            if failure:
-                raise WorkdirError(failure, "kernels/")
-            loaded = load_workdir(path, extension, after_reference=watch.trust)
-            failure = watch.verify("found after importing model_new.py", path)
-        if failure:
-            raise WorkdirError(failure, "model_new.py")
+        build = self.extension(path)
+        loaded = load_reference(path)
+        loaded.worker = self.start_worker(path, build.so_path)
         return loaded
 
-    def inspect_extension(self, path: Path):
-        """The workdir's extension for a policy item that compiles nothing: this session's
-        build, else the last one on disk (None without one). Its import is verified like a
-        build's: a change it made fails the workdir's later correctness and perf items."""
-        from pytest_cudaopt import build
+    def start_worker(self, path: Path, so_path: Path | None, device: str | None = None,
+                     require_workdir: bool = True):
+        """A worker for the workdir at `path` with the extension `so_path` (None: MN010's
+        stand-in), stopped at the session's end. A workdir whose files do not import is a
+        WorkdirError, an extension that does not import a build.BuildError, a worker that
+        does not start a WorkdirError that says so."""
+        from pytest_cudaopt.build import BuildError
+        from pytest_cudaopt.workdir import WorkdirError
+        from pytest_cudaopt.worker import Worker, WorkerError, WorkerFailed
+
+        worker = Worker(path, so_path, device or self.settings.device, secrets=self.secrets)
+        self._workers.append(worker)
+        try:
+            return worker.start(require_workdir)
+        except WorkerError as exc:
+            worker.stop()
+            if exc.kind == "build":
+                raise BuildError(str(exc), [], Path(so_path).parent / "build.log" if so_path else None) from None
+            raise WorkdirError(str(exc), exc.file) from None
+        except WorkerFailed as exc:
+            worker.stop()
+            raise WorkdirError(str(exc), "model_new.py") from None
+
+    def policy_facts(self, path: Path, mn010: bool, ex001: bool) -> list:
+        """MN010's and EX001's violations, found by a worker (this session's, or one started for
+        them with the last build on disk, or MN010's stand-in extension): data, not code run here."""
+        from pytest_cudaopt import build as build_
+        from pytest_cudaopt.policy.rules import Violation
         from pytest_cudaopt.workdir import WorkdirError
 
-        module = self.loaded_extension(path)
-        if module is not None:
-            return module
-        if self.isolation.trusted is None:
-            self.isolation.trust()
-        with self.isolation.trusted_grad_mode():
-            module = build.existing_extension(path, settings=self.settings)
-            failure = self.isolation.verify("found after importing cuda_extension, built from kernels/", path)
-        if failure:
-            self._workdirs.setdefault(Path(path).resolve(), WorkdirError(failure, "kernels/"))
-        return module
+        path = Path(path).resolve()
+        if ex001 and path not in self._workdirs and self.builds_later(path):
+            try:  # the worker the correctness items will use
+                self.workdir(path)
+            except (build_.BuildError, WorkdirError):
+                pass
+        loaded = self._workdirs.get(path)
+        worker = loaded.worker if loaded is not None and not isinstance(loaded, BaseException) else None
+        if worker is None:
+            found = self.built(path)
+            so = found.so_path if found is not None else build_.existing_build(path, settings=self.settings)
+            if ex001 and so is None:
+                ex001 = False
+            worker = self.start_worker(path, so, device="cpu", require_workdir=False)
+        reply = worker.request({"op": "policy", "mn010": mn010, "ex001": ex001}, what="checking MN010 and EX001")
+        if loaded is None or isinstance(loaded, BaseException):
+            worker.stop()
+        return [Violation(*v) for v in reply["violations"]]
+
+    def stop_workers(self) -> None:
+        """Kill every worker of this session (before any verdict file is written)."""
+        for worker in self._workers:
+            worker.stop()
+        self._workers.clear()
 
     def loaded_or_fail(self, path: Path, test: str, verb: str = "run"):
         """The loaded workdir for item `test`; the item fails ("not <verb>: ...") after an

@@ -207,13 +207,17 @@ def _as_list(values: Any, file: Path, function: str, role: str) -> list:
 
 @dataclass
 class Workdir:
-    """A loaded workdir. `reference` is model.py, `candidate` model_new.py, each imported
-    under its own module name so that several workdirs can share a process."""
+    """A loaded workdir. `reference` is model.py. In the judging process the candidate is
+    `worker` (worker.Worker: model_new.py and the extension loaded in a process of their own)
+    and `candidate`/`extension` are None; in that worker they are model_new.py and the
+    extension. Each file is imported under its own module name, so that several workdirs can
+    share a process."""
 
     path: Path
     reference: types.ModuleType
-    candidate: types.ModuleType
-    extension: Any
+    candidate: types.ModuleType | None = None
+    extension: Any = None
+    worker: Any = None
 
     @property
     def model_file(self) -> Path:
@@ -227,6 +231,8 @@ class Workdir:
     def nondeterministic(self) -> bool:
         """model_new.py declares `CUDAOPT_NONDETERMINISTIC = True`: two runs on the same
         inputs may differ within the tolerance (atomics) instead of bit for bit."""
+        if self.worker is not None:
+            return bool(self.worker.facts.get("nondeterministic"))
         return bool(getattr(self.candidate, NONDETERMINISTIC, False))
 
     def _call(self, file: Path, what: str, func, *args):
@@ -256,38 +262,72 @@ class Workdir:
         values = _as_list(values, self.model_file, "get_inputs()", "the arguments of forward(...)")
         return [_to_device(v, device) for v in values]
 
-    def make_models(self, device: torch.device | str = "cpu", seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
+    def construct_candidate(self, init: list) -> torch.nn.Module:
+        """ModelNew(*init), in the worker."""
+        return self._call(self.model_new_file, "ModelNew(*get_init_inputs())", self.candidate.ModelNew, *init)
+
+    def make_models(self, device: torch.device | str = "cpu", seed: int = 0) -> tuple[torch.nn.Module, Any]:
         """(Model, ModelNew) built from get_init_inputs(); Model's parameters initialised
         under a private RNG seeded by `seed` and copied into ModelNew (strict); both in eval
-        mode on `device`."""
+        mode on `device`. ModelNew is a worker.RemoteModel where the workdir has a worker."""
         init = self.init_inputs()
         with private_rng(seed):
             model = self._call(self.model_file, "Model(*get_init_inputs())", self.reference.Model, *init)
-            model_new = self._call(self.model_new_file, "ModelNew(*get_init_inputs())",
-                                   self.candidate.ModelNew, *init)
+            model_new = self.make_candidate(init, device, seed) if self.worker is not None else \
+                self.construct_candidate(init)
+        model = model.eval().to(device)
+        if self.worker is None:
+            model_new = model_new.eval().to(device)
         self.copy_state(model, model_new)
-        return model.eval().to(device), model_new.eval().to(device)
+        return model, model_new
 
-    def copy_state(self, model: torch.nn.Module, model_new: torch.nn.Module) -> None:
-        """Load Model's state dict into ModelNew, strict: the same keys, the same shapes."""
-        state = model.state_dict()
-        expected = set(state)
-        present = set(model_new.state_dict())
-        missing, unexpected = sorted(expected - present), sorted(present - expected)
-        if missing or unexpected:
-            parts = []
-            if missing:
-                parts.append(f"missing (in Model, not in ModelNew): {', '.join(missing)}")
-            if unexpected:
-                parts.append(f"unexpected (in ModelNew, not in Model): {', '.join(unexpected)}")
-            raise WorkdirError(f"{self.model_new_file.name}: ModelNew's state_dict keys differ from Model's "
-                               f"({self.model_file.name}): " + "; ".join(parts))
+    def make_candidate(self, init: list, device: torch.device | str, seed: int) -> Any:
+        """ModelNew(*init) in the worker, on `device`: a worker.RemoteModel."""
+        from pytest_cudaopt.worker import RemoteModel, WorkerError
+
         try:
-            model_new.load_state_dict(state, strict=True)
-        except RuntimeError as exc:
-            raise WorkdirError(f"{self.model_new_file.name}: loading Model's state_dict into ModelNew "
-                               f"failed: {exc}") from exc
-        copy_non_persistent_buffers(model, model_new, self.model_file.name, self.model_new_file.name)
+            reply = self.worker.request({"op": "make", "init": init, "seed": seed, "device": str(device),
+                                         "what": "ModelNew(*get_init_inputs())"},
+                                        what="constructing ModelNew")
+        except WorkerError as exc:
+            raise WorkdirError(str(exc), exc.file or self.model_new_file.name) from exc
+        return RemoteModel(self.worker, reply["id"], str(device), list(reply["keys"]))
+
+    def copy_state(self, model: torch.nn.Module, model_new: Any) -> None:
+        """Load Model's state dict into ModelNew, strict: the same keys, the same shapes; its
+        non-persistent buffers too."""
+        if hasattr(model_new, "load_state"):  # a worker.RemoteModel: checked and loaded there
+            from pytest_cudaopt.worker import WorkerError
+
+            try:
+                model_new.load_state(model.state_dict(), _non_persistent(model), self.model_file.name)
+            except WorkerError as exc:
+                raise WorkdirError(str(exc), exc.file or self.model_new_file.name) from exc
+            return
+        load_state(model_new, model.state_dict(), _non_persistent(model), self.model_file.name,
+                   self.model_new_file.name)
+
+
+def load_state(model_new: torch.nn.Module, state: dict, buffers: dict[str, torch.Tensor],
+               model_file: str = "model.py", model_new_file: str = "model_new.py") -> None:
+    """Model's `state` into ModelNew, strict (keys named in a WorkdirError when they differ),
+    then Model's non-persistent `buffers` into ModelNew's buffers of the same names."""
+    expected = set(state)
+    present = set(model_new.state_dict())
+    missing, unexpected = sorted(expected - present), sorted(present - expected)
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing (in Model, not in ModelNew): {', '.join(missing)}")
+        if unexpected:
+            parts.append(f"unexpected (in ModelNew, not in Model): {', '.join(unexpected)}")
+        raise WorkdirError(f"{model_new_file}: ModelNew's state_dict keys differ from Model's "
+                           f"({model_file}): " + "; ".join(parts))
+    try:
+        model_new.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise WorkdirError(f"{model_new_file}: loading Model's state_dict into ModelNew failed: {exc}") from exc
+    copy_buffers(buffers, model_new, model_file, model_new_file)
 
 
 def _non_persistent(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -303,10 +343,15 @@ def _non_persistent(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def copy_non_persistent_buffers(model: torch.nn.Module, model_new: torch.nn.Module,
                                 model_file: str = "model.py", model_new_file: str = "model_new.py") -> None:
-    """Copy Model's non-persistent buffers into ModelNew's buffers of the same name, so both
-    start from the same state; a buffer one has and the other lacks, or of another shape,
+    """Model's non-persistent buffers into ModelNew's (`copy_buffers`), both in this process."""
+    copy_buffers(_non_persistent(model), model_new, model_file, model_new_file)
+
+
+def copy_buffers(ours: dict[str, torch.Tensor], model_new: torch.nn.Module,
+                 model_file: str = "model.py", model_new_file: str = "model_new.py") -> None:
+    """Copy Model's non-persistent buffers (`ours`) into ModelNew's buffers of the same name, so
+    both start from the same state; a buffer one has and the other lacks, or of another shape,
     is named in a WorkdirError."""
-    ours = _non_persistent(model)
     if not ours:
         return
     theirs = dict(model_new.named_buffers())
@@ -323,12 +368,9 @@ def copy_non_persistent_buffers(model: torch.nn.Module, model_new: torch.nn.Modu
             target.copy_(buffer)
 
 
-def load_workdir(path: Path, extension: Any, after_reference: Callable[[Any], Any] | None = None) -> Workdir:
-    """Import `path`/model.py and `path`/model_new.py as `cudaopt_workdir_<hash>.model` and
-    `.model_new`. While model_new.py is imported, `import cuda_extension` finds `extension`
-    and `import model` finds this workdir's model.py; both names are restored afterwards.
-    `after_reference(reference_module)` is called between the two imports (the session trusts
-    what model.py did, and watches its classes from then on)."""
+def _import_reference(path: Path) -> tuple[Path, types.ModuleType, types.ModuleType]:
+    """model.py of the workdir at `path`, checked for the KernelBench names, under the
+    workdir's package name; (resolved path, package, module)."""
     path = Path(path).resolve()
     for name in ("model.py", "model_new.py"):
         if not (path / name).is_file():
@@ -342,9 +384,29 @@ def load_workdir(path: Path, extension: Any, after_reference: Callable[[Any], An
         if not hasattr(reference, required):
             raise WorkdirError(f"{path / 'model.py'} defines no {required} (KernelBench format: "
                                f"class Model, get_inputs(), get_init_inputs())")
+    package.model = reference
+    return path, package, reference
+
+
+def load_reference(path: Path, worker: Any = None) -> Workdir:
+    """The judging process's view of a workdir: model.py imported as
+    `cudaopt_workdir_<hash>.model`, the candidate in `worker` (worker.Worker, started by the
+    caller); model_new.py is not imported here."""
+    path, _, reference = _import_reference(path)
+    return Workdir(path=path, reference=reference, worker=worker)
+
+
+def load_workdir(path: Path, extension: Any, after_reference: Callable[[Any], Any] | None = None) -> Workdir:
+    """The worker's view of a workdir (and a tool's that runs the candidate in-process, such as
+    the memory-safety child): import `path`/model.py and `path`/model_new.py as `cudaopt_workdir_<hash>.model` and
+    `.model_new`. While model_new.py is imported, `import cuda_extension` finds `extension`
+    and `import model` finds this workdir's model.py; both names are restored afterwards.
+    `after_reference(reference_module)` is called between the two imports (the session trusts
+    what model.py did, and watches its classes from then on)."""
+    path, package, reference = _import_reference(path)
     if after_reference is not None:
         after_reference(reference)
-    candidate = import_file(f"{prefix}.model_new", path / "model_new.py", path,
+    candidate = import_file(f"{package.__name__}.model_new", path / "model_new.py", path,
                             {"cuda_extension": extension, "model": reference})
     if not hasattr(candidate, "ModelNew"):
         raise WorkdirError(f"{path / 'model_new.py'} defines no class ModelNew")

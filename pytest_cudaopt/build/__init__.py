@@ -2,7 +2,7 @@
 
 What it offers: `build` (compile and import; `build_extension` returns the module),
 `compile_extension` (compile only), `existing_extension` (the last build on disk, compiling
-nothing), `BuildResult` / `describe`, `BuildError` (a failed build as the compiler's own
+nothing; `existing_build` its .so, imported nowhere), `BuildResult` / `describe`, `BuildError` (a failed build as the compiler's own
 `file:line: error` lines), `resolve_arch`, and the loaded module's introspection
 (`defined_functions`, `missing_function_message`, `takes_module`).
 
@@ -55,12 +55,12 @@ from pytest_cudaopt.build.buildfile import MODULE_NAME, discover_sources
 from pytest_cudaopt.build.diagnostics import BuildError
 from pytest_cudaopt.build.loader import defined_functions, missing_function_message, takes_module
 from pytest_cudaopt.build.runner import (
-    BuildResult, build, build_extension, compile_extension, describe, existing_extension,
+    BuildResult, build, build_extension, compile_extension, describe, existing_build, existing_extension,
 )
 from pytest_cudaopt.build.toolchain import find_cuda_home, find_library, resolve_arch
 
 __all__ = [
     "MODULE_NAME", "BuildError", "BuildResult", "build", "build_extension", "compile_extension",
-    "defined_functions", "describe", "discover_sources", "existing_extension", "find_cuda_home",
+    "defined_functions", "describe", "discover_sources", "existing_build", "existing_extension", "find_cuda_home",
     "find_library", "missing_function_message", "resolve_arch", "takes_module",
 ]

@@ -269,6 +269,18 @@ def compile_extension(workdir: Path, *, settings=None, verbose: bool = False,
         arch=cfg.arch, log_path=log_path)
 
 
+def existing_build(workdir: Path, *, settings=None) -> Path | None:
+    """The .so of the workdir's last build for the current configuration, or None when there
+    is none. Compiles and imports nothing (the build may predate the latest edits)."""
+    workdir = Path(workdir).resolve()
+    try:
+        cfg = configure(workdir, settings_or_default(settings, workdir))
+    except (BuildError, ValueError):  # ValueError: a setting of the workdir's ini that does not parse
+        return None
+    so = cfg.build_dir / f"{MODULE_NAME}.so"
+    return so if so.is_file() else None
+
+
 def existing_extension(workdir: Path, *, settings=None):
     """The loaded extension of the workdir's last build for the current configuration, or
     None when there is none. Compiles nothing (the build may predate the latest edits)."""

@@ -234,13 +234,13 @@ def _poison_cuda_cache(device: torch.device) -> None:
 
 
 # -- the op audit -------------------------------------------------------------------------------
-def check_audit(audit: OpAudit, file: str = "model_new.py") -> None:
-    found = audit.violations()
+def check_audit(found: list[str], file: str = "model_new.py") -> None:
+    """`found`: the descriptions of the ops outside the allow-list (audit.AuditedOp.describe)."""
     if not found:
         return
     lines = [f"{file}: ModelNew.forward ran {len(found)} operator(s) outside the allow-list "
              f"(allocation, creation, views, metadata):"]
-    lines += [f"  {op.describe()}" for op in found[:10]]
+    lines += [f"  {op}" for op in found[:10]]
     if len(found) > 10:
         lines.append(f"  ... and {len(found) - 10} more")
     lines.append("the custom path must compute with cuda_extension kernels, not torch operators "
@@ -308,17 +308,98 @@ class Trial:
     verify: Callable[[str], None] | None = None
 
 
-def _run_candidate(trial: Trial, inputs: list) -> tuple[Any, OpAudit]:
-    audit = OpAudit(trial.workdir, trial.extension, trial.extra_allowed)
+def call_locally(model: torch.nn.Module, inputs: list, device: torch.device, workdir: Path, extension: Any,
+                 extra_allowed: frozenset[str], history: OutputHistory,
+                 names: list[str] | None) -> tuple[Any, list[Any], tuple[str, str] | None]:
+    """One call of ModelNew where it lives (the worker): under poisoned memory and the op audit,
+    the device synchronised; (output, the audit's violations, (check, message) of an output
+    that is no fresh plain tensor, else None). What ModelNew raises propagates."""
+    audit = OpAudit(workdir, extension, extra_allowed)
+    with torch.no_grad(), poisoned_memory(device), audit:
+        output = model(*inputs)
+    _synchronize(device)
     try:
-        with torch.no_grad(), poisoned_memory(trial.device), audit:
-            output = trial.model_new(*inputs)
-        _synchronize(trial.device)
+        check_fresh_outputs(output, inputs, model, history.alive(), names)
+    except GuardFailure as exc:
+        return output, audit.violations(), (exc.check, exc.message)
+    return output, audit.violations(), None
+
+
+def own_outputs(output: Any, inputs: list, names: list[str] | None = None, file: str = "model_new.py") -> Any:
+    """The worker's output, checked and copied into this process's memory: plain tensors
+    only, none sharing storage with an input it was sent; the copy is what is judged, whatever
+    the worker does with its memory later."""
+    input_spans = [(i, _storage_span(x)) for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
+    for path, leaf in leaves(output):
+        if not isinstance(leaf, torch.Tensor):
+            continue
+        if type(leaf) is not torch.Tensor:
+            raise GuardFailure("output type", (
+                f"{file}: ModelNew.forward returned a {type(leaf).__module__}.{type(leaf).__qualname__} as {path}; "
+                f"outputs must be plain torch.Tensor objects"))
+        span = _storage_span(leaf)
+        for i, other in input_spans:
+            if _overlaps(span, other):
+                raise GuardFailure("output aliases input", (
+                    f"{file}: {path} {describe_tensor(leaf)} shares storage with (is or views) {_label(i, names)}; "
+                    f"outputs must own fresh storage, not return an input or a view of one"))
+    return _copied(output)
+
+
+def _copied(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copied(v) for v in value)
+    return value
+
+
+def _run_candidate(trial: Trial, inputs: list) -> Any:
+    """The candidate's call with its own checks (the op audit, fresh outputs): in the worker
+    for a worker.RemoteModel (its output copied here), else in this process (unit tests)."""
+    if hasattr(trial.model_new, "checked_call"):
+        return _run_remote(trial, inputs)
+    try:
+        output, audit, guard = call_locally(trial.model_new, inputs, trial.device, trial.workdir, trial.extension,
+                                            trial.extra_allowed, trial.history, trial.input_names)
     except Exception as exc:
         _raise_user_error(exc, trial.workdir, "ModelNew.forward", CandidateError)
+    check_audit([op.describe() for op in audit])
+    if guard is not None:
+        raise GuardFailure(*guard)
     if trial.verify is not None:
         trial.verify("found after ModelNew(...) was built and called, before the reference ran")
-    return output, audit
+    return output
+
+
+def _for_candidate(trial: Trial, inputs: list) -> list:
+    """The candidate's working copy of the inputs (in the worker's sharing pool, for a worker)."""
+    worker = getattr(trial.model_new, "worker", None)
+    with (worker.sharing() if worker is not None else contextlib.nullcontext()):
+        return clone_inputs(inputs)
+
+
+def _run_remote(trial: Trial, inputs: list) -> Any:
+    from pytest_cudaopt.worker import WorkerError, WorkerFailed
+
+    try:
+        reply = trial.model_new.checked_call(inputs, trial.extra_allowed, trial.input_names)
+    except WorkerError as exc:
+        if exc.fault:
+            raise CudaFault(str(exc)) from None
+        if exc.oom:
+            raise CandidateError(str(exc)) from torch.OutOfMemoryError(exc.oom)
+        raise CandidateError(str(exc)) from None
+    except WorkerFailed as exc:
+        raise CandidateError(str(exc)) from None
+    output = reply.get("output")
+    check_audit(list(reply.get("audit") or ()))
+    guard = reply.get("guard")
+    if guard:
+        raise GuardFailure(str(guard[0]), str(guard[1]))
+    owned = own_outputs(output, inputs, trial.input_names)
+    del output, reply
+    return owned
 
 
 def _synchronize(device: torch.device) -> None:
@@ -347,10 +428,8 @@ def run_case(trial: Trial, inputs: list) -> CaseOutcome:
     pristine = clone_inputs(inputs)
     state = state_snapshot(trial.model_new)
 
-    first_inputs = clone_inputs(inputs)
-    first, audit = _run_candidate(trial, first_inputs)
-    check_audit(audit, file)
-    check_fresh_outputs(first, first_inputs, trial.model_new, trial.history.alive(), names, file)
+    first_inputs = _for_candidate(trial, inputs)
+    first = _run_candidate(trial, first_inputs)
     check_inputs_unchanged(pristine, first_inputs, names, file)
     check_state_unchanged(state, trial.model_new, file)
     trial.history.add(first)
@@ -363,10 +442,8 @@ def run_case(trial: Trial, inputs: list) -> CaseOutcome:
     except Exception as exc:
         _raise_user_error(exc, trial.workdir, "Model.forward (model.py)", ReferenceError_)
 
-    second_inputs = clone_inputs(inputs)
-    second, audit = _run_candidate(trial, second_inputs)
-    check_audit(audit, file)
-    check_fresh_outputs(second, second_inputs, trial.model_new, trial.history.alive(), names, file)
+    second_inputs = _for_candidate(trial, inputs)
+    second = _run_candidate(trial, second_inputs)
     check_inputs_unchanged(pristine, second_inputs, names, file)
     trial.history.add(second)
     del second_inputs, pristine

@@ -169,7 +169,8 @@ def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str,
     decide. memcheck always runs; racecheck and initcheck run while the time left is at
     least what memcheck took (each is about as slow), and are noted where they do not."""
     case = small_case(workdir.reference, settings)
-    extension = str(Path(workdir.extension.__file__).resolve())
+    so = workdir.worker.extension if workdir.worker is not None else workdir.extension.__file__
+    extension = str(Path(so).resolve())
     build_dir = Path(extension).parent
     if build_dir.name == "loaded":  # a rebuilt extension is loaded from a copy beside the build
         build_dir = build_dir.parent

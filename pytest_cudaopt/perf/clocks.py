@@ -207,6 +207,8 @@ class CudaClock:
 
     def runner(self, fn: Callable[..., Any], scope: Callable[[], ContextManager],
                args: Sequence[Any]) -> Callable[[], Any]:
+        if hasattr(fn, "vouched"):
+            return _RemoteRun(fn, args)
         if not self.graphs:
             return lambda: fn(*args)
         graph = _CUDAGraph()
@@ -229,6 +231,20 @@ class CudaClock:
         return min(self.max_lead, max(self.min_lead, 1.5 * max(self._hosts) + 100e-6))
 
     def queue(self, runs: Sequence[Run]) -> list[Any]:
+        """Device time of each run; a worker's ModelNew (its run a `_RemoteRun`) is timed by the
+        worker's own events, from an idle device, after this process's runs of the pass."""
+        local = [i for i, r in enumerate(runs) if not isinstance(r[1], _RemoteRun)]
+        found = dict(zip(local, self._queue_local([runs[i] for i in local]))) if local else {}
+        for i, (key, run, scope) in enumerate(runs):
+            if i not in found:
+                try:
+                    with scope():
+                        found[i] = self.time(key, run)
+                except Exception as exc:
+                    found[i] = exc
+        return [found[i] for i in range(len(runs))]
+
+    def _queue_local(self, runs: Sequence[Run]) -> list[Any]:
         while len(self._events) < 2 * len(runs):
             self._events.append(_Event(enable_timing=True))
         _device_synchronize()
@@ -268,6 +284,11 @@ class CudaClock:
 
     def time(self, key: str, run: Callable[[], Any]) -> Sample:
         _device_synchronize()
+        if isinstance(run, _RemoteRun):  # the worker's figure, checked against this wall time
+            t0 = _perf_counter()
+            output = run()
+            wall = _perf_counter() - t0
+            return Sample(seconds=run.remote.vouched(wall), wall=wall, escaped=0.0, output=output)
         self.flush()
         _device_synchronize()
         stream = _current_stream(self.device)
@@ -319,6 +340,8 @@ class PerfCounterClock:
 
     def runner(self, fn: Callable[..., Any], scope: Callable[[], ContextManager],
                args: Sequence[Any]) -> Callable[[], Any]:
+        if hasattr(fn, "vouched"):
+            return _RemoteRun(fn, args)
         return lambda: fn(*args)
 
     def queue(self, runs: Sequence[Run]) -> list[Any]:
@@ -328,7 +351,26 @@ class PerfCounterClock:
         t0 = _perf_counter()
         output = run()
         seconds = _perf_counter() - t0
+        remote = getattr(run, "remote", None)
+        if remote is not None:  # the worker's figure, where it adds up to this wall time
+            seconds = remote.vouched(seconds)
         return Sample(seconds=seconds, wall=seconds, escaped=0.0, output=output)
+
+
+class _RemoteRun:
+    """A call of a worker's ModelNew (worker.RemoteModel): the clock takes the worker's own
+    figure for it, checked against the wall time around the round trip."""
+
+    def __init__(self, remote: Any, args: Sequence[Any], keep: bool = True):
+        self.remote, self.args, self.keep = remote, args, keep
+
+    def __call__(self) -> Any:
+        output = self.remote(*self.args)
+        return output if self.keep else None
+
+    def dropped(self) -> "_RemoteRun":
+        """The same call, its output dropped (an unchecked call of a queued pass)."""
+        return _RemoteRun(self.remote, self.args, keep=False)
 
 
 class FakeClock:

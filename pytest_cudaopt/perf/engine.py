@@ -255,6 +255,8 @@ class Engine:
         """One queued pass (device time); outputs are kept only for the checked calls (the
         others are dropped at once, so a pass holds one unchecked output at a time)."""
         def dropping(run: Callable[[], Any]) -> Callable[[], Any]:
+            if hasattr(run, "dropped"):  # a worker's call: the clock still needs to know it
+                return run.dropped()
             return lambda: (run(), None)[1]
 
         return self.clock.queue([(c.key, c.run if c.checked else dropping(c.run), self.by_key[c.key].context)

@@ -280,6 +280,19 @@ class ProfilerTracer:
         self._marker: torch.Tensor | None = None
 
     def trace(self, contender: Contender, args: Sequence[Any], *, lead: float = 2e-3) -> Trace:
+        """The call's trace; a worker's ModelNew (worker.RemoteModel) is traced in the worker,
+        which sends the profiler's events back as data."""
+        remote = getattr(contender.fn, "trace_events", None)
+        if remote is not None:
+            events, ahead = remote(list(args), lead, self.flush_bytes)
+        else:
+            events, ahead = self.events(contender, args, lead=lead)
+        found = parse_chrome(events)
+        found.host_ahead = ahead
+        return found
+
+    def events(self, contender: Contender, args: Sequence[Any], *, lead: float = 2e-3) -> tuple[list[dict], bool]:
+        """The Chrome-trace events of one profiled call, and whether the host stayed ahead."""
         if self._flush is None:
             self._flush = torch.empty(self.flush_bytes // 4, dtype=torch.int32, device=self.device)
             self._marker = torch.zeros(1, dtype=torch.int32, device=self.device)
@@ -300,9 +313,7 @@ class ProfilerTracer:
                 self._marker.fill_(2)
             synchronize_device()
         del output
-        found = parse_chrome(export_events(prof))
-        found.host_ahead = host < lead
-        return found
+        return export_events(prof), host < lead
 
 
 def export_events(prof: Any) -> list[dict[str, Any]]:

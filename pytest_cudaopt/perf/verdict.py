@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Sequence
 
 import torch
@@ -52,8 +53,9 @@ def _target_model(target: Any, model: torch.nn.Module, device: torch.device, see
     if isinstance(target, BaseException):
         return f"the baseline workdir cannot be loaded: {str(target).strip().splitlines()[0]}"
     try:
-        _, target_new = target.make_models(device, seed=seed)
-        target_new.load_state_dict(model.state_dict(), strict=True)
+        target_model, target_new = target.make_models(device, seed=seed)
+        target.copy_state(model, target_new)
+        del target_model
     except Exception as exc:
         return f"the baseline workdir's ModelNew cannot be built: {type(exc).__name__}: {exc}"
     return target_new
@@ -77,8 +79,12 @@ def _feed(workdir: Any, model: torch.nn.Module, seed: int, device: torch.device)
     """Input set n: get_inputs() under its own secret seed, derived from the session's (the
     global generators' state is kept once around all the draws, by `judge`); the expected
     output: Model in float32 (TF32 off)."""
+    worker = getattr(workdir, "worker", None)
+
     def draw(n: int) -> list:
-        return workdir.inputs(derive_seed(seed, "perf", "inputs", n), device, isolated=False)
+        # In the worker's sharing pool on CUDA: the segments it maps hold inputs only.
+        with worker.sharing() if worker is not None else contextlib.nullcontext():
+            return workdir.inputs(derive_seed(seed, "perf", "inputs", n), device, isolated=False)
 
     def reference(*inputs: Any) -> Any:
         with lineup.fp32_strict():
@@ -161,6 +167,9 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
                                              queue_group=group, one_check_per_pass=one_check)
         measurement = engine.measure(line.contenders, feed, clock=clock, config=config,
                                      compare=_compare(settings))
+        unvouched = model_new.handoff_failure() if hasattr(model_new, "handoff_failure") else ""
+        if unvouched and not measurement.results[lineup.CUSTOM].failure:
+            measurement.results[lineup.CUSTOM].fail(unvouched)
         traces = _traces(line, measurement, feed.next()[1], tracer)
         breach = verify("found after the contenders were timed and traced")
     result = _result(workdir, test, settings, measurement, line, tiers, traces,

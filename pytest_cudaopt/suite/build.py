@@ -1,4 +1,4 @@
-"""The build item: the workdir's extension compiles, links and imports, wherever pytest runs (a CPU-only CI too)."""
+"""The build item: the workdir's extension compiles, links and imports (in the workdir's worker), wherever pytest runs (a CPU-only CI too)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import pytest
 
 from pytest_cudaopt.build import BuildError
 from pytest_cudaopt.watchdog import set_stage
+from pytest_cudaopt.workdir import WorkdirError
 
 
 @pytest.mark.build
@@ -17,6 +18,10 @@ class TestBuild:
         set_stage("building the extension")
         try:
             cudaopt_session.extension(cudaopt_workdir_path)
+            set_stage("importing the extension in the workdir's worker")
+            cudaopt_session.workdir(cudaopt_workdir_path)
+        except WorkdirError:
+            return  # the extension imported; model.py or model_new.py did not: the correctness items say so
         except BuildError as exc:
             failure = cudaopt_session.failure_report(cudaopt_workdir_path, request.node.nodeid, exc)
         else:

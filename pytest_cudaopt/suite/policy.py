@@ -14,20 +14,6 @@ from pytest_cudaopt.watchdog import set_stage
 _REPORTS = pytest.StashKey[dict]()
 
 
-def _built_extension(session, workdir: Path):
-    """The extension MN010 constructs ModelNew with: this session's build, else the last one on
-    disk, else None (the stand-in). Compiles nothing."""
-    from pytest_cudaopt import build
-
-    module = session.loaded_extension(workdir)
-    if module is None:
-        try:
-            module = build.existing_extension(workdir, settings=session.settings)
-        except build.BuildError:  # a build that does not load: the correctness items say why
-            module = None
-    return module
-
-
 def _report(config: pytest.Config, workdir: Path) -> tuple[policy.Config, list[policy.Violation]]:
     """The workdir's configuration and the violations of the rules that only read its files,
     computed once per session: nothing of the workdir is imported."""
@@ -44,8 +30,22 @@ def _construction(session, workdir: Path, settings: policy.Config) -> list[polic
     watchdog (a hang there is one of the workdir's set-up)."""
     if "MN010" in settings.disable:
         return []
-    set_stage("importing model.py and model_new.py and constructing Model and ModelNew (MN010)")
-    return policy.check_construction(workdir, _built_extension(session, Path(workdir).resolve()))
+    set_stage("importing model.py and model_new.py and constructing Model and ModelNew (MN010, in a worker)")
+    return _facts(session, workdir, mn010=True)
+
+
+def _facts(session, workdir: Path, mn010: bool = False, ex001: bool = False) -> list[policy.Violation]:
+    """MN010's or EX001's violations from a worker (session.policy_facts); a worker that cannot
+    load the extension, or dies, fails the item with its report."""
+    from pytest_cudaopt.build import BuildError
+    from pytest_cudaopt.workdir import WorkdirError
+    from pytest_cudaopt.worker import WorkerError, WorkerFailed
+
+    try:
+        return session.policy_facts(Path(workdir).resolve(), mn010=mn010, ex001=ex001)
+    except (BuildError, WorkdirError, WorkerError, WorkerFailed) as exc:
+        failure = str(exc)
+    pytest.fail(failure, pytrace=False)
 
 
 @pytest.mark.policy
@@ -70,27 +70,23 @@ class TestPolicy:
         module. Uses the session's build, builds now when this session's correctness or perf
         items will build anyway, else the last build on disk."""
         from pytest_cudaopt import build
-        from pytest_cudaopt.policy.extension_names import RULE, RULE_TEXT, check_extension_names
+        from pytest_cudaopt.policy.extension_names import RULE, RULE_TEXT
 
         request.node.user_properties.append((RULE_PROPERTY, RULE))
         set_stage("building or loading the extension (EX001)")
-        module = cudaopt_session.loaded_extension(cudaopt_workdir_path)
         failure = ""
+        built = cudaopt_session.built(cudaopt_workdir_path)
         try:
-            if module is None and cudaopt_session.builds_later(cudaopt_workdir_path):
-                module = cudaopt_session.extension(cudaopt_workdir_path)
-            if module is None:  # the last build on disk, its import verified like a build's
-                module = cudaopt_session.inspect_extension(cudaopt_workdir_path)
+            if built is None and cudaopt_session.builds_later(cudaopt_workdir_path):
+                built = cudaopt_session.extension(cudaopt_workdir_path)
         except build.BuildError as exc:
-            failure = (cudaopt_session.failure_report(cudaopt_workdir_path, request.node.nodeid, exc)
-                       if cudaopt_session.builds_later(cudaopt_workdir_path) else
-                       f"{RULE} not checked: {exc.summary}; the build log: {exc.log_path}")
+            failure = cudaopt_session.failure_report(cudaopt_workdir_path, request.node.nodeid, exc)
         if failure:
             pytest.fail(failure, pytrace=False)
-        if module is None:
+        if built is None and build.existing_build(cudaopt_workdir_path, settings=cudaopt_session.settings) is None:
             pytest.skip(f"{RULE} needs the built extension: run `cudaopt build {cudaopt_workdir_path}` "
                         "or the correctness items first")
-        found = check_extension_names(cudaopt_workdir_path, module)
+        found = _facts(cudaopt_session, cudaopt_workdir_path, ex001=True)
         if found:
             pytest.fail(f"{RULE}: {RULE_TEXT}\n" + "\n".join(
                 policy.format_violation(v, cudaopt_workdir_path) for v in found), pytrace=False)

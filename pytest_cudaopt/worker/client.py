@@ -1,0 +1,415 @@
+"""The judging side of a worker: start it, send requests, read replies through an allow-list, and turn a worker that dies, hangs or lies into a failure with its reason.
+
+A reply is read by protocol.receive, which resolves only dtypes, devices, sizes and torch's
+tensor rebuilds: a worker that writes a crafted pickle to its socket cannot run code in the
+judging process. `RemoteModel` stands in for ModelNew where the verdict code
+calls it (guards, the perf line-up, the trace): the same calls, answered by the worker.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Iterable
+
+from pytest_cudaopt.worker import protocol
+
+POLL_S = 0.05          # how often a wait for a reply looks at the worker's process
+START_TIMEOUT_S = 120.0  # torch's import on a loaded machine, the workdir's own imports aside
+STACK_WAIT_S = 1.0     # after SIGUSR1, time for the worker to print its stacks
+LAST_WORDS = 4000      # characters of the worker's output quoted when it dies
+HANDOFF_FACTOR = 5     # a median round trip may exceed the worker's own figure by this many handoffs ...
+HANDOFF_SLACK_S = 2e-3  # ... plus this (a loaded machine's scheduler; the CPU figures are the worker's own)
+
+class WorkerError(Exception):
+    """The worker answered with an error raised by the workdir's code. `kind` is "candidate"
+    (ModelNew, its extension), "workdir" (loading a file; `file` names it) or "build" (the
+    .so does not import); `fault` a lost CUDA context, `oom` torch's out-of-memory line."""
+
+    def __init__(self, message: str, kind: str = "candidate", file: str | None = None,
+                 fault: bool = False, oom: str | None = None):
+        super().__init__(message)
+        self.kind, self.file, self.fault, self.oom = kind, file, fault, oom
+
+
+class WorkerFailed(Exception):
+    """The worker died, hung, or sent what is not a reply: nothing it said counts."""
+
+
+_LIVE: set["Worker"] = set()
+
+
+@atexit.register
+def _stop_all() -> None:
+    """No worker outlives the judging process, however it ends."""
+    for worker in list(_LIVE):
+        worker.stop()
+
+
+def package_root() -> str:
+    import pytest_cudaopt
+
+    return str(Path(pytest_cudaopt.__file__).resolve().parent.parent)
+
+
+class Worker:
+    """One worker process for one workdir: `Worker(workdir, so_path, device).start()`, then
+    `request(...)`; `stop()` kills it and its process group. `secrets` are paths (the verdict
+    files) that no part of its environment may name."""
+
+    def __init__(self, workdir: Path, extension: Path | None, device: str = "cpu", *,
+                 secrets: Iterable[str] = (), label: str = ""):
+        self.workdir = Path(workdir).resolve()
+        self.extension = Path(extension) if extension is not None else None
+        self.device = device
+        self.secrets = [str(s) for s in secrets if s]
+        self.label = label or self.workdir.name
+        self.proc: subprocess.Popen | None = None
+        self.conn: Connection | None = None
+        self.scratch: Path | None = None
+        self.log_path: Path | None = None
+        self.facts: dict = {}
+        self._relayed = 0
+        self._ready = None   # this process's interprocess event, for timed calls on CUDA
+        self._pool = None    # the CUDA memory pool of what the worker is sent
+        self.arena: protocol.Arena | None = None
+        self.handoff_s = 0.0
+        self._done: dict[bytes, Any] = {}
+
+    # -- life --------------------------------------------------------------------------------
+
+    def start(self, require_workdir: bool = True) -> "Worker":
+        """Start the process and load the workdir in it; raises WorkerError when the extension
+        or (with `require_workdir`) the workdir's files do not load (their report), WorkerFailed
+        when the process does not come up."""
+        protocol.setup_sharing()
+        self.scratch = Path(tempfile.mkdtemp(prefix="cudaopt-worker-"))
+        self.log_path = self.scratch / "worker.log"
+        ours, theirs = socket.socketpair()
+        log = open(self.log_path, "wb")
+        try:
+            env = protocol.worker_env(os.environ, package_root(), self.secrets)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pytest_cudaopt.worker", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()], cwd=self.scratch, env=env, stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            log.close()
+            theirs.close()
+        self.conn = Connection(ours.detach())
+        self.calibrate()
+        arena = protocol.Arena.create()
+        try:
+            self.facts = self.request({"op": "load", "workdir": str(self.workdir), "device": self.device,
+                                       "extension": str(self.extension) if self.extension else None,
+                                       "arena": arena.path, "arena_bytes": arena.size},
+                                      timeout=None, what="loading the workdir")
+        finally:
+            arena.unlink()  # both processes have it mapped; nobody else can open it now
+        self.arena = arena
+        _LIVE.add(self)
+        if require_workdir and "workdir_error" in self.facts:
+            raise WorkerError(str(self.facts["workdir_error"]), kind="workdir", file=self.facts.get("file"))
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        """Kill the worker and everything in its process group, now: no handler of its
+        (atexit, a signal handler) runs after this returns."""
+        if self.proc is not None:
+            for target in (lambda: os.killpg(self.proc.pid, signal.SIGKILL), lambda: self.proc.kill()):
+                try:
+                    target()
+                except (ProcessLookupError, PermissionError, OSError):
+                    pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        _LIVE.discard(self)
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
+
+    def last_words(self, limit: int = LAST_WORDS) -> str:
+        try:
+            text = self.log_path.read_bytes().decode(errors="replace") if self.log_path else ""
+        except OSError:
+            return ""
+        return text[-limit:].strip()
+
+    def _relay(self) -> None:
+        """What the worker printed since the last reply, onto this process's stdout (pytest
+        captures it for the item, as it would the candidate's prints in-process)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._relayed)
+                chunk = f.read(1 << 16)
+        except (OSError, TypeError):
+            return
+        if chunk:
+            self._relayed += len(chunk)
+            sys.stdout.write(chunk.decode(errors="replace"))
+
+    def _died(self, what: str) -> WorkerFailed:
+        code = self.proc.poll() if self.proc is not None else None
+        if code is None:
+            how = "closed its socket"
+        elif code < 0:
+            how = f"was killed by signal {signal.Signals(-code).name}" if -code in signal.Signals._value2member_map_ \
+                else f"was killed by signal {-code}"
+        else:
+            how = f"exited with status {code}"
+        words = self.last_words()
+        return WorkerFailed(f"the candidate's worker process {how} while {what}"
+                            + (f"; its last output:\n{words}" if words else ""))
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def request(self, message: dict, *, timeout: float | None = None, what: str = "",
+                copy_back: bool = False) -> dict:
+        """Send `message`, wait for the reply. A reply with `error` raises WorkerError; a dead
+        worker, a reply that is not one, or `timeout` seconds without one raise WorkerFailed.
+        An exception raised here while waiting (the watchdog's timeout, an interrupt) kills
+        the worker, after asking it for its stacks. `copy_back`: the CPU tensors sent are
+        overwritten with what the worker left in their arena copies (a write into an input
+        shows as it would in-process)."""
+        what = what or f"answering {message.get('op')}"
+        if self.conn is None:
+            raise WorkerFailed(f"the candidate's worker process is stopped ({what})")
+        try:
+            placed = protocol.send(self.conn, message, self.arena, "judge")
+        except (OSError, EOFError, BrokenPipeError):
+            raise self._died(what) from None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not self.conn.poll(POLL_S):
+                if not self.alive():
+                    if self.conn.poll(0):
+                        break
+                    raise self._died(what)
+                if deadline is not None and time.monotonic() > deadline:
+                    self.stop()
+                    raise WorkerFailed(f"the candidate's worker process did not answer within {timeout:g}s "
+                                       f"while {what}")
+            data = self.conn.recv_bytes()
+        except (EOFError, OSError):
+            raise self._died(what) from None
+        except BaseException:
+            self.stacks()
+            self.stop()
+            raise
+        finally:
+            self._relay()
+        try:
+            reply = protocol.receive_bytes(data, self.arena, "worker")
+        except Exception as exc:  # noqa: BLE001 - whatever the bytes were, they are no reply
+            self.stop()
+            raise WorkerFailed(f"the candidate's worker process sent what is not a reply while {what}: "
+                               f"{type(exc).__name__}: {exc}") from None
+        if not isinstance(reply, dict):
+            self.stop()
+            raise WorkerFailed(f"the candidate's worker process sent a {type(reply).__name__}, not a reply, "
+                               f"while {what}")
+        if copy_back and self.arena is not None:
+            for tensor, start in placed:
+                count = tensor.numel() * tensor.element_size()
+                tensor.copy_(self.arena.bytes[start:start + count].view(tensor.dtype).view(tensor.shape))
+        if "error" in reply:
+            raise WorkerError(str(reply["error"]), kind=str(reply.get("kind", "candidate")),
+                              file=reply.get("file"), fault=bool(reply.get("fault")), oom=reply.get("oom"))
+        return reply
+
+    def stacks(self) -> str:
+        """The worker's stacks (faulthandler, on SIGUSR1), for a request that hangs."""
+        if not self.alive() or not hasattr(signal, "SIGUSR1"):
+            return ""
+        before = len(self.last_words(1 << 20))
+        try:
+            os.kill(self.proc.pid, signal.SIGUSR1)
+        except OSError:
+            return ""
+        deadline = time.monotonic() + STACK_WAIT_S
+        while time.monotonic() < deadline and len(self.last_words(1 << 20)) == before:
+            time.sleep(0.05)
+        time.sleep(0.05)
+        return self.last_words(1 << 20)[before:]
+
+    # -- timing ------------------------------------------------------------------------------
+
+    def calibrate(self, rounds: int = 30) -> None:
+        """The round trip of a request that runs nothing, measured before the workdir is loaded
+        (no code of the candidate's has run in the worker yet): what a call's handoff costs."""
+        values = []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            self.request({"op": "ping"}, what="answering a ping")
+            values.append(time.perf_counter() - started)
+        values.sort()
+        self.handoff_s = values[len(values) // 2]
+
+    def handoff_bound(self, inputs: Any, output: Any) -> float:
+        """How much longer than the call itself its round trip may take: a few handoffs, a
+        millisecond for the scheduler, and the copies through the arena at 1 GB/s."""
+        from pytest_cudaopt.tensors import nbytes
+
+        copied = nbytes(list(inputs)) + nbytes(output) if self.arena is not None else 0
+        return HANDOFF_FACTOR * self.handoff_s + HANDOFF_SLACK_S + copied / 1e9
+
+    # -- CUDA memory and ordering -----------------------------------------------------------
+
+    def sharing(self):
+        """A context for allocating what the worker is sent: on CUDA a memory pool of its own,
+        because a CUDA IPC handle maps the whole allocator segment a tensor lives in, and no
+        segment the worker maps may hold anything else of this process (an expected output);
+        on the CPU nothing (each storage is shared as a file of its own)."""
+        if not self.device.startswith("cuda"):
+            return contextlib.nullcontext()
+        import torch
+
+        if self._pool is None:
+            self._pool = torch.cuda.MemPool()
+        return torch.cuda.use_mem_pool(self._pool)
+
+
+    def ready_handle(self) -> bytes | None:
+        """Record this process's interprocess event on its current stream (the inputs are
+        prepared up to here); its handle, for the worker's stream to wait on."""
+        if not self.device.startswith("cuda"):
+            return None
+        import torch
+
+        if self._ready is None:
+            self._ready = torch.cuda.Event(interprocess=True)
+        self._ready.record(torch.cuda.current_stream())
+        return self._ready.ipc_handle()
+
+    def wait_done(self, handle: bytes | None) -> None:
+        """This process's current stream waits for the worker's event (its call's work)."""
+        if handle is None:
+            return
+        import torch
+
+        event = self._done.get(handle)
+        if event is None:
+            event = self._done[handle] = torch.cuda.Event.from_ipc_handle(torch.cuda.current_device(), handle)
+        torch.cuda.current_stream().wait_event(event)
+
+
+def _cpu_copied(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cpu_copied(v) for v in value)
+    return value
+
+
+class RemoteModel:
+    """ModelNew in the worker, as the verdict code calls it: `model(*inputs)` (a timed call:
+    outputs as the worker produced them, ordered on this process's stream), `checked_call`
+    (a correctness call with the worker's observations), `state_dict`, `load_state_dict`."""
+
+    def __init__(self, worker: Worker, key: int, device: str, keys: list[str]):
+        self.worker = worker
+        self.key = key
+        self.device = device
+        self.keys = keys
+        self.last_seconds = 0.0
+        self.last_handoff_bound = 0.0
+        self.handoffs: list[tuple[float, float]] = []  # (round trip - worker's figure, bound) per timed call
+
+    def eval(self) -> "RemoteModel":
+        return self
+
+    def to(self, *args: Any, **kwargs: Any) -> "RemoteModel":
+        return self
+
+    def __call__(self, *inputs: Any) -> Any:
+        if self.device.startswith("cuda"):
+            # The inputs are complete before the worker reads them; no stream of either process
+            # waits on the other's (a wait across CUDA contexts holds the GPU for a time slice).
+            import torch
+
+            torch.cuda.synchronize()
+        reply = self.worker.request({"op": "call", "id": self.key, "inputs": list(inputs), "device": self.device,
+                                     "what": "ModelNew.forward"}, what="calling ModelNew")
+        self.last_seconds = float(reply.get("seconds", 0.0))
+        self.last_handoff_bound = self.worker.handoff_bound(inputs, reply.get("output"))
+        output = reply.get("output")
+        # CPU outputs are views of the arena, which the worker's next reply rewrites.
+        return _cpu_copied(output) if not self.device.startswith("cuda") else output
+
+    def vouched(self, outer: float) -> float:
+        """The worker's own figure for its last call, where it can be true: not above `outer`,
+        this process's wall time around the whole round trip (else TimingError). What the
+        round trip took beyond it is kept for `handoff_failure`."""
+        from pytest_cudaopt.perf.clocks import TimingError
+
+        seconds = self.last_seconds
+        if not 0.0 <= seconds <= outer:
+            raise TimingError(f"the worker's figure for a call of ModelNew ({seconds * 1e6:.1f} us) is more than "
+                              f"the {outer * 1e6:.1f} us this process measured around it: the candidate's process "
+                              "misreported its time")
+        self.handoffs.append((outer - seconds, self.last_handoff_bound))
+        return seconds
+
+    def handoff_failure(self) -> str:
+        """Why the worker's figures do not add up to this process's wall times ("" when they
+        do): the median of what each round trip took beyond the worker's figure exceeds what
+        a handoff takes (`Worker.handoff_bound`). A worker that under-reports by more than the
+        handoff's spread shows here."""
+        if not self.handoffs:
+            return ""
+        gaps = sorted(g for g, _ in self.handoffs)
+        bounds = sorted(b for _, b in self.handoffs)
+        gap, bound = gaps[len(gaps) // 2], bounds[len(bounds) // 2]
+        if gap <= bound:
+            return ""
+        return (f"the worker's figures for ModelNew do not add up to this process's wall times: the round trips "
+                f"took a median {gap * 1e6:.1f} us more than the worker reported over {len(gaps)} calls, a handoff "
+                f"takes at most {bound * 1e6:.1f} us (calibrated before the workdir loaded): the candidate's "
+                "process under-reported its time")
+
+    def checked_call(self, inputs: list, allowed: frozenset[str], names: list[str] | None) -> dict:
+        """A correctness call: the reply's `output`, `audit` (descriptions of ops outside the
+        allow-list) and `guard` ((check, message) of an output that is no fresh tensor)."""
+        return self.worker.request({"op": "call", "id": self.key, "inputs": list(inputs), "device": self.device,
+                                    "ready": self.worker.ready_handle(), "check": True,
+                                    "allowed": sorted(allowed), "names": names, "what": "ModelNew.forward"},
+                                   what="calling ModelNew", copy_back=True)
+
+    def state_dict(self) -> dict:
+        return self.worker.request({"op": "state", "id": self.key}, what="reading ModelNew's state")["state"]
+
+    def load_state(self, state: dict, buffers: dict, model_file: str = "model.py") -> None:
+        self.worker.request({"op": "load_state", "id": self.key, "state": state, "buffers": buffers,
+                             "model_file": model_file}, what="loading Model's state into ModelNew")
+
+    def trace_events(self, inputs: list, lead: float, flush_bytes: int | None) -> tuple[list, bool]:
+        reply = self.worker.request({"op": "trace", "id": self.key, "inputs": list(inputs), "device": self.device,
+                                     "lead": lead, "flush_bytes": flush_bytes}, what="tracing ModelNew")
+        return reply["events"], bool(reply["host_ahead"])
+
+    def drop(self) -> None:
+        if self.worker.alive():
+            try:
+                self.worker.request({"op": "drop", "id": self.key}, what="dropping a ModelNew")
+            except (WorkerError, WorkerFailed):
+                pass

@@ -1,0 +1,187 @@
+"""The messages between the judging process and a worker: plain data pickled with tensors out of band (CPU tensors copied through a shared-memory arena, CUDA tensors as IPC handles), read back through an allow-list; the worker's environment.
+
+A message is a pickle whose only globals are dtypes, devices and sizes; each tensor in it is a
+persistent id. On the CPU the sender copies the tensor into its half of the arena (a file in
+/dev/shm that both processes map, unlinked once both have it) and the receiver views it there;
+a tensor larger than the arena, and every CUDA tensor, goes through torch's own reduction
+(a named shared-memory file, a CUDA IPC handle), read back with an allow-list of torch's
+rebuild functions. Nothing the worker sends can name a function the judging process would run.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+import pickle
+import secrets
+import tempfile
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+# What a worker keeps of the judging process's environment: what torch, CUDA and the compiler
+# toolchain need. PYTEST_*, CUDAOPT_* and everything else (report paths, tokens) stay behind.
+KEPT_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
+            "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX", "CUDA_HOME", "CUDA_PATH", "CUDA_ROOT",
+            "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_LAUNCH_BLOCKING",
+            "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+            "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING", "TORCH_CUDA_ARCH_LIST")
+KEPT_PREFIXES = ("LC_",)
+ARENA_BYTES = 64 << 20   # each direction's half; larger tensors take torch's shared-memory files
+ALIGN = 64
+
+# torch's reduction of a tensor too large for the arena or on CUDA: the globals it may name.
+_TORCH_ALLOWED = {
+    "torch.multiprocessing.reductions": {"rebuild_tensor", "rebuild_cuda_tensor", "rebuild_storage_filename",
+                                         "rebuild_storage_empty", "rebuild_typed_storage",
+                                         "rebuild_typed_storage_child"},
+    "torch._utils": {"_rebuild_tensor", "_rebuild_tensor_v2"},
+    "torch.storage": {"UntypedStorage", "TypedStorage"},
+    "torch": {"Tensor", "Size", "device", "UntypedStorage", "TypedStorage"},
+    "torch._tensor": {"Tensor"},
+}
+_PLAIN_ALLOWED = {"torch": {"Size", "device"}, "collections": {"OrderedDict"}}
+
+
+def setup_sharing() -> None:
+    """Tensors that do not fit the arena travel as named shared-memory files (torch's
+    file_system strategy): nothing but bytes crosses the socket."""
+    import torch.multiprocessing as mp
+
+    mp.set_sharing_strategy("file_system")
+
+
+class Arena:
+    """A shared-memory file mapped by both processes: the judging process writes the first
+    half, the worker the second."""
+
+    def __init__(self, path: str, size: int, create: bool):
+        import torch
+
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            self.map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.path, self.size = path, size
+        self.bytes = torch.frombuffer(self.map, dtype=torch.uint8)
+
+    @classmethod
+    def create(cls, size: int = 2 * ARENA_BYTES) -> "Arena":
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+        return cls(str(Path(folder, f"cudaopt-{secrets.token_hex(8)}")), size, create=True)
+
+    def region(self, writer: str) -> tuple[int, int]:
+        half = self.size // 2
+        return (0, half) if writer == "judge" else (half, self.size)
+
+    def unlink(self) -> None:
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+class _Packer(pickle.Pickler):
+    def __init__(self, file, arena: Arena | None, writer: str):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.arena = arena
+        self.cursor, self.end = arena.region(writer) if arena is not None else (0, 0)
+        self.placed: list[tuple[Any, int]] = []
+
+    def persistent_id(self, obj: Any) -> Any:
+        import torch
+
+        if not isinstance(obj, torch.Tensor):
+            return None
+        if type(obj) is not torch.Tensor:
+            raise pickle.PicklingError(f"a {type(obj).__module__}.{type(obj).__qualname__} is not a plain "
+                                       f"torch.Tensor and cannot be sent")
+        obj = obj.detach()
+        nbytes = obj.numel() * obj.element_size()
+        start = -(-self.cursor // ALIGN) * ALIGN
+        if obj.device.type == "cpu" and self.arena is not None and start + nbytes <= self.end and not obj.is_sparse:
+            if nbytes:
+                self.arena.bytes[start:start + nbytes].copy_(obj.contiguous().view(-1).view(torch.uint8))
+            self.cursor = start + nbytes
+            self.placed.append((obj, start))
+            return ("arena", start, str(obj.dtype).removeprefix("torch."), tuple(obj.shape))
+        return ("torch", bytes(ForkingPickler.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)))
+
+
+class _Unpacker(pickle.Unpickler):
+    def __init__(self, file, arena: Arena | None, writer: str, allowed: dict):
+        super().__init__(file)
+        self.arena = arena
+        self.start, self.end = arena.region(writer) if arena is not None else (0, 0)
+        self.allowed = allowed
+
+    def find_class(self, module: str, name: str) -> Any:
+        import torch
+
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        if name in self.allowed.get(module, ()):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"a message may not name {module}.{name}")
+
+    def persistent_load(self, pid: Any) -> Any:
+        import torch
+
+        if not isinstance(pid, tuple) or not pid:
+            raise pickle.UnpicklingError("a malformed tensor reference")
+        if pid[0] == "arena" and len(pid) == 4 and self.arena is not None:
+            _, start, dtype_name, shape = pid
+            dtype = getattr(torch, str(dtype_name), None)
+            if not isinstance(dtype, torch.dtype) or not isinstance(start, int) or start % ALIGN \
+                    or not all(isinstance(n, int) and n >= 0 for n in shape):
+                raise pickle.UnpicklingError("a malformed arena tensor")
+            count = 1
+            for n in shape:
+                count *= n
+            nbytes = count * torch.empty((), dtype=dtype).element_size()
+            if start < self.start or start + nbytes > self.end:
+                raise pickle.UnpicklingError("an arena tensor outside its sender's region")
+            return self.arena.bytes[start:start + nbytes].view(dtype).view(shape)
+        if pid[0] == "torch" and len(pid) == 2 and isinstance(pid[1], bytes):
+            found = _Unpacker(io.BytesIO(pid[1]), None, "", _TORCH_ALLOWED).load()
+            if type(found) is not torch.Tensor:
+                raise pickle.UnpicklingError(f"a tensor reference gave a {type(found).__name__}")
+            return found
+        raise pickle.UnpicklingError("an unknown tensor reference")
+
+
+def send(conn: Connection, message: Any, arena: Arena | None = None, writer: str = "judge") -> list:
+    """Send `message`; returns the (tensor, arena offset) pairs copied into the arena."""
+    buffer = io.BytesIO()
+    packer = _Packer(buffer, arena, writer)
+    packer.dump(message)
+    conn.send_bytes(buffer.getvalue())
+    return packer.placed
+
+
+def receive(conn: Connection, arena: Arena | None = None, sender: str = "worker") -> Any:
+    """The next message, its tensors viewed in the sender's half of the arena (valid until the
+    sender's next message) or rebuilt through the allow-list."""
+    return receive_bytes(conn.recv_bytes(), arena, sender)
+
+
+def receive_bytes(data: bytes, arena: Arena | None = None, sender: str = "worker") -> Any:
+    return _Unpacker(io.BytesIO(data), arena, sender, _PLAIN_ALLOWED).load()
+
+
+def worker_env(base: Mapping[str, str], package_root: str, secrets: Iterable[str] = ()) -> dict[str, str]:
+    """The worker's environment: the KEPT_ENV names of `base`, none whose value names one of
+    `secrets` (the verdict files), and PYTHONPATH starting at `package_root` (where
+    pytest_cudaopt is, installed or not)."""
+    secrets = [s for s in secrets if s]
+    env = {k: v for k, v in base.items()
+           if (k in KEPT_ENV or k.startswith(KEPT_PREFIXES)) and not any(s in v for s in secrets)}
+    env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH", "")])])
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env

@@ -1,0 +1,275 @@
+"""The worker's side: load the workdir with its extension, construct ModelNew, call it on the inputs it is sent, and hand back outputs and raw observations; nothing here decides a verdict.
+
+Requests are dicts with an `op`; every reply is a dict of plain data and tensors (the judging
+process unpickles it with an allow-list: client.py). A request that raises in the candidate's
+code is answered with `error` (the workdir's traceback lines), `fault` (the CUDA context is
+lost) and `oom` (torch's out-of-memory message), and the worker goes on serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import signal
+import sys
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from pytest_cudaopt.worker import protocol
+
+
+LEAD_S = 500e-6  # the spin before a timed call on CUDA (perf.clocks.GpuLead)
+
+
+class Server:
+    def __init__(self, conn: Connection):
+        import torch
+
+        self.torch = torch
+        self.conn = conn
+        self.workdir = None       # workdir.Workdir, after `load`
+        self.path: Path | None = None
+        self.arena: protocol.Arena | None = None
+        self.extension = None
+        self.models: dict[int, Any] = {}
+        self.history = None       # guards.OutputHistory: outputs of earlier calls still alive
+        self.kept: Any = None     # the last reply's tensors, alive until the next request
+        self.events: dict[bytes, Any] = {}  # the judging process's interprocess events, opened
+        self.done = None          # this worker's interprocess event, recorded after each timed call
+        self.flush = None         # the L2 flush buffer and the two timing events of timed calls on CUDA
+        self.timing: Any = None
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def serve(self) -> int:
+        while True:
+            try:
+                request = protocol.receive(self.conn, self.arena, "judge")
+            except (EOFError, OSError):
+                return 0  # the judging process is gone or closed the socket
+            self.kept = None
+            op = request.get("op")
+            if op == "stop":
+                return 0
+            handler = getattr(self, "op_" + str(op), None)
+            try:
+                reply = handler(request) if handler is not None else {"error": f"unknown request {op!r}"}
+            except BaseException as exc:  # noqa: BLE001 - the candidate's SystemExit too: reported, not obeyed
+                reply = self._error(exc, request.get("what", op))
+            self.kept = reply
+            try:
+                protocol.send(self.conn, reply, self.arena, "worker")
+            except (OSError, EOFError):
+                return 0
+            except Exception as exc:  # noqa: BLE001 - an output that cannot be sent (a subclass, a lambda)
+                protocol.send(self.conn, {"error": f"the reply to {op} cannot be sent to the judging "
+                                                   f"process: {type(exc).__name__}: {exc}"})
+
+    def _error(self, exc: BaseException, what: str) -> dict:
+        from pytest_cudaopt.correctness.faults import context_alive, is_cuda_fault
+        from pytest_cudaopt.workdir import WorkdirError, user_traceback
+
+        if isinstance(exc, WorkdirError):
+            return {"error": str(exc), "file": exc.file, "kind": "workdir"}
+        roots = [self.path] if self.path is not None else []
+        text = f"{what} raised:\n{user_traceback(exc, roots)}" if roots else f"{type(exc).__name__}: {exc}"
+        reply = {"error": text, "kind": "candidate"}
+        if isinstance(exc, self.torch.OutOfMemoryError):
+            lines = str(exc).strip().splitlines()
+            reply["oom"] = lines[0] if lines else "torch.OutOfMemoryError"
+        elif is_cuda_fault(exc) and not context_alive():
+            reply["fault"] = True
+        return reply
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def op_load(self, request: dict) -> dict:
+        """The extension (the build's .so, or MN010's stand-in when there is none) and the
+        workdir's two files; the facts the policy rules need."""
+        from pytest_cudaopt.build import defined_functions, takes_module
+        from pytest_cudaopt.build.diagnostics import BuildError
+        from pytest_cudaopt.build.loader import load_extension
+        from pytest_cudaopt.correctness.guards import OutputHistory
+        from pytest_cudaopt.workdir import WorkdirError, load_workdir
+
+        path = Path(request["workdir"])
+        if request.get("arena"):
+            self.arena = protocol.Arena(request["arena"], int(request["arena_bytes"]), create=False)
+        if request.get("extension"):
+            so = Path(request["extension"])
+            try:
+                self.extension = load_extension(SimpleNamespace(so_path=so, build_dir=so.parent,
+                                                                workdir=path, module=None))
+            except BuildError as exc:
+                return {"error": str(exc), "kind": "build"}
+        else:
+            from pytest_cudaopt.policy.construction import stand_in_extension
+
+            self.extension = stand_in_extension()
+        device = request.get("device", "cpu")
+        if device.startswith("cuda") and ":" in device:
+            self.torch.cuda.set_device(self.torch.device(device))
+        self.path = path
+        self.history = OutputHistory()
+        functions = defined_functions(self.extension) if request.get("extension") else []
+        facts = {"functions": functions,
+                 "registrations": [n for n in functions if takes_module(getattr(self.extension, n))]}
+        try:
+            self.workdir = load_workdir(path, self.extension)
+        except WorkdirError as exc:  # the policy rules still run (MN010 imports on its own)
+            return {**facts, "workdir_error": str(exc), "file": exc.file}
+        return {**facts, "nondeterministic": self.workdir.nondeterministic}
+
+    def op_policy(self, request: dict) -> dict:
+        """MN010 (ModelNew constructs, its state_dict has Model's keys) and EX001 (every
+        function model_new.py calls exists), as plain findings."""
+        from pytest_cudaopt import policy
+        from pytest_cudaopt.policy.extension_names import check_extension_names
+
+        found = []
+        if request.get("mn010"):
+            found += policy.check_construction(self.path, self.extension)
+        if request.get("ex001"):
+            found += check_extension_names(self.path, self.extension)
+        return {"violations": [(v.path, v.line, v.rule, v.message) for v in found]}
+
+    # -- models --------------------------------------------------------------------------------
+
+    def op_make(self, request: dict) -> dict:
+        """ModelNew(*init) under a private RNG, in eval mode on the device."""
+        from pytest_cudaopt.workdir import private_rng
+
+        init = list(request["init"])
+        with private_rng(int(request.get("seed", 0))):
+            model = self.workdir.construct_candidate(init)
+        model = model.eval().to(request.get("device", "cpu"))
+        key = len(self.models) + 1
+        self.models[key] = model
+        return {"id": key, "keys": sorted(model.state_dict())}
+
+    def op_drop(self, request: dict) -> dict:
+        self.models.pop(request["id"], None)
+        return {}
+
+    def op_load_state(self, request: dict) -> dict:
+        from pytest_cudaopt.workdir import load_state
+
+        load_state(self.models[request["id"]], request["state"], request.get("buffers") or {},
+                   request.get("model_file", "model.py"), self.workdir.model_new_file.name)
+        return {}
+
+    def op_state(self, request: dict) -> dict:
+        model = self.models[request["id"]]
+        return {"state": {k: v.detach().clone() for k, v in model.state_dict().items()
+                          if isinstance(v, self.torch.Tensor)}}
+
+    # -- calls ---------------------------------------------------------------------------------
+
+    def _wait(self, request: dict) -> None:
+        """The judging process's stream has prepared the inputs: this stream waits for it."""
+        handle = request.get("ready")
+        if handle is None:
+            return
+        event = self.events.get(handle)
+        if event is None:
+            event = self.events[handle] = self.torch.cuda.Event.from_ipc_handle(self.torch.cuda.current_device(), handle)
+        self.torch.cuda.current_stream().wait_event(event)
+
+    def op_call(self, request: dict) -> dict:
+        """One call. `check`: under poisoned memory and the op audit, the device synchronised,
+        the outputs' storage examined; else (a timed call) the call only, then this worker's
+        interprocess event recorded for the judging process's stream to wait on."""
+        from pytest_cudaopt.correctness import guards
+
+        model = self.models[request["id"]]
+        inputs = list(request["inputs"])
+        device = self.torch.device(request.get("device", "cpu"))
+        self._wait(request)
+        if not request.get("check"):
+            return self._timed(model, inputs, device)
+        found = guards.call_locally(model, inputs, device, self.workdir.path, self.extension,
+                                    frozenset(request.get("allowed", ())), self.history,
+                                    request.get("names"))
+        output, audit, guard = found
+        self.history.add(output)
+        return {"output": output, "audit": [op.describe() for op in audit], "guard": guard}
+
+    def _timed(self, model: Any, inputs: list, device: Any) -> dict:
+        """A timed call: on CUDA the L2 flushed, events on this worker's stream around the call
+        and the whole device synchronised after it (the outputs are complete when the reply
+        goes); on the CPU the wall time around it. `seconds` is this process's own figure,
+        which the judging process checks against its wall time around the round trip."""
+        torch = self.torch
+        if device.type != "cuda":
+            started = time.perf_counter()
+            with torch.no_grad():
+                output = model(*inputs)
+            return {"output": output, "seconds": time.perf_counter() - started}
+        from pytest_cudaopt.perf.clocks import GpuLead
+
+        if self.flush is None:
+            l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
+            self.flush = torch.empty(max(2 * l2, 64 << 20) // 4, dtype=torch.int32, device=device)
+            self.timing = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self.lead = GpuLead(device)
+        start, end = self.timing
+        stream = torch.cuda.current_stream()
+        self.lead.enqueue(LEAD_S)  # the host gets ahead: the events bracket the kernels, not the launches
+        self.flush.zero_()
+        start.record(stream)
+        with torch.no_grad():
+            output = model(*inputs)
+        end.record(stream)
+        torch.cuda.synchronize()
+        return {"output": output, "seconds": start.elapsed_time(end) / 1e3}
+
+    def _record_done(self, device) -> bytes | None:
+        if device.type != "cuda":
+            return None
+        if self.done is None:
+            self.done = self.torch.cuda.Event(interprocess=True)
+        self.done.record(self.torch.cuda.current_stream())
+        return self.done.ipc_handle()
+
+    def op_trace(self, request: dict) -> dict:
+        """One call under the profiler (perf.trace.ProfilerTracer): its Chrome-trace events."""
+        from pytest_cudaopt.perf.engine import Contender
+        from pytest_cudaopt.perf.trace import ProfilerTracer
+
+        model = self.models[request["id"]]
+        tracer = ProfilerTracer(request["device"], flush_bytes=request.get("flush_bytes"))
+        with self.torch.no_grad():
+            events, host_ahead = tracer.events(Contender("custom", model), list(request["inputs"]),
+                                               lead=float(request.get("lead", 2e-3)))
+        return {"events": events, "host_ahead": host_ahead}
+
+    def op_peak(self, request: dict) -> dict:
+        if not self.torch.cuda.is_available() or not self.torch.cuda.is_initialized():
+            return {"bytes": 0}
+        return {"bytes": int(self.torch.cuda.max_memory_allocated())}
+
+    def op_ping(self, request: dict) -> dict:
+        return {"t": time.perf_counter()}
+
+
+def main(argv: list[str]) -> int:
+    """Serve on the inherited socket `argv[0]`; SIGUSR1 prints every thread's stack to stderr
+    (the judging process asks for it when a request hangs)."""
+    fd = int(argv[0])
+    faulthandler.enable()
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    with contextlib.suppress(Exception):
+        os.setpgid(0, 0)
+    conn = Connection(fd)
+    import torch  # noqa: F401 - the reductions that tensors travel by
+
+    import torch.multiprocessing  # noqa: F401
+
+    protocol.setup_sharing()
+    sys.argv = ["cudaopt-worker"]
+    return Server(conn).serve()

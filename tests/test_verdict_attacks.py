@@ -1,0 +1,94 @@
+"""Attacks on the verdict itself, from the candidate's own code, on the CPU attack workdir: an extension that rewrites the verdict files at exit, and a model_new.py that patches the harness's gate through a computed name. Both moved the verdict while the candidate ran in the judging process; with the candidate in a worker process they move nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from support import WORKDIRS, subprocess_env
+from pytest_cudaopt.launch import plugin_args
+
+VARIANTS = WORKDIRS / "cpu_attacks" / "variants"
+
+
+def _pytest(workdir: Path, tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict, str]:
+    """A plain `python -m pytest` (its command line names the verdict files, as a user's would),
+    then the JSON report and the JUnit file it left."""
+    report, junit = tmp_path / "report.json", tmp_path / "junit.xml"
+    cmd = [sys.executable, "-m", "pytest", *plugin_args(), "-p", "no:cacheprovider", "-p", "no:randomly",
+           str(workdir / "model_new.py"), "--cudaopt-device=cpu", f"--junitxml={junit}",
+           f"--cudaopt-report={report}", "-q", *args]
+    done = subprocess.run(cmd, cwd=workdir, env=subprocess_env(), capture_output=True, text=True, timeout=900)
+    output = done.stdout + done.stderr
+    assert report.is_file() and junit.is_file(), output
+    return done, json.loads(report.read_text()), junit.read_text()
+
+
+def test_an_extension_that_rewrites_the_verdict_files_at_exit_forges_nothing(make_workdir, tmp_path):
+    workdir = make_workdir("cpu_attacks")
+    shutil.copyfile(VARIANTS / "forge_binding.cpp", workdir / "kernels" / "forge_binding.cpp")
+    done, report, junit = _pytest(workdir, tmp_path, "-m", "correctness")
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    assert report["passed"] is False and report["complete"] is True, output
+    assert "<failure" in junit and "ModelNew's output differs from Model's" in junit
+    assert any(not item["passed"] for item in report["results"] if item["kind"] == "correctness"), report
+
+
+def test_a_gate_verdict_patched_through_a_computed_name_decides_nothing(make_workdir, tmp_path):
+    workdir = make_workdir("cpu_attacks")
+    shutil.copyfile(VARIANTS / "gate_patch.py", workdir / "model_new.py")
+    done, report, junit = _pytest(workdir, tmp_path, "-m", "perf", "--cudaopt-min-speedup=50",
+                                  "--cudaopt-max-time=2", "--cudaopt-warmup=0.2")
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    perf = [item for item in report["results"] if item["kind"] == "perf"]
+    assert perf and not perf[0]["passed"], report
+    assert "is below the required 50x" in output, output
+    assert report["passed"] is False
+
+
+def test_a_worker_that_under_reports_its_time_fails_perf(make_workdir, tmp_path):
+    workdir = make_workdir("cpu_attacks")
+    shutil.copyfile(VARIANTS / "time_liar.py", workdir / "model_new.py")
+    done, report, _ = _pytest(workdir, tmp_path, "-m", "perf", "--cudaopt-max-time=1", "--cudaopt-warmup=0.1")
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    assert "the worker's figures for ModelNew do not add up to this process's wall times" in output, output
+    assert "under-reported its time" in output
+
+
+def test_a_reply_that_names_a_function_is_refused():
+    import io
+    import os
+    import pickle
+
+    from pytest_cudaopt.worker import protocol
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("true",))
+
+    data = pickle.dumps({"output": Evil()})
+    try:
+        protocol.receive_bytes(data)
+    except pickle.UnpicklingError as exc:
+        assert "may not name posix.system" in str(exc) or "may not name os.system" in str(exc)
+    else:
+        raise AssertionError("a reply naming os.system was unpickled")
+    assert protocol.receive_bytes(pickle.dumps({"n": 3, "s": "x", "l": [1.5, None]})) == {"n": 3, "s": "x", "l": [1.5, None]}
+    del io
+
+
+def test_the_workers_environment_names_no_verdict_file():
+    from pytest_cudaopt.worker import protocol
+
+    base = {"PATH": "/usr/bin", "HOME": "/root", "CUDAOPT_REPORT": "/x/report.json", "PYTEST_ADDOPTS": "-q",
+            "TMPDIR": "/x/report.json.d", "AWS_SECRET_ACCESS_KEY": "k", "OMP_NUM_THREADS": "2"}
+    env = protocol.worker_env(base, "/pkg", secrets=["/x/report.json"])
+    assert env["PATH"] == "/usr/bin" and env["OMP_NUM_THREADS"] == "2" and env["PYTHONPATH"].startswith("/pkg")
+    assert not any(k.startswith(("CUDAOPT_", "PYTEST_")) for k in env)
+    assert "TMPDIR" not in env and "AWS_SECRET_ACCESS_KEY" not in env
