@@ -51,10 +51,9 @@ class CudaoptSession:
         self._extensions: dict[Path, Any] = {}
         self._workdirs: dict[Path, Any] = {}
         self._workers: list[Any] = []
+        self._policy_workers: dict[tuple[Path, Any], Any] = {}  # (workdir, .so or None) -> worker
         # Paths no worker's environment may name (the verdict files: set by the plugin).
         self.secrets: list[str] = []
-        # Workdirs whose extension the owner's own tests imported into this process.
-        self.in_process: set[Path] = set()
         self._failures_reported: dict[tuple, str] = {}  # (workdir, error) → the item that reported it
         # Where build progress goes (pytest's terminal, set by the plugin); None: nowhere.
         self.emit: Callable[[str], None] | None = None
@@ -151,12 +150,10 @@ class CudaoptSession:
 
     def extension_module(self, workdir: Path):
         """The workdir's extension imported into this process, for the owner's own kernel tests
-        (the `cuda_extension` fixture); the verdict items never use it. Noted in the run's
-        account: candidate code then ran beside the verdict code."""
+        (the `cuda_extension` fixture); the verdict items never use it."""
         from pytest_cudaopt.build.loader import load_extension
 
         result = self.extension(workdir)
-        self.in_process.add(Path(workdir).resolve())
         return result.module if result.module is not None else load_extension(result)
 
     def builds_later(self, workdir: Path) -> bool:
@@ -240,15 +237,15 @@ class CudaoptSession:
                 pass
         loaded = self._workdirs.get(path)
         worker = loaded.worker if loaded is not None and not isinstance(loaded, BaseException) else None
-        if worker is None:
+        if worker is None:  # one for the workdir's policy items, kept for the session (MN010 and EX001)
             found = self.built(path)
             so = found.so_path if found is not None else build_.existing_build(path, settings=self.settings)
-            if ex001 and so is None:
-                ex001 = False
-            worker = self.start_worker(path, so, device="cpu", require_workdir=False)
+            worker = self._policy_workers.get((path, so))
+            if worker is None or not worker.alive():
+                worker = self._policy_workers[(path, so)] = self.start_worker(path, so, device="cpu",
+                                                                              require_workdir=False)
+            ex001 = ex001 and so is not None
         reply = worker.request({"op": "policy", "mn010": mn010, "ex001": ex001}, what="checking MN010 and EX001")
-        if loaded is None or isinstance(loaded, BaseException):
-            worker.stop()
         return [Violation(*v) for v in reply["violations"]]
 
     def stop_workers(self) -> None:
@@ -256,6 +253,7 @@ class CudaoptSession:
         for worker in self._workers:
             worker.stop()
         self._workers.clear()
+        self._policy_workers.clear()
 
     def loaded_or_fail(self, path: Path, test: str, verb: str = "run"):
         """The loaded workdir for item `test`; the item fails ("not <verb>: ...") after an

@@ -43,6 +43,15 @@ def clone_inputs(inputs: Sequence[Any]) -> list[Any]:
     return [x.clone() if isinstance(x, torch.Tensor) else copy.deepcopy(x) for x in inputs]
 
 
+def clone_nest(value: Any) -> Any:
+    """`value` with every tensor in it (nested in lists and tuples) detached and cloned."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(clone_nest(v) for v in value)
+    return value
+
+
 def refill_inputs(target: Sequence[Any], source: Sequence[Any]) -> None:
     """Copy the values of one input set into another's tensors, in place (same storage)."""
     for dst, src in zip(target, source):

@@ -22,7 +22,7 @@ from pytest_cudaopt.correctness import compare
 from pytest_cudaopt.correctness.audit import OpAudit
 from pytest_cudaopt.correctness.faults import CudaFault, context_alive, is_cuda_fault
 from pytest_cudaopt.correctness.precision import Precision, run_float64
-from pytest_cudaopt.tensors import clone_inputs, describe_tensor, leaves
+from pytest_cudaopt.tensors import clone_inputs, clone_nest, describe_tensor, leaves
 
 
 class GuardFailure(AssertionError):
@@ -343,15 +343,7 @@ def own_outputs(output: Any, inputs: list, names: list[str] | None = None, file:
                 raise GuardFailure("output aliases input", (
                     f"{file}: {path} {describe_tensor(leaf)} shares storage with (is or views) {_label(i, names)}; "
                     f"outputs must own fresh storage, not return an input or a view of one"))
-    return _copied(output)
-
-
-def _copied(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, (list, tuple)):
-        return type(value)(_copied(v) for v in value)
-    return value
+    return clone_nest(output)
 
 
 def _run_candidate(trial: Trial, inputs: list) -> Any:

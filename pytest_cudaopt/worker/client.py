@@ -18,10 +18,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Iterable
 
+from pytest_cudaopt.tensors import clone_nest
 from pytest_cudaopt.worker import protocol
 
 POLL_S = 0.05          # how often a wait for a reply looks at the worker's process
@@ -68,23 +70,21 @@ class Worker:
     files) that no part of its environment may name."""
 
     def __init__(self, workdir: Path, extension: Path | None, device: str = "cpu", *,
-                 secrets: Iterable[str] = (), label: str = ""):
+                 secrets: Iterable[str] = ()):
         self.workdir = Path(workdir).resolve()
         self.extension = Path(extension) if extension is not None else None
         self.device = device
         self.secrets = [str(s) for s in secrets if s]
-        self.label = label or self.workdir.name
         self.proc: subprocess.Popen | None = None
         self.conn: Connection | None = None
         self.scratch: Path | None = None
         self.log_path: Path | None = None
         self.facts: dict = {}
         self._relayed = 0
-        self._ready = None   # this process's interprocess event, for timed calls on CUDA
         self._pool = None    # the CUDA memory pool of what the worker is sent
         self.arena: protocol.Arena | None = None
         self.handoff_s = 0.0
-        self._done: dict[bytes, Any] = {}
+        self.dropped: list[int] = []  # ids of ModelNew objects to free with the next request
 
     # -- life --------------------------------------------------------------------------------
 
@@ -182,16 +182,20 @@ class Worker:
     # -- requests ----------------------------------------------------------------------------
 
     def request(self, message: dict, *, timeout: float | None = None, what: str = "",
-                copy_back: bool = False) -> dict:
+                copy_back: bool = False, relay: bool = True) -> dict:
         """Send `message`, wait for the reply. A reply with `error` raises WorkerError; a dead
         worker, a reply that is not one, or `timeout` seconds without one raise WorkerFailed.
         An exception raised here while waiting (the watchdog's timeout, an interrupt) kills
         the worker, after asking it for its stacks. `copy_back`: the CPU tensors sent are
         overwritten with what the worker left in their arena copies (a write into an input
-        shows as it would in-process)."""
+        shows as it would in-process). `relay`: what the worker printed is passed on now (a
+        timed call leaves it to the next request: no file is read inside a timed round trip)."""
         what = what or f"answering {message.get('op')}"
         if self.conn is None:
             raise WorkerFailed(f"the candidate's worker process is stopped ({what})")
+        if self.dropped:  # ModelNew objects this process no longer holds: freed in the worker
+            message = {**message, "drop": self.dropped}
+            self.dropped = []
         try:
             placed = protocol.send(self.conn, message, self.arena, "judge")
         except (OSError, EOFError, BrokenPipeError):
@@ -210,12 +214,13 @@ class Worker:
             data = self.conn.recv_bytes()
         except (EOFError, OSError):
             raise self._died(what) from None
-        except BaseException:
-            self.stacks()
+        except BaseException as exc:  # the watchdog's timeout: where the worker was goes with it
+            exc.worker_stacks = self.stacks()
             self.stop()
             raise
         finally:
-            self._relay()
+            if relay:
+                self._relay()
         try:
             reply = protocol.receive_bytes(data, self.arena, "worker")
         except Exception as exc:  # noqa: BLE001 - whatever the bytes were, they are no reply
@@ -263,15 +268,12 @@ class Worker:
         values.sort()
         self.handoff_s = values[len(values) // 2]
 
-    def handoff_bound(self, inputs: Any, output: Any) -> float:
-        """How much longer than the call itself its round trip may take: a few handoffs, a
-        millisecond for the scheduler, and the copies through the arena at 1 GB/s."""
-        from pytest_cudaopt.tensors import nbytes
+    def handoff_bound(self, copied: int) -> float:
+        """How much longer than the call itself its round trip may take: a few handoffs, the
+        scheduler's slack, and `copied` bytes through the arena at 1 GB/s (CPU tensors)."""
+        return HANDOFF_FACTOR * self.handoff_s + HANDOFF_SLACK_S + (copied / 1e9 if self.arena is not None else 0.0)
 
-        copied = nbytes(list(inputs)) + nbytes(output) if self.arena is not None else 0
-        return HANDOFF_FACTOR * self.handoff_s + HANDOFF_SLACK_S + copied / 1e9
-
-    # -- CUDA memory and ordering -----------------------------------------------------------
+    # -- CUDA memory ---------------------------------------------------------------------------
 
     def sharing(self):
         """A context for allocating what the worker is sent: on CUDA a memory pool of its own,
@@ -287,40 +289,6 @@ class Worker:
         return torch.cuda.use_mem_pool(self._pool)
 
 
-    def ready_handle(self) -> bytes | None:
-        """Record this process's interprocess event on its current stream (the inputs are
-        prepared up to here); its handle, for the worker's stream to wait on."""
-        if not self.device.startswith("cuda"):
-            return None
-        import torch
-
-        if self._ready is None:
-            self._ready = torch.cuda.Event(interprocess=True)
-        self._ready.record(torch.cuda.current_stream())
-        return self._ready.ipc_handle()
-
-    def wait_done(self, handle: bytes | None) -> None:
-        """This process's current stream waits for the worker's event (its call's work)."""
-        if handle is None:
-            return
-        import torch
-
-        event = self._done.get(handle)
-        if event is None:
-            event = self._done[handle] = torch.cuda.Event.from_ipc_handle(torch.cuda.current_device(), handle)
-        torch.cuda.current_stream().wait_event(event)
-
-
-def _cpu_copied(value: Any) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, (list, tuple)):
-        return type(value)(_cpu_copied(v) for v in value)
-    return value
-
-
 class RemoteModel:
     """ModelNew in the worker, as the verdict code calls it: `model(*inputs)` (a timed call:
     outputs as the worker produced them, ordered on this process's stream), `checked_call`
@@ -332,7 +300,8 @@ class RemoteModel:
         self.device = device
         self.keys = keys
         self.last_seconds = 0.0
-        self.last_handoff_bound = 0.0
+        self.last_io: Any = None  # (inputs, output) of the last timed call, for `vouched`
+        weakref.finalize(self, worker.dropped.append, key)
         self.handoffs: list[tuple[float, float]] = []  # (round trip - worker's figure, bound) per timed call
 
     def eval(self) -> "RemoteModel":
@@ -349,12 +318,12 @@ class RemoteModel:
 
             torch.cuda.synchronize()
         reply = self.worker.request({"op": "call", "id": self.key, "inputs": list(inputs), "device": self.device,
-                                     "what": "ModelNew.forward"}, what="calling ModelNew")
+                                     "what": "ModelNew.forward"}, what="calling ModelNew", relay=False)
         self.last_seconds = float(reply.get("seconds", 0.0))
-        self.last_handoff_bound = self.worker.handoff_bound(inputs, reply.get("output"))
         output = reply.get("output")
+        self.last_io = (inputs, output)
         # CPU outputs are views of the arena, which the worker's next reply rewrites.
-        return _cpu_copied(output) if not self.device.startswith("cuda") else output
+        return clone_nest(output) if not self.device.startswith("cuda") else output
 
     def vouched(self, outer: float) -> float:
         """The worker's own figure for its last call, where it can be true: not above `outer`,
@@ -367,7 +336,11 @@ class RemoteModel:
             raise TimingError(f"the worker's figure for a call of ModelNew ({seconds * 1e6:.1f} us) is more than "
                               f"the {outer * 1e6:.1f} us this process measured around it: the candidate's process "
                               "misreported its time")
-        self.handoffs.append((outer - seconds, self.last_handoff_bound))
+        from pytest_cudaopt.tensors import nbytes
+
+        inputs, output = self.last_io
+        self.last_io = None
+        self.handoffs.append((outer - seconds, self.worker.handoff_bound(nbytes(list(inputs)) + nbytes(output))))
         return seconds
 
     def handoff_failure(self) -> str:
@@ -391,7 +364,7 @@ class RemoteModel:
         """A correctness call: the reply's `output`, `audit` (descriptions of ops outside the
         allow-list) and `guard` ((check, message) of an output that is no fresh tensor)."""
         return self.worker.request({"op": "call", "id": self.key, "inputs": list(inputs), "device": self.device,
-                                    "ready": self.worker.ready_handle(), "check": True,
+                                    "check": True,
                                     "allowed": sorted(allowed), "names": names, "what": "ModelNew.forward"},
                                    what="calling ModelNew", copy_back=True)
 
@@ -406,10 +379,3 @@ class RemoteModel:
         reply = self.worker.request({"op": "trace", "id": self.key, "inputs": list(inputs), "device": self.device,
                                      "lead": lead, "flush_bytes": flush_bytes}, what="tracing ModelNew")
         return reply["events"], bool(reply["host_ahead"])
-
-    def drop(self) -> None:
-        if self.worker.alive():
-            try:
-                self.worker.request({"op": "drop", "id": self.key}, what="dropping a ModelNew")
-            except (WorkerError, WorkerFailed):
-                pass

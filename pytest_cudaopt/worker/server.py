@@ -38,8 +38,6 @@ class Server:
         self.models: dict[int, Any] = {}
         self.history = None       # guards.OutputHistory: outputs of earlier calls still alive
         self.kept: Any = None     # the last reply's tensors, alive until the next request
-        self.events: dict[bytes, Any] = {}  # the judging process's interprocess events, opened
-        self.done = None          # this worker's interprocess event, recorded after each timed call
         self.flush = None         # the L2 flush buffer and the two timing events of timed calls on CUDA
         self.timing: Any = None
 
@@ -52,6 +50,8 @@ class Server:
             except (EOFError, OSError):
                 return 0  # the judging process is gone or closed the socket
             self.kept = None
+            for key in request.get("drop", ()):
+                self.models.pop(key, None)
             op = request.get("op")
             if op == "stop":
                 return 0
@@ -89,8 +89,7 @@ class Server:
 
     def op_load(self, request: dict) -> dict:
         """The extension (the build's .so, or MN010's stand-in when there is none) and the
-        workdir's two files; the facts the policy rules need."""
-        from pytest_cudaopt.build import defined_functions, takes_module
+        workdir's two files; whether model_new.py declares itself non-deterministic."""
         from pytest_cudaopt.build.diagnostics import BuildError
         from pytest_cudaopt.build.loader import load_extension
         from pytest_cudaopt.correctness.guards import OutputHistory
@@ -115,14 +114,11 @@ class Server:
             self.torch.cuda.set_device(self.torch.device(device))
         self.path = path
         self.history = OutputHistory()
-        functions = defined_functions(self.extension) if request.get("extension") else []
-        facts = {"functions": functions,
-                 "registrations": [n for n in functions if takes_module(getattr(self.extension, n))]}
         try:
             self.workdir = load_workdir(path, self.extension)
         except WorkdirError as exc:  # the policy rules still run (MN010 imports on its own)
-            return {**facts, "workdir_error": str(exc), "file": exc.file}
-        return {**facts, "nondeterministic": self.workdir.nondeterministic}
+            return {"workdir_error": str(exc), "file": exc.file}
+        return {"nondeterministic": self.workdir.nondeterministic}
 
     def op_policy(self, request: dict) -> dict:
         """MN010 (ModelNew constructs, its state_dict has Model's keys) and EX001 (every
@@ -151,10 +147,6 @@ class Server:
         self.models[key] = model
         return {"id": key, "keys": sorted(model.state_dict())}
 
-    def op_drop(self, request: dict) -> dict:
-        self.models.pop(request["id"], None)
-        return {}
-
     def op_load_state(self, request: dict) -> dict:
         from pytest_cudaopt.workdir import load_state
 
@@ -169,26 +161,15 @@ class Server:
 
     # -- calls ---------------------------------------------------------------------------------
 
-    def _wait(self, request: dict) -> None:
-        """The judging process's stream has prepared the inputs: this stream waits for it."""
-        handle = request.get("ready")
-        if handle is None:
-            return
-        event = self.events.get(handle)
-        if event is None:
-            event = self.events[handle] = self.torch.cuda.Event.from_ipc_handle(self.torch.cuda.current_device(), handle)
-        self.torch.cuda.current_stream().wait_event(event)
-
     def op_call(self, request: dict) -> dict:
         """One call. `check`: under poisoned memory and the op audit, the device synchronised,
         the outputs' storage examined; else (a timed call) the call only, then this worker's
-        interprocess event recorded for the judging process's stream to wait on."""
+        worker's own timing (`_timed`)."""
         from pytest_cudaopt.correctness import guards
 
         model = self.models[request["id"]]
         inputs = list(request["inputs"])
         device = self.torch.device(request.get("device", "cpu"))
-        self._wait(request)
         if not request.get("check"):
             return self._timed(model, inputs, device)
         found = guards.call_locally(model, inputs, device, self.workdir.path, self.extension,
@@ -227,14 +208,6 @@ class Server:
         torch.cuda.synchronize()
         return {"output": output, "seconds": start.elapsed_time(end) / 1e3}
 
-    def _record_done(self, device) -> bytes | None:
-        if device.type != "cuda":
-            return None
-        if self.done is None:
-            self.done = self.torch.cuda.Event(interprocess=True)
-        self.done.record(self.torch.cuda.current_stream())
-        return self.done.ipc_handle()
-
     def op_trace(self, request: dict) -> dict:
         """One call under the profiler (perf.trace.ProfilerTracer): its Chrome-trace events."""
         from pytest_cudaopt.perf.engine import Contender
@@ -246,11 +219,6 @@ class Server:
             events, host_ahead = tracer.events(Contender("custom", model), list(request["inputs"]),
                                                lead=float(request.get("lead", 2e-3)))
         return {"events": events, "host_ahead": host_ahead}
-
-    def op_peak(self, request: dict) -> dict:
-        if not self.torch.cuda.is_available() or not self.torch.cuda.is_initialized():
-            return {"bytes": 0}
-        return {"bytes": int(self.torch.cuda.max_memory_allocated())}
 
     def op_ping(self, request: dict) -> dict:
         return {"t": time.perf_counter()}
