@@ -187,6 +187,8 @@ class CudaoptSession:
         found = self._workdirs[path]
         if isinstance(found, BaseException):
             raise found.with_traceback(None)
+        if not found.worker.alive():  # a case crashed it (its item said so): a fresh one for the next
+            found.worker = self.start_worker(path, found.worker.extension)
         return found
 
     def _load(self, path: Path):

@@ -106,3 +106,17 @@ def _deliver(thread_id: int, signum: int) -> None:
     except (OSError, ValueError):
         with _ours_lock:
             _ours[signum] -= 1
+
+
+def die_with_parent(signum: int = signal.SIGTERM) -> None:
+    """In a child, before exec (a subprocess's preexec_fn): `signum` when the process that
+    started it dies, even by SIGKILL (Linux' PR_SET_PDEATHSIG; elsewhere nothing)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
+    except (OSError, AttributeError):
+        pass

@@ -10,6 +10,7 @@ pytest's public hooks."""
 
 from __future__ import annotations
 
+import linecache
 import re
 import sys
 import time
@@ -161,7 +162,9 @@ def workdir_frames(exc: BaseException, workdir: Path) -> str:
     for match in _FAULTHANDLER_FRAME.finditer(getattr(exc, "worker_stacks", "") or ""):
         path = Path(match["file"])
         if path.is_absolute() and (root == path.resolve() or root in path.resolve().parents):
-            lines.append(f"  {path.resolve().relative_to(root)}:{match['line']} in {match['func']} (in the worker)")
+            code = linecache.getline(str(path), int(match["line"])).strip()
+            lines.append(f"  {path.resolve().relative_to(root)}:{match['line']} in {match['func']}"
+                         + (f": {code}" if code else "") + " (in the worker)")
     return "\n".join(lines)
 
 

@@ -271,21 +271,33 @@ HANGS = {
 TIMEOUT = 10
 
 
-def _hanging(workdir: Path, kind: str) -> None:
-    source = (VARIANTS / "hangs.py").read_text().replace("import time", "import ctypes\nimport time")
-    (workdir / "model_new.py").write_text(source.replace("time.sleep(3600)", HANGS[kind]))
+def _hanging(workdir: Path, kind: str, where: str = "model_new.py") -> None:
+    """Plant the hang in ModelNew.forward (it runs in the workdir's worker) or, with `where` =
+    model.py, in Model.forward (the reference, in the judging process itself)."""
+    if where == "model_new.py":
+        source = (VARIANTS / "hangs.py").read_text().replace("import time", "import ctypes\nimport time")
+        (workdir / "model_new.py").write_text(source.replace("time.sleep(3600)", HANGS[kind]))
+        return
+    source = (workdir / "model.py").read_text()
+    body = "return x * self.weight + self.bias"
+    assert body in source
+    (workdir / "model.py").write_text("import ctypes\nimport time\n" + source.replace(body, f"{HANGS[kind]}\n        {body}"))
 
 
-def _run_hang(pytester, cheat, kind: str):
-    _hanging(cheat(), kind)
+def _run_hang(pytester, cheat, kind: str, where: str = "model_new.py"):
+    _hanging(cheat(), kind, where)
     # The timeout leaves room for the item's own start (torch._dynamo's import on a busy machine).
     return run_pytest(pytester, "wd/model_new.py", "-m", "correctness or policy", f"--cudaopt-timeout={TIMEOUT}",
                       "--cudaopt-report=r.json", "--junitxml=j.xml", "-rA", timeout=120)
 
 
-@pytest.mark.parametrize("kind", ["sleeps", "python_loop", "blocked_in_c"])
-def test_a_hang_fails_its_test_with_the_case_and_the_run_still_reports(pytester, cheat, kind):
-    result = _run_hang(pytester, cheat, kind)
+# A hang in ModelNew is a hang of its worker: however it hangs (even blocked in C), the judging
+# process fails the item and goes on. In the reference a hang blocked in C is the judging
+# process's own, and the watchdog ends the run.
+@pytest.mark.parametrize("kind, where", [("sleeps", "model_new.py"), ("python_loop", "model_new.py"),
+                                         ("blocked_in_c", "model_new.py"), ("blocked_in_c", "model.py")])
+def test_a_hang_fails_its_test_with_the_case_and_the_run_still_reports(pytester, cheat, kind, where):
+    result = _run_hang(pytester, cheat, kind, where)
     assert result.ret == 1
     hung = "wd/model_new.py::TestCorrectness::test_canonical[[]seed0]"
     result.stdout.fnmatch_lines([
@@ -305,7 +317,9 @@ def test_a_hang_fails_its_test_with_the_case_and_the_run_still_reports(pytester,
     assert row["case"].startswith("canonical inputs of get_inputs()")
     policy = [outcome for (_, name), (outcome, text) in cases.items() if name.startswith("test_rule[")]
     assert policy
-    if kind == "blocked_in_c":  # the watchdog ended the run: the policy items are reported as not run
+    if where == "model_new.py":
+        result.stdout.fnmatch_lines(["where it was:", "  model_new.py:* in forward (in the worker)"])
+    if where == "model.py":  # the watchdog ended the run: the policy items are reported as not run
         result.stderr.fnmatch_lines(["*did not stop within 5s of being interrupted*"])
         assert set(policy) == {"skipped"}
         assert (report["complete"], report["cause"]) == (False, "timeout")
@@ -331,8 +345,8 @@ def _run_through_pipes(pytester, *args: str) -> Ended:
                  pytest.LineMatcher(done.stderr.splitlines()))
 
 
-def _run_hang_through_pipes(pytester, cheat, kind: str, ini: str = "") -> Ended:
-    _hanging(cheat(), kind)
+def _run_hang_through_pipes(pytester, cheat, kind: str, ini: str = "", where: str = "model.py") -> Ended:
+    _hanging(cheat(), kind, where)
     pytester.makeini(INI + ini)
     return _run_through_pipes(pytester, "wd/model_new.py", "-m", "correctness or policy",
                               f"--cudaopt-timeout={TIMEOUT}", "--cudaopt-report=r.json", "--junitxml=j.xml")
@@ -364,7 +378,7 @@ def _assert_the_sentinel_wrote_what_remains(pytester, result, failure: str) -> N
 def test_a_hang_that_holds_the_gil_ends_with_a_junit_file_and_the_report_written_before_the_item(pytester, cheat):
     result = _run_hang_through_pipes(pytester, cheat, "holds_the_gil")
     assert result.ret != 0
-    result.stderr.fnmatch_lines([f"*Timeout (0:00:{TIMEOUT + 15})!*", "*model_new.py*line * in forward*"])
+    result.stderr.fnmatch_lines([f"*Timeout (0:00:{TIMEOUT + 15})!*", "*model.py*line * in forward*"])
     _assert_the_sentinel_wrote_what_remains(pytester, result, f"TIMEOUT: ran longer than cudaopt_timeout={TIMEOUT}s "
                                             "and was still running 14 s later: a C/C++ loop that holds the GIL")
 
@@ -386,7 +400,7 @@ def test_a_hang_that_holds_the_gil_ends_even_when_pytests_faulthandler_owns_the_
 
 
 def test_a_hang_in_a_pytest_xdist_worker_fails_the_item_and_the_report(pytester, cheat):
-    _hanging(cheat(), "blocked_in_c")
+    _hanging(cheat(), "blocked_in_c", "model.py")
     result = run_pytest(pytester, "-p", "xdist", "-n", "2", "wd/model_new.py", "-m", "correctness",
                         "-k", "canonical and seed0", f"--cudaopt-timeout={TIMEOUT}", "--cudaopt-report=r.json",
                         timeout=120)
@@ -401,6 +415,20 @@ def test_a_hang_in_a_pytest_xdist_worker_fails_the_item_and_the_report(pytester,
     [failed] = [item for item in report["items"] if item["status"] != "passed"]
     assert failed["test"] == hung.replace("[[]", "[") and failed["reason"].startswith("TIMEOUT: "), failed
     assert failed["status"] == "failed"
+
+
+@pytest.mark.parametrize("kind", ["holds_the_gil", "segfaults"])
+def test_a_gil_holding_hang_or_a_crash_in_model_new_fails_one_case_and_the_run_goes_on(pytester, cheat, kind):
+    result = _run_hang_through_pipes(pytester, cheat, kind, where="model_new.py")
+    assert result.ret == 1
+    cases = junit_cases(pytester.path / "j.xml")
+    outcome, text = cases[("wd", "test_canonical[seed0]")]
+    assert outcome == "failed", text
+    assert ("TIMEOUT:" in text) if kind == "holds_the_gil" else ("the candidate's worker process was killed by "
+                                                                 "signal SIGSEGV" in text), text
+    assert "from the sentinel" not in result.stderr.str()
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["complete"] is True and report["passed"] is False
 
 
 def test_a_run_that_finishes_leaves_the_junit_file_to_pytest(pytester, cheat):

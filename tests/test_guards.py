@@ -14,7 +14,7 @@ import torch
 from support import subprocess_env
 
 from pytest_cudaopt import watchdog
-from pytest_cudaopt.correctness import audit, faults, guards, precision
+from pytest_cudaopt.correctness import audit, faults, guards, poison, precision
 
 # A "kernel" that never reaches the dispatcher: NumPy on the tensors' memory.
 KERNELS = """
@@ -223,7 +223,7 @@ def test_memory_is_filled_with_nan_while_poisoned_and_the_flags_are_restored():
     import torch.utils.deterministic as det
 
     before = (torch.are_deterministic_algorithms_enabled(), det.fill_uninitialized_memory)
-    with guards.poisoned_memory("cpu"):
+    with poison.poisoned_memory("cpu"):
         assert torch.isnan(torch.empty(64)).all()
         assert (torch.empty(4, dtype=torch.int32) == torch.iinfo(torch.int32).max).all()
     assert (torch.are_deterministic_algorithms_enabled(), det.fill_uninitialized_memory) == before
@@ -339,5 +339,5 @@ def test_the_poison_plan_lists_every_inactive_block_of_the_device_at_its_exact_s
         {"device": 0, "blocks": [{"size": 20 << 20, "state": "inactive"}]},
         {"device": 1, "blocks": [{"size": 8 << 20, "state": "inactive"}]},
     ]
-    assert guards.poison_plan(snapshot, 0) == [20 << 20, 4 << 20, 64 << 10]
-    assert guards.poison_plan(snapshot, 1) == [8 << 20]
+    assert poison.poison_plan(snapshot, 0) == [20 << 20, 4 << 20, 64 << 10]
+    assert poison.poison_plan(snapshot, 1) == [8 << 20]

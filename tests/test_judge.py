@@ -76,9 +76,11 @@ def test_a_wrong_workdir_fails_correctness_and_is_never_timed(judged):
     assert line["stages"]["perf"]["status"] == "not-run"
 
 
-def test_a_segfault_ends_its_own_process_and_says_so(judged):
+def test_a_segfault_ends_its_own_worker_and_says_so(judged):
+    """The candidate's crash ends its worker, not the judging process: its items say so."""
     line = judged["lines"]["segfault"]
-    assert (line["status"], line["passed"]) == ("crashed", False)
+    assert (line["status"], line["passed"]) == ("judged", False)
+    assert line["verdicts"]["correctness"] == "FAIL"
     assert "SIGSEGV" in line["reason"]
 
 

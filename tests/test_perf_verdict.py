@@ -334,26 +334,24 @@ def test_pytest_xdist_workers_use_the_seed_the_controller_printed(pytester, work
     assert worker_seeds == {str(seed)}
 
 
-# The timing functions are bound before any workdir code runs, whether the command line names
-# the workdir (bound in pytest_configure) or collection finds it (bound on the first workdir).
-# A torch function is one of the namespaces isolation watches: the workdir's load fails first.
-@pytest.mark.parametrize("replaced, args, message", [
-    ("time.perf_counter", ["wd"], "*the timing functions time.perf_counter were replaced while the contenders ran*"),
+# A timing function replaced by model_new.py is replaced in the workdir's worker: the judging
+# process's clocks are its own, and the verdict is the honest one (here: slower than compile),
+# whether the command line names the workdir or collection finds it.
+@pytest.mark.parametrize("replaced, args", [
+    ("time.perf_counter", ["wd"]),
     ("time.perf_counter", [".", "-o", "cudaopt_device=cpu", "-o", "cudaopt_compile_backend=eager",
-                           "-o", "cudaopt_warmup=0.01", "-o", "cudaopt_max_time=1.0"],
-     "*the timing functions time.perf_counter were replaced while the contenders ran*"),
-    ("torch.cuda.synchronize", ["wd"], "  attribute torch.cuda.synchronize: was <function synchronize *, now "
-                                       "<function <lambda> *> (defined in model_new.py:*)"),
+                           "-o", "cudaopt_warmup=0.01", "-o", "cudaopt_max_time=1.0"]),
+    ("torch.cuda.synchronize", ["wd"]),
 ], ids=["perf_counter-named", "perf_counter-collected", "synchronize-named"])
-def test_a_model_new_that_replaces_a_timing_function_at_import_fails_the_perf_item(
-        pytester, workdir, replaced, args, message):
-    path = workdir(speeds(custom=1 * MS, compile_=2 * MS))
+def test_a_timing_function_replaced_by_model_new_moves_no_verdict(pytester, workdir, replaced, args):
+    path = workdir(speeds(custom=3 * MS, compile_=2 * MS))
     owner, name = replaced.rsplit(".", 1)
     model_new = path / "model_new.py"
     model_new.write_text(model_new.read_text() + f"\nimport {owner.split('.')[0]}\n{owner}.{name} = lambda *a: 0.0\n")
     result = run_pytest(pytester, *args, "-m", "perf")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([message])
+    result.stdout.fnmatch_lines(["*speedup 0.667x is below the required 1.05x*"])
+    result.stdout.no_fnmatch_line("*were replaced*")
 
 
 # -- every timed call on inputs no earlier call saw -----------------------------------------------

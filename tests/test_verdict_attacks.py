@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from support import WORKDIRS, subprocess_env
 from pytest_cudaopt.launch import plugin_args
 
@@ -51,14 +53,41 @@ def test_a_gate_verdict_patched_through_a_computed_name_decides_nothing(make_wor
     assert report["passed"] is False
 
 
-def test_a_worker_that_under_reports_its_time_fails_perf(make_workdir, tmp_path):
-    workdir = make_workdir("cpu_attacks")
-    shutil.copyfile(VARIANTS / "time_liar.py", workdir / "model_new.py")
-    done, report, _ = _pytest(workdir, tmp_path, "-m", "perf", "--cudaopt-max-time=1", "--cudaopt-warmup=0.1")
-    output = done.stdout + done.stderr
-    assert done.returncode == 1, output
-    assert "the worker's figures for ModelNew do not add up to this process's wall times" in output, output
-    assert "under-reported its time" in output
+class _FakeWorker:
+    """What RemoteModel.vouched asks of its worker: a ping (here 100 us) and the handoff bound."""
+
+    dropped: list = []
+
+    def ping(self) -> float:
+        return 100e-6
+
+    handoff_bound = staticmethod(__import__("pytest_cudaopt.worker.client", fromlist=["Worker"]).Worker.handoff_bound)
+
+
+def _vouched(device: str, reported: float, outer: float):
+    from pytest_cudaopt.worker import RemoteModel
+
+    model = RemoteModel(_FakeWorker(), 1, device, [])
+    model.last_seconds, model.last_io = reported, ([], None)
+    return model, model.vouched(outer)
+
+
+def test_a_gpu_workers_under_reported_figure_counts_the_wall_time_less_a_handoff():
+    model, seconds = _vouched("cuda", reported=1e-6, outer=20e-3)
+    bound = 3 * 100e-6 + 500e-6
+    assert seconds == pytest.approx(20e-3 - bound)
+    assert "on 1 of 1 timed calls the worker's own figure fell short" in model.timing_note()
+    model, seconds = _vouched("cuda", reported=19.5e-3, outer=20e-3)
+    assert seconds == pytest.approx(19.5e-3) and model.timing_note() == ""
+
+
+def test_a_workers_figure_above_the_wall_time_around_it_fails_the_call():
+    from pytest_cudaopt.perf.clocks import TimingError
+
+    for device in ("cpu", "cuda"):
+        with pytest.raises(TimingError, match="is more than the .* this process measured around it"):
+            _vouched(device, reported=30e-3, outer=20e-3)
+    assert _vouched("cpu", reported=1e-6, outer=20e-3)[1] == pytest.approx(1e-6)  # the CPU's own figure
 
 
 def test_a_reply_that_names_a_function_is_refused():

@@ -18,6 +18,7 @@ from pytest_cudaopt.build.buildfile import (
 )
 from pytest_cudaopt.build.diagnostics import BuildError, diagnostics, failure
 from pytest_cudaopt.build.loader import load_extension
+from pytest_cudaopt.signals import die_with_parent
 
 LOCK_TIMEOUT_S = 3600.0
 _STATUS = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")
@@ -152,7 +153,7 @@ def run_ninja(cfg: Config, emit: Callable[[str], None], start: float) -> tuple[l
     log_lines: list[str] = []
     progress = _Progress(cfg, emit, start)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace", env=env, preexec_fn=_die_with_parent)
+                            errors="replace", env=env, preexec_fn=die_with_parent)
     assert proc.stdout is not None
     try:
         lines: queue.Queue = queue.Queue()
@@ -190,21 +191,6 @@ def _stop(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-
-
-def _die_with_parent() -> None:
-    """In the ninja child, before exec: SIGTERM when the building process dies (even by
-    SIGKILL), so that ninja (which stops its compilers on SIGTERM) never outlives the lock."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import signal
-
-    PR_SET_DEATHSIG = 1
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
 
 
 def _announce(cfg: Config, emit: Callable[[str], None]) -> None:

@@ -11,6 +11,16 @@ class CudaFault(Exception):
 
 
 
+class WorkerCrash(CudaFault):
+    """The candidate's worker process died during a call (a segfault in the extension, an
+    abort): the case that killed it is the one to report, never shrunk or replayed past.
+    `words` is the worker's last output."""
+
+    def __init__(self, headline: str, words: str = ""):
+        super().__init__(headline)
+        self.words = words
+
+
 _FAULT_MARKERS = ("CUDA error", "illegal memory access", "unspecified launch failure",
                   "device-side assert", "misaligned address", "an illegal instruction",
                   "CUBLAS_STATUS_EXECUTION_FAILED", "CUDNN_STATUS_EXECUTION_FAILED")

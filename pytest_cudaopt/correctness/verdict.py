@@ -9,6 +9,7 @@ these say."""
 from __future__ import annotations
 
 import contextlib
+import re
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ import torch
 from pytest_cudaopt import memory
 from pytest_cudaopt.correctness import guards, isolated, shapes
 from pytest_cudaopt.correctness.case import Abort, CaseFailed, free_bytes, run_case
-from pytest_cudaopt.correctness.faults import fault_line
+from pytest_cudaopt.correctness.faults import WorkerCrash, fault_line
 from pytest_cudaopt.correctness.precision import Precision, worst_tier
 from pytest_cudaopt.isolation import Breach
 from pytest_cudaopt.results import SHORTFALL, CorrectnessResult
@@ -64,7 +65,15 @@ def _fail(result: CorrectnessResult, check: str, message: str) -> str:
 
 
 def _fault(nodeid: str, session, result: CorrectnessResult, exc: Abort) -> str:
-    """Mark a CUDA fault (later GPU items report it) and return the item's message."""
+    """Mark a CUDA fault (later GPU items report it) and return the item's message. A crash of
+    the worker is the candidate's alone: the item fails with the case, the next item gets a
+    fresh worker."""
+    if isinstance(exc.fault, WorkerCrash):
+        replay = f"\nreplay: {exc.replay}" if exc.replay else ""
+        words = f"\nits last output:\n{exc.fault.words}" if exc.fault.words else ""
+        case = re.search(r"--cudaopt-case=\S+", exc.replay or "")  # in the first line: the item's reason
+        where = f"case: {exc.case}" + (f"; {case.group(0)}" if case else "")
+        return _fail(result, "crash", f"CRASH: {exc.fault} ({where}){replay}{words}")
     replay = f"\nreplay it alone under compute-sanitizer: compute-sanitizer {exc.replay}" if exc.replay else ""
     message = (f"CUDA fault on case {exc.case}:\n{exc.fault}\nThe CUDA context of this process is now "
                f"unusable: the remaining GPU tests of this session are not run and report this fault.{replay}")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -99,15 +98,11 @@ def _end_group_id(pgid: int, sig: int) -> None:
 def _die_with_judge(nice: int = 0) -> None:
     """In the child, before exec: SIGTERM when the thread that started it (the judge) dies;
     `nice` added to its niceness."""
+    from pytest_cudaopt.signals import die_with_parent
+
     if nice:
         os.nice(nice)
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_DEATHSIG
-        except (OSError, AttributeError):
-            pass
+    die_with_parent(signal.SIGTERM)
 
 
 def _spawn(command: Sequence[str], env: Mapping[str, str], cwd: Path, log: Path, stdin,

@@ -25,16 +25,16 @@ def _report(config: pytest.Config, workdir: Path) -> tuple[policy.Config, list[p
     return reports[key]
 
 
-def _construction(session, workdir: Path, settings: policy.Config) -> list[policy.Violation]:
+def _construction(session, workdir: Path, settings: policy.Config, test: str) -> list[policy.Violation]:
     """MN010's violations: model_new.py imported and ModelNew constructed, under the item's
     watchdog (a hang there is one of the workdir's set-up)."""
     if "MN010" in settings.disable:
         return []
     set_stage("importing model.py and model_new.py and constructing Model and ModelNew (MN010, in a worker)")
-    return _facts(session, workdir, mn010=True)
+    return _facts(session, workdir, test, mn010=True)
 
 
-def _facts(session, workdir: Path, mn010: bool = False, ex001: bool = False) -> list[policy.Violation]:
+def _facts(session, workdir: Path, test: str, mn010: bool = False, ex001: bool = False) -> list[policy.Violation]:
     """MN010's or EX001's violations from a worker (session.policy_facts); a worker that cannot
     load the extension, or dies, fails the item with its report."""
     from pytest_cudaopt.build import BuildError
@@ -43,7 +43,10 @@ def _facts(session, workdir: Path, mn010: bool = False, ex001: bool = False) -> 
 
     try:
         return session.policy_facts(Path(workdir).resolve(), mn010=mn010, ex001=ex001)
-    except (BuildError, WorkdirError, WorkerError, WorkerFailed) as exc:
+    except BuildError as exc:  # the .so on disk does not import (a build of this session's: its report)
+        failure = (session.failure_report(workdir, test, exc) if session.builds_later(workdir) else
+                   f"{'EX001' if ex001 else 'MN010'} not checked: {exc.summary}; the build log: {exc.log_path}")
+    except (WorkdirError, WorkerError, WorkerFailed) as exc:
         failure = str(exc)
     pytest.fail(failure, pytrace=False)
 
@@ -57,7 +60,7 @@ class TestPolicy:
                   request: pytest.FixtureRequest) -> None:
         settings, violations = _report(request.config, cudaopt_workdir_path)
         if rule in policy.IMPORTS_WORKDIR:
-            violations = _construction(cudaopt_session, cudaopt_workdir_path, settings)
+            violations = _construction(cudaopt_session, cudaopt_workdir_path, settings, request.node.nodeid)
         lines = list(policy.iter_rule_lines(violations, rule, cudaopt_workdir_path))
         if rule in settings.disable and not lines:  # the owner's choice, shown as a relaxation
             request.node.user_properties.append((SKIP_PROPERTY, DISABLED))
@@ -86,7 +89,7 @@ class TestPolicy:
         if built is None and build.existing_build(cudaopt_workdir_path, settings=cudaopt_session.settings) is None:
             pytest.skip(f"{RULE} needs the built extension: run `cudaopt build {cudaopt_workdir_path}` "
                         "or the correctness items first")
-        found = _facts(cudaopt_session, cudaopt_workdir_path, ex001=True)
+        found = _facts(cudaopt_session, cudaopt_workdir_path, request.node.nodeid, ex001=True)
         if found:
             pytest.fail(f"{RULE}: {RULE_TEXT}\n" + "\n".join(
                 policy.format_violation(v, cudaopt_workdir_path) for v in found), pytrace=False)

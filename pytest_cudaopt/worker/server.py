@@ -101,8 +101,8 @@ class Server:
         if request.get("extension"):
             so = Path(request["extension"])
             try:
-                self.extension = load_extension(SimpleNamespace(so_path=so, build_dir=so.parent,
-                                                                workdir=path, module=None))
+                self.extension = load_extension(SimpleNamespace(so_path=so, build_dir=so.parent, workdir=path,
+                                                                log_path=so.parent / "build.log", module=None))
             except BuildError as exc:
                 return {"error": str(exc), "kind": "build"}
         else:
