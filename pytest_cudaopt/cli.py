@@ -117,6 +117,7 @@ def _worker_findings(workdir: Path, so: Path | None, limit: float, mn010: bool) 
     dies is an MN010 violation that says so."""
     from pytest_cudaopt.policy.rules import Violation
     from pytest_cudaopt.worker import Worker, WorkerError, WorkerFailed
+    from pytest_cudaopt.worker.client import workdir_frames
 
     if not mn010 and so is None:
         return []
@@ -126,7 +127,14 @@ def _worker_findings(workdir: Path, so: Path | None, limit: float, mn010: bool) 
         reply = worker.request({"op": "policy", "mn010": mn010, "ex001": so is not None},
                                timeout=limit or None, what="importing model_new.py and constructing ModelNew")
         return [Violation(*v) for v in reply["violations"]]
-    except (WorkerError, WorkerFailed) as exc:
+    except WorkerFailed as exc:
+        frames = workdir_frames(getattr(exc, "worker_stacks", ""), workdir)
+        file, line = (frames[0][0], frames[0][1]) if frames else ("model_new.py", 1)
+        if getattr(exc, "worker_stacks", None) is not None:  # it hung past the limit
+            return [Violation(file, line, "MN010", f"model_new.py's import and ModelNew(*get_init_inputs()) did not "
+                                                   f"end within cudaopt_timeout={limit:g}s")]
+        return [Violation(file, line, "MN010", str(exc).splitlines()[0])]
+    except WorkerError as exc:
         return [Violation("model_new.py", 1, "MN010", str(exc).splitlines()[0])]
     finally:
         worker.stop()

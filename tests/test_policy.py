@@ -556,16 +556,23 @@ def test_with_a_build_the_constructor_runs_with_the_real_extension(clean_workdir
     assert policy.check_workdir(clean_workdir, extension=built) == []
 
 
-def test_cudaopt_check_constructs_with_the_last_build_on_disk(clean_workdir: Path, monkeypatch, capsys) -> None:
-    from pytest_cudaopt import build
+def test_cudaopt_check_constructs_with_the_last_build_on_disk(tmp_path: Path, make_workdir, capsys) -> None:
+    """MN010 runs in a worker with the build on disk (the stand-in without one): a constructor
+    that calls the extension passes only where there is a build."""
+    from support import copy_workdir
 
-    _add_to_constructor(clean_workdir, "self.table = cuda_extension.make_table(4)\n")
-    assert cli.main(["check", str(clean_workdir)]) == 1
-    assert "MN010: ModelNew(*get_init_inputs()) fails on the CPU: ExtensionNotBuilt" in capsys.readouterr().out
-    built = types.ModuleType("cuda_extension")
-    built.make_table, built.linear, built.gelu = (lambda *a: None,) * 3
-    monkeypatch.setattr(build, "existing_extension", lambda workdir, **kwargs: built)
-    assert cli.main(["check", str(clean_workdir)]) == 0, capsys.readouterr().out
+    call = "        self.probe = cuda_extension.scale(torch.ones(1, 2), torch.ones(2), torch.zeros(2))\n"
+    for dest, built in ((tmp_path / "unbuilt", False), (tmp_path / "built", True)):
+        path = make_workdir("cpu_scale", dest=dest) if built else copy_workdir("cpu_scale", dest)
+        source = (path / "model_new.py").read_text()
+        marker = "        super().__init__()\n"
+        (path / "model_new.py").write_text(source.replace(marker, marker + call, 1))
+        code = cli.main(["check", str(path)])
+        out = capsys.readouterr().out
+        if built:
+            assert "MN010" not in out and "EX001 not checked" not in out, out  # PF002: no lock in a copy
+        else:
+            assert code == 1 and "MN010: ModelNew(*get_init_inputs()) fails on the CPU: ExtensionNotBuilt" in out, out
 
 
 def test_a_helper_that_fails_names_its_own_line_and_the_constructor_line_that_called_it(clean_workdir: Path) -> None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import linecache
 import os
+import re
 import shutil
 import signal
 import socket
@@ -62,6 +64,23 @@ def _stop_all() -> None:
     """No worker outlives the judging process, however it ends."""
     for worker in list(_LIVE):
         worker.stop()
+
+
+_FAULTHANDLER_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def workdir_frames(stacks: str, workdir: Path) -> list[tuple[str, int, str, str]]:
+    """(path relative to `workdir`, line, function, code) of each frame in the workdir's files
+    of a worker's stacks as faulthandler printed them, innermost first."""
+    root = Path(workdir).resolve()
+    found = []
+    for match in _FAULTHANDLER_FRAME.finditer(stacks or ""):
+        path = Path(match["file"])
+        if path.is_absolute() and (root == path.resolve() or root in path.resolve().parents):
+            line = int(match["line"])
+            found.append((str(path.resolve().relative_to(root)), line, match["func"],
+                          linecache.getline(str(path), line).strip()))
+    return found
 
 
 def package_root() -> str:
@@ -216,12 +235,17 @@ class Worker:
                         break
                     raise self._died(what)
                 if deadline is not None and time.monotonic() > deadline:
+                    stacks = self.stacks()
                     self.stop()
-                    raise WorkerFailed(f"the candidate's worker process did not answer within {timeout:g}s "
-                                       f"while {what}")
+                    failed = WorkerFailed(f"the candidate's worker process did not answer within {timeout:g}s "
+                                          f"while {what}")
+                    failed.worker_stacks = stacks
+                    raise failed
             data = self.conn.recv_bytes()
         except (EOFError, OSError):
             raise self._died(what) from None
+        except WorkerFailed:
+            raise
         except BaseException as exc:  # the watchdog's timeout: where the worker was goes with it
             exc.worker_stacks = self.stacks()
             self.stop()
