@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+from pytest_cudaopt.worker import zygote as _zygote
 from support import PREBUILT_ROOT, copy_workdir, prebuild, run_pytest, subprocess_env
 
 pytest_plugins = ["pytester"]
@@ -30,6 +32,14 @@ for _name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_
 # that keeps build/. Both or neither: a copy whose children built without it would recompile
 # everything, the compile commands being different.
 os.environ.setdefault("CUDAOPT_OBJECT_CACHE", str(PREBUILT_ROOT.parent / "test-objcache"))
+
+# Every pytest session of the suite starts a worker for the candidate, and each would import torch
+# (about 3 s of CPU here): one zygote per test process forks them instead (worker/zygote.py). Its
+# address reaches the pytest children through the environment. CUDAOPT_TEST_ZYGOTE=0 runs every
+# worker the plain way; tests/test_worker_start.py runs both ways whatever is set.
+if os.environ.get("CUDAOPT_TEST_ZYGOTE", "1") != "0" and not os.environ.get(_zygote.ENV):
+    os.environ[_zygote.ENV] = f"cudaopt-test-{os.getpid()}-{secrets.token_hex(4)}"
+    _ZYGOTE = _zygote.start(os.environ[_zygote.ENV], subprocess_env())
 
 # A suite started in the background (`cmd &` in a script) inherits SIGINT ignored, and would pass
 # that on to the pytest children whose Ctrl-C handling the tests check. A handler of our own is

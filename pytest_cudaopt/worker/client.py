@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 from pytest_cudaopt.signals import die_with_parent
 from pytest_cudaopt.tensors import clone_nest
-from pytest_cudaopt.worker import protocol
+from pytest_cudaopt.worker import protocol, zygote
 
 POLL_S = 0.05          # how often a wait for a reply looks at the worker's process
 START_TIMEOUT_S = 120.0  # torch's import on a loaded machine, the workdir's own imports aside
@@ -100,7 +100,7 @@ class Worker:
         self.extension = Path(extension) if extension is not None else None
         self.device = device
         self.secrets = [str(s) for s in secrets if s]
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | zygote.Forked | None = None
         self.conn: Connection | None = None
         self.scratch: Path | None = None
         self.log_path: Path | None = None
@@ -123,7 +123,8 @@ class Worker:
         log = open(self.log_path, "wb")
         try:
             env = protocol.worker_env(os.environ, package_root(), self.secrets)
-            self.proc = subprocess.Popen(
+            # Forked by a zygote where one is offered (the same process, without a torch import).
+            self.proc = zygote.spawn(theirs.fileno(), log.fileno(), str(self.scratch), env) or subprocess.Popen(
                 [sys.executable, "-m", "pytest_cudaopt.worker", str(theirs.fileno())],
                 pass_fds=[theirs.fileno()], cwd=self.scratch, env=env, stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -163,6 +164,8 @@ class Worker:
             except subprocess.TimeoutExpired:
                 pass
         _LIVE.discard(self)
+        if isinstance(self.proc, zygote.Forked):
+            self.proc.close()
         if self.conn is not None:
             self.conn.close()
             self.conn = None

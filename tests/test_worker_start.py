@@ -1,0 +1,141 @@
+"""The two ways a worker starts: executed (`python -m pytest_cudaopt.worker FD`) and forked by a zygote that imported torch once (worker/zygote.py). Both must give the candidate the same process: the same working directory, environment, imports, output relay; and neither may outlive the judging process."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_cudaopt.worker import Worker, zygote
+from support import subprocess_env
+
+MODEL = """
+import torch
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+def get_inputs():
+    return [torch.randn(4)]
+def get_init_inputs():
+    return []
+"""
+
+# What the candidate's process looks like from inside, written beside model_new.py.
+MODEL_NEW = """
+import json, os, sys
+import torch
+print("model_new.py imported", flush=True)
+json.dump({"cwd": os.getcwd(), "path0": sys.path[0], "env": sorted(os.environ),
+           "session_leader": os.getsid(0) == os.getpid(), "stdin": sys.stdin.read(),
+           "argv": sys.argv}, open(os.path.join(os.path.dirname(__file__), f"seen-{os.getpid()}.json"), "w"))
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+"""
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    (wd / "model.py").write_text(MODEL)
+    (wd / "model_new.py").write_text(MODEL_NEW)
+    return wd
+
+
+@pytest.fixture(scope="module")
+def zygote_name():
+    name = f"cudaopt-test-start-{secrets.token_hex(4)}"
+    proc = zygote.start(name, subprocess_env())
+    yield name
+    proc.stdin.close()
+    proc.wait(timeout=30)
+
+
+def _started(workdir: Path, monkeypatch, name: str | None) -> tuple[Worker, dict]:
+    if name is None:
+        monkeypatch.delenv(zygote.ENV, raising=False)
+    else:
+        monkeypatch.setenv(zygote.ENV, name)
+    worker = Worker(workdir, None, "cpu").start()
+    seen = json.loads((workdir / f"seen-{worker.proc.pid}.json").read_text())
+    return worker, seen
+
+
+def _gone(pid: int, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        if Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_forked_worker_is_the_process_an_executed_one_is(workdir, monkeypatch, zygote_name):
+    executed, seen_executed = _started(workdir, monkeypatch, None)
+    forked, seen_forked = _started(workdir, monkeypatch, zygote_name)
+    try:
+        assert isinstance(forked.proc, zygote.Forked) and isinstance(executed.proc, subprocess.Popen)
+        for seen, worker in ((seen_executed, executed), (seen_forked, forked)):
+            assert Path(seen.pop("cwd")) == worker.scratch.resolve()
+            assert seen["session_leader"] and seen["stdin"] == ""
+            assert not any(key.startswith(("CUDAOPT_", "PYTEST_")) for key in seen["env"])
+            assert "model_new.py imported" in worker.last_words()
+            assert worker.ping() < 5
+        assert seen_forked == seen_executed  # sys.path, environment, argv, session
+        assert seen_forked["argv"] == seen_executed["argv"]
+    finally:
+        executed.stop()
+        forked.stop()
+    assert not forked.alive() and not executed.alive()
+
+
+def test_a_forked_worker_dies_when_its_judging_process_does(workdir, zygote_name):
+    # A judging process that starts a worker and dies without stopping it (SIGKILL: no atexit).
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        from pytest_cudaopt.worker import Worker, zygote
+        worker = Worker({str(workdir)!r}, None, "cpu").start()
+        assert isinstance(worker.proc, zygote.Forked), type(worker.proc)
+        print("pid", worker.proc.pid, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    env = {**subprocess_env(), zygote.ENV: zygote_name}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    pid = int(done.stdout.split("pid ")[1].split()[0])
+    assert done.returncode == -9
+    assert _gone(pid, within=10), f"worker {pid} outlived the process that asked for it"
+
+
+def test_without_a_zygote_at_the_address_the_worker_is_executed(workdir, monkeypatch):
+    worker, seen = _started(workdir, monkeypatch, f"cudaopt-test-nobody-{secrets.token_hex(4)}")
+    try:
+        assert isinstance(worker.proc, subprocess.Popen)
+        assert Path(seen["cwd"]) == worker.scratch.resolve() and worker.ping() < 5
+    finally:
+        worker.stop()
+
+
+def test_a_zygote_whose_starter_is_gone_ends_and_takes_its_workers(workdir, monkeypatch):
+    name = f"cudaopt-test-end-{secrets.token_hex(4)}"
+    proc = zygote.start(name, subprocess_env())
+    worker, _ = _started(workdir, monkeypatch, name)
+    try:
+        assert isinstance(worker.proc, zygote.Forked)
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
+        assert _gone(worker.proc.pid, within=10)
+        assert worker.proc.wait(timeout=10) == -9
+    finally:
+        worker.stop()
