@@ -272,13 +272,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         node = workdir_node(item)
         cudaopt.ledger.collect(item.nodeid, kind_of(item.nodeid, (m.name for m in item.iter_markers())),
                                str(node.workdir_path) if node is not None else _item_workdir(cudaopt, item.nodeid))
-    # Collection has loaded every conftest.py and no workdir code yet (model_new.py and the
-    # extension are imported when their items run): what torch is now is trusted.
-    if any(workdir_node(item) for item in session.items):
-        unwatched = _session(session.config).isolation.trust().unwatched
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        if unwatched and reporter is not None:  # a torch without some of the API: said, not hidden
-            reporter.write_line(f"cudaopt: isolation does not verify {'; '.join(unwatched)}")
     start_sentinel(session, _supervised, str(cudaopt.report_path) if cudaopt.report_path else None)
 
 

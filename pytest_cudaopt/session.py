@@ -70,11 +70,6 @@ class CudaoptSession:
         # once known (said at the start and the end).
         self.report_path: Path | None = Path(settings.report) if settings.report else None
         self.report_error: str = ""
-        # torch's namespaces, flags and dispatcher as trusted before any workdir code ran
-        # (isolation.Watch: the plugin trusts them at the end of collection).
-        from pytest_cudaopt.isolation import Watch
-
-        self.isolation = Watch()
 
     # -- the header -------------------------------------------------------------------------
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import torch
 
 from pytest_cudaopt import memory
-from pytest_cudaopt.correctness import compare, guards, isolated, shapes, state
+from pytest_cudaopt.correctness import compare, guards, shapes, state
 from pytest_cudaopt.correctness.faults import CudaFault
 from pytest_cudaopt.correctness.precision import Precision
-from pytest_cudaopt.isolation import Breach
 from pytest_cudaopt.results import SHORTFALL, CorrectnessResult
 from pytest_cudaopt.tensors import describe_inputs
 from pytest_cudaopt.watchdog import set_case
@@ -107,8 +106,7 @@ def run_case(workdir: Workdir, settings, session, constants: dict[str, int], see
             extension=workdir.extension, device=device, atol=settings.atol, rtol=settings.rtol,
             max_rel_error=settings.max_rel_error,
             nondeterministic=workdir.nondeterministic or settings.nondeterministic,
-            extra_allowed=_extra_allowed(settings), history=_history(workdir), input_names=names,
-            verify=isolated.verifier(session, workdir.path))
+            extra_allowed=_extra_allowed(settings), history=_history(workdir), input_names=names)
         described = describe_inputs(inputs, names)
         footer = (f"\ncase: {label}; inputs {described}" + (f"\n{state.describe(done)}" if moved else "")
                   + (f"\nreplay: {replay}" if replay else ""))
@@ -121,9 +119,6 @@ def run_case(workdir: Workdir, settings, session, constants: dict[str, int], see
             raise failed from None
         except CudaFault as exc:
             raise Abort(exc, f"{label}; inputs {described}", replay) from None
-        except Breach as exc:
-            exc.case = f"{label}; inputs {described}"
-            raise
         except guards.CandidateError as exc:
             raise CaseFailed("candidate raised", f"{workdir.model_new_file.name}: {exc}{footer}",
                              short, described) from None

@@ -235,9 +235,6 @@ class Trial:
     extra_allowed: frozenset[str] = frozenset()
     history: OutputHistory = field(default_factory=OutputHistory)
     input_names: list[str] | None = None
-    # Called after each candidate call, before the reference runs: raises when the call (or
-    # ModelNew's construction) changed torch's namespaces or flags (isolation.Breach).
-    verify: Callable[[str], None] | None = None
 
 
 def call_locally(model: torch.nn.Module, inputs: list, device: torch.device, workdir: Path, extension: Any,
@@ -291,8 +288,6 @@ def _run_candidate(trial: Trial, inputs: list) -> Any:
     check_audit([op.describe() for op in audit])
     if guard is not None:
         raise GuardFailure(*guard)
-    if trial.verify is not None:
-        trial.verify("found after ModelNew(...) was built and called, before the reference ran")
     return output
 
 

@@ -18,11 +18,10 @@ from typing import Iterator
 import torch
 
 from pytest_cudaopt import memory
-from pytest_cudaopt.correctness import guards, isolated, shapes
+from pytest_cudaopt.correctness import guards, shapes
 from pytest_cudaopt.correctness.case import Abort, CaseFailed, free_bytes, run_case
 from pytest_cudaopt.correctness.faults import WorkerCrash, fault_line
 from pytest_cudaopt.correctness.precision import Precision, worst_tier
-from pytest_cudaopt.isolation import Breach
 from pytest_cudaopt.results import SHORTFALL, CorrectnessResult
 from pytest_cudaopt.settings import replay_args
 from pytest_cudaopt.tensors import describe_inputs
@@ -100,13 +99,9 @@ def judge_canonical(loaded: Workdir, settings, session, nodeid: str, seed_index:
                 label=f"canonical inputs of get_inputs(), seed {seed}"), loaded, settings)
         except Abort as exc:
             return _fault(nodeid, session, result, exc)
-        except Breach as exc:
-            return isolated.failed(result, exc)
         except CaseFailed as exc:
             exc.fill(result)
-            return isolated.final(result, session, loaded.path) or _fail(result, exc.check, exc.report)
-        if isolated.final(result, session, loaded.path):
-            return result.message
+            return _fail(result, exc.check, exc.report)
         result.passed, result.cases = True, 1
         result.shapes = describe_inputs(inputs, names)
         result.max_abs, result.max_rel = outcome.comparison.max_abs, outcome.comparison.max_rel
@@ -348,13 +343,9 @@ def judge_drawn(loaded: Workdir, settings, session, nodeid: str) -> Verdict:
             failure, check, failed = drawn.run()
         except Abort as exc:
             return Verdict(failure=_fault(nodeid, session, result, exc))
-        except Breach as exc:
-            return Verdict(failure=isolated.failed(result, exc))
         except CaseFailed as exc:  # raised outside Hypothesis: an explicit case or --cudaopt-case
             failure, check, failed = exc.report, exc.check, exc
         result.cases = drawn.stats.cases
-        if isolated.final(result, session, loaded.path):
-            return Verdict(failure=result.message)
         if failure:
             if failed is not None:
                 result.case = f"drawn shape {failed.case}"

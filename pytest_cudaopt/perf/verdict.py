@@ -9,7 +9,6 @@ import torch
 
 from pytest_cudaopt import memory
 from pytest_cudaopt.environment import environment
-from pytest_cudaopt.isolation import GRAD_MODE
 from pytest_cudaopt.correctness.compare import compare_outputs
 from pytest_cudaopt.correctness.guards import derive_seed
 from pytest_cudaopt.correctness.precision import FP32, TIER_ORDER, UNKNOWN, WRONG, below_fp32, measure_precision
@@ -116,39 +115,19 @@ def _traces(lineup_: lineup.Lineup, measurement: engine.Measurement, args: list,
     return traces
 
 
-def _verifier(watch: Any, workdir: Any) -> Any:
-    """Verify torch's namespaces, flags and dispatcher (isolation.Watch) at the points where
-    candidate code has run and the baselines are to run; the first failure is kept."""
-    context = {GRAD_MODE: torch.is_grad_enabled()}  # the caller's no_grad(), not the candidate's
-    found: list[str] = []
-
-    def verify(phase: str, full: bool = True) -> list[str]:
-        if watch is not None and not found:
-            failure = watch.verify(phase, workdir.path, context=context, full=full)
-            if failure:
-                found.append(failure)
-        return found
-    return verify
-
-
 def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
-          tracer: Any = None, target: Any = None, known: Sequence[tuple[str, Any]] = (),
-          watch: Any = None) -> tuple[PerfResult, dict]:
+          tracer: Any = None, target: Any = None, known: Sequence[tuple[str, Any]] = ()) -> tuple[PerfResult, dict]:
     """Time every contender of `workdir`, trace one call of each (with `tracer`, if any)
     and decide the gate. Returns the result and what the pytest-benchmark recording needs
     (the custom model and the feed of fresh inputs). `target` is the loaded baseline workdir
     (the target branch), or the error that loading it raised; `known` the (case, Precision)
-    of every correctness case this session judged of the workdir (the tier is the worst); `watch`
-    the session's isolation.Watch, which must find torch unchanged after the candidate's code ran."""
+    of every correctness case this session judged of the workdir (the tier is the worst)."""
     device = torch.device(settings.device)
-    verify = _verifier(watch, workdir)
     with memory.Peak(device) as peak, saved_rng():
         model, model_new = workdir.make_models(device, seed=derive_seed(seed, "perf", "weights"))
-        verify("found after ModelNew(...) was built, before the reference ran", full=False)
         feed = _feed(workdir, model, seed, device)
         _, example = feed.next()
         tier, note = _workdir_tier(*_tier(model, model_new, example), known)
-        verify("found after ModelNew's first calls, before the baselines were compiled")
         precision_matched = below_fp32(tier) or settings.gate == "precision-matched"
         line = lineup.lineup(
             model, model_new, clone_inputs(example), device,
@@ -168,15 +147,12 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
         measurement = engine.measure(line.contenders, feed, clock=clock, config=config,
                                      compare=_compare(settings))
         traces = _traces(line, measurement, feed.next()[1], tracer)
-        breach = verify("found after the contenders were timed and traced")
     result = _result(workdir, test, settings, measurement, line, tiers, traces,
                      f"{note}; {plan_note}" if plan_note else note)
     result.peak_bytes = peak.bytes
     note = model_new.timing_note() if hasattr(model_new, "timing_note") else ""
     if note:
         result.figure_warnings.append(note)
-    if breach:  # the baselines (or the expected outputs) ran changed: no figure above counts
-        result.failure = breach[0]
     return result, {"model_new": model_new, "feed": feed, "device": device}
 
 
