@@ -455,7 +455,7 @@ def test_an_expression_outside_the_safe_forms_leaves_the_constant_drawn_on_its_o
 def test_the_drawn_shapes_never_run_hypothesis_explain_phase_whatever_the_profile():
     from hypothesis import Phase, settings as hsettings
 
-    # The explain phase traces the failing case with sys.settrace; the isolation watch sees tracers.
+    # The explain phase re-runs the failing case under sys.settrace: a run that says nothing of a kernel.
     assert Phase.explain not in shapes.hypothesis_settings("ci").phases
     assert Phase.explain not in shapes.hypothesis_settings("thorough", max_examples=3).phases
     before = hsettings.get_current_profile_name()
