@@ -147,6 +147,7 @@ class RayPool:
         self.node_wall_s: dict[str, float] = {}   # each node's pool: wall seconds from its start to its last line
         self.duplicates = 0
         self.restarts = 0
+        self._starting: dict[Any, tuple[Any, str, float]] = {}   # describe() call -> (judge, node, since)
 
     def _connect(self) -> None:
         import ray
@@ -164,13 +165,12 @@ class RayPool:
         return [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(kind, 0) >= 1]
 
     def _start_missing(self, judges: list[_Node]) -> None:
-        """A judge on every live node that has none (at the start, and after one died), each
-        holding its node's GPUs (or one CPU); a node where none comes up within START_S is left out."""
+        """Start a judge on every live node that has none and starts none (at the start, and after
+        one died), holding the node's GPUs (or one CPU); each comes up while the others judge."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        have = {j.node_id for j in judges}
-        started = {}
+        have = {j.node_id for j in judges} | {node_id for _, node_id, _ in self._starting.values()}
         for node in self._nodes():
             if node["NodeID"] in have:
                 continue
@@ -179,17 +179,23 @@ class RayPool:
                 num_cpus=1, num_gpus=gpus_there, max_concurrency=4, max_restarts=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
             ).remote(self.options.to_json(), *self.actor_args)
-            started[handle.describe.remote()] = (handle, node["NodeID"])
-        ready, late = ray.wait(list(started), num_returns=len(started), timeout=START_S) if started else ([], [])
-        for ref in ready:
-            handle, node_id = started[ref]
-            try:
-                about = ray.get(ref)
-            except ray.exceptions.RayError:   # the node died or cannot hold a judge: the others go on
-                continue
-            judges.append(_Node(handle, node_id, about["capacity"], about["host"]))
-        for ref in late:
-            ray.kill(started[ref][0])
+            self._starting[handle.describe.remote()] = (handle, node["NodeID"], time.monotonic())
+
+    def _came_up(self, ray, ref, judges: list[_Node]) -> None:
+        handle, node_id, _ = self._starting.pop(ref)
+        try:
+            about = ray.get(ref)
+        except ray.exceptions.RayError:   # the node died or cannot hold a judge: the others go on
+            return
+        judges.append(_Node(handle, node_id, about["capacity"], about["host"]))
+
+    def _give_up_late(self, ray) -> None:
+        """A judge that did not come up within START_S (its node's resources held elsewhere) is ended."""
+        now = time.monotonic()
+        for ref, (handle, _, since) in list(self._starting.items()):
+            if now - since > START_S:
+                del self._starting[ref]
+                ray.kill(handle)
 
     def lines(self) -> Iterator[dict]:
         start = time.monotonic()
@@ -222,7 +228,7 @@ class RayPool:
         tries: dict[str, int] = {}
         seen: set[str] = set()
         while todo or any(j.holding for j in judges):
-            if not judges:
+            if not judges and not self._starting:
                 kind = "a CPU" if self.options.cpu else "a GPU"
                 yield from self._unjudged([name for name, _ in todo], f"not judged: no live node of the Ray cluster at "
                                                                        f"--ray {self.address} has {kind} to judge on")
@@ -231,9 +237,13 @@ class RayPool:
                 yield from self._feed(judge, todo, tries)
                 if judge.poll is None:
                     judge.poll = judge.handle.lines.remote(POLL_S)
-            if not any(j.holding for j in judges):
+            ready, _ = ray.wait([j.poll for j in judges] + list(self._starting), num_returns=1, timeout=2 * POLL_S)
+            if not ready:
+                self._give_up_late(ray)
                 continue
-            ready, _ = ray.wait([j.poll for j in judges], num_returns=1)
+            if ready[0] in self._starting:
+                self._came_up(ray, ready[0], judges)
+                continue
             judge = next(j for j in judges if j.poll == ready[0])
             judge.poll = None
             try:
@@ -289,7 +299,13 @@ class RayPool:
 
     def _wind_down(self, ray, judges: list[_Node], stats: bool) -> None:
         """Each judge closes its pool; after a run to its end, their busy fractions and wall
-        times are kept; then they end (their children with them)."""
+        times are kept; then they end (their children with them), and so do those still starting."""
+        for handle, _, _ in self._starting.values():
+            try:
+                ray.kill(handle)
+            except Exception:  # noqa: BLE001
+                pass
+        self._starting.clear()
         for judge in judges:
             try:
                 judge.handle.close.remote()
