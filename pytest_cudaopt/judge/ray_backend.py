@@ -234,7 +234,7 @@ class RayPool:
                                                                        f"--ray {self.address} has {kind} to judge on")
                 return
             for judge in judges:
-                yield from self._feed(judge, todo, tries)
+                yield from self._feed(judge, todo)
                 if judge.poll is None:
                     judge.poll = judge.handle.lines.remote(POLL_S)
             ready, _ = ray.wait([j.poll for j in judges] + list(self._starting), num_returns=1, timeout=2 * POLL_S)
@@ -268,7 +268,7 @@ class RayPool:
                 seen.add(line["key"])
                 yield line
 
-    def _feed(self, judge: _Node, todo: collections.deque, tries: dict[str, int]) -> Iterator[dict]:
+    def _feed(self, judge: _Node, todo: collections.deque) -> Iterator[dict]:
         """Give `judge` workdirs until it holds its capacity (what keeps its devices and its
         builds busy); a workdir that cannot be packed gets its line instead."""
         while todo and len(judge.holding) < judge.capacity:
@@ -282,7 +282,6 @@ class RayPool:
             key = result_key(name, content, self.options)
             judge.holding[key] = (name, workdir)
             judge.handle.judge.remote(packed, name, key)
-            tries.setdefault(key, 0)
 
     def _lost(self, judge: _Node, exc: BaseException, todo: collections.deque,
               tries: dict[str, int]) -> Iterator[dict]:
@@ -313,11 +312,11 @@ class RayPool:
                 pass
         for judge in judges if stats else []:
             try:
-                stats = ray.get(judge.handle.stats.remote(), timeout=120)
+                kept = ray.get(judge.handle.stats.remote(), timeout=120)
             except Exception:  # noqa: BLE001 - a judge that died with the run keeps no stats
                 continue
-            self.node_wall_s[judge.host] = stats["wall_s"]
-            self.busy.update({f"{judge.host}:{name}": share for name, share in stats["busy"].items()})
+            self.node_wall_s[judge.host] = kept["wall_s"]
+            self.busy.update({f"{judge.host}:{name}": share for name, share in kept["busy"].items()})
         for judge in judges:
             try:
                 ray.kill(judge.handle)
