@@ -201,7 +201,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
 
     options = judge.Options(
         gpus=[g for g in args.gpus.split(",") if g] if args.gpus not in (None, "all") else None,
-        cpu_slots=args.cpu_slots, jobs=args.jobs or judge.Options().jobs, share=args.share,
+        cpu_slots=args.cpu_slots, jobs=args.jobs, share=args.share,
         timeout=args.timeout, pytest_args=list(args.pytest_args), all_stages=args.all_stages, seed=args.seed,
         cache_dir=None if args.no_cache else (Path(args.cache_dir) if args.cache_dir else judge.Options().cache_dir),
         scratch=Path(args.scratch) if args.scratch else None, keep=args.keep, keep_env=list(args.env),
@@ -231,7 +231,7 @@ def _judge_parser(sub) -> None:
     p.add_argument("--cpu-slots", type=int, default=2,
                    help="slots for CPU workdirs (--cudaopt-device=cpu after --); default 2")
     p.add_argument("--jobs", type=int, default=None, help="builds and policy checks at once (default: half "
-                   "the cores)")
+                   "the cores; with --ray, of each node)")
     p.add_argument("--share", type=int, default=4, help="correctness processes at once on one GPU while their "
                    "memory fits (default 4); a perf process always has its GPU alone")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds each process may run (default 600)")

@@ -173,6 +173,25 @@ def test_ray_where_no_cluster_answers_gives_a_line_per_workdir_and_exit_3(tmp_pa
     assert "nothing judged" in proc.stdout and "per hour" not in proc.stdout
 
 
+def test_ray_with_no_node_that_has_a_gpu_gives_a_line_per_workdir_and_exit_3(tmp_path):
+    """A cluster of the judge's own on this machine: CPUs only, so no node for a GPU workdir's judge."""
+    pytest.importorskip("ray", reason="the Ray backend needs the ray extra: pip install -e '.[ray]'")
+    for name in ("a", "b"):
+        _workdir(tmp_path, name)
+    out = tmp_path / "lines.jsonl"
+    env = {**subprocess_env(), "CUDA_VISIBLE_DEVICES": ""}   # Ray counts no GPU, whatever the machine has
+    proc = subprocess.run([sys.executable, "-m", "pytest_cudaopt.cli", "judge", "a", "b", "--ray", "local",
+                           "--out", str(out), "--no-cache"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    found = judge_lines.read_lines(out)
+    assert sorted(Path(line["workdir"]).name for line in found) == ["a", "b"]
+    assert all(line["status"] == "error" and "no live node of the Ray cluster at --ray local has a GPU" in line["reason"]
+               for line in found)
+    assert "nothing judged" in proc.stdout and "per hour" not in proc.stdout
+
+
 def test_the_judges_own_failure_before_judging_gives_each_workdir_a_line(tmp_path):
     for name in ("a", "b"):
         _workdir(tmp_path, name)

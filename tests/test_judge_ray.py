@@ -1,25 +1,33 @@
-"""The Ray backend on a local Ray cluster (CPU workdirs): the same lines as the local pool, a crash in its own line, and a task whose worker died retried and counted once."""
+"""The Ray backend on a local Ray cluster: the same lines as the local pool (CPU workdirs), a node's pipeline kept (its builds on the CPUs while its GPU checks and times, at the local pool's rate), and the workdirs of a judge that died judged again and counted once."""
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 from pytest_cudaopt.judge import Judge, Options
+from pytest_cudaopt.judge.devices import DeviceSet
 from pytest_cudaopt.judge.pool import LocalPool
-from pytest_cudaopt.judge.ray_backend import RayPool, remote_judge
+from pytest_cudaopt.judge.ray_backend import NodeJudge, RayPool
 from support import JUDGE_CACHE, JUDGE_CPU_ARGS, judge_workdirs
 
 ray = pytest.importorskip("ray", reason="the Ray backend needs the ray extra: pip install -e '.[ray]'")
 
 FIELDS = ("status", "passed", "verdicts")
+GiB = 1 << 30
+# Seconds each stage of a fake workdir sleeps: a build longer than the GPU's share of a workdir,
+# as on the H200 (a build about 20-40 s, a check about 20 s shared four ways, a perf stage 17 s).
+SLEEPS = {"build": 1.2, "policy": 0.2, "check": 0.6, "perf": 0.5}
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # One node with one (logical) GPU: enough for a judge that holds its node's GPUs.
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -40,30 +48,139 @@ def test_ray_and_the_local_pool_give_the_same_verdicts(cluster, cases):
     for name in cases:
         assert {f: by_ray[name][f] for f in FIELDS} == {f: local[name][f] for f in FIELDS}, name
         assert by_ray[name]["key"] == local[name]["key"]   # the same idempotent key: same path, content, options
-        assert by_ray[name]["workdir"] == str(cases[name])  # as the driver named it, not the task's copy
-    assert by_ray["honest"]["passed"] and (by_ray["segfault"]["status"], by_ray["segfault"]["passed"]) == ("judged", False)
+        assert by_ray[name]["workdir"] == str(cases[name])  # as the driver named it, not the node's copy
+    assert by_ray["honest"]["passed"]
+    assert (by_ray["segfault"]["status"], by_ray["segfault"]["passed"]) == ("judged", False)
 
 
-def test_a_task_whose_worker_died_is_retried_and_its_line_counted_once(cluster, cases, tmp_path):
+# ------------------------------------------------------------------ a node's pipeline, with fake stages
+
+def sleeping_stages(log: Path):
+    """A run_stage that starts no process: each stage sleeps SLEEPS[stage] and passes; every
+    stage's (workdir, stage, device, start, end) goes to `log` as a JSON line. Made inside a
+    function so that Ray ships it by value to the judge's process."""
+    sleeps = dict(SLEEPS)
+
+    def run(stage, copy, out, devices, device, options, children=None, warm=None):
+        from pytest_cudaopt.judge.stages import StageResult
+
+        start = time.time()
+        time.sleep(sleeps[stage])
+        with open(log, "a") as handle:
+            handle.write(json.dumps([copy.name, stage, device, start, time.time()]) + "\n")
+        kind = {"policy": "policy", "check": "correctness", "perf": "perf"}.get(stage)
+        report = {"schema": "cudaopt-report/2", "passed": True, "complete": True, "items": [],
+                  "results": [{"kind": "correctness", "passed": True, "data": {"peak_bytes": GiB}}]} if kind else None
+        cases = [{"kind": kind, "name": f"test_{stage}", "outcome": "passed", "seconds": 0.0}] if kind else []
+        return StageResult(stage, "ok", time.time() - start, report=report, cases=cases)
+
+    return run
+
+
+def _fake_workdirs(root: Path, count: int) -> list[Path]:
+    made = []
+    for i in range(count):
+        folder = root / f"w{i}"
+        folder.mkdir(parents=True)
+        (folder / "model.py").write_text("PROBLEM = 'scale'\n")
+        (folder / "model_new.py").write_text(f"CANDIDATE = {i}\n")
+        made.append(folder)
+    return made
+
+
+def _gpu_options() -> Options:
+    return Options(gpus=["0"], jobs=2, share=2, cache_dir=None, prestart=False, scratch=None)
+
+
+def _records(log: Path) -> list[list]:
+    return [json.loads(raw) for raw in log.read_text().splitlines()]
+
+
+def test_a_nodes_judge_keeps_the_local_pools_pipeline_and_rate(cluster, tmp_path):
+    """Ten workdirs on one GPU (the node holds 8 at a time, the driver feeds the rest as lines come
+    back): through Ray its builds run on the CPUs while the GPU checks and times others, as in
+    the local pool, and the node judges within 10% of the local pool's workdirs per hour (one
+    workdir at a time per GPU, build to perf, would take 2.5 s each)."""
+    workdirs = _fake_workdirs(tmp_path / "w", 10)
+    devices = DeviceSet(["0"], memory={"0": 80 * GiB})
+    local_log, ray_log = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
+    local = LocalPool(workdirs, _gpu_options(), devices, run_stage=sleeping_stages(local_log))
+    local_lines = list(local.lines())
+    pool = RayPool(workdirs, _gpu_options(), "local", actor_args=(devices, sleeping_stages(ray_log)))
+    ray_lines = list(pool.lines())
+
+    assert sorted(line["workdir"] for line in ray_lines) == sorted(str(w) for w in workdirs)
+    assert all(line["passed"] for line in ray_lines + local_lines)
+    assert {line["key"] for line in ray_lines} == {line["key"] for line in local_lines}
+    records = _records(ray_log)
+    assert {r[2] for r in records if r[1] in ("build", "policy")} == {None}   # no CPU stage holds the GPU
+    on_gpu = [r for r in records if r[1] in ("check", "perf")]
+    assert {r[2] for r in on_gpu} == {"0"}
+    overlapped = [b for b in records if b[1] == "build" and any(g[3] < b[4] and b[3] < g[4] for g in on_gpu)]
+    assert len(overlapped) >= 4, records   # builds ran while the GPU judged others
+    serial = len(workdirs) * sum(SLEEPS.values())
+    (node_wall,) = pool.node_wall_s.values()
+    print(f"10 fake workdirs on one GPU: local pool {local.wall_s:.2f} s, the node's pool through Ray "
+          f"{node_wall:.2f} s, Ray end to end {pool.wall_s:.2f} s, one at a time {serial:.1f} s")
+    assert node_wall <= 1.10 * local.wall_s, (node_wall, local.wall_s)
+    assert pool.wall_s < 0.75 * serial
+    assert set(pool.busy) == {f"{ray_lines[0]['host']}:0"} and pool.busy[f"{ray_lines[0]['host']}:0"] > 0.5
+
+
+def test_a_judge_that_died_has_its_workdirs_judged_again_elsewhere_and_counted_once(cluster, tmp_path):
     marker = tmp_path / "died-once"
 
-    def dies_once(packed, name, key, options_json):
-        if not marker.exists():
-            marker.write_text(str(os.getpid()))
-            os._exit(1)   # the worker process dies, as on a lost node
-        return remote_judge(packed, name, key, options_json)
+    class DiesOnce(NodeJudge):
+        def judge(self, packed, name, key):
+            if not marker.exists():
+                marker.write_text(str(os.getpid()))
+                os._exit(1)   # the judge's process dies, as on a lost node
+            return super().judge(packed, name, key)
 
-    pool = RayPool([cases["honest"]], _options(), "local", task=dies_once, retries=2)
+    workdirs = _fake_workdirs(tmp_path / "w", 3)
+    devices = DeviceSet(["0"], memory={"0": 80 * GiB})
+    pool = RayPool(workdirs, _gpu_options(), "local", actor=DiesOnce, retries=2,
+                   actor_args=(devices, sleeping_stages(tmp_path / "log.jsonl")))
     found = list(pool.lines())
-    assert marker.exists()
-    assert len(found) == 1 and found[0]["passed"] and pool.duplicates == 0
-    assert found[0]["pid"] != int(marker.read_text())
+    assert marker.exists() and pool.restarts == 1
+    assert sorted(line["workdir"] for line in found) == sorted(str(w) for w in workdirs)
+    assert all(line["passed"] for line in found) and pool.duplicates == 0
+    assert {line["pid"] for line in found} != {int(marker.read_text())}
 
 
-def test_a_task_that_dies_every_time_still_gets_a_line(cluster, cases):
-    def always_dies(packed, name, key, options_json):
-        os._exit(1)
+def test_a_workdir_whose_judge_dies_every_time_still_gets_a_line(cluster, tmp_path):
+    class AlwaysDies(NodeJudge):
+        def judge(self, packed, name, key):
+            os._exit(1)
 
-    found = list(RayPool([cases["wrong"]], _options(), "local", task=always_dies, retries=1).lines())
+    (workdir,) = _fake_workdirs(tmp_path / "w", 1)
+    pool = RayPool([workdir], _gpu_options(), "local", actor=AlwaysDies, retries=1,
+                   actor_args=(DeviceSet(["0"]), sleeping_stages(tmp_path / "log.jsonl")))
+    found = list(pool.lines())
     assert len(found) == 1 and found[0]["status"] == "error" and not found[0]["passed"]
-    assert "Ray task ended without a result" in found[0]["reason"]
+    assert "died 2 times, retried 1" in found[0]["reason"] and pool.restarts == 2
+
+
+def test_a_nodes_judge_unpacks_each_workdir_apart_and_removes_it_after_its_line(tmp_path):
+    """NodeJudge in this process (no Ray): shipped bytes in, a line out with the driver's name and
+    key, the unpacked files gone after it; bytes that are no workdir get a line saying so."""
+    from pytest_cudaopt.judge import sandbox
+
+    (workdir,) = _fake_workdirs(tmp_path / "w", 1)
+    node = NodeJudge(_gpu_options().to_json(), DeviceSet(["0"]), sleeping_stages(tmp_path / "log.jsonl"))
+    try:
+        packed, _ = sandbox.pack(workdir)
+        node.judge(packed, "as-named", "key-1")
+        node.judge(b"not a tar archive", "broken", "key-2")
+        found = {}
+        deadline = time.monotonic() + 30
+        while len(found) < 2 and time.monotonic() < deadline:
+            found.update({line["key"]: line for line in node.lines(1.0)})
+        assert (found["key-1"]["workdir"], found["key-1"]["passed"]) == ("as-named", True)
+        assert found["key-2"]["status"] == "error"
+        assert "could not unpack broken on this node" in found["key-2"]["reason"]
+        assert list(node.shipped.iterdir()) == []
+    finally:
+        node.close()
+    assert node.stats()["busy"]["0"] > 0
+    assert not node.shipped.exists()

@@ -221,3 +221,52 @@ def test_a_check_that_ran_alone_throughout_was_not_shared():
     s.add(0, stages=["check"])
     (task,) = s.ready()
     assert not s.shared(task)
+
+
+# ------------------------------------------------------------------ a pool fed while it runs
+
+def test_a_fed_pool_judges_workdirs_added_while_it_runs_and_ends_only_when_closed(tmp_path):
+    """What a Ray node's judge does: workdirs come one by one; the lines end after close()."""
+    import queue
+    import threading
+
+    from pytest_cudaopt.judge.devices import DeviceSet
+    from pytest_cudaopt.judge.options import Options
+    from pytest_cudaopt.judge.pool import LocalPool
+    from pytest_cudaopt.judge.stages import StageResult
+
+    def passes(stage, copy, out, devices, device, options, children=None, warm=None):
+        kind = {"policy": "policy", "check": "correctness", "perf": "perf"}.get(stage)
+        report = {"schema": "cudaopt-report/2", "passed": True, "complete": True, "items": [], "results": []}
+        return StageResult(stage, "ok", 0.0, report=report if kind else None,
+                           cases=[{"kind": kind, "name": "t", "outcome": "passed", "seconds": 0.0}] if kind else [])
+
+    options = Options(jobs=2, share=2, cache_dir=None, prestart=False, scratch=tmp_path / "scratch")
+    pool = LocalPool([], options, DeviceSet(["0"]), fed=True, run_stage=passes)
+    found: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=lambda: [found.put(line) for line in pool.lines()] and None, daemon=True)
+    reader.start()
+    for i in range(2):
+        workdir = tmp_path / f"w{i}"
+        workdir.mkdir()
+        (workdir / "model.py").write_text("X = 1\n")
+        (workdir / "model_new.py").write_text(f"Y = {i}\n")
+        pool.add(workdir, f"named-{i}", key=f"key-{i}")
+        line = found.get(timeout=20)
+        assert (line["workdir"], line["key"], line["passed"]) == (f"named-{i}", f"key-{i}", True)
+    reader.join(timeout=0.5)
+    assert reader.is_alive()        # every workdir judged, but more may come
+    pool.close()
+    reader.join(timeout=20)
+    assert not reader.is_alive() and found.empty()
+    with pytest.raises(ValueError, match="fed=True"):
+        LocalPool([], options, DeviceSet(["0"])).add(tmp_path / "w0")
+
+
+def test_builds_and_policy_checks_at_once_default_to_half_the_cores_of_the_host_that_judges(monkeypatch):
+    from pytest_cudaopt.judge import options as judge_options
+
+    monkeypatch.setattr(judge_options.os, "cpu_count", lambda: 16)
+    assert judge_options.Options().cpu_jobs == 8       # resolved where it runs: each Ray node its own
+    assert judge_options.Options(jobs=3).cpu_jobs == 3
+    assert judge_options.Options.from_json(judge_options.Options().to_json()).jobs is None

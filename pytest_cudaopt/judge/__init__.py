@@ -17,10 +17,12 @@ policy`: no candidate code runs before the static rules pass), check (`pytest -m
 not policy"`: correctness and the other non-perf items; several may share a GPU while their
 memory fits), perf (`pytest -m perf`, alone on its GPU). A stage that does not pass ends the
 workdir (unless `all_stages`). Each pytest child starts while the stage before it runs
-(`child_warm.py`: torch imported, the device given when its turn comes). The modules: scheduler.py (where each stage runs; no processes),
-runner.py (one child), stages.py (a stage's command and what it left), lines.py (the line),
-pool.py (the local engine), ray_backend.py (Ray), sandbox.py (copies, bytes, environment),
-devices.py, discover.py, display.py (progress and table), engine.py (paths, backends, files).
+(`child_warm.py`: torch imported, the device given when its turn comes). The modules:
+scheduler.py (where each stage runs; no processes), runner.py (one child), stages.py (a stage's
+command and what it left), lines.py (the line), pool.py (the local engine, also fed while it
+runs), ray_backend.py (Ray: the local engine on each node), sandbox.py (copies, bytes,
+environment), devices.py, discover.py, display.py (progress and table), engine.py (paths,
+backends, files).
 docs/judge.md describes the line and the guarantees.
 """
 

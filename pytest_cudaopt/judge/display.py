@@ -82,7 +82,7 @@ def summary(lines: Sequence[dict], *, wall_s: float, busy: dict[str, float], roo
     for line in lines:
         for key, value in line.get("time", {}).items():
             spent[key] = spent.get(key, 0.0) + value
-    if spent:
+    if any(spent.values()):
         notes.append("time by stage (summed over workdirs): " + ", ".join(f"{k} {v:.1f} s" for k, v in spent.items()))
     cached = sum(line.get("objects", {}).get("cached", 0) for line in lines)
     compiled = sum(line.get("objects", {}).get("compiled", 0) for line in lines)

@@ -12,7 +12,7 @@ from pytest_cudaopt.judge.stages import FAILED, OK, StageResult
 
 LINE_SCHEMA = "cudaopt-judge/1"
 # Line statuses: judged (every stage ran to its end; `passed` says the verdict), build-failed,
-# crashed, timeout, error (could not be judged: not a workdir, a copy or a Ray task failed),
+# crashed, timeout, error (could not be judged: not a workdir, a copy failed, a Ray node died on every try),
 # cancelled (the judge was interrupted first).
 STATUSES = ("judged", "build-failed", "crashed", "timeout", "error", "cancelled")
 KINDS = ("policy", "correctness", "perf")

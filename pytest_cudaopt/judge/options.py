@@ -23,7 +23,8 @@ def default_jobs() -> int:
 @dataclass
 class Options:
     """How `judge` runs. gpus: GPU indices (None: every visible GPU); cpu_slots: slots for CPU
-    workdirs (used when pytest_args hold --cudaopt-device=cpu); jobs: concurrent CPU stages;
+    workdirs (used when pytest_args hold --cudaopt-device=cpu); jobs: concurrent CPU stages
+    (None: half the cores of the host that judges, each node's own under Ray; see `cpu_jobs`);
     share: checks at once per device; timeout: seconds each child may run; pytest_args: passed
     to every pytest child; all_stages: run check and perf even after an earlier stage failed
     (as one pytest session would); seed: replay seed (else each child draws a secret one);
@@ -34,7 +35,7 @@ class Options:
 
     gpus: list[str] | None = None
     cpu_slots: int = 2
-    jobs: int = field(default_factory=default_jobs)
+    jobs: int | None = None
     share: int = 4
     timeout: float = 600.0
     build_timeout: float = 1800.0
@@ -54,6 +55,11 @@ class Options:
         args = self.pytest_args
         return any(a == "--cudaopt-device=cpu" or (a == "--cudaopt-device" and args[i + 1:i + 2] == ["cpu"])
                    for i, a in enumerate(args))
+
+    @property
+    def cpu_jobs(self) -> int:
+        """Builds and policy checks at once on this host: `jobs`, else half its cores."""
+        return default_jobs() if self.jobs is None else self.jobs
 
     def fingerprint(self) -> str:
         """What changes a verdict (pytest arguments, seed, stages): part of every result key."""

@@ -1,4 +1,4 @@
-"""The local engine: every workdir through its stages, each a fresh child on a CPU slot or a device the scheduler gives it; one line per workdir as it finishes."""
+"""The local engine: every workdir through its stages, each a fresh child on a CPU slot or a device the scheduler gives it; one line per workdir as it finishes. Workdirs may keep coming while it runs (`add`, then `close`): a Ray node's judge is fed so."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from pytest_cudaopt.judge.devices import DeviceSet, cpu_slots, gpus
 from pytest_cudaopt.judge.options import Options, result_key
 from pytest_cudaopt.judge.scheduler import STAGES, Scheduler, Task
 from pytest_cudaopt.judge.stages import FAILED, OK, StageResult, prestart, run_stage, shortfall
+
+_ADD, _CLOSE = object(), object()   # the events of a fed pool besides a stage's end
 
 
 def resolve_devices(options: Options) -> DeviceSet:
@@ -40,6 +42,8 @@ class Job:
     content: str = ""
     warm: dict[str, runner.Warm] = field(default_factory=dict)   # stage -> its child, started ahead
     note: str = ""   # a check judged again alone: why
+    name: str = ""   # as the caller named it
+    key: str | None = None   # the result key the caller computed (a Ray driver's), else from the copy
 
     @property
     def copy(self) -> Path:
@@ -62,10 +66,13 @@ def _problem(workdir: Path) -> str | None:
 
 class LocalPool:
     """Judges `workdirs` on this host. Iterate `lines()`; afterwards `busy` holds each device's
-    busy fraction and `wall_s` the wall time. `on_event(kind, job, task)` sees every start and end."""
+    busy fraction and `wall_s` the wall time. `on_event(kind, job, task)` sees every start and end.
+    `fed`: more workdirs come while it runs (`add`, from any thread), and `lines()` ends only after
+    `close()` once every workdir has its line. `run_stage` replaces the stages' children (tests)."""
 
     def __init__(self, workdirs: Sequence[Path], options: Options, devices: DeviceSet | None = None,
-                 on_event: Callable[..., None] | None = None, names: Sequence[str] | None = None):
+                 on_event: Callable[..., None] | None = None, names: Sequence[str] | None = None,
+                 fed: bool = False, run_stage: Callable[..., StageResult] | None = None):
         self.workdirs = [Path(w) for w in workdirs]
         self.names = list(names) if names is not None else [str(w) for w in self.workdirs]
         self.options = options
@@ -74,40 +81,69 @@ class LocalPool:
         self.busy: dict[str, float] = {}
         self.wall_s = 0.0
         self.children = runner.Children()
+        self.fed = fed
+        self._run_stage = run_stage
+        self._events: queue.Queue = queue.Queue()   # (task, result) of a stage, or a workdir added, or CLOSED
+
+    def add(self, workdir: Path, name: str | None = None, key: str | None = None) -> None:
+        """One more workdir for a `fed` pool (`key`: its result key, where the caller computed it)."""
+        if not self.fed:
+            raise ValueError("workdirs are added only to a pool made with fed=True")
+        self._events.put((_ADD, (Path(workdir), name if name is not None else str(workdir), key)))
+
+    def close(self) -> None:
+        """No more workdirs: `lines()` ends once those added have their lines."""
+        self._events.put((_CLOSE, None))
 
     def lines(self) -> Iterator[dict]:
         if not self.devices.names:
+            if self.fed:
+                raise ValueError("a pool fed workdirs needs at least one device")
             for name in self.names:
                 yield lines.unjudged(name, result_key(name, "", self.options), "error",
                                      "no GPU visible (use --gpus, or --cudaopt-device=cpu for CPU workdirs)")
             return
         own_scratch = self.options.scratch is None
         scratch = Path(tempfile.mkdtemp(prefix="cudaopt-judge-")) if own_scratch else Path(self.options.scratch)
-        scheduler = Scheduler(self.devices.names, jobs=self.options.jobs, share=self.options.share,
+        scheduler = Scheduler(self.devices.names, jobs=self.options.cpu_jobs, share=self.options.share,
                               memory=self.devices.memory)
-        jobs = {i: Job(i, w, scratch / f"{i:05d}", _problem(w)) for i, w in enumerate(self.workdirs)}
-        for job in jobs.values():
-            scheduler.add(job.index, job.problem)
-        events: queue.Queue = queue.Queue()
+        jobs: dict[int, Job] = {}
+        for workdir, name in zip(self.workdirs, self.names):
+            self._new_job(scheduler, jobs, scratch, workdir, name, None)
         start = time.monotonic()
         try:
-            yield from self._loop(scheduler, jobs, events)
+            yield from self._loop(scheduler, jobs, scratch)
         finally:
             self.children.stop_all()
             self.busy, self.wall_s = scheduler.busy_fraction(), time.monotonic() - start
             if own_scratch and not self.options.keep:
                 shutil.rmtree(scratch, ignore_errors=True)
 
-    def _loop(self, scheduler: Scheduler, jobs: dict[int, Job], events: queue.Queue) -> Iterator[dict]:
+    @staticmethod
+    def _new_job(scheduler: Scheduler, jobs: dict[int, Job], scratch: Path, workdir: Path, name: str,
+                 key: str | None) -> None:
+        index = len(jobs)
+        jobs[index] = Job(index, workdir, scratch / f"{index:05d}", _problem(workdir), name=name, key=key)
+        scheduler.add(index, jobs[index].problem)
+
+    def _loop(self, scheduler: Scheduler, jobs: dict[int, Job], scratch: Path) -> Iterator[dict]:
         done: set[int] = set()
+        closed = not self.fed
         try:
-            while not scheduler.done:
+            while not (closed and scheduler.done):
                 for task in scheduler.ready():
                     self.on_event("start", jobs[task.job], task)
                     # Here, not in the stage's thread: a child ends with the thread that started it.
                     self._prestart_next(jobs[task.job], task.stage)
-                    threading.Thread(target=self._work, args=(jobs[task.job], task, events), daemon=True).start()
-                task, result = events.get()
+                    threading.Thread(target=self._work, args=(jobs[task.job], task, self._events),
+                                     daemon=True).start()
+                task, result = self._events.get()
+                if task is _CLOSE:
+                    closed = True
+                    continue
+                if task is _ADD:
+                    self._new_job(scheduler, jobs, scratch, *result)
+                    continue
                 line = self._finished(scheduler, jobs[task.job], task, result)
                 if line is not None:
                     done.add(task.job)
@@ -126,8 +162,8 @@ class LocalPool:
                 job.out.mkdir(parents=True, exist_ok=True)
                 job.content = sandbox.private_copy(job.workdir, job.copy)
                 job.seconds["copy"] = time.monotonic() - copied
-            result = run_stage(task.stage, job.copy, job.out, self.devices, task.device, self.options, self.children,
-                               warm=job.warm.pop(task.stage, None))
+            result = (self._run_stage or run_stage)(task.stage, job.copy, job.out, self.devices, task.device,
+                                                    self.options, self.children, warm=job.warm.pop(task.stage, None))
         except (OSError, sandbox.SandboxError) as exc:
             result = StageResult(task.stage, "error", reason=f"could not {'copy' if task.stage == 'build' else 'run'} "
                                                                f"{job.workdir}: {exc}")
@@ -187,9 +223,10 @@ class LocalPool:
                 f"shortfall is this workdir's: {message.splitlines()[0]}")
 
     def _line(self, job: Job, status: str | None = None, reason: str | None = None) -> dict:
-        name = self.names[job.index]
+        name = job.name
         job.seconds["total"] = time.monotonic() - job.started
-        return lines.assemble(workdir=name, key=result_key(name, job.content, self.options), content=job.content,
+        key = job.key or result_key(name, job.content, self.options)
+        return lines.assemble(workdir=name, key=key, content=job.content,
                               results=job.results, seconds=job.seconds, copy=str(job.copy), status=status,
                               reason=reason)
 

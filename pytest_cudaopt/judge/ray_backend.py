@@ -1,119 +1,330 @@
-"""Many hosts through Ray: one task per workdir (num_gpus=1), the workdir shipped as bytes, lines streamed back as tasks finish, a task whose worker or node died retried and counted once.
+"""Many hosts through Ray: one actor per node runs the local pool over that node's GPUs, fed workdirs as bytes by the driver as it keeps up; lines streamed back as they finish; the workdirs of a node that died judged again elsewhere and counted once.
 
 Ray is an optional extra (`pip install -e ".[ray]"`); nothing here imports it before `lines()`.
 """
 
 from __future__ import annotations
 
+import collections
 import os
+import queue
+import shutil
+import tarfile
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from pytest_cudaopt.judge import lines, sandbox
-from pytest_cudaopt.judge.devices import cpu_slots, gpus
+from pytest_cudaopt.judge.devices import DeviceSet, cpu_slots, gpus
 from pytest_cudaopt.judge.options import Options, result_key
 
-RETRIES = 3   # re-runs of a task whose worker process or node died (Ray's max_retries)
+RETRIES = 3    # times a workdir is judged again after the node judging it died
 PROBE_S = 5.0  # how long the driver waits for a cluster's address to accept a connection
+POLL_S = 5.0   # how long one call for a node's finished lines waits for the first of them
+START_S = 600.0  # how long a node's judge may take to come up (Ray places it, it imports the judge)
 
 
-def remote_judge(packed: bytes, name: str, key: str, options_json: dict) -> dict:
-    """The body of one Ray task: unpack the workdir into a private folder, judge it on the GPU
-    Ray gave this task (or one CPU slot), return its line (`workdir` as the driver named it)."""
-    from pytest_cudaopt.judge.pool import LocalPool
+class NodeJudge:
+    """One node's judge (a Ray actor holding every GPU of its node, or, for CPU workdirs, one CPU):
+    the local pool over those devices, its scheduler, children started ahead and object cache as
+    on a host of its own, fed workdirs as tar bytes by `judge` while it runs; `lines` hands back
+    what finished. `devices` and `run_stage` replace the node's devices and the stages' children
+    (tests)."""
 
-    options = Options.from_json(options_json)
-    options.scratch, options.jobs = None, 1
-    if options.cpu:
-        devices = cpu_slots(1)
-    else:
-        import ray
+    def __init__(self, options_json: dict, devices: DeviceSet | None = None,
+                 run_stage: Callable[..., Any] | None = None):
+        from pytest_cudaopt.judge.pool import LocalPool
 
-        devices = gpus([str(i) for i in ray.get_gpu_ids()] or None)
-    with tempfile.TemporaryDirectory(prefix="cudaopt-ray-") as tmp:
-        copy = Path(tmp) / "shipped" / (Path(name).name or "workdir")
-        sandbox.unpack(packed, copy)
-        pool = LocalPool([copy], options, devices, names=[name])
-        line = next(iter(pool.lines()))
-    line["key"], line["pid"] = key, os.getpid()
-    return line
+        options = Options.from_json(options_json)
+        options.scratch = None
+        if devices is None:
+            devices = cpu_slots(options.cpu_slots) if options.cpu else gpus(_ray_gpu_ids())
+        self.shipped = Path(tempfile.mkdtemp(prefix="cudaopt-ray-"))
+        self.pool = LocalPool([], options, devices, fed=True, run_stage=run_stage)
+        # Workdirs in hand: builds and policy checks running and as many waiting, checks on every
+        # device and a perf stage waiting for each: what keeps the pipeline full between feeds.
+        self.capacity = 2 * options.cpu_jobs + len(devices.names) * (options.share + 2)
+        self._done: queue.Queue = queue.Queue()
+        self._count = 0
+        self._lock = threading.Lock()   # judge() runs on several of the actor's threads
+        self._folders: dict[str, Path] = {}   # key -> where its shipped files were unpacked
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for line in self.pool.lines():
+                line["pid"] = os.getpid()
+                with self._lock:
+                    folder = self._folders.pop(line["key"], None)
+                if folder is not None:
+                    shutil.rmtree(folder, ignore_errors=True)
+                self._done.put(line)
+        except BaseException as exc:  # noqa: BLE001 - the driver turns it into each workdir's line
+            self._done.put({"failed": f"{type(exc).__name__}: {exc}"})
+        finally:
+            shutil.rmtree(self.shipped, ignore_errors=True)
+
+    def describe(self) -> dict:
+        """Where this judge runs: its host, its devices, how many workdirs it keeps in hand."""
+        import socket
+
+        return {"host": socket.gethostname(), "devices": list(self.pool.devices.names), "capacity": self.capacity}
+
+    def judge(self, packed: bytes, name: str, key: str) -> None:
+        """One more workdir, its files as `sandbox.pack` made them; its line keeps `name` and `key`
+        (files that cannot be unpacked here get a line saying so)."""
+        with self._lock:
+            self._count += 1
+            folder = self.shipped / f"{self._count:05d}"
+            self._folders[key] = folder
+        copy = folder / (Path(name).name or "workdir")
+        try:
+            sandbox.unpack(packed, copy)
+        except (OSError, sandbox.SandboxError, tarfile.TarError) as exc:
+            with self._lock:
+                self._folders.pop(key, None)
+            shutil.rmtree(folder, ignore_errors=True)
+            self._done.put(lines.unjudged(name, key, "error", f"could not unpack {name} on this node: {exc}"))
+            return
+        self.pool.add(copy, name, key)
+
+    def lines(self, wait_s: float = POLL_S) -> list[dict]:
+        """The lines finished since the last call: waits up to `wait_s` for the first."""
+        try:
+            found = [self._done.get(timeout=wait_s)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                found.append(self._done.get_nowait())
+            except queue.Empty:
+                return found
+
+    def stats(self) -> dict:
+        """After `close`: each device's busy fraction and the pool's wall time."""
+        self._thread.join(timeout=60)
+        return {"busy": dict(self.pool.busy), "wall_s": self.pool.wall_s}
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def _ray_gpu_ids() -> list[str] | None:
+    import ray
+
+    return [str(i) for i in ray.get_gpu_ids()] or None
+
+
+class _Node:
+    """The driver's view of one node's judge: its handle, what it was given, what it holds."""
+
+    def __init__(self, handle, node_id: str, capacity: int, host: str):
+        self.handle, self.node_id, self.capacity, self.host = handle, node_id, capacity, host
+        self.holding: dict[str, tuple[str, Path]] = {}   # key -> (name, workdir)
+        self.poll = None
 
 
 class RayPool:
-    """Judges `workdirs` as Ray tasks on the cluster at `address` ("auto", "ray://...", or
-    "local" for a cluster of this process's own). `task` replaces the task body (tests: a worker
-    that dies); `init` are extra ray.init arguments (tests: num_cpus)."""
+    """Judges `workdirs` on the Ray cluster at `address` ("auto", "ray://...", or "local" for a
+    cluster of this process's own): one `NodeJudge` per node that has a GPU (any node, for CPU
+    workdirs), each kept `capacity` workdirs ahead, so that every node judges at its local pool's
+    rate. A workdir whose node died is judged again on another (up to `retries` times); one line
+    per key whatever re-ran. `actor` replaces NodeJudge and `actor_args` are its extra arguments
+    (tests); `init` are extra ray.init arguments (tests: num_cpus)."""
 
     def __init__(self, workdirs: Sequence[Path], options: Options, address: str = "auto",
-                 names: Sequence[str] | None = None, retries: int = RETRIES,
-                 task: Callable[..., dict] | None = None, init: dict[str, Any] | None = None):
+                 names: Sequence[str] | None = None, retries: int = RETRIES, actor: type | None = None,
+                 actor_args: Sequence[Any] = (), init: dict[str, Any] | None = None):
         self.workdirs = [Path(w) for w in workdirs]
         self.names = list(names) if names is not None else [str(w) for w in self.workdirs]
         self.options, self.address, self.retries = options, address, retries
-        self.task, self.init = task or remote_judge, dict(init or {})
+        self.actor, self.actor_args, self.init = actor or NodeJudge, tuple(actor_args), dict(init or {})
         self.busy: dict[str, float] = {}
         self.wall_s = 0.0
+        self.node_wall_s: dict[str, float] = {}   # each node's pool: wall seconds from its start to its last line
         self.duplicates = 0
+        self.restarts = 0
+        self._starting: dict[Any, tuple[Any, str, float]] = {}   # describe() call -> (judge, node, since)
 
-    def _remote(self):
+    def _connect(self) -> None:
         import ray
 
         if not ray.is_initialized():
             probe(self.address)
             ray.init(address=None if self.address == "local" else self.address,
                      log_to_driver=False, **self.init)
-        resources = {"num_cpus": 1} if self.options.cpu else {"num_cpus": 1, "num_gpus": 1}
-        # max_retries: Ray re-runs a task whose worker or node died; a task that raised is not
-        # re-run (retry_exceptions=False): its judging ran, and its error is its line.
-        return ray.remote(max_retries=self.retries, retry_exceptions=False, **resources)(self.task)
+
+    def _nodes(self) -> list[dict]:
+        """The live nodes a judge may run on: those with a GPU, or with a CPU for CPU workdirs."""
+        import ray
+
+        kind = "CPU" if self.options.cpu else "GPU"
+        return [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(kind, 0) >= 1]
+
+    def _start_missing(self, judges: list[_Node]) -> None:
+        """Start a judge on every live node that has none and starts none (at the start, and after
+        one died), holding the node's GPUs (or one CPU); each comes up while the others judge."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        have = {j.node_id for j in judges} | {node_id for _, node_id, _ in self._starting.values()}
+        for node in self._nodes():
+            if node["NodeID"] in have:
+                continue
+            gpus_there = 0 if self.options.cpu else int(node.get("Resources", {}).get("GPU", 0))
+            handle = ray.remote(self.actor).options(
+                num_cpus=1, num_gpus=gpus_there, max_concurrency=4, max_restarts=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
+            ).remote(self.options.to_json(), *self.actor_args)
+            self._starting[handle.describe.remote()] = (handle, node["NodeID"], time.monotonic())
+
+    def _came_up(self, ray, ref, judges: list[_Node]) -> None:
+        handle, node_id, _ = self._starting.pop(ref)
+        try:
+            about = ray.get(ref)
+        except ray.exceptions.RayError:   # the node died or cannot hold a judge: the others go on
+            return
+        judges.append(_Node(handle, node_id, about["capacity"], about["host"]))
+
+    def _give_up_late(self, ray) -> None:
+        """A judge that did not come up within START_S (its node's resources held elsewhere) is ended."""
+        now = time.monotonic()
+        for ref, (handle, _, since) in list(self._starting.items()):
+            if now - since > START_S:
+                del self._starting[ref]
+                ray.kill(handle)
 
     def lines(self) -> Iterator[dict]:
-        import time
-
         start = time.monotonic()
         try:
             import ray
 
-            remote = self._remote()
+            self._connect()
         except ImportError as exc:
-            yield from self._unjudged(f"not judged: the Ray backend needs the ray extra "
-                                      f"(pip install -e '.[ray]'): {exc}")
+            yield from self._unjudged(self.names, f"not judged: the Ray backend needs the ray extra "
+                                                  f"(pip install -e '.[ray]'): {exc}")
             return
         except Exception as exc:  # noqa: BLE001 - ConnectionError, a refused address, Ray's own errors
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            yield from self._unjudged(f"not judged: no Ray cluster answered at --ray {self.address} "
-                                      f"({type(exc).__name__}: {first}); start one (`ray start --head`) or name "
-                                      f"the address of one that runs")
+            yield from self._unjudged(self.names, f"not judged: no Ray cluster answered at --ray {self.address} "
+                                                  f"({type(exc).__name__}: {first}); start one (`ray start --head`) "
+                                                  f"or name the address of one that runs")
             return
-        pending: dict[Any, tuple[str, str]] = {}
-        for name, workdir in zip(self.names, self.workdirs):
+        judges: list[_Node] = []
+        finished = False
+        try:
+            self._start_missing(judges)
+            yield from self._judge(ray, judges)
+            finished = True
+        finally:
+            self._wind_down(ray, judges, stats=finished)
+            self.wall_s = time.monotonic() - start
+
+    def _judge(self, ray, judges: list[_Node]) -> Iterator[dict]:
+        todo = collections.deque(zip(self.names, self.workdirs))
+        tries: dict[str, int] = {}
+        seen: set[str] = set()
+        while todo or any(j.holding for j in judges):
+            if not judges and not self._starting:
+                kind = "a CPU" if self.options.cpu else "a GPU"
+                yield from self._unjudged([name for name, _ in todo], f"not judged: no live node of the Ray cluster at "
+                                                                       f"--ray {self.address} has {kind} to judge on")
+                return
+            for judge in judges:
+                yield from self._feed(judge, todo)
+                if judge.poll is None:
+                    judge.poll = judge.handle.lines.remote(POLL_S)
+            ready, _ = ray.wait([j.poll for j in judges] + list(self._starting), num_returns=1, timeout=2 * POLL_S)
+            if not ready:
+                self._give_up_late(ray)
+                continue
+            if ready[0] in self._starting:
+                self._came_up(ray, ready[0], judges)
+                continue
+            judge = next(j for j in judges if j.poll == ready[0])
+            judge.poll = None
+            try:
+                found = ray.get(ready[0])
+            except ray.exceptions.RayError as exc:   # the node or its judge died: its workdirs go elsewhere
+                judges.remove(judge)
+                yield from self._lost(judge, exc, todo, tries)
+                self.restarts += 1
+                self._start_missing(judges)
+                continue
+            for line in found:
+                if "failed" in line:   # the node's pool itself failed: what it held gets lines saying so
+                    judges.remove(judge)
+                    ray.kill(judge.handle)
+                    yield from self._unjudged([name for name, _ in judge.holding.values()],
+                                              f"not judged: the judge on {judge.host} failed: {line['failed']}")
+                    break
+                judge.holding.pop(line["key"], None)
+                if line["key"] in seen:   # exactly once, whatever re-ran
+                    self.duplicates += 1
+                    continue
+                seen.add(line["key"])
+                yield line
+
+    def _feed(self, judge: _Node, todo: collections.deque) -> Iterator[dict]:
+        """Give `judge` workdirs until it holds its capacity (what keeps its devices and its
+        builds busy); a workdir that cannot be packed gets its line instead."""
+        while todo and len(judge.holding) < judge.capacity:
+            name, workdir = todo.popleft()
             try:
                 packed, content = sandbox.pack(workdir)
             except (OSError, sandbox.SandboxError) as exc:
-                yield lines.unjudged(name, result_key(name, "", self.options), "error", f"could not ship {workdir}: {exc}")
+                yield lines.unjudged(name, result_key(name, "", self.options), "error",
+                                     f"could not ship {workdir}: {exc}")
                 continue
             key = result_key(name, content, self.options)
-            pending[remote.remote(packed, name, key, self.options.to_json())] = (name, key)
-        seen: set[str] = set()
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            name, key = pending.pop(ready[0])
-            try:
-                line = ray.get(ready[0])
-            except ray.exceptions.RayError as exc:
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                line = lines.unjudged(name, key, "error", f"the Ray task ended without a result "
-                                                          f"(after up to {self.retries} retries): {first}")
-            if line.get("key") in seen:   # exactly once, whatever re-ran
-                self.duplicates += 1
-                continue
-            seen.add(line["key"])
-            yield line
-        self.wall_s = time.monotonic() - start
+            judge.holding[key] = (name, workdir)
+            judge.handle.judge.remote(packed, name, key)
 
-    def _unjudged(self, reason: str) -> Iterator[dict]:
-        for name in self.names:
+    def _lost(self, judge: _Node, exc: BaseException, todo: collections.deque,
+              tries: dict[str, int]) -> Iterator[dict]:
+        """The workdirs a dead judge held: each judged again first, or its line once it died `retries` times."""
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        for key, (name, workdir) in reversed(list(judge.holding.items())):
+            tries[key] = tries.get(key, 0) + 1
+            if tries[key] > self.retries:
+                yield lines.unjudged(name, key, "error", f"the Ray node judging it ({judge.host}) died "
+                                                         f"{tries[key]} times, retried {self.retries}: {first}")
+            else:
+                todo.appendleft((name, workdir))
+        judge.holding.clear()
+
+    def _wind_down(self, ray, judges: list[_Node], stats: bool) -> None:
+        """Each judge closes its pool; after a run to its end, their busy fractions and wall
+        times are kept; then they end (their children with them), and so do those still starting."""
+        for handle, _, _ in self._starting.values():
+            try:
+                ray.kill(handle)
+            except Exception:  # noqa: BLE001
+                pass
+        self._starting.clear()
+        for judge in judges:
+            try:
+                judge.handle.close.remote()
+            except Exception:  # noqa: BLE001
+                pass
+        for judge in judges if stats else []:
+            try:
+                kept = ray.get(judge.handle.stats.remote(), timeout=120)
+            except Exception:  # noqa: BLE001 - a judge that died with the run keeps no stats
+                continue
+            self.node_wall_s[judge.host] = kept["wall_s"]
+            self.busy.update({f"{judge.host}:{name}": share for name, share in kept["busy"].items()})
+        for judge in judges:
+            try:
+                ray.kill(judge.handle)
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _unjudged(self, names: Sequence[str], reason: str) -> Iterator[dict]:
+        for name in names:
             yield lines.unjudged(name, result_key(name, "", self.options), "error", reason)
 
 

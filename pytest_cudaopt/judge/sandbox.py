@@ -76,7 +76,7 @@ def private_copy(workdir: Path, dest: Path) -> str:
 
 
 def pack(workdir: Path) -> tuple[bytes, str]:
-    """The workdir as tar bytes (what a Ray task receives) and its content digest."""
+    """The workdir as tar bytes (what a Ray node's judge receives) and its content digest."""
     files = workdir_files(workdir)
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:

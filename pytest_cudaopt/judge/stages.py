@@ -81,7 +81,7 @@ def environment(stage: str, devices: DeviceSet, device: str | None, options: Opt
         given["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
         given["TRITON_CACHE_DIR"] = str(cache / "triton")
     if stage == "build":
-        given["MAX_JOBS"] = str(max(1, _cores() // max(1, options.jobs)))
+        given["MAX_JOBS"] = str(max(1, _cores() // max(1, options.cpu_jobs)))
     return sandbox.scrubbed_env(given, keep=options.keep_env)
 
 
