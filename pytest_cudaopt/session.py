@@ -52,6 +52,7 @@ class CudaoptSession:
         self._workdirs: dict[Path, Any] = {}
         self._workers: list[Any] = []
         self._policy_workers: dict[tuple[Path, Any], Any] = {}  # (workdir, .so or None) -> worker
+        self._extension_workers: dict[Path, Any] = {}  # workdir -> the `cuda_extension` fixture's worker
         # Paths no worker's environment may name (the verdict files: set by the plugin).
         self.secrets: list[str] = []
         self._failures_reported: dict[tuple, str] = {}  # (workdir, error) → the item that reported it
@@ -144,12 +145,22 @@ class CudaoptSession:
         return found
 
     def extension_module(self, workdir: Path):
-        """The workdir's extension imported into this process, for the owner's own kernel tests
-        (the `cuda_extension` fixture); the verdict items never use it."""
-        from pytest_cudaopt.build.loader import load_extension
+        """The workdir's extension for the owner's own kernel tests (the `cuda_extension`
+        fixture): its functions called in a worker of its own (worker.RemoteExtension), never
+        loaded here: its static initialisers are candidate code too."""
+        from pytest_cudaopt.workdir import WorkdirError
+        from pytest_cudaopt.worker import RemoteExtension
 
+        workdir = Path(workdir).resolve()
         result = self.extension(workdir)
-        return result.module if result.module is not None else load_extension(result)
+        worker = self._extension_workers.get(workdir)
+        if worker is None or not worker.alive():
+            try:
+                worker = self._extension_workers[workdir] = self.start_worker(workdir, result.so_path,
+                                                                              require_workdir=False)
+            except WorkdirError as exc:
+                raise RuntimeError(f"the extension of {workdir} could not be loaded in its worker: {exc}") from None
+        return RemoteExtension(worker)
 
     def builds_later(self, workdir: Path) -> bool:
         """Whether a correctness or perf item of `workdir` is still to run in this session (and
@@ -251,6 +262,7 @@ class CudaoptSession:
             worker.stop()
         self._workers.clear()
         self._policy_workers.clear()
+        self._extension_workers.clear()
 
     def loaded_or_fail(self, path: Path, test: str, verb: str = "run"):
         """The loaded workdir for item `test`; the item fails ("not <verb>: ...") after an

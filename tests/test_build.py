@@ -475,15 +475,22 @@ def test_a_failed_build_fails_the_item_with_the_compiler_report(pytester, make_w
     assert "build.py" not in result.stdout.str()
 
 
-def test_the_rootdir_extension_is_a_session_fixture_built_once(pytester, make_workdir, run_pytest):
+def test_the_rootdir_extension_is_a_session_fixture_built_once_and_run_in_a_worker(pytester, make_workdir,
+                                                                                  run_pytest):
     make_workdir("cpu_scale", dest=pytester.path)
     for name in ("test_one", "test_two"):
         pytester.makepyfile(**{name: """
+            import pytest
             import torch
 
             def test_scale(cuda_extension):
                 x = torch.ones(2, 3)
                 assert torch.equal(cuda_extension.scale(x, x[0], x[0]), x + 1)
+                assert "scale" in dir(cuda_extension)
+                with pytest.raises(AttributeError, match="has no function 'nope' .it defines: .*scale"):
+                    cuda_extension.nope
+                # The candidate's native code (its static initialisers too) never loads here.
+                assert "cuda_extension" not in open("/proc/self/maps").read()
         """})
     result = run_pytest(pytester, "test_one.py", "test_two.py", "--setup-show")
     result.assert_outcomes(passed=2)

@@ -13,6 +13,6 @@ worker's side: load, construct, call, time, trace), client.py (the judging side:
 `RemoteModel`, what a dead or hung worker means). docs/isolation.md draws the boundary.
 """
 
-from pytest_cudaopt.worker.client import RemoteModel, Worker, WorkerError, WorkerFailed
+from pytest_cudaopt.worker.client import RemoteExtension, RemoteModel, Worker, WorkerError, WorkerFailed
 
-__all__ = ["RemoteModel", "Worker", "WorkerError", "WorkerFailed"]
+__all__ = ["RemoteExtension", "RemoteModel", "Worker", "WorkerError", "WorkerFailed"]

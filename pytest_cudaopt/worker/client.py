@@ -321,6 +321,53 @@ class Worker:
         return torch.cuda.use_mem_pool(self._pool)
 
 
+class RemoteExtension:
+    """The built extension as the owner's own kernel tests call it (the `cuda_extension`
+    fixture): `ext.scale(x, w, b)` runs in the worker, on copies of the arguments made in the
+    worker's sharing pool; what the function wrote into them is copied back into the
+    arguments, and its outputs are copies in this process's memory. A name the extension does
+    not define is an AttributeError, as on the module."""
+
+    def __init__(self, worker: Worker):
+        self._worker = worker
+        self._functions = tuple(worker.facts.get("functions", ()))
+
+    def __dir__(self) -> list[str]:
+        return list(self._functions)
+
+    def __repr__(self) -> str:
+        return f"<cuda_extension of {self._worker.workdir}, in its worker process>"
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in self._functions:
+            raise AttributeError(f"cuda_extension of {self._worker.workdir} has no function {name!r} "
+                                 f"(it defines: {', '.join(self._functions) or 'nothing'})")
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._call(name, args, kwargs)
+
+        call.__name__ = call.__qualname__ = name
+        return call
+
+    def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
+        import torch
+
+        originals = [*args, *kwargs.values()]
+        cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in originals)
+        if cuda:
+            torch.cuda.synchronize()
+            with self._worker.sharing():  # no segment the worker maps holds anything else of ours
+                args, kwargs = clone_nest(list(args)), {k: clone_nest(v) for k, v in kwargs.items()}
+            torch.cuda.synchronize()
+        reply = self._worker.request({"op": "extension_call", "name": name, "args": list(args), "kwargs": kwargs},
+                                     what=f"calling cuda_extension.{name}", copy_back=True)
+        if cuda:
+            for original, sent in zip(originals, [*args, *kwargs.values()]):
+                if isinstance(original, torch.Tensor) and original is not sent:
+                    original.copy_(sent)
+        return clone_nest(reply.get("output"))
+
+
 class RemoteModel:
     """ModelNew in the worker, as the verdict code calls it: `model(*inputs)` (a timed call:
     outputs as the worker produced them, ordered on this process's stream), `checked_call`

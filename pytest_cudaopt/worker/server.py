@@ -114,11 +114,20 @@ class Server:
             self.torch.cuda.set_device(self.torch.device(device))
         self.path = path
         self.history = OutputHistory()
+        functions = sorted(name for name in dir(self.extension) if not name.startswith("_")
+                           and callable(getattr(self.extension, name, None)))
         try:
             self.workdir = load_workdir(path, self.extension)
         except WorkdirError as exc:  # the policy rules still run (MN010 imports on its own)
-            return {"workdir_error": str(exc), "file": exc.file}
-        return {"nondeterministic": self.workdir.nondeterministic}
+            return {"workdir_error": str(exc), "file": exc.file, "functions": functions}
+        return {"nondeterministic": self.workdir.nondeterministic, "functions": functions}
+
+    def op_extension_call(self, request: dict) -> dict:
+        """One function of the extension on the arguments sent (the owner's kernel tests)."""
+        output = getattr(self.extension, request["name"])(*request["args"], **request["kwargs"])
+        if self.torch.cuda.is_initialized():
+            self.torch.cuda.synchronize()
+        return {"output": output}
 
     def op_policy(self, request: dict) -> dict:
         """MN010 (ModelNew constructs, its state_dict has Model's keys) and EX001 (every
