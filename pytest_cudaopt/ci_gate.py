@@ -118,7 +118,8 @@ def run(workdir: Path, *, out: Path, baseline_workdir: Path | None = None,
         allow_lock_change: bool = False) -> int:
     """Run the gate on `workdir`; write report.json, junit.xml and summary.md to `out` (and
     the summary to $GITHUB_STEP_SUMMARY when set). Returns the gate's exit code."""
-    from pytest_cudaopt.launch import run_pytest
+    from pytest_cudaopt.launch import run_pytest, strict_sandbox
+    from pytest_cudaopt.settings import workdir_ini
 
     out.mkdir(parents=True, exist_ok=True)
     report_path = out / "report.json"
@@ -131,6 +132,8 @@ def run(workdir: Path, *, out: Path, baseline_workdir: Path | None = None,
     if regression_margin is not None:
         args.append(f"--cudaopt-regression-margin={regression_margin}")
     observer = Observer()
+    # On a GPU runner the gate refuses a candidate that Landlock cannot confine.
+    args += strict_sandbox(pytest_args, ini=workdir_ini(workdir)[1])
     status = run_pytest([*args, *pytest_args], plugins=[observer])
     code, reasons = exit_code(status, observer)
     if code == PASSED:

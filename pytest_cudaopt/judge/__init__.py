@@ -19,7 +19,7 @@ memory fits), perf (`pytest -m perf`, alone on its GPU). A stage that does not p
 workdir (unless `all_stages`). Each pytest child starts while the stage before it runs
 (`child_warm.py`: torch imported, the device given when its turn comes). The modules: scheduler.py (where each stage runs; no processes),
 runner.py (one child), stages.py (a stage's command and what it left), lines.py (the line),
-pool.py (the local engine), ray_backend.py (Ray), sandbox.py (copies, bytes, environment),
+pool.py (the local engine), ray_backend.py (Ray), copies.py (copies, bytes, environment),
 devices.py, discover.py, display.py (progress and table), engine.py (paths, backends, files).
 docs/judge.md describes the line and the guarantees.
 """

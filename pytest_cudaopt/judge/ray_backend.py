@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from pytest_cudaopt.judge import lines, sandbox
+from pytest_cudaopt.judge import copies, lines
 from pytest_cudaopt.judge.devices import cpu_slots, gpus
 from pytest_cudaopt.judge.options import Options, result_key
 
@@ -33,7 +33,7 @@ def remote_judge(packed: bytes, name: str, key: str, options_json: dict) -> dict
         devices = gpus([str(i) for i in ray.get_gpu_ids()] or None)
     with tempfile.TemporaryDirectory(prefix="cudaopt-ray-") as tmp:
         copy = Path(tmp) / "shipped" / (Path(name).name or "workdir")
-        sandbox.unpack(packed, copy)
+        copies.unpack(packed, copy)
         pool = LocalPool([copy], options, devices, names=[name])
         line = next(iter(pool.lines()))
     line["key"], line["pid"] = key, os.getpid()
@@ -89,8 +89,8 @@ class RayPool:
         pending: dict[Any, tuple[str, str]] = {}
         for name, workdir in zip(self.names, self.workdirs):
             try:
-                packed, content = sandbox.pack(workdir)
-            except (OSError, sandbox.SandboxError) as exc:
+                packed, content = copies.pack(workdir)
+            except (OSError, copies.CopyError) as exc:
                 yield lines.unjudged(name, result_key(name, "", self.options), "error", f"could not ship {workdir}: {exc}")
                 continue
             key = result_key(name, content, self.options)
