@@ -2,8 +2,10 @@
 # The worker's OS sandbox on one GPU: the default workdir's verdicts and timing with
 # cudaopt_sandbox=off and =require side by side (off, require, off, require: one run, alternating,
 # so drift shows as the spread within a mode), every path the confined worker was refused on this
-# host (strace, when installed: the CUDA driver's needs docs/isolation.md lists as hypotheses), and
-# `cudaopt judge`'s throughput on its gallery both ways (SKIP_JUDGE=1 leaves it out).
+# host (strace, when installed: the CUDA driver's needs docs/isolation.md lists as hypotheses),
+# ModelNew's device time through a confined and an unconfined worker in one engine run
+# (bench_worker.py), and `cudaopt judge`'s throughput on its gallery both ways (SKIP_JUDGE=1 leaves
+# it out). About 25 minutes on one H200; each step is under its own time limit.
 #   OUT=/tmp/out bash benchmarks/sandbox_run.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +19,9 @@ for round in 1 2; do
     echo "rc=$?" >> "$OUT/verdicts-$mode-$round.log"
   done
 done
+# the timed figure through a confined and an unconfined worker, in one engine run
+timeout 300 python3 benchmarks/bench_worker.py . --max-time 8 --sandbox off,require > "$OUT/bench_worker.txt" 2>&1
+echo "bench rc=$?" >> "$OUT/bench_worker.txt"
 if command -v strace > /dev/null; then  # what the confined worker was refused: EACCES (Landlock), EPERM (seccomp)
   timeout 330 strace -f -qq -o "$OUT/strace.log" -e trace=%file,ioctl,connect,execve,kill -e status=failed \
     python3 -m pytest model_new.py -m correctness -p no:cacheprovider -q --cudaopt-sandbox=require \
@@ -47,6 +52,8 @@ for path in sorted(out.glob("verdicts-*.json")):
     fails = [r["row"].get("case") for r in d["results"] if r["kind"] == "correctness" and not r["passed"]]
     print(f"{path.stem:<22} {str(d['passed']):<7} {box.get('mode', '?') + ': ' + held:<60} {perf}"
           + (f"  FAILED cases: {fails}" if fails else ""))
+print("\nModelNew through a worker with the sandbox off and on, one engine run (bench_worker.py):")
+print((out / "bench_worker.txt").read_text()[-2000:])
 print("\nrefused to the confined worker (count, call):")
 print((out / "refused.txt").read_text()[:6000] or "  nothing")
 for mode in ("off", "require"):

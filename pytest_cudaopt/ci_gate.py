@@ -34,6 +34,8 @@ class Observer:
                 if kind in report.keywords:
                     self.kinds[kind] = self.kinds.get(kind, 0) + 1
         broken = dict(report.user_properties).get(SETUP_PROPERTY)
+        if report.failed and not broken and _sandbox_refused(report.longreprtext):
+            broken = "this runner's kernel cannot confine the candidate (cudaopt_sandbox=require: no Landlock)"
         if broken and report.failed:
             self.broken.append((report.nodeid, broken))
         elif report.failed:
@@ -41,6 +43,12 @@ class Observer:
         if report.when == "call" or (report.when == "setup" and not report.passed):
             outcome = report.outcome
             self.counts[outcome] = self.counts.get(outcome, 0) + 1
+
+
+def _sandbox_refused(text: str) -> bool:
+    from pytest_cudaopt.worker.client import REQUIRE_REFUSED
+
+    return REQUIRE_REFUSED in text
 
 
 def lock_change(workdir: Path, baseline_workdir: Path | None) -> str | None:

@@ -278,3 +278,18 @@ def test_judge_and_gate_require_the_sandbox_for_gpu_workdirs_unless_told_otherwi
     assert "--cudaopt-sandbox=require" in stages.command("check", tmp_path, tmp_path, Options())
     cpu = stages.command("check", tmp_path, tmp_path, Options(pytest_args=["--cudaopt-device=cpu"]))
     assert not any(arg.startswith("--cudaopt-sandbox") for arg in cpu)
+
+
+def test_a_gate_whose_runner_cannot_confine_the_candidate_is_broken_not_failed():
+    from types import SimpleNamespace
+
+    from pytest_cudaopt import ci_gate
+    from pytest_cudaopt.worker.client import REQUIRE_REFUSED
+
+    seen = ci_gate.Observer(kinds={"policy": 1, "correctness": 1, "perf": 1})
+    seen.pytest_runtest_logreport(SimpleNamespace(
+        when="setup", keywords={}, user_properties=[], failed=True, passed=False, outcome="failed",
+        nodeid="model_new.py::TestCorrectness::test_canonical[seed0]",
+        longreprtext=f"{REQUIRE_REFUSED}, so it is not run: require: held: ...; NOT held: files (Landlock: ...)"))
+    code, reasons = ci_gate.exit_code(1, seen)
+    assert code == ci_gate.BROKEN and "cannot confine the candidate" in reasons[0], reasons

@@ -35,6 +35,9 @@ STACK_WAIT_S = 1.0     # after SIGUSR1, time for the worker to print its stacks
 LAST_WORDS = 4000      # characters of the worker's output quoted when it dies
 HANDOFF_FACTOR = 3     # a median round trip may exceed the worker's own figure by this many handoffs ...
 HANDOFF_SLACK_S = 500e-6  # ... plus this
+# How a worker refused by cudaopt_sandbox=require begins its report (the CI gate counts it as the
+# runner's fault, not the candidate's).
+REQUIRE_REFUSED = "cudaopt_sandbox=require: the candidate's worker could not be confined"
 
 class WorkerError(Exception):
     """The worker answered with an error raised by the workdir's code. `kind` is "candidate"
@@ -169,7 +172,7 @@ class Worker:
         missing = self.confined.get("missing", {})
         if self.sandbox == "require" and (self.confined.get("mode") != "require" or "files" in missing):
             self.stop()
-            raise WorkerError(f"cudaopt_sandbox=require: the candidate's worker could not be confined, so it is not run: "
+            raise WorkerError(f"{REQUIRE_REFUSED}, so it is not run: "
                               f"{describe(self.confined)} (cudaopt_sandbox=auto runs it with what this kernel offers)",
                               kind="sandbox")
         if self.sandbox != "off" and "Landlock" not in " ".join(self.confined.get("held", {}).get("ptrace", [])):
