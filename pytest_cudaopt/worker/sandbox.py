@@ -27,7 +27,7 @@ RESTRICTIONS = {
     "files": "reads only its workdir, its build and the Python and CUDA environment; writes only its scratch folder",
     "exec": "starts no program",
     "ptrace": "cannot ptrace or read the memory of another process (the judging process, a sibling)",
-    "signals": "cannot signal a process outside its own process group",
+    "signals": "cannot signal a process outside its own process group; its children cannot leave that group",
     "network": "opens no TCP connection and binds no TCP port",
     "sockets": "cannot connect to an abstract Unix socket outside its own sandbox",
     "privileges": "no capabilities, no new privileges (setuid), not dumpable",
@@ -165,6 +165,7 @@ _SYSCALLS = {
     "settimeofday": (164, 170), "clock_settime": (227, 112), "adjtimex": (159, 171), "clock_adjtime": (305, 266),
     "sethostname": (170, 161), "setdomainname": (171, 162), "quotactl": (179, 60),
     "iopl": (172, None), "ioperm": (173, None),
+    "setsid": (112, 157), "setpgid": (109, 154),   # its children stay in its process group, and die with it
     # checked on their arguments
     "kill": (62, 129), "tgkill": (234, 131), "rt_sigqueueinfo": (129, 138), "rt_tgsigqueueinfo": (297, 240),
     "clone": (56, 220), "clone3": (435, 435),
