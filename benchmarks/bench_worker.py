@@ -1,9 +1,11 @@
 """The worker's cost on the timed figure: a workdir's ModelNew timed in-process and through its worker, side by side in one engine run (CUDA events, L2 flushed, fresh inputs per call).
 
-    python benchmarks/bench_worker.py WORKDIR [WORKDIR ...] [--max-time 10]
+    python benchmarks/bench_worker.py WORKDIR [WORKDIR ...] [--max-time 10] [--sandbox off,require]
 
 Prints, per workdir, the two device-time medians and their ratio (worker / in-process), and the
-latency medians (the latency includes the worker's round trip by design). The in-process model
+latency medians (the latency includes the worker's round trip by design). With `--sandbox` one
+worker per cudaopt_sandbox mode named, all timed in the same engine run: the OS sandbox's cost
+side by side (each worker's row against the in-process one). The in-process model
 is loaded only here, for the comparison: the harness itself never loads it in the judging process.
 """
 
@@ -24,21 +26,24 @@ from pytest_cudaopt.workdir import load_reference, load_workdir  # noqa: E402
 from pytest_cudaopt.worker import Worker  # noqa: E402
 
 
-def bench(path: Path, max_time: float) -> tuple[str, float, float, float, float]:
+def bench(path: Path, max_time: float, modes: list[str]) -> list[tuple[str, float, float, float, float]]:
     device = "cuda"
     result = build.build(path)
     local = load_workdir(path, result.module)
-    worker = Worker(path, result.so_path, device).start()
+    workers = {mode: Worker(path, result.so_path, device, sandbox=mode).start() for mode in modes}
+    worker = workers[modes[0]]
     try:
         remote = load_reference(path, worker)
         model, inproc = local.make_models(device, seed=1)
-        _, through = remote.make_models(device, seed=1)
+        throughs = {mode: load_reference(path, w).make_models(device, seed=1)[1] for mode, w in workers.items()}
 
         def draw(n: int) -> list:
             with worker.sharing():
                 return remote.inputs(1000 + n, device, isolated=False)
 
-        contenders = [engine.Contender("in-process", inproc), engine.Contender("worker", through, every_call=True)]
+        names = {mode: "worker" if len(modes) == 1 else f"worker (sandbox {mode})" for mode in modes}
+        contenders = [engine.Contender("in-process", inproc),
+                      *[engine.Contender(names[mode], throughs[mode], every_call=True) for mode in modes]]
         config = engine.Config(max_time=max_time, warmup=0.5, target_rse=0.002, min_runs=200)
         def compare(output, expected):
             return None if torch.allclose(output, expected, atol=1e-4, rtol=1e-4) else "mismatch"
@@ -46,25 +51,33 @@ def bench(path: Path, max_time: float) -> tuple[str, float, float, float, float]
         with torch.no_grad():
             found = engine.measure(contenders, Feed(draw, lambda *a: model(*a)), clock=clocks.CudaClock(device),
                                    config=config, compare=compare)
-        a, b = found["in-process"], found["worker"]
-        for r in (a, b):
-            if r.failure:
-                raise SystemExit(f"{path}: {r.key} failed: {r.failure}")
-        return (path.name, a.device_summary.median, b.device_summary.median,
-                a.latency_summary.median, b.latency_summary.median)
+        a = found["in-process"]
+        rows = []
+        for mode in modes:
+            b = found[names[mode]]
+            for r in (a, b):
+                if r.failure:
+                    raise SystemExit(f"{path}: {r.key} failed: {r.failure}")
+            label = path.name if len(modes) == 1 else f"{path.name} [{mode}]"
+            rows.append((label, a.device_summary.median, b.device_summary.median,
+                         a.latency_summary.median, b.latency_summary.median))
+        return rows
     finally:
-        worker.stop()
+        for w in workers.values():
+            w.stop()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workdirs", nargs="+", type=Path)
     parser.add_argument("--max-time", type=float, default=10.0)
+    parser.add_argument("--sandbox", default="auto", help="cudaopt_sandbox modes, comma separated (default: auto)")
     args = parser.parse_args()
-    rows = [bench(p.resolve(), args.max_time) for p in args.workdirs]
-    print(f"{'workdir':<24} {'in-process':>11} {'worker':>11} {'ratio':>7} {'lat in-proc':>12} {'lat worker':>11}")
+    modes = [m for m in args.sandbox.split(",") if m]
+    rows = [row for p in args.workdirs for row in bench(p.resolve(), args.max_time, modes)]
+    print(f"{'workdir':<32} {'in-process':>11} {'worker':>11} {'ratio':>7} {'lat in-proc':>12} {'lat worker':>11}")
     for name, a, b, la, lb in rows:
-        print(f"{name:<24} {a * 1e6:>9.1f}us {b * 1e6:>9.1f}us {b / a:>7.4f} {la * 1e6:>10.1f}us {lb * 1e6:>9.1f}us")
+        print(f"{name:<32} {a * 1e6:>9.1f}us {b * 1e6:>9.1f}us {b / a:>7.4f} {la * 1e6:>10.1f}us {lb * 1e6:>9.1f}us")
     return 0
 
 

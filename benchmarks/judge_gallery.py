@@ -207,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                              "added up (sessions one after another in every part) and the last judge arm")
     parser.add_argument("--no-prestart", action="store_true",
                         help="the judge arm starts each pytest child only when its turn comes")
+    parser.add_argument("--sandbox", choices=("require", "auto", "off"), default=None,
+                        help="cudaopt_sandbox of both arms (default: the judge's own, require on GPUs)")
     parser.add_argument("--judge-first", action="store_true", help="run the judge arm before the pytest arm")
     parser.add_argument("--skip-memsafety", action="store_true",
                         help="leave the memory-safety item out of both arms (-k 'not test_memory_safety')")
@@ -229,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.skip_memsafety:
         pytest_args = [*pytest_args, "-k", "not test_memory_safety"]
+    if args.sandbox:
+        pytest_args = [*pytest_args, f"--cudaopt-sandbox={args.sandbox}"]
     cache = Path(args.cache_dir).resolve() if args.cache_dir else out / "work" / "judge-cache"
     gpus = [g for g in args.gpus.split(",") if g] if args.gpus else None
     pytest_run = judge_run = None

@@ -34,6 +34,8 @@ class Observer:
                 if kind in report.keywords:
                     self.kinds[kind] = self.kinds.get(kind, 0) + 1
         broken = dict(report.user_properties).get(SETUP_PROPERTY)
+        if report.failed and not broken and _sandbox_refused(report.longreprtext):
+            broken = "this runner's kernel cannot confine the candidate (cudaopt_sandbox=require: no Landlock)"
         if broken and report.failed:
             self.broken.append((report.nodeid, broken))
         elif report.failed:
@@ -41,6 +43,12 @@ class Observer:
         if report.when == "call" or (report.when == "setup" and not report.passed):
             outcome = report.outcome
             self.counts[outcome] = self.counts.get(outcome, 0) + 1
+
+
+def _sandbox_refused(text: str) -> bool:
+    from pytest_cudaopt.worker.client import REQUIRE_REFUSED
+
+    return REQUIRE_REFUSED in text
 
 
 def lock_change(workdir: Path, baseline_workdir: Path | None) -> str | None:
@@ -118,7 +126,8 @@ def run(workdir: Path, *, out: Path, baseline_workdir: Path | None = None,
         allow_lock_change: bool = False) -> int:
     """Run the gate on `workdir`; write report.json, junit.xml and summary.md to `out` (and
     the summary to $GITHUB_STEP_SUMMARY when set). Returns the gate's exit code."""
-    from pytest_cudaopt.launch import run_pytest
+    from pytest_cudaopt.launch import run_pytest, strict_sandbox
+    from pytest_cudaopt.settings import workdir_ini
 
     out.mkdir(parents=True, exist_ok=True)
     report_path = out / "report.json"
@@ -131,6 +140,8 @@ def run(workdir: Path, *, out: Path, baseline_workdir: Path | None = None,
     if regression_margin is not None:
         args.append(f"--cudaopt-regression-margin={regression_margin}")
     observer = Observer()
+    # On a GPU runner the gate refuses a candidate that Landlock cannot confine.
+    args += strict_sandbox(pytest_args, ini=workdir_ini(workdir)[1])
     status = run_pytest([*args, *pytest_args], plugins=[observer])
     code, reasons = exit_code(status, observer)
     if code == PASSED:

@@ -121,7 +121,13 @@ def _worker_findings(workdir: Path, so: Path | None, limit: float, mn010: bool) 
 
     if not mn010 and so is None:
         return []
-    worker = Worker(workdir, so, "cpu")
+    from pytest_cudaopt.settings import SettingError, workdir_settings
+
+    try:
+        mode = workdir_settings(workdir).sandbox
+    except SettingError:
+        mode = "auto"
+    worker = Worker(workdir, so, "cpu", sandbox=mode)
     try:
         worker.start(require_workdir=False)
         reply = worker.request({"op": "policy", "mn010": mn010, "ex001": so is not None},

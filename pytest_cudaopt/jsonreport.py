@@ -19,12 +19,15 @@ READABLE = (SCHEMA_V1, SCHEMA)
 
 
 def document(account: Any, results: Sequence[Any], *, seed: int | None = None,
-             settings: Mapping[str, Any] | None = None, relaxations: Sequence[str] = ()) -> dict[str, Any]:
+             settings: Mapping[str, Any] | None = None, relaxations: Sequence[str] = (),
+             sandbox: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The JSON report: schema, time, environment, seed, settings, the relaxations in force,
-    the run's account (`ledger.Account`: passed, complete and why, every item's status) and
+    what the workers' OS sandbox enforced (`sandbox`: worker.sandbox.confine's facts, the
+    weakest over the session's workers; `workers` 0 when none started), the run's account (`ledger.Account`: passed, complete and why, every item's status) and
     every result's record (correctness and perf items, one policy record per workdir)."""
     return {"schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "environment": environment(),
             "seed": seed, "settings": dict(settings or {}), "relaxations": list(relaxations),
+            "sandbox": dict(sandbox) if sandbox else {"mode": (settings or {}).get("sandbox"), "workers": 0},
             "passed": account.passed, "complete": account.complete, "cause": account.cause,
             "reason": account.reason or None, "running": account.running, "not_passed": list(account.not_passed),
             "counts": dict(account.counts), "items": [item.to_json() for item in account.items],

@@ -39,3 +39,19 @@ def run_pytest(args: Sequence[str], plugins: Sequence[object] = ()) -> int:
 def pytest_command(args: Sequence[str], python: str | None = None) -> list[str]:
     """The command line of a pytest process with the plugin loaded."""
     return [python or sys.executable, "-m", "pytest", *plugin_args(), *args]
+
+
+def strict_sandbox(pytest_args: Sequence[str], env: dict | None = None, ini: dict | None = None) -> list[str]:
+    """`--cudaopt-sandbox=require` for a run on a GPU runner (`cudaopt gate`, `cudaopt judge`)
+    where neither its pytest arguments, the environment (`env`) nor the workdir's ini file
+    (`ini`) set the sandbox or put the workdir on the CPU; else nothing."""
+    import os
+
+    env = os.environ if env is None else env
+    ini = ini or {}
+    args = list(pytest_args)
+    named = any(a.startswith("--cudaopt-sandbox") for a in args) or env.get("CUDAOPT_SANDBOX") \
+        or ini.get("cudaopt_sandbox")
+    cpu = any(a == "--cudaopt-device=cpu" or (a == "--cudaopt-device" and args[i + 1:i + 2] == ["cpu"])
+              for i, a in enumerate(args)) or env.get("CUDAOPT_DEVICE") == "cpu" or ini.get("cudaopt_device") == "cpu"
+    return [] if named or cpu else ["--cudaopt-sandbox=require"]

@@ -55,6 +55,8 @@ class CudaoptSession:
         self._extension_workers: dict[Path, Any] = {}  # workdir -> the `cuda_extension` fixture's worker
         # Paths no worker's environment may name (the verdict files: set by the plugin).
         self.secrets: list[str] = []
+        # What the workers' OS sandbox held (note_sandbox), once one started.
+        self.sandbox: dict | None = None
         self._failures_reported: dict[tuple, str] = {}  # (workdir, error) → the item that reported it
         # Where build progress goes (pytest's terminal, set by the plugin); None: nowhere.
         self.emit: Callable[[str], None] | None = None
@@ -217,10 +219,12 @@ class CudaoptSession:
         from pytest_cudaopt.workdir import WorkdirError
         from pytest_cudaopt.worker import Worker, WorkerError, WorkerFailed
 
-        worker = Worker(path, so_path, device or self.settings.device, secrets=self.secrets)
+        worker = Worker(path, so_path, device or self.settings.device, secrets=self.secrets,
+                        sandbox=self.settings.sandbox)
         self._workers.append(worker)
         try:
-            return worker.start(require_workdir)
+            worker.start(require_workdir)
+            return worker
         except WorkerError as exc:
             worker.stop()
             if exc.kind == "build":
@@ -229,6 +233,24 @@ class CudaoptSession:
         except WorkerFailed as exc:
             worker.stop()
             raise WorkdirError(str(exc), "model_new.py") from None
+        finally:
+            self.note_sandbox(worker.confined)
+
+    def note_sandbox(self, facts: dict) -> None:
+        """Keep what a worker's sandbox held: the report shows the weakest of the session's
+        workers (the restrictions every one held, each reason one did not)."""
+        if not facts:
+            return
+        if self.sandbox is None:
+            self.sandbox = {"mode": facts.get("mode"), "landlock": facts.get("landlock", 0),
+                            "held": {k: list(v) for k, v in facts.get("held", {}).items()},
+                            "missing": dict(facts.get("missing", {})), "workers": 0}
+        found = self.sandbox
+        found["workers"] += 1
+        for name, why in facts.get("missing", {}).items():
+            found["missing"].setdefault(name, why)
+        found["held"] = {k: v for k, v in found["held"].items()
+                         if k in facts.get("held", {}) and k not in found["missing"]}
 
     def policy_facts(self, path: Path, mn010: bool, ex001: bool) -> list:
         """MN010's and EX001's violations, found by a worker (this session's, or one started for
@@ -360,6 +382,11 @@ class CudaoptSession:
         account = self.account()
         records = [report.record(r) for r in [*self.results, *ledger.policy_results(account.items)]]
         lines = report.account_lines(account)
+        if self.sandbox is not None:
+            from pytest_cudaopt.worker.sandbox import describe
+
+            lines.append(f"cudaopt: sandbox of the candidate's worker ({self.sandbox['workers']} started): "
+                         f"{describe(self.sandbox)}")
         if self.report_error:
             lines.append(f"cudaopt: ERROR: no JSON report: --cudaopt-report={self.settings.report}: {self.report_error}")
         elif self.settings.report:
@@ -401,7 +428,7 @@ class CudaoptSession:
         account = self.account(running)
         doc = jsonreport.document(account, [*self.results, *ledger.policy_results(account.items)],
                                   seed=self.seed, settings=self.settings.as_dict(),
-                                  relaxations=self.relaxations())
+                                  relaxations=self.relaxations(), sandbox=self.sandbox)
         try:
             jsonreport.write_json(self.report_path, doc)
         except OSError as exc:

@@ -179,6 +179,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("ci_gate", _bool, False,
            "the CI gate: items run policy, correctness, perf; a GPU item that would be skipped fails",
            ini=False),
+    Option("sandbox", _choice("require", "auto", "off"), "auto",
+           "the OS sandbox of the candidate's worker process (Landlock, seccomp, no capabilities): 'auto' applies "
+           "what the kernel offers and reports what held, 'require' refuses to run a candidate that Landlock cannot "
+           "confine, 'off' runs it unconfined (a relaxation)"),
     # build
     Option("build_dir", str, None,
            "root of the extension build folders, relative to the workdir; unset: <workdir>/build/cudaopt"),

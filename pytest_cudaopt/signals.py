@@ -120,3 +120,19 @@ def die_with_parent(signum: int = signal.SIGTERM) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
     except (OSError, AttributeError):
         pass
+
+
+def not_dumpable() -> bool:
+    """Make this process non-dumpable (Linux' PR_SET_DUMPABLE 0): a process of the same user
+    without CAP_SYS_PTRACE can then neither ptrace it nor open its /proc/PID/mem. The judging
+    process does this where the worker's sandbox lacks Landlock (which forbids both by itself);
+    True when it held."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    PR_SET_DUMPABLE = 4
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0) == 0
+    except (OSError, AttributeError):
+        return False

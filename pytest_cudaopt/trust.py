@@ -29,6 +29,9 @@ def setting_relaxations(settings: Any) -> list[str]:
         found.append("nondeterministic (the two candidate runs compared within tolerance, not bit for bit)")
     if settings.gate != BY_NAME["gate"].default:
         found.append(f"gate {settings.gate} (default {BY_NAME['gate'].default})")
+    if getattr(settings, "sandbox", "auto") == "off":
+        found.append("sandbox off (the candidate's worker runs without an OS sandbox: it can reach every file, "
+                     "process and cache of the user's)")
     if settings.self_test:
         found.append("self_test (a conftest.py may override the fixtures that decide a verdict)")
     margin = getattr(settings, "regression_margin", None)

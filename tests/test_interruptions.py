@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -43,9 +44,23 @@ class ModelNew(nn.Module):
         {line}
         return cuda_extension.scale(x, self.weight, self.bias)
 '''
-# Written by a forward that is about to hang: the signal is sent once the item is in its call. The
-# path is absolute: ModelNew runs in its worker, whose working directory is a scratch folder.
-STARTED = 'open({started!r}, "w").close(); time.sleep(3600)'
+# Printed by a forward that is about to hang: the signal is sent once the item is in its call. The
+# worker may write nothing but its own scratch folder (under the TMPDIR run_group gives pytest),
+# where its output goes (worker.log), so the test looks for the line there.
+STARTED = 'print("cudaopt-test-started", flush=True); time.sleep(3600)'
+
+
+def _started(path: Path) -> Callable[[], bool]:
+    def started() -> bool:
+        for log in (path / "tmp").glob("cudaopt-worker-*/worker.log"):
+            try:
+                if "cudaopt-test-started" in log.read_text(errors="replace"):
+                    return True
+            except OSError:
+                pass
+        return False
+
+    return started
 
 
 @dataclass
@@ -81,8 +96,9 @@ def run_group(path: Path, *args: str, signal_when=None, signum=None, group: bool
     or to its whole group. Returns once every process of the group is gone."""
     cmd = [sys.executable, "-m", "pytest", *plugin_args(), "-p", "no:cacheprovider", *args]
     out, err = open(path / "out.txt", "w+"), open(path / "err.txt", "w+")
-    proc = subprocess.Popen(cmd, cwd=path, env={**subprocess_env(), **(env or {})}, stdout=out, stderr=err,
-                            start_new_session=True)
+    (path / "tmp").mkdir(exist_ok=True)
+    proc = subprocess.Popen(cmd, cwd=path, env={**subprocess_env(), "TMPDIR": str(path / "tmp"), **(env or {})},
+                            stdout=out, stderr=err, start_new_session=True)
     deadline = time.monotonic() + timeout
     try:
         if signal_when is not None:
@@ -107,7 +123,6 @@ def workdir(tmp_path, make_workdir):
     def make(line: str = "pass") -> Path:
         path = make_workdir("cpu_scale", dest=tmp_path / "wd")
         (tmp_path / "pytest.ini").write_text(CPU_INI)
-        line = line.replace("{started!r}", repr(str(tmp_path / "started")))
         (path / "model_new.py").write_text(MODEL_NEW.format(line=line))
         return path
 
@@ -124,7 +139,7 @@ def test_a_signal_leaves_the_junit_file_the_report_and_the_summary_and_exits_2(t
                                                                                 group, marker):
     workdir(STARTED)
     ended = run_group(tmp_path, "wd/model_new.py", "-m", f"{marker} or policy", "--cudaopt-report=r.json",
-                      "--junitxml=j.xml", signal_when=(tmp_path / "started").exists, signum=signum, group=group)
+                      "--junitxml=j.xml", signal_when=_started(tmp_path), signum=signum, group=group)
     name = "SIGTERM" if signum == signal.SIGTERM else "SIGINT (Ctrl-C)"
     assert ended.ret == 2, ended.stdout + ended.stderr
     running = CANONICAL if marker == "correctness" else "wd/model_new.py::TestPerf::test_speedup"
@@ -270,7 +285,7 @@ def test_an_unwritable_build_folder_fails_its_first_item_once_and_the_others_ref
 def test_a_sigterm_to_a_pytest_xdist_group_leaves_every_item_in_the_junit_file(tmp_path, workdir):
     workdir(STARTED)
     ended = run_group(tmp_path, "-p", "xdist", "-n", "2", "wd/model_new.py", "-m", "correctness",
-                      "--cudaopt-report=r.json", "--junitxml=j.xml", signal_when=(tmp_path / "started").exists,
+                      "--cudaopt-report=r.json", "--junitxml=j.xml", signal_when=_started(tmp_path),
                       signum=signal.SIGTERM)
     assert ended.ret == 2, ended.stdout + ended.stderr
     doc = ended.report()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cudaopt.judge import lines as judge_lines, sandbox, stages
+from pytest_cudaopt.judge import copies, lines as judge_lines, stages
 from pytest_cudaopt.judge.devices import DeviceSet
 from pytest_cudaopt.judge.options import Options
 from support import JUDGE_CACHE, JUDGE_CPU_ARGS, judge_workdirs, subprocess_env
@@ -160,14 +160,14 @@ def test_a_private_copy_has_no_earlier_build_and_no_link_out(tmp_path):
     (src / "kernels").mkdir()
     (src / "kernels" / "scale.cu").symlink_to(secret)
     (src / "model_new.py").symlink_to(secret)
-    digest = sandbox.private_copy(src, tmp_path / "copy")
+    digest = copies.private_copy(src, tmp_path / "copy")
     copied = tmp_path / "copy"
     assert not (copied / "build").exists()
     assert (copied / "peers.py").is_file() and not (copied / "peers.py").is_symlink()
     assert (copied / "peers.py").read_text() == "PEERS = {}\n"
     assert not (copied / "kernels" / "scale.cu").exists() and not (copied / "model_new.py").exists()
-    packed, same = sandbox.pack(src)
-    sandbox.unpack(packed, tmp_path / "unpacked")
+    packed, same = copies.pack(src)
+    copies.unpack(packed, tmp_path / "unpacked")
     assert same == digest and (tmp_path / "unpacked" / "model.py").read_text() == "x = 1\n"
 
 

@@ -164,12 +164,12 @@ def test_a_workdir_whose_judge_dies_every_time_still_gets_a_line(cluster, tmp_pa
 def test_a_nodes_judge_unpacks_each_workdir_apart_and_removes_it_after_its_line(tmp_path):
     """NodeJudge in this process (no Ray): shipped bytes in, a line out with the driver's name and
     key, the unpacked files gone after it; bytes that are no workdir get a line saying so."""
-    from pytest_cudaopt.judge import sandbox
+    from pytest_cudaopt.judge import copies
 
     (workdir,) = _fake_workdirs(tmp_path / "w", 1)
     node = NodeJudge(_gpu_options().to_json(), DeviceSet(["0"]), sleeping_stages(tmp_path / "log.jsonl"))
     try:
-        packed, _ = sandbox.pack(workdir)
+        packed, _ = copies.pack(workdir)
         node.judge(packed, "as-named", "key-1")
         node.judge(b"not a tar archive", "broken", "key-2")
         found = {}

@@ -25,7 +25,10 @@ def _demangle(text: str) -> str:
     names = re.findall(r"_Z\w+", text)
     if not names or not shutil.which("c++filt"):
         return text
-    out = subprocess.run(["c++filt", *names], capture_output=True, text=True).stdout.split("\n")
+    try:
+        out = subprocess.run(["c++filt", *names], capture_output=True, text=True).stdout.split("\n")
+    except OSError:  # in the worker's sandbox no program starts: the names stay mangled
+        return text
     for raw, nice in zip(names, out):
         text = text.replace(raw, f"{nice} ({raw})" if nice and nice != raw else raw)
     return text

@@ -20,7 +20,7 @@ workdir (unless `all_stages`). Each pytest child starts while the stage before i
 (`child_warm.py`: torch imported, the device given when its turn comes). The modules:
 scheduler.py (where each stage runs; no processes), runner.py (one child), stages.py (a stage's
 command and what it left), lines.py (the line), pool.py (the local engine, also fed while it
-runs), ray_backend.py (Ray: the local engine on each node), sandbox.py (copies, bytes,
+runs), ray_backend.py (Ray: the local engine on each node), copies.py (copies, bytes,
 environment), devices.py, discover.py, display.py (progress and table), engine.py (paths,
 backends, files).
 docs/judge.md describes the line and the guarantees.

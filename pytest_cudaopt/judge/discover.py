@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from pytest_cudaopt.judge.sandbox import SKIPPED
+from pytest_cudaopt.judge.copies import SKIPPED
 
 
 def is_workdir(path: Path) -> bool:

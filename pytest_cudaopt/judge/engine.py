@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from pytest_cudaopt.judge import lines as line_module, sandbox
+from pytest_cudaopt.judge import copies, lines as line_module
 from pytest_cudaopt.judge.discover import find_workdirs
 from pytest_cudaopt.judge.options import Options, result_key
 
@@ -67,8 +67,8 @@ class Judge:
 
 def _key(workdir: Path, options: Options) -> str | None:
     try:
-        return result_key(str(workdir), sandbox.digest(sandbox.workdir_files(workdir)), options)
-    except (OSError, sandbox.SandboxError):
+        return result_key(str(workdir), copies.digest(copies.workdir_files(workdir)), options)
+    except (OSError, copies.CopyError):
         return None
 
 

@@ -30,6 +30,8 @@ def merge_reports(results: Sequence[StageResult]) -> dict | None:
         "environment": first.get("environment"), "settings": first.get("settings"),
         "seeds": {stage: doc.get("seed") for stage, doc in docs},
         "relaxations": sorted({r for _, doc in docs for r in doc.get("relaxations", [])}),
+        # what each stage's workers were confined by (the stages that started one)
+        "sandbox": {stage: doc["sandbox"] for stage, doc in docs if (doc.get("sandbox") or {}).get("workers")},
         "passed": all(bool(doc.get("passed")) for _, doc in docs),
         "results": [rec for _, doc in docs for rec in doc.get("results", [])],
     }

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from pytest_cudaopt.judge import lines, runner, sandbox
+from pytest_cudaopt.judge import copies, lines, runner
 from pytest_cudaopt.judge.devices import DeviceSet, cpu_slots, gpus
 from pytest_cudaopt.judge.options import Options, result_key
 from pytest_cudaopt.judge.scheduler import STAGES, Scheduler, Task
@@ -160,11 +160,11 @@ class LocalPool:
             if task.stage == "build":
                 copied = time.monotonic()
                 job.out.mkdir(parents=True, exist_ok=True)
-                job.content = sandbox.private_copy(job.workdir, job.copy)
+                job.content = copies.private_copy(job.workdir, job.copy)
                 job.seconds["copy"] = time.monotonic() - copied
             result = (self._run_stage or run_stage)(task.stage, job.copy, job.out, self.devices, task.device,
                                                     self.options, self.children, warm=job.warm.pop(task.stage, None))
-        except (OSError, sandbox.SandboxError) as exc:
+        except (OSError, copies.CopyError) as exc:
             result = StageResult(task.stage, "error", reason=f"could not {'copy' if task.stage == 'build' else 'run'} "
                                                                f"{job.workdir}: {exc}")
         except Exception as exc:  # the judge's own bug: the workdir still gets its line

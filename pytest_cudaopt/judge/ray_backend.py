@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from pytest_cudaopt.judge import lines, sandbox
+from pytest_cudaopt.judge import copies, lines
 from pytest_cudaopt.judge.devices import DeviceSet, cpu_slots, gpus
 from pytest_cudaopt.judge.options import Options, result_key
 
@@ -74,7 +74,7 @@ class NodeJudge:
         return {"host": socket.gethostname(), "devices": list(self.pool.devices.names), "capacity": self.capacity}
 
     def judge(self, packed: bytes, name: str, key: str) -> None:
-        """One more workdir, its files as `sandbox.pack` made them; its line keeps `name` and `key`
+        """One more workdir, its files as `copies.pack` made them; its line keeps `name` and `key`
         (files that cannot be unpacked here get a line saying so)."""
         with self._lock:
             self._count += 1
@@ -82,8 +82,8 @@ class NodeJudge:
             self._folders[key] = folder
         copy = folder / (Path(name).name or "workdir")
         try:
-            sandbox.unpack(packed, copy)
-        except (OSError, sandbox.SandboxError, tarfile.TarError) as exc:
+            copies.unpack(packed, copy)
+        except (OSError, copies.CopyError, tarfile.TarError) as exc:
             with self._lock:
                 self._folders.pop(key, None)
             shutil.rmtree(folder, ignore_errors=True)
@@ -274,8 +274,8 @@ class RayPool:
         while todo and len(judge.holding) < judge.capacity:
             name, workdir = todo.popleft()
             try:
-                packed, content = sandbox.pack(workdir)
-            except (OSError, sandbox.SandboxError) as exc:
+                packed, content = copies.pack(workdir)
+            except (OSError, copies.CopyError) as exc:
                 yield lines.unjudged(name, result_key(name, "", self.options), "error",
                                      f"could not ship {workdir}: {exc}")
                 continue

@@ -9,10 +9,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_cudaopt.judge import runner, sandbox
+from pytest_cudaopt.judge import copies, runner
 from pytest_cudaopt.judge.devices import DeviceSet
 from pytest_cudaopt.judge.options import Options
-from pytest_cudaopt.launch import pytest_command
+from pytest_cudaopt.launch import pytest_command, strict_sandbox
 
 # The pytest children: which items each runs, and the verdict kinds it must have collected.
 MARKERS = {"policy": "policy", "check": "not perf and not policy", "perf": "perf"}
@@ -82,7 +82,7 @@ def environment(stage: str, devices: DeviceSet, device: str | None, options: Opt
         given["TRITON_CACHE_DIR"] = str(cache / "triton")
     if stage == "build":
         given["MAX_JOBS"] = str(max(1, _cores() // max(1, options.cpu_jobs)))
-    return sandbox.scrubbed_env(given, keep=options.keep_env)
+    return copies.scrubbed_env(given, keep=options.keep_env)
 
 
 def _env_has(name: str) -> bool:
@@ -108,6 +108,7 @@ def command(stage: str, copy: Path, out: Path, options: Options, *, warm: bool =
         args.append("--cudaopt-ci-gate")   # a GPU item that would be skipped fails instead
     if options.seed is not None and stage != "policy":
         args.append(f"--cudaopt-seed={options.seed}")
+    args += strict_sandbox(options.pytest_args, env={})  # GPU workdirs: no candidate runs unconfined
     line = pytest_command([*args, *options.pytest_args])
     if warm:   # python -m pytest ARGS -> python -m pytest_cudaopt.judge.child_warm ARGS
         line[1:3] = ["-m", "pytest_cudaopt.judge.child_warm"]

@@ -9,10 +9,21 @@ verdict file and is given no path to one (not on its command line, not in its en
 in its working directory, which is a scratch folder of its own).
 
 The modules: protocol.py (messages over a socket, the worker's environment), server.py (the
-worker's side: load, construct, call, time, trace), client.py (the judging side: `Worker`,
-`RemoteModel`, what a dead or hung worker means). docs/isolation.md draws the boundary.
+worker's side: load, construct, call, time, trace), sandbox.py (the OS sandbox the worker puts
+itself in before any candidate code runs), client.py (the judging side: `Worker`,
+`RemoteModel`, `RemoteExtension`, what a dead or hung worker means), zygote.py (a process with
+torch imported that forks workers). docs/isolation.md draws the boundary.
+
+The names below are imported on first use: `python -m pytest_cudaopt.worker` must reach its
+sandbox before torch is imported (torch's import starts threads that Landlock would not cover).
 """
 
-from pytest_cudaopt.worker.client import RemoteExtension, RemoteModel, Worker, WorkerError, WorkerFailed
-
 __all__ = ["RemoteExtension", "RemoteModel", "Worker", "WorkerError", "WorkerFailed"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from pytest_cudaopt.worker import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -35,6 +35,9 @@ STACK_WAIT_S = 1.0     # after SIGUSR1, time for the worker to print its stacks
 LAST_WORDS = 4000      # characters of the worker's output quoted when it dies
 HANDOFF_FACTOR = 3     # a median round trip may exceed the worker's own figure by this many handoffs ...
 HANDOFF_SLACK_S = 500e-6  # ... plus this
+# How a worker refused by cudaopt_sandbox=require begins its report (the CI gate counts it as the
+# runner's fault, not the candidate's).
+REQUIRE_REFUSED = "cudaopt_sandbox=require: the candidate's worker could not be confined"
 
 class WorkerError(Exception):
     """The worker answered with an error raised by the workdir's code. `kind` is "candidate"
@@ -92,14 +95,18 @@ def package_root() -> str:
 class Worker:
     """One worker process for one workdir: `Worker(workdir, so_path, device).start()`, then
     `request(...)`; `stop()` kills it and its process group. `secrets` are paths (the verdict
-    files) that no part of its environment may name."""
+    files) that no part of its environment may name; `sandbox` the cudaopt_sandbox mode it
+    confines itself in (`confined`: what held, as the worker reported it before any candidate
+    code ran)."""
 
     def __init__(self, workdir: Path, extension: Path | None, device: str = "cpu", *,
-                 secrets: Iterable[str] = ()):
+                 secrets: Iterable[str] = (), sandbox: str = "auto"):
         self.workdir = Path(workdir).resolve()
-        self.extension = Path(extension) if extension is not None else None
+        self.extension = Path(extension).resolve() if extension is not None else None
         self.device = device
         self.secrets = [str(s) for s in secrets if s]
+        self.sandbox = sandbox
+        self.confined: dict = {}
         self.proc: subprocess.Popen | zygote.Forked | None = None
         self.conn: Connection | None = None
         self.scratch: Path | None = None
@@ -113,16 +120,19 @@ class Worker:
     # -- life --------------------------------------------------------------------------------
 
     def start(self, require_workdir: bool = True) -> "Worker":
-        """Start the process and load the workdir in it; raises WorkerError when the extension
-        or (with `require_workdir`) the workdir's files do not load (their report), WorkerFailed
-        when the process does not come up."""
+        """Start the process, confine it, and load the workdir in it; raises WorkerError when the
+        sandbox is required and did not hold (kind "sandbox"), when the extension or (with
+        `require_workdir`) the workdir's files do not load (their report), WorkerFailed when the
+        process does not come up."""
         protocol.setup_sharing()
-        self.scratch = Path(tempfile.mkdtemp(prefix="cudaopt-worker-"))
+        self.scratch = Path(tempfile.mkdtemp(prefix="cudaopt-worker-")).resolve()
         self.log_path = self.scratch / "worker.log"
         ours, theirs = socket.socketpair()
         log = open(self.log_path, "wb")
         try:
             env = protocol.worker_env(os.environ, package_root(), self.secrets)
+            # Its temporary files and CUDA's JIT cache in its scratch folder, the one it may write.
+            env.update(TMPDIR=str(self.scratch), CUDA_CACHE_PATH=str(self.scratch / "cuda-cache"))
             # Forked by a zygote where one is offered (the same process, without a torch import).
             self.proc = zygote.spawn(theirs.fileno(), log.fileno(), str(self.scratch), env) or subprocess.Popen(
                 [sys.executable, "-m", "pytest_cudaopt.worker", str(theirs.fileno())],
@@ -133,6 +143,8 @@ class Worker:
             log.close()
             theirs.close()
         self.conn = Connection(ours.detach())
+        _LIVE.add(self)
+        self.confine()
         arena = protocol.Arena.create()
         try:
             self.facts = self.request({"op": "load", "workdir": str(self.workdir), "device": self.device,
@@ -142,10 +154,30 @@ class Worker:
         finally:
             arena.unlink()  # both processes have it mapped; nobody else can open it now
         self.arena = arena
-        _LIVE.add(self)
         if require_workdir and "workdir_error" in self.facts:
             raise WorkerError(str(self.facts["workdir_error"]), kind="workdir", file=self.facts.get("file"))
         return self
+
+    def confine(self) -> None:
+        """The `sandbox` request, before anything of the workdir's is loaded: the worker
+        confines itself and says what held. cudaopt_sandbox=require refuses a worker that
+        Landlock does not confine; where Landlock does not keep the worker from ptracing this
+        process, this process makes itself non-dumpable."""
+        from pytest_cudaopt.signals import not_dumpable
+        from pytest_cudaopt.worker.sandbox import describe
+
+        reply = self.request({"op": "sandbox", "mode": self.sandbox, "workdir": str(self.workdir),
+                              "extension": str(self.extension) if self.extension else None,
+                              "scratch": str(self.scratch)}, what="confining itself")
+        self.confined = dict(reply.get("sandbox") or {})
+        missing = self.confined.get("missing", {})
+        if self.sandbox == "require" and (self.confined.get("mode") != "require" or "files" in missing):
+            self.stop()
+            raise WorkerError(f"{REQUIRE_REFUSED}, so it is not run: "
+                              f"{describe(self.confined)} (cudaopt_sandbox=auto runs it with what this kernel offers)",
+                              kind="sandbox")
+        if self.sandbox != "off" and "Landlock" not in " ".join(self.confined.get("held", {}).get("ptrace", [])):
+            not_dumpable()
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

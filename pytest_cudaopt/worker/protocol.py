@@ -15,6 +15,7 @@ import mmap
 import os
 import pickle
 import secrets
+import sys
 import tempfile
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
@@ -95,9 +96,8 @@ class _Packer(pickle.Pickler):
         self.placed: list[tuple[Any, int]] = []
 
     def persistent_id(self, obj: Any) -> Any:
-        import torch
-
-        if not isinstance(obj, torch.Tensor):
+        torch = sys.modules.get("torch")  # not imported: no tensor (the worker imports it once confined)
+        if torch is None or not isinstance(obj, torch.Tensor):
             return None
         if type(obj) is not torch.Tensor:
             raise pickle.PicklingError(f"a {type(obj).__module__}.{type(obj).__qualname__} is not a plain "

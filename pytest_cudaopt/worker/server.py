@@ -4,6 +4,10 @@ Requests are dicts with an `op`; every reply is a dict of plain data and tensors
 process unpickles it with an allow-list: client.py). A request that raises in the candidate's
 code is answered with `error` (the workdir's traceback lines), `fault` (the CUDA context is
 lost) and `oom` (torch's out-of-memory message), and the worker goes on serving.
+
+The first request is `sandbox`: the worker confines itself (sandbox.confine) and only then
+imports torch; nothing else is served before it, so no start path reaches candidate code
+outside the sandbox.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from pytest_cudaopt.worker import protocol
+from pytest_cudaopt.worker import protocol, sandbox
 
 
 LEAD_S = 500e-6  # the spin before a timed call on CUDA (perf.clocks.GpuLead)
@@ -27,9 +31,8 @@ LEAD_S = 500e-6  # the spin before a timed call on CUDA (perf.clocks.GpuLead)
 
 class Server:
     def __init__(self, conn: Connection):
-        import torch
-
-        self.torch = torch
+        self.torch: Any = None    # imported once the worker is confined (op_sandbox)
+        self.sandbox: dict | None = None  # what held (sandbox.confine), after `sandbox`
         self.conn = conn
         self.workdir = None       # workdir.Workdir, after `load`
         self.path: Path | None = None
@@ -56,8 +59,12 @@ class Server:
             if op == "stop":
                 return 0
             handler = getattr(self, "op_" + str(op), None)
+            if self.sandbox is None and op != "sandbox":
+                handler = None
             try:
-                reply = handler(request) if handler is not None else {"error": f"unknown request {op!r}"}
+                reply = handler(request) if handler is not None else {"error": f"unknown request {op!r}" if
+                                                                      self.sandbox is not None else
+                                                                      f"{op!r} before the sandbox request"}
             except BaseException as exc:  # noqa: BLE001 - the candidate's SystemExit too: reported, not obeyed
                 reply = self._error(exc, request.get("what", op))
             self.kept = reply
@@ -77,13 +84,42 @@ class Server:
             return {"error": str(exc), "file": exc.file, "kind": "workdir"}
         roots = [self.path] if self.path is not None else []
         text = f"{what} raised:\n{user_traceback(exc, roots)}" if roots else f"{type(exc).__name__}: {exc}"
-        reply = {"error": text, "kind": "candidate"}
+        reply = {"error": text + self._refused(exc), "kind": "candidate"}
+        if self.torch is None:
+            return reply
         if isinstance(exc, self.torch.OutOfMemoryError):
             lines = str(exc).strip().splitlines()
             reply["oom"] = lines[0] if lines else "torch.OutOfMemoryError"
         elif is_cuda_fault(exc) and not context_alive():
             reply["fault"] = True
         return reply
+
+    def _refused(self, exc: BaseException) -> str:
+        """What the sandbox says about a refusal among `exc`'s causes ("" for any other error)."""
+        seen = exc
+        while seen is not None and not (isinstance(seen, PermissionError) or
+                                        (isinstance(seen, OSError) and seen.errno in (1, 13))):
+            seen = seen.__cause__ or seen.__context__
+        if seen is None or not self.sandbox or not self.sandbox.get("held"):
+            return ""
+        return (f"\n(refused by the worker's OS sandbox, cudaopt_sandbox={self.sandbox['mode']}: the candidate's "
+                "process may read only its workdir, its build and the Python and CUDA environment, write only its "
+                "scratch folder, and may not start programs, ptrace or signal other processes)")
+
+    # -- the sandbox ---------------------------------------------------------------------------
+
+    def op_sandbox(self, request: dict) -> dict:
+        """Confine this process (once), then import torch inside the sandbox: {"sandbox": what held}."""
+        if self.sandbox is not None:
+            return {"error": "the worker is confined already"}
+        self.sandbox = sandbox.confine(str(request["mode"]), str(request["workdir"]), request.get("extension"),
+                                       str(request["scratch"]))
+        import torch
+        import torch.multiprocessing  # noqa: F401 - the reductions that tensors travel by
+
+        self.torch = torch
+        protocol.setup_sharing()
+        return {"sandbox": self.sandbox}
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -95,6 +131,9 @@ class Server:
         from pytest_cudaopt.correctness.guards import OutputHistory
         from pytest_cudaopt.workdir import WorkdirError, load_workdir
 
+        if self.sandbox.get("mode") == "require" and "files" in self.sandbox.get("missing", {}):
+            return {"error": f"cudaopt_sandbox=require: the worker is not confined ({self.sandbox['missing']['files']})",
+                    "kind": "sandbox"}
         path = Path(request["workdir"])
         if request.get("arena"):
             self.arena = protocol.Arena(request["arena"], int(request["arena_bytes"]), create=False)
@@ -119,7 +158,7 @@ class Server:
         try:
             self.workdir = load_workdir(path, self.extension)
         except WorkdirError as exc:  # the policy rules still run (MN010 imports on its own)
-            return {"workdir_error": str(exc), "file": exc.file, "functions": functions}
+            return {"workdir_error": str(exc) + self._refused(exc), "file": exc.file, "functions": functions}
         return {"nondeterministic": self.workdir.nondeterministic, "functions": functions}
 
     def op_extension_call(self, request: dict) -> dict:
@@ -243,10 +282,5 @@ def main(argv: list[str]) -> int:
     with contextlib.suppress(Exception):
         os.setpgid(0, 0)
     conn = Connection(fd)
-    import torch  # noqa: F401 - the reductions that tensors travel by
-
-    import torch.multiprocessing  # noqa: F401
-
-    protocol.setup_sharing()
     sys.argv = ["cudaopt-worker"]
     return Server(conn).serve()

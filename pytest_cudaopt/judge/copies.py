@@ -23,7 +23,7 @@ KEPT_PREFIXES = ("LC_",)
 MAX_BYTES = 256 << 20   # a workdir larger than this is not judged (its line says so)
 
 
-class SandboxError(Exception):
+class CopyError(Exception):
     """A workdir that cannot be copied or shipped; the message names it and why."""
 
 
@@ -51,7 +51,7 @@ def workdir_files(workdir: Path) -> list[tuple[str, Path]]:
                 continue
             total += path.stat().st_size
             if total > MAX_BYTES:
-                raise SandboxError(f"{workdir} holds more than {MAX_BYTES >> 20} MiB of files; not judged")
+                raise CopyError(f"{workdir} holds more than {MAX_BYTES >> 20} MiB of files; not judged")
             found.append((path.relative_to(workdir).as_posix(), path))
     return found
 
@@ -95,7 +95,7 @@ def unpack(data: bytes, dest: Path) -> None:
         for member in tar.getmembers():
             target = (dest / member.name).resolve()
             if not member.isfile() or dest.resolve() not in target.parents:
-                raise SandboxError(f"refusing {member.name!r} in a shipped workdir: not a plain file inside it")
+                raise CopyError(f"refusing {member.name!r} in a shipped workdir: not a plain file inside it")
             target.parent.mkdir(parents=True, exist_ok=True)
             source = tar.extractfile(member)
             assert source is not None
