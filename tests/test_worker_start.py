@@ -27,14 +27,15 @@ def get_init_inputs():
     return []
 """
 
-# What the candidate's process looks like from inside, written beside model_new.py.
+# What the candidate's process looks like from inside, on its output (the worker's log).
 MODEL_NEW = """
 import json, os, sys
 import torch
 print("model_new.py imported", flush=True)
 json.dump({"cwd": os.getcwd(), "path0": sys.path[0], "env": sorted(os.environ),
            "session_leader": os.getsid(0) == os.getpid(), "stdin": sys.stdin.read(),
-           "argv": sys.argv}, open(os.path.join(os.path.dirname(__file__), f"seen-{os.getpid()}.json"), "w"))
+           "argv": sys.argv}, sys.stdout)
+print(flush=True)
 class ModelNew(torch.nn.Module):
     def forward(self, x):
         return x * 2
@@ -65,7 +66,7 @@ def _started(workdir: Path, monkeypatch, name: str | None) -> tuple[Worker, dict
     else:
         monkeypatch.setenv(zygote.ENV, name)
     worker = Worker(workdir, None, "cpu").start()
-    seen = json.loads((workdir / f"seen-{worker.proc.pid}.json").read_text())
+    seen = json.loads(next(line for line in worker.last_words(1 << 20).splitlines() if line.startswith("{")))
     return worker, seen
 
 
@@ -94,6 +95,7 @@ def test_a_forked_worker_is_the_process_an_executed_one_is(workdir, monkeypatch,
             assert "model_new.py imported" in worker.last_words()
             assert worker.ping() < 5
         assert seen_forked == seen_executed  # sys.path, environment, argv, session
+        assert forked.confined == executed.confined and forked.confined.get("held")  # the same sandbox
         assert seen_forked["argv"] == seen_executed["argv"]
     finally:
         executed.stop()
