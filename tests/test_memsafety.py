@@ -295,3 +295,24 @@ def test_the_child_runs_one_call_and_says_so(prebuilt_workdir, subprocess_env):
     bad = subprocess.run(memsafety.child_command(path, str(so), {"features": -1}, 1, "cpu"), capture_output=True,
                          text=True, env=subprocess_env, timeout=300)
     assert bad.returncode == 3 and "cudaopt memsafety: the case raised" in bad.stderr
+
+
+def test_the_child_confines_itself_and_still_runs_its_call(prebuilt_workdir, subprocess_env, tmp_path):
+    import subprocess
+
+    from pytest_cudaopt.worker.sandbox import landlock_abi
+
+    if not landlock_abi()[0]:
+        pytest.skip(f"this kernel offers no Landlock: {landlock_abi()[1]}")
+    path = prebuilt_workdir("cpu_scale")
+    so = next((path / "build" / "cudaopt").glob("*/cuda_extension.so"))
+    cmd = memsafety.child_command(path, str(so), {"features": 3}, 1, "cpu", "require", str(tmp_path))
+    assert cmd[-4:] == ["--sandbox", "require", "--scratch", str(tmp_path)]
+    # What it is not given leave to write: a file beside its workdir, as compute-sanitizer's log is.
+    probe = ("import sys, runpy; sys.argv = sys.argv[1:]; "
+             "from pytest_cudaopt.correctness import sanitized_call as s; code = s.main(sys.argv); "
+             "open(%r, 'w').write('forged')" % str(path.parent / "forged.log"))
+    done = subprocess.run([cmd[0], "-c", probe, *cmd[3:]], capture_output=True, text=True, timeout=300,
+                          env={**subprocess_env, "TMPDIR": str(tmp_path)})  # as judge_memory_safety sets it
+    assert 'cudaopt-memsafety-call: {"case": "features=3"' in done.stdout, done.stderr
+    assert "PermissionError" in done.stderr and not (path.parent / "forged.log").exists()

@@ -70,9 +70,12 @@ def small_case(reference: Any, settings: Any) -> dict[str, int]:
     return best[1] if best is not None else {}
 
 
-def child_command(workdir: Path, extension: str, case: dict[str, int], seed: int, device: str) -> list[str]:
+def child_command(workdir: Path, extension: str, case: dict[str, int], seed: int, device: str,
+                  sandbox: str = "off", scratch: str | None = None) -> list[str]:
+    confined = ["--sandbox", sandbox, "--scratch", scratch] if sandbox != "off" and scratch else []
     return [sys.executable, "-m", "pytest_cudaopt.correctness.sanitized_call", str(workdir),
-            "--extension", extension, "--case", shapes.format_case(case), "--seed", str(seed), "--device", device]
+            "--extension", extension, "--case", shapes.format_case(case), "--seed", str(seed), "--device", device,
+            *confined]
 
 
 def command(sanitizer: str, tool: str, log: Path, child: list[str]) -> list[str]:
@@ -177,9 +180,13 @@ def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str,
     result = MemorySafetyResult(workdir=str(workdir.path), test=test, case=shapes.format_case(case) or "canonical",
                                 passed=False)
     limit, started = plan_limit(settings), time.perf_counter()
-    child = child_command(workdir.path, extension, case, seed, settings.device)
     env = child_environment()
-    with tempfile.TemporaryDirectory(prefix="cudaopt-memsafety-") as scratch:
+    # The logs in a folder the child cannot write; the child's own scratch beside it.
+    with tempfile.TemporaryDirectory(prefix="cudaopt-memsafety-") as scratch, \
+            tempfile.TemporaryDirectory(prefix="cudaopt-memsafety-child-") as child_scratch:
+        env.update(TMPDIR=child_scratch, CUDA_CACHE_PATH=str(Path(child_scratch) / "cuda-cache"))
+        child = child_command(workdir.path, extension, case, seed, settings.device,
+                              getattr(settings, "sandbox", "off"), child_scratch)
         for tool in TOOLS:
             left = limit - (time.perf_counter() - started)
             took = result.seconds_by_tool.get(REQUIRED, 0.0)

@@ -1,11 +1,14 @@
 """The child that the memory-safety item runs under compute-sanitizer: the workdir with its built extension, one case, one call of ModelNew.
 
     python -m pytest_cudaopt.correctness.sanitized_call WORKDIR --extension PATH.so \\
-        [--case batch_size=1,dim=7] [--seed N] [--device cuda]
+        [--case batch_size=1,dim=7] [--seed N] [--device cuda] [--sandbox auto --scratch DIR]
 
-Exit status 0 when the call completed, 2 when the workdir or the extension cannot be loaded,
-3 when ModelNew or the reference's input helpers raised (the message on stderr). The reference
-itself is not run: only the candidate's kernels are under judgement."""
+Exit status 0 when the call completed, 2 when the workdir or the extension cannot be loaded
+(or, with --sandbox require, the process cannot be confined), 3 when ModelNew or the
+reference's input helpers raised (the message on stderr). The reference itself is not run:
+only the candidate's kernels are under judgement. The child confines itself first, as a worker
+does (worker/sandbox.py): what decides the item is compute-sanitizer's exit status and log,
+written by its own process, which a confined child can neither ptrace nor write."""
 
 from __future__ import annotations
 
@@ -37,11 +40,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--case", default="", help="constants of model.py, e.g. batch_size=1,dim=7 (default: canonical)")
     p.add_argument("--seed", type=int, default=0, help="seed of the inputs and the weights")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--sandbox", default="off", choices=("require", "auto", "off"), help="cudaopt_sandbox")
+    p.add_argument("--scratch", default=None, help="the one folder the confined child may write")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from pytest_cudaopt.worker.sandbox import confine, describe
+
+    held = confine(args.sandbox, args.workdir, args.extension, args.scratch or ".")
+    if args.sandbox == "require" and "files" in held.get("missing", {}):
+        print(f"cudaopt memsafety: cudaopt_sandbox=require: the child could not be confined: {describe(held)}",
+              file=sys.stderr)
+        return 2
     import torch
 
     from pytest_cudaopt.correctness import shapes
