@@ -58,6 +58,8 @@ def _run(root: Path, made: dict[str, Path], mode: str | None, *, wrapper: list[s
     env = subprocess_env()
     env["CUDAOPT_OBJECT_CACHE"] = str(root / "objcache")
     env.pop("CUDAOPT_SANDBOX", None)
+    if wrapper:  # what the wrapper does to its process tree must reach the worker: no zygote's fork
+        env.pop("CUDAOPT_WORKER_ZYGOTE", None)
     if mode is not None:
         env["CUDAOPT_SANDBOX"] = mode
     victim = subprocess.Popen(["sleep", "600"])
