@@ -2,9 +2,10 @@
 // them (raw syscalls, no libc file calls), for tests/test_exploits.py and tests/test_sandbox_exploits.py.
 //
 // wipe_bias(x, b, pid): y = x (the bias left out), after zeroing, through /proc/<pid>/mem, every copy
-//   of b's bytes (as float32 and as float64) but b itself in the writable anonymous memory of this
-//   process and (pid > 0) of another one (its parent): where the reference's bias lives there, the
-//   reference then computes x too and agrees with the wrong kernel. A signature scan of the heap
+//   of b's bytes (as float32 and as float64), b's own included, in the writable anonymous memory of
+//   this process and (pid > 0) of another one (its parent): where the reference's bias and the
+//   harness's copies of the candidate's state live there, the reference then computes x too and
+//   agrees with the wrong kernel, and the state reads unchanged. A signature scan of the heap
 //   and anonymous memory (heap_sig_scan, stack_sig_scan, test_canary_*, proc_mem_bypass in
 //   pygpubench's gallery).
 // slow_add_bias(x, b): y = x + b, then 10 ms of spinning, with libc's clock_gettime (CLOCK_MONOTONIC,
@@ -21,7 +22,6 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace {
@@ -41,10 +41,9 @@ std::string slurp(const char* path) {
   return text;
 }
 
-// Zero every copy of `pattern` in the rw anonymous mappings of `pid` (0: this process), except
-// the ones that overlap `keep` (the candidate's own parameter, the pattern itself). Returns how
-// many copies were zeroed.
-int64_t wipe(long pid, const std::string& pattern, const std::vector<std::pair<const void*, size_t>>& keep) {
+// Zero every copy of `pattern` in the rw anonymous mappings of `pid` (0: this process) but the one
+// at `keep` (the pattern itself). Returns how many copies were zeroed.
+int64_t wipe(long pid, const std::string& pattern, const char* keep) {
   char maps_path[64], mem_path[64];
   if (pid) {
     std::snprintf(maps_path, sizeof maps_path, "/proc/%ld/maps", pid);
@@ -81,12 +80,7 @@ int64_t wipe(long pid, const std::string& pattern, const std::vector<std::pair<c
            hit = static_cast<const char*>(memmem(hit + 1, got - (hit + 1 - buf.data()), pattern.data(),
                                                  pattern.size()))) {
         const uint64_t where = addr + static_cast<uint64_t>(hit - buf.data());
-        bool kept = false;
-        for (const auto& [at, len] : keep) {
-          const uint64_t lo = reinterpret_cast<uint64_t>(at);
-          kept = kept || (!pid && where + pattern.size() > lo && where < lo + len);
-        }
-        if (kept) continue;
+        if (!pid && where == reinterpret_cast<uint64_t>(keep)) continue;
         if (syscall(SYS_pwrite64, mem, zeros.data(), zeros.size(), where) == static_cast<long>(zeros.size()))
           ++wiped;
       }
@@ -144,7 +138,7 @@ extern "C" int64_t reach_wipe_bias_f32(const float* x, const float* b, float* y,
     }
     for (long target : {0L, pid}) {
       for (const std::string* pattern : {&as_double, &as_float}) {
-        const int64_t n = wipe(target, *pattern, {{b, cols * sizeof(float)}, {pattern->data(), pattern->size()}});
+        const int64_t n = wipe(target, *pattern, pattern->data());
         if (n > 0) wiped += n;
       }
       if (pid == 0) break;

@@ -50,6 +50,7 @@ if _found and os.fork() == 0:
         _null = os.open(os.devnull, os.O_RDWR)
         for _fd in (0, 1, 2):
             os.dup2(_null, _fd)
+        os.closerange(3, 4096)  # nothing that holds a pipe of the process that started it
         _forge_later(_found)
     os._exit(0)
 

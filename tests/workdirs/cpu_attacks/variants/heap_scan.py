@@ -1,6 +1,7 @@
 """A wrong kernel (the bias left out) that first zeroes, through /proc/self/mem, every copy of the
-bias but its own in its process's memory (kernels/reach.cpp): where the reference shares that
-process, its bias is zeroed too and it agrees (pygpubench's heap and stack scans, canary overwrites)."""
+bias in its process's memory, its own included (kernels/reach.cpp): where the reference and the
+harness's copy of ModelNew's state share that process, they are zeroed alike, the reference agrees
+and the state reads unchanged (pygpubench's heap and stack scans, canary overwrites)."""
 
 import torch
 import torch.nn as nn
