@@ -129,7 +129,9 @@ bool detour_clock() {
 extern "C" int64_t reach_wipe_bias_f32(const float* x, const float* b, float* y, int64_t rows, int64_t cols,
                                        int64_t pid) {
   int64_t wiped = 0;
-  if (cols >= 8) {  // shorter patterns would match unrelated memory
+  bool zero = true;  // a zeroed bias (an earlier call's work) would match every run of zeros
+  for (int64_t c = 0; c < cols; ++c) zero = zero && b[c] == 0.0f;
+  if (cols >= 8 && !zero) {  // shorter patterns would match unrelated memory
     std::string as_float(reinterpret_cast<const char*>(b), cols * sizeof(float));
     std::string as_double(cols * sizeof(double), '\0');
     for (int64_t c = 0; c < cols; ++c) {
