@@ -1,13 +1,13 @@
 // reach.cpp: native attacks of the pygpubench exploit classes, as a candidate's extension would carry
 // them (raw syscalls, no libc file calls), for tests/test_exploits.py and tests/test_sandbox_exploits.py.
 //
-// wipe_bias(x, b, pid): y = x (the bias left out), after zeroing, through /proc/<pid>/mem, every copy
-//   of b's bytes (as float32 and as float64), b's own included, in the writable anonymous memory of
-//   this process and (pid > 0) of another one (its parent): where the reference's bias and the
-//   harness's copies of the candidate's state live there, the reference then computes x too and
-//   agrees with the wrong kernel, and the state reads unchanged. A signature scan of the heap
-//   and anonymous memory (heap_sig_scan, stack_sig_scan, test_canary_*, proc_mem_bypass in
-//   pygpubench's gallery).
+// wipe_bias(x, b, pid): y = x (the bias left out; added where b is too short to find), after
+//   zeroing, through /proc/<pid>/mem, every copy of b's bytes (as float32 and as float64), b's own
+//   included, in the writable anonymous memory of this process and (pid > 0) of another one (its
+//   parent): where the reference's bias and the harness's copies of the candidate's state live
+//   there, the reference then computes x too and agrees with the wrong kernel, and the state reads
+//   unchanged. A signature scan of the heap and anonymous memory (heap_sig_scan, stack_sig_scan,
+//   test_canary_*, proc_mem_bypass in pygpubench's gallery).
 // slow_add_bias(x, b): y = x + b, then 10 ms of spinning, with libc's clock_gettime (CLOCK_MONOTONIC,
 //   what time.perf_counter reads) detoured to a clock that the spin is taken out of: whoever times
 //   the call with perf_counter sees a few microseconds (function_detour, got_patch, event_array).
@@ -146,7 +146,12 @@ extern "C" int64_t reach_wipe_bias_f32(const float* x, const float* b, float* y,
       if (pid == 0) break;
     }
   }
-  for (int64_t i = 0; i < rows * cols; ++i) y[i] = x[i];
+  if (cols >= 8) {
+    for (int64_t i = 0; i < rows * cols; ++i) y[i] = x[i];
+  } else {  // too short to find: this one is computed honestly
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) y[r * cols + c] = x[r * cols + c] + b[c];
+  }
   return wiped;
 }
 
