@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import subprocess
 import filecmp
 import itertools
 import os
@@ -178,3 +180,55 @@ def judge_workdirs(dest: Path, names=JUDGE_CASES) -> dict[str, Path]:
                     shutil.copyfile(path, target / path.relative_to(variant))
         made[name] = target
     return made
+
+
+# pygpubench's exploit classes as attacks on tests/workdirs/cpu_attacks (tests/test_exploits.py,
+# tests/test_sandbox_exploits.py): the built workdir with these files (path in it -> file in variants/).
+ATTACK_VARIANTS = WORKDIRS / "cpu_attacks" / "variants"
+ATTACKS = {
+    "forge": {"kernels/forge_binding.cpp": "forge_binding.cpp"},
+    "gate_patch": {"model_new.py": "gate_patch.py"},
+    "heap_scan": {"model_new.py": "heap_scan.py"},
+    "gc_walk": {"model_new.py": "gc_walk.py"},
+    "fd_forge": {"model_new.py": "fd_forge.py"},
+    "timer_patch": {"model_new.py": "timer_patch.py"},
+    "clock_hook": {"model_new.py": "clock_hook.py"},
+    "parent_mem": {"model_new.py": "parent_mem.py"},
+    "daemon_forge": {"model_new.py": "daemon_forge.py"},
+    "write_outside": {"model_new.py": "write_outside.py"},
+}
+DIFFERS = "ModelNew's output differs from Model's"
+
+
+def attack_workdir(prebuilt_workdir, name: str, dest: Path) -> Path:
+    """A copy of the built cpu_attacks workdir at `dest` with the files of attack `name`."""
+    src = prebuilt_workdir("cpu_attacks")
+    with FileLock(str(PREBUILT_ROOT / "cpu_attacks.lock")):
+        shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.lock"))
+    for target, variant in ATTACKS[name].items():
+        shutil.copyfile(ATTACK_VARIANTS / variant, dest / target)
+    return dest
+
+
+def attack_session(root: Path, names: list[str], *args: str, timeout: float = 1200) -> dict:
+    """One `python -m pytest` over the attack workdirs `names` under `root` (its command line
+    names the verdict files, as a user's would): its exit status, output, JUnit cases and report."""
+    report, junit = root / "report.json", root / "junit.xml"
+    cmd = [sys.executable, "-m", "pytest", *plugin_args(), "-p", "no:cacheprovider", "-p", "no:randomly",
+           f"--junitxml={junit}", f"--cudaopt-report={report}", *JUDGE_CPU_ARGS, *args,
+           *[f"{name}/model_new.py" for name in names]]
+    done = subprocess.run(cmd, cwd=root, env=subprocess_env(), capture_output=True, text=True, timeout=timeout)
+    output = done.stdout + done.stderr
+    assert report.is_file() and junit.is_file(), f"pytest (status {done.returncode}) left no verdict files:\n" + \
+        output[-4000:]
+    return {"status": done.returncode, "output": output, "cases": junit_cases(junit),
+            "report": json.loads(report.read_text())}
+
+
+def attack_case(verdicts: dict, workdir: str, prefix: str) -> tuple[str, str]:
+    """(outcome, text) of the one JUnit case of `workdir` whose name starts with `prefix`."""
+    found = [v for (w, name), v in verdicts["cases"].items() if w == workdir and name.startswith(prefix)]
+    assert len(found) == 1, f"{workdir}: no single case {prefix!r} in {sorted(verdicts['cases'])}\n" + \
+        verdicts["output"][-3000:]
+    return found[0]

@@ -440,11 +440,12 @@ class RemoteModel:
     def vouched(self, outer: float) -> float:
         """The worker's own figure for its last call, as far as this process's wall time
         around the round trip (`outer`) bears it out: never above `outer` (else TimingError),
-        and on a GPU never below `outer` less what a handoff takes now (a ping right after the
-        call, `Worker.handoff_bound`): a worker that under-reports gains at most the handoff.
-        On the CPU the lower bound is not applied: there the wall time of a round trip is the
-        scheduler's as much as the call's (a loaded CI machine adds milliseconds to a wakeup),
-        and the CPU gate exercises the machinery; the GPU's figures are the ones to trust."""
+        and never below `outer` less what a handoff takes now (a ping right after the call,
+        `Worker.handoff_bound`): a worker that under-reports (a patched perf_counter, a
+        detoured clock_gettime or cudaEventElapsedTime) gains at most the handoff. On the CPU
+        as on a GPU: a loaded machine's late wakeup raises that call's figure to the wall time
+        less the handoff, which the median over the calls absorbs; a worker that under-reports
+        on every call is timed by this process's clock."""
         from pytest_cudaopt.perf.clocks import TimingError
         from pytest_cudaopt.tensors import nbytes
 
@@ -455,8 +456,6 @@ class RemoteModel:
                               "misreported its time")
         inputs, output = self.last_io
         self.last_io = None
-        if not self.device.startswith("cuda"):
-            return seconds
         bound = self.worker.handoff_bound(self.worker.ping(), nbytes(list(inputs)) + nbytes(output))
         self.timed_calls += 1
         if outer - seconds > bound:

@@ -8,20 +8,24 @@ extern "C" void attack_drop_bias_f32(const float* x, const float* b, float* y, i
 
 namespace {
 
-template <void (*Kernel)(const float*, const float*, float*, int64_t, int64_t)>
-torch::Tensor apply(const torch::Tensor& x, const torch::Tensor& b) {
+using Kernel = void (*)(const float*, const float*, float*, int64_t, int64_t);
+
+torch::Tensor apply(const torch::Tensor& x, const torch::Tensor& b, Kernel kernel) {
   TORCH_CHECK(x.device().is_cpu() && x.is_contiguous() && x.dim() == 2 && x.scalar_type() == torch::kFloat,
               "bias: x must be a contiguous 2-D float32 CPU tensor; got ", x.sizes());
   TORCH_CHECK(b.is_contiguous() && b.dim() == 1 && b.size(0) == x.size(1) && b.scalar_type() == torch::kFloat,
               "bias: b must be float32 of shape (", x.size(1), "); got ", b.sizes());
   torch::Tensor y = torch::empty_like(x);
-  Kernel(x.data_ptr<float>(), b.data_ptr<float>(), y.data_ptr<float>(), x.size(0), x.size(1));
+  kernel(x.data_ptr<float>(), b.data_ptr<float>(), y.data_ptr<float>(), x.size(0), x.size(1));
   return y;
 }
 
+torch::Tensor add_bias(const torch::Tensor& x, const torch::Tensor& b) { return apply(x, b, attack_add_bias_f32); }
+torch::Tensor drop_bias(const torch::Tensor& x, const torch::Tensor& b) { return apply(x, b, attack_drop_bias_f32); }
+
 void register_bias(pybind11::module& m) {
-  m.def("add_bias", &apply<attack_add_bias_f32>, "y = x + b (x: (rows, cols) float32, b: (cols,))");
-  m.def("drop_bias", &apply<attack_drop_bias_f32>, "y = x, b ignored (wrong on purpose)");
+  m.def("add_bias", &add_bias, "y = x + b (x: (rows, cols) float32, b: (cols,))");
+  m.def("drop_bias", &drop_bias, "y = x, b ignored (wrong on purpose)");
 }
 
 }  // namespace

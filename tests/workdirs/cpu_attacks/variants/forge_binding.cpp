@@ -1,17 +1,21 @@
-// forge_binding.cpp: planted in kernels/ by tests/test_verdict_attacks.py. At its load it registers an
+// forge_binding.cpp: planted in kernels/ by tests/test_verdict_attacks.py (and, as kernels/forge.cpp,
+// by tests/test_exploits.py). At its load it registers an
 // atexit handler that finds the verdict files on its process's command line (--cudaopt-report=,
 // --junitxml=), rewrites every failure in them into a pass through raw syscalls, and ends the
 // process with status 0. Where the extension loads in a worker that is never told those paths and
 // is killed before they are written, it forges nothing.
-#include <fcntl.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
+// The system headers' declarations, spelled here (x86-64 Linux numbers) so that no include names them.
+extern "C" long syscall(long number, ...);
+
 namespace {
+
+constexpr long SYS_read = 0, SYS_write = 1, SYS_close = 3, SYS_openat = 257;
+constexpr long AT_FDCWD = -100;
+constexpr long O_RDONLY = 0, O_WRONLY = 1, O_TRUNC = 01000;
 
 std::string slurp(const char* path) {
   std::string text;
@@ -47,7 +51,7 @@ void forge() {
       }
     }
   }
-  _exit(0);
+  std::_Exit(0);
 }
 
 const int registered = (std::atexit(forge), 0);
