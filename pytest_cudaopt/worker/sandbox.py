@@ -135,7 +135,7 @@ def rules(workdir: str, extension: str | None, scratch: str) -> list[tuple[str, 
     reads += glob.glob("/usr/local/cuda*") + [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
     reads += ["/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib", "/usr/share/zoneinfo",
               "/etc/ld.so.cache", "/etc/localtime", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf",
-              f"/proc/{os.getpid()}", "/proc/cpuinfo", "/proc/meminfo",
+              "/proc/cpuinfo", "/proc/meminfo",
               "/proc/stat", "/proc/sys/vm/overcommit_memory", "/sys/devices/system/cpu", "/sys/devices/system/node",
               "/proc/driver/nvidia", "/proc/devices", "/sys/bus/pci/devices", "/sys/module/nvidia",
               *glob.glob("/sys/devices/pci*")]
@@ -143,6 +143,11 @@ def rules(workdir: str, extension: str | None, scratch: str) -> list[tuple[str, 
     devices = ["/dev/null", "/dev/zero", "/dev/full", "/dev/urandom", "/dev/random", *glob.glob("/dev/nvidia*")]
     found += [(p, DEVICE) for p in devices]
     found += [(scratch, SCRATCH), ("/dev/shm", SHARED_MEMORY)]
+    # Its own /proc entries, written too: the CUDA driver opens a file of its own there for
+    # writing with O_TRUNC at initialisation (found on the H200 by benchmarks/sandbox_probe.py;
+    # without it cudaGetDeviceCount fails). Other processes' entries stay out of reach (Landlock
+    # refuses ptrace access outside the worker's domain, and /proc/<pid> needs it).
+    found.append((f"/proc/{os.getpid()}", READ | WRITE_FILE | TRUNCATE))
     return found
 
 
