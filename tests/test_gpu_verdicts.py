@@ -232,3 +232,21 @@ def test_a_worker_that_patches_its_event_timer_is_timed_by_the_judging_processs_
     (data,) = report_results(pytester.path / "report.json")
     assert "the worker's own figure fell short of this process's wall time" in " ".join(data["figure_warnings"]), data
     assert data["gate"]["custom_median_s"] > 1e-3, data["gate"]
+
+
+def test_the_cuda_extension_fixture_runs_a_cuda_kernel_in_the_worker(pytester, cuda_cheat):
+    """The owner's kernel test calls the extension through the fixture: CUDA tensors go to the
+    worker and back, the result is right, and the .so never loads into the pytest process."""
+    cuda_cheat("honest", ".")  # the rootdir is the workdir, as in the repository's own tests
+    pytester.makepyfile(test_kernel="""
+        import torch
+
+        def test_scale(cuda_extension):
+            x = torch.randn(64, 32, device="cuda")
+            w, b = torch.randn(32, device="cuda"), torch.randn(32, device="cuda")
+            out = cuda_extension.scale(x, w, b, config=0)
+            assert out.is_cuda and torch.allclose(out, x * w + b)
+            assert "cuda_extension" not in open("/proc/self/maps").read()
+    """)
+    result = run_pytest(pytester, "test_kernel.py", timeout=SESSION_TIMEOUT)
+    result.assert_outcomes(passed=1)
