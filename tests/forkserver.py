@@ -108,6 +108,11 @@ def _become_pytest(request: dict, base_path: list[str]) -> None:
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda._is_in_bad_fork():
+            # Something the server imported initialised CUDA (on a GPU host), which a fork cannot
+            # use: this child becomes a fresh `python -m pytest` instead, on the same streams.
+            os.execv(sys.executable, [sys.executable, "-m", "pytest", *request["args"]])
         extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         sys.path[:] = [os.getcwd(), *extra, *[p for p in base_path if p not in extra]]
         import importlib
