@@ -179,6 +179,8 @@ def test_an_illegal_memory_access_fails_its_item_and_the_later_items_report_the_
 
 
 def test_a_kernel_on_an_unjoined_side_stream_fails_the_speed_verdict_as_escaped_work(pytester, cuda_cheat):
+    """The worker synchronises the device after each timed call, so the side stream's 2 ms of busy
+    work is in ModelNew's figure, and the kernel trace names the kernel that escaped."""
     cuda_cheat("honest", "honest")
     cuda_cheat("side_stream", "side")
     result = run_pytest(pytester, "honest/model_new.py", "side/model_new.py", *PERF, "--junitxml=junit.xml",
@@ -186,21 +188,21 @@ def test_a_kernel_on_an_unjoined_side_stream_fails_the_speed_verdict_as_escaped_
     cases = junit_cases(pytester.path / "junit.xml")
     outcome, text = cases[("side", "test_speedup")]
     assert outcome == "failed", result.stdout.str()
-    assert "ModelNew (custom): work escaped the measured stream: the device stayed busy" in text, text
-    customs = {}
+    assert "work escaped the calling stream (kernel trace): kernel scale_kernel" in text, text
+    customs, gates = {}, {}
     for data in report_results(pytester.path / "report.json"):
         assert data["timing"], data
         (custom,) = [c for c in data["timing"]["contenders"] if c["key"] == "custom"]
         customs[Path(data["workdir"]).name] = custom
-    assert "escaped the measured stream" in customs["side"]["failure"]
-    assert customs["side"]["escape_median_s"] > 1e-3  # the 2 ms of busy work after the measured stream's end
+        gates[Path(data["workdir"]).name] = data["gate"]
+    assert "escaped the calling stream" in customs["side"]["failure"]
+    assert gates["side"]["custom_median_s"] > 1e-3  # the 2 ms of busy work, counted
     # The same kernel on the current stream is timed without an escape.
     assert customs["honest"]["failure"] is None, customs["honest"]
     result.stdout.fnmatch_lines([
         "*= cudaopt summary =*",
         "cudaopt perf: *side (side/model_new.py::TestPerf::test_speedup)",
         "ModelNew (custom) *FAIL (see below)",
-        "ModelNew (custom): work escaped the measured stream: the device stayed busy *",
     ])
 
 
@@ -245,7 +247,7 @@ def test_the_cuda_extension_fixture_runs_a_cuda_kernel_in_the_worker(pytester, c
             x = torch.randn(64, 32, device="cuda")
             w, b = torch.randn(32, device="cuda"), torch.randn(32, device="cuda")
             out = cuda_extension.scale(x, w, b, config=0)
-            assert out.is_cuda and torch.allclose(out, x * w + b)
+            assert out.is_cuda and torch.allclose(out, x * w + b, rtol=1e-5, atol=1e-5)  # an FMA or not
             assert "cuda_extension" not in open("/proc/self/maps").read()
     """)
     result = run_pytest(pytester, "test_kernel.py", timeout=SESSION_TIMEOUT)

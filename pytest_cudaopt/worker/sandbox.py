@@ -137,6 +137,7 @@ def rules(workdir: str, extension: str | None, scratch: str) -> list[tuple[str, 
               "/etc/ld.so.cache", "/etc/localtime", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf",
               "/proc/cpuinfo", "/proc/meminfo",
               "/proc/stat", "/proc/sys/vm/overcommit_memory", "/sys/devices/system/cpu", "/sys/devices/system/node",
+              "/sys/devices/system/clocksource", "/proc/sys/kernel/perf_event_paranoid",  # the profiler (CUPTI)
               "/proc/driver/nvidia", "/proc/devices", "/sys/bus/pci/devices", "/sys/module/nvidia",
               *glob.glob("/sys/devices/pci*")]
     found = [(p, READ) for p in reads if p and p != "/"]
