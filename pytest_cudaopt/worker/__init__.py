@@ -10,9 +10,9 @@ in its working directory, which is a scratch folder of its own).
 
 The modules: protocol.py (messages over a socket, the worker's environment), server.py (the
 worker's side: load, construct, call, time, trace), sandbox.py (the OS sandbox the worker puts
-itself in before any candidate code runs), client.py (the judging side: `Worker`,
-`RemoteModel`, `RemoteExtension`, what a dead or hung worker means), zygote.py (a process with
-torch imported that forks workers). docs/isolation.md draws the boundary.
+itself in before any candidate code runs), client.py (the judging side: `Worker`, what a dead or
+hung worker means), remote.py (`RemoteModel`, `RemoteExtension`: ModelNew and the extension as the
+judging process calls them), zygote.py (a process with torch imported that forks workers). docs/isolation.md draws the boundary.
 
 The names below are imported on first use: `python -m pytest_cudaopt.worker` must reach its
 sandbox before torch is imported (torch's import starts threads that Landlock would not cover).
@@ -23,7 +23,7 @@ __all__ = ["RemoteExtension", "RemoteModel", "Worker", "WorkerError", "WorkerFai
 
 def __getattr__(name: str):
     if name in __all__:
-        from pytest_cudaopt.worker import client
+        from pytest_cudaopt.worker import client, remote
 
-        return getattr(client, name)
+        return getattr(remote if name.startswith("Remote") else client, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
