@@ -193,6 +193,7 @@ ATTACKS = {
     "fd_forge": {"model_new.py": "fd_forge.py"},
     "timer_patch": {"model_new.py": "timer_patch.py"},
     "clock_hook": {"model_new.py": "clock_hook.py"},
+    "ping_stall": {"model_new.py": "ping_stall.py"},
     "parent_mem": {"model_new.py": "parent_mem.py"},
     "daemon_forge": {"model_new.py": "daemon_forge.py"},
     "write_outside": {"model_new.py": "write_outside.py"},

@@ -54,20 +54,24 @@ def test_a_gate_verdict_patched_through_a_computed_name_decides_nothing(make_wor
 
 
 class _FakeWorker:
-    """What RemoteModel.vouched asks of its worker: a ping (here 100 us) and the handoff bound."""
+    """What RemoteModel.vouched asks of its worker: a ping (100 us unless told, calibrated at 100 us
+    before the workdir loaded) and the handoff bound."""
 
     dropped: list = []
+    calibrated_ping = 100e-6
+    handoff_bound = __import__("pytest_cudaopt.worker.client", fromlist=["Worker"]).Worker.handoff_bound
+
+    def __init__(self, ping: float = 100e-6):
+        self._ping = ping
 
     def ping(self) -> float:
-        return 100e-6
-
-    handoff_bound = staticmethod(__import__("pytest_cudaopt.worker.client", fromlist=["Worker"]).Worker.handoff_bound)
+        return self._ping
 
 
-def _vouched(device: str, reported: float, outer: float):
+def _vouched(device: str, reported: float, outer: float, ping: float = 100e-6):
     from pytest_cudaopt.worker import RemoteModel
 
-    model = RemoteModel(_FakeWorker(), 1, device, [])
+    model = RemoteModel(_FakeWorker(ping), 1, device, [])
     model.last_seconds, model.last_io = reported, ([], None)
     return model, model.vouched(outer)
 
@@ -82,6 +86,19 @@ def test_a_workers_under_reported_figure_counts_the_wall_time_less_a_handoff(dev
     assert "on 1 of 1 timed calls the worker's own figure fell short" in model.timing_note()
     model, seconds = _vouched(device, reported=19.5e-3, outer=20e-3)
     assert seconds == pytest.approx(19.5e-3) and model.timing_note() == ""
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_a_worker_that_slows_its_own_pings_widens_its_allowance_only_to_the_calibrated_cap(device):
+    from pytest_cudaopt.worker.client import PING_CAP_FACTOR
+    from pytest_cudaopt.worker.remote import CPU_WAKEUP_S
+
+    wakeups = CPU_WAKEUP_S if device == "cpu" else 0.0
+    _, seconds = _vouched(device, reported=1e-6, outer=50e-3, ping=40e-3)
+    assert seconds == pytest.approx(50e-3 - (3 * PING_CAP_FACTOR * 100e-6 + 500e-6 + wakeups))
+    # A ping slower than the calibrated one, within the cap, still counts as measured.
+    _, seconds = _vouched(device, reported=1e-6, outer=50e-3, ping=250e-6)
+    assert seconds == pytest.approx(50e-3 - (3 * 250e-6 + 500e-6 + wakeups))
 
 
 def test_a_workers_figure_above_the_wall_time_around_it_fails_the_call():

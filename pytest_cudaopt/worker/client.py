@@ -33,6 +33,10 @@ STACK_WAIT_S = 1.0     # after SIGUSR1, time for the worker to print its stacks
 LAST_WORDS = 4000      # characters of the worker's output quoted when it dies
 HANDOFF_FACTOR = 3     # a median round trip may exceed the worker's own figure by this many handoffs ...
 HANDOFF_SLACK_S = 500e-6  # ... plus this
+# The worker answers its own pings, so a ping it slows would widen its allowance: a ping counts at
+# most this many times the median of CALIBRATION_PINGS taken before any candidate code ran.
+PING_CAP_FACTOR = 4
+CALIBRATION_PINGS = 5
 # How a worker refused by cudaopt_sandbox=require begins its report (the CI gate counts it as the
 # runner's fault, not the candidate's).
 REQUIRE_REFUSED = "cudaopt_sandbox=require: the candidate's worker could not be confined"
@@ -114,6 +118,7 @@ class Worker:
         self._pool = None    # the CUDA memory pool of what the worker is sent
         self.arena: protocol.Arena | None = None
         self.dropped: list[int] = []  # ids of ModelNew objects to free with the next request
+        self.calibrated_ping: float | None = None  # the median ping before the workdir loaded
 
     # -- life --------------------------------------------------------------------------------
 
@@ -143,6 +148,7 @@ class Worker:
         self.conn = Connection(ours.detach())
         _LIVE.add(self)
         self.confine()
+        self.calibrate()
         arena = protocol.Arena.create()
         try:
             self.facts = self.request({"op": "load", "workdir": str(self.workdir), "device": self.device,
@@ -176,6 +182,12 @@ class Worker:
                               kind="sandbox")
         if self.sandbox != "off" and "Landlock" not in " ".join(self.confined.get("held", {}).get("ptrace", [])):
             not_dumpable()
+
+    def calibrate(self) -> None:
+        """The handoff as it is before the workdir's code runs in the worker (the median of a few
+        pings): what `handoff_bound` caps a later ping at."""
+        pings = sorted(self.ping() for _ in range(CALIBRATION_PINGS))
+        self.calibrated_ping = pings[len(pings) // 2]
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -328,11 +340,13 @@ class Worker:
         self.request({"op": "ping"}, what="answering a ping", relay=False)
         return time.perf_counter() - started
 
-    @staticmethod
-    def handoff_bound(ping: float, copied: int) -> float:
+    def handoff_bound(self, ping: float, copied: int) -> float:
         """How much longer than the call itself its round trip may take: a few handoffs as the
-        ping after it measured them, the scheduler's slack, and `copied` bytes through the arena
-        at 1 GB/s (CPU tensors; CUDA tensors cross as handles)."""
+        ping after it measured them (at most PING_CAP_FACTOR times the calibrated one: a worker
+        that slows its own pings gains no more), the scheduler's slack, and `copied` bytes
+        through the arena at 1 GB/s (CPU tensors; CUDA tensors cross as handles)."""
+        if self.calibrated_ping is not None:
+            ping = min(ping, PING_CAP_FACTOR * self.calibrated_ping)
         return HANDOFF_FACTOR * ping + HANDOFF_SLACK_S + copied / 1e9
 
     # -- CUDA memory ---------------------------------------------------------------------------
