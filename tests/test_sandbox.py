@@ -305,3 +305,42 @@ def test_a_gate_whose_runner_cannot_confine_the_candidate_is_broken_not_failed()
         longreprtext=f"{REQUIRE_REFUSED}, so it is not run: require: held: ...; NOT held: files (Landlock: ...)"))
     code, reasons = ci_gate.exit_code(1, seen)
     assert code == ci_gate.BROKEN and "cannot confine the candidate" in reasons[0], reasons
+
+
+_THREADED_CHILD = r"""
+import json, sys, threading
+from pytest_cudaopt.worker.sandbox import confine
+stop = threading.Event()
+threading.Thread(target=stop.wait, daemon=True).start()  # a thread running before the confinement
+scratch, outside, started_by = sys.argv[1], sys.argv[2], sys.argv[3] or None
+facts = confine("require", scratch, None, scratch, started_by=started_by)
+try:
+    open(outside, "w").write("escaped")
+    wrote = True
+except OSError:
+    wrote = False
+print(json.dumps({"facts": facts, "wrote": wrote}))
+"""
+
+
+@needs_landlock
+@pytest.mark.parametrize("started_by", ["", "compute-sanitizer"])
+def test_a_process_with_a_thread_it_did_not_start_is_confined_only_when_told_who_started_it(tmp_path, started_by):
+    """The sanitized child: compute-sanitizer's injection runs a thread before the child's first
+    line. Unnamed, another thread leaves Landlock unapplied (and require refuses); named, the
+    thread that runs the candidate is confined and the report says which thread is not."""
+    scratch, outside = tmp_path / "scratch", tmp_path / "outside.txt"
+    scratch.mkdir()
+    done = subprocess.run([sys.executable, "-c", _THREADED_CHILD, str(scratch), str(outside), started_by],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    facts = seen["facts"]
+    if started_by:
+        assert "files" not in facts["missing"], facts
+        assert facts["held"]["files"] == [f"Landlock ABI {LANDLOCK[0]} (not the 1 thread compute-sanitizer started "
+                                          "before it)"], facts
+        assert seen["wrote"] is False and not outside.exists()
+    else:
+        assert "the worker had 2 threads" in facts["missing"]["files"], facts
+        assert seen["wrote"] is True

@@ -141,3 +141,32 @@ def test_a_zygote_whose_starter_is_gone_ends_and_takes_its_workers(workdir, monk
         assert worker.proc.wait(timeout=10) == -9
     finally:
         worker.stop()
+
+
+def test_the_judges_pool_offers_its_stage_children_a_zygote_of_its_own(workdir, monkeypatch, tmp_path):
+    """`cudaopt judge` on a host without one starts a zygote for its pool: every stage child's
+    environment names it, so their workers are forked; the pool ends it when it ends."""
+    from pytest_cudaopt.judge import stages
+    from pytest_cudaopt.judge.devices import cpu_slots
+    from pytest_cudaopt.judge.options import Options
+    from pytest_cudaopt.judge.pool import LocalPool
+
+    monkeypatch.delenv(zygote.ENV, raising=False)
+    options = Options(pytest_args=["--cudaopt-device=cpu"])
+    assert LocalPool([], options, run_stage=lambda *a, **k: None)._offer_zygote() is None  # stages not real children
+    pool = LocalPool([], options)
+    proc = pool._offer_zygote()
+    assert proc is not None and pool.options.zygote and options.zygote is None
+    try:
+        env = stages.environment("check", cpu_slots(1), None, pool.options)
+        assert env[zygote.ENV] == pool.options.zygote
+        monkeypatch.setenv(zygote.ENV, env[zygote.ENV])
+        worker = Worker(workdir, None, "cpu").start()
+        try:
+            assert isinstance(worker.proc, zygote.Forked) and worker.ping() < 5
+        finally:
+            worker.stop()
+        assert LocalPool([], options)._offer_zygote() is None  # one offered already: kept
+    finally:
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0

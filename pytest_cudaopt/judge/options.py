@@ -31,7 +31,8 @@ class Options:
     cache_dir: the host's object and torch.compile caches (None: no caches); scratch: where the
     private copies go (None: a temporary folder); keep: leave the copies and logs there;
     prestart: start each pytest child while the stage before it runs, so that its imports are
-    done when its turn comes."""
+    done when its turn comes; zygote: the address of the worker zygote the children's workers
+    are forked from (worker/zygote.py)."""
 
     gpus: list[str] | None = None
     cpu_slots: int = 2
@@ -48,6 +49,7 @@ class Options:
     keep_env: list[str] = field(default_factory=list)
     grace: float = 10.0
     prestart: bool = True
+    zygote: str | None = None  # the worker zygote this host's pool offers its children (set by LocalPool)
 
     @property
     def cpu(self) -> bool:

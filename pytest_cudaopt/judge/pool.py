@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import os
 import queue
+import secrets
 import shutil
 import tempfile
 import threading
@@ -17,6 +20,7 @@ from pytest_cudaopt.judge.devices import DeviceSet, cpu_slots, gpus
 from pytest_cudaopt.judge.options import Options, result_key
 from pytest_cudaopt.judge.scheduler import STAGES, Scheduler, Task
 from pytest_cudaopt.judge.stages import FAILED, OK, StageResult, prestart, run_stage, shortfall
+from pytest_cudaopt.worker import zygote
 
 _ADD, _CLOSE = object(), object()   # the events of a fed pool besides a stage's end
 
@@ -110,14 +114,32 @@ class LocalPool:
         jobs: dict[int, Job] = {}
         for workdir, name in zip(self.workdirs, self.names):
             self._new_job(scheduler, jobs, scratch, workdir, name, None)
+        offered = self._offer_zygote()
         start = time.monotonic()
         try:
             yield from self._loop(scheduler, jobs, scratch)
         finally:
             self.children.stop_all()
+            if offered is not None:
+                offered.stdin.close()  # the zygote ends, and kills any fork still running
+                offered.wait()
             self.busy, self.wall_s = scheduler.busy_fraction(), time.monotonic() - start
             if own_scratch and not self.options.keep:
                 shutil.rmtree(scratch, ignore_errors=True)
+
+    def _offer_zygote(self):
+        """A worker zygote for this pool's children (each stage's worker is forked from it, not
+        started with a torch import of its own), unless one is offered already or the stages are
+        not real children; None then, or where it does not start (the workers start plainly)."""
+        if self._run_stage is not None or self.options.zygote or os.environ.get(zygote.ENV):
+            return None
+        name = f"cudaopt-judge-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            proc = zygote.start(name, copies.scrubbed_env({}, keep=self.options.keep_env))
+        except OSError:
+            return None
+        self.options = dataclasses.replace(self.options, zygote=name)
+        return proc
 
     @staticmethod
     def _new_job(scheduler: Scheduler, jobs: dict[int, Job], scratch: Path, workdir: Path, name: str,

@@ -13,6 +13,7 @@ from pytest_cudaopt.judge import copies, runner
 from pytest_cudaopt.judge.devices import DeviceSet
 from pytest_cudaopt.judge.options import Options
 from pytest_cudaopt.launch import pytest_command, strict_sandbox
+from pytest_cudaopt.worker import zygote
 
 # The pytest children: which items each runs, and the verdict kinds it must have collected.
 MARKERS = {"policy": "policy", "check": "not perf and not policy", "perf": "perf"}
@@ -80,6 +81,8 @@ def environment(stage: str, devices: DeviceSet, device: str | None, options: Opt
         given["CUDAOPT_OBJECT_CACHE"] = str(cache / "objects")
         given["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
         given["TRITON_CACHE_DIR"] = str(cache / "triton")
+    if options.zygote:
+        given[zygote.ENV] = options.zygote
     if stage == "build":
         given["MAX_JOBS"] = str(max(1, _cores() // max(1, options.cpu_jobs)))
     return copies.scrubbed_env(given, keep=options.keep_env)

@@ -286,11 +286,17 @@ def _prctl(option: int, value: int, what: str) -> None:
 
 # -- the entry ----------------------------------------------------------------------------------
 
-def confine(mode: str, workdir: str, extension: str | None, scratch: str) -> dict:
+def confine(mode: str, workdir: str, extension: str | None, scratch: str, *,
+            started_by: str | None = None) -> dict:
     """Confine this process as far as `mode` and the kernel allow; returns {"mode", "landlock"
     (the ABI, 0: none), "held": {restriction: [mechanism, ...]}, "missing": {restriction: why}}.
     Nothing here raises: a mechanism that fails is a missing restriction, and the judging
-    process decides (cudaopt_sandbox=require refuses a worker without Landlock's)."""
+    process decides (cudaopt_sandbox=require refuses a worker without Landlock's).
+
+    Landlock confines the calling thread and what it starts, so a process with other threads is
+    not confined by it, unless `started_by` names who started them before any candidate code
+    could run (compute-sanitizer's injection in the sanitized child): then this thread, which
+    runs the candidate, is confined, and the description says which threads are not."""
     if mode not in MODES:
         raise ValueError(f"sandbox mode {mode!r}: expected one of {', '.join(MODES)}")
     held: dict[str, list[str]] = {}
@@ -323,13 +329,16 @@ def confine(mode: str, workdir: str, extension: str | None, scratch: str) -> dic
     if not abi:
         for name in ("files", "exec", "ptrace", "signals", "network", "sockets"):
             failed.setdefault(name, f"Landlock: {why}")
-    elif threads > 1:  # Landlock would leave the other threads free
+    elif threads > 1 and not started_by:  # Landlock would leave the other threads free
         for name in ("files", "exec", "ptrace", "signals", "network", "sockets"):
             failed.setdefault(name, f"Landlock: not applied, the worker had {threads} threads")
     else:
         covered = ["files", "exec", "ptrace"] + (["network"] if abi >= 4 else []) + \
             (["signals", "sockets"] if abi >= 6 else [])
-        attempt(f"Landlock ABI {abi}", tuple(covered), lambda: _landlock(abi, reads))
+        others = threads - 1
+        how = f"Landlock ABI {abi}" + (f" (not the {others} thread{'s' * (others > 1)} {started_by} started before it)"
+                                       if others else "")
+        attempt(how, tuple(covered), lambda: _landlock(abi, reads))
         if abi < 4:
             failed.setdefault("network", f"Landlock ABI {abi} has no network rules (4 has)")
         if abi < 6:
