@@ -44,6 +44,30 @@ def test_every_workdir_gets_exactly_one_line(judged):
     assert sorted(names) == sorted([*judged["made"], "empty"]), judged["proc"].stderr[-3000:]
 
 
+def test_ray_gives_the_lines_of_the_local_pool(judged):
+    """The same three workdirs through `--ray local` (one node judge running the local pool, fed
+    by the driver): the verdicts of the run above, the same idempotent keys, the driver's names."""
+    ray = pytest.importorskip("ray", reason="the Ray backend needs the ray extra: pip install -e '.[ray]'")
+    from pytest_cudaopt.judge import Judge
+
+    cases = {name: judged["made"][name] for name in ("honest", "wrong", "segfault")}
+    options = Options(cpu_slots=2, jobs=2, timeout=TIMEOUT_S, cache_dir=JUDGE_CACHE, pytest_args=list(JUDGE_CPU_ARGS))
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        by_ray = {Path(line["workdir"]).name: line for line in Judge(list(cases.values()), options, ray="local")}
+    finally:
+        ray.shutdown()
+    local = judged["lines"]
+    assert sorted(by_ray) == sorted(cases)
+    for name in cases:
+        fields = ("status", "passed", "verdicts")
+        assert {f: by_ray[name][f] for f in fields} == {f: local[name][f] for f in fields}, name
+        assert by_ray[name]["key"] == local[name]["key"]   # the same idempotent key: same path, content, options
+        assert by_ray[name]["workdir"] == str(cases[name])  # as the driver named it, not the node's copy
+    assert by_ray["honest"]["passed"]
+    assert (by_ray["segfault"]["status"], by_ray["segfault"]["passed"]) == ("judged", False)
+
+
 def test_no_child_outlives_the_judge(judged):
     """Children started ahead for stages that never came (the build error's, the segfault's) are ended too."""
     scratch = str(judged["root"] / "scratch")

@@ -1,4 +1,4 @@
-"""The Ray backend on a local Ray cluster: the same lines as the local pool (CPU workdirs), a node's pipeline kept (its builds on the CPUs while its GPU checks and times, at the local pool's rate), and the workdirs of a judge that died judged again and counted once."""
+"""The Ray backend on a local Ray cluster (its lines on real CPU workdirs, against the local pool's: tests/test_judge.py): a node's pipeline kept (its builds on the CPUs while its GPU checks and times, at the local pool's rate), and the workdirs of a judge that died judged again and counted once."""
 
 from __future__ import annotations
 
@@ -9,15 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cudaopt.judge import Judge, Options
+from pytest_cudaopt.judge import Options
 from pytest_cudaopt.judge.devices import DeviceSet
 from pytest_cudaopt.judge.pool import LocalPool
 from pytest_cudaopt.judge.ray_backend import NodeJudge, RayPool
-from support import JUDGE_CACHE, JUDGE_CPU_ARGS, judge_workdirs
 
 ray = pytest.importorskip("ray", reason="the Ray backend needs the ray extra: pip install -e '.[ray]'")
 
-FIELDS = ("status", "passed", "verdicts")
 GiB = 1 << 30
 # Seconds each stage of a fake workdir sleeps: a build longer than the GPU's share of a workdir,
 # as on the H200 (a build about 20-40 s, a check about 20 s shared four ways, a perf stage 17 s).
@@ -30,27 +28,6 @@ def cluster():
     ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def cases(tmp_path_factory):
-    return judge_workdirs(tmp_path_factory.mktemp("ray"), names=("honest", "wrong", "segfault"))
-
-
-def _options(**kwargs) -> Options:
-    return Options(cpu_slots=2, jobs=2, timeout=120, cache_dir=JUDGE_CACHE, pytest_args=list(JUDGE_CPU_ARGS), **kwargs)
-
-
-def test_ray_and_the_local_pool_give_the_same_verdicts(cluster, cases):
-    by_ray = {Path(line["workdir"]).name: line for line in Judge(list(cases.values()), _options(), ray="local")}
-    local = {Path(line["workdir"]).name: line for line in LocalPool(list(cases.values()), _options()).lines()}
-    assert sorted(by_ray) == sorted(local) == sorted(cases)
-    for name in cases:
-        assert {f: by_ray[name][f] for f in FIELDS} == {f: local[name][f] for f in FIELDS}, name
-        assert by_ray[name]["key"] == local[name]["key"]   # the same idempotent key: same path, content, options
-        assert by_ray[name]["workdir"] == str(cases[name])  # as the driver named it, not the node's copy
-    assert by_ray["honest"]["passed"]
-    assert (by_ray["segfault"]["status"], by_ray["segfault"]["passed"]) == ("judged", False)
 
 
 # ------------------------------------------------------------------ a node's pipeline, with fake stages
