@@ -193,7 +193,7 @@ ATTACKS = {
     "fd_forge": {"model_new.py": "fd_forge.py"},
     "timer_patch": {"model_new.py": "timer_patch.py"},
     "clock_hook": {"model_new.py": "clock_hook.py"},
-    "ping_stall": {"model_new.py": "ping_stall.py"},
+    "ping_stall": {"model_new.py": ("timer_patch.py", "ping_stall.py")},  # the second appended to the first
     "parent_mem": {"model_new.py": "parent_mem.py"},
     "daemon_forge": {"model_new.py": "daemon_forge.py"},
     "write_outside": {"model_new.py": "write_outside.py"},
@@ -208,7 +208,8 @@ def attack_workdir(prebuilt_workdir, name: str, dest: Path) -> Path:
         shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("__pycache__", "*.lock"))
     for target, variant in ATTACKS[name].items():
-        shutil.copyfile(ATTACK_VARIANTS / variant, dest / target)
+        parts = (variant,) if isinstance(variant, str) else variant
+        (dest / target).write_text("".join((ATTACK_VARIANTS / part).read_text() for part in parts))
     return dest
 
 
