@@ -22,6 +22,7 @@ watchdog checks the main thread's frames before it acts (as pytest-timeout's is_
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import signal
@@ -95,6 +96,20 @@ def in_import(frame, interruptible: tuple[str, ...] = (WORKDIR_MODULES,)) -> boo
     return False
 
 
+_held: list[None] = []  # non-empty while held() is in force
+
+
+@contextlib.contextmanager
+def held():
+    """While the main thread handles a HangTimeout (asks a hung worker for its stacks, stops
+    it), the watchdog's resignal waits: it would otherwise raise again in the middle of it."""
+    _held.append(None)
+    try:
+        yield
+    finally:
+        _held.pop()
+
+
 def main_stack(limit: int = 12) -> str:
     frame = sys._current_frames().get(threading.main_thread().ident)
     if frame is None:
@@ -132,6 +147,7 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._previous_handler: Any = None
         self._installed = False
+        self._raised: HangTimeout | None = None
 
     def message(self) -> str:
         case = f" on case {self.case}" if self.case else ""
@@ -154,10 +170,14 @@ class Watchdog:
             pass
 
     def _handler(self, signum, frame) -> None:
-        # Resignalled until the frame is at a line (no import in progress, f_lineno set).
-        if self.fired and not self._done.is_set() and not in_import(frame) \
+        # Resignalled until the frame is at a line (no import in progress, f_lineno set), and
+        # not while the harness is collecting what the hang left (held()). Always the same
+        # exception: what was attached to it (a worker's stacks) stays if it is raised again.
+        if self.fired and not self._done.is_set() and not _held and not in_import(frame) \
                 and getattr(frame, "f_lineno", None) is not None:
-            raise HangTimeout(self.message())
+            if self._raised is None:
+                self._raised = HangTimeout(self.message())
+            raise self._raised.with_traceback(None)
 
     def _watch(self) -> None:
         while not self._done.wait(self.timeout):

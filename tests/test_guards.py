@@ -279,6 +279,22 @@ def test_the_watchdog_interrupts_a_sleeping_test_naming_the_test_and_case():
     assert str(info.value).startswith("TIMEOUT: t.py::test_x ran longer than cudaopt_timeout=0.5s on case shape n=3")
 
 
+def test_what_the_harness_attaches_to_a_timeout_survives_the_watchdogs_resignal():
+    # The watchdog signals again every RESIGNAL_S until the test leaves; collecting a hung
+    # worker's stacks takes longer than that, and held() keeps it from being interrupted.
+    with pytest.raises(watchdog.HangTimeout) as info:
+        with watchdog.Watchdog(0.3, "t.py::test_x", backstop=False):
+            try:
+                time.sleep(60)
+            except watchdog.HangTimeout as exc:
+                with watchdog.held():
+                    time.sleep(4 * watchdog.RESIGNAL_S)
+                    exc.worker_stacks = "the worker's stacks"
+                time.sleep(4 * watchdog.RESIGNAL_S)  # raised again here: the same exception
+                raise
+    assert info.value.worker_stacks == "the worker's stacks"
+
+
 def test_the_watchdog_ends_a_process_stuck_in_c_after_calling_on_stuck(tmp_path):
     script = tmp_path / "hang.py"
     script.write_text(textwrap.dedent("""

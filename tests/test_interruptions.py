@@ -297,3 +297,37 @@ def test_a_sigterm_to_a_pytest_xdist_group_leaves_every_item_in_the_junit_file(t
     for outcome, text in cases.values():
         assert (outcome, text.split("\n")[0]) in (("failed", "INTERRUPTED: interrupted by SIGTERM while this test ran"),
                                                    ("skipped", "not run: the run was interrupted by SIGTERM before it"))
+
+
+# A process that prints its "stacks" on SIGUSR1 as a descheduled worker would: the header,
+# a pause of many scheduler slices (shorter than client.STACK_QUIET_S), then the frames.
+SLOW_DUMP = r'''
+import os, signal, sys, time
+log = open(sys.argv[1], "a")
+def dump(*_):
+    log.write("Current thread 0x1 (most recent call first):\n"); log.flush()
+    time.sleep(0.15)
+    log.write('  File "/wd/model_new.py", line 19 in forward\n'); log.flush()
+signal.signal(signal.SIGUSR1, dump)
+print("ready", flush=True)
+while True:
+    time.sleep(1)
+'''
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="no SIGUSR1 on this platform")
+def test_a_hung_workers_stacks_are_read_whole_though_it_prints_them_slowly(tmp_path):
+    from pytest_cudaopt.worker import Worker
+
+    log = tmp_path / "worker.log"
+    log.write_text("")
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_DUMP, str(log)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        worker = Worker(tmp_path, None)
+        worker.proc, worker.log_path = proc, log
+        stacks = worker.stacks()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "Current thread" in stacks and 'model_new.py", line 19 in forward' in stacks, stacks

@@ -24,12 +24,14 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Iterable
 
+from pytest_cudaopt import watchdog
 from pytest_cudaopt.signals import die_with_parent
 from pytest_cudaopt.worker import protocol, zygote
 
 POLL_S = 0.05          # how often a wait for a reply looks at the worker's process
 START_TIMEOUT_S = 120.0  # torch's import on a loaded machine, the workdir's own imports aside
-STACK_WAIT_S = 1.0     # after SIGUSR1, time for the worker to print its stacks
+STACK_WAIT_S = 3.0     # after SIGUSR1, the most time for the worker to print its stacks
+STACK_QUIET_S = 0.3    # ... and how long its log must hold still for the dump to count as done
 LAST_WORDS = 4000      # characters of the worker's output quoted when it dies
 HANDOFF_FACTOR = 3     # a median round trip may exceed the worker's own figure by this many handoffs ...
 HANDOFF_SLACK_S = 500e-6  # ... plus this
@@ -292,8 +294,9 @@ class Worker:
         except WorkerFailed:
             raise
         except BaseException as exc:  # the watchdog's timeout: where the worker was goes with it
-            exc.worker_stacks = self.stacks()
-            self.stop()
+            with watchdog.held():
+                exc.worker_stacks = self.stacks()
+                self.stop()
             raise
         finally:
             if relay:
@@ -326,10 +329,17 @@ class Worker:
             os.kill(self.proc.pid, signal.SIGUSR1)
         except OSError:
             return ""
+        # faulthandler writes a frame at a time: on a loaded machine the worker can be descheduled
+        # between them, so the dump counts as done once the log has grown and then held still.
         deadline = time.monotonic() + STACK_WAIT_S
-        while time.monotonic() < deadline and len(self.last_words(1 << 20)) == before:
+        size, still_since = before, None
+        while time.monotonic() < deadline and self.alive():
             time.sleep(0.05)
-        time.sleep(0.05)
+            now = len(self.last_words(1 << 20))
+            if now != size:
+                size, still_since = now, time.monotonic()
+            elif still_since is not None and time.monotonic() - still_since >= STACK_QUIET_S:
+                break
         return self.last_words(1 << 20)[before:]
 
     # -- timing ------------------------------------------------------------------------------
