@@ -28,8 +28,10 @@ import sys
 from pathlib import Path
 
 # Imported before the fork: what every pytest child of the self-tests imports and none looks at.
-PRELOAD = ("torch", "torch._dynamo", "torch._inductor", "torch._inductor.config", "torch.utils.cpp_extension",
-           "hypothesis", "numpy", "pytest", "filelock")
+# Not torch.utils.cpp_extension: its import asks CUDA for devices (even where there is no
+# driver), after which torch calls every fork bad and each child would exec a fresh Python.
+PRELOAD = ("torch", "torch._dynamo", "torch._inductor", "torch._inductor.config", "hypothesis", "numpy", "pytest",
+           "filelock")
 
 
 def enabled() -> bool:
