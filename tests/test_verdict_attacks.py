@@ -80,12 +80,12 @@ def _vouched(device: str, reported: float, outer: float, ping: float = 100e-6):
 def test_a_workers_under_reported_figure_counts_the_wall_time_less_a_handoff(device):
     from pytest_cudaopt.worker.remote import CPU_WAKEUP_S
 
-    model, seconds = _vouched(device, reported=1e-6, outer=20e-3)
+    model, seconds = _vouched(device, reported=1e-6, outer=50e-3)
     bound = 3 * 100e-6 + 500e-6 + (CPU_WAKEUP_S if device == "cpu" else 0.0)  # a loaded CPU host's wakeups
-    assert seconds == pytest.approx(20e-3 - bound)
+    assert seconds == pytest.approx(50e-3 - bound)
     assert "on 1 of 1 timed calls the worker's own figure fell short" in model.timing_note()
-    model, seconds = _vouched(device, reported=19.5e-3, outer=20e-3)
-    assert seconds == pytest.approx(19.5e-3) and model.timing_note() == ""
+    model, seconds = _vouched(device, reported=49.5e-3, outer=50e-3)
+    assert seconds == pytest.approx(49.5e-3) and model.timing_note() == ""
 
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])

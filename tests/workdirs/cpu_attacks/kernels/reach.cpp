@@ -8,7 +8,7 @@
 //   there, the reference then computes x too and agrees with the wrong kernel, and the state reads
 //   unchanged. A signature scan of the heap and anonymous memory (heap_sig_scan, stack_sig_scan,
 //   test_canary_*, proc_mem_bypass in pygpubench's gallery).
-// slow_add_bias(x, b): y = x + b, then 30 ms of spinning, with libc's clock_gettime (CLOCK_MONOTONIC,
+// slow_add_bias(x, b): y = x + b, then 100 ms of spinning, with libc's clock_gettime (CLOCK_MONOTONIC,
 //   what time.perf_counter reads) detoured to a clock that the spin is taken out of: whoever times
 //   the call with perf_counter sees a few microseconds (function_detour, got_patch, event_array).
 #include <fcntl.h>
@@ -28,7 +28,7 @@ namespace {
 
 constexpr size_t kChunk = 1 << 20;
 constexpr uint64_t kLargestRegion = 1ull << 30;
-constexpr int64_t kSpinNs = 30000000;
+constexpr int64_t kSpinNs = 100000000;
 
 std::string slurp(const char* path) {
   std::string text;

@@ -1,4 +1,4 @@
-"""An honest add_bias that spins 30 ms per call in C++ (kernels/reach.cpp), with libc's clock_gettime
+"""An honest add_bias that spins 100 ms per call in C++ (kernels/reach.cpp), with libc's clock_gettime
 detoured so that perf_counter does not see the spin (pygpubench's GOT patch and inline detour of
 cudaEventElapsedTime, on the CPU's clock)."""
 

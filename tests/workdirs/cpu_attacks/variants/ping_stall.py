@@ -1,5 +1,5 @@
 
-# ping_stall (appended to timer_patch.py: its 30 ms a call hidden behind a patched perf_counter):
+# ping_stall (appended to timer_patch.py: its 100 ms a call hidden behind a patched perf_counter):
 # the worker also answers every ping 40 ms late once it is loaded. The judging process sizes the
 # handoff it forgives from those pings, so slow pings would widen the allowance past what it hides.
 import sys
