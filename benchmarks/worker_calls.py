@@ -438,14 +438,16 @@ def run(args) -> dict:
             return {"total": t1 - t0}
         bench.series("state_dict (correctness)", state)
 
-        def make(i):
-            t0 = pc()
-            pair = remote_wd.make_models(device, seed=2)
-            sync()
-            t1 = pc()
-            del pair
-            return {"total": t1 - t0}
-        bench.series("make_models (correctness)", make, reps=max(5, args.reps // 5))
+        def make_series(label, loaded):
+            def make(i):
+                t0 = pc()
+                pair = loaded.make_models(device, seed=2)
+                sync()
+                t1 = pc()
+                del pair
+                return {"total": t1 - t0}
+            bench.series(label, make, reps=max(5, args.reps // 5))
+        make_series("make_models (correctness)", remote_wd)
 
         # 3. the timed call, as perf.clocks times a RemoteModel: the call, then `vouched` (a ping)
         def timed(i):
@@ -571,14 +573,7 @@ def run(args) -> dict:
             return {"total": t1 - t0}
         bench.series("in-process call_locally (correctness)", local_checked)
 
-        def local_make(i):
-            t0 = pc()
-            pair = local.make_models(device, seed=2)
-            sync()
-            t1 = pc()
-            del pair
-            return {"total": t1 - t0}
-        bench.series("in-process make_models", local_make, reps=max(5, args.reps // 5))
+        make_series("in-process make_models", local)
 
         # 7. one whole correctness case (guards.run_case: 2 calls, 2 state_dicts, the references)
         def case(remote_side: bool):

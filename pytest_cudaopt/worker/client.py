@@ -324,7 +324,7 @@ class Worker:
         """The worker's stacks (faulthandler, on SIGUSR1), for a request that hangs."""
         if not self.alive() or not hasattr(signal, "SIGUSR1"):
             return ""
-        before = len(self.last_words(1 << 20))
+        before = self._log_size()
         try:
             os.kill(self.proc.pid, signal.SIGUSR1)
         except OSError:
@@ -335,12 +335,23 @@ class Worker:
         size, still_since = before, None
         while time.monotonic() < deadline and self.alive():
             time.sleep(0.05)
-            now = len(self.last_words(1 << 20))
+            now = self._log_size()
             if now != size:
                 size, still_since = now, time.monotonic()
             elif still_since is not None and time.monotonic() - still_since >= STACK_QUIET_S:
                 break
-        return self.last_words(1 << 20)[before:]
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(before)
+                return f.read(1 << 20).decode(errors="replace").strip()
+        except (OSError, TypeError):
+            return ""
+
+    def _log_size(self) -> int:
+        try:
+            return os.path.getsize(self.log_path)
+        except (OSError, TypeError):
+            return 0
 
     # -- timing ------------------------------------------------------------------------------
 
