@@ -123,11 +123,11 @@ def _verdicts(cases: list[dict]) -> dict[str, str]:
 
 
 def judge_arm(workdirs: list[Path], args: list[str], cache: Path, gpus: list[str] | None, out: Path,
-              prestart: bool = True) -> dict:
+              fork: bool = True) -> dict:
     from pytest_cudaopt import judge
 
     options = judge.Options(gpus=gpus, pytest_args=list(args), cache_dir=cache, timeout=300, cpu_slots=2,
-                            prestart=prestart)
+                            fork=fork)
     job = judge.Judge(workdirs, options)
     lines = []
     with open(out / "judge.jsonl", "w") as handle:
@@ -205,8 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--combine", nargs="+", default=None, metavar="JSON",
                         help="no run: the table of earlier runs' judge_gallery.json files, their pytest arms "
                              "added up (sessions one after another in every part) and the last judge arm")
-    parser.add_argument("--no-prestart", action="store_true",
-                        help="the judge arm starts each pytest child only when its turn comes")
+    parser.add_argument("--no-fork", action="store_true",
+                        help="the judge arm executes each stage's child instead of forking it from its zygote")
     parser.add_argument("--sandbox", choices=("require", "auto", "off"), default=None,
                         help="cudaopt_sandbox of both arms (default: the judge's own, require on GPUs)")
     parser.add_argument("--judge-first", action="store_true", help="run the judge arm before the pytest arm")
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def run_judge_arm() -> dict:
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        return judge_arm(make(out / "work" / "judge"), pytest_args, cache, gpus, out, prestart=not args.no_prestart)
+        return judge_arm(make(out / "work" / "judge"), pytest_args, cache, gpus, out, fork=not args.no_fork)
 
     if args.judge_first and args.arm in ("both", "judge"):
         judge_run = run_judge_arm()

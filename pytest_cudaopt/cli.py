@@ -211,7 +211,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
         timeout=args.timeout, pytest_args=list(args.pytest_args), all_stages=args.all_stages, seed=args.seed,
         cache_dir=None if args.no_cache else (Path(args.cache_dir) if args.cache_dir else judge.Options().cache_dir),
         scratch=Path(args.scratch) if args.scratch else None, keep=args.keep, keep_env=list(args.env),
-        prestart=not args.no_prestart)
+        fork=not args.no_fork)
     out = Path(args.out).resolve()
     try:
         written = judge.run(args.paths, options, out=out, ray=args.ray, resume=args.resume, progress=Progress(0))
@@ -255,8 +255,9 @@ def _judge_parser(sub) -> None:
     p.add_argument("--no-cache", action="store_true", help="no shared caches")
     p.add_argument("--scratch", default=None, help="where the private copies go (default: a temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep the private copies and the children's logs")
-    p.add_argument("--no-prestart", action="store_true", help="start each pytest child only when its turn comes "
-                   "(by default it starts, and imports torch, while the workdir's stage before it runs)")
+    p.add_argument("--no-fork", "--no-prestart", dest="no_fork", action="store_true",
+                   help="execute each stage's child as a fresh Python (by default it is forked from a process of the "
+                   "judge's that imported torch once)")
     p.add_argument("--env", action="append", default=[], metavar="NAME",
                    help="an environment variable the children keep (the environment is scrubbed otherwise)")
     p.set_defaults(func=cmd_judge, pytest_args=[])

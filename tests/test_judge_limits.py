@@ -82,7 +82,7 @@ class FakeStages:
 def _pool_lines(monkeypatch, tmp_path, fake: FakeStages, names, share: int = 2) -> dict[str, dict]:
     monkeypatch.setattr(pool, "run_stage", fake)
     workdirs = [_workdir(tmp_path / "w", n) for n in names]
-    options = Options(gpus=["0"], jobs=2, share=share, cache_dir=None, prestart=False, scratch=tmp_path / "scratch")
+    options = Options(gpus=["0"], jobs=2, share=share, cache_dir=None, fork=False, scratch=tmp_path / "scratch")
     found = pool.LocalPool(workdirs, options, DeviceSet(["0"], memory={"0": 80 * GiB})).lines()
     return {Path(line["workdir"]).name: line for line in found}
 

@@ -66,7 +66,7 @@ def _fake_workdirs(root: Path, count: int) -> list[Path]:
 
 
 def _gpu_options() -> Options:
-    return Options(gpus=["0"], jobs=2, share=2, cache_dir=None, prestart=False, scratch=None)
+    return Options(gpus=["0"], jobs=2, share=2, cache_dir=None, fork=False, scratch=None)
 
 
 def _records(log: Path) -> list[list]:

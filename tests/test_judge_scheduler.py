@@ -241,7 +241,7 @@ def test_a_fed_pool_judges_workdirs_added_while_it_runs_and_ends_only_when_close
         return StageResult(stage, "ok", 0.0, report=report if kind else None,
                            cases=[{"kind": kind, "name": "t", "outcome": "passed", "seconds": 0.0}] if kind else [])
 
-    options = Options(jobs=2, share=2, cache_dir=None, prestart=False, scratch=tmp_path / "scratch")
+    options = Options(jobs=2, share=2, cache_dir=None, fork=False, scratch=tmp_path / "scratch")
     pool = LocalPool([], options, DeviceSet(["0"]), fed=True, run_stage=passes)
     found: queue.Queue = queue.Queue()
     reader = threading.Thread(target=lambda: [found.put(line) for line in pool.lines()] and None, daemon=True)

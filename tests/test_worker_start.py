@@ -170,3 +170,43 @@ def test_the_judges_pool_offers_its_stage_children_a_zygote_of_its_own(workdir, 
     finally:
         proc.stdin.close()
         assert proc.wait(timeout=30) == 0
+
+
+POISONING_ZYGOTE = """
+import sys
+import torch
+from pytest_cudaopt.worker import zygote
+
+# What an import may do on a GPU host: ask CUDA itself for its devices, after which torch calls
+# every fork of this process a bad one.
+torch._C._cuda_getDeviceCount()
+sys.exit(zygote.serve(sys.argv[1]))
+"""
+
+
+def test_a_zygote_whose_imports_touched_cuda_executes_its_forks_afresh(workdir, monkeypatch, tmp_path):
+    script = tmp_path / "poisoning_zygote.py"
+    script.write_text(POISONING_ZYGOTE)
+    name = f"cudaopt-test-poisoned-{secrets.token_hex(4)}"
+    proc = subprocess.Popen([sys.executable, str(script), name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env=subprocess_env(), start_new_session=True)
+    proc.stdout.readline()
+    try:
+        worker, seen = _started(workdir, monkeypatch, name)
+        try:
+            assert isinstance(worker.proc, zygote.Forked) and worker.ping() < 5
+            assert "model_new.py imported" in worker.last_words()
+            assert (Path(f"/proc/{worker.proc.pid}/cmdline").read_bytes().split(b"\0")[1:3]
+                    == [b"-m", b"pytest_cudaopt.worker"])   # executed by the fork: a process CUDA can use
+        finally:
+            worker.stop()
+        from pytest_cudaopt.judge import runner
+
+        (tmp_path / "probe.py").write_text("import sys\nprint('argv', sys.argv[1:], 'fresh', 'torch' not in sys.modules)\n")
+        env = {**subprocess_env(), "PYTHONPATH": os.pathsep.join([str(tmp_path), subprocess_env()["PYTHONPATH"]])}
+        outcome = runner.run([sys.executable, "-m", "probe", "x"], env=env, cwd=tmp_path, timeout=60,
+                             log=tmp_path / "probe.log", zygote_name=name)
+        assert outcome.returncode == 0 and "argv ['x'] fresh True" in (tmp_path / "probe.log").read_text()
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)

@@ -30,9 +30,9 @@ class Options:
     (as one pytest session would); seed: replay seed (else each child draws a secret one);
     cache_dir: the host's object and torch.compile caches (None: no caches); scratch: where the
     private copies go (None: a temporary folder); keep: leave the copies and logs there;
-    prestart: start each pytest child while the stage before it runs, so that its imports are
-    done when its turn comes; zygote: the address of the worker zygote the children's workers
-    are forked from (worker/zygote.py)."""
+    fork: fork each stage's child from the pool's zygote (torch imported there once) rather than
+    execute it; zygote: the address of that zygote, from which the children's workers are forked
+    too (worker/zygote.py)."""
 
     gpus: list[str] | None = None
     cpu_slots: int = 2
@@ -48,8 +48,8 @@ class Options:
     keep: bool = False
     keep_env: list[str] = field(default_factory=list)
     grace: float = 10.0
-    prestart: bool = True
-    zygote: str | None = None  # the worker zygote this host's pool offers its children (set by LocalPool)
+    fork: bool = True
+    zygote: str | None = None  # the zygote this host's pool forks its children and their workers from (set by LocalPool)
 
     @property
     def cpu(self) -> bool:

@@ -19,7 +19,7 @@ from pytest_cudaopt.judge import copies, lines, runner
 from pytest_cudaopt.judge.devices import DeviceSet, cpu_slots, gpus
 from pytest_cudaopt.judge.options import Options, result_key
 from pytest_cudaopt.judge.scheduler import STAGES, Scheduler, Task
-from pytest_cudaopt.judge.stages import FAILED, OK, StageResult, prestart, run_stage, shortfall
+from pytest_cudaopt.judge.stages import FAILED, OK, StageResult, run_stage, shortfall
 from pytest_cudaopt.worker import zygote
 
 _ADD, _CLOSE = object(), object()   # the events of a fed pool besides a stage's end
@@ -44,7 +44,6 @@ class Job:
     seconds: dict[str, float] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     content: str = ""
-    warm: dict[str, runner.Warm] = field(default_factory=dict)   # stage -> its child, started ahead
     note: str = ""   # a check judged again alone: why
     name: str = ""   # as the caller named it
     key: str | None = None   # the result key the caller computed (a Ray driver's), else from the copy
@@ -128,10 +127,14 @@ class LocalPool:
                 shutil.rmtree(scratch, ignore_errors=True)
 
     def _offer_zygote(self):
-        """A worker zygote for this pool's children (each stage's worker is forked from it, not
-        started with a torch import of its own), unless one is offered already or the stages are
-        not real children; None then, or where it does not start (the workers start plainly)."""
-        if self._run_stage is not None or self.options.zygote or os.environ.get(zygote.ENV):
+        """A zygote for this pool: each stage's child is forked from it, and so is each child's
+        worker, instead of importing torch of its own. One offered already (`options.zygote`, or
+        this process's environment) is used instead; None then, where the stages are not real
+        children, or where it does not start (the children and workers start plainly)."""
+        if self._run_stage is not None or self.options.zygote:
+            return None
+        if os.environ.get(zygote.ENV):
+            self.options = dataclasses.replace(self.options, zygote=os.environ[zygote.ENV])
             return None
         name = f"cudaopt-judge-{os.getpid()}-{secrets.token_hex(4)}"
         try:
@@ -155,8 +158,6 @@ class LocalPool:
             while not (closed and scheduler.done):
                 for task in scheduler.ready():
                     self.on_event("start", jobs[task.job], task)
-                    # Here, not in the stage's thread: a child ends with the thread that started it.
-                    self._prestart_next(jobs[task.job], task.stage)
                     threading.Thread(target=self._work, args=(jobs[task.job], task, self._events),
                                      daemon=True).start()
                 task, result = self._events.get()
@@ -185,24 +186,13 @@ class LocalPool:
                 job.content = copies.private_copy(job.workdir, job.copy)
                 job.seconds["copy"] = time.monotonic() - copied
             result = (self._run_stage or run_stage)(task.stage, job.copy, job.out, self.devices, task.device,
-                                                    self.options, self.children, warm=job.warm.pop(task.stage, None))
+                                                    self.options, self.children)
         except (OSError, copies.CopyError) as exc:
             result = StageResult(task.stage, "error", reason=f"could not {'copy' if task.stage == 'build' else 'run'} "
                                                                f"{job.workdir}: {exc}")
         except Exception as exc:  # the judge's own bug: the workdir still gets its line
             result = StageResult(task.stage, "error", reason=f"the judge failed: {exc!r}")
         events.put((task, result))
-
-    def _prestart_next(self, job: Job, stage: str) -> None:
-        """The child of the job's next stage starts now and imports while this stage runs."""
-        following = STAGES[STAGES.index(stage) + 1:]
-        if not self.options.prestart or not following or following[0] in job.warm or self.children.stopping:
-            return   # (a check retried alone keeps the perf child started for its first run)
-        try:
-            job.warm[following[0]] = prestart(following[0], job.copy, job.out, self.devices, self.options,
-                                              self.children)
-        except OSError:   # the stage starts its child when its turn comes instead
-            pass
 
     def _finished(self, scheduler: Scheduler, job: Job, task: Task, result: StageResult) -> dict | None:
         self.on_event("end", job, task, result)
@@ -227,10 +217,6 @@ class LocalPool:
             return None
         for stage in STAGES[STAGES.index(task.stage) + 1:]:
             job.results.append(StageResult(stage, "not-run", reason=f"not run: the {task.stage} stage {result.status}"))
-        unused = list(job.warm.values())
-        job.warm.clear()
-        if unused:   # a stage it was started for will not run
-            threading.Thread(target=lambda: [w.cancel() for w in unused], daemon=True).start()
         line = self._line(job)
         if not self.options.keep:
             shutil.rmtree(job.folder, ignore_errors=True)

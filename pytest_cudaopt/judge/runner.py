@@ -1,4 +1,4 @@
-"""One child process: started in a session of its own, logged to a file, ended with its whole group at its time limit."""
+"""One child process: forked from the pool's zygote (or executed), in a session of its own, logged to a file, ended with its whole group at its time limit."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
+
+from pytest_cudaopt.worker import zygote
 
 GRACE_S = 10.0   # after SIGTERM at the time limit (the plugin writes its reports), then SIGKILL
 TAIL_LINES = 40
@@ -105,12 +107,20 @@ def _die_with_judge(nice: int = 0) -> None:
     die_with_parent(signal.SIGTERM)
 
 
-def _spawn(command: Sequence[str], env: Mapping[str, str], cwd: Path, log: Path, stdin,
-           nice: int = 0) -> subprocess.Popen:
+def _spawn(command: Sequence[str], env: Mapping[str, str], cwd: Path, log: Path, nice: int = 0,
+           zygote_name: str | None = None) -> "subprocess.Popen | zygote.Forked":
+    """`command` (`python -m MODULE ARGS`) forked by the zygote at `zygote_name` where there is
+    one (no torch import of its own), else executed."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
+        if zygote_name and len(command) >= 3 and command[1] == "-m":
+            forked = zygote.spawn_module(zygote_name, command[2], list(command[3:]), cwd=str(cwd), env=dict(env),
+                                         log=out.fileno(), nice=nice)
+            if forked is not None:
+                return forked
         return subprocess.Popen(list(command), env=dict(env), cwd=str(cwd), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=stdin, start_new_session=True, preexec_fn=lambda: _die_with_judge(nice))
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=lambda: _die_with_judge(nice))
 
 
 def _wait(proc: subprocess.Popen, start: float, timeout: float, log: Path, children: Children | None,
@@ -132,54 +142,22 @@ def _wait(proc: subprocess.Popen, start: float, timeout: float, log: Path, child
     finally:
         if children is not None:
             children.remove(proc)
+        if isinstance(proc, zygote.Forked):
+            proc.close()
     return Outcome(proc.returncode, timed_out, time.monotonic() - start, tail(log), log)
 
 
 def run(command: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout: float, log: Path,
-        children: Children | None = None, grace: float = GRACE_S, nice: int = 0) -> Outcome:
+        children: Children | None = None, grace: float = GRACE_S, nice: int = 0,
+        zygote_name: str | None = None) -> Outcome:
     """Run `command` to its end or its time limit (SIGTERM to its process group, SIGKILL after
-    `grace`); stdout and stderr go to `log`; `nice`: added to the child's niceness."""
+    `grace`); stdout and stderr go to `log`; `nice`: added to the child's niceness; `zygote_name`:
+    the zygote that forks it (worker/zygote.py), where the pool started one."""
     start = time.monotonic()
-    proc = _spawn(command, env, cwd, log, subprocess.DEVNULL, nice)
+    proc = _spawn(command, env, cwd, log, nice, zygote_name)
     if children is not None:
         children.add(proc)
     return _wait(proc, start, timeout, log, children, grace)
-
-
-class Warm:
-    """A child started before its turn (`judge.child_warm`): it imports, then waits on its stdin
-    for the device it is given. `go` gives it and waits, the time limit counted from then;
-    `cancel` ends a child whose turn never comes."""
-
-    def __init__(self, command: Sequence[str], *, env: Mapping[str, str], cwd: Path, log: Path,
-                 children: Children | None = None):
-        self.log, self.children = log, children
-        self.proc = _spawn(command, {**env, "CUDA_VISIBLE_DEVICES": ""}, cwd, log, subprocess.PIPE)
-        if children is not None:
-            children.add(self.proc)
-
-    def go(self, visible: str, *, timeout: float, grace: float = GRACE_S) -> Outcome:
-        start = time.monotonic()
-        try:
-            self.proc.stdin.write(visible.encode() + b"\n")
-            self.proc.stdin.close()
-        except (BrokenPipeError, OSError):   # it ended already (its log says why)
-            pass
-        return _wait(self.proc, start, timeout, self.log, self.children, grace)
-
-    def cancel(self) -> None:
-        try:
-            self.proc.stdin.close()   # EOF: the child exits without running anything
-        except OSError:
-            pass
-        _end_group(self.proc, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=GRACE_S)
-        except subprocess.TimeoutExpired:
-            _end_group(self.proc, signal.SIGKILL)
-            self.proc.wait()
-        if self.children is not None:
-            self.children.remove(self.proc)
 
 
 def tail(path: Path, lines: int = TAIL_LINES) -> str:

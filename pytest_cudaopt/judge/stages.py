@@ -100,8 +100,8 @@ def _cores() -> int:
     return os.cpu_count() or 2
 
 
-def command(stage: str, copy: Path, out: Path, options: Options, *, warm: bool = False) -> list[str]:
-    """The child's command line; `warm`: started ahead of its turn through `judge.child_warm`."""
+def command(stage: str, copy: Path, out: Path, options: Options) -> list[str]:
+    """The child's command line (`python -m MODULE ARGS`)."""
     if stage == "build":
         return [sys.executable, "-m", "pytest_cudaopt.judge.child_build", str(copy), *options.pytest_args]
     args = [str(copy / "model_new.py"), "--rootdir", str(copy), "-m", MARKERS[stage], "-p", "no:cacheprovider",
@@ -112,31 +112,19 @@ def command(stage: str, copy: Path, out: Path, options: Options, *, warm: bool =
     if options.seed is not None and stage != "policy":
         args.append(f"--cudaopt-seed={options.seed}")
     args += strict_sandbox(options.pytest_args, env={})  # GPU workdirs: no candidate runs unconfined
-    line = pytest_command([*args, *options.pytest_args])
-    if warm:   # python -m pytest ARGS -> python -m pytest_cudaopt.judge.child_warm ARGS
-        line[1:3] = ["-m", "pytest_cudaopt.judge.child_warm"]
-    return line
-
-
-def prestart(stage: str, copy: Path, out: Path, devices: DeviceSet, options: Options,
-             children: runner.Children | None = None) -> runner.Warm:
-    """Start the pytest child of `stage` now, to import while the workdir's earlier stage runs."""
-    out.mkdir(parents=True, exist_ok=True)
-    return runner.Warm(command(stage, copy, out, options, warm=True), env=environment(stage, devices, None, options),
-                       cwd=out, log=out / f"{stage}.log", children=children)
+    return pytest_command([*args, *options.pytest_args])
 
 
 def run_stage(stage: str, copy: Path, out: Path, devices: DeviceSet, device: str | None, options: Options,
-              children: runner.Children | None = None, warm: runner.Warm | None = None) -> StageResult:
-    """Run one stage of the workdir at `copy` (outputs in `out`) and read what it left; `warm`:
-    its child, started by `prestart`, is given its device now."""
+              children: runner.Children | None = None) -> StageResult:
+    """Run one stage of the workdir at `copy` (outputs in `out`) and read what it left. Its child
+    is forked from the pool's zygote (`options.zygote`, unless `options.fork` is off): torch and
+    the other slow modules are imported there once, not in every child."""
     timeout = options.build_timeout if stage == "build" else options.timeout
-    if warm is not None:
-        outcome = warm.go(devices.visible(device) if device is not None else "", timeout=timeout, grace=options.grace)
-    else:
-        outcome = runner.run(command(stage, copy, out, options), env=environment(stage, devices, device, options),
-                             cwd=out, timeout=timeout, log=out / f"{stage}.log", children=children,
-                             grace=options.grace, nice=BUILD_NICE if stage == "build" else 0)
+    outcome = runner.run(command(stage, copy, out, options), env=environment(stage, devices, device, options),
+                         cwd=out, timeout=timeout, log=out / f"{stage}.log", children=children,
+                         grace=options.grace, nice=BUILD_NICE if stage == "build" else 0,
+                         zygote_name=options.zygote if options.fork else None)
     if stage == "build":
         result = read_build(outcome)
         result.objects = _object_counts(copy)

@@ -1,20 +1,27 @@
-"""A process that has imported torch and forks workers on request: a worker that starts in a tenth of a second instead of a torch import (about 3 s of CPU on a small machine).
+"""A process that has imported torch once and forks, on request, a worker (the candidate's process) or a judging child (`python -m MODULE ARGS`: a judge stage's pytest or build): each starts in a tenth of a second instead of a torch import (seconds of CPU on a small machine).
 
 `python -m pytest_cudaopt.worker zygote ADDRESS` listens on the abstract unix socket ADDRESS,
-imports what every worker imports (torch, the worker's own modules; nothing of a workdir's) and
-serves until its standard input closes. A judging process that finds ADDRESS in
-`CUDAOPT_WORKER_ZYGOTE` asks it for a worker (`spawn`) instead of executing a fresh Python: it
-sends the worker's end of the socket pair and its log file as file descriptors, with the working
-directory and environment the worker would have been started with. The fork becomes what
-`python -m pytest_cudaopt.worker FD` in that folder with that environment would be (a session
-of its own, stdin at end of file, stdout and stderr on the log), then runs the same
-`server.main`. The zygote answers with the fork's pid, later with its exit status, and kills
-the fork's process group when the judging process's connection closes: a worker never outlives
-the process that asked for it, as one started with PR_SET_PDEATHSIG does not.
+imports what those processes import (torch, torch._dynamo and Inductor, NumPy, pytest;
+nothing of pytest_cudaopt's and nothing of a workdir's), freezes what the imports made out of
+the garbage collector's reach, and serves until its standard input closes.
 
-The plugin's own test suite starts one per test process (hundreds of pytest sessions, each with
-a worker); a user's `pytest` starts its worker the plain way. The zygote runs no candidate
-code: each fork is the only process that does, and it never returns into the zygote's loop.
+- A judging process that finds ADDRESS in `CUDAOPT_WORKER_ZYGOTE` asks it for a worker
+  (`spawn`) instead of executing a fresh Python: it sends the worker's end of the socket pair and
+  its log file as file descriptors, with the working directory and environment the worker would
+  have been started with. The fork becomes what `python -m pytest_cudaopt.worker FD` in that
+  folder with that environment would be (a session of its own, stdin at end of file, stdout and
+  stderr on the log), then runs the same `server.main`.
+- `cudaopt judge` asks its pool's zygote for each stage's child (`spawn_module`): the fork
+  becomes `python -m MODULE ARGS` in a session of its own, with its log, niceness, environment
+  and working directory, and its CUDA devices as that environment names them (the zygote never
+  asks CUDA for its devices; a fork that finds CUDA's view taken starts afresh by exec).
+
+The zygote answers with the fork's pid, later with its exit status, and kills the fork's process
+group when the requester's connection closes: a fork never outlives the process that asked for
+it, as one started with PR_SET_PDEATHSIG does not. The plugin's own test suite starts one per
+test process (hundreds of pytest sessions, each with a worker); a user's `pytest` starts its
+worker the plain way. The zygote runs no candidate code: a worker fork is the only process that
+does, and it never returns into the zygote's loop.
 """
 
 from __future__ import annotations
@@ -31,6 +38,13 @@ from typing import Any
 
 ENV = "CUDAOPT_WORKER_ZYGOTE"
 CONNECT_TIMEOUT_S = 120.0  # the zygote accepts once its imports are done
+# What the forks import and none of them looks at: torch._dynamo too, which the op audit's
+# dispatch mode imports at a worker's first checked call (2.5 s of CPU on a small machine), and
+# torch.utils.cpp_extension, asked through NVML for CUDA's devices (preload), never CUDA itself.
+# Nothing of pytest_cudaopt's: a judging child imports the plugin as a fresh `python -m pytest`
+# would, reading the environment it was started with.
+PRELOAD = ("torch", "torch.multiprocessing", "torch._dynamo", "torch._inductor", "torch._inductor.config",
+           "torch.utils.cpp_extension", "numpy", "pytest", "filelock")
 
 
 def _address(name: str) -> str:
@@ -88,15 +102,28 @@ def spawn(channel: int, log: int, cwd: str, env: dict[str, str]) -> Forked | Non
     """A worker forked by the zygote `CUDAOPT_WORKER_ZYGOTE` names, serving on the inherited
     socket `channel`; None when there is none or it does not answer (the caller starts one the
     plain way: the zygote is a shortcut, never a requirement)."""
-    name = os.environ.get(ENV)
+    return _ask(os.environ.get(ENV), {"kind": "worker", "cwd": cwd, "env": env}, [channel, log])
+
+
+def spawn_module(name: str | None, module: str, args: list[str], *, cwd: str, env: dict[str, str], log: int,
+                 nice: int = 0) -> Forked | None:
+    """`python -m MODULE ARGS`, forked by the zygote at `name`: in a session of its own, in
+    `cwd` with exactly `env`, stdin at end of file, stdout and stderr on the file descriptor
+    `log`, `nice` added to its niceness. None where there is no zygote or it does not answer
+    (the caller executes the command instead)."""
+    return _ask(name, {"kind": "module", "module": module, "args": [str(a) for a in args], "cwd": cwd,
+                       "env": env, "nice": int(nice)}, [log])
+
+
+def _ask(name: str | None, request: dict, fds: list[int]) -> Forked | None:
     if not name:
         return None
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.settimeout(CONNECT_TIMEOUT_S)
         conn.connect(_address(name))
-        request = json.dumps({"cwd": cwd, "env": env, "root": _package_root()}).encode() + b"\n"
-        socket.send_fds(conn, [request], [channel, log])
+        data = json.dumps({**request, "root": _package_root()}).encode() + b"\n"
+        socket.send_fds(conn, [data], fds)
         line = b""
         while not line.endswith(b"\n"):
             chunk = conn.recv(4096)
@@ -141,12 +168,7 @@ def serve(name: str) -> int:
     listener.listen(64)
     os.write(1, b"listening\n")
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-    import torch  # noqa: F401 - what each worker would import: done once, here
-    import torch.multiprocessing  # noqa: F401
-
-    import pytest_cudaopt.worker.server  # noqa: F401
-    import pytest_cudaopt.workdir  # noqa: F401
-
+    _preload()
     root = _package_root()
     base_path = [p for p in sys.path[1:] if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
     forks: dict[int, socket.socket] = {}   # pid -> the connection of the judging process that asked
@@ -190,6 +212,53 @@ def serve(name: str) -> int:
     return 0
 
 
+def _preload() -> None:
+    """Import PRELOAD, asking NVML rather than CUDA where torch asks for devices (a fork then
+    takes CUDA's view of its devices from the environment it is given), then freeze what the
+    imports made: a fork's garbage collections never walk it (one over torch's objects took
+    0.18 s), and its pages stay shared."""
+    import gc
+    import importlib
+
+    asked = "PYTORCH_NVML_BASED_CUDA_CHECK" in os.environ
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    try:
+        for name in PRELOAD:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - a fork imports it again and reports it in its own words
+                pass
+    finally:
+        if not asked:
+            del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
+    gc.collect()
+    gc.freeze()
+
+
+def _cuda_poisoned() -> bool:
+    """Whether torch calls this fork a bad one: something before the fork touched CUDA (on a GPU
+    host an import may, whatever PRELOAD's NVML check), and CUDA cannot be used here."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and getattr(torch.cuda, "_is_in_bad_fork", lambda: False)())
+
+
+def sees_given_devices(visible: str) -> bool:
+    """Whether CUDA, asked now, sees the devices given. False when CUDA took its view of the
+    devices before they were given (torch initialised, or the runtime's device count, which it
+    keeps for the process, taken while none was visible)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda._is_compiled():
+        return True
+    if torch.cuda.is_initialized():
+        return False
+    if not visible or torch._C._cuda_getDeviceCount() > 0:
+        return True
+    # CUDA sees none: stale if NVML (which reads CUDA_VISIBLE_DEVICES at each call and
+    # initialises no CUDA) sees one; -1 (no NVML) or 0: there is none to see.
+    nvml = getattr(torch.cuda, "_device_count_nvml", lambda: -1)()
+    return nvml <= 0
+
+
 def _kill(pid: int) -> None:
     for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
         try:
@@ -208,7 +277,8 @@ def _fork(conn: socket.socket, root: str, base_path: list[str], listener: socket
     except (OSError, ValueError):
         conn.close()
         return None
-    if len(fds) != 2 or request.get("root") != root:  # another checkout of the package: not ours to serve
+    kind = request.get("kind", "worker")
+    if len(fds) != {"worker": 2, "module": 1}.get(kind) or request.get("root") != root:  # not ours to serve
         for fd in fds:
             os.close(fd)
         conn.sendall(b'{"error": "not this zygote\'s package"}\n')
@@ -223,17 +293,22 @@ def _fork(conn: socket.socket, root: str, base_path: list[str], listener: socket
             conn.close()
             for other in forks.values():
                 other.close()
-            _become_worker(request, fds, base_path)
+            if kind == "worker":
+                _become_worker(request, fds, base_path)
+            else:
+                _become_module(request, fds[0], base_path)
         finally:
-            os._exit(70)  # _become_worker exits itself; nothing of the zygote's may run after
+            os._exit(70)  # each exits itself; nothing of the zygote's may run after
     for fd in fds:
         os.close(fd)
     conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
     return pid
 
 
-def _become_worker(request: dict, fds: list[int], base_path: list[str]) -> None:
-    channel, log = fds
+def _become(request: dict, log: int, base_path: list[str]) -> None:
+    """What a fresh `python -m ...` in the request's folder and environment would be: a session
+    of its own, stdin at end of file, stdout and stderr on `log`, Python's signal handlers, its
+    sys.path (the folder first, then PYTHONPATH)."""
     os.setsid()
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -249,16 +324,63 @@ def _become_worker(request: dict, fds: list[int], base_path: list[str]) -> None:
     os.environ.update(request["env"])
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [os.getcwd(), *extra, *[p for p in base_path if p not in extra]]
-    sys.dont_write_bytecode = True
+    sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
     import importlib
 
     importlib.invalidate_caches()
     sys.stdout = os.fdopen(1, "w", buffering=1)
     sys.stderr = os.fdopen(2, "w", buffering=1)
+
+
+def _become_module(request: dict, log: int, base_path: list[str]) -> None:
+    """`python -m MODULE ARGS`: its exit handlers run, then it exits with the module's status
+    (the interpreter's teardown of the preloaded modules is skipped)."""
+    import atexit
+    import runpy
+
     from pytest_cudaopt.signals import die_with_parent
-    from pytest_cudaopt.worker.server import main
+
+    _become(request, log, base_path)
+    if request.get("nice"):
+        os.nice(int(request["nice"]))
+    die_with_parent(signal.SIGKILL)  # the zygote also kills it when its requester goes
+    argv = [sys.executable, "-m", str(request["module"]), *request["args"]]
+    if _cuda_poisoned() or not sees_given_devices(os.environ.get("CUDA_VISIBLE_DEVICES", "")):
+        os.execv(sys.executable, argv)  # CUDA was touched, or took its view of the devices, before the fork
+    # The zygote's own modules go: the child imports pytest_cudaopt afresh, as `python -m` would
+    # (pytest rewrites a plugin's package on import and warns of one imported before it).
+    for loaded in [m for m in sys.modules if m == "pytest_cudaopt" or m.startswith("pytest_cudaopt.")]:
+        del sys.modules[loaded]
+    code = 1
+    try:
+        sys.argv = [str(request["module"]), *request["args"]]
+        runpy.run_module(str(request["module"]), run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - as an executed interpreter would: the traceback, status 1
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _become_worker(request: dict, fds: list[int], base_path: list[str]) -> None:
+    channel, log = fds
+    _become(request, log, base_path)
+    sys.dont_write_bytecode = True
+    from pytest_cudaopt.signals import die_with_parent
 
     die_with_parent(signal.SIGKILL)  # the zygote also kills it when its judging process goes
+    if _cuda_poisoned():  # a fork cannot use CUDA here: the worker as `python -m pytest_cudaopt.worker FD`
+        os.set_inheritable(channel, True)
+        os.execv(sys.executable, [sys.executable, "-m", "pytest_cudaopt.worker", str(channel)])
+    from pytest_cudaopt.worker.server import main
+
     code = 1
     try:
         code = main([str(channel)])

@@ -1,0 +1,217 @@
+"""The judge's children: forked from the pool's zygote (torch imported there once) into `python -m pytest ...` with their own folder, environment, device, log and time limit, or executed where there is no zygote; builds that yield the CPUs."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from pytest_cudaopt.judge import pool as pool_module, runner, stages
+from pytest_cudaopt.judge.devices import DeviceSet
+from pytest_cudaopt.judge.options import Options
+from pytest_cudaopt.worker import zygote
+from support import subprocess_env
+
+ENV_TEST = """\
+import os, sys, pathlib
+
+def test_runs_in_its_folder_with_the_device_given():
+    pathlib.Path("ran").write_text(os.environ["CUDA_VISIBLE_DEVICES"] + " " + str(os.getpid()))
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "5" and os.environ["ONLY_IN_THE_CHILD"] == "yes"
+"""
+
+
+def _zygote_name() -> str:
+    name = os.environ.get(zygote.ENV)
+    if not name:
+        pytest.skip("the suite runs without its zygote (CUDAOPT_TEST_ZYGOTE=0)")
+    return name
+
+
+def _child(tmp_path: Path, **kwargs) -> runner.Outcome:
+    (tmp_path / "test_env.py").write_text(ENV_TEST)
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_env.py"]
+    env = {**subprocess_env(), "CUDA_VISIBLE_DEVICES": "5", "ONLY_IN_THE_CHILD": "yes"}
+    return runner.run(command, env=env, cwd=tmp_path, timeout=120, log=tmp_path / "child.log", **kwargs)
+
+
+def test_a_forked_child_is_the_pytest_its_command_names_in_its_folder_and_environment(tmp_path):
+    started = time.monotonic()
+    outcome = _child(tmp_path, zygote_name=_zygote_name())
+    log = (tmp_path / "child.log").read_text()
+    assert outcome.returncode == 0 and not outcome.timed_out, log[-3000:]
+    assert "1 passed" in log and "PytestAssertRewriteWarning" not in log
+    device, pid = (tmp_path / "ran").read_text().split()
+    assert device == "5" and int(pid) != os.getpid()
+    assert time.monotonic() - started < 60
+
+
+def test_without_a_zygote_the_child_is_executed_and_says_the_same(tmp_path):
+    outcome = _child(tmp_path, zygote_name=None)
+    log = (tmp_path / "child.log").read_text()
+    assert outcome.returncode == 0 and "1 passed" in log, log[-3000:]
+
+
+def test_a_zygote_that_does_not_answer_leaves_the_child_executed(tmp_path):
+    outcome = _child(tmp_path, zygote_name="cudaopt-no-such-zygote")
+    assert outcome.returncode == 0 and (tmp_path / "ran").exists()
+
+
+SLEEPER = "import time, pathlib\npathlib.Path('started').write_text('1')\ntime.sleep(60)\n"
+
+
+def test_a_forked_childs_time_limit_ends_its_whole_group(tmp_path):
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    env = {**subprocess_env(), "PYTHONPATH": os.pathsep.join([str(tmp_path), subprocess_env()["PYTHONPATH"]])}
+    outcome = runner.run([sys.executable, "-m", "sleeper"], env=env, cwd=tmp_path, timeout=3.0, grace=1.0,
+                         log=tmp_path / "sleep.log", zygote_name=_zygote_name())
+    assert (tmp_path / "started").exists(), (tmp_path / "sleep.log").read_text()
+    assert outcome.timed_out and outcome.returncode < 0 and 3.0 <= outcome.seconds < 10
+
+
+def test_a_forked_child_dies_with_the_connection_of_the_process_that_asked_for_it(tmp_path):
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    env = {**subprocess_env(), "PYTHONPATH": os.pathsep.join([str(tmp_path), subprocess_env()["PYTHONPATH"]])}
+    with open(tmp_path / "sleep.log", "wb") as log:
+        forked = zygote.spawn_module(_zygote_name(), "sleeper", [], cwd=str(tmp_path), env=env, log=log.fileno())
+    assert forked is not None
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    forked.close()   # the requester goes
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(forked.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the fork outlived its requester's connection")
+
+
+def _fake_torch(initialized: bool, count: int, nvml: int) -> types.ModuleType:
+    torch = types.ModuleType("torch")
+    torch.cuda = types.SimpleNamespace(_is_compiled=lambda: True, is_initialized=lambda: initialized,
+                                       _device_count_nvml=lambda: nvml)
+    torch._C = types.SimpleNamespace(_cuda_getDeviceCount=lambda: count)
+    return torch
+
+
+@pytest.mark.parametrize("initialized, count, nvml, visible, sees", [
+    (False, 1, 1, "0", True),     # CUDA first asked now: it sees the device given
+    (False, 0, 1, "0", False),    # its device count was taken before, while nothing was visible
+    (True, 1, 1, "0", False),     # torch initialised CUDA before the device was given
+    (False, 0, 0, "", True),      # a CPU slot: nothing to see
+    (False, 0, -1, "5", True),    # no GPU on this machine at all (no NVML either): nothing to see
+])
+def test_a_fork_tells_whether_cuda_sees_the_devices_it_was_given(monkeypatch, initialized, count, nvml, visible,
+                                                                 sees):
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(initialized, count, nvml))
+    assert zygote.sees_given_devices(visible) is sees
+
+
+def test_the_zygotes_imports_ask_nvml_not_cuda_for_the_devices(monkeypatch, tmp_path):
+    import gc
+
+    (tmp_path / "probe_cuda_check.py").write_text(
+        "import os\nSEEN = os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
+    monkeypatch.setattr(zygote, "PRELOAD", ("probe_cuda_check",))
+    monkeypatch.setattr(gc, "freeze", lambda: None)   # not this test process's objects
+    zygote._preload()
+    assert sys.modules["probe_cuda_check"].SEEN == "1"
+    assert "PYTORCH_NVML_BASED_CUDA_CHECK" not in os.environ   # a fork gets the environment it was given
+    sys.modules.pop("probe_cuda_check")
+
+
+GPU_TEST = """import torch
+
+def test_sees_the_device_given():
+    assert torch.cuda.device_count() == 1
+    assert torch.ones(4, device="cuda").sum().item() == 4
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not os.path.exists("/dev/nvidiactl"), reason="needs an NVIDIA GPU")
+def test_a_forked_child_on_a_gpu_uses_the_device_it_is_given(tmp_path):
+    (tmp_path / "test_gpu.py").write_text(GPU_TEST)
+    command = [sys.executable, "-m", "pytest", "-p", "no:cudaopt", "-p", "no:cacheprovider", "-q", "test_gpu.py"]
+    outcome = runner.run(command, env={**subprocess_env(), "CUDA_VISIBLE_DEVICES": "0"}, cwd=tmp_path, timeout=300,
+                         log=tmp_path / "child.log", zygote_name=_zygote_name())
+    log = (tmp_path / "child.log").read_text()
+    assert outcome.returncode == 0 and "1 passed" in log, log[-3000:]
+
+
+def test_each_stage_is_forked_from_the_pools_zygote_unless_forking_is_off(monkeypatch, tmp_path):
+    seen = []
+
+    def fake_run(command, **kwargs):
+        seen.append((command[2], kwargs["zygote_name"], kwargs["nice"]))
+        return runner.Outcome(0, False, 0.1, "", tmp_path / "x.log")
+
+    monkeypatch.setattr(runner, "run", fake_run)
+    monkeypatch.setattr(stages, "_object_counts", lambda copy: {})
+    devices = DeviceSet(["cpu0"], cpu=True)
+    for fork in (True, False):
+        for stage in ("build", "policy"):
+            stages.run_stage(stage, tmp_path / "w", tmp_path / "out", devices, "cpu0", Options(zygote="z", fork=fork))
+    assert seen == [("pytest_cudaopt.judge.child_build", "z", stages.BUILD_NICE), ("pytest", "z", 0),
+                    ("pytest_cudaopt.judge.child_build", None, stages.BUILD_NICE), ("pytest", None, 0)]
+
+
+def test_the_pool_forks_from_the_zygote_offered_to_it_or_starts_its_own(monkeypatch, tmp_path):
+    monkeypatch.setenv(zygote.ENV, "offered")
+    pool = pool_module.LocalPool([], Options(cache_dir=None), devices=DeviceSet(["cpu0"], cpu=True))
+    assert pool._offer_zygote() is None and pool.options.zygote == "offered"
+    monkeypatch.delenv(zygote.ENV)
+    started = []
+    monkeypatch.setattr(zygote, "start", lambda name, env=None: started.append(name) or "proc")
+    pool = pool_module.LocalPool([], Options(cache_dir=None), devices=DeviceSet(["cpu0"], cpu=True))
+    assert pool._offer_zygote() == "proc" and pool.options.zygote == started[0]
+
+
+@pytest.mark.parametrize("fork", [True, False])
+def test_a_build_child_yields_the_cpus_to_the_children_that_hold_a_device(tmp_path, fork):
+    (tmp_path / "niceness.py").write_text("import os\nprint('niceness', os.nice(0))\n")
+    env = {**subprocess_env(), "PYTHONPATH": os.pathsep.join([str(tmp_path), subprocess_env()["PYTHONPATH"]])}
+    base = os.nice(0)
+    runner.run([sys.executable, "-m", "niceness"], env=env, cwd=tmp_path, timeout=60, log=tmp_path / "nice.log",
+               nice=7, zygote_name=_zygote_name() if fork else None)
+    assert f"niceness {base + 7}" in (tmp_path / "nice.log").read_text()
+
+
+def test_a_workdir_named_out_keeps_its_copy_apart_from_the_childrens_outputs(tmp_path):
+    job = pool_module.Job(0, tmp_path / "src" / "out", tmp_path / "scratch" / "00000", None)
+    assert job.copy != job.out and job.out.parent == job.copy.parent
+
+
+def test_the_build_child_estimates_one_checks_memory_from_the_reference_on_meta(tmp_path):
+    """1 GiB of inputs and 1 GiB of outputs, a 4 MiB weight: 4 x 2 GiB + 2 GiB + 3 x 4 MiB. Nothing is allocated."""
+    from pytest_cudaopt.judge.child_build import check_need
+
+    (tmp_path / "model.py").write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.w = nn.Parameter(torch.ones(1024, 1024))\n\n"
+        "    def forward(self, x):\n        return x * 2\n\n\n"
+        "def get_inputs():\n    return [torch.randn(256, 1024, 1024)]\n\n\ndef get_init_inputs():\n    return []\n")
+    gib, mib = 1 << 30, 1 << 20
+    assert check_need(tmp_path) == 4 * 2 * gib + 2 * gib + 3 * 4 * mib
+    (tmp_path / "model.py").write_text("raise RuntimeError('no meta here')\n")
+    assert check_need(tmp_path) is None   # the scheduler learns it from the first check instead
+
+
+def test_the_build_stage_reads_the_estimate_from_its_childs_log(tmp_path):
+    from pytest_cudaopt.judge.child_build import NEED_MARK
+
+    log = tmp_path / "build.log"
+    log.write_text(f"cudaopt build: built cuda_extension\n{NEED_MARK} 2147483648\n35 tests collected\n")
+    result = stages.read_build(runner.Outcome(0, False, 1.0, "", log))
+    assert result.status == "ok" and result.need_bytes == 2147483648
+    assert result.to_json()["need_bytes"] == 2147483648
