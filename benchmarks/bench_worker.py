@@ -52,6 +52,9 @@ def bench(path: Path, max_time: float, modes: list[str]) -> list[tuple[str, floa
             found = engine.measure(contenders, Feed(draw, lambda *a: model(*a)), clock=clocks.CudaClock(device),
                                    config=config, compare=compare)
         a = found["in-process"]
+        for mode in workers:
+            print(f"{path.name} [{mode}]: batch {found.batch}; {throughs[mode].timing_note() or 'no figure raised'}",
+                  flush=True)
         rows = []
         for mode in modes:
             b = found[names[mode]]

@@ -156,28 +156,38 @@ def cap_max_elements(max_elements: int | None, canonical_elements: int, canonica
                  f"{gib(free)} of device memory free")
 
 
-def perf_input_plan(input_bytes: int, output_bytes: int, free: int | None,
-                    contenders: int) -> tuple[int, bool, str]:
-    """(contenders per queued pass, one checked output per pass, note) for the perf item,
-    inside the case budget (FACTOR x (inputs + outputs) + OVERHEAD) and the free memory.
+# What batches of timed calls may hold beyond the case budget (perf/engine.py: the longer a
+# worker's batch, the tighter the judging process's clock bounds its figures).
+BATCH_EXTRA = 8 << 30
 
-    Every timed call gets an input set of its own, so a queued pass (its calls enqueued back
-    to back behind one spin kernel) holds the inputs of all its calls at once, plus the
-    expected and the returned output of each checked call and the output being made; the
-    verdict holds one example input set besides, and an expected output is computed on a
-    copy of the inputs. Where a pass of every contender with every output checked does not
-    fit, one output a pass is checked (each contender's in turn); where even that does not
-    fit, the contenders are queued in smaller passes."""
+
+def perf_input_plan(input_bytes: int, output_bytes: int, free: int | None, contenders: int,
+                    max_batch: int = 1) -> tuple[int, bool, int, str]:
+    """(contenders per queued pass, one checked output per pass, calls per batch, note) for the
+    perf item, inside the case budget (FACTOR x (inputs + outputs) + OVERHEAD; batches longer
+    than one call may take BATCH_EXTRA more) and the free memory.
+
+    Every timed call gets an input set of its own, so a queued pass (each contender's batch of
+    calls enqueued back to back behind one spin kernel) holds the inputs of all its calls at
+    once, plus the expected and the returned output of each checked call (every call of the
+    candidate's batch, the first of each other contender's) and the output being made; the
+    verdict holds one example input set besides, and an expected output is computed on a copy
+    of the inputs. The batch is the longest up to `max_batch` that fits; where a pass of every
+    contender with every output checked does not fit with batches of one, one output a pass is
+    checked (each contender's in turn); where even that does not fit, the contenders are queued
+    in smaller passes."""
     if free is None or input_bytes + output_bytes <= 0:
-        return contenders, False, ""
+        return contenders, False, max_batch, ""
     limit = min(case_budget(input_bytes, output_bytes), free - OVERHEAD)
 
-    def need(group: int, checked: int) -> int:
-        return (2 + group) * input_bytes + (2 * checked + 1) * output_bytes
+    def need(group: int, batch: int, checked: int) -> int:
+        return (2 + group * batch) * input_bytes + (2 * checked + 1) * output_bytes
 
-    if need(contenders, contenders) <= limit:
-        return contenders, False, ""
-    group = next((g for g in range(contenders, 1, -1) if need(g, 1) <= limit), 1)
+    if need(contenders, 1, contenders) <= limit:
+        roomy = min(limit + BATCH_EXTRA, free - OVERHEAD)
+        batch = next((b for b in range(max_batch, 1, -1) if need(contenders, b, b + contenders - 1) <= roomy), 1)
+        return contenders, False, batch, ""
+    group = next((g for g in range(contenders, 1, -1) if need(g, 1, 1) <= limit), 1)
     smaller = "" if group == contenders else f", and the contenders queued {group} at a time"
-    return group, True, (f"one output checked per queued pass{smaller}: the inputs of a pass of every "
-                         f"contender with every output checked would not fit the case budget of {gib(limit)}")
+    return group, True, 1, (f"one output checked per queued pass{smaller}: the inputs of a pass of every "
+                            f"contender with every output checked would not fit the case budget of {gib(limit)}")

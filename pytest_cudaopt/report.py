@@ -198,11 +198,13 @@ def perf_notes(r: PerfResult) -> list[str]:
             f"{r.label(k)} {v:.1f} s" for k, v in r.compile_seconds.items()))
     m = r.measurement
     if m is not None:
-        flush = f"L2 flushed with {m.flush_bytes / 2**20:.0f} MiB before each run" if m.flush_bytes else "no cache flush"
+        flush = f"L2 flushed with {m.flush_bytes / 2**20:.0f} MiB before each batch" if m.flush_bytes else "no cache flush"
+        batch = f"{m.batch} calls of each contender a round back to back" if m.batch > 1 else "one call of each contender a round"
         stop = {"target_rse": f"every median's relative standard error <= {m.config.target_rse:g}",
                 "max_time": f"time cap of {m.config.max_time:g} s",
                 "max_rounds": "round cap", "all failed": "every contender failed"}.get(m.stop_reason, m.stop_reason)
-        lines.append(f"timing: {m.clock}, {m.rounds} interleaved rounds in {m.seconds:.1f} s, stopped by {stop}; {flush}; "
+        lines.append(f"timing: {m.clock}, {m.rounds} interleaved rounds ({batch}) in {m.seconds:.1f} s, stopped by "
+                     f"{stop}; {flush}; "
                      f"warm-up {m.config.warmup:g} s per contender; every call on a fresh input set ({m.inputs_drawn} drawn)")
         lines.append(_clocks_note(m) + ("; kernel sum: the kernels, copies and memsets of one profiled call"
                                         if r.traces else ""))
@@ -222,9 +224,10 @@ def _clocks_note(m) -> str:
                         "behind, no cache flush), measured in separate runs")
     ahead = (f"; the host stayed ahead in {m.queued_rounds - m.behind_rounds} of {m.queued_rounds} rounds"
              if m.queued_rounds else "")
-    return gated + ("device time: each call queued behind the previous ones with the host ahead of the "
-                    f"GPU, L2 flush kernel before the start event{ahead}; latency: each call from an "
-                    "idle device, launches included")
+    return gated + ("device time: each contender's batch queued with the host ahead of the GPU after an L2 "
+                    f"flush, a call's figure the time between the events before and after it{ahead}; ModelNew "
+                    "in its worker process, its figures checked against this process's clock around the round "
+                    "trip; latency: each call from an idle device, launches included")
 
 
 def _figure_notes(r: PerfResult) -> list[str]:

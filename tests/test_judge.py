@@ -69,7 +69,7 @@ def test_ray_gives_the_lines_of_the_local_pool(judged):
 
 
 def test_no_child_outlives_the_judge(judged):
-    """Children started ahead for stages that never came (the build error's, the segfault's) are ended too."""
+    """No stage child, and no worker of one, is left running once the judge has ended."""
     scratch = str(judged["root"] / "scratch")
     left = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):

@@ -38,20 +38,32 @@ def test_the_perf_items_queued_passes_fit_the_case_budget_checking_fewer_outputs
     # A queued pass holds the inputs of each of its calls, the expected and returned output of
     # each checked call and one output being made, beside an example set and one copy.
     # 1/16 GiB in and out, 4 contenders: (2 + 4) / 16 + 9 / 16 GiB of 2.5 GiB: everything fits.
-    assert memory.perf_input_plan(GiB // 16, GiB // 16, 100 * GiB, 4) == (4, False, "")
+    assert memory.perf_input_plan(GiB // 16, GiB // 16, 100 * GiB, 4) == (4, False, 1, "")
     # 1/4 GiB in and out: budget 4 GiB; every output checked needs 3.75 GiB, it fits.
-    assert memory.perf_input_plan(GiB // 4, GiB // 4, 100 * GiB, 4) == (4, False, "")
+    assert memory.perf_input_plan(GiB // 4, GiB // 4, 100 * GiB, 4) == (4, False, 1, "")
     # 1/2 GiB: budget 6 GiB; every output checked needs 7.5 GiB, one a pass 4.5 GiB.
-    group, one, note = memory.perf_input_plan(GiB // 2, GiB // 2, 100 * GiB, 4)
-    assert (group, one) == (4, True) and "one output checked per queued pass" in note and "6.00 GiB" in note
+    group, one, batch, note = memory.perf_input_plan(GiB // 2, GiB // 2, 100 * GiB, 4, max_batch=32)
+    assert (group, one, batch) == (4, True, 1) and "one output checked per queued pass" in note and "6.00 GiB" in note
     # KernelBench softmax: 6 GiB in, 6 GiB out, budget 50 GiB: three contenders with one output
     # checked a pass take 48 GiB; a fourth would need 54 GiB, so it is queued in a pass of its own.
     assert memory.perf_input_plan(6 * GiB, 6 * GiB, 120 * GiB, 3)[:2] == (3, True)
-    group, one, note = memory.perf_input_plan(6 * GiB, 6 * GiB, 120 * GiB, 4)
+    group, one, _, note = memory.perf_input_plan(6 * GiB, 6 * GiB, 120 * GiB, 4)
     assert (group, one) == (3, True) and "queued 3 at a time" in note
     # Free memory below the budget shrinks it: 30 GiB free leaves 28 GiB, two a pass (36 GiB) do not fit.
     assert memory.perf_input_plan(6 * GiB, 6 * GiB, 30 * GiB, 3)[:2] == (1, True)
-    assert memory.perf_input_plan(6 * GiB, 6 * GiB, None, 4) == (4, False, "")
+    assert memory.perf_input_plan(6 * GiB, 6 * GiB, None, 4) == (4, False, 1, "")
+
+
+def test_batches_of_timed_calls_take_what_fits_the_budget_and_8_gib_more():
+    # 1/16 GiB in and out, 3 contenders: a pass with batches of b holds (2 + 3b) / 16 GiB of inputs
+    # and (2 (b + 2) + 1) / 16 GiB of outputs, (5b + 7) / 16 GiB; the budget 2.5 GiB plus 8 GiB
+    # (168 / 16) fits b = 32 (the cap), and b = 19 with 6.5 GiB free (104 / 16 beyond the overhead).
+    assert memory.perf_input_plan(GiB // 16, GiB // 16, 100 * GiB, 3, max_batch=32)[2] == 32
+    assert memory.perf_input_plan(GiB // 16, GiB // 16, memory.OVERHEAD + 6.5 * GiB, 3, max_batch=64)[2] == 19
+    assert memory.perf_input_plan(GiB // 16, GiB // 16, 100 * GiB, 3, max_batch=8)[2] == 8
+    # Tiny tensors: the cap; 1 GiB free besides the overhead: 12 / 16 GiB for b = 1, 17 / 16 for b = 2.
+    assert memory.perf_input_plan(1 << 20, 1 << 20, 100 * GiB, 3, max_batch=32)[2] == 32
+    assert memory.perf_input_plan(GiB // 16, GiB // 16, memory.OVERHEAD + GiB, 3, max_batch=32)[2] == 1
 
 
 def test_the_float64_run_is_planned_only_where_it_fits():

@@ -288,8 +288,8 @@ def test_the_json_report_round_trips_the_gates_numbers_and_writes_null_for_nan(t
 
 def test_timing_summary_in_the_notes_names_the_stop_rule():
     notes = report.perf_notes(perf_result())
-    assert any(n.startswith("timing: fake, 10 interleaved rounds") and "relative standard error <= 0.005" in n
-               for n in notes)
+    assert any(n.startswith("timing: fake, ") and " interleaved rounds (2 calls of each contender a round back to "
+               "back) in " in n and "relative standard error <= 0.005" in n for n in notes), notes
 
 
 # -- the three figures and the kernel trace ---------------------------------------------------
@@ -318,7 +318,7 @@ def test_the_table_shows_device_time_latency_and_kernel_sum_and_marks_the_gates_
     assert rows["Model (eager)"]["kernel sum"] == "-"  # its trace failed: the notes say why
     assert custom["vs compile"] == "1.50x"  # device time gates
     text = report.perf_table(result)
-    assert "clocks: the gate compares device time. device time: each call queued behind" in text
+    assert "clocks: the gate compares device time. device time: each contender's batch queued" in text
     assert "kernel sum: the kernels, copies and memsets of one profiled call" in text
     data = json.loads(json.dumps(report.record(result)))["data"]
     assert data["gate_clock"] == "device"

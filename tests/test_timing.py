@@ -34,7 +34,8 @@ def table(output, expected):
 
 
 def quick(**overrides):
-    values = dict(warmup=0.0, min_warmup_runs=1, max_time=10.0, target_rse=0.01, min_runs=10)
+    """A short run, one call per contender a pass unless `max_batch` says otherwise."""
+    values = dict(warmup=0.0, min_warmup_runs=1, max_time=10.0, target_rse=0.01, min_runs=10, max_batch=1)
     values.update(overrides)
     return Config(**values)
 
@@ -451,6 +452,27 @@ def test_the_perf_counter_clock_gives_both_figures_on_the_cpu():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")
+def test_a_cuda_batch_chains_its_events_and_gives_every_call_a_figure():
+    def add(x):
+        return x + 1
+
+    def draw(n):
+        return [torch.randn(1 << 20, generator=torch.Generator().manual_seed(n)).cuda()]
+
+    clock = clocks.CudaClock("cuda")
+    assert clock.max_batch == 1   # on a GPU one call a batch for now (perf/clocks.py says why)
+    clock.max_batch = 4
+    m = measure([Contender("a", add), Contender("b", add)], Feed(draw, add), clock=clock,
+                config=quick(max_batch=4, batch_window=1.0, max_time=0.2, target_rse=0.5), compare=table)
+    assert m.batch == 4
+    assert len(m["a"].device) == 4 * len(m["a"].latency) and all(v > 0 for v in m["a"].device)
+    # Back to back after one flush: a batch's later calls are no slower than its first.
+    later = sorted(m["a"].device[i] for i in range(len(m["a"].device)) if i % 4)
+    assert later[len(later) // 2] <= 1.5 * max(m["a"].device[::4])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")
 def test_device_time_leaves_out_the_launches_that_latency_counts():
     x = torch.randn(256, device="cuda")
 
@@ -486,3 +508,30 @@ def test_the_candidate_is_checked_on_every_call_so_a_replay_after_the_first_roun
                 feed(), clock=FakeClock({}, default=MS), config=config, compare=table)
     assert m["sampled"].failure is None  # sampling misses it: why the candidate is checked every call
     assert "differs from the reference" in m["custom"].failure, m["custom"].failure
+
+
+def test_each_contender_of_a_pass_runs_a_batch_sized_from_the_fastest_warm_up():
+    """The fastest contender's call takes 0.5 ms: batches of 4 make its batch last the 2 ms window
+    (at most max_batch); each contender's calls of a pass come back to back, every one on a
+    fresh input set, and every one gives a device sample."""
+    contenders = [Contender(k, doubler) for k in "ab"]
+    clock = FakeClock({"a": 0.5 * MS, "b": 3 * MS})
+    m = measure(contenders, feed(), clock=clock, config=quick(max_batch=8, min_runs=12), compare=table)
+    assert m.batch == 4 and m.to_json()["batch"] == 4
+    first_pass = [key for r, key, _ in m.schedule if r == 0]
+    assert first_pass == ["a"] * 4 + ["b"] * 4 + ["a", "b"]   # the batches, then a latency run each
+    assert len({index for _, _, index in m.schedule}) == len(m.schedule)
+    assert len(m["a"].device) == 4 * m.rounds and len(m["a"].latency) == m.rounds
+    assert len(m["a"].samples) == len(m["a"].device)
+    capped = measure(contenders, feed(), clock=FakeClock({"a": 0.5 * MS, "b": 3 * MS}),
+                     config=quick(max_batch=3), compare=table)
+    assert capped.batch == 3
+
+
+def test_a_batch_checks_every_call_of_the_candidate_and_the_first_of_the_others():
+    m = measure([Contender("base", doubler), Contender("custom", doubler, every_call=True)], feed(),
+                clock=FakeClock({}, default=MS), config=quick(max_batch=3, checked_rounds=1000), compare=table)
+    rounds, batch = m.rounds, m.batch
+    assert batch == 2 and rounds >= 5
+    assert m["base"].checked == 2 * rounds                  # its batch's first call and its latency run
+    assert m["custom"].checked == batch * rounds + rounds   # every call

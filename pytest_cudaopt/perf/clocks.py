@@ -10,6 +10,7 @@ import torch
 import torch.profiler
 
 from pytest_cudaopt.perf.stats import median
+from pytest_cudaopt.perf.remote_runs import RemoteRun, batches, no_scope, remote_batches, time_remote
 
 # What measures a contender is bound here, when this module is first imported (the plugin's
 # bind_timing() imports it before any workdir code runs), so that model_new.py cannot replace
@@ -113,8 +114,9 @@ class GpuLead:
 # Clocks: CUDA events (the real one), perf_counter (CPU contenders), fake (unit tests)
 #
 # A clock times one contender's call in two ways, and the engine uses both every round:
-#   queue(runs)      device time: the round's calls enqueued back to back with the host ahead
-#                    of the GPU; each figure is the time between two events on the GPU;
+#   queue(runs)      device time: the round's calls enqueued with the host ahead of the GPU,
+#                    each contender's consecutive calls a batch back to back after one L2 flush;
+#                    each figure is the time between two events on the GPU;
 #   time(key, run)   latency: one call from an idle device, the host's launches included, with
 #                    a device-wide synchronise after it (the wall-clock escape check).
 # `runs` are (key, run, scope) with `scope()` a context manager entered around the call.
@@ -142,23 +144,25 @@ class Clock(Protocol):
 
 
 class CudaClock:
-    """CUDA events on the current stream, with a cold L2 before every timed call.
+    """CUDA events on the current stream, with a cold L2 before every batch of timed calls.
 
     Device time (`queue`): from an idle device, a spin kernel long enough for the host to
-    enqueue the whole round (GpuLead), then for each call: the L2 flush (a kernel that zeroes
-    a buffer twice the size of L2), `start`, the call, `end`; one synchronise at the end of
-    the round. The GPU runs flush, start, kernels, end back to back, so the events bracket
-    the kernels and the gaps between them, not the host's launch latency. The lead adapts
-    to the host's enqueue time of the previous rounds; a round where the host needed longer
-    than the lead is counted (`behind_rounds`) and shown in the notes.
+    enqueue the whole round (GpuLead), then for each contender's batch: the L2 flush (a kernel
+    that zeroes a buffer twice the size of L2), an event, and each call followed by an event;
+    one synchronise at the end of the round. A call's figure is the time between the event
+    before it and the one after it. The GPU runs flush and calls back to back, so the events
+    bracket the kernels and the gaps between them, not the host's launch latency; the first
+    call of a batch finds L2 cold, the later ones find what the calls before left in it (the
+    weights), each on inputs of its own. The lead adapts to the host's enqueue time of the
+    previous rounds; a round where the host needed longer than the lead is counted
+    (`behind_rounds`) and shown in the notes. A worker's ModelNew is timed the same way in its
+    own process after this process flushed L2 (worker.RemoteModel.time_batch).
 
-    Latency (`time`): synchronise the device, flush, wait, record `start`, call, record
-    `end`, wait for `end` (host time t1), synchronise the whole device (t2). The event time
-    includes the host's launch latency; t2 - t1 is how long work launched by the call kept
-    the device busy after the measured stream had finished (a side stream, deferred work).
-    Starting from an idle device means side-stream work cannot hide behind the flush: it
-    either ends inside [start, end] or shows in t2 - t1."""
+    One call a batch on a GPU (`max_batch`): a worker's batch is checked against the round trip
+    around it, inside which every input set's CUDA IPC handles are opened and every output's
+    shared, costs that grow with the batch while the allowance is one handoff (docs/perf-notes.md)."""
 
+    max_batch = 1
     name = "cuda-events"
     min_lead = 200e-6
     max_lead = 0.1
@@ -207,8 +211,8 @@ class CudaClock:
 
     def runner(self, fn: Callable[..., Any], scope: Callable[[], ContextManager],
                args: Sequence[Any]) -> Callable[[], Any]:
-        if hasattr(fn, "vouched"):
-            return _RemoteRun(fn, args)
+        if hasattr(fn, "time_batch"):
+            return RemoteRun(fn, args)
         if not self.graphs:
             return lambda: fn(*args)
         graph = _CUDAGraph()
@@ -231,21 +235,19 @@ class CudaClock:
         return min(self.max_lead, max(self.min_lead, 1.5 * max(self._hosts) + 100e-6))
 
     def queue(self, runs: Sequence[Run]) -> list[Any]:
-        """Device time of each run; a worker's ModelNew (its run a `_RemoteRun`) is timed by the
-        worker's own events, from an idle device, after this process's runs of the pass."""
-        local = [i for i, r in enumerate(runs) if not isinstance(r[1], _RemoteRun)]
+        """Device time of each run; a worker's ModelNew (its runs `RemoteRun`s) is timed as a
+        batch by the worker, after this process's runs of the pass and an L2 flush of this
+        process's."""
+        local = [i for i, r in enumerate(runs) if not isinstance(r[1], RemoteRun)]
         found = dict(zip(local, self._queue_local([runs[i] for i in local]))) if local else {}
-        for i, (key, run, scope) in enumerate(runs):
-            if i not in found:
-                try:
-                    with scope():
-                        found[i] = self.time(key, run)
-                except Exception as exc:
-                    found[i] = exc
+        for indices in remote_batches(runs):
+            self.flush()
+            found.update(zip(indices, time_remote([runs[i] for i in indices], _remote_sample)))
         return [found[i] for i in range(len(runs))]
 
     def _queue_local(self, runs: Sequence[Run]) -> list[Any]:
-        while len(self._events) < 2 * len(runs):
+        groups = batches(runs)
+        while len(self._events) < len(runs) + len(groups):
             self._events.append(_Event(enable_timing=True))
         _device_synchronize()
         stream = _current_stream(self.device)
@@ -253,42 +255,46 @@ class CudaClock:
         self.lead.enqueue(lead)
         t0 = _perf_counter()
         outcomes: list[Any] = []
-        for i, (key, run, scope) in enumerate(runs):
-            start, end = self._events[2 * i], self._events[2 * i + 1]
-            try:
-                with scope():
-                    self.flush()
-                    _event_record(start, stream)
-                    output = run()
-                    _event_record(end, stream)
-                if not _current_stream(self.device) == stream:
-                    _set_stream(stream)
-                    raise TimingError(f"{key} left a different CUDA stream current after its call; "
-                                      "launch on torch.cuda.current_stream() and do not change it")
-                outcomes.append(output)
-            except Exception as exc:
-                outcomes.append(exc)
+        bounds: list[tuple[Any, Any]] = []   # (event before, event after) of each run
+        events = iter(self._events)
+        for batch in groups:
+            self.flush()
+            before = next(events)
+            _event_record(before, stream)
+            for key, run, scope in batch:
+                after = next(events)
+                try:
+                    with scope():
+                        output = run()
+                    if not _current_stream(self.device) == stream:
+                        _set_stream(stream)
+                        raise TimingError(f"{key} left a different CUDA stream current after its call; "
+                                          "launch on torch.cuda.current_stream() and do not change it")
+                    outcomes.append(output)
+                except Exception as exc:
+                    outcomes.append(exc)
+                _event_record(after, stream)
+                bounds.append((before, after))
+                before = after
         host = _perf_counter() - t0
         _device_synchronize()
         self._hosts = (self._hosts + [host])[-8:]
         self.queued_rounds += 1
         self.behind_rounds += host > lead
         samples: list[Any] = []
-        for i, outcome in enumerate(outcomes):
+        for outcome, (before, after) in zip(outcomes, bounds):
             if isinstance(outcome, BaseException):
                 samples.append(outcome)
                 continue
-            seconds = _event_elapsed_ms(self._events[2 * i], self._events[2 * i + 1]) / 1e3
+            seconds = _event_elapsed_ms(before, after) / 1e3
             samples.append(Sample(seconds=seconds, wall=seconds, escaped=0.0, output=outcome))
         return samples
 
     def time(self, key: str, run: Callable[[], Any]) -> Sample:
         _device_synchronize()
-        if isinstance(run, _RemoteRun):  # the worker's figure, checked against this wall time
-            t0 = _perf_counter()
-            output = run()
-            wall = _perf_counter() - t0
-            return Sample(seconds=run.remote.vouched(wall), wall=wall, escaped=0.0, output=output)
+        if isinstance(run, RemoteRun):  # a batch of one, in the worker
+            self.flush()
+            return time_remote([(key, run, no_scope)], _remote_sample)[0]
         self.flush()
         _device_synchronize()
         stream = _current_stream(self.device)
@@ -308,16 +314,26 @@ class CudaClock:
         return Sample(seconds=seconds, wall=t2 - t0, escaped=t2 - t1, output=output)
 
 
+def _remote_sample(seconds: float, output: Any) -> Sample:
+    return Sample(seconds=seconds, wall=seconds, escaped=0.0, output=output)
+
+
 def _queue_each(runs: Sequence[Run], time_one: Callable[[str, Callable[[], Any]], Sample]) -> list[Any]:
-    """`queue` for clocks without a device: each run timed alone."""
-    samples: list[Any] = []
-    for key, run, scope in runs:
+    """`queue` for clocks without a device: each run timed alone, a worker's as batches."""
+    remote = {i: batch for batch in remote_batches(runs) for i in batch}
+    samples: dict[int, Any] = {}
+    for i, (key, run, scope) in enumerate(runs):
+        if i in samples:
+            continue
+        if i in remote:
+            samples.update(zip(remote[i], time_remote([runs[j] for j in remote[i]], _remote_sample)))
+            continue
         try:
             with scope():
-                samples.append(time_one(key, run))
+                samples[i] = time_one(key, run)
         except Exception as exc:
-            samples.append(exc)
-    return samples
+            samples[i] = exc
+    return [samples[i] for i in range(len(runs))]
 
 
 class PerfCounterClock:
@@ -340,37 +356,20 @@ class PerfCounterClock:
 
     def runner(self, fn: Callable[..., Any], scope: Callable[[], ContextManager],
                args: Sequence[Any]) -> Callable[[], Any]:
-        if hasattr(fn, "vouched"):
-            return _RemoteRun(fn, args)
+        if hasattr(fn, "time_batch"):
+            return RemoteRun(fn, args)
         return lambda: fn(*args)
 
     def queue(self, runs: Sequence[Run]) -> list[Any]:
         return _queue_each(runs, self.time)
 
     def time(self, key: str, run: Callable[[], Any]) -> Sample:
+        if isinstance(run, RemoteRun):  # the worker's figure, where it adds up to this wall time
+            return time_remote([(key, run, no_scope)], _remote_sample)[0]
         t0 = _perf_counter()
         output = run()
         seconds = _perf_counter() - t0
-        remote = getattr(run, "remote", None)
-        if remote is not None:  # the worker's figure, where it adds up to this wall time
-            seconds = remote.vouched(seconds)
         return Sample(seconds=seconds, wall=seconds, escaped=0.0, output=output)
-
-
-class _RemoteRun:
-    """A call of a worker's ModelNew (worker.RemoteModel): the clock takes the worker's own
-    figure for it, checked against the wall time around the round trip."""
-
-    def __init__(self, remote: Any, args: Sequence[Any], keep: bool = True):
-        self.remote, self.args, self.keep = remote, args, keep
-
-    def __call__(self) -> Any:
-        output = self.remote(*self.args)
-        return output if self.keep else None
-
-    def dropped(self) -> "_RemoteRun":
-        """The same call, its output dropped (an unchecked call of a queued pass)."""
-        return _RemoteRun(self.remote, self.args, keep=False)
 
 
 class FakeClock:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 import random
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Sequence
 
 from pytest_cudaopt.perf.clocks import Clock, Sample, TimingError
 from pytest_cudaopt.perf.feed import Call, Feed
-from pytest_cudaopt.perf.stats import Summary, format_seconds, median, relative_standard_error
+from pytest_cudaopt.perf.measurement import ContenderResult, Measurement
+from pytest_cudaopt.perf.stats import format_seconds, median, relative_standard_error
 from pytest_cudaopt.tensors import refill_inputs
 
 CLOCKS = ("device", "latency")  # what the gate can compare: see Config.clock
@@ -49,7 +50,8 @@ class Config:
     warmup: float = 1.0            # seconds of untimed calls per contender (and >= min_warmup_runs)
     max_time: float = 20.0         # seconds of timed rounds; the round running when it is hit completes
     target_rse: float = 0.005      # stop once every median's relative standard error is below this
-    min_runs: int = 50             # timed runs per contender before the stop rule may fire
+    min_runs: int = 50             # timed runs per contender before the stop rule may fire ...
+    min_rounds: int = 5            # ... and rounds (each gives every contender one latency run: the escape check)
     min_warmup_runs: int = 3
     max_rounds: int = 100_000
     check_fraction: float = 0.05   # share of timed rounds (after the first `checked_rounds`) whose outputs are checked
@@ -60,6 +62,8 @@ class Config:
     clock: str = "device"          # the figure the stop rule and the gate use: "device" or "latency"
     queue_group: int = 0           # contenders per queued pass (0: all; fewer when their inputs do not fit)
     one_check_per_pass: bool = False  # a checked queued pass keeps one output, not one per contender (memory)
+    batch_window: float = 2e-3     # a pass gives each contender a batch of calls this long (the fastest's) ...
+    max_batch: int = 32            # ... of at most this many (the memory plan's; the clock may cap it)
 
     def __post_init__(self) -> None:
         if self.clock not in CLOCKS:
@@ -77,95 +81,6 @@ class Config:
 
 # ---------------------------------------------------------------------------------------
 # The engine
-
-
-@dataclass
-class ContenderResult:
-    """One contender's runs: `device` and `latency` per timed round, `samples` the ones of
-    the clock that gates (Config.clock), `walls`/`escapes` of the latency runs."""
-
-    key: str
-    label: str
-    samples: list[float] = field(default_factory=list)
-    device: list[float] = field(default_factory=list)
-    latency: list[float] = field(default_factory=list)
-    walls: list[float] = field(default_factory=list)
-    escapes: list[float] = field(default_factory=list)
-    warmup_runs: int = 0
-    warmup_seconds: float = 0.0
-    checked: int = 0
-    failure: str | None = None
-    error: BaseException | None = field(default=None, repr=False)  # what the contender raised
-
-    @property
-    def summary(self) -> Summary:
-        return Summary.of(self.samples)
-
-    @property
-    def device_summary(self) -> Summary:
-        return Summary.of(self.device)
-
-    @property
-    def latency_summary(self) -> Summary:
-        return Summary.of(self.latency)
-
-    @property
-    def wall_median(self) -> float:
-        return median(self.walls) if self.walls else math.nan
-
-    @property
-    def escape_median(self) -> float:
-        return median(self.escapes) if self.escapes else math.nan
-
-    def fail(self, reason: str) -> None:
-        if self.failure is None:
-            self.failure = reason
-
-    def to_json(self) -> dict[str, Any]:
-        s = self.summary
-        # NaN and infinite figures (no samples) become null in the JSON writer.
-        return {"key": self.key, "label": self.label, "n": s.n, "median_s": s.median,
-                "q1_s": s.q1, "q3_s": s.q3, "iqr_s": s.iqr, "rse": s.rse, "min_s": s.minimum,
-                "device_median_s": self.device_summary.median, "device_iqr_s": self.device_summary.iqr,
-                "latency_median_s": self.latency_summary.median, "latency_iqr_s": self.latency_summary.iqr,
-                "wall_median_s": self.wall_median,
-                "escape_median_s": self.escape_median, "warmup_runs": self.warmup_runs,
-                "warmup_s": self.warmup_seconds, "outputs_checked": self.checked,
-                "failure": self.failure}
-
-
-@dataclass
-class Measurement:
-    results: dict[str, ContenderResult]
-    schedule: list[tuple[int, str, int]]  # (round, contender key, input set) of every timed call, in run order
-    rounds: int
-    stop_reason: str                      # "target_rse" | "max_time" | "max_rounds" | "all failed"
-    seconds: float
-    clock: str
-    flush_bytes: int
-    escape_floor: float
-    config: Config
-    queued_rounds: int = 0     # rounds timed with the host ahead of the GPU (device time) ...
-    behind_rounds: int = 0     # ... and among them, rounds where the host needed longer than the lead
-    inputs_drawn: int = 0      # input sets drawn (one per call), and the host time drawing them and
-    draw_seconds: float = 0.0  # computing the checked calls' expected outputs took (outside the timing)
-
-    @property
-    def gate_clock(self) -> str:
-        return self.config.clock
-
-    def __getitem__(self, key: str) -> ContenderResult:
-        return self.results[key]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"clock": self.clock, "gate_clock": self.gate_clock, "queued_rounds": self.queued_rounds,
-                "behind_rounds": self.behind_rounds, "rounds": self.rounds, "stop_reason": self.stop_reason,
-                "seconds": self.seconds, "flush_bytes": self.flush_bytes,
-                "escape_floor_s": self.escape_floor,
-                "target_rse": self.config.target_rse, "max_time_s": self.config.max_time,
-                "warmup_s": self.config.warmup, "inputs_drawn": self.inputs_drawn,
-                "draw_s": self.draw_seconds, "queue_group": self.config.queue_group,
-                "contenders": [r.to_json() for r in self.results.values()]}
 
 
 Compare = Callable[[Any, Any], "str | None"]  # (output, expected) -> None, or the failure table
@@ -211,6 +126,8 @@ class Engine:
         self.fixed = bool(getattr(clock, "graphs", False))
         self.slots: dict[str, list] = {}
         self.runners: dict[str, Callable[[], Any]] = {}
+        self.batch = 1                           # chosen after the warm-up (choose_batch) ...
+        self.warm: dict[str, list[float]] = {}   # ... from each contender's warm-up figures
 
     # -- one call ------------------------------------------------------------------------
 
@@ -280,17 +197,31 @@ class Engine:
         for key in self.keys:
             start, runs = self.clock.now(), 0
             while runs < self.config.min_warmup_runs or self.clock.now() - start < self.config.warmup:
-                if self.run_once(self.call(key)) is None:
+                sample = self.run_once(self.call(key))
+                if sample is None:
                     break
+                self.warm.setdefault(key, []).append(sample.seconds)
                 runs += 1
             self.results[key].warmup_runs = runs
             self.results[key].warmup_seconds = self.clock.now() - start
             if self.fixed and not self.failed(key):
                 self._capture(key)
+        self.batch = self.choose_batch()
         alive = self.alive()
-        for key, outcome in zip(alive, self.queue([self.call(k) for k in alive]) if alive else []):
+        calls = [self.call(k) for k in alive for _ in range(self.batch)]
+        for call, outcome in zip(calls, self.queue(calls) if calls else []):
             if isinstance(outcome, BaseException):
-                self.record_error(key, outcome)
+                self.record_error(call.key, outcome)
+
+    def choose_batch(self) -> int:
+        """Calls per contender in a queued pass: enough for the fastest contender's batch to
+        last `batch_window` (by the later half of its warm-up figures), at most `max_batch` and
+        the clock's own cap (CudaClock: one); a CUDA graph replays one slot of inputs: one call."""
+        if self.fixed:
+            return 1
+        per_call = [median(self.warm[k][len(self.warm[k]) // 2:]) for k in self.alive() if self.warm.get(k)]
+        cap = min(self.config.max_batch, getattr(self.clock, "max_batch", None) or self.config.max_batch)
+        return max(1, min(cap, math.ceil(self.config.batch_window / max(min(per_call), 1e-9)))) if per_call else 1
 
     def _capture(self, key: str) -> None:
         contender = self.by_key[key]
@@ -309,16 +240,17 @@ class Engine:
         return [list(order[i:i + size]) for i in range(0, len(order), size)]
 
     def round(self) -> None:
-        """Every live contender, in `round_order`: first queued back to back with the host
-        ahead of the GPU (device time; all of a pass's inputs drawn before it starts), then
-        each from an idle device (latency), every call on a fresh input set. A checked round
-        compares both runs' outputs with the reference's on the same inputs."""
+        """Every live contender, in `round_order`: first queued with the host ahead of the GPU,
+        `batch` calls each back to back after one L2 flush (device time; a pass's inputs drawn
+        before it starts), then each once from an idle device (latency), every call on a fresh
+        input set. A checked round compares outputs with the reference's on the same inputs:
+        every call's of a contender checked every call (the candidate), the batch's first's else."""
         checked_round = self.feed.reference is not None and (
             self.rounds < self.config.checked_rounds or self.rng.random() < self.config.check_fraction)
         order = [k for k in round_order(self.keys, self.rounds) if not self.failed(k)]
         checks = {key: self.feed.reference is not None and self.by_key[key].check
                   and (checked_round or self.by_key[key].every_call) for key in order}
-        device: dict[str, float] = {}
+        device: dict[str, list[float]] = {}
         for group in self._groups(order):
             kept = [k for k in group if checks[k]]
             if self.config.one_check_per_pass and kept:
@@ -327,13 +259,16 @@ class Engine:
                 # latency run is still checked.
                 every = [k for k in kept if self.by_key[k].every_call]
                 kept = every[:1] or [kept[self.rounds % len(kept)]]
-            calls = [self.call(key, key in kept) for key in group]
+            calls = [self.call(key, key in kept and (i == 0 or self.by_key[key].every_call))
+                     for key in group for i in range(self.batch)]
             for call, outcome in zip(calls, self.queue(calls)):
                 self.schedule.append((self.rounds, call.key, call.index))
+                if self.failed(call.key):
+                    continue
                 if isinstance(outcome, BaseException):
                     self.record_error(call.key, outcome)
                     continue
-                device[call.key] = outcome.seconds
+                device.setdefault(call.key, []).append(outcome.seconds)
                 if call.checked:  # the queued outputs are checked (and freed) before the latency runs
                     self.check_output(call, outcome.output, "queued")
                 del outcome
@@ -343,15 +278,15 @@ class Engine:
                 self._latency_run(self.call(key, checks[key]), device[key])
         self.rounds += 1
 
-    def _latency_run(self, call: Call, device_seconds: float) -> None:
+    def _latency_run(self, call: Call, device_seconds: list[float]) -> None:
         self.schedule.append((self.rounds, call.key, call.index))
         sample = self.run_once(call)
         if sample is None:
             return
         result = self.results[call.key]
-        result.device.append(device_seconds)
+        result.device.extend(device_seconds)
         result.latency.append(sample.seconds)
-        result.samples.append(device_seconds if self.config.clock == "device" else sample.seconds)
+        result.samples.extend(device_seconds if self.config.clock == "device" else [sample.seconds])
         result.walls.append(sample.wall)
         result.escapes.append(sample.escaped)
         if call.checked:
@@ -376,7 +311,8 @@ class Engine:
             self.round()
             live = [self.results[k] for k in self.alive()]
             if self.rounds >= next_check or self.rounds <= 50:
-                if live and precise_enough([r.samples for r in live], self.config):
+                if live and self.rounds >= self.config.min_rounds and precise_enough([r.samples for r in live],
+                                                                                      self.config):
                     stop_reason = "target_rse"
                     break
                 next_check = max(self.rounds + 1, math.ceil(self.rounds * 1.05))
@@ -392,7 +328,7 @@ class Engine:
                            queued_rounds=getattr(self.clock, "queued_rounds", 0) - queued_before,
                            behind_rounds=getattr(self.clock, "behind_rounds", 0) - behind_before,
                            inputs_drawn=self.feed.drawn - self.feed_before[0],
-                           draw_seconds=self.feed.seconds - self.feed_before[1])
+                           draw_seconds=self.feed.seconds - self.feed_before[1], batch=self.batch)
 
 
 def measure(contenders: Sequence[Contender], feed: Feed, *, clock: Clock, config: Config = Config(),

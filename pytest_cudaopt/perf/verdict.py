@@ -92,10 +92,11 @@ def _feed(workdir: Any, model: torch.nn.Module, seed: int, device: torch.device)
     return Feed(draw, reference)
 
 
-def _plan(feed: Feed, example: list, device: torch.device, contenders: int) -> tuple[int, bool, str]:
+def _plan(feed: Feed, example: list, device: torch.device, contenders: int,
+          max_batch: int) -> tuple[int, bool, int, str]:
     """`memory.perf_input_plan` for inputs and outputs the size of `example`'s."""
     output_bytes = nbytes(feed.expected(example))
-    return memory.perf_input_plan(nbytes(example), output_bytes, memory.free_bytes(device), contenders)
+    return memory.perf_input_plan(nbytes(example), output_bytes, memory.free_bytes(device), contenders, max_batch)
 
 
 def _traces(lineup_: lineup.Lineup, measurement: engine.Measurement, args: list, tracer: Any) -> dict:
@@ -140,10 +141,11 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
         for contender in line.contenders:
             if contender.key not in tiers:
                 tiers[contender.key] = _tier(model, contender.fn, example, contender.scope)[0]
-        group, one_check, plan_note = _plan(feed, example, device, len(line.contenders))
+        group, one_check, batch, plan_note = _plan(feed, example, device, len(line.contenders),
+                                                   engine.Config.max_batch)
         del example  # every timed call draws its own
         config = engine.Config.from_settings(settings, seed=derive_seed(seed, "perf", "checks"),
-                                             queue_group=group, one_check_per_pass=one_check)
+                                             queue_group=group, one_check_per_pass=one_check, max_batch=batch)
         measurement = engine.measure(line.contenders, feed, clock=clock, config=config,
                                      compare=_compare(settings))
         traces = _traces(line, measurement, feed.next()[1], tracer)

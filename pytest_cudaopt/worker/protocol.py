@@ -31,6 +31,7 @@ KEPT_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR
             "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING", "TORCH_CUDA_ARCH_LIST")
 KEPT_PREFIXES = ("LC_",)
 ARENA_BYTES = 64 << 20   # each direction's half; larger tensors take torch's shared-memory files
+LEAD_S = 500e-6  # the spin before a timed batch on CUDA (perf.clocks.GpuLead); client.HANDOFF_SLACK_S covers it
 ALIGN = 64
 
 # torch's reduction of a tensor too large for the arena or on CUDA: the globals it may name.

@@ -6,7 +6,7 @@ import weakref
 from typing import Any
 
 from pytest_cudaopt.tensors import clone_nest
-from pytest_cudaopt.worker.client import Worker
+from pytest_cudaopt.worker.client import Worker, WorkerFailed
 
 # On the CPU, what a loaded host's late wakeups may add to a round trip beyond the handoff: an
 # honest call is never raised for the scheduler's milliseconds (the in-process baselines pay no
@@ -65,20 +65,22 @@ class RemoteExtension:
 
 
 class RemoteModel:
-    """ModelNew in the worker, as the verdict code calls it: `model(*inputs)` (a timed call:
-    outputs as the worker produced them, ordered on this process's stream), `checked_call`
-    (a correctness call with the worker's observations), `state_dict`, `load_state_dict`."""
+    """ModelNew in the worker, as the verdict code calls it: `time_batch` (timed calls, their
+    figures checked against this process's clock), `model(*inputs)` (one such call, its output),
+    `checked_call` (a correctness call with the worker's observations), `state_dict`,
+    `load_state_dict`."""
 
     def __init__(self, worker: Worker, key: int, device: str, keys: list[str]):
         self.worker = worker
         self.key = key
         self.device = device
         self.keys = keys
-        self.last_seconds = 0.0
-        self.last_io: Any = None  # (inputs, output) of the last timed call, for `vouched`
         weakref.finalize(self, worker.dropped.append, key)
         self.timed_calls = 0
-        self.raised: list[float] = []  # by how much `vouched` raised a worker's figure, per call it did
+        self.raised: list[float] = []  # by how much `time_batch` raised a worker's figure, per call it did
+        # ModelNew's state as the worker reported it with the last request that could change it
+        # (loading Model's state, a checked call): what `state_dict` answers without a round trip.
+        self._state: dict | None = None
 
     def eval(self) -> "RemoteModel":
         return self
@@ -87,70 +89,100 @@ class RemoteModel:
         return self
 
     def __call__(self, *inputs: Any) -> Any:
-        if self.device.startswith("cuda"):
+        return self.time_batch([list(inputs)])[0][0]
+
+    def time_batch(self, sets: list[list]) -> list[tuple[Any, float]]:
+        """ModelNew on each input set, back to back in the worker: (output, seconds) per set.
+
+        The worker times its own calls (CUDA events chained through the batch behind a spin that
+        gets its host ahead; on the CPU its wall time); this process times the round trip around
+        the batch, and the figures must add up to it: a sum above it is a TimingError; a sum
+        below it by more than the allowance counts as the round trip less the allowance, the
+        deficit spread over the calls. The allowance is a handoff (`Worker.handoff_bound`, from a
+        ping right after the batch: it covers the worker's spin and the copies through the CPU
+        arena), and on the CPU CPU_WAKEUP_S. So a worker that under-reports (a patched timer, a
+        detoured cudaEventElapsedTime, work on a side stream that outlives its calls) gains at
+        most the allowance per batch."""
+        from pytest_cudaopt.perf.clocks import host_time
+        from pytest_cudaopt.tensors import nbytes
+
+        worker = self.worker
+        self._state = None   # a forward that changes ModelNew's state: read again when asked
+        cuda = self.device.startswith("cuda")
+        if cuda:
             # The inputs are complete before the worker reads them; no stream of either process
             # waits on the other's (a wait across CUDA contexts holds the GPU for a time slice).
             import torch
 
             torch.cuda.synchronize()
-        reply = self.worker.request({"op": "call", "id": self.key, "inputs": list(inputs), "device": self.device,
-                                     "what": "ModelNew.forward"}, what="calling ModelNew", relay=False)
-        self.last_seconds = float(reply.get("seconds", 0.0))
-        output = reply.get("output")
-        self.last_io = (inputs, output)
+        request = {"op": "time", "id": self.key, "inputs": [list(s) for s in sets], "device": self.device,
+                   "what": "ModelNew.forward"}
+        started = host_time()
+        reply = worker.request(request, what="timing ModelNew", relay=False)
+        outer = host_time() - started
+        seconds = [float(x) for x in reply.get("seconds", ())]
+        outputs = list(reply.get("outputs") or [])
+        if len(outputs) != len(sets):
+            raise WorkerFailed(f"the candidate's worker process answered {len(outputs)} outputs for a batch of "
+                               f"{len(sets)} timed calls")
+        slack = worker.handoff_bound(worker.ping(), nbytes(sets) + nbytes(outputs))
+        seconds = self._checked(seconds, outer, slack + (0.0 if cuda else CPU_WAKEUP_S), len(sets))
         # CPU outputs are views of the arena, which the worker's next reply rewrites.
-        return clone_nest(output) if not self.device.startswith("cuda") else output
+        return [(clone_nest(o) if not cuda else o, t) for o, t in zip(outputs, seconds)]
 
-    def vouched(self, outer: float) -> float:
-        """The worker's own figure for its last call, as far as this process's wall time
-        around the round trip (`outer`) bears it out: never above `outer` (else TimingError),
-        and never below `outer` less what a handoff takes now (a ping right after the call,
-        `Worker.handoff_bound`): a worker that under-reports (a patched perf_counter, a
-        detoured clock_gettime or cudaEventElapsedTime) gains at most the handoff. On the CPU
-        the allowance is CPU_WAKEUP_S larger (a loaded host's wakeups); a worker that
-        under-reports every call by more than that is timed by this process's clock."""
+    def _checked(self, seconds: list[float], outer: float, slack: float, calls: int) -> list[float]:
+        """The worker's figures as far as `outer` (this process's time for the batch) bears them
+        out: their sum never above it (else TimingError), never below it by more than `slack`."""
         from pytest_cudaopt.perf.clocks import TimingError
-        from pytest_cudaopt.tensors import nbytes
 
-        seconds = self.last_seconds
-        if not 0.0 <= seconds <= outer:
-            raise TimingError(f"the worker's figure for a call of ModelNew ({seconds * 1e6:.1f} us) is more than "
-                              f"the {outer * 1e6:.1f} us this process measured around it: the candidate's process "
-                              "misreported its time")
-        inputs, output = self.last_io
-        self.last_io = None
-        bound = self.worker.handoff_bound(self.worker.ping(), nbytes(list(inputs)) + nbytes(output))
-        if not self.device.startswith("cuda"):
-            bound += CPU_WAKEUP_S
-        self.timed_calls += 1
-        if outer - seconds > bound:
-            self.raised.append(outer - seconds - bound)
-            return outer - bound
-        return seconds
+        if len(seconds) != calls or not all(0.0 <= x for x in seconds):
+            raise TimingError(f"the candidate's process answered {len(seconds)} figures, some negative, for "
+                              f"{calls} timed calls of ModelNew")
+        total = sum(seconds)
+        if total > outer * (1 + 1e-3) + 2e-6:
+            raise TimingError(f"the worker's figures for {calls} calls of ModelNew ({total * 1e6:.1f} us) add up to "
+                              f"more than the {outer * 1e6:.1f} us this process measured around them: the "
+                              "candidate's process misreported its time")
+        self.timed_calls += calls
+        deficit = outer - total - slack
+        if deficit <= 0:
+            return seconds
+        self.raised += [deficit / calls] * calls
+        return [x + deficit / calls for x in seconds]
 
     def timing_note(self) -> str:
-        """What `vouched` changed, for the report ("" when nothing)."""
+        """What `time_batch` changed, for the report ("" when nothing)."""
         if not self.raised:
             return ""
         most = max(self.raised)
-        return (f"on {len(self.raised)} of {self.timed_calls} timed calls the worker's own figure fell short of this "
-                f"process's wall time by more than a handoff takes (by up to {most * 1e6:.1f} us): those calls count "
-                "the wall time less the handoff")
+        return (f"on {len(self.raised)} of {self.timed_calls} timed calls the worker's own figures fell short of this "
+                f"process's clock by more than the batch's allowance (by up to {most * 1e6:.1f} us a call): those "
+                "calls count this process's time less the allowance")
 
     def checked_call(self, inputs: list, allowed: frozenset[str], names: list[str] | None) -> dict:
         """A correctness call: the reply's `output`, `audit` (descriptions of ops outside the
         allow-list) and `guard` ((check, message) of an output that is no fresh tensor)."""
-        return self.worker.request({"op": "call", "id": self.key, "inputs": list(inputs), "device": self.device,
-                                    "check": True,
-                                    "allowed": sorted(allowed), "names": names, "what": "ModelNew.forward"},
-                                   what="calling ModelNew", copy_back=True)
+        self._state = None
+        reply = self.worker.request({"op": "call", "id": self.key, "inputs": list(inputs), "device": self.device,
+                                     "check": True,
+                                     "allowed": sorted(allowed), "names": names, "what": "ModelNew.forward"},
+                                    what="calling ModelNew", copy_back=True)
+        self._state = reply.pop("state", None)
+        return reply
 
     def state_dict(self) -> dict:
-        return self.worker.request({"op": "state", "id": self.key}, what="reading ModelNew's state")["state"]
+        """ModelNew's state after the last request that could change it (its reply carried it:
+        no round trip), else read now. Nothing of the workdir's runs in the worker between
+        requests but what a request runs."""
+        if self._state is None:
+            self._state = self.worker.request({"op": "state", "id": self.key}, what="reading ModelNew's state")["state"]
+        return self._state
 
     def load_state(self, state: dict, buffers: dict, model_file: str = "model.py") -> None:
-        self.worker.request({"op": "load_state", "id": self.key, "state": state, "buffers": buffers,
-                             "model_file": model_file}, what="loading Model's state into ModelNew")
+        self._state = None
+        reply = self.worker.request({"op": "load_state", "id": self.key, "state": state, "buffers": buffers,
+                                     "model_file": model_file}, what="loading Model's state into ModelNew")
+        self._state = reply.get("state")
 
     def trace_events(self, inputs: list, lead: float, flush_bytes: int | None) -> tuple[list, bool]:
         reply = self.worker.request({"op": "trace", "id": self.key, "inputs": list(inputs), "device": self.device,

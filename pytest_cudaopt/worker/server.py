@@ -26,7 +26,6 @@ from typing import Any
 from pytest_cudaopt.worker import protocol, sandbox
 
 
-LEAD_S = 500e-6  # the spin before a timed call on CUDA (perf.clocks.GpuLead)
 
 
 class Server:
@@ -41,8 +40,8 @@ class Server:
         self.models: dict[int, Any] = {}
         self.history = None       # guards.OutputHistory: outputs of earlier calls still alive
         self.kept: Any = None     # the last reply's tensors, alive until the next request
-        self.flush = None         # the L2 flush buffer and the two timing events of timed calls on CUDA
-        self.timing: Any = None
+        self.lead = None          # perf.clocks.GpuLead: the spin before a timed batch on CUDA
+        self.events: list = []    # timing events, reused batch to batch
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -198,63 +197,82 @@ class Server:
     def op_load_state(self, request: dict) -> dict:
         from pytest_cudaopt.workdir import load_state
 
-        load_state(self.models[request["id"]], request["state"], request.get("buffers") or {},
+        model = self.models[request["id"]]
+        load_state(model, request["state"], request.get("buffers") or {},
                    request.get("model_file", "model.py"), self.workdir.model_new_file.name)
-        return {}
+        return {"state": self._state(model)}
 
     def op_state(self, request: dict) -> dict:
-        model = self.models[request["id"]]
-        return {"state": {k: v.detach().clone() for k, v in model.state_dict().items()
-                          if isinstance(v, self.torch.Tensor)}}
+        return {"state": self._state(self.models[request["id"]])}
+
+    def _state(self, model: Any) -> dict:
+        """A copy of ModelNew's state as it is now (the judging process compares it with what it
+        loaded: a forward that changes its parameters or buffers fails)."""
+        return {k: v.detach().clone() for k, v in model.state_dict().items() if isinstance(v, self.torch.Tensor)}
 
     # -- calls ---------------------------------------------------------------------------------
 
     def op_call(self, request: dict) -> dict:
-        """One call. `check`: under poisoned memory and the op audit, the device synchronised,
-        the outputs' storage examined; else (a timed call) the call only, then this worker's
-        worker's own timing (`_timed`)."""
+        """One correctness call: under poisoned memory and the op audit, the device
+        synchronised, the outputs' storage examined; ModelNew's state after it."""
         from pytest_cudaopt.correctness import guards
 
         model = self.models[request["id"]]
         inputs = list(request["inputs"])
         device = self.torch.device(request.get("device", "cpu"))
-        if not request.get("check"):
-            return self._timed(model, inputs, device)
         found = guards.call_locally(model, inputs, device, self.workdir.path, self.extension,
                                     frozenset(request.get("allowed", ())), self.history,
                                     request.get("names"))
         output, audit, guard = found
         self.history.add(output)
-        return {"output": output, "audit": [op.describe() for op in audit], "guard": guard}
+        return {"output": output, "audit": [op.describe() for op in audit], "guard": guard, "state": self._state(model)}
 
-    def _timed(self, model: Any, inputs: list, device: Any) -> dict:
-        """A timed call: on CUDA the L2 flushed, events on this worker's stream around the call
-        and the whole device synchronised after it (the outputs are complete when the reply
-        goes); on the CPU the wall time around it. `seconds` is this process's own figure,
-        which the judging process checks against its wall time around the round trip."""
+    # -- timed batches -------------------------------------------------------------------------
+
+    def op_time(self, request: dict) -> dict:
+        """A timed batch: ModelNew on each input set sent, back to back on the current stream
+        behind a spin that gets the host ahead, each call's figure the time between the events
+        before and after it (on the CPU its wall time); the device synchronised before the
+        reply. The judging process checks the figures against its own clock around the round
+        trip (remote.RemoteModel.time_batch)."""
         torch = self.torch
+        device = torch.device(request.get("device", "cpu"))
+        model = self.models[request["id"]]
+        calls = [lambda inputs=list(inputs): model(*inputs) for inputs in request["inputs"]]
         if device.type != "cuda":
-            started = time.perf_counter()
+            seconds, outputs = [], []
             with torch.no_grad():
-                output = model(*inputs)
-            return {"output": output, "seconds": time.perf_counter() - started}
-        from pytest_cudaopt.perf.clocks import GpuLead
-
-        if self.flush is None:
-            l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
-            self.flush = torch.empty(max(2 * l2, 64 << 20) // 4, dtype=torch.int32, device=device)
-            self.timing = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            self.lead = GpuLead(device)
-        start, end = self.timing
-        stream = torch.cuda.current_stream()
-        self.lead.enqueue(LEAD_S)  # the host gets ahead: the events bracket the kernels, not the launches
-        self.flush.zero_()
-        start.record(stream)
-        with torch.no_grad():
-            output = model(*inputs)
-        end.record(stream)
+                for call in calls:
+                    started = time.perf_counter()
+                    outputs.append(call())
+                    seconds.append(time.perf_counter() - started)
+            return {"outputs": outputs, "seconds": seconds}
         torch.cuda.synchronize()
-        return {"output": output, "seconds": start.elapsed_time(end) / 1e3}
+        stream = torch.cuda.current_stream()
+        while len(self.events) < len(calls) + 1:
+            self.events.append(torch.cuda.Event(enable_timing=True))
+        events = self.events[:len(calls) + 1]
+        if self.lead is None:
+            from pytest_cudaopt.perf.clocks import GpuLead
+
+            self.lead = GpuLead(device)
+        self.lead.enqueue(protocol.LEAD_S)  # the host gets ahead: the events bracket the kernels, not the launches
+        outputs = []
+        events[0].record(stream)
+        with torch.no_grad():
+            for call, end in zip(calls, events[1:]):
+                outputs.append(call())
+                if torch.cuda.current_stream() != stream:
+                    torch.cuda.set_stream(stream)
+                    raise RuntimeError("ModelNew.forward left a different CUDA stream current after its call; "
+                                       "launch on torch.cuda.current_stream() and do not change it")
+                end.record(stream)
+        torch.cuda.synchronize()
+        return self._figures(events, outputs)
+
+    @staticmethod
+    def _figures(events: list, outputs: list) -> dict:
+        return {"outputs": outputs, "seconds": [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]}
 
     def op_trace(self, request: dict) -> dict:
         """One call under the profiler (perf.trace.ProfilerTracer): its Chrome-trace events."""

@@ -1,0 +1,231 @@
+"""Where one judge stage's time goes: a gallery workdir's check and perf sessions, each run as the judge runs it (`pytest -m ...`), under cProfile, with every worker request and every start-up step timed from the judging side.
+
+    python3 benchmarks/stage_profile.py [--problem leaky_relu --variant honest] [--out DIR]     # GPU
+    python3 benchmarks/stage_profile.py --cpu --out DIR                                         # CPU (cpu_scale)
+
+The workdir is built once first (`cudaopt build`, not profiled). Each stage is a fresh
+`python -m cProfile -m pytest` with this file as a plugin (`-p stage_profile`), which wraps
+Worker.start's steps and Worker.request (time by op, on the judging side), and starts the
+workers through a zygote of this file's (`--zygote NAME`: worker.zygote's, as the judge starts
+one; each fork's server times and profiles every op and lists what it imported; the stats are
+written when the worker is told to stop). Results:
+OUT/<stage>.txt (the request tables of both sides, pytest's phases, the cProfile functions of
+pytest_cudaopt by cumulative time in each process), OUT/<stage>.prof, OUT/<stage>-worker.prof.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import io
+import json
+import os
+import pstats
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+STAGES = {"check": "not perf and not policy and not memsafety", "memsafety": "memsafety", "perf": "perf"}
+
+
+# ------------------------------------------------------------- the plugin (in each pytest child)
+
+_requests: dict[str, list[float]] = {}
+_steps: dict[str, list[float]] = {}
+_t0 = time.perf_counter()
+
+
+def _timed(table: dict, key_of):
+    def wrap(fn):
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                table.setdefault(key_of(args, kwargs), []).append(time.perf_counter() - started)
+        return timed
+    return wrap
+
+
+def _stop_and_collect(stop):
+    """Worker.stop, after asking the worker to stop (it writes its stats) and copying them out."""
+    def collecting(self):
+        from pytest_cudaopt.worker import protocol
+
+        out = os.environ.get("STAGE_PROFILE_JSON")
+        if self.conn is not None and self.alive() and out:
+            try:
+                protocol.send(self.conn, {"op": "stop"}, self.arena, "judge")
+                self.proc.wait(timeout=20)
+            except Exception:  # noqa: BLE001 - a dead worker: no stats
+                pass
+            for name in ("worker-ops.json", "worker.prof"):
+                found = self.scratch / name if self.scratch else None
+                if found is not None and found.is_file():
+                    Path(out).with_name(Path(out).stem + "-" + name).write_bytes(found.read_bytes())
+        return stop(self)
+    return collecting
+
+
+def pytest_configure(config):
+    from pytest_cudaopt.worker import client, zygote
+
+    W = client.Worker
+    W.stop = _stop_and_collect(W.stop)
+    W.request = _timed(_requests, lambda a, k: str(a[1].get("op")))(W.request)
+    for name in ("start", "confine", "calibrate", "stop"):
+        setattr(W, name, _timed(_steps, lambda a, k, n=name: f"Worker.{n}")(getattr(W, name)))
+    zygote.spawn = _timed(_steps, lambda a, k: "zygote.spawn")(zygote.spawn)
+    _steps["configure (since interpreter start of this module)"] = [time.perf_counter() - _t0]
+    out = os.environ.get("STAGE_PROFILE_JSON")
+    if out:
+        atexit.register(lambda: Path(out).write_text(json.dumps({"requests": _requests, "steps": _steps})))
+
+
+def pytest_collection_finish(session):
+    _steps["collection done (since plugin import)"] = [time.perf_counter() - _t0]
+
+
+# ------------------------------------------------------------- the worker (`--worker FD`)
+
+
+def serve_zygote(name: str) -> int:
+    """The plugin's zygote (worker.zygote.serve), its forks' server timing and profiling each op
+    and listing the modules the worker imported after the fork."""
+    import cProfile
+
+    from pytest_cudaopt.worker import server, zygote
+
+    serve_plain = server.main
+
+    def profiled_main(argv):
+        profile, ops, before = cProfile.Profile(), {}, set(sys.modules)
+        for name in [n for n in dir(server.Server) if n.startswith("op_")]:
+            def timed(self, request, _fn=getattr(server.Server, name), _name=name[3:]):
+                # A checked call is left unprofiled: the op audit owns sys.setprofile there.
+                profiled = not request.get("check")
+                started = time.perf_counter()
+                if profiled:
+                    profile.enable()
+                try:
+                    return _fn(self, request)
+                finally:
+                    if profiled:
+                        profile.disable()
+                    ops.setdefault(_name + (" (checked)" if not profiled else ""), []).append(
+                        time.perf_counter() - started)
+            setattr(server.Server, name, timed)
+        try:
+            return serve_plain(argv)
+        finally:  # the cwd is the worker's scratch folder, the one place it may write
+            new = sorted(set(sys.modules) - before)
+            Path("worker-ops.json").write_text(json.dumps({"ops": ops, "imported": new}))
+            profile.dump_stats("worker.prof")
+
+    server.main = profiled_main
+    return zygote.serve(name)
+
+
+# ------------------------------------------------------------- the driver
+
+
+def _table(title: str, table: dict) -> list[str]:
+    lines = [title, f"  {'name':34} {'n':>5} {'total ms':>10} {'median ms':>10} {'max ms':>9}"]
+    for key, values in sorted(table.items(), key=lambda kv: -sum(kv[1])):
+        s = sorted(values)
+        lines.append(f"  {key:34} {len(s):5d} {1e3 * sum(s):10.1f} {1e3 * s[len(s) // 2]:10.2f} {1e3 * s[-1]:9.1f}")
+    return lines
+
+
+def run_stage(stage: str, workdir: Path, args: list[str], out: Path, env: dict) -> str:
+    prof, data = out / f"{stage}.prof", out / f"{stage}.json"
+    command = [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "pytest", str(workdir / "model_new.py"),
+               "--rootdir", str(workdir), "-p", "no:cacheprovider", "-p", "no:benchmark", "-p", "stage_profile",
+               "-m", STAGES[stage], "--durations=0", "--durations-min=0.05", "-q", *args]
+    started = time.monotonic()
+    proc = subprocess.run(command, cwd=workdir, env={**env, "STAGE_PROFILE_JSON": str(data),
+                                                     "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])},
+                          capture_output=True, text=True)
+    wall = time.monotonic() - started
+    lines = [f"== {stage}: pytest -m '{STAGES[stage]}' exit {proc.returncode}, wall {wall:.2f} s"]
+    try:
+        doc = json.loads(data.read_text())
+        lines += _table("worker requests (judging side, wall)", doc["requests"])
+        lines += _table("start-up steps", doc["steps"])
+        inside = json.loads(data.with_name(f"{stage}-worker-ops.json").read_text())
+        lines += _table("worker ops (inside the worker)", inside["ops"])
+        tops = sorted({m.split(".")[0] for m in inside["imported"]})
+        lines.append(f"modules the worker imported after its fork: {len(inside['imported'])} ({', '.join(tops)})")
+    except (OSError, ValueError) as exc:
+        lines.append(f"(no request table: {exc})")
+    tail = proc.stdout.splitlines()
+    start = next((i for i, line in enumerate(tail) if "slowest durations" in line), max(0, len(tail) - 40))
+    lines += ["pytest:", *("  " + line for line in tail[start:][:60])]
+    if proc.returncode not in (0, 1):
+        lines += ["stderr:", *proc.stderr.splitlines()[-30:]]
+    if prof.is_file():
+
+        buffer = io.StringIO()
+        stats = pstats.Stats(str(prof), stream=buffer)
+        stats.sort_stats("cumulative").print_stats(r"pytest_cudaopt|torch/(cuda|_dynamo|_inductor)/__init__|importlib", 45)
+        lines += ["cProfile (judging process, cumulative):", buffer.getvalue()[-9000:]]
+    worker_prof = data.with_name(f"{stage}-worker.prof")
+    if worker_prof.is_file():
+
+        buffer = io.StringIO()
+        pstats.Stats(str(worker_prof), stream=buffer).sort_stats("cumulative").print_stats(45)
+        lines += ["cProfile (worker, inside its ops, cumulative):", buffer.getvalue()[-9000:]]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["--zygote"]:
+        return serve_zygote(sys.argv[2])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--problem", default="leaky_relu")
+    parser.add_argument("--variant", default="honest")
+    parser.add_argument("--cpu", action="store_true", help="the repo's cpu_scale on the CPU")
+    parser.add_argument("--stages", default="check,perf")
+    parser.add_argument("--out", type=Path, default=Path("out"))
+    opts = parser.parse_args()
+    sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(ROOT))
+    import judge_gallery
+
+    out = opts.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    scratch = out / "workdirs"
+    if opts.cpu:
+        workdir = judge_gallery.cpu_gallery(scratch)[0] if not (scratch / "cpu_scale-honest").is_dir() \
+            else scratch / "cpu_scale-honest"
+        args = judge_gallery.CPU_ARGS
+    else:
+        workdir = scratch / f"{opts.problem}-{opts.variant}"
+        if not workdir.is_dir():
+            judge_gallery.gpu_gallery(scratch)
+        args = judge_gallery.GPU_ARGS
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    t = time.monotonic()
+    built = subprocess.run([sys.executable, "-m", "pytest_cudaopt.cli", "build", str(workdir)], cwd=workdir, env=env,
+                           capture_output=True, text=True)
+    print(f"build: exit {built.returncode}, {time.monotonic() - t:.1f} s", flush=True)
+    if built.returncode:
+        print(built.stdout[-3000:], built.stderr[-3000:])
+        return 1
+    name = f"stage-profile-{os.getpid()}"
+    zygote = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--zygote", name], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, env=dict(env, PYTHONPATH=str(ROOT)), start_new_session=True)
+    zygote.stdout.readline()
+    env["CUDAOPT_WORKER_ZYGOTE"] = name
+    for stage in opts.stages.split(","):
+        text = run_stage(stage, workdir, args, out, env)
+        (out / f"{stage}.txt").write_text(text)
+        print(text, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
