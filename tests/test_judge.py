@@ -15,7 +15,7 @@ from pytest_cudaopt.judge.devices import DeviceSet
 from pytest_cudaopt.judge.options import Options
 from support import JUDGE_CACHE, JUDGE_CPU_ARGS, judge_workdirs, subprocess_env
 
-TIMEOUT_S = 60   # each child's limit: the hang's check ends there
+TIMEOUT_S = 30   # each child's limit: the hang's check ends there
 
 
 def _judge_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -97,6 +97,8 @@ def test_a_forked_worker_is_the_process_an_executed_one_is(workdir, monkeypatch,
         assert seen_forked == seen_executed  # sys.path, environment, argv, session
         assert forked.confined == executed.confined and forked.confined.get("held")  # the same sandbox
         assert seen_forked["argv"] == seen_executed["argv"]
+        # A fork, not a fresh Python the fork executed (what a zygote whose imports touched CUDA does).
+        assert b"zygote" in Path(f"/proc/{forked.proc.pid}/cmdline").read_bytes().split(b"\0")
     finally:
         executed.stop()
         forked.stop()

@@ -39,12 +39,13 @@ from typing import Any
 ENV = "CUDAOPT_WORKER_ZYGOTE"
 CONNECT_TIMEOUT_S = 120.0  # the zygote accepts once its imports are done
 # What the forks import and none of them looks at: torch._dynamo too, which the op audit's
-# dispatch mode imports at a worker's first checked call (2.5 s of CPU on a small machine), and
-# torch.utils.cpp_extension, asked through NVML for CUDA's devices (preload), never CUDA itself.
-# Nothing of pytest_cudaopt's: a judging child imports the plugin as a fresh `python -m pytest`
-# would, reading the environment it was started with.
+# dispatch mode imports at a worker's first checked call (2.5 s of CPU on a small machine). Not
+# torch.utils.cpp_extension: its import asks for CUDA's devices, through the runtime wherever NVML
+# does not answer (a machine without a driver), after which torch calls every fork a bad one and
+# each would start afresh by exec (1.4 s a worker here). Nothing of pytest_cudaopt's: a judging
+# child imports the plugin as a fresh `python -m pytest` would, reading its own environment.
 PRELOAD = ("torch", "torch.multiprocessing", "torch._dynamo", "torch._inductor", "torch._inductor.config",
-           "torch.utils.cpp_extension", "numpy", "pytest", "filelock")
+           "numpy", "pytest", "filelock")
 
 
 def _address(name: str) -> str:
