@@ -211,6 +211,7 @@ def single_process() -> dict:
             with torch.cuda.stream(stream):
                 seq = struct.unpack_from("<I", view, DONE)[0] + 1
                 x = torch.ones(1 << 20, device="cuda")   # no allocation behind the gate (cudaMalloc may synchronise)
+                x.mul_(2)   # and no first launch: a lazily loaded kernel's module load waits for the device
                 torch.cuda.synchronize()
                 say(f"  {stream_kind} stream {stream.cuda_stream:#x}: wait on {gate.device_address + OPEN:#x} >= {seq}")
                 gate.wait(seq)

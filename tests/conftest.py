@@ -12,11 +12,12 @@ import pytest
 from filelock import FileLock
 
 from pytest_cudaopt.worker import zygote as _zygote
-from support import PREBUILT_ROOT, copy_workdir, prebuild, run_pytest, subprocess_env
+from support import OBJECT_CACHE, PREBUILT_ROOT, copy_workdir, prebuild, run_pytest, subprocess_env
 
 pytest_plugins = ["pytester"]
 # The example workdirs are inputs of these tests, not workdirs of this repo's own run.
 collect_ignore = ["workdirs", "policy_gallery"]
+TESTS_DIR = Path(__file__).resolve().parent
 # Fixtures that compile an extension: their tests get the `slow` marker.
 COMPILING_FIXTURES = {"make_workdir", "prebuilt_workdir"}
 
@@ -30,8 +31,17 @@ for _name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_
 # goes through the plugin's object cache: the example workdirs share sources (binding.cpp is in
 # all of them), and each distinct compile then runs once per run, or once for good on a machine
 # that keeps build/. Both or neither: a copy whose children built without it would recompile
-# everything, the compile commands being different.
-os.environ.setdefault("CUDAOPT_OBJECT_CACHE", str(PREBUILT_ROOT.parent / "test-objcache"))
+# everything, the compile commands being different. It is the judge tests' cache folder's own
+# (`--cache-dir JUDGE_CACHE` puts objects there), so a workdir the judge copies builds as its
+# prebuilt copy did.
+os.environ.setdefault("CUDAOPT_OBJECT_CACHE", str(OBJECT_CACHE))
+
+# The watchdog's waits after `cudaopt_timeout` (5 s for the main thread to leave a hung test,
+# then 10 s before faulthandler ends a hang that holds the GIL) are idle time in every hang test
+# of the suite; the pytest children this suite starts wait 3 s and 4 s. What the tests check (who
+# ends the hang, what is written) does not depend on their length.
+os.environ.setdefault("CUDAOPT_WATCHDOG_GRACE_S", "3")
+os.environ.setdefault("CUDAOPT_WATCHDOG_BACKSTOP_S", "4")
 
 # Every pytest session of the suite starts a worker for the candidate, and each would import torch
 # (about 3 s of CPU here): one zygote per test process forks them instead (worker/zygote.py). Its
@@ -95,9 +105,25 @@ def _subprocess_env_fixture() -> dict[str, str]:
     return subprocess_env()
 
 
+# The longest modules (measured, `--durations`, docs/test-suite.md) run first: pytest-xdist's
+# loadscope hands modules out in collection order, and a long one handed out last keeps one
+# worker busy while the other has nothing left (two minutes at the end of a CI run).
+LONGEST_FIRST = ("test_correctness_verdict", "test_perf_verdict", "test_contract", "test_build",
+                 "test_interruptions", "test_sandbox", "test_judge", "test_gate", "test_exploits", "test_policy",
+                 "test_isolation_workdirs", "test_memsafety", "test_judge_gallery", "test_scaffold")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if COMPILING_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+    def rank(item: pytest.Item) -> int:
+        path = Path(str(item.path))
+        if path.parent != TESTS_DIR:
+            return -1  # the workdir's own items (model_new.py) first, as before
+        return LONGEST_FIRST.index(path.stem) if path.stem in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: each module's own order is kept
 
 

@@ -164,6 +164,7 @@ JUDGE_VARIANTS = WORKDIRS / "judge_variants"
 JUDGE_CASES = ("honest", "wrong", "segfault", "hang", "build_error")
 # The object and torch.compile caches of the judge's tests, kept between runs like the prebuilt copies.
 JUDGE_CACHE = PREBUILT_ROOT / "judge-cache"
+OBJECT_CACHE = JUDGE_CACHE / "objects"   # the suite's object cache (conftest.py), the judge's too
 JUDGE_CPU_ARGS = ("--cudaopt-device=cpu", "--cudaopt-compile-backend=eager", "--cudaopt-max-time=1",
                   "--cudaopt-warmup=0.1", "--cudaopt-min-runs=5", "--cudaopt-max-examples=5")
 

@@ -170,12 +170,12 @@ def test_a_hang_while_importing_the_workdir_ends_as_a_timeout_with_every_file_wr
     source = (path / file).read_text()
     (path / file).write_text(source.replace("\nimport torch\n", "\nimport time\nimport torch\ntime.sleep(10**6)\n", 1))
     started = time.monotonic()
-    ended = run_group(tmp_path, "wd/model_new.py", "-m", "correctness", "--cudaopt-timeout=8",
+    ended = run_group(tmp_path, "wd/model_new.py", "-m", "correctness", "--cudaopt-timeout=5",
                       "--cudaopt-report=r.json", "--junitxml=j.xml", timeout=120)
     assert ended.ret == 1 and time.monotonic() - started < 90, ended.stdout + ended.stderr
     outcome, text = ended.cases()[("wd", "test_canonical[seed0]")]
     assert outcome == "error"  # at setup: "failed on setup with ..."
-    assert f"TIMEOUT: {CANONICAL} ran longer than cudaopt_timeout=8s while loading the workdir" in text
+    assert f"TIMEOUT: {CANONICAL} ran longer than cudaopt_timeout=5s while loading the workdir" in text
     assert f"where it was:\n  {file}:" in text and "in <module>: time.sleep(10**6)" in text
     doc = ended.report()
     assert doc["passed"] is False and doc["complete"] is True
@@ -189,7 +189,7 @@ def test_a_hung_get_inputs_ends_as_a_timeout_of_its_case(tmp_path, workdir):
     model = (path / "model.py").read_text()
     (path / "model.py").write_text(model.replace("def get_inputs():\n",
                                                  "def get_inputs():\n    import time; time.sleep(10**6)\n"))
-    ended = run_group(tmp_path, "wd/model_new.py", "-m", "correctness", "--cudaopt-timeout=8",
+    ended = run_group(tmp_path, "wd/model_new.py", "-m", "correctness", "--cudaopt-timeout=5",
                       "--cudaopt-report=r.json", "--junitxml=j.xml", "-k", "seed0", timeout=120)
     assert ended.ret == 1
     outcome, text = ended.cases()[("wd", "test_canonical[seed0]")]
@@ -203,7 +203,7 @@ def test_a_hung_build_ends_as_a_timeout_and_stops_the_compiler(tmp_path, workdir
     compiler = tmp_path / "hung-c++"
     compiler.write_text(f"#!/bin/sh\necho $$ > {tmp_path / 'compiler.pid'}\nexec sleep 600\n")
     compiler.chmod(0o755)
-    ended = run_group(tmp_path, "wd/model_new.py", "-m", "correctness", "--cudaopt-timeout=8",
+    ended = run_group(tmp_path, "wd/model_new.py", "-m", "correctness", "--cudaopt-timeout=5",
                       "--cudaopt-report=r.json", "--junitxml=j.xml", env={"CXX": str(compiler)}, timeout=120)
     assert ended.ret == 1, ended.stdout + ended.stderr
     outcome, text = ended.cases()[("wd", "test_canonical[seed0]")]

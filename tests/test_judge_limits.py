@@ -15,7 +15,7 @@ import pytest
 from pytest_cudaopt.judge import Judge, Options, lines as judge_lines, pool, runner, stages
 from pytest_cudaopt.judge.devices import DeviceSet, cpu_slots
 from pytest_cudaopt.judge.display import summary
-from support import subprocess_env
+from support import JUDGE_CACHE, subprocess_env
 
 GiB = 1 << 30
 SHORT = ("drawn shape batch_size=2095, dim=786431 (inputs 6.14 GiB, outputs 6.14 GiB) needs about 32.69 GiB of "
@@ -118,7 +118,8 @@ def test_the_build_stage_ends_a_workdir_whose_model_py_never_finishes_importing(
     model = work / "model.py"
     model.write_text(model.read_text().replace("import torch.nn as nn\n", "import torch.nn as nn\nimport time\n\n"
                                                                            "time.sleep(3600)\n", 1))
-    options = Options(cache_dir=None, pytest_args=["--cudaopt-device=cpu", "--cudaopt-timeout=2"])
+    # The suite's object cache: the prebuilt copy's objects, not a rebuild from nothing.
+    options = Options(cache_dir=JUDGE_CACHE, pytest_args=["--cudaopt-device=cpu", "--cudaopt-timeout=2"])
     started = time.monotonic()
     result = stages.run_stage("build", work, tmp_path / "out", cpu_slots(1), None, options)
     # Ended at its timeout, not by the 3600 s sleep (the stage's start and build take tens of seconds

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from support import PREBUILT_ROOT, WORKDIRS, subprocess_env
+from support import OBJECT_CACHE, PREBUILT_ROOT, WORKDIRS, subprocess_env
 from pytest_cudaopt.launch import plugin_args
 from pytest_cudaopt.worker import sandbox
 
@@ -47,7 +47,7 @@ def _attack_workdirs(prebuilt: Path, root: Path) -> dict[str, Path]:
         made[name] = dest
     (root / "victim" / "kernels").mkdir(parents=True)
     (root / "victim" / "kernels" / "secret.cu").write_text("// another candidate's kernel\n")
-    objcache = Path(os.environ.get("CUDAOPT_OBJECT_CACHE", PREBUILT_ROOT.parent / "test-objcache"))
+    objcache = Path(os.environ.get("CUDAOPT_OBJECT_CACHE", OBJECT_CACHE))
     shutil.copytree(objcache, root / "objcache", ignore=shutil.ignore_patterns("*.lock"))
     return made
 

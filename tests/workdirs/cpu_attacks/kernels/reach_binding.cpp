@@ -1,5 +1,7 @@
 // reach_binding.cpp: wipe_bias and slow_add_bias (kernels/reach.cpp) on contiguous float32 CPU tensors.
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/generated/variable_factories.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "binding_registry.h"
 
@@ -9,23 +11,23 @@ extern "C" bool reach_slow_add_bias_f32(const float* x, const float* b, float* y
 
 namespace {
 
-void check(const torch::Tensor& x, const torch::Tensor& b) {
-  TORCH_CHECK(x.device().is_cpu() && x.is_contiguous() && x.dim() == 2 && x.scalar_type() == torch::kFloat,
+void check(const at::Tensor& x, const at::Tensor& b) {
+  TORCH_CHECK(x.device().is_cpu() && x.is_contiguous() && x.dim() == 2 && x.scalar_type() == at::kFloat,
               "reach: x must be a contiguous 2-D float32 CPU tensor; got ", x.sizes());
-  TORCH_CHECK(b.is_contiguous() && b.dim() == 1 && b.size(0) == x.size(1) && b.scalar_type() == torch::kFloat,
+  TORCH_CHECK(b.is_contiguous() && b.dim() == 1 && b.size(0) == x.size(1) && b.scalar_type() == at::kFloat,
               "reach: b must be float32 of shape (", x.size(1), "); got ", b.sizes());
 }
 
-torch::Tensor wipe_bias(const torch::Tensor& x, const torch::Tensor& b, int64_t pid) {
+at::Tensor wipe_bias(const at::Tensor& x, const at::Tensor& b, int64_t pid) {
   check(x, b);
-  torch::Tensor y = torch::empty_like(x);
+  at::Tensor y = torch::empty_like(x);
   reach_wipe_bias_f32(x.data_ptr<float>(), b.data_ptr<float>(), y.data_ptr<float>(), x.size(0), x.size(1), pid);
   return y;
 }
 
-torch::Tensor slow_add_bias(const torch::Tensor& x, const torch::Tensor& b) {
+at::Tensor slow_add_bias(const at::Tensor& x, const at::Tensor& b) {
   check(x, b);
-  torch::Tensor y = torch::empty_like(x);
+  at::Tensor y = torch::empty_like(x);
   TORCH_CHECK(reach_slow_add_bias_f32(x.data_ptr<float>(), b.data_ptr<float>(), y.data_ptr<float>(), x.size(0),
                                       x.size(1)),
               "slow_add_bias: the clock could not be detoured");
