@@ -12,6 +12,10 @@ teardown of the preloaded modules is skipped: nothing of the run's is left to it
 pytest_cudaopt is imported before the fork, so the plugin loads in the child as in a fresh
 process (it reads the environment it was started with at load).
 
+A request may instead name any Python command line (`run_python` in support.py: `-m MODULE ...`,
+`-c CODE ...` or `SCRIPT ...`): the child becomes that program the same way (runpy), for the
+tests that start the plugin's CLI, `utils/` or a benchmark script.
+
 The server answers each request with the child's pid, then with its exit status as
 subprocess.Popen gives it (a negative number for a signal). It ends when its standard input
 closes (the test process ended). `CUDAOPT_TEST_FORK=0` turns it off: every run is a plain
@@ -52,10 +56,11 @@ class Server:
         return self.proc.poll() is None
 
     def run(self, args: list[str], *, cwd: Path, env: dict[str, str], stdout: Path, stderr: Path,
-            timeout: float | None) -> int | None:
-        """The exit status of `python -m pytest *args` run in `cwd` with `env`; None when it ran
-        longer than `timeout` (it is then killed, as subprocess.run would)."""
-        request = {"args": [str(a) for a in args], "cwd": str(cwd), "env": env,
+            timeout: float | None, python: bool = False) -> int | None:
+        """The exit status of `python -m pytest *args` (with `python`, of `python *args`) run in
+        `cwd` with `env`; None when it ran longer than `timeout` (it is then killed, as
+        subprocess.run would)."""
+        request = {"args": [str(a) for a in args], "cwd": str(cwd), "env": env, "python": python,
                    "stdout": str(stdout), "stderr": str(stderr)}
         self.proc.stdin.write(json.dumps(request) + "\n")
         pid = json.loads(self._line(None))["pid"]
@@ -102,6 +107,10 @@ def _serve() -> None:
         if pid == 0:
             requests.close()
             replies.close()
+            if request.get("python") and request["args"][:2] == ["-m", "pytest"]:
+                request = {**request, "args": request["args"][2:]}
+            elif request.get("python"):
+                _become_python(request, base_path)   # never returns
             _become_pytest(request, base_path)   # never returns: the child exits through SystemExit
         replies.write(json.dumps({"pid": pid}) + "\n")
         _, status = os.waitpid(pid, 0)
@@ -113,6 +122,7 @@ def _become_pytest(request: dict, base_path: list[str]) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        __import__("tempfile").tempdir = None   # chosen afresh from the child's TMPDIR
         for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
@@ -148,6 +158,58 @@ def _become_pytest(request: dict, base_path: list[str]) -> None:
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(70)
+
+
+def _become_python(request: dict, base_path: list[str]) -> None:
+    """The child becomes `python *request["args"]` (-m MODULE, -c CODE or a script), then exits
+    with its status."""
+    code = 70
+    try:
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        __import__("tempfile").tempdir = None   # chosen afresh from the child's TMPDIR
+        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+        args = request["args"]
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda._is_in_bad_fork():
+            os.execv(sys.executable, [sys.executable, *args])   # as in _become_pytest
+        import importlib
+        import runpy
+
+        extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        first = os.getcwd() if args[0] == "-m" else "" if args[0] == "-c" else str(Path(args[0]).resolve().parent)
+        sys.path[:] = [first, *extra, *[p for p in base_path if p not in extra]]
+        importlib.invalidate_caches()
+        try:
+            if args[0] == "-m":
+                sys.argv = [args[1], *args[2:]]
+                runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+            elif args[0] == "-c":
+                sys.argv = ["-c", *args[2:]]
+                exec(compile(args[1], "<string>", "exec"), {"__name__": "__main__"})
+            else:
+                sys.argv = list(args)
+                runpy.run_path(args[0], run_name="__main__")
+            code = 0
+        except SystemExit as exc:
+            if exc.code is None or isinstance(exc.code, int):
+                code = exc.code or 0
+            else:
+                print(exc.code, file=sys.stderr)
+                code = 1
+        atexit._run_exitfuncs()
+    except BaseException:  # noqa: BLE001 - what `python` prints for an uncaught exception, status 1
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import itertools
 import os
 import shutil
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -65,17 +66,43 @@ _RUNS = itertools.count()
 _SERVER: list[forkserver.Server] = []
 
 
+def _server() -> forkserver.Server:
+    if not (_SERVER and _SERVER[0].alive()):
+        _SERVER[:] = [forkserver.Server(subprocess_env())]
+    return _SERVER[0]
+
+
+def run_python(args: list[str], *, cwd: Path | str | None = None, env: dict[str, str] | None = None,
+               timeout: float | None = None) -> subprocess.CompletedProcess:
+    """`subprocess.run([sys.executable, *args], capture_output=True, text=True)` for a program
+    that imports torch (the plugin's CLI, `utils/`, a benchmark script): a fork of the fork
+    server, which imported it already. A plain subprocess with CUDAOPT_TEST_FORK=0. Raises
+    subprocess.TimeoutExpired past `timeout`, as subprocess.run does."""
+    cwd = Path.cwd() if cwd is None else Path(cwd)
+    env = dict(subprocess_env() if env is None else env)
+    command = [sys.executable, *map(str, args)]
+    if not forkserver.enabled():
+        return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    with tempfile.TemporaryDirectory(prefix="run-python-") as folder:
+        out, err = Path(folder) / "stdout", Path(folder) / "stderr"
+        ret = _server().run(list(map(str, args)), cwd=cwd, env=env, stdout=out, stderr=err, timeout=timeout,
+                            python=True)
+        stdout = out.read_text(encoding="utf8", errors="replace")
+        stderr = err.read_text(encoding="utf8", errors="replace")
+    if ret is None:
+        raise subprocess.TimeoutExpired(command, timeout, stdout, stderr)
+    return subprocess.CompletedProcess(command, ret, stdout, stderr)
+
+
 def run_forked(args: list[str], *, cwd: Path, timeout: float | None = None,
                env: dict[str, str] | None = None) -> pytest.RunResult:
     """`python -m pytest *args` in `cwd`, as pytester runs it (the folder first on PYTHONPATH,
     stdout and stderr kept in files there), through the fork server."""
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cwd), env.get("PYTHONPATH", "")]))
-    if not (_SERVER and _SERVER[0].alive()):
-        _SERVER[:] = [forkserver.Server(subprocess_env())]
     out, err = Path(cwd) / "stdout", Path(cwd) / "stderr"
     started = time.monotonic()
-    ret = _SERVER[0].run(args, cwd=Path(cwd), env=env, stdout=out, stderr=err, timeout=timeout)
+    ret = _server().run(args, cwd=Path(cwd), env=env, stdout=out, stderr=err, timeout=timeout)
     if ret is None:
         raise pytest.Pytester.TimeoutExpired(f"{timeout} second timeout expired running pytest {args}")
     outlines = out.read_text(encoding="utf8", errors="replace").splitlines()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from support import run_python
 from pytest_cudaopt import build
 from pytest_cudaopt.build import buildfile, runner, toolchain
 
@@ -437,8 +438,8 @@ def test_two_processes_building_at_once_build_once(make_workdir, subprocess_env,
 def test_the_cli_prints_progress_and_the_build_time_or_the_compiler_errors(make_workdir, subprocess_env):
     workdir = make_workdir("cpu_scale")
     touch(workdir / "kernels" / "scale.cpp")
-    cmd = [sys.executable, "-m", "pytest_cudaopt.cli", "build", str(workdir)]
-    done = subprocess.run(cmd, env=subprocess_env, capture_output=True, text=True, timeout=1800)
+    cmd = ["-m", "pytest_cudaopt.cli", "build", str(workdir)]
+    done = run_python(cmd, env=subprocess_env, timeout=1800)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "compiling 1 of 3 sources for cpu: kernels/scale.cpp"
@@ -448,7 +449,7 @@ def test_the_cli_prints_progress_and_the_build_time_or_the_compiler_errors(make_
                         lines[-1]), lines
 
     (workdir / "kernels" / "broken.cpp").write_text(BROKEN_CPP)
-    done = subprocess.run(cmd, env=subprocess_env, capture_output=True, text=True, timeout=1800)
+    done = run_python(cmd, env=subprocess_env, timeout=1800)
     assert done.returncode == 1
     assert "kernels/broken.cpp:3:10: error:" in done.stderr
     assert done.stderr.splitlines()[-1].startswith("cudaopt build: 1 error in kernels/broken.cpp; build log: ")

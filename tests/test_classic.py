@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import types
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import torch
 from pytest_cudaopt import build, classic, cli
 from pytest_cudaopt.settings import BY_NAME
 
-from support import TEMPLATES, copy_workdir, subprocess_env
+from support import copy_workdir, run_python, TEMPLATES
 
 
 @pytest.fixture
@@ -74,8 +72,7 @@ def _single_run_workdir(tmp_path: Path) -> Path:
 def test_single_run_of_a_workdir_that_does_not_build_is_one_line(tmp_path: Path) -> None:
     workdir = _single_run_workdir(tmp_path)
     (workdir / "binding.cpp").unlink()
-    done = subprocess.run([sys.executable, "-m", "utils.profiling", "--single-run", "cuda_extension"], cwd=workdir,
-                          env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    done = run_python(["-m", "utils.profiling", "--single-run", "cuda_extension"], cwd=workdir, timeout=300)
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.splitlines() == [
         f"single run: cuda_extension does not build: cudaopt build: {workdir.resolve()} has no binding.cpp (copy it "

@@ -3,12 +3,11 @@
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from support import REPO_ROOT, TEMPLATES, subprocess_env
+from support import REPO_ROOT, run_python, subprocess_env, TEMPLATES
 from pytest_cudaopt import build, classic, policy, scaffold
 from pytest_cudaopt.policy.extension_names import called_functions, check_extension_names
 from pytest_cudaopt.policy.files import UPSTREAM_SHA256, fixed_file_origin
@@ -17,8 +16,7 @@ INI = "[pytest]\ncudaopt_device = cpu\ncudaopt_compile_backend = eager\n"
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest_cudaopt.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, env=subprocess_env(), timeout=600)
+    return run_python(["-m", "pytest_cudaopt.cli", *args], cwd=cwd, timeout=600)
 
 
 # -- static: the shipped files, PF001/PF002 messages, adopt's view of the bindings ---------------
@@ -192,8 +190,7 @@ def test_utils_flags_print_the_classic_lines(make_workdir, tmp_path):
     shutil.copytree(TEMPLATES / "utils", workdir / "utils", dirs_exist_ok=True)
     (workdir / "pytest.ini").write_text(INI)
     env = subprocess_env()
-    run = lambda *a: subprocess.run([sys.executable, "-m", *a], cwd=workdir, env=env, capture_output=True,
-                                    text=True, timeout=600)
+    run = lambda *a: run_python(["-m", *a], cwd=workdir, env=env, timeout=600)  # noqa: E731
     done = run("utils.verification", "--iters", "3")
     assert "[PASS] check 1/" in done.stdout and done.stdout.rstrip().endswith("[PASS] verify success"), done.stdout
     done = run("utils.profiling", "--iters", "5", "--cudaopt-max-time=1", "--cudaopt-warmup=0.05")

@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from support import run_pytest
+from support import run_pytest, run_python
 
 SOFTMAX = """
 import torch
@@ -233,10 +233,9 @@ def no_case(prebuilt_workdir, tmp_path_factory):
     """One `pytest -m correctness` session over cpu_scale copies whose model.py has a size-0
     batch, a get_inputs() that returns a bare tensor, one that raises: junit cases."""
     import shutil
-    import subprocess
     import sys
 
-    from support import junit_cases, subprocess_env
+    from support import junit_cases
 
     from pytest_cudaopt.launch import plugin_args
 
@@ -248,7 +247,7 @@ def no_case(prebuilt_workdir, tmp_path_factory):
     cmd = [sys.executable, "-m", "pytest", *plugin_args(), "-p", "no:cacheprovider", "-m", "correctness",
            "--cudaopt-device=cpu", "--cudaopt-seeds=1", f"--junitxml={root / 'junit.xml'}",
            *[f"{name}/model_new.py" for name in NO_CASE]]
-    done = subprocess.run(cmd, cwd=root, env=subprocess_env(), capture_output=True, text=True, timeout=900)
+    done = run_python(cmd[1:], cwd=root, timeout=900)
     assert (root / "junit.xml").is_file(), done.stdout + done.stderr
     return junit_cases(root / "junit.xml")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from support import PREBUILT_ROOT, WORKDIRS, junit_cases, run_pytest, subprocess_env
+from support import junit_cases, PREBUILT_ROOT, run_pytest, run_python, subprocess_env, WORKDIRS
 
 from pytest_cudaopt.launch import plugin_args
 
@@ -73,7 +73,7 @@ def verdicts(prebuilt_workdir, tmp_path_factory) -> Verdicts:
     cmd = [sys.executable, "-m", "pytest", *plugin_args(), "-p", "no:cacheprovider", "-m", "correctness",
            f"--junitxml={root / 'junit.xml'}", f"--cudaopt-report={root / 'report.json'}",
            *[f"{name}/model_new.py" for name in SHARED]]
-    done = subprocess.run(cmd, cwd=root, env=subprocess_env(), capture_output=True, text=True, timeout=900)
+    done = run_python(cmd[1:], cwd=root, timeout=900)
     output = done.stdout + done.stderr
     assert (root / "junit.xml").is_file(), output
     return Verdicts(output, junit_cases(root / "junit.xml"), json.loads((root / "report.json").read_text()))
@@ -554,12 +554,12 @@ def test_cudaopt_verify_prints_the_same_verdict_and_exits_non_zero_on_a_cheat(py
     env = {**subprocess_env(), "CUDAOPT_DEVICE": "cpu"}
     command = [sys.executable, "-m", "pytest_cudaopt.cli", "verify", "wd"]
     cheat("unwritten")
-    failing = subprocess.run(command, cwd=pytester.path, env=env, capture_output=True, text=True, timeout=600)
+    failing = run_python(command[1:], cwd=pytester.path, env=env, timeout=600)
     assert failing.returncode == 1, failing.stdout + failing.stderr
     assert "cudaopt correctness: 0 of 4 passed" in failing.stdout
     assert "FAIL (mismatch)" in failing.stdout and "output elements the candidate never wrote" in failing.stdout
     cheat("flaky_declared")
-    passing = subprocess.run(command, cwd=pytester.path, env=env, capture_output=True, text=True, timeout=600)
+    passing = run_python(command[1:], cwd=pytester.path, env=env, timeout=600)
     assert passing.returncode == 0, passing.stdout + passing.stderr
     assert "cudaopt correctness: 4 of 4 passed" in passing.stdout
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import xml.etree.ElementTree as ET
 
 import pytest
 import torch
 
-from support import copy_workdir, subprocess_env
+from support import copy_workdir, run_python, subprocess_env
 from pytest_cudaopt import ci_gate, policy
 
 MS = 1e-3
@@ -31,11 +32,13 @@ def pytest_cudaopt_perf_clock(config, device):
 
 
 def run_gate(pytester, *args, env=None):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PYTHONPATH", subprocess_env()["PYTHONPATH"])
-        for key, value in (env or {}).items():
-            mp.setenv(key, value)
-        return pytester.run(sys.executable, "-m", "pytest_cudaopt.cli", "gate", *args, timeout=600)
+    started = time.monotonic()
+    done = run_python(["-m", "pytest_cudaopt.cli", "gate", *map(str, args)], cwd=pytester.path,
+                      env={**subprocess_env(), **(env or {})}, timeout=600)
+    print(done.stdout)
+    print(done.stderr, file=sys.stderr)
+    return pytest.RunResult(done.returncode, done.stdout.splitlines(), done.stderr.splitlines(),
+                            time.monotonic() - started)
 
 
 def own_workdir(path):

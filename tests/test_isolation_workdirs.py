@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from filelock import FileLock
 
-from support import PREBUILT_ROOT, WORKDIRS, junit_cases, run_pytest, subprocess_env
+from support import junit_cases, PREBUILT_ROOT, run_pytest, run_python, subprocess_env, WORKDIRS
 
 VARIANTS = WORKDIRS / "cpu_isolation" / "variants"
 CANONICAL = ("test_canonical[seed0]", "test_canonical[seed1]", "test_canonical[seed2]")
@@ -46,7 +46,6 @@ class Session:
 
 
 def judge(root: Path, names: list[str], *args: str, env: dict[str, str] | None = None) -> Session:
-    import subprocess
 
     from pytest_cudaopt.launch import plugin_args
 
@@ -54,8 +53,7 @@ def judge(root: Path, names: list[str], *args: str, env: dict[str, str] | None =
     cmd = [sys.executable, "-m", "pytest", *plugin_args(), "-p", "no:cacheprovider", *args,
            f"--junitxml={root / 'junit.xml'}", f"--cudaopt-report={root / 'report.json'}",
            *[f"{name}/model_new.py" for name in names]]
-    done = subprocess.run(cmd, cwd=root, env={**subprocess_env(), **(env or {})}, capture_output=True, text=True,
-                          timeout=900)
+    done = run_python(cmd[1:], cwd=root, env={**subprocess_env(), **(env or {})}, timeout=900)
     output = done.stdout + done.stderr
     assert (root / "junit.xml").is_file(), output
     return Session(output, junit_cases(root / "junit.xml"), json.loads((root / "report.json").read_text()))

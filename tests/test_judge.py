@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,14 +12,13 @@ import pytest
 from pytest_cudaopt.judge import copies, lines as judge_lines, stages
 from pytest_cudaopt.judge.devices import DeviceSet
 from pytest_cudaopt.judge.options import Options
-from support import JUDGE_CACHE, JUDGE_CPU_ARGS, judge_workdirs, subprocess_env
+from support import JUDGE_CACHE, JUDGE_CPU_ARGS, judge_workdirs, run_python
 
 TIMEOUT_S = 30   # each child's limit: the hang's check ends there
 
 
 def _judge_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest_cudaopt.cli", "judge", *args], cwd=cwd, env=subprocess_env(),
-                          capture_output=True, text=True, timeout=1800)
+    return run_python(["-m", "pytest_cudaopt.cli", "judge", *args], cwd=cwd, timeout=1800)
 
 
 @pytest.fixture(scope="module")

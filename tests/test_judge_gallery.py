@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from support import JUDGE_CACHE, REPO_ROOT, subprocess_env
+from support import JUDGE_CACHE, REPO_ROOT, run_python
 
 
 def test_the_gallery_benchmark_runs_on_cpu_and_both_arms_agree(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "judge_gallery.py"), "--smoke",
-                           "--out", str(tmp_path), "--cache-dir", str(JUDGE_CACHE), "--pytest-cache"],
-                          env=subprocess_env(), capture_output=True, text=True, timeout=1800)
+    proc = run_python([str(REPO_ROOT / "benchmarks" / "judge_gallery.py"), "--smoke", "--out", str(tmp_path),
+                       "--cache-dir", str(JUDGE_CACHE), "--pytest-cache"], timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "verdicts: the same for every workdir" in proc.stdout
     assert "workdirs/hour" in proc.stdout and "time by stage" in proc.stdout
@@ -25,10 +22,9 @@ def test_the_gallery_benchmark_runs_on_cpu_and_both_arms_agree(tmp_path):
 def test_the_pytest_arm_split_over_calls_adds_up_to_one_arm(tmp_path):
     """--pytest-part I/N runs every N-th workdir from the I-th; --combine adds the parts' sessions up."""
     part = tmp_path / "part2"
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "judge_gallery.py"), "--smoke",
-                           "--arm", "pytest", "--pytest-part", "2/3", "--out", str(part),
-                           "--cache-dir", str(JUDGE_CACHE), "--pytest-cache"],
-                          env=subprocess_env(), capture_output=True, text=True, timeout=1800)
+    proc = run_python([str(REPO_ROOT / "benchmarks" / "judge_gallery.py"), "--smoke", "--arm", "pytest",
+                       "--pytest-part", "2/3", "--out", str(part), "--cache-dir", str(JUDGE_CACHE), "--pytest-cache"],
+                      timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     second = json.loads((part / "judge_gallery.json").read_text())
     assert list(second["pytest"]["results"]) == ["cpu_scale-wrong"]
@@ -36,10 +32,8 @@ def test_the_pytest_arm_split_over_calls_adds_up_to_one_arm(tmp_path):
         "passed": True, "exit": 0, "seconds": 30.0, "time": {"perf": 2.0}, "verdicts": {"perf": "pass"}}}},
         "judge": None}
     (tmp_path / "part1.json").write_text(json.dumps(first))
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "judge_gallery.py"), "--out",
-                           str(tmp_path / "combined"), "--combine", str(tmp_path / "part1.json"),
-                           str(part / "judge_gallery.json")], env=subprocess_env(), capture_output=True, text=True,
-                          timeout=600)
+    proc = run_python([str(REPO_ROOT / "benchmarks" / "judge_gallery.py"), "--out", str(tmp_path / "combined"),
+                       "--combine", str(tmp_path / "part1.json"), str(part / "judge_gallery.json")], timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     wall = 30.0 + second["pytest"]["wall_s"]
     assert f"pytest sessions: 2 workdirs in {wall:.1f} s" in proc.stdout

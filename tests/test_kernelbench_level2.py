@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from support import junit_cases, subprocess_env
+from support import junit_cases, run_python
 
 from pytest_cudaopt.launch import plugin_args
 
@@ -24,7 +24,7 @@ DRAWN = "test_drawn_shapes"
 
 def _pytest(root, *args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "pytest", *plugin_args(), "-p", "no:cacheprovider", *args]
-    return subprocess.run(cmd, cwd=root, env=subprocess_env(), capture_output=True, text=True, timeout=900)
+    return run_python(cmd[1:], cwd=root, timeout=900)
 
 
 @pytest.fixture(scope="module")

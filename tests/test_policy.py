@@ -6,7 +6,6 @@ import filecmp
 import json
 import re
 import shutil
-import subprocess
 import sys
 import textwrap
 import types
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from support import run_python
 from pytest_cudaopt import cli, policy
 from pytest_cudaopt.policy import cpp_checks, rules
 
@@ -692,8 +692,7 @@ def test_cudaopt_check_ends_a_constructor_that_never_returns_at_cudaopt_timeout(
     (workdir / "model_new.py").write_text(source.replace(marker, marker + "        while True:\n            pass\n", 1))
     line = source[:source.index(marker)].count("\n") + 2
     env = {"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", "CUDAOPT_TIMEOUT": "3"}
-    done = subprocess.run([sys.executable, "-m", "pytest_cudaopt.cli", "check", str(workdir)],
-                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    done = run_python(["-m", "pytest_cudaopt.cli", "check", str(workdir)], cwd=tmp_path, env=env, timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"wd/model_new.py:{line}: MN010: model_new.py's import and ModelNew(*get_init_inputs()) did not end " \
            "within cudaopt_timeout=3s" in done.stdout, done.stdout
@@ -712,8 +711,7 @@ def test_cudaopt_check_exits_non_zero_and_prints_json(tmp_path: Path, capsys) ->
 def test_cudaopt_check_as_a_process_exits_one_on_a_violation(tmp_path: Path) -> None:
     workdir = assemble("kd001_version_file", tmp_path / "wd")
     env = {"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, "-m", "pytest_cudaopt.cli", "check", str(workdir)],
-                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    done = run_python(["-m", "pytest_cudaopt.cli", "check", str(workdir)], cwd=tmp_path, env=env, timeout=300)
     assert done.returncode == 1, done.stderr
     assert "wd/kernels/gelu_v2.cu:1: KD001:" in done.stdout
 

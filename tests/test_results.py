@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from support import TEMPLATES, subprocess_env
+from support import run_python, subprocess_env, TEMPLATES
 
 from pytest_cudaopt import classic, jsonreport, results
 from pytest_cudaopt.cli import main as cli_main
@@ -229,16 +229,13 @@ def test_verify_and_utils_verification_exit_5_when_no_item_ran(make_workdir, tmp
     workdir = make_workdir("cpu_scale", dest=tmp_path / "wd")  # device cuda: its items skip here
     shutil.copytree(TEMPLATES / "utils", workdir / "utils", dirs_exist_ok=True)
     env = subprocess_env()
-    done = subprocess.run([sys.executable, "-m", "pytest_cudaopt.cli", "verify", str(workdir)], env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = run_python(["-m", "pytest_cudaopt.cli", "verify", str(workdir)], env=env, timeout=600)
     assert done.returncode == 5, done.stdout + done.stderr
     assert "cudaopt: no correctness item ran: 4 skipped (no CUDA device visible" in done.stderr
-    done = subprocess.run([sys.executable, "-m", "utils.verification"], cwd=workdir, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = run_python(["-m", "utils.verification"], cwd=workdir, env=env, timeout=600)
     assert done.returncode == 5 and done.stdout.rstrip().endswith(
         "[FAIL] verify failed: no correctness case ran (see pytest's output above)"), done.stdout
-    done = subprocess.run([sys.executable, "-m", "utils.profiling", "--single-run", "cuda"], cwd=workdir,
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = run_python(["-m", "utils.profiling", "--single-run", "cuda"], cwd=workdir, env=env, timeout=600)
     assert done.returncode == 2 and "unknown contender cuda" in done.stderr
 
 

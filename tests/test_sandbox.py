@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from support import OBJECT_CACHE, PREBUILT_ROOT, WORKDIRS, subprocess_env
+from support import OBJECT_CACHE, PREBUILT_ROOT, WORKDIRS, run_python, subprocess_env
 from pytest_cudaopt.launch import plugin_args
 from pytest_cudaopt.worker import sandbox
 
@@ -69,7 +69,8 @@ def _run(root: Path, made: dict[str, Path], mode: str | None, *, wrapper: list[s
     cmd = [*wrapper, sys.executable, "-m", "pytest", *plugin_args(), *[str(p / "model_new.py") for p in made.values()],
            *FAST, f"--junitxml={junit}", f"--cudaopt-report={report}", *args]
     try:
-        done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+        done = (subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900) if wrapper
+                else run_python(cmd[1:], cwd=root, env=env, timeout=900))
         time.sleep(0.2)
         victim_status = victim.poll()
     finally:
@@ -234,10 +235,9 @@ def test_an_attack_fails_through_cudaopt_judge(tmp_path, prebuilt_workdir):
     cache.mkdir()
     shutil.copytree(tmp_path / "made" / "objcache", cache / "objects")
     out = tmp_path / "lines.jsonl"
-    done = subprocess.run([sys.executable, "-m", "pytest_cudaopt.cli", "judge", str(gallery), "--cpu-slots", "1",
-                           "--jobs", "1", "--timeout", "300", "--cache-dir", str(cache), "--out", str(out),
-                           "--scratch", str(tmp_path / "scratch"), "--", *JUDGE_CPU_ARGS],
-                          cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=1500)
+    done = run_python(["-m", "pytest_cudaopt.cli", "judge", str(gallery), "--cpu-slots", "1", "--jobs", "1",
+                       "--timeout", "300", "--cache-dir", str(cache), "--out", str(out),
+                       "--scratch", str(tmp_path / "scratch"), "--", *JUDGE_CPU_ARGS], cwd=tmp_path, timeout=1500)
     lines = list(judge_lines.read_lines(out))
     assert len(lines) == 1, done.stdout[-3000:] + done.stderr[-3000:]
     line = json.dumps(lines[0])

@@ -1,7 +1,6 @@
 """Model state away from its defaults: what moves and how, which tensor a candidate ignores, and the correctness verdict on CPU workdirs that drop state."""
 
 import json
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -11,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from support import junit_cases, subprocess_env
+from support import junit_cases, run_python
 
 from pytest_cudaopt.correctness import state
 from pytest_cudaopt.launch import plugin_args
@@ -170,7 +169,7 @@ def judged(prebuilt_workdir, tmp_path_factory):
     cmd = [sys.executable, "-m", "pytest", *plugin_args(), "-p", "no:cacheprovider", "-m", "correctness",
            f"--junitxml={root / 'junit.xml'}", f"--cudaopt-report={root / 'report.json'}",
            *[f"{name}/model_new.py" for name, _, _ in JUDGED]]
-    done = subprocess.run(cmd, cwd=root, env=subprocess_env(), capture_output=True, text=True, timeout=900)
+    done = run_python(cmd[1:], cwd=root, timeout=900)
     assert (root / "junit.xml").is_file(), done.stdout + done.stderr
     return junit_cases(root / "junit.xml"), json.loads((root / "report.json").read_text()), done.stdout
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from support import WORKDIRS, subprocess_env
+from support import run_python, WORKDIRS
 from pytest_cudaopt.launch import plugin_args
 
 VARIANTS = WORKDIRS / "cpu_attacks" / "variants"
@@ -24,7 +24,7 @@ def _pytest(workdir: Path, tmp_path: Path, *args: str) -> tuple[subprocess.Compl
     cmd = [sys.executable, "-m", "pytest", *plugin_args(), "-p", "no:cacheprovider", "-p", "no:randomly",
            str(workdir / "model_new.py"), "--cudaopt-device=cpu", f"--junitxml={junit}",
            f"--cudaopt-report={report}", "-q", *args]
-    done = subprocess.run(cmd, cwd=workdir, env=subprocess_env(), capture_output=True, text=True, timeout=900)
+    done = run_python(cmd[1:], cwd=workdir, timeout=900)
     output = done.stdout + done.stderr
     assert report.is_file() and junit.is_file(), output
     return done, json.loads(report.read_text()), junit.read_text()

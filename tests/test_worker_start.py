@@ -29,10 +29,10 @@ def get_init_inputs():
 
 # What the candidate's process looks like from inside, on its output (the worker's log).
 MODEL_NEW = """
-import json, os, sys
+import json, os, sys, tempfile
 import torch
 print("model_new.py imported", flush=True)
-json.dump({"cwd": os.getcwd(), "path0": sys.path[0], "env": sorted(os.environ),
+json.dump({"cwd": os.getcwd(), "path0": sys.path[0], "env": sorted(os.environ), "tmp": tempfile.gettempdir(),
            "session_leader": os.getsid(0) == os.getpid(), "stdin": sys.stdin.read(),
            "argv": sys.argv}, sys.stdout)
 print(flush=True)
@@ -90,6 +90,8 @@ def test_a_forked_worker_is_the_process_an_executed_one_is(workdir, monkeypatch,
         assert isinstance(forked.proc, zygote.Forked) and isinstance(executed.proc, subprocess.Popen)
         for seen, worker in ((seen_executed, executed), (seen_forked, forked)):
             assert Path(seen.pop("cwd")) == worker.scratch.resolve()
+            # its temporary files in its scratch folder (a zygote's imports may have chosen another)
+            assert Path(seen.pop("tmp")).resolve() == worker.scratch.resolve()
             assert seen["session_leader"] and seen["stdin"] == ""
             assert not any(key.startswith(("CUDAOPT_", "PYTEST_")) for key in seen["env"])
             assert "model_new.py imported" in worker.last_words()

@@ -323,6 +323,11 @@ def _become(request: dict, log: int, base_path: list[str]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    # tempfile keeps the folder it chose first: the zygote's, which a worker in its sandbox may
+    # not write (its TMPDIR is its scratch folder; the kernel trace's file goes there).
+    import tempfile
+
+    tempfile.tempdir = None
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [os.getcwd(), *extra, *[p for p in base_path if p not in extra]]
     sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
