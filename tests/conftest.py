@@ -12,7 +12,8 @@ import pytest
 from filelock import FileLock
 
 from pytest_cudaopt.worker import zygote as _zygote
-from support import OBJECT_CACHE, PREBUILT_ROOT, copy_workdir, prebuild, run_pytest, subprocess_env
+from support import CPU_INI, OBJECT_CACHE, PREBUILT_ROOT, copy_cheat, copy_workdir, prebuild, run_pytest, \
+    subprocess_env
 
 pytest_plugins = ["pytester"]
 # The example workdirs are inputs of these tests, not workdirs of this repo's own run.
@@ -89,6 +90,18 @@ def make_workdir(tmp_path: Path, prebuilt_workdir):
     return make
 
 
+@pytest.fixture
+def cheat(pytester, prebuilt_workdir):
+    """`cheat(variant)`: pytester.path/wd, the built cheat_kernels workdir with that model_new.py
+    (support.copy_cheat), and a pytest.ini that judges it on the CPU."""
+
+    def make(variant: str = "honest") -> Path:
+        pytester.makeini(CPU_INI)
+        return copy_cheat(prebuilt_workdir, pytester.path / "wd", variant)
+
+    return make
+
+
 # The helpers as fixtures too (`def test_x(pytester, run_pytest): run_pytest(pytester, ...)`).
 @pytest.fixture(name="run_pytest")
 def _run_pytest_fixture():
@@ -108,7 +121,7 @@ def _subprocess_env_fixture() -> dict[str, str]:
 # The longest modules (measured, `--durations`, docs/test-suite.md) run first: pytest-xdist's
 # loadscope hands modules out in collection order, and a long one handed out last keeps one
 # worker busy while the other has nothing left (two minutes at the end of a CI run).
-LONGEST_FIRST = ("test_correctness_verdict", "test_perf_verdict", "test_contract", "test_build",
+LONGEST_FIRST = ("test_hangs", "test_correctness_verdict", "test_perf_verdict", "test_contract", "test_build",
                  "test_interruptions", "test_sandbox", "test_judge", "test_gate", "test_exploits", "test_policy",
                  "test_isolation_workdirs", "test_memsafety", "test_judge_gallery", "test_scaffold")
 

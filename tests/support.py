@@ -185,6 +185,23 @@ def junit_cases(path: Path) -> dict[tuple[str, str], tuple[str, str]]:
     return cases
 
 
+# tests/workdirs/cheat_kernels: an honest CPU workdir and its planted cheats and hangs (variants/).
+CHEAT_VARIANTS = WORKDIRS / "cheat_kernels" / "variants"
+CPU_INI = "[pytest]\ncudaopt_device = cpu\n"
+
+
+def copy_cheat(prebuilt_workdir, dest: Path, variant: str = "honest") -> Path:
+    """A copy of the built cheat_kernels workdir at `dest`, with model_new.py replaced by
+    variants/<variant>.py (the extension stays built: the copy builds in about a second)."""
+    src = prebuilt_workdir("cheat_kernels")
+    with FileLock(str(PREBUILT_ROOT / "cheat_kernels.lock")):
+        shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.lock"))
+    if variant != "honest":
+        shutil.copyfile(CHEAT_VARIANTS / f"{variant}.py", dest / "model_new.py")
+    return dest
+
+
 # The judge's CPU cases: cpu_scale as it is (honest) and with one file replaced from
 # tests/workdirs/judge_variants/<name>/ (wrong, segfault, hang, build_error).
 JUDGE_VARIANTS = WORKDIRS / "judge_variants"
