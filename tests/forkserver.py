@@ -60,15 +60,27 @@ class Server:
         """The exit status of `python -m pytest *args` (with `python`, of `python *args`) run in
         `cwd` with `env`; None when it ran longer than `timeout` (it is then killed, as
         subprocess.run would)."""
+        pid = self.start(args, cwd=cwd, env=env, stdout=stdout, stderr=stderr, python=python)
+        status = self.wait(timeout)
+        if status is None:
+            os.kill(pid, signal.SIGKILL)
+            self.wait(None)   # the server's reply for the killed child
+        return status
+
+    def start(self, args: list[str], *, cwd: Path, env: dict[str, str], stdout: Path, stderr: Path,
+              python: bool = False, new_session: bool = False) -> int:
+        """Start the child (`new_session`: in a session and process group of its own, as
+        subprocess.Popen(start_new_session=True)); its pid. `wait` gives its status."""
         request = {"args": [str(a) for a in args], "cwd": str(cwd), "env": env, "python": python,
-                   "stdout": str(stdout), "stderr": str(stderr)}
+                   "new_session": new_session, "stdout": str(stdout), "stderr": str(stderr)}
         self.proc.stdin.write(json.dumps(request) + "\n")
-        pid = json.loads(self._line(None))["pid"]
+        return json.loads(self._line(None))["pid"]
+
+    def wait(self, timeout: float | None) -> int | None:
+        """The started child's exit status; None if it is still running after `timeout` seconds."""
         try:
             return json.loads(self._line(timeout))["status"]
         except TimeoutError:
-            os.kill(pid, signal.SIGKILL)
-            self._line(None)
             return None
 
     def _line(self, timeout: float | None) -> str:
@@ -107,6 +119,8 @@ def _serve() -> None:
         if pid == 0:
             requests.close()
             replies.close()
+            if request.get("new_session"):
+                os.setsid()
             if request.get("python") and request["args"][:2] == ["-m", "pytest"]:
                 request = {**request, "args": request["args"][2:]}
             elif request.get("python"):

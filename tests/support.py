@@ -66,7 +66,8 @@ _RUNS = itertools.count()
 _SERVER: list[forkserver.Server] = []
 
 
-def _server() -> forkserver.Server:
+def server() -> forkserver.Server:
+    """This test process's fork server (started on first use)."""
     if not (_SERVER and _SERVER[0].alive()):
         _SERVER[:] = [forkserver.Server(subprocess_env())]
     return _SERVER[0]
@@ -85,7 +86,7 @@ def run_python(args: list[str], *, cwd: Path | str | None = None, env: dict[str,
         return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     with tempfile.TemporaryDirectory(prefix="run-python-") as folder:
         out, err = Path(folder) / "stdout", Path(folder) / "stderr"
-        ret = _server().run(list(map(str, args)), cwd=cwd, env=env, stdout=out, stderr=err, timeout=timeout,
+        ret = server().run(list(map(str, args)), cwd=cwd, env=env, stdout=out, stderr=err, timeout=timeout,
                             python=True)
         stdout = out.read_text(encoding="utf8", errors="replace")
         stderr = err.read_text(encoding="utf8", errors="replace")
@@ -102,7 +103,7 @@ def run_forked(args: list[str], *, cwd: Path, timeout: float | None = None,
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cwd), env.get("PYTHONPATH", "")]))
     out, err = Path(cwd) / "stdout", Path(cwd) / "stderr"
     started = time.monotonic()
-    ret = _server().run(args, cwd=Path(cwd), env=env, stdout=out, stderr=err, timeout=timeout)
+    ret = server().run(args, cwd=Path(cwd), env=env, stdout=out, stderr=err, timeout=timeout)
     if ret is None:
         raise pytest.Pytester.TimeoutExpired(f"{timeout} second timeout expired running pytest {args}")
     outlines = out.read_text(encoding="utf8", errors="replace").splitlines()

@@ -15,7 +15,8 @@ from typing import Callable
 
 import pytest
 
-from support import junit_cases, run_pytest, subprocess_env
+import forkserver
+from support import junit_cases, run_pytest, server, subprocess_env
 
 from pytest_cudaopt import build
 from pytest_cudaopt.launch import plugin_args
@@ -94,25 +95,59 @@ def run_group(path: Path, *args: str, signal_when=None, signum=None, group: bool
               env: dict | None = None, timeout: float = 300) -> Ended:
     """pytest in its own process group in `path`; `signal_when()` true: send `signum` to pytest
     or to its whole group. Returns once every process of the group is gone."""
-    cmd = [sys.executable, "-m", "pytest", *plugin_args(), "-p", "no:cacheprovider", *args]
-    out, err = open(path / "out.txt", "w+"), open(path / "err.txt", "w+")
+    args = ["-m", "pytest", *plugin_args(), "-p", "no:cacheprovider", *args]
     (path / "tmp").mkdir(exist_ok=True)
-    proc = subprocess.Popen(cmd, cwd=path, env={**subprocess_env(), "TMPDIR": str(path / "tmp"), **(env or {})},
-                            stdout=out, stderr=err, start_new_session=True)
+    env = {**subprocess_env(), "TMPDIR": str(path / "tmp"), **(env or {})}
+    child = _Child(args, path, env)
     deadline = time.monotonic() + timeout
     try:
         if signal_when is not None:
             while not signal_when():
-                assert proc.poll() is None, "pytest ended before the signal was sent"
+                assert child.poll() is None, "pytest ended before the signal was sent"
                 assert time.monotonic() < deadline, "the item never started"
                 time.sleep(0.1)
-            os.killpg(proc.pid, signum) if group else proc.send_signal(signum)
-        ret = proc.wait(max(1.0, deadline - time.monotonic()))
+            os.killpg(child.pid, signum) if group else os.kill(child.pid, signum)
+        ret = child.wait(max(1.0, deadline - time.monotonic()))
     except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(child.pid, signal.SIGKILL)
         raise
-    _wait_until_gone(proc.pid)
+    _wait_until_gone(child.pid)
     return Ended(ret, (path / "out.txt").read_text(), (path / "err.txt").read_text(), path)
+
+
+class _Child:
+    """`python *args` in `path` in a session of its own, its output in out.txt and err.txt: a
+    fork of the suite's fork server (support.run_python), or a plain subprocess with
+    CUDAOPT_TEST_FORK=0."""
+
+    def __init__(self, args: list[str], path: Path, env: dict):
+        self.status = None
+        if forkserver.enabled():
+            self.server = server()
+            self.pid = self.server.start(args, cwd=path, env=env, stdout=path / "out.txt", stderr=path / "err.txt",
+                                         python=True, new_session=True)
+            return
+        self.server = None
+        self.proc = subprocess.Popen([sys.executable, *args], cwd=path, env=env, stdout=open(path / "out.txt", "w"),
+                                     stderr=open(path / "err.txt", "w"), start_new_session=True)
+        self.pid = self.proc.pid
+
+    def poll(self) -> int | None:
+        return self.wait(0)
+
+    def wait(self, timeout: float) -> int | None:
+        if self.server is None:
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                if timeout:
+                    raise
+                return None
+        if self.status is None:
+            self.status = self.server.wait(timeout)
+            if self.status is None and timeout:
+                raise subprocess.TimeoutExpired(f"pytest (pid {self.pid})", timeout)
+        return self.status
 
 
 @pytest.fixture
