@@ -119,8 +119,8 @@ def _subprocess_env_fixture() -> dict[str, str]:
 
 
 # The longest modules (measured, `--durations`, docs/test-suite.md) run first: pytest-xdist's
-# loadscope hands modules out in collection order, and a long one handed out last keeps one
-# worker busy while the other has nothing left (two minutes at the end of a CI run).
+# loadscope hands modules out in collection order under --no-loadscope-reorder (.ci/run), and a
+# long one handed out last keeps one worker busy while the others have nothing left.
 LONGEST_FIRST = ("test_hangs", "test_correctness_verdict", "test_perf_verdict", "test_contract", "test_build",
                  "test_interruptions", "test_sandbox", "test_judge", "test_gate", "test_exploits", "test_policy",
                  "test_isolation_workdirs", "test_memsafety", "test_judge_gallery", "test_scaffold")
