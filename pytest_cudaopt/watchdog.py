@@ -36,7 +36,6 @@ import traceback
 from typing import Any, Callable
 
 
-
 def _seconds(name: str, default: float) -> float:
     """A wait from the environment (the plugin's own tests shorten them), else `default`."""
     try:
@@ -46,9 +45,11 @@ def _seconds(name: str, default: float) -> float:
     return value if 0 < value < 3600 else default
 
 
-GRACE_S = _seconds("CUDAOPT_WATCHDOG_GRACE_S", 5.0)        # after the signal, time for the main thread to leave the test
-RESIGNAL_S = 0.25  # within it, the signal is sent again this often
-BACKSTOP_S = _seconds("CUDAOPT_WATCHDOG_BACKSTOP_S", 10.0)  # then faulthandler's C thread, for a hang that holds the GIL
+# After the signal, time for the main thread to leave the test; within it, the signal is sent again
+# every RESIGNAL_S; then BACKSTOP_S more before faulthandler's C thread ends a hang that holds the GIL.
+GRACE_S = _seconds("CUDAOPT_WATCHDOG_GRACE_S", 5.0)
+RESIGNAL_S = 0.25
+BACKSTOP_S = _seconds("CUDAOPT_WATCHDOG_BACKSTOP_S", 10.0)
 SIGNAL = getattr(signal, "SIGUSR2", None)
 WORKDIR_MODULES = "cudaopt_workdir_"  # workdir.MODULE_PREFIX: the workdir's own files
 TIMEOUT_MARK = "TIMEOUT:"  # how a timed-out test's failure begins (the judge reads it in the report's items)

@@ -131,26 +131,32 @@ def _serve() -> None:
         replies.write(json.dumps({"status": os.waitstatus_to_exitcode(status)}) + "\n")
 
 
+def _enter(request: dict, base_path: list[str], argv: list[str], path0: str | None = None) -> None:
+    """The child takes the request's folder, environment, streams and Python's signal handlers,
+    and the sys.path `python *argv` would have there (`path0` first, default the folder)."""
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    __import__("tempfile").tempdir = None   # chosen afresh from the child's TMPDIR
+    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda._is_in_bad_fork():
+        # Something the server imported initialised CUDA (on a GPU host), which a fork cannot
+        # use: this child becomes a fresh `python *argv` instead, on the same streams.
+        os.execv(sys.executable, [sys.executable, *argv])
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [os.getcwd() if path0 is None else path0, *extra, *[p for p in base_path if p not in extra]]
+    import importlib
+
+    importlib.invalidate_caches()
+
+
 def _become_pytest(request: dict, base_path: list[str]) -> None:
     try:
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        __import__("tempfile").tempdir = None   # chosen afresh from the child's TMPDIR
-        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
-            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
-        torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda._is_in_bad_fork():
-            # Something the server imported initialised CUDA (on a GPU host), which a fork cannot
-            # use: this child becomes a fresh `python -m pytest` instead, on the same streams.
-            os.execv(sys.executable, [sys.executable, "-m", "pytest", *request["args"]])
-        extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        sys.path[:] = [os.getcwd(), *extra, *[p for p in base_path if p not in extra]]
-        import importlib
-
-        importlib.invalidate_caches()
+        _enter(request, base_path, ["-m", "pytest", *request["args"]])
         import _pytest.assertion.rewrite
         import pytest
 
@@ -179,25 +185,13 @@ def _become_python(request: dict, base_path: list[str]) -> None:
     with its status."""
     code = 70
     try:
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        __import__("tempfile").tempdir = None   # chosen afresh from the child's TMPDIR
-        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
-            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
         args = request["args"]
-        torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda._is_in_bad_fork():
-            os.execv(sys.executable, [sys.executable, *args])   # as in _become_pytest
-        import importlib
+        # sys.path[0] as `python` sets it: the folder for -m, "" for -c, the script's folder
+        script = str(Path(request["cwd"], args[0]).resolve().parent)
+        path0 = None if args[0] == "-m" else "" if args[0] == "-c" else script
+        _enter(request, base_path, args, path0)
         import runpy
 
-        extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        first = os.getcwd() if args[0] == "-m" else "" if args[0] == "-c" else str(Path(args[0]).resolve().parent)
-        sys.path[:] = [first, *extra, *[p for p in base_path if p not in extra]]
-        importlib.invalidate_caches()
         try:
             if args[0] == "-m":
                 sys.argv = [args[1], *args[2:]]
