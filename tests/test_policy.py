@@ -689,7 +689,8 @@ def test_cudaopt_check_ends_a_constructor_that_never_returns_at_cudaopt_timeout(
     workdir = assemble("clean", tmp_path / "wd")
     source = (workdir / "model_new.py").read_text()
     marker = "        super().__init__()\n"
-    (workdir / "model_new.py").write_text(source.replace(marker, marker + "        while True:\n            pass\n", 1))
+    # one line: the interrupt may land on the loop's test or its body, and both must name it
+    (workdir / "model_new.py").write_text(source.replace(marker, marker + "        while True: pass\n", 1))
     line = source[:source.index(marker)].count("\n") + 2
     env = {"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", "CUDAOPT_TIMEOUT": "3"}
     done = run_python(["-m", "pytest_cudaopt.cli", "check", str(workdir)], cwd=tmp_path, env=env, timeout=120)
