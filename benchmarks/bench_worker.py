@@ -1,11 +1,14 @@
 """The worker's cost on the timed figure: a workdir's ModelNew timed in-process and through its worker, side by side in one engine run (CUDA events, L2 flushed, fresh inputs per call).
 
-    python benchmarks/bench_worker.py WORKDIR [WORKDIR ...] [--max-time 10] [--sandbox off,require]
+    python benchmarks/bench_worker.py WORKDIR [WORKDIR ...] [--max-time 10] [--sandbox off,require] [--gpu-batch 1,16]
 
 Prints, per workdir, the two device-time medians and their ratio (worker / in-process), and the
 latency medians (the latency includes the worker's round trip by design). With `--sandbox` one
 worker per cudaopt_sandbox mode named, all timed in the same engine run: the OS sandbox's cost
-side by side (each worker's row against the in-process one). The in-process model
+side by side (each worker's row against the in-process one). With `--gpu-batch` one run per
+batch length named (CudaClock.max_batch, which the harness keeps at 1): for each, the round trip
+less the worker's figures per batch (the honest margin the allowance must cover) beside the
+allowance itself, medians and the largest. The in-process model
 is loaded only here, for the comparison: the harness itself never loads it in the judging process.
 """
 
@@ -26,8 +29,9 @@ from pytest_cudaopt.workdir import load_reference, load_workdir  # noqa: E402
 from pytest_cudaopt.worker import Worker  # noqa: E402
 
 
-def bench(path: Path, max_time: float, modes: list[str]) -> list[tuple[str, float, float, float, float]]:
+def bench(path: Path, max_time: float, modes: list[str], batch: int) -> list[tuple[str, float, float, float, float]]:
     device = "cuda"
+    clocks.CudaClock.max_batch = batch
     result = build.build(path)
     local = load_workdir(path, result.module)
     workers = {mode: Worker(path, result.so_path, device, sandbox=mode).start() for mode in modes}
@@ -44,7 +48,8 @@ def bench(path: Path, max_time: float, modes: list[str]) -> list[tuple[str, floa
         names = {mode: "worker" if len(modes) == 1 else f"worker (sandbox {mode})" for mode in modes}
         contenders = [engine.Contender("in-process", inproc),
                       *[engine.Contender(names[mode], throughs[mode], every_call=True) for mode in modes]]
-        config = engine.Config(max_time=max_time, warmup=0.5, target_rse=0.002, min_runs=200)
+        config = engine.Config(max_time=max_time, warmup=0.5, target_rse=0.002, min_runs=200, max_batch=batch,
+                               batch_window=0.02 if batch > 1 else engine.Config.batch_window)
         def compare(output, expected):
             return None if torch.allclose(output, expected, atol=1e-4, rtol=1e-4) else "mismatch"
 
@@ -53,15 +58,22 @@ def bench(path: Path, max_time: float, modes: list[str]) -> list[tuple[str, floa
                                    config=config, compare=compare)
         a = found["in-process"]
         for mode in workers:
-            print(f"{path.name} [{mode}]: batch {found.batch}; {throughs[mode].timing_note() or 'no figure raised'}",
+            through = throughs[mode]
+            print(f"{path.name} [{mode}]: batch {found.batch}; {through.timing_note() or 'no figure raised'}",
                   flush=True)
+            margins = sorted(m for _, m, _ in through.margins)
+            allowances = sorted(a for _, _, a in through.margins)
+            if margins:
+                print(f"  {len(margins)} timed batches: round trip - figures median {margins[len(margins) // 2] * 1e6:.1f} us, "
+                      f"largest {margins[-1] * 1e6:.1f} us; allowance median {allowances[len(allowances) // 2] * 1e6:.1f} us",
+                      flush=True)
         rows = []
         for mode in modes:
             b = found[names[mode]]
             for r in (a, b):
                 if r.failure:
                     raise SystemExit(f"{path}: {r.key} failed: {r.failure}")
-            label = path.name if len(modes) == 1 else f"{path.name} [{mode}]"
+            label = (path.name if len(modes) == 1 else f"{path.name} [{mode}]") + (f" B{batch}" if batch > 1 else "")
             rows.append((label, a.device_summary.median, b.device_summary.median,
                          a.latency_summary.median, b.latency_summary.median))
         return rows
@@ -75,9 +87,11 @@ def main() -> int:
     parser.add_argument("workdirs", nargs="+", type=Path)
     parser.add_argument("--max-time", type=float, default=10.0)
     parser.add_argument("--sandbox", default="auto", help="cudaopt_sandbox modes, comma separated (default: auto)")
+    parser.add_argument("--gpu-batch", default="1", help="calls per timed batch, comma separated (default: 1, the harness's)")
     args = parser.parse_args()
     modes = [m for m in args.sandbox.split(",") if m]
-    rows = [row for p in args.workdirs for row in bench(p.resolve(), args.max_time, modes)]
+    rows = [row for p in args.workdirs for b in map(int, args.gpu_batch.split(","))
+            for row in bench(p.resolve(), args.max_time, modes, b)]
     print(f"{'workdir':<32} {'in-process':>11} {'worker':>11} {'ratio':>7} {'lat in-proc':>12} {'lat worker':>11}")
     for name, a, b, la, lb in rows:
         print(f"{name:<32} {a * 1e6:>9.1f}us {b * 1e6:>9.1f}us {b / a:>7.4f} {la * 1e6:>10.1f}us {lb * 1e6:>9.1f}us")

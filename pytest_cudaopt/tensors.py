@@ -96,6 +96,11 @@ def nbytes(value: Any) -> int:
     return sum(x.numel() * x.element_size() for _, x in leaves(value) if isinstance(x, torch.Tensor))
 
 
+def count_tensors(value: Any) -> int:
+    """Tensors in a nest of tuples, lists and dicts."""
+    return sum(isinstance(x, torch.Tensor) for _, x in leaves(value))
+
+
 def describe_inputs(inputs: list, names: list[str] | None) -> str:
     """`x: float32[16, 64], n: 3`: the inputs of a case as failures and reports show them."""
     parts = []

@@ -63,23 +63,25 @@ class _FakeWorker:
     calibrated_ping = 100e-6
     handoff_bound = __import__("pytest_cudaopt.worker.client", fromlist=["Worker"]).Worker.handoff_bound
 
-    def __init__(self, reported: list[float], takes: float, ping: float = 100e-6):
-        self.reported, self.takes, self._ping = reported, takes, ping
+    def __init__(self, reported: list[float], takes: float, ping: float = 100e-6, outputs: list | None = None):
+        self.reported, self.takes, self._ping, self.outputs = reported, takes, ping, outputs
 
     def ping(self) -> float:
         return self._ping
 
-    def request(self, message, **kwargs):
+    def request(self, message, on_send=None, **kwargs):
+        if on_send is not None:
+            on_send()
         time.sleep(self.takes)
-        return {"seconds": list(self.reported), "outputs": [None] * len(self.reported)}
+        return {"seconds": list(self.reported), "outputs": list(self.outputs or [None] * len(self.reported))}
 
 
-def _timed(device: str, reported: list[float], takes: float, **kwargs):
+def _timed(device: str, reported: list[float], takes: float, sets: list | None = None, **kwargs):
     from pytest_cudaopt.worker import RemoteModel
 
     model = RemoteModel(_FakeWorker(reported, takes, **kwargs), 1, device, [])
     started = time.perf_counter()
-    seconds = [t for _, t in model.time_batch([[] for _ in reported])]
+    seconds = [t for _, t in model.time_batch(sets or [[] for _ in reported])]
     return model, seconds, time.perf_counter() - started   # the last: an outer bound of the round trip
 
 
@@ -97,6 +99,8 @@ def test_a_workers_under_reported_figures_count_the_batchs_round_trip_less_a_han
     assert 60e-3 - slack <= sum(seconds) <= outer - slack
     assert seconds[0] == pytest.approx(seconds[1])   # the deficit spread over the calls
     assert "on 2 of 2 timed calls the worker's own figures fell short" in model.timing_note()
+    [(calls, margin, allowance)] = model.margins   # what the benchmarks read: the batch's round trip less its figures
+    assert calls == 2 and 60e-3 - 2e-6 <= margin <= outer and allowance == pytest.approx(slack)
     model, seconds, _ = _timed(device, reported=[30e-3, 29.99e-3], takes=60e-3)
     assert seconds == [30e-3, 29.99e-3] and model.timing_note() == ""
 
@@ -113,6 +117,39 @@ def test_a_worker_that_slows_its_own_pings_widens_its_allowance_only_to_the_cali
     slack = 3 * 250e-6 + 500e-6 + (CPU_WAKEUP_S if device == "cpu" else 0.0)
     _, seconds, outer = _timed(device, reported=[1e-6], takes=60e-3, ping=250e-6)
     assert 60e-3 - slack <= seconds[0] <= outer - slack
+
+
+def test_cuda_tensors_widen_the_allowance_by_their_handles_not_their_bytes(no_device):
+    """A CUDA tensor crosses as an IPC handle: 64 MB of them widen the allowance by a handle
+    each, not by the 1 GB/s of the CPU arena's copies (which would allow 200 ms here)."""
+    import torch
+
+    from pytest_cudaopt.worker.client import CUDA_HANDLE_S, CUDA_MESSAGE_S
+
+    big = lambda: torch.empty(16 << 20, device="meta")  # noqa: E731 - 64 MB that take no memory
+    sets = [[big(), big()]]
+    model, seconds, outer = _timed("cuda", reported=[1e-6], takes=60e-3, sets=sets, outputs=[big()])
+    slack = 3 * 100e-6 + 500e-6 + CUDA_MESSAGE_S + 3 * CUDA_HANDLE_S
+    assert 60e-3 - slack <= seconds[0] <= outer - slack
+    [(_, _, allowance)] = model.margins
+    assert allowance == pytest.approx(slack)
+
+
+def test_a_worker_whose_gpu_work_outlasts_its_answer_is_timed_to_the_end_of_it(monkeypatch):
+    """The worker answers at once and its GPU goes on for 60 ms: this process's stream waits
+    for the worker's outputs, and the clock stops after that wait, not at the answer."""
+    calls = []
+
+    def synchronize():  # the first: before the batch; the second: the wait for the worker's work
+        calls.append(1)
+        if len(calls) == 2:
+            time.sleep(60e-3)
+
+    monkeypatch.setattr("torch.cuda.synchronize", synchronize)
+    model, seconds, outer = _timed("cuda", reported=[1e-6], takes=0.0)
+    assert len(calls) == 2
+    assert 60e-3 - (3 * 100e-6 + 500e-6) <= seconds[0] <= outer
+    assert "on 1 of 1 timed calls the worker's own figures fell short" in model.timing_note()
 
 
 def test_a_workers_figures_above_the_time_around_them_fail_the_batch(no_device):

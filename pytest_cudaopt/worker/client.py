@@ -22,7 +22,7 @@ import tempfile
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from pytest_cudaopt import watchdog
 from pytest_cudaopt.signals import die_with_parent
@@ -35,6 +35,12 @@ STACK_QUIET_S = 0.3    # ... and how long its log must hold still for the dump t
 LAST_WORDS = 4000      # characters of the worker's output quoted when it dies
 HANDOFF_FACTOR = 3     # a median round trip may exceed the worker's own figure by this many handoffs ...
 HANDOFF_SLACK_S = 500e-6  # ... plus this
+# A CUDA tensor crosses as an IPC handle: shared on one side (a handle, a ref-count slot, an
+# interprocess event), opened on the other. Measured on the H200 (docs/perf-notes.md, 2026-12-03):
+# a batch's round trip less the worker's figures 1.6 ms for one tensor each way, of which ~1 ms
+# beyond the pings and the spin; up to ~135 us a further tensor. Allowed: twice that.
+CUDA_MESSAGE_S = 2e-3
+CUDA_HANDLE_S = 200e-6
 # The worker answers its own pings, so a ping it slows would widen its allowance: a ping counts at
 # most this many times the median of CALIBRATION_PINGS taken before any candidate code ran.
 PING_CAP_FACTOR = 4
@@ -256,14 +262,16 @@ class Worker:
     # -- requests ----------------------------------------------------------------------------
 
     def request(self, message: dict, *, timeout: float | None = None, what: str = "",
-                copy_back: bool = False, relay: bool = True) -> dict:
+                copy_back: bool = False, relay: bool = True, on_send: Callable[[], None] | None = None) -> dict:
         """Send `message`, wait for the reply. A reply with `error` raises WorkerError; a dead
         worker, a reply that is not one, or `timeout` seconds without one raise WorkerFailed.
         An exception raised here while waiting (the watchdog's timeout, an interrupt) kills
         the worker, after asking it for its stacks. `copy_back`: the CPU tensors sent are
         overwritten with what the worker left in their arena copies (a write into an input
         shows as it would in-process). `relay`: what the worker printed is passed on now (a
-        timed call leaves it to the next request: no file is read inside a timed round trip)."""
+        timed call leaves it to the next request: no file is read inside a timed round trip).
+        `on_send` is called once the message is encoded, just before its bytes go out (where a
+        timed round trip starts: this process's own pickling is none of the worker's time)."""
         what = what or f"answering {message.get('op')}"
         if self.conn is None:
             raise WorkerFailed(f"the candidate's worker process is stopped ({what})")
@@ -271,7 +279,7 @@ class Worker:
             message = {**message, "drop": self.dropped}
             self.dropped = []
         try:
-            placed = protocol.send(self.conn, message, self.arena, "judge")
+            placed = protocol.send(self.conn, message, self.arena, "judge", on_send=on_send)
         except (OSError, EOFError, BrokenPipeError):
             raise self._died(what) from None
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -361,14 +369,16 @@ class Worker:
         self.request({"op": "ping"}, what="answering a ping", relay=False)
         return time.perf_counter() - started
 
-    def handoff_bound(self, ping: float, copied: int) -> float:
+    def handoff_bound(self, ping: float, copied: int = 0, handles: int = 0) -> float:
         """How much longer than the call itself its round trip may take: a few handoffs as the
         ping after it measured them (at most PING_CAP_FACTOR times the calibrated one: a worker
-        that slows its own pings gains no more), the scheduler's slack, and `copied` bytes
-        through the arena at 1 GB/s (CPU tensors; CUDA tensors cross as handles)."""
+        that slows its own pings gains no more), the scheduler's slack, `copied` bytes through
+        the arena at 1 GB/s (CPU tensors), and for `handles` CUDA tensors (their bytes do not
+        cross) CUDA_MESSAGE_S once and CUDA_HANDLE_S each."""
         if self.calibrated_ping is not None:
             ping = min(ping, PING_CAP_FACTOR * self.calibrated_ping)
-        return HANDOFF_FACTOR * ping + HANDOFF_SLACK_S + copied / 1e9
+        ipc = CUDA_MESSAGE_S + handles * CUDA_HANDLE_S if handles else 0.0
+        return HANDOFF_FACTOR * ping + HANDOFF_SLACK_S + copied / 1e9 + ipc
 
     # -- CUDA memory ---------------------------------------------------------------------------
 

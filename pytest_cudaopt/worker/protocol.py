@@ -20,7 +20,7 @@ import tempfile
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 # What a worker keeps of the judging process's environment: what torch, CUDA and the compiler
 # toolchain need. PYTEST_*, CUDAOPT_* and everything else (report paths, tokens) stay behind.
@@ -157,12 +157,17 @@ class _Unpacker(pickle.Unpickler):
         raise pickle.UnpicklingError("an unknown tensor reference")
 
 
-def send(conn: Connection, message: Any, arena: Arena | None = None, writer: str = "judge") -> list:
-    """Send `message`; returns the (tensor, arena offset) pairs copied into the arena."""
+def send(conn: Connection, message: Any, arena: Arena | None = None, writer: str = "judge",
+         on_send: Callable[[], None] | None = None) -> list:
+    """Send `message` (`on_send` called once it is encoded, just before its bytes go out);
+    returns the (tensor, arena offset) pairs copied into the arena."""
     buffer = io.BytesIO()
     packer = _Packer(buffer, arena, writer)
     packer.dump(message)
-    conn.send_bytes(buffer.getvalue())
+    data = buffer.getvalue()
+    if on_send is not None:
+        on_send()
+    conn.send_bytes(data)
     return packer.placed
 
 

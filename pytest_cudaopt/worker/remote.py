@@ -78,6 +78,7 @@ class RemoteModel:
         weakref.finalize(self, worker.dropped.append, key)
         self.timed_calls = 0
         self.raised: list[float] = []  # by how much `time_batch` raised a worker's figure, per call it did
+        self.margins: list[tuple[int, float, float]] = []  # per timed batch: (calls, round trip - figures, allowance)
         # ModelNew's state as the worker reported it with the last request that could change it
         # (loading Model's state, a checked call): what `state_dict` answers without a round trip.
         self._state: dict | None = None
@@ -96,15 +97,17 @@ class RemoteModel:
 
         The worker times its own calls (CUDA events chained through the batch behind a spin that
         gets its host ahead; on the CPU its wall time); this process times the round trip around
-        the batch, and the figures must add up to it: a sum above it is a TimingError; a sum
-        below it by more than the allowance counts as the round trip less the allowance, the
-        deficit spread over the calls. The allowance is a handoff (`Worker.handoff_bound`, from a
-        ping right after the batch: it covers the worker's spin and the copies through the CPU
-        arena), and on the CPU CPU_WAKEUP_S. So a worker that under-reports (a patched timer, a
+        the batch (from its bytes going out to, on CUDA, this process's stream having waited for
+        the worker's outputs), and the figures must add up to it: a sum above it is a
+        TimingError; a sum below it by more than the allowance counts as the round trip less the
+        allowance, the deficit spread over the calls. The allowance is a handoff
+        (`Worker.handoff_bound`, from a ping right after the batch: it covers the worker's spin,
+        the copies through the CPU arena and the CUDA tensors' IPC handles), and on the CPU
+        CPU_WAKEUP_S. So a worker that under-reports (a patched timer, a
         detoured cudaEventElapsedTime, work on a side stream that outlives its calls) gains at
         most the allowance per batch."""
         from pytest_cudaopt.perf.clocks import host_time
-        from pytest_cudaopt.tensors import nbytes
+        from pytest_cudaopt.tensors import count_tensors, nbytes
 
         worker = self.worker
         self._state = None   # a forward that changes ModelNew's state: read again when asked
@@ -117,15 +120,25 @@ class RemoteModel:
             torch.cuda.synchronize()
         request = {"op": "time", "id": self.key, "inputs": [list(s) for s in sets], "device": self.device,
                    "what": "ModelNew.forward"}
-        started = host_time()
-        reply = worker.request(request, what="timing ModelNew", relay=False)
-        outer = host_time() - started
+        sent: list[float] = []
+        reply = worker.request(request, what="timing ModelNew", relay=False, on_send=lambda: sent.append(host_time()))
+        if cuda:
+            # Rebuilding the outputs made this process's stream wait on the events torch's sharing
+            # recorded behind them in the worker: the clock stops once that work is done, so a
+            # worker that answers before its GPU has finished (its synchronise patched out) is
+            # timed to the end of its work, not to its answer. Native code that forges the sharing
+            # (no event to wait on) is outside this: docs/perf-notes.md.
+            torch.cuda.synchronize()
+        outer = host_time() - sent[0]
         seconds = [float(x) for x in reply.get("seconds", ())]
         outputs = list(reply.get("outputs") or [])
         if len(outputs) != len(sets):
             raise WorkerFailed(f"the candidate's worker process answered {len(outputs)} outputs for a batch of "
                                f"{len(sets)} timed calls")
-        slack = worker.handoff_bound(worker.ping(), nbytes(sets) + nbytes(outputs))
+        if cuda:  # handles cross, not bytes
+            slack = worker.handoff_bound(worker.ping(), handles=count_tensors(sets) + count_tensors(outputs))
+        else:
+            slack = worker.handoff_bound(worker.ping(), copied=nbytes(sets) + nbytes(outputs))
         seconds = self._checked(seconds, outer, slack + (0.0 if cuda else CPU_WAKEUP_S), len(sets))
         # CPU outputs are views of the arena, which the worker's next reply rewrites.
         return [(clone_nest(o) if not cuda else o, t) for o, t in zip(outputs, seconds)]
@@ -144,6 +157,7 @@ class RemoteModel:
                               f"more than the {outer * 1e6:.1f} us this process measured around them: the "
                               "candidate's process misreported its time")
         self.timed_calls += calls
+        self.margins.append((calls, outer - total, slack))
         deficit = outer - total - slack
         if deficit <= 0:
             return seconds
