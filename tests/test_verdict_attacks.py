@@ -135,6 +135,20 @@ def test_cuda_tensors_widen_the_allowance_by_their_handles_not_their_bytes(no_de
     assert allowance == pytest.approx(slack)
 
 
+def test_cpu_inputs_are_copied_before_the_clock_starts_so_only_the_outputs_bytes_widen_the_allowance(no_device):
+    import torch
+
+    from pytest_cudaopt.worker.remote import CPU_WAKEUP_S
+
+    sets = [[torch.empty(16 << 20, device="meta")]]   # 64 MB in: copied into the arena before the clock
+    model, seconds, outer = _timed("cpu", reported=[1e-6], takes=60e-3, sets=sets,
+                                   outputs=[torch.empty(1 << 20, device="meta")])   # 4 MB out: inside it
+    slack = 3 * 100e-6 + 500e-6 + (4 << 20) / 1e9 + CPU_WAKEUP_S
+    [(_, _, allowance)] = model.margins
+    assert allowance == pytest.approx(slack)
+    assert 60e-3 - slack <= seconds[0] <= outer - slack
+
+
 def test_a_worker_whose_gpu_work_outlasts_its_answer_is_timed_to_the_end_of_it(monkeypatch):
     """The worker answers at once and its GPU goes on for 60 ms: this process's stream waits
     for the worker's outputs, and the clock stops after that wait, not at the answer."""

@@ -137,8 +137,8 @@ class RemoteModel:
                                f"{len(sets)} timed calls")
         if cuda:  # handles cross, not bytes
             slack = worker.handoff_bound(worker.ping(), handles=count_tensors(sets) + count_tensors(outputs))
-        else:
-            slack = worker.handoff_bound(worker.ping(), copied=nbytes(sets) + nbytes(outputs))
+        else:  # the inputs were copied into the arena before the clock started; the worker views them there
+            slack = worker.handoff_bound(worker.ping(), copied=nbytes(outputs))
         seconds = self._checked(seconds, outer, slack + (0.0 if cuda else CPU_WAKEUP_S), len(sets))
         # CPU outputs are views of the arena, which the worker's next reply rewrites.
         return [(clone_nest(o) if not cuda else o, t) for o, t in zip(outputs, seconds)]
