@@ -9,7 +9,10 @@ synchronise the device and never return). Then across two processes, as the harn
 gated batch (the window's fixed cost), batches of B calls of a ~20 us element-wise kernel (the
 window against the sum of the worker's chained events), and the delay of the judging process's
 own kernel right after `done` while the worker's context is still busy; with --confine also with
-the worker in its OS sandbox.
+the worker in its OS sandbox. Two more steps show why a gate alone is not a bound and what is
+(docs/perf-notes.md, 2026-12-03): a worker that does its calls before the gate and leaves only
+its events behind it (the window sees none of its work), and the inputs written into buffers
+shared once, by the judging process inside the window (that worker's outputs are then wrong).
 """
 
 from __future__ import annotations
@@ -147,7 +150,12 @@ class StreamGate:
             raise OSError(f"cuStreamWaitValue32: CUresult {got}")
 
     def done(self, seq: int) -> None:
-        got = self._write(self._stream(), self.device_address + DONE, seq, 0)
+        self.write(DONE, seq)
+
+    def write(self, at: int, seq: int) -> None:
+        """`seq` into the word at `at`, enqueued on the current stream (after its earlier work,
+        behind a memory fence: CU_STREAM_WRITE_VALUE_DEFAULT)."""
+        got = self._write(self._stream(), self.device_address + at, seq, 0)
         if got:
             raise OSError(f"cuStreamWriteValue32: CUresult {got}")
 
@@ -268,13 +276,17 @@ def child(fd: int, path: str, confine: bool) -> int:
             torch.cuda.synchronize()
             conn.send({})
         elif op == "batch":
-            seq, calls, spin = req["seq"], req["calls"], req.get("spin_after", 0)
+            seq, calls, spin, early = req["seq"], req["calls"], req.get("spin_after", 0), req.get("early", False)
             torch.cuda.synchronize()
             t0 = pc()
+            if early:  # the adversary: the work before the gate, only the events behind it
+                for i in range(calls):
+                    x[i].mul(2.0)
             gate.wait(seq)
             events[0].record()
             for i in range(calls):
-                x[i].mul(2.0)
+                if not early:
+                    x[i].mul(2.0)
                 events[i + 1].record()
             gate.done(seq)
             if spin:
@@ -285,17 +297,49 @@ def child(fd: int, path: str, confine: bool) -> int:
             conn.send({"figures": [events[i].elapsed_time(events[i + 1]) / 1e3 for i in range(calls)]})
         elif op == "ping":
             conn.send({})
+        elif op == "slots":  # the judging process's input buffers, shared once; outputs of our own
+            xs = req["x"]
+            ys = [torch.empty_like(t) for t in xs]
+            fev = [torch.cuda.Event(enable_timing=True) for _ in range(len(xs) + 1)]
+            for e in fev:
+                e.record()
+            torch.mul(xs[0], 2.0, out=ys[0])
+            torch.cuda.synchronize()
+            conn.send({})
+        elif op == "fbatch":
+            seq, calls, early = req["seq"], req["calls"], req.get("early", False)
+            torch.cuda.synchronize()
+            t0 = pc()
+            if early:  # the adversary again: on what the buffers hold before the window
+                for i in range(calls):
+                    torch.mul(xs[i], 2.0, out=ys[i])
+            gate.wait(seq)
+            fev[0].record()
+            for i in range(calls):
+                if not early:
+                    torch.mul(xs[i], 2.0, out=ys[i])
+                fev[i + 1].record()
+            gate.done(seq)
+            conn.send({"enqueue_s": pc() - t0})
+            conn.recv()  # collect
+            torch.cuda.synchronize()
+            conn.send({"figures": [fev[i].elapsed_time(fev[i + 1]) / 1e3 for i in range(calls)],
+                       "samples": [ys[i][:4].tolist() for i in range(calls)]})
 
 
-def two_processes(confine: bool, reps: int) -> dict:
-    import torch
-
-    gate = JudgeGate.create()
+def _start_child(gate: JudgeGate, confine: bool):
     ours, theirs = socket.socketpair()
     proc = subprocess.Popen([sys.executable, __file__, "--child", str(theirs.fileno()), gate.path]
                             + (["--confine"] if confine else []), pass_fds=[theirs.fileno()])
     theirs.close()
-    conn = Connection(ours.detach())
+    return proc, Connection(ours.detach())
+
+
+def two_processes(confine: bool, reps: int, after_step: bool = True) -> dict:
+    import torch
+
+    gate = JudgeGate.create()
+    proc, conn = _start_child(gate, confine)
     found: dict = {"confined": confine}
     try:
         hello = conn.recv()
@@ -319,11 +363,11 @@ def two_processes(confine: bool, reps: int) -> dict:
         conn.send({"op": "inputs", "n": n, "b": 64})
         conn.recv()
 
-        def batch(calls: int, spin_after: int = 0, after: bool = False):
+        def batch(calls: int, spin_after: int = 0, after: bool = False, early: bool = False):
             seq = gate.next()
             flush.zero_()
             torch.cuda.synchronize()
-            conn.send({"op": "batch", "seq": seq, "calls": calls, "spin_after": spin_after})
+            conn.send({"op": "batch", "seq": seq, "calls": calls, "spin_after": spin_after, "early": early})
             enq = conn.recv()["enqueue_s"]
             t_open = pc()
             struct.pack_into("<I", gate.view, OPEN, seq)
@@ -359,6 +403,12 @@ def two_processes(confine: bool, reps: int) -> dict:
                          "per_call_us": med(per_call) * 1e6, "enqueue_us": med(enqs) * 1e6})
             say("batch:", rows[-1])
         found["batches"] = rows
+        # The hole: a worker that does its 16 calls before the gate and leaves only its events behind it.
+        early = [batch(16, early=True) for _ in range(max(5, reps // 4))]
+        found["early_16"] = {"window_us": med([w for w, *_ in early]) * 1e6,
+                             "sum_events_us": med([sum(f) for _, f, *_ in early]) * 1e6,
+                             "enqueue_us": med([e for _, _, e, _ in early]) * 1e6}
+        say("16 calls done before the gate (the window sees none of them):", found["early_16"])
         xs = [torch.randn(n, device="cuda") for _ in range(16)]
         evs = [torch.cuda.Event(enable_timing=True) for _ in range(17)]
         local = []
@@ -374,6 +424,10 @@ def two_processes(confine: bool, reps: int) -> dict:
             local += [evs[i].elapsed_time(evs[i + 1]) / 1e3 for i in range(16)]
         found["in_process_per_call_us"] = med(local) * 1e6
         say("in-process per call (us):", found["in_process_per_call_us"])
+        if not after_step:
+            conn.send({"op": "stop"})
+            proc.wait(timeout=30)
+            return found
         idle = [batch(1, after=True)[3] for _ in range(10)]
         busy = [batch(1, spin_after=5_000_000, after=True)[3] for _ in range(10)]
         found["own_kernel_after_done_us"] = {"worker_idle": med(idle) * 1e6, "worker_busy": med(busy) * 1e6,
@@ -390,6 +444,102 @@ def two_processes(confine: bool, reps: int) -> dict:
     return found
 
 
+# ------------------------------------------------------------------ inputs written inside the window
+
+
+def window_fill(reps: int) -> dict:
+    """The design that closes the hole above: the worker enqueues behind the gate on input
+    buffers the judging process shared once; inside the window the judging process writes the
+    batch's fresh inputs into them from a stream of its own and opens the gate from that stream
+    (after the copies), then spins on `done`. The window less this process's own copies (its
+    events) against the worker's figures; and the adversary's outputs, computed before the
+    window on what the buffers held then, compared with the fresh inputs'."""
+    import torch
+    import torch.multiprocessing  # noqa: F401 - CUDA tensors through Connection.send as IPC handles
+
+    gate = JudgeGate.create()
+    found: dict = {}
+    try:
+        opener = StreamGate(gate.path, torch)
+    except OSError as exc:
+        gate.unlink()
+        return {"error": f"the judging process's side of the gate: {exc}"}
+    proc, conn = _start_child(gate, False)
+    try:
+        hello = conn.recv()
+        gate.unlink()
+        if "error" in hello:
+            return {"error": hello["error"]}
+        n, slots_n = 2048 * 4096, 16
+        slots = [torch.randn(n, device="cuda") for _ in range(slots_n)]
+        fresh = [torch.randn(n, device="cuda") for _ in range(slots_n)]
+        flush = torch.empty(128 << 20 >> 2, dtype=torch.int32, device="cuda")
+        fill = torch.cuda.Stream()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(fill):   # the copy kernel loaded, the events created, before any gate
+            slots[0].copy_(fresh[0])
+            e0.record()
+            e1.record()
+        torch.cuda.synchronize()
+        conn.send({"op": "slots", "x": slots})
+        conn.recv()
+
+        def fbatch(calls: int, early: bool = False):
+            seq = gate.next()
+            for f in fresh[:calls]:
+                f.normal_()   # values the worker has never seen
+            flush.zero_()
+            torch.cuda.synchronize()
+            conn.send({"op": "fbatch", "seq": seq, "calls": calls, "early": early})
+            enq = conn.recv()["enqueue_s"]
+            t0 = pc()
+            with torch.cuda.stream(fill):
+                e0.record()
+                for slot, f in zip(slots[:calls], fresh[:calls]):
+                    slot.copy_(f)
+                e1.record()
+                opener.write(OPEN, seq)
+            took = wait_word(gate.view, DONE, seq, 5.0)
+            t1 = pc()
+            if took is None:
+                struct.pack_into("<I", gate.view, OPEN, seq)   # whatever held it, never leave it closed
+                raise TimeoutError(f"filled batch {seq} ({calls} calls): no done word within 5 s")
+            e1.synchronize()
+            own = e0.elapsed_time(e1) / 1e3
+            conn.send({"op": "fcollect"})
+            got = conn.recv()
+            right = all(torch.allclose(torch.tensor(sample), (2 * f[:4]).cpu())
+                        for sample, f in zip(got["samples"], fresh))
+            return t1 - t0, own, got["figures"], enq, right
+
+        rows = []
+        for calls, early in ((0, False), (1, False), (4, False), (16, False), (16, True)):
+            windows, owns, sums, enqs, rights = [], [], [], [], []
+            for _ in range(max(5, reps // 4)):
+                w, own, figs, enq, right = fbatch(calls, early)
+                windows.append(w)
+                owns.append(own)
+                sums.append(sum(figs))
+                enqs.append(enq)
+                rights.append(right)
+            gaps = sorted(w - o - f for w, o, f in zip(windows, owns, sums))
+            rows.append({"B": calls, "early": early, "window_us": med(windows) * 1e6, "own_fill_us": med(owns) * 1e6,
+                         "sum_events_us": med(sums) * 1e6, "gap_median_us": med(gaps) * 1e6,
+                         "gap_min_us": gaps[0] * 1e6, "gap_max_us": gaps[-1] * 1e6, "enqueue_us": med(enqs) * 1e6,
+                         "outputs_right": f"{sum(rights)} of {len(rights)}"})
+            say("filled inside the window:", rows[-1])
+        found["batches"] = rows
+        conn.send({"op": "stop"})
+        proc.wait(timeout=30)
+    except Exception as exc:  # noqa: BLE001 - reported with what was found so far
+        found["error"] = f"{type(exc).__name__}: {exc}"
+        say("inputs inside the window failed:", found["error"])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return found
+
+
 def main() -> int:
     if sys.argv[1:2] == ["--child"]:
         return child(int(sys.argv[2]), sys.argv[3], "--confine" in sys.argv)
@@ -397,10 +547,14 @@ def main() -> int:
     parser.add_argument("--confine", action="store_true", help="also run the worker in its OS sandbox")
     parser.add_argument("--reps", type=int, default=100)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--no-after", action="store_true",
+                        help="skip the step timing this process's own kernel right after `done`")
     args = parser.parse_args()
     results = {"single": single_process()}
     if all(results["single"].get(k) is not None for k in ("registered_current", "registered_side")):
-        results["two"] = [two_processes(False, args.reps)] + ([two_processes(True, args.reps)] if args.confine else [])
+        results["fill"] = window_fill(args.reps)
+        results["two"] = [two_processes(False, args.reps, not args.no_after)] + (
+            [two_processes(True, args.reps, not args.no_after)] if args.confine else [])
     text = json.dumps(results, indent=1, default=str)
     print(text)
     if args.out:

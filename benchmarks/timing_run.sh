@@ -10,7 +10,7 @@ OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv; uname -r; nproc
   python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_properties(0))"; } > "$OUT/env.txt" 2>&1
-timeout 120 python3 benchmarks/gate_probe.py --confine --reps 60 --out "$OUT" > "$OUT/gate_probe.txt" 2>&1
+timeout 150 python3 benchmarks/gate_probe.py --confine --no-after --reps 60 --out "$OUT" > "$OUT/gate_probe.txt" 2>&1
 echo "gate_probe rc=$?" >> "$OUT/gate_probe.txt"
 for size in 2048 4096; do
   small="$OUT/cuda_scale_$size"; rm -rf "$small"; mkdir -p "$small"
