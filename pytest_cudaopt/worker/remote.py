@@ -124,10 +124,10 @@ class RemoteModel:
         reply = worker.request(request, what="timing ModelNew", relay=False, on_send=lambda: sent.append(host_time()))
         if cuda:
             # Rebuilding the outputs made this process's stream wait on the events torch's sharing
-            # recorded behind them in the worker: the clock stops once that work is done, so a
-            # worker that answers before its GPU has finished (its synchronise patched out) is
-            # timed to the end of its work, not to its answer. Native code that forges the sharing
-            # (no event to wait on) is outside this: docs/perf-notes.md.
+            # recorded behind them on the worker's calling stream: the clock stops once that work
+            # is done, so a worker that answers before its kernels finish (its synchronise patched
+            # out) is timed to their end, not to its answer. Work on another of its streams, or a
+            # forged sharing with no event, is outside this: docs/isolation.md.
             torch.cuda.synchronize()
         outer = host_time() - sent[0]
         seconds = [float(x) for x in reply.get("seconds", ())]
