@@ -56,15 +56,17 @@ def test_a_gate_verdict_patched_through_a_computed_name_decides_nothing(make_wor
 
 class _FakeWorker:
     """What RemoteModel.time_batch asks of its worker: a reply to `time` (the figures it is told
-    to report, after `takes` seconds), a ping (100 us unless told, calibrated at 100 us before the
-    workdir loaded) and the handoff bound."""
+    to report, after `takes` seconds; `reported` as shares of the time it really took, when
+    `shares`), a ping (100 us unless told, calibrated at 100 us before the workdir loaded) and
+    the handoff bound."""
 
     dropped: list = []
-    calibrated_ping = 100e-6
     handoff_bound = __import__("pytest_cudaopt.worker.client", fromlist=["Worker"]).Worker.handoff_bound
 
-    def __init__(self, reported: list[float], takes: float, ping: float = 100e-6, outputs: list | None = None):
-        self.reported, self.takes, self._ping, self.outputs = reported, takes, ping, outputs
+    def __init__(self, reported: list[float], takes: float, ping: float = 100e-6, outputs: list | None = None,
+                 shares: bool = False, calibrated: float = 100e-6):
+        self.reported, self.takes, self._ping, self.outputs, self.shares = reported, takes, ping, outputs, shares
+        self.calibrated_ping = calibrated
 
     def ping(self) -> float:
         return self._ping
@@ -72,8 +74,11 @@ class _FakeWorker:
     def request(self, message, on_send=None, **kwargs):
         if on_send is not None:
             on_send()
+        started = time.perf_counter()
         time.sleep(self.takes)
-        return {"seconds": list(self.reported), "outputs": list(self.outputs or [None] * len(self.reported))}
+        took = time.perf_counter() - started   # a loaded host oversleeps: an honest worker reports what it took
+        seconds = [x * took for x in self.reported] if self.shares else list(self.reported)
+        return {"seconds": seconds, "outputs": list(self.outputs or [None] * len(self.reported))}
 
 
 def _timed(device: str, reported: list[float], takes: float, sets: list | None = None, **kwargs):
@@ -101,8 +106,10 @@ def test_a_workers_under_reported_figures_count_the_batchs_round_trip_less_a_han
     assert "on 2 of 2 timed calls the worker's own figures fell short" in model.timing_note()
     [(calls, margin, allowance)] = model.margins   # what the benchmarks read: the batch's round trip less its figures
     assert calls == 2 and 60e-3 - 2e-6 <= margin <= outer and allowance == pytest.approx(slack)
-    model, seconds, _ = _timed(device, reported=[30e-3, 29.99e-3], takes=60e-3)
-    assert seconds == [30e-3, 29.99e-3] and model.timing_note() == ""
+    # Figures that add up are kept as reported (a handoff of a few ms: a loaded host's stall
+    # between the worker's answer and this process's clock stays inside it).
+    model, seconds, _ = _timed(device, reported=[0.5, 0.4999], takes=60e-3, shares=True, ping=2e-3, calibrated=2e-3)
+    assert seconds[0] > seconds[1] >= 0.4999 * 60e-3 and model.timing_note() == ""
 
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
@@ -171,7 +178,7 @@ def test_a_workers_figures_above_the_time_around_them_fail_the_batch(no_device):
 
     for device in ("cpu", "cuda"):
         with pytest.raises(TimingError, match="add up to more than the .* this process measured around them"):
-            _timed(device, reported=[15e-3, 15e-3], takes=20e-3)
+            _timed(device, reported=[1.5, 1.5], takes=20e-3, shares=True)   # 3x what it took
 
 
 def test_a_reply_that_names_a_function_is_refused():
