@@ -18,6 +18,7 @@ shared once, by the judging process inside the window (that worker's outputs are
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import mmap
@@ -335,13 +336,31 @@ def _start_child(gate: JudgeGate, confine: bool):
     return proc, Connection(ours.detach())
 
 
+@contextlib.contextmanager
+def _child_session(proc, conn, found: dict, what: str):
+    """A step's talk with its child: the child is told to stop when the block ends (by a return
+    too) and killed if it is still there; an exception ends the step, kept in `found` beside
+    what was found before it."""
+    try:
+        yield
+        with contextlib.suppress(OSError):
+            conn.send({"op": "stop"})
+        proc.wait(timeout=30)
+    except Exception as exc:  # noqa: BLE001 - reported with what was found so far
+        found["error"] = f"{type(exc).__name__}: {exc}"
+        say(f"{what} failed:", found["error"])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def two_processes(confine: bool, reps: int, after_step: bool = True) -> dict:
     import torch
 
     gate = JudgeGate.create()
     proc, conn = _start_child(gate, confine)
     found: dict = {"confined": confine}
-    try:
+    with _child_session(proc, conn, found, "two processes"):
         hello = conn.recv()
         if "sandbox" in hello:
             found["sandbox_held"] = sorted(hello["sandbox"].get("held", {}))
@@ -425,22 +444,12 @@ def two_processes(confine: bool, reps: int, after_step: bool = True) -> dict:
         found["in_process_per_call_us"] = med(local) * 1e6
         say("in-process per call (us):", found["in_process_per_call_us"])
         if not after_step:
-            conn.send({"op": "stop"})
-            proc.wait(timeout=30)
             return found
         idle = [batch(1, after=True)[3] for _ in range(10)]
         busy = [batch(1, spin_after=5_000_000, after=True)[3] for _ in range(10)]
         found["own_kernel_after_done_us"] = {"worker_idle": med(idle) * 1e6, "worker_busy": med(busy) * 1e6,
                                              "busy_all": [round(v * 1e6) for v in busy]}
         say("own kernel after done:", found["own_kernel_after_done_us"])
-        conn.send({"op": "stop"})
-        proc.wait(timeout=30)
-    except Exception as exc:  # noqa: BLE001 - reported with what was found so far
-        found["error"] = f"{type(exc).__name__}: {exc}"
-        say("two processes failed:", found["error"])
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     return found
 
 
@@ -465,11 +474,12 @@ def window_fill(reps: int) -> dict:
         gate.unlink()
         return {"error": f"the judging process's side of the gate: {exc}"}
     proc, conn = _start_child(gate, False)
-    try:
+    with _child_session(proc, conn, found, "inputs inside the window"):
         hello = conn.recv()
         gate.unlink()
         if "error" in hello:
-            return {"error": hello["error"]}
+            found["error"] = hello["error"]
+            return found
         n, slots_n = 2048 * 4096, 16
         slots = [torch.randn(n, device="cuda") for _ in range(slots_n)]
         fresh = [torch.randn(n, device="cuda") for _ in range(slots_n)]
@@ -529,14 +539,6 @@ def window_fill(reps: int) -> dict:
                          "outputs_right": f"{sum(rights)} of {len(rights)}"})
             say("filled inside the window:", rows[-1])
         found["batches"] = rows
-        conn.send({"op": "stop"})
-        proc.wait(timeout=30)
-    except Exception as exc:  # noqa: BLE001 - reported with what was found so far
-        found["error"] = f"{type(exc).__name__}: {exc}"
-        say("inputs inside the window failed:", found["error"])
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     return found
 
 
