@@ -158,9 +158,9 @@ class CudaClock:
     (`behind_rounds`) and shown in the notes. A worker's ModelNew is timed the same way in its
     own process after this process flushed L2 (worker.RemoteModel.time_batch).
 
-    One call a batch on a GPU (`max_batch`): a worker's batch is checked against the round trip
-    around it, inside which every input set's CUDA IPC handles are opened and every output's
-    shared, costs that grow with the batch while the allowance is one handoff (docs/perf-notes.md)."""
+    One call a batch on a GPU (`max_batch`): a worker's batch is checked against the window of
+    its stream gate (worker/stream_gate.py), measured tight for one call; what a window of 16
+    calls holds beyond their figures is not established yet (docs/perf-notes.md, 2026-12-03)."""
 
     max_batch = 1
     name = "cuda-events"

@@ -22,7 +22,7 @@ import tempfile
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from pytest_cudaopt import watchdog
 from pytest_cudaopt.signals import die_with_parent
@@ -127,6 +127,9 @@ class Worker:
         self.arena: protocol.Arena | None = None
         self.dropped: list[int] = []  # ids of ModelNew objects to free with the next request
         self.calibrated_ping: float | None = None  # the median ping before the workdir loaded
+        self.stream_gate = None   # stream_gate.JudgeGate on CUDA, calibrated before the workdir loaded
+        self.stream_gate_error = ""  # ... else why not
+        self.gate_work = None     # stream_gate.JudgeWork: this process's GPU work around a gated batch
 
     # -- life --------------------------------------------------------------------------------
 
@@ -157,6 +160,8 @@ class Worker:
         _LIVE.add(self)
         self.confine()
         self.calibrate()
+        if self.device.startswith("cuda"):
+            self.attach_stream_gate()
         arena = protocol.Arena.create()
         try:
             self.facts = self.request({"op": "load", "workdir": str(self.workdir), "device": self.device,
@@ -196,6 +201,28 @@ class Worker:
         pings): what `handoff_bound` caps a later ping at."""
         pings = sorted(self.ping() for _ in range(CALIBRATION_PINGS))
         self.calibrated_ping = pings[len(pings) // 2]
+
+    def attach_stream_gate(self) -> None:
+        """The stream gate (stream_gate.py) set up and calibrated, before anything of the workdir's
+        is loaded: `stream_gate`, or `stream_gate_error` saying why there is none (its timed batches
+        then go by the round trip alone)."""
+        from pytest_cudaopt.worker.stream_gate import GateError, JudgeGate, JudgeWork
+
+        gate = JudgeGate.create()
+        try:
+            try:
+                reply = self.request({"op": "gate", "path": gate.path, "device": self.device},
+                                     what="setting up the gate", relay=False)
+            finally:
+                gate.unlink()  # mapped by both processes now, or never to be
+            if reply.get("gate_error"):
+                raise GateError(str(reply["gate_error"]))
+            work = JudgeWork(self.device)
+            gate.calibrate(self, work=work)
+        except (GateError, TimeoutError, ChildProcessError, WorkerError, RuntimeError) as exc:  # torch's too
+            self.stream_gate_error = str(exc) or type(exc).__name__
+            return
+        self.stream_gate, self.gate_work = gate, work
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -262,7 +289,8 @@ class Worker:
     # -- requests ----------------------------------------------------------------------------
 
     def request(self, message: dict, *, timeout: float | None = None, what: str = "",
-                copy_back: bool = False, relay: bool = True, on_send: Callable[[], None] | None = None) -> dict:
+                copy_back: bool = False, relay: bool = True, on_send: Callable[[], None] | None = None,
+                stall: tuple[float, Callable[[], Any]] | None = None, sync_events: bool = True) -> dict:
         """Send `message`, wait for the reply. A reply with `error` raises WorkerError; a dead
         worker, a reply that is not one, or `timeout` seconds without one raise WorkerFailed.
         An exception raised here while waiting (the watchdog's timeout, an interrupt) kills
@@ -271,7 +299,11 @@ class Worker:
         shows as it would in-process). `relay`: what the worker printed is passed on now (a
         timed call leaves it to the next request: no file is read inside a timed round trip).
         `on_send` is called once the message is encoded, just before its bytes go out (where a
-        timed round trip starts: this process's own pickling is none of the worker's time)."""
+        timed round trip starts: this process's own pickling is none of the worker's time).
+        `stall` (seconds, callback): the callback runs once if no reply came within that long, and
+        the wait goes on (a gated batch's gate is opened: a worker blocked behind it answers).
+        `sync_events=False`: CUDA tensors in the reply come without this process's stream waiting
+        on the worker's events (protocol.receive_bytes)."""
         what = what or f"answering {message.get('op')}"
         if self.conn is None:
             raise WorkerFailed(f"the candidate's worker process is stopped ({what})")
@@ -283,8 +315,12 @@ class Worker:
         except (OSError, EOFError, BrokenPipeError):
             raise self._died(what) from None
         deadline = None if timeout is None else time.monotonic() + timeout
+        stall_at = None if stall is None else time.monotonic() + stall[0]
         try:
-            while not self.conn.poll(POLL_S):
+            while not self.conn.poll(POLL_S if stall_at is None else min(POLL_S, stall[0])):
+                if stall_at is not None and time.monotonic() > stall_at:
+                    stall_at = None
+                    stall[1]()
                 if not self.alive():
                     if self.conn.poll(0):
                         break
@@ -310,7 +346,7 @@ class Worker:
             if relay:
                 self._relay()
         try:
-            reply = protocol.receive_bytes(data, self.arena, "worker")
+            reply = protocol.receive_bytes(data, self.arena, "worker", sync_events)
         except Exception as exc:  # noqa: BLE001 - whatever the bytes were, they are no reply
             self.stop()
             raise WorkerFailed(f"the candidate's worker process sent what is not a reply while {what}: "

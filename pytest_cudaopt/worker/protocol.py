@@ -115,18 +115,32 @@ class _Packer(pickle.Pickler):
         return ("torch", bytes(ForkingPickler.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)))
 
 
+def _rebuild_cuda_unsynced(*args: Any) -> Any:
+    """torch's rebuild of a CUDA tensor without its stream's wait on the sender's event (a gated
+    batch's outputs: their producer is behind a gate this process opens later; DONE orders them)."""
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    if len(args) != 15:
+        raise pickle.UnpicklingError("a CUDA tensor reference of an unknown form")
+    return rebuild_cuda_tensor(*args[:-1], False)
+
+
 class _Unpacker(pickle.Unpickler):
-    def __init__(self, file, arena: Arena | None, writer: str, allowed: dict):
+    def __init__(self, file, arena: Arena | None, writer: str, allowed: dict, sync_events: bool = True):
         super().__init__(file)
         self.arena = arena
         self.start, self.end = arena.region(writer) if arena is not None else (0, 0)
         self.allowed = allowed
+        self.sync_events = sync_events
 
     def find_class(self, module: str, name: str) -> Any:
         import torch
 
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
+        if (module, name) == ("torch.multiprocessing.reductions", "rebuild_cuda_tensor") and not self.sync_events \
+                and name in self.allowed.get(module, ()):
+            return _rebuild_cuda_unsynced
         if name in self.allowed.get(module, ()):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"a message may not name {module}.{name}")
@@ -150,7 +164,7 @@ class _Unpacker(pickle.Unpickler):
                 raise pickle.UnpicklingError("an arena tensor outside its sender's region")
             return self.arena.bytes[start:start + nbytes].view(dtype).view(shape)
         if pid[0] == "torch" and len(pid) == 2 and isinstance(pid[1], bytes):
-            found = _Unpacker(io.BytesIO(pid[1]), None, "", _TORCH_ALLOWED).load()
+            found = _Unpacker(io.BytesIO(pid[1]), None, "", _TORCH_ALLOWED, self.sync_events).load()
             if type(found) is not torch.Tensor:
                 raise pickle.UnpicklingError(f"a tensor reference gave a {type(found).__name__}")
             return found
@@ -177,8 +191,10 @@ def receive(conn: Connection, arena: Arena | None = None, sender: str = "worker"
     return receive_bytes(conn.recv_bytes(), arena, sender)
 
 
-def receive_bytes(data: bytes, arena: Arena | None = None, sender: str = "worker") -> Any:
-    return _Unpacker(io.BytesIO(data), arena, sender, _PLAIN_ALLOWED).load()
+def receive_bytes(data: bytes, arena: Arena | None = None, sender: str = "worker", sync_events: bool = True) -> Any:
+    """`receive` on bytes already read; `sync_events=False`: CUDA tensors rebuilt without this
+    process's stream waiting on the sender's event."""
+    return _Unpacker(io.BytesIO(data), arena, sender, _PLAIN_ALLOWED, sync_events).load()
 
 
 def worker_env(base: Mapping[str, str], package_root: str, secrets: Iterable[str] = ()) -> dict[str, str]:

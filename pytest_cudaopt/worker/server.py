@@ -42,6 +42,9 @@ class Server:
         self.kept: Any = None     # the last reply's tensors, alive until the next request
         self.lead = None          # perf.clocks.GpuLead: the spin before a timed batch on CUDA
         self.events: list = []    # timing events, reused batch to batch
+        self.stream_gate = None   # stream_gate.StreamGate, after `gate`
+        self.slots: tuple = (None, [])   # (id, input sets) the judging process shared for gated batches
+        self.pending: list = []   # the events of the gated batch whose figures `collect` answers
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -269,6 +272,79 @@ class Server:
                 end.record(stream)
         torch.cuda.synchronize()
         return self._figures(events, outputs)
+
+    # -- gated batches (stream_gate.py) ------------------------------------------------------------
+
+    def op_gate(self, request: dict) -> dict:
+        """Map and register the gate's page (before the workdir loads): {} or {"gate_error"}."""
+        from pytest_cudaopt.worker.stream_gate import StreamGate
+
+        torch = self.torch
+        try:
+            device = torch.device(request.get("device", "cuda"))
+            if device.index is not None:
+                torch.cuda.set_device(device)
+            torch.zeros(1, device=device)
+            self.stream_gate = StreamGate(str(request["path"]), torch)
+        except Exception as exc:  # noqa: BLE001 - no gate here: the judging process times by the round trip
+            return {"gate_error": f"{type(exc).__name__}: {exc}"}
+        return {}
+
+    def op_slots(self, request: dict) -> dict:
+        """The input buffers of gated batches, shared once: one list per call of a batch, a
+        tensor where that input is one (the judging process writes each batch's values into
+        them once the batch is enqueued, before its gate opens), None elsewhere."""
+        self.slots = (request["slots"], [list(s) for s in request["sets"]])
+        self.torch.cuda.synchronize()
+        return {}
+
+    def _timing_events(self, count: int, stream: Any) -> list:
+        """`count` timing events, each recorded once before (an event is created at its first
+        record, and nothing behind a closed gate may wait on the driver)."""
+        while len(self.events) < count:
+            event = self.torch.cuda.Event(enable_timing=True)
+            event.record(stream)
+            self.events.append(event)
+        return self.events[:count]
+
+    def op_gated(self, request: dict) -> dict:
+        """A gated batch, enqueued: the current stream waits on the gate, runs ModelNew on each
+        slot set (the values in `values` where a slot has no tensor), the events chained through
+        it, and writes DONE; the reply (the outputs, their kernels not yet run) goes before any of
+        it ran. `collect` answers the figures. An empty `inputs` is the gate's calibration."""
+        torch = self.torch
+        seq = int(request["seq"])
+        values = [list(v) for v in request["inputs"]]
+        sid, slots = self.slots
+        if values and (request.get("slots") != sid or len(slots) < len(values)):
+            raise RuntimeError("a gated batch on input buffers this worker was not given")
+        sets = [[v if s is None else s for s, v in zip(slot, value)] for slot, value in zip(slots, values)]
+        model = self.models[request["id"]] if values else None
+        torch.cuda.synchronize()
+        stream = torch.cuda.current_stream()
+        events = self._timing_events(len(sets) + 1, stream)
+        outputs = []
+        self.stream_gate.wait(seq)
+        try:
+            events[0].record(stream)
+            with torch.no_grad():
+                for inputs, end in zip(sets, events[1:]):
+                    outputs.append(model(*inputs))
+                    if torch.cuda.current_stream() != stream:
+                        torch.cuda.set_stream(stream)
+                        raise RuntimeError("ModelNew.forward left a different CUDA stream current after its call; "
+                                           "launch on torch.cuda.current_stream() and do not change it")
+                    end.record(stream)
+        finally:
+            self.stream_gate.done(seq)  # whatever happened: the judging process's spin ends
+        self.pending = events
+        return {"outputs": outputs}
+
+    def op_collect(self, request: dict) -> dict:
+        """The figures of the last gated batch, once its work is done."""
+        self.torch.cuda.synchronize()
+        events, self.pending = self.pending, []
+        return {"seconds": [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]}
 
     @staticmethod
     def _figures(events: list, outputs: list) -> dict:

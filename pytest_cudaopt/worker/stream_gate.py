@@ -1,0 +1,254 @@
+"""The gate: a timed batch on a GPU bracketed by the judging process's own clock, with no pipe, wake-up or IPC inside the window.
+
+Two 32-bit words on one page of shared host memory. The worker's stream waits on OPEN
+(`cuStreamWaitValue32`), runs the batch, and writes DONE (`cuStreamWriteValue32`, behind a memory
+fence); the judging process writes OPEN from its host and spins on DONE. A gate alone bounds only
+what the worker put behind it: a worker that knows the inputs can compute before enqueueing the
+wait. So the gated batch (remote.RemoteModel) runs on input buffers shared once, into which the
+judging process writes the batch's fresh inputs only after the worker's enqueue has come back,
+and it copies every output out before its clock stops (docs/isolation.md).
+
+The window's fixed part (the GPU switching from this process's context to the worker's and back,
+the GPU polling host memory, the host polling DONE) is calibrated on empty batches before any of
+the workdir's code runs in the worker (`JudgeGate.calibrate`), as the pings are: a worker cannot
+widen it later.
+
+Behind a closed gate the worker must neither synchronise nor load a kernel's module (lazy loading
+waits for the device), nor allocate from the driver: the judging process times a batch behind the
+gate only once the same calls ran ungated, and opens the gate anyway when the worker's enqueue does
+not come back within STALL_S (that batch is timed again by the round trip).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import secrets
+import struct
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+PAGE = 4096
+OPEN, DONE = 0, 64       # byte offsets of the two words (apart: the GPU writes one, the host the other)
+WAIT_GEQ = 0x0           # CU_STREAM_WAIT_VALUE_GEQ
+CHECK_EVERY_S = 0.01     # how often a spin asks whether the worker is still alive
+STALL_S = 2.0            # the most a gated batch's enqueue may take before the gate is opened anyway
+DONE_LIMIT_S = 120.0     # the most a gated batch may take once its gate is open
+CALIBRATION_BATCHES = 24
+# What a batch's window may exceed the calibrated fixed part by without the worker's figures being
+# raised: the largest calibrated window plus this (the host's spin and the copies' jitter).
+MARGIN_S = 20e-6
+PROBE_BYTES = 4096       # what a calibration batch copies out after DONE
+_perf_counter = time.perf_counter
+
+
+class GateError(OSError):
+    """The gate cannot be set up here (no driver entry point, a page CUDA cannot register)."""
+
+
+def _word(view: mmap.mmap, at: int) -> int:
+    return struct.unpack_from("<I", view, at)[0]
+
+
+class JudgeGate:
+    """The judging side: `create()` makes and maps the page (its `path` goes to the worker,
+    then `unlink()`); `open(seq)` lets batch `seq` run; `wait_done(seq, alive)` spins until the
+    worker's stream wrote `seq` back. `fixed` is the calibrated window of an empty batch (largest
+    of CALIBRATION_BATCHES), `windows` all of them."""
+
+    def __init__(self, path: str, view: mmap.mmap):
+        self.path, self.view = path, view
+        self.seq = 0
+        self.windows: list[float] = []
+        self.parts: list[tuple[float, float]] = []
+
+    @classmethod
+    def create(cls) -> "JudgeGate":
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+        path = str(Path(folder, f"cudaopt-gate-{secrets.token_hex(8)}"))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, PAGE)
+            view = mmap.mmap(fd, PAGE)
+        finally:
+            os.close(fd)
+        return cls(path, view)
+
+    def unlink(self) -> None:
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+    @property
+    def fixed(self) -> float:
+        """The 90th percentile of the calibrated windows (one slow calibration batch in 24 does not
+        widen the bound)."""
+        ordered = sorted(self.windows)
+        return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))] if ordered else 0.0
+
+    def next(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def open(self, seq: int) -> float:
+        """Let batch `seq` (and every earlier one) run; the host time it was opened."""
+        now = _perf_counter()
+        if _word(self.view, OPEN) < seq:
+            struct.pack_into("<I", self.view, OPEN, seq)
+        return now
+
+    def wait_done(self, seq: int, alive: Callable[[], bool], limit: float = DONE_LIMIT_S) -> float:
+        """Spin until the worker's stream wrote `seq` into DONE: the host time it was seen.
+        ChildProcessError when the worker dies first, TimeoutError past `limit` seconds; a
+        signal's exception (the watchdog's timeout) propagates from the spin."""
+        view = self.view
+        started = checked = _perf_counter()
+        while _word(view, DONE) < seq:
+            now = _perf_counter()
+            if now - checked > CHECK_EVERY_S:
+                checked = now
+                if not alive():
+                    raise ChildProcessError("the worker ended before its gated batch was done")
+                if now - started > limit:
+                    raise TimeoutError(f"the worker's gated batch was not done within {limit:g} s of its gate opening")
+        return _perf_counter()
+
+    def calibrate(self, worker: Any, batches: int = CALIBRATION_BATCHES, work: "JudgeWork | None" = None) -> None:
+        """Empty gated batches through `worker` (before any of its workdir's code runs), each
+        framed as a real one by this process's `work` (its own GPU work before the gate opens, a
+        copy out after DONE: the GPU switches between the two processes' contexts at both ends,
+        ~150 us each on an H200): the window from opening to DONE plus the copy's time beyond its
+        own GPU time, each (`parts`: the two). GateError when an enqueue stalls."""
+        probe = work.buffers(PROBE_BYTES) if work is not None else []
+        for _ in range(batches):
+            seq = self.next()
+            stalled: list[float] = []
+            try:
+                worker.request({"op": "gated", "seq": seq, "inputs": []}, what="an empty gated batch",
+                               relay=False, stall=(STALL_S, lambda: stalled.append(self.open(seq))))
+                if stalled:
+                    raise GateError(f"an empty gated batch's enqueue did not come back within {STALL_S:g} s")
+                if work is not None:
+                    work.fill([])
+                opened = self.open(seq)
+                seen = self.wait_done(seq, worker.alive, limit=STALL_S)
+                excess = work.excess(seen, probe) if work is not None else 0.0
+            finally:
+                self.open(seq)
+            self.parts.append((seen - opened, excess))
+            self.windows.append(seen - opened + excess)
+            worker.request({"op": "collect"}, what="an empty gated batch's figures", relay=False)
+
+
+class JudgeWork:
+    """The judging process's own GPU work around a gated batch, on a stream of its own, each step
+    waited for by a spin on an event: `fill` (the inputs written into the shared buffers, then L2
+    flushed, before the gate opens) and `excess` (the outputs copied out after DONE: the host time
+    from DONE to the copy's end less the copy's own GPU time, by this process's events; what is
+    left is the GPU switching back to this process's context, the launch and the spin)."""
+
+    def __init__(self, device: str):
+        import torch
+
+        self.torch = torch
+        self.device = torch.device(device)
+        l2 = int(getattr(torch.cuda.get_device_properties(self.device), "L2_cache_size", 0) or 0)
+        self.stream = torch.cuda.Stream(self.device)
+        self.filled = torch.cuda.Event()
+        self.before, self.after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self.l2_flush = torch.empty(max(2 * l2, 64 << 20) // 4, dtype=torch.int32, device=self.device)
+        self.fill([])   # the kernels loaded and the events created before any gate closes
+        self.excess(_perf_counter(), self.buffers(PROBE_BYTES))
+
+    def buffers(self, nbytes: int) -> list[tuple[Any, Any]]:
+        """One (destination, source) pair of `nbytes` each, of this process's."""
+        torch = self.torch
+        return [(torch.empty(nbytes, dtype=torch.uint8, device=self.device),
+                 torch.ones(nbytes, dtype=torch.uint8, device=self.device))]
+
+    def _spin(self, event: Any) -> float:
+        while not event.query():
+            pass
+        return _perf_counter()
+
+    def fill(self, pairs: list[tuple[Any, Any]]) -> None:
+        with self.torch.cuda.stream(self.stream):
+            for dst, src in pairs:
+                dst.copy_(src)
+            self.l2_flush.zero_()   # the inputs were just written: out of L2, as an in-process call finds them
+            self.filled.record(self.stream)
+        self._spin(self.filled)
+
+    def excess(self, seen: float, pairs: list[tuple[Any, Any]]) -> float:
+        """Copy `pairs` now (after DONE was seen at host time `seen`): the host time to the copy's
+        end beyond the copy's own GPU time, and (`copy_s`) that GPU time."""
+        with self.torch.cuda.stream(self.stream):
+            self.before.record(self.stream)
+            for dst, src in pairs:
+                dst.copy_(src)
+            self.after.record(self.stream)
+        ended = self._spin(self.after)
+        self.copy_s = self.before.elapsed_time(self.after) / 1e3
+        return max(0.0, ended - seen - self.copy_s)
+
+
+class StreamGate:
+    """The worker's side: the page mapped and registered with CUDA; `wait(seq)` and `done(seq)`
+    enqueue the stream memory operations on the current stream. GateError where CUDA or the
+    driver cannot."""
+
+    def __init__(self, path: str, torch: Any):
+        self.torch = torch
+        fd = os.open(path, os.O_RDWR)
+        try:
+            self.view = mmap.mmap(fd, PAGE)
+        finally:
+            os.close(fd)
+        self._buffer = (ctypes.c_char * PAGE).from_buffer(self.view)
+        host = ctypes.addressof(self._buffer)
+        err = torch.cuda.cudart().cudaHostRegister(host, PAGE, 0x02)  # cudaHostRegisterMapped
+        if int(err) != 0:
+            raise GateError(f"cudaHostRegister of the gate's page: {err}")
+        try:
+            driver = ctypes.CDLL("libcuda.so.1")
+        except OSError as exc:
+            raise GateError(f"the CUDA driver library: {exc}") from exc
+        pointer = ctypes.c_uint64()
+        got = driver.cuMemHostGetDevicePointer_v2(ctypes.byref(pointer), ctypes.c_void_p(host), 0)
+        if got:
+            raise GateError(f"cuMemHostGetDevicePointer: CUresult {got}")
+        self.device_address = pointer.value
+        self._wait = self._function(driver, "cuStreamWaitValue32")
+        self._write = self._function(driver, "cuStreamWriteValue32")
+
+    @staticmethod
+    def _function(driver: Any, name: str) -> Any:
+        for suffix in ("_v2", ""):
+            fn = getattr(driver, name + suffix, None)
+            if fn is not None:
+                fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+                fn.restype = ctypes.c_int
+                return fn
+        raise GateError(f"the CUDA driver has no {name}")
+
+    def _stream(self) -> ctypes.c_void_p:
+        return ctypes.c_void_p(self.torch.cuda.current_stream().cuda_stream)
+
+    def wait(self, seq: int) -> None:
+        got = self._wait(self._stream(), self.device_address + OPEN, seq, WAIT_GEQ)
+        if got:
+            raise GateError(f"cuStreamWaitValue32: CUresult {got}")
+
+    def done(self, seq: int) -> None:
+        self.write(DONE, seq)
+
+    def write(self, at: int, seq: int) -> None:
+        """`seq` into the word at `at`, enqueued on the current stream (after its earlier work,
+        behind a memory fence: CU_STREAM_WRITE_VALUE_DEFAULT)."""
+        got = self._write(self._stream(), self.device_address + at, seq, 0)
+        if got:
+            raise GateError(f"cuStreamWriteValue32: CUresult {got}")
