@@ -61,11 +61,28 @@ def bench(path: Path, max_time: float, modes: list[str], batch: int) -> list[tup
             through = throughs[mode]
             print(f"{path.name} [{mode}]: batch {found.batch}; {through.timing_note() or 'no figure raised'}",
                   flush=True)
+            gate = workers[mode].stream_gate
+            if gate is None:
+                print(f"  no stream gate: {workers[mode].stream_gate_error}", flush=True)
+            else:
+                us = lambda xs: ", ".join("%.0f" % (x * 1e6) for x in sorted(xs))  # noqa: E731
+                mid = lambda xs: sorted(xs)[len(xs) // 2] * 1e6 if xs else float("nan")  # noqa: E731
+                print(f"  stream gate: fixed part {gate.fixed * 1e6:.1f} us; calibration windows {us(gate.windows)} us; "
+                      f"open->DONE median {mid([a for a, _ in gate.parts]):.1f}, copy excess median "
+                      f"{mid([b for _, b in gate.parts]):.1f} us", flush=True)
+                gated = through.reported[-through.gated:] if through.gated else []
+                print(f"  the worker's own figure, median of the gated batches: {mid(gated) / found.batch:.1f} us a call",
+                      flush=True)
+                print(f"  {through.gated} of {len(through.margins)} timed batches behind it; open->DONE median "
+                      f"{mid([a for a, _ in through.windows]):.1f} us, copy excess median "
+                      f"{mid([b for _, b in through.windows]):.1f} us{'; ' + through.gate_off if through.gate_off else ''}",
+                      flush=True)
             margins = sorted(m for _, m, _ in through.margins)
             allowances = sorted(a for _, _, a in through.margins)
             if margins:
-                print(f"  {len(margins)} timed batches: round trip - figures median {margins[len(margins) // 2] * 1e6:.1f} us, "
-                      f"largest {margins[-1] * 1e6:.1f} us; allowance median {allowances[len(allowances) // 2] * 1e6:.1f} us",
+                q = lambda xs, f: xs[min(len(xs) - 1, int(f * len(xs)))] * 1e6  # noqa: E731
+                print(f"  {len(margins)} timed batches: window - figures median {q(margins, 0.5):.1f} us, p10 {q(margins, 0.1):.1f}, "
+                      f"p90 {q(margins, 0.9):.1f}, largest {margins[-1] * 1e6:.1f} us; allowance median {q(allowances, 0.5):.1f} us",
                       flush=True)
         rows = []
         for mode in modes:

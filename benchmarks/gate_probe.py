@@ -1,4 +1,4 @@
-"""Can the judging process time a worker's batch by its own clock, with no pipe inside the window? A probe of the gate (pytest_cudaopt/worker/gate.py) step by step, each with a time limit, printing as it goes.
+"""Can the judging process time a worker's batch by its own clock, with no pipe inside the window? A probe of the gate (pytest_cudaopt/worker/stream_gate.py) step by step, each with a time limit, printing as it goes.
 
     python3 benchmarks/gate_probe.py [--confine] [--reps 100] [--out DIR]      # needs a CUDA device
 
@@ -37,128 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 pc = time.perf_counter
-# ---- the gate's two sides (a design not in pytest_cudaopt yet: docs/perf-notes.md) ----
-import secrets  # noqa: E402
-from typing import Any, Callable  # noqa: E402
-
-PAGE = 4096
-OPEN, DONE = 0, 64          # byte offsets of the two words (apart: the GPU writes one, the host the other)
-WAIT_GEQ = 0x0              # CU_STREAM_WAIT_VALUE_GEQ
-CHECK_EVERY_S = 0.01        # how often a spinning wait asks whether the worker is still alive
-_perf_counter = time.perf_counter
-
-
-def _word(view: mmap.mmap, at: int) -> int:
-    return struct.unpack_from("<I", view, at)[0]
-
-
-class JudgeGate:
-    """The judging side: `create()` makes and maps the page (`path` goes to the worker, then
-    `unlink()`); `window(seq, alive)` opens batch `seq` and returns the seconds until the
-    worker's stream wrote `seq` back."""
-
-    def __init__(self, path: str, view: mmap.mmap):
-        self.path, self.view = path, view
-        self.seq = 0
-
-    @classmethod
-    def create(cls) -> "JudgeGate":
-        folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-        path = str(Path(folder, f"cudaopt-gate-{secrets.token_hex(8)}"))
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.ftruncate(fd, PAGE)
-            view = mmap.mmap(fd, PAGE)
-        finally:
-            os.close(fd)
-        return cls(path, view)
-
-    def unlink(self) -> None:
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
-
-    def next(self) -> int:
-        self.seq += 1
-        return self.seq
-
-    def window(self, seq: int, alive: Callable[[], bool], limit: float | None = None) -> float:
-        """Open batch `seq` and spin until the worker's stream says it is done: the seconds in
-        between, by this process's clock. Raises ChildProcessError when the worker dies first,
-        TimeoutError past `limit` seconds; a signal's exception (the watchdog's timeout)
-        propagates from the spin."""
-        view = self.view
-        started = _perf_counter()
-        struct.pack_into("<I", view, OPEN, seq)
-        checked = started
-        while _word(view, DONE) != seq:
-            now = _perf_counter()
-            if now - checked > CHECK_EVERY_S:
-                checked = now
-                if not alive():
-                    raise ChildProcessError("the worker ended before its batch was done")
-                if limit is not None and now - started > limit:
-                    raise TimeoutError(f"batch {seq} was not done within {limit:g} s of opening its gate")
-        return _perf_counter() - started
-
-
-class StreamGate:
-    """The worker's side: the page mapped and registered with CUDA; `wait(seq)` and `done(seq)`
-    enqueue the stream memory operations on the current stream. Raises OSError where CUDA or
-    the driver cannot (the worker then has no gate)."""
-
-    def __init__(self, path: str, torch: Any):
-        self.torch = torch
-        fd = os.open(path, os.O_RDWR)
-        try:
-            self.view = mmap.mmap(fd, PAGE)
-        finally:
-            os.close(fd)
-        self._buffer = (ctypes.c_char * PAGE).from_buffer(self.view)
-        host = ctypes.addressof(self._buffer)
-        err = torch.cuda.cudart().cudaHostRegister(host, PAGE, 0x02)  # cudaHostRegisterMapped
-        if int(err) != 0:
-            raise OSError(f"cudaHostRegister of the gate's page: {err}")
-        try:
-            driver = ctypes.CDLL("libcuda.so.1")
-        except OSError as exc:
-            raise OSError(f"the CUDA driver library: {exc}") from exc
-        pointer = ctypes.c_uint64()
-        got = driver.cuMemHostGetDevicePointer_v2(ctypes.byref(pointer), ctypes.c_void_p(host), 0)
-        if got:
-            raise OSError(f"cuMemHostGetDevicePointer: CUresult {got}")
-        self.device_address = pointer.value
-        self._wait = self._function(driver, "cuStreamWaitValue32")
-        self._write = self._function(driver, "cuStreamWriteValue32")
-
-    @staticmethod
-    def _function(driver: Any, name: str) -> Any:
-        for suffix in ("_v2", ""):
-            fn = getattr(driver, name + suffix, None)
-            if fn is not None:
-                fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
-                fn.restype = ctypes.c_int
-                return fn
-        raise OSError(f"the CUDA driver has no {name}")
-
-    def _stream(self) -> ctypes.c_void_p:
-        return ctypes.c_void_p(self.torch.cuda.current_stream().cuda_stream)
-
-    def wait(self, seq: int) -> None:
-        got = self._wait(self._stream(), self.device_address + OPEN, seq, WAIT_GEQ)
-        if got:
-            raise OSError(f"cuStreamWaitValue32: CUresult {got}")
-
-    def done(self, seq: int) -> None:
-        self.write(DONE, seq)
-
-    def write(self, at: int, seq: int) -> None:
-        """`seq` into the word at `at`, enqueued on the current stream (after its earlier work,
-        behind a memory fence: CU_STREAM_WRITE_VALUE_DEFAULT)."""
-        got = self._write(self._stream(), self.device_address + at, seq, 0)
-        if got:
-            raise OSError(f"cuStreamWriteValue32: CUresult {got}")
+from pytest_cudaopt.worker.stream_gate import DONE, OPEN, PAGE, JudgeGate, StreamGate  # noqa: E402
 
 # ---- the probe ----
 ATTRIBUTES = {91: "can_use_host_pointer_for_registered_mem", 92: "can_use_stream_mem_ops_v1",
@@ -522,6 +401,22 @@ def window_fill(reps: int) -> dict:
                         for sample, f in zip(got["samples"], fresh))
             return t1 - t0, own, got["figures"], enq, right
 
+        alone = {}   # the same fill with no batch behind it: what a calibration would subtract
+        for calls in (1, 4, 16):
+            owns = []
+            for _ in range(max(5, reps // 4)):
+                flush.zero_()
+                torch.cuda.synchronize()
+                with torch.cuda.stream(fill):
+                    e0.record()
+                    for slot, f in zip(slots[:calls], fresh[:calls]):
+                        slot.copy_(f)
+                    e1.record()
+                e1.synchronize()
+                owns.append(e0.elapsed_time(e1) / 1e3)
+            alone[calls] = {"median_us": med(owns) * 1e6, "min_us": min(owns) * 1e6, "max_us": max(owns) * 1e6}
+        found["fill_alone"] = alone
+        say("the fill alone:", alone)
         rows = []
         for calls, early in ((0, False), (1, False), (4, False), (16, False), (16, True)):
             windows, owns, sums, enqs, rights = [], [], [], [], []

@@ -3,15 +3,18 @@
 # on shared host memory, confined and not), the default workdir and element-wise kernels of ~20 us
 # and ~60 us (tests/workdirs/cuda_scale at 2048 x 4096 and 4096 x 4096) timed in-process and
 # through the worker side by side (bench_worker.py: medians, ratios, the figures raised), then the
-# GPU tests of timing and verdicts. OUT=/tmp/out bash benchmarks/timing_run.sh
+# GPU tests of timing and verdicts (SKIP_PROBE=1: no probe; BATCHES=1,16: the ~20 us kernel in longer
+# batches too). OUT=/tmp/out bash benchmarks/timing_run.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv; uname -r; nproc
   python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_properties(0))"; } > "$OUT/env.txt" 2>&1
-timeout 150 python3 benchmarks/gate_probe.py --confine --no-after --reps 60 --out "$OUT" > "$OUT/gate_probe.txt" 2>&1
-echo "gate_probe rc=$?" >> "$OUT/gate_probe.txt"
+if [ -z "${SKIP_PROBE:-}" ]; then
+  timeout 150 python3 benchmarks/gate_probe.py --confine --no-after --reps 60 --out "$OUT" > "$OUT/gate_probe.txt" 2>&1
+  echo "gate_probe rc=$?" >> "$OUT/gate_probe.txt"
+fi
 for size in 2048 4096; do
   small="$OUT/cuda_scale_$size"; rm -rf "$small"; mkdir -p "$small"
   cp -r tests/workdirs/cuda_scale/. "$small/"; cp tests/workdirs/_shared/model.py binding.cpp binding_registry.h "$small/"
@@ -19,9 +22,14 @@ for size in 2048 4096; do
 done
 timeout "${BENCH_S:-300}" python3 benchmarks/bench_worker.py . "$OUT/cuda_scale_2048" "$OUT/cuda_scale_4096" \
   --max-time "${MAX_TIME:-4}" > "$OUT/bench_worker.txt" 2>&1; echo "bench rc=$?" >> "$OUT/bench_worker.txt"
+if [ -n "${BATCHES:-}" ]; then  # longer batches of the ~33 us kernel: how tight the gate's bound gets
+  timeout "${BENCH_S:-300}" python3 benchmarks/bench_worker.py "$OUT/cuda_scale_2048" --max-time "${MAX_TIME:-4}" \
+    --gpu-batch "$BATCHES" > "$OUT/bench_batches.txt" 2>&1; echo "bench rc=$?" >> "$OUT/bench_batches.txt"
+fi
 rm -rf "$OUT"/cuda_scale_*
 if [ -z "${SKIP_TESTS:-}" ]; then
-  timeout 240 python3 -m pytest tests/test_gpu_verdicts.py tests/test_timing.py tests/test_judge_children.py \
-    -m gpu -q -p no:randomly -x > "$OUT/gpu_tests.txt" 2>&1; echo "tests rc=$?" >> "$OUT/gpu_tests.txt"
+  timeout "${TESTS_S:-240}" python3 -m pytest tests/test_gpu_verdicts.py tests/test_timing.py tests/test_judge_children.py \
+    -m gpu -q -p no:randomly > "$OUT/gpu_tests.txt" 2>&1; echo "tests rc=$?" >> "$OUT/gpu_tests.txt"
 fi
-tail -n 25 "$OUT/gate_probe.txt"; echo; tail -n 12 "$OUT/bench_worker.txt"; echo; tail -n 8 "$OUT/gpu_tests.txt" 2>/dev/null
+tail -n 25 "$OUT/gate_probe.txt" 2>/dev/null; echo; tail -n 16 "$OUT/bench_worker.txt"; echo
+tail -n 12 "$OUT/bench_batches.txt" 2>/dev/null; echo; tail -n 8 "$OUT/gpu_tests.txt" 2>/dev/null
