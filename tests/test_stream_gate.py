@@ -160,3 +160,164 @@ def test_a_gated_reply_rebuilds_cuda_tensors_without_the_event_wait():
         protocol.receive_bytes(data, sync_events=False)   # through the unsynced rebuild
     with pytest.raises(TypeError):
         protocol.receive_bytes(data)   # torch's own, which waits on the sender's event
+
+
+# -- the judging side of a gated batch (RemoteModel._time_gated), its GPU work on the CPU --------
+
+FIXED_S = 50e-3
+
+
+class _CopyWork:
+    """JudgeWork's steps as plain copies (no GPU): the fill before the gate opens, the copy out."""
+
+    copy_s = 0.0
+
+    def fill(self, pairs):
+        for dst, src in pairs:
+            dst.copy_(src)
+
+    def excess(self, seen, pairs):
+        for dst, src in pairs:
+            dst.copy_(src)
+        return 0.0
+
+
+class _StreamWorker:
+    """A worker whose stream is a thread: the `gated` enqueue answers at once with outputs not yet
+    written; once the gate opens the thread computes 2 * input into them for `takes` seconds and
+    writes DONE; `collect` reports `share` of what it took, after `lingers` more seconds of work
+    (another stream's, past DONE). `stalls`: the enqueue comes back only through the stall hook;
+    `raises`: the forward raised."""
+
+    dropped: list = []
+    calibrated_ping = 100e-6
+    stream_gate_error = ""
+    handoff_bound = Worker.handoff_bound
+
+    def __init__(self, gate, takes=0.0, share=1.0, lingers=0.0, stalls=False, raises=False):
+        self.stream_gate, self.gate_work = gate, _CopyWork()
+        self.takes, self.share, self.lingers, self.stalls, self.raises = takes, share, lingers, stalls, raises
+        self.ops: list[str] = []
+        self.saw_fresh: list[bool] = []
+        self.sent: list = []
+
+    def alive(self):
+        return True
+
+    def ping(self):
+        return 100e-6
+
+    def last_words(self):
+        return ""
+
+    def sharing(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def request(self, message, stall=None, **kwargs):
+        import torch
+
+        from pytest_cudaopt.worker.client import WorkerError
+
+        op = message["op"]
+        self.ops.append(op)
+        if op == "slots":
+            self.slots = [s[0] for s in message["sets"]]
+            return {}
+        if op == "collect":
+            self.thread.join()
+            time.sleep(self.lingers)
+            return {"seconds": [self.took * self.share]}
+        seq, gate = message["seq"], self.stream_gate
+        self.saw_fresh.append(any(torch.equal(slot, fresh) for slot, fresh in zip(self.slots, self.fresh)))
+        if self.raises:
+            struct.pack_into("<I", gate.view, DONE, seq)
+            raise WorkerError("ModelNew.forward raised:\nValueError: no", kind="candidate")
+        outputs = [torch.empty_like(slot) for slot in self.slots]
+        self.sent = outputs
+
+        def stream():
+            while _word(gate, OPEN) < seq:
+                time.sleep(1e-5)
+            started = time.perf_counter()
+            time.sleep(self.takes)
+            for out, slot in zip(outputs, self.slots):
+                out.copy_(2 * slot)
+            self.took = time.perf_counter() - started
+            struct.pack_into("<I", gate.view, DONE, seq)
+
+        self.thread = threading.Thread(target=stream, daemon=True)
+        self.thread.start()
+        if self.stalls:
+            stall[1]()
+        return {"outputs": outputs}
+
+
+@pytest.fixture
+def gated(page, monkeypatch):
+    """`gated(**worker)`: (RemoteModel, worker, fresh input sets) on a page calibrated at FIXED_S
+    (a loaded CI host wakes the stream's thread late: that delay is the worker's, in the window)."""
+    import torch
+
+    from pytest_cudaopt.worker.remote import RemoteModel
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    page.windows = [FIXED_S]
+
+    def make(**kwargs):
+        worker = _StreamWorker(page, **kwargs)
+        worker.fresh = [torch.randn(64, 32)]
+        return RemoteModel(worker, 1, "cuda", []), worker, [list(worker.fresh)]
+
+    return make
+
+
+def test_a_gated_batch_gets_the_fresh_inputs_only_after_its_enqueue_and_the_outputs_as_copies(gated):
+    model, worker, sets = gated(takes=5e-3)
+    ((output, seconds),) = model._time_gated(sets)
+    assert worker.saw_fresh == [False]   # the buffers held other values when the worker enqueued
+    assert torch_equal(output, 2 * sets[0][0]) and output is not worker.sent[0]
+    assert seconds == pytest.approx(worker.took) and model.gated == 1 and not model.raised
+    model._time_gated([[x.clone() for x in sets[0]]])   # the same shape: the buffers are shared once
+    assert worker.ops == ["slots", "gated", "collect", "gated", "collect"]
+    assert model.timing_note() == ""
+
+
+def test_a_gated_batch_that_under_reports_counts_the_window_less_the_fixed_part(gated):
+    model, worker, sets = gated(takes=240e-3, share=0.5)   # hides 120 ms
+    started = time.perf_counter()
+    ((_, seconds),) = model._time_gated(sets)
+    took = time.perf_counter() - started
+    assert worker.took - FIXED_S - 20e-6 <= seconds <= took - FIXED_S   # the window less the fixed part (+ 20 us)
+    assert "fell short of this process's clock" in model.timing_note()
+
+
+def test_work_past_done_is_counted_by_the_collects_round_trip_less_a_handoff(gated):
+    model, worker, sets = gated(takes=1e-3, lingers=200e-3)
+    ((_, seconds),) = model._time_gated(sets)
+    assert seconds > 200e-3 - FIXED_S - Worker.handoff_bound(worker, 100e-6)
+
+
+def test_an_enqueue_that_stalls_opens_the_gate_and_leaves_the_batch_to_the_round_trip(gated, page):
+    model, worker, sets = gated(stalls=True)
+    assert model._time_gated(sets) is None
+    assert "did not return within 2 s behind the gate" in model.gate_off
+    assert worker.ops[-1] == "collect" and _word(page, OPEN) >= page.seq
+    assert not model._gate_ready(sets)   # and every later batch of this model too
+    assert "timed by the round trip, not behind the gate" in model.timing_note()
+
+
+def test_a_forward_that_raises_behind_the_gate_leaves_it_open(gated, page):
+    from pytest_cudaopt.worker.client import WorkerError
+
+    model, _, sets = gated(raises=True)
+    with pytest.raises(WorkerError, match="ValueError: no"):
+        model._time_gated(sets)
+    assert _word(page, OPEN) >= page.seq
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a, b)
