@@ -29,6 +29,31 @@ from pytest_cudaopt.workdir import load_reference, load_workdir  # noqa: E402
 from pytest_cudaopt.worker import Worker  # noqa: E402
 
 
+def describe_timing(worker: Worker, through) -> None:
+    """The stream gate's calibration, then per batch size: the worker's own figure a call, the
+    window less the figures, the allowance, and (gated batches) the window's two parts."""
+    mid = lambda xs: sorted(xs)[len(xs) // 2] * 1e6 if xs else float("nan")  # noqa: E731
+    q = lambda xs, f: sorted(xs)[min(len(xs) - 1, int(f * len(xs)))] * 1e6 if xs else float("nan")  # noqa: E731
+    gate = worker.stream_gate
+    if gate is None:
+        print(f"  no stream gate: {worker.stream_gate_error}", flush=True)
+    else:
+        print(f"  stream gate: fixed part {gate.fixed * 1e6:.1f} us; calibration windows "
+              f"{', '.join('%.0f' % (w * 1e6) for w in sorted(gate.windows))} us; open->DONE median "
+              f"{mid([a for a, _ in gate.parts]):.1f}, copy excess median {mid([b for _, b in gate.parts]):.1f} us; "
+              f"{through.gated} of {len(through.margins)} timed batches behind it"
+              f"{'; ' + through.gate_off if through.gate_off else ''}", flush=True)
+    for calls in sorted({c for c, _, _ in through.margins}):
+        rows = [(m, a, r) for (c, m, a), r in zip(through.margins, through.reported) if c == calls]
+        windows = [(a, b) for c, a, b in through.windows if c == calls]
+        margins = [m for m, _, _ in rows]
+        print(f"  batches of {calls}: {len(rows)}; the worker's own figure {mid([r for *_, r in rows]) / calls:.1f} us "
+              f"a call; window - figures median {q(margins, 0.5):.1f} us [p10 {q(margins, 0.1):.1f}, p90 "
+              f"{q(margins, 0.9):.1f}, largest {q(margins, 1):.1f}]; allowance median {mid([a for _, a, _ in rows]):.1f} us"
+              + (f"; gated: open->DONE median {mid([a for a, _ in windows]):.1f} us, copy excess median "
+                 f"{mid([b for _, b in windows]):.1f} us" if windows else ""), flush=True)
+
+
 def bench(path: Path, max_time: float, modes: list[str], batch: int) -> list[tuple[str, float, float, float, float]]:
     device = "cuda"
     clocks.CudaClock.max_batch = batch
@@ -61,29 +86,7 @@ def bench(path: Path, max_time: float, modes: list[str], batch: int) -> list[tup
             through = throughs[mode]
             print(f"{path.name} [{mode}]: batch {found.batch}; {through.timing_note() or 'no figure raised'}",
                   flush=True)
-            gate = workers[mode].stream_gate
-            if gate is None:
-                print(f"  no stream gate: {workers[mode].stream_gate_error}", flush=True)
-            else:
-                us = lambda xs: ", ".join("%.0f" % (x * 1e6) for x in sorted(xs))  # noqa: E731
-                mid = lambda xs: sorted(xs)[len(xs) // 2] * 1e6 if xs else float("nan")  # noqa: E731
-                print(f"  stream gate: fixed part {gate.fixed * 1e6:.1f} us; calibration windows {us(gate.windows)} us; "
-                      f"open->DONE median {mid([a for a, _ in gate.parts]):.1f}, copy excess median "
-                      f"{mid([b for _, b in gate.parts]):.1f} us", flush=True)
-                gated = through.reported[-through.gated:] if through.gated else []
-                print(f"  the worker's own figure, median of the gated batches: {mid(gated) / found.batch:.1f} us a call",
-                      flush=True)
-                print(f"  {through.gated} of {len(through.margins)} timed batches behind it; open->DONE median "
-                      f"{mid([a for a, _ in through.windows]):.1f} us, copy excess median "
-                      f"{mid([b for _, b in through.windows]):.1f} us{'; ' + through.gate_off if through.gate_off else ''}",
-                      flush=True)
-            margins = sorted(m for _, m, _ in through.margins)
-            allowances = sorted(a for _, _, a in through.margins)
-            if margins:
-                q = lambda xs, f: xs[min(len(xs) - 1, int(f * len(xs)))] * 1e6  # noqa: E731
-                print(f"  {len(margins)} timed batches: window - figures median {q(margins, 0.5):.1f} us, p10 {q(margins, 0.1):.1f}, "
-                      f"p90 {q(margins, 0.9):.1f}, largest {margins[-1] * 1e6:.1f} us; allowance median {q(allowances, 0.5):.1f} us",
-                      flush=True)
+            describe_timing(workers[mode], through)
         rows = []
         for mode in modes:
             b = found[names[mode]]

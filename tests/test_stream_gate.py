@@ -198,6 +198,7 @@ class _StreamWorker:
         self.stream_gate, self.gate_work = gate, _CopyWork()
         self.takes, self.share, self.lingers, self.stalls, self.raises = takes, share, lingers, stalls, raises
         self.ops: list[str] = []
+        self.shared: dict = {}
         self.saw_fresh: list[bool] = []
         self.sent: list = []
 
@@ -223,18 +224,20 @@ class _StreamWorker:
         op = message["op"]
         self.ops.append(op)
         if op == "slots":
-            self.slots = [s[0] for s in message["sets"]]
+            self.shared[message["slots"]] = [s[0] for s in message["sets"]]
             return {}
         if op == "collect":
             self.thread.join()
             time.sleep(self.lingers)
-            return {"seconds": [self.took * self.share]}
+            calls = len(self.sent)
+            return {"seconds": [self.took * self.share / calls] * calls}
         seq, gate = message["seq"], self.stream_gate
+        self.slots = self.shared[message["slots"]]
         self.saw_fresh.append(any(torch.equal(slot, fresh) for slot, fresh in zip(self.slots, self.fresh)))
         if self.raises:
             struct.pack_into("<I", gate.view, DONE, seq)
             raise WorkerError("ModelNew.forward raised:\nValueError: no", kind="candidate")
-        outputs = [torch.empty_like(slot) for slot in self.slots]
+        outputs = [torch.empty_like(slot) for slot in self.slots[:len(message["inputs"])]]
         self.sent = outputs
 
         def stream():
@@ -282,6 +285,18 @@ def test_a_gated_batch_gets_the_fresh_inputs_only_after_its_enqueue_and_the_outp
     model._time_gated([[x.clone() for x in sets[0]]])   # the same shape: the buffers are shared once
     assert worker.ops == ["slots", "gated", "collect", "gated", "collect"]
     assert model.timing_note() == ""
+
+
+def test_a_passs_batch_and_the_latency_runs_call_alternate_on_buffers_shared_once_each(gated):
+    import torch
+
+    model, worker, _ = gated(takes=1e-3)
+    for calls in (2, 1, 2, 1, 2):
+        batch = [[torch.randn(64, 32)] for _ in range(calls)]
+        worker.fresh = [inputs[0] for inputs in batch]
+        found = model._time_gated(batch)
+        assert len(found) == calls and all(torch.equal(out, 2 * inputs[0]) for (out, _), inputs in zip(found, batch))
+    assert worker.ops.count("slots") == 2 and worker.saw_fresh == [False] * 5
 
 
 def test_a_gated_batch_that_under_reports_counts_the_window_less_the_fixed_part(gated):

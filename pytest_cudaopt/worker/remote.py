@@ -15,6 +15,7 @@ from pytest_cudaopt.worker.client import Worker, WorkerFailed
 # own: on a 2-core host under a few busy sessions, an honest 70 us call's round trip was raised
 # by up to 10.6 ms (5 ms here failed it at 0.07x).
 CPU_WAKEUP_S = 20e-3
+SLOT_SHAPES = 2   # input shapes whose gated buffers are kept at once (a pass's batch, the latency run's call)
 
 
 class RemoteExtension:
@@ -82,8 +83,9 @@ class RemoteModel:
         self.gated = 0        # timed batches behind the gate (worker/stream_gate.py); the others went by the round trip
         self.gate_off = ""    # why this model's batches no longer go behind the gate
         self._warm: set = set()   # input signatures timed once by the round trip (kernels loaded, blocks cached)
-        self._gated_io: dict = {}  # the gated path's input buffers, shared with the worker once
-        self.windows: list[tuple[float, float]] = []  # per gated batch: (opening to DONE, the copy's excess)
+        self._gated_io: dict = {}  # the gated path's input buffers by shape: (id, sets), shared with the worker once
+        self._slot_ids = 0
+        self.windows: list[tuple[int, float, float]] = []  # per gated batch: (calls, opening to DONE, the copy's excess)
         self.reported: list[float] = []   # per timed batch: the sum of the worker's figures, as it sent them
         self.per_call: list[tuple[float, float]] = []   # per timed call: (the worker's figure, the one counted)
         # ModelNew's state as the worker reported it with the last request that could change it
@@ -191,20 +193,23 @@ class RemoteModel:
         contents are never this batch's: its values go in once the worker has enqueued it)."""
         import torch
 
-        io = self._gated_io
         key = tuple(tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None for x in inputs)
                     for inputs in sets)
-        if io.get("slot_key") != key:
-            io.pop("slots", None)
+        io = self._gated_io
+        if key not in io:
+            # The last SLOT_SHAPES shapes' buffers are kept, here and in the worker: a queued pass's
+            # batch and the latency run's single call alternate.
+            while len(io) >= SLOT_SHAPES:
+                io.pop(next(iter(io)))
             with self.worker.sharing():
                 slots = [[torch.empty(x.shape, dtype=x.dtype, device=x.device) if isinstance(x, torch.Tensor)
                           else None for x in inputs] for inputs in sets]
             torch.cuda.synchronize()
-            sid = io.get("sid", 0) + 1
-            self.worker.request({"op": "slots", "slots": sid, "sets": slots}, what="receiving the gated batches' inputs",
-                                relay=False)
-            io.update(slot_key=key, sid=sid, slots=slots)
-        return io["sid"], io["slots"]
+            self._slot_ids += 1
+            self.worker.request({"op": "slots", "slots": self._slot_ids, "sets": slots, "keep": SLOT_SHAPES},
+                                what="receiving the gated batches' inputs", relay=False)
+            io[key] = (self._slot_ids, slots)
+        return io[key]
 
     def _time_gated(self, sets: list[list]) -> list[tuple[Any, float]] | None:
         """The batch behind the gate: the worker enqueues it on the shared input buffers and
@@ -262,7 +267,7 @@ class RemoteModel:
         seconds = [float(x) for x in worker.request({"op": "collect"}, what="timing ModelNew behind the gate",
                                                     relay=False).get("seconds", ())]
         collected = host_time()
-        self.windows.append((seen - opened, excess))
+        self.windows.append((len(sets), seen - opened, excess))
         # The collect's round trip waits for the worker's whole device (its synchronise): work on
         # another of its streams, past DONE, is counted there less a handoff (the calibrated ping's:
         # it runs before any of the workdir's code).

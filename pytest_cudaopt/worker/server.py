@@ -43,7 +43,7 @@ class Server:
         self.lead = None          # perf.clocks.GpuLead: the spin before a timed batch on CUDA
         self.events: list = []    # timing events, reused batch to batch
         self.stream_gate = None   # stream_gate.StreamGate, after `gate`
-        self.slots: tuple = (None, [])   # (id, input sets) the judging process shared for gated batches
+        self.slots: dict = {}     # id -> input sets the judging process shared for gated batches
         self.pending: list = []   # the events of the gated batch whose figures `collect` answers
 
     # -- the loop ----------------------------------------------------------------------------
@@ -294,7 +294,9 @@ class Server:
         """The input buffers of gated batches, shared once: one list per call of a batch, a
         tensor where that input is one (the judging process writes each batch's values into
         them once the batch is enqueued, before its gate opens), None elsewhere."""
-        self.slots = (request["slots"], [list(s) for s in request["sets"]])
+        while self.slots and len(self.slots) >= int(request.get("keep", 1)):
+            self.slots.pop(next(iter(self.slots)))   # the oldest: the judging process dropped it too
+        self.slots[request["slots"]] = [list(s) for s in request["sets"]]
         self.torch.cuda.synchronize()
         return {}
 
@@ -315,8 +317,8 @@ class Server:
         torch = self.torch
         seq = int(request["seq"])
         values = [list(v) for v in request["inputs"]]
-        sid, slots = self.slots
-        if values and (request.get("slots") != sid or len(slots) < len(values)):
+        slots = self.slots.get(request.get("slots"), []) if values else []
+        if len(slots) < len(values):
             raise RuntimeError("a gated batch on input buffers this worker was not given")
         sets = [[v if s is None else s for s, v in zip(slot, value)] for slot, value in zip(slots, values)]
         model = self.models[request["id"]] if values else None
