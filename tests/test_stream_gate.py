@@ -336,3 +336,15 @@ def torch_equal(a, b) -> bool:
     import torch
 
     return torch.equal(a, b)
+
+
+def test_the_worker_keeps_the_input_buffers_of_the_shapes_the_judging_process_keeps():
+    from types import SimpleNamespace
+
+    from pytest_cudaopt.worker.server import Server
+
+    server = Server(None)
+    server.torch = SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda: None))
+    for sid in (1, 2, 3):
+        server.op_slots({"slots": sid, "sets": [[f"x{sid}"]], "keep": 2})
+    assert list(server.slots) == [2, 3] and server.slots[3] == [["x3"]]
