@@ -85,7 +85,7 @@ class RemoteModel:
         self._warm: set = set()   # input signatures timed once by the round trip (kernels loaded, blocks cached)
         self._gated_io: dict = {}  # the gated path's input buffers by shape: (id, sets), shared with the worker once
         self._slot_ids = 0
-        self.windows: list[tuple[int, float, float]] = []  # per gated batch: (calls, opening to DONE, the copy's excess)
+        self.windows: list[tuple[int, float, float]] = []  # per gated batch: (calls, opening to DONE, copy excess)
         self.reported: list[float] = []   # per timed batch: the sum of the worker's figures, as it sent them
         self.per_call: list[tuple[float, float]] = []   # per timed call: (the worker's figure, the one counted)
         # ModelNew's state as the worker reported it with the last request that could change it
@@ -103,8 +103,8 @@ class RemoteModel:
 
     def time_batch(self, sets: list[list]) -> list[tuple[Any, float]]:
         """ModelNew on each input set, back to back in the worker: (output, seconds) per set.
-        On a GPU with a gate (worker/stream_gate.py), once the same inputs' shapes ran by the round trip,
-        behind the gate (`_time_gated`); else by the round trip (`_time_round_trip`)."""
+        On a GPU with a gate (worker/stream_gate.py), once the same inputs' shapes ran by the round
+        trip, behind the gate (`_time_gated`); else by the round trip (`_time_round_trip`)."""
         self._state = None   # a forward that changes ModelNew's state: read again when asked
         if self.device.startswith("cuda") and self._gate_ready(sets):
             found = self._time_gated(sets)
@@ -218,9 +218,9 @@ class RemoteModel:
         spins on DONE, and copies every output out (the worker cannot have computed them before the
         window, nor finish them after it). Its window: from opening to DONE, plus the time to the
         copy's end less the copy's own GPU time (this process's events). The worker's figures must
-        add up to it less the gate's calibrated fixed part (+ MARGIN_S). None when the enqueue stalled (the
-        forward waited on the device behind the gate): the batch is then timed by the round trip,
-        and so is every later one of this model."""
+        add up to it less the gate's calibrated fixed part (+ MARGIN_S). None when the enqueue
+        stalled (the forward waited on the device behind the gate): the batch is then timed by the
+        round trip, and so is every later one of this model."""
         import torch
         from pytest_cudaopt.perf.clocks import host_time
         from pytest_cudaopt.tensors import leaves
@@ -271,7 +271,8 @@ class RemoteModel:
         # The collect's round trip waits for the worker's whole device (its synchronise): work on
         # another of its streams, past DONE, is counted there less a handoff (the calibrated ping's:
         # it runs before any of the workdir's code).
-        after = (collected - opened - copy_s, gate.fixed + worker.handoff_bound(worker.calibrated_ping or worker.ping()))
+        handoff = worker.handoff_bound(worker.calibrated_ping or worker.ping())
+        after = (collected - opened - copy_s, gate.fixed + handoff)
         seconds = self._checked(seconds, seen - opened + excess, gate.fixed + MARGIN_S, len(sets), also=after)
         self.gated += 1
         return list(zip(copies, seconds))
@@ -315,8 +316,9 @@ class RemoteModel:
                          f"of this process's clock by more than the batch's allowance (by up to {most * 1e6:.1f} us a "
                          f"call): those calls count this process's time less the allowance (median {own * 1e6:.1f} us "
                          f"as reported, {counted * 1e6:.1f} us counted)")
-        off = self.gate_off or (self.device.startswith("cuda") and self.timed_calls and self.worker.stream_gate is None
-                                and f"the worker has no gate ({getattr(self.worker, 'stream_gate_error', '') or 'none set up'})")
+        off = self.gate_off
+        if not off and self.device.startswith("cuda") and self.timed_calls and self.worker.stream_gate is None:
+            off = f"the worker has no gate ({getattr(self.worker, 'stream_gate_error', '') or 'none set up'})"
         if off:
             notes.append(f"timed by the round trip, not behind the gate: {off}")
         return "; ".join(notes)

@@ -1,4 +1,4 @@
-"""The gate: a timed batch on a GPU bracketed by the judging process's own clock, with no pipe, wake-up or IPC inside the window.
+"""The stream gate: a timed batch on a GPU bracketed by the judging process's own clock, with no pipe, wake-up or IPC inside the window.
 
 Two 32-bit words on one page of shared host memory. The worker's stream waits on OPEN
 (`cuStreamWaitValue32`), runs the batch, and writes DONE (`cuStreamWriteValue32`, behind a memory
@@ -8,10 +8,10 @@ wait. So the gated batch (remote.RemoteModel) runs on input buffers shared once,
 judging process writes the batch's fresh inputs only after the worker's enqueue has come back,
 and it copies every output out before its clock stops (docs/isolation.md).
 
-The window's fixed part (the GPU switching from this process's context to the worker's and back,
-the GPU polling host memory, the host polling DONE) is calibrated on empty batches before any of
-the workdir's code runs in the worker (`JudgeGate.calibrate`), as the pings are: a worker cannot
-widen it later.
+The window's fixed part (the GPU switching from the judging process's context to the worker's
+and back, the GPU polling host memory, the host polling DONE) is calibrated on empty batches
+before any of the workdir's code runs in the worker (`JudgeGate.calibrate`), as the pings are: a
+worker cannot widen it later.
 
 Behind a closed gate the worker must neither synchronise nor load a kernel's module (lazy loading
 waits for the device), nor allocate from the driver: the judging process times a batch behind the
