@@ -226,8 +226,9 @@ def _clocks_note(m) -> str:
              if m.queued_rounds else "")
     return gated + ("device time: each contender's batch queued with the host ahead of the GPU after an L2 "
                     f"flush, a call's figure the time between the events before and after it{ahead}; ModelNew "
-                    "in its worker process, its figures checked against this process's clock around the round "
-                    "trip; latency: each call from an idle device, launches included")
+                    "in its worker process, its figures checked against this process's clock around its GPU work "
+                    "(the stream gate; the round trip where there is none); latency: each call from an idle device, "
+                    "launches included")
 
 
 def _figure_notes(r: PerfResult) -> list[str]:

@@ -348,3 +348,19 @@ def test_the_worker_keeps_the_input_buffers_of_the_shapes_the_judging_process_ke
     for sid in (1, 2, 3):
         server.op_slots({"slots": sid, "sets": [[f"x{sid}"]], "keep": 2})
     assert list(server.slots) == [2, 3] and server.slots[3] == [["x3"]]
+
+
+def test_a_worker_whose_gate_cannot_be_set_up_is_left_without_one_and_the_page_removed(tmp_path, monkeypatch):
+    import os
+
+    worker = Worker(tmp_path, None, "cuda")
+    asked: list[dict] = []
+
+    def request(message, **kwargs):
+        asked.append(message)
+        return {"gate_error": "GateError: cudaHostRegister of the gate's page: 3"}
+
+    monkeypatch.setattr(worker, "request", request)
+    worker.attach_stream_gate()
+    assert worker.stream_gate is None and "cudaHostRegister" in worker.stream_gate_error
+    assert [m["op"] for m in asked] == ["gate"] and not os.path.exists(asked[0]["path"])
