@@ -238,6 +238,7 @@ ATTACKS = {
     "gc_walk": {"model_new.py": "gc_walk.py"},
     "fd_forge": {"model_new.py": "fd_forge.py"},
     "timer_patch": {"model_new.py": "timer_patch.py"},
+    "timer_shave": {"model_new.py": "timer_shave.py"},
     "clock_hook": {"model_new.py": "clock_hook.py"},
     "ping_stall": {"model_new.py": ("timer_patch.py", "ping_stall.py")},  # the second appended to the first
     "parent_mem": {"model_new.py": "parent_mem.py"},

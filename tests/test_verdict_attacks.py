@@ -65,19 +65,30 @@ class _FakeWorker:
     handoff_bound = __import__("pytest_cudaopt.worker.client", fromlist=["Worker"]).Worker.handoff_bound
 
     def __init__(self, reported: list[float], takes: float, ping: float = 100e-6, outputs: list | None = None,
-                 shares: bool = False, calibrated: float = 100e-6):
+                 shares: bool = False, calibrated: float = 100e-6, spins: bool = False, cpu_factor: float = 0.0):
         self.reported, self.takes, self._ping, self.outputs, self.shares = reported, takes, ping, outputs, shares
         self.calibrated_ping = calibrated
+        self.spins, self.cpu_factor, self.cpu = spins, cpu_factor, 0.0
 
     def ping(self) -> float:
         return self._ping
+
+    def cpu_seconds(self) -> float | None:
+        """Its CPU time as the kernel would count it: `cpu_factor` times what its `spins` took
+        (None: not readable)."""
+        return self.cpu if self.cpu_factor else None
 
     def request(self, message, on_send=None, **kwargs):
         if on_send is not None:
             on_send()
         started = time.perf_counter()
-        time.sleep(self.takes)
+        if self.spins:   # CPU work, not a sleep
+            while time.perf_counter() - started < self.takes:
+                pass
+        else:
+            time.sleep(self.takes)
         took = time.perf_counter() - started   # a loaded host oversleeps: an honest worker reports what it took
+        self.cpu += self.cpu_factor * took
         seconds = [x * took for x in self.reported] if self.shares else list(self.reported)
         return {"seconds": seconds, "outputs": list(self.outputs or [None] * len(self.reported))}
 
@@ -113,6 +124,21 @@ def test_a_workers_under_reported_figures_count_the_batchs_round_trip_less_a_han
     assert seconds[0] > seconds[1] >= 0.4999 * 60e-3 and "fell short" not in model.timing_note()
     # A worker without a gate on a GPU is timed by the round trip alone, and the report says so.
     assert ("not behind the gate: the worker has no gate" in model.timing_note()) == (device == "cuda")
+
+
+def test_on_the_cpu_hidden_work_counts_by_the_workers_cpu_clock_less_a_handoff_not_the_wakeups(no_device):
+    """15 ms of CPU work reported as 1 us is inside the 20 ms a loaded host's wakeups may add to a
+    round trip (CPU_WAKEUP_S), so the wall clock alone lets it stand; the worker's CPU time, less a
+    handoff, counts instead."""
+    handoff = 3 * 100e-6 + 500e-6
+    model, seconds, outer = _timed("cpu", reported=[1e-6], takes=15e-3, spins=True, cpu_factor=1.0)
+    assert 15e-3 - handoff <= seconds[0] <= outer and "fell short" in model.timing_note()
+    # Honest figures stand.
+    model, seconds, _ = _timed("cpu", reported=[1.0], takes=15e-3, spins=True, shares=True, cpu_factor=1.0)
+    assert seconds[0] >= 15e-3 and not model.raised
+    # CPU time above the wall (a kernel's threads, against the rules) counts no more than the round trip.
+    _, seconds, outer = _timed("cpu", reported=[1e-6], takes=15e-3, spins=True, cpu_factor=4.0)
+    assert 15e-3 - handoff <= seconds[0] <= outer
 
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])

@@ -405,6 +405,16 @@ class Worker:
         self.request({"op": "ping"}, what="answering a ping", relay=False)
         return time.perf_counter() - started
 
+    def cpu_seconds(self) -> float | None:
+        """The worker's CPU time so far, every thread's, as the kernel counts it (its process CPU
+        clock, read from this process); None where it cannot be read."""
+        if self.proc is None:
+            return None
+        try:
+            return time.clock_gettime(((~self.proc.pid) << 3) | 2)   # CPUCLOCK_SCHED of the whole process
+        except (OSError, AttributeError, OverflowError):
+            return None
+
     def handoff_bound(self, ping: float, copied: int = 0, handles: int = 0) -> float:
         """How much longer than the call itself its round trip may take: a few handoffs as the
         ping after it measured them (at most PING_CAP_FACTOR times the calibrated one: a worker

@@ -125,7 +125,9 @@ class RemoteModel:
         the copies through the CPU arena and the CUDA tensors' IPC handles), and on the CPU
         CPU_WAKEUP_S. So a worker that under-reports (a patched timer, a detoured
         cudaEventElapsedTime, its calling stream's work outlasting its answer) gains at most the
-        allowance per batch; work on another of its streams is outside (docs/isolation.md)."""
+        allowance per batch; work on another of its streams is outside (docs/isolation.md). On the
+        CPU the figures must also add up to the worker's CPU time over the round trip (the kernel's
+        count, read from this process) less the handoff: CPU work it hides gains at most a handoff."""
         from pytest_cudaopt.perf.clocks import host_time
         from pytest_cudaopt.tensors import count_tensors, nbytes
 
@@ -140,7 +142,11 @@ class RemoteModel:
         request = {"op": "time", "id": self.key, "inputs": [list(s) for s in sets], "device": self.device,
                    "what": "ModelNew.forward"}
         sent: list[float] = []
+        # The worker's CPU time, as the kernel counts it, from before the inputs go into the arena
+        # (a thread of its watching there is counted too) to its answer.
+        cpu_before = None if cuda else worker.cpu_seconds()
         reply = worker.request(request, what="timing ModelNew", relay=False, on_send=lambda: sent.append(host_time()))
+        cpu_after = None if cuda else worker.cpu_seconds()
         if cuda:
             # Rebuilding the outputs made this process's stream wait on the events torch's sharing
             # recorded behind them on the worker's calling stream: the clock stops once that work
@@ -154,11 +160,17 @@ class RemoteModel:
         if len(outputs) != len(sets):
             raise WorkerFailed(f"the candidate's worker process answered {len(outputs)} outputs for a batch of "
                                f"{len(sets)} timed calls")
+        also = None
         if cuda:  # handles cross, not bytes
             slack = worker.handoff_bound(worker.ping(), handles=count_tensors(sets) + count_tensors(outputs))
         else:  # the inputs were copied into the arena before the clock started; the worker views them there
-            slack = worker.handoff_bound(worker.ping(), copied=nbytes(outputs)) + CPU_WAKEUP_S
-        seconds = self._checked(seconds, outer, slack, len(sets))
+            handoff = worker.handoff_bound(worker.ping(), copied=nbytes(outputs))
+            slack = handoff + CPU_WAKEUP_S
+            if cpu_before is not None and cpu_after is not None:
+                # Its CPU time less a handoff (no wakeups: time it waited is not counted), never
+                # more than the round trip (a kernel's threads, against the rules, add up faster).
+                also = (min(cpu_after - cpu_before, outer), handoff)
+        seconds = self._checked(seconds, outer, slack, len(sets), also=also)
         # CPU outputs are views of the arena, which the worker's next reply rewrites.
         return [(clone_nest(o) if not cuda else o, t) for o, t in zip(outputs, seconds)]
 
