@@ -364,3 +364,65 @@ def test_a_worker_whose_gate_cannot_be_set_up_is_left_without_one_and_the_page_r
     worker.attach_stream_gate()
     assert worker.stream_gate is None and "cudaHostRegister" in worker.stream_gate_error
     assert [m["op"] for m in asked] == ["gate"] and not os.path.exists(asked[0]["path"])
+
+
+class _Event:
+    """torch.cuda.Event as op_gated uses it, on the host clock."""
+
+    def __init__(self, enable_timing: bool = False):
+        self.at = None
+
+    def record(self, stream=None):
+        self.at = time.perf_counter()
+
+    def elapsed_time(self, end) -> float:
+        return (end.at - self.at) * 1e3
+
+
+class _Gate:
+    def __init__(self):
+        self.ops: list[tuple[str, int]] = []
+
+    def wait(self, seq):
+        self.ops.append(("wait", seq))
+
+    def done(self, seq):
+        self.ops.append(("done", seq))
+
+
+def _server():
+    import contextlib
+    from types import SimpleNamespace
+
+    from pytest_cudaopt.worker.server import Server
+
+    server = Server(None)
+    server.torch = SimpleNamespace(no_grad=contextlib.nullcontext, cuda=SimpleNamespace(
+        synchronize=lambda: None, current_stream=lambda: "stream", set_stream=lambda s: None, Event=_Event))
+    server.stream_gate = _Gate()
+    return server
+
+
+def test_the_workers_gated_batch_runs_on_its_slots_between_the_wait_and_done_and_collects_figures():
+    server = _server()
+
+    def forward(x, k):
+        if k == 0:
+            raise ValueError("no")
+        return x * k
+
+    server.models = {1: forward}
+    server.op_slots({"slots": 7, "sets": [[10, None], [20, None]], "keep": 2})   # a slot where a tensor goes
+    reply = server.op_gated({"seq": 3, "id": 1, "slots": 7, "inputs": [[None, 2], [None, 3]]})
+    assert reply == {"outputs": [20, 60]} and server.stream_gate.ops == [("wait", 3), ("done", 3)]
+    seconds = server.op_collect({})["seconds"]
+    assert len(seconds) == 2 and all(s >= 0 for s in seconds)
+    # The gate's calibration: nothing of the workdir's, no figures.
+    assert server.op_gated({"seq": 4, "inputs": []}) == {"outputs": []} and server.op_collect({}) == {"seconds": []}
+    # Buffers it was not given: refused before any wait is enqueued.
+    with pytest.raises(RuntimeError, match="input buffers this worker was not given"):
+        server.op_gated({"seq": 5, "id": 1, "slots": 8, "inputs": [[None, 2]]})
+    # A forward that raises behind the gate still writes DONE.
+    with pytest.raises(ValueError):
+        server.op_gated({"seq": 6, "id": 1, "slots": 7, "inputs": [[None, 0]]})
+    assert server.stream_gate.ops[-2:] == [("wait", 6), ("done", 6)] and ("wait", 5) not in server.stream_gate.ops
