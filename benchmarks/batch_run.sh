@@ -12,9 +12,7 @@ export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
 # the default workdir's build (worker_calls.py's) alongside the benchmark's own
 python3 -c "from pathlib import Path; from pytest_cudaopt import build; build.build(Path('.').resolve())" \
   > "$OUT/build.txt" 2>&1 &
-small="$OUT/cuda_scale_2048"; rm -rf "$small"; mkdir -p "$small"
-cp -r tests/workdirs/cuda_scale/. "$small/"; cp tests/workdirs/_shared/model.py binding.cpp binding_registry.h "$small/"
-sed -i "s/^batch_size = .*/batch_size = 2048/; s/^features = .*/features = 4096/" "$small/model.py"
+small="$OUT/cuda_scale_2048"; bash benchmarks/cuda_scale_copy.sh "$small" 2048
 timeout "${BENCH_S:-110}" python3 benchmarks/bench_worker.py "$small" --max-time "${MAX_TIME:-2}" \
   --gpu-batch "${BATCHES:-1,8,32}" > "$OUT/bench_worker.txt" 2>&1; echo "bench rc=$?" >> "$OUT/bench_worker.txt"
 wait

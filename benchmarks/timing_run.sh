@@ -15,11 +15,7 @@ if [ -z "${SKIP_PROBE:-}" ]; then
   timeout 150 python3 benchmarks/gate_probe.py --confine --no-after --reps 60 --out "$OUT" > "$OUT/gate_probe.txt" 2>&1
   echo "gate_probe rc=$?" >> "$OUT/gate_probe.txt"
 fi
-for size in 2048 4096; do
-  small="$OUT/cuda_scale_$size"; rm -rf "$small"; mkdir -p "$small"
-  cp -r tests/workdirs/cuda_scale/. "$small/"; cp tests/workdirs/_shared/model.py binding.cpp binding_registry.h "$small/"
-  sed -i "s/^batch_size = .*/batch_size = $size/; s/^features = .*/features = 4096/" "$small/model.py"
-done
+for size in 2048 4096; do bash benchmarks/cuda_scale_copy.sh "$OUT/cuda_scale_$size" "$size"; done
 timeout "${BENCH_S:-300}" python3 benchmarks/bench_worker.py . "$OUT/cuda_scale_2048" "$OUT/cuda_scale_4096" \
   --max-time "${MAX_TIME:-4}" > "$OUT/bench_worker.txt" 2>&1; echo "bench rc=$?" >> "$OUT/bench_worker.txt"
 if [ -n "${BATCHES:-}" ]; then  # longer batches of the ~33 us kernel: how tight the gate's bound gets

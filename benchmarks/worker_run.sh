@@ -7,8 +7,6 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
 OUT="$OUT" TAIL=12 bash benchmarks/h200_verdicts.sh > "$OUT/h200_verdicts.txt" 2>&1
-small="$OUT/cuda_scale_4096"; rm -rf "$small"; mkdir -p "$small"
-cp -r tests/workdirs/cuda_scale/. "$small/"; cp tests/workdirs/_shared/model.py binding.cpp binding_registry.h "$small/"
-sed -i 's/^batch_size = .*/batch_size = 4096/; s/^features = .*/features = 4096/' "$small/model.py"
+small="$OUT/cuda_scale_4096"; bash benchmarks/cuda_scale_copy.sh "$small" 4096
 timeout 300 python3 benchmarks/bench_worker.py . "$small" --max-time 8 > "$OUT/bench_worker.txt" 2>&1; echo "bench rc=$?" >> "$OUT/bench_worker.txt"
 cat "$OUT/h200_verdicts.txt" | tail -n 30; echo; cat "$OUT/bench_worker.txt" | tail -n 12

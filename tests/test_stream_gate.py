@@ -170,8 +170,6 @@ FIXED_S = 50e-3
 class _CopyWork:
     """JudgeWork's steps as plain copies (no GPU): the fill before the gate opens, the copy out."""
 
-    copy_s = 0.0
-
     def fill(self, pairs):
         for dst, src in pairs:
             dst.copy_(src)
@@ -179,7 +177,7 @@ class _CopyWork:
     def excess(self, seen, pairs):
         for dst, src in pairs:
             dst.copy_(src)
-        return 0.0
+        return 0.0, 0.0
 
 
 class _StreamWorker:
@@ -195,7 +193,8 @@ class _StreamWorker:
     handoff_bound = Worker.handoff_bound
 
     def __init__(self, gate, takes=0.0, share=1.0, lingers=0.0, stalls=False, raises=False):
-        self.stream_gate, self.gate_work = gate, _CopyWork()
+        self.stream_gate = gate
+        gate.work = _CopyWork()
         self.takes, self.share, self.lingers, self.stalls, self.raises = takes, share, lingers, stalls, raises
         self.ops: list[str] = []
         self.shared: dict = {}
@@ -266,7 +265,7 @@ def gated(page, monkeypatch):
     from pytest_cudaopt.worker.remote import RemoteModel
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    page.windows = [FIXED_S]
+    page.parts = [(FIXED_S, 0.0)]
 
     def make(**kwargs):
         worker = _StreamWorker(page, **kwargs)

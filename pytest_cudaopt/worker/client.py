@@ -129,7 +129,6 @@ class Worker:
         self.calibrated_ping: float | None = None  # the median ping before the workdir loaded
         self.stream_gate = None   # stream_gate.JudgeGate on CUDA, calibrated before the workdir loaded
         self.stream_gate_error = ""  # ... else why not
-        self.gate_work = None     # stream_gate.JudgeWork: this process's GPU work around a gated batch
 
     # -- life --------------------------------------------------------------------------------
 
@@ -217,12 +216,11 @@ class Worker:
                 gate.unlink()  # mapped by both processes now, or never to be
             if reply.get("gate_error"):
                 raise GateError(str(reply["gate_error"]))
-            work = JudgeWork(self.device)
-            gate.calibrate(self, work=work)
+            gate.calibrate(self, work=JudgeWork(self.device))
         except (GateError, TimeoutError, ChildProcessError, WorkerError, RuntimeError) as exc:  # torch's too
             self.stream_gate_error = str(exc) or type(exc).__name__
             return
-        self.stream_gate, self.gate_work = gate, work
+        self.stream_gate = gate
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -317,7 +315,7 @@ class Worker:
         deadline = None if timeout is None else time.monotonic() + timeout
         stall_at = None if stall is None else time.monotonic() + stall[0]
         try:
-            while not self.conn.poll(POLL_S if stall_at is None else min(POLL_S, stall[0])):
+            while not self.conn.poll(POLL_S):
                 if stall_at is not None and time.monotonic() > stall_at:
                     stall_at = None
                     stall[1]()

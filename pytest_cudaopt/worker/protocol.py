@@ -138,10 +138,9 @@ class _Unpacker(pickle.Unpickler):
 
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
-        if (module, name) == ("torch.multiprocessing.reductions", "rebuild_cuda_tensor") and not self.sync_events \
-                and name in self.allowed.get(module, ()):
-            return _rebuild_cuda_unsynced
         if name in self.allowed.get(module, ()):
+            if not self.sync_events and (module, name) == ("torch.multiprocessing.reductions", "rebuild_cuda_tensor"):
+                return _rebuild_cuda_unsynced
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"a message may not name {module}.{name}")
 

@@ -78,7 +78,6 @@ class RemoteModel:
         self.keys = keys
         weakref.finalize(self, worker.dropped.append, key)
         self.timed_calls = 0
-        self.raised: list[float] = []  # by how much `time_batch` raised a worker's figure, per call it did
         self.margins: list[tuple[int, float, float]] = []  # per timed batch: (calls, round trip - figures, allowance)
         self.gated = 0        # timed batches behind the gate (worker/stream_gate.py); the others went by the round trip
         self.gate_off = ""    # why this model's batches no longer go behind the gate
@@ -185,16 +184,13 @@ class RemoteModel:
 
         if self.worker.stream_gate is None or self.gate_off:
             return False
-        key = []
         for inputs in sets:
             tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
             if any(isinstance(x, (list, tuple, dict)) for x in inputs) or any(
                     not (x.is_cuda and x.is_contiguous()) or x.requires_grad or x.is_sparse for x in tensors) \
                     or len({x.untyped_storage().data_ptr() for x in tensors}) < len(tensors):
                 return False
-            key.append(tuple((tuple(x.shape), x.dtype, str(x.device)) if isinstance(x, torch.Tensor) else None
-                             for x in inputs))
-        key = tuple(key)
+        key = _shapes(sets)
         if key in self._warm:
             return True
         self._warm.add(key)
@@ -205,8 +201,7 @@ class RemoteModel:
         contents are never this batch's: its values go in once the worker has enqueued it)."""
         import torch
 
-        key = tuple(tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None for x in inputs)
-                    for inputs in sets)
+        key = _shapes(sets)
         io = self._gated_io
         if key not in io:
             # The last SLOT_SHAPES shapes' buffers are kept, here and in the worker: a queued pass's
@@ -238,7 +233,8 @@ class RemoteModel:
         from pytest_cudaopt.tensors import leaves
         from pytest_cudaopt.worker.stream_gate import MARGIN_S, STALL_S
 
-        worker, gate, work = self.worker, self.worker.stream_gate, self.worker.gate_work
+        worker, gate = self.worker, self.worker.stream_gate
+        work = gate.work
         torch.cuda.synchronize()
         sid, slots = self._slots(sets)
         values = [[None if isinstance(x, torch.Tensor) else x for x in inputs] for inputs in sets]
@@ -272,7 +268,7 @@ class RemoteModel:
                                    worker.last_words()) from None
             except TimeoutError as exc:
                 raise WorkerFailed(f"ModelNew's timed batch: {exc}") from None
-            excess, copy_s = work.excess(seen, pairs), work.copy_s
+            excess, copy_s = work.excess(seen, pairs)
             del reply, outputs, pairs   # the worker's blocks: its to reuse
         finally:
             gate.open(seq)   # never left closed: the worker's stream would wait on it for ever
@@ -309,10 +305,13 @@ class RemoteModel:
         self.reported.append(total)
         deficit = (outer - slack if also is None else max(outer - slack, also[0] - also[1])) - total
         counted = seconds if deficit <= 0 else [x + deficit / calls for x in seconds]
-        if deficit > 0:
-            self.raised += [deficit / calls] * calls
         self.per_call += list(zip(seconds, counted))
         return counted
+
+    @property
+    def raised(self) -> list[float]:
+        """By how much `time_batch` raised a worker's figure, per call it did."""
+        return [counted - own for own, counted in self.per_call if counted > own]
 
     def timing_note(self) -> str:
         """What `time_batch` changed, for the report ("" when nothing)."""
@@ -320,11 +319,12 @@ class RemoteModel:
 
         notes = []
         own, counted = median([a for a, _ in self.per_call] or [0.0]), median([b for _, b in self.per_call] or [0.0])
+        raised = self.raised
         # An honest batch's window now and then runs past the allowance (a late wakeup, a slow
         # context switch): said when it moved the median the gate reads, by more than 1%.
-        if self.raised and counted > 1.01 * own:
-            most = max(self.raised)
-            notes.append(f"on {len(self.raised)} of {self.timed_calls} timed calls the worker's own figures fell short "
+        if raised and counted > 1.01 * own:
+            most = max(raised)
+            notes.append(f"on {len(raised)} of {self.timed_calls} timed calls the worker's own figures fell short "
                          f"of this process's clock by more than the batch's allowance (by up to {most * 1e6:.1f} us a "
                          f"call): those calls count this process's time less the allowance (median {own * 1e6:.1f} us "
                          f"as reported, {counted * 1e6:.1f} us counted)")
@@ -364,6 +364,15 @@ class RemoteModel:
         reply = self.worker.request({"op": "trace", "id": self.key, "inputs": list(inputs), "device": self.device,
                                      "lead": lead, "flush_bytes": flush_bytes}, what="tracing ModelNew")
         return reply["events"], bool(reply["host_ahead"])
+
+
+def _shapes(sets: list[list]) -> tuple:
+    """What a batch's inputs look like (per set: shape, dtype and device of each tensor, None for
+    the rest): the key of its warm-up and of its shared input buffers."""
+    import torch
+
+    return tuple(tuple((tuple(x.shape), x.dtype, str(x.device)) if isinstance(x, torch.Tensor) else None
+                       for x in inputs) for inputs in sets)
 
 
 def _empty_like(value: Any) -> Any:

@@ -346,11 +346,13 @@ class Server:
         """The figures of the last gated batch, once its work is done."""
         self.torch.cuda.synchronize()
         events, self.pending = self.pending, []
-        return {"seconds": [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]}
+        return self._figures(events, None)
 
     @staticmethod
-    def _figures(events: list, outputs: list) -> dict:
-        return {"outputs": outputs, "seconds": [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]}
+    def _figures(events: list, outputs: list | None) -> dict:
+        """Each call's figure: the time between the events before and after it (and the outputs)."""
+        seconds = [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]
+        return {"seconds": seconds} if outputs is None else {"outputs": outputs, "seconds": seconds}
 
     def op_trace(self, request: dict) -> dict:
         """One call under the profiler (perf.trace.ProfilerTracer): its Chrome-trace events."""

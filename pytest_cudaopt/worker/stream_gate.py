@@ -38,8 +38,8 @@ CHECK_EVERY_S = 0.01     # how often a spin asks whether the worker is still ali
 STALL_S = 2.0            # the most a gated batch's enqueue may take before the gate is opened anyway
 DONE_LIMIT_S = 120.0     # the most a gated batch may take once its gate is open
 CALIBRATION_BATCHES = 24
-# What a batch's window may exceed the calibrated fixed part by without the worker's figures being
-# raised: the largest calibrated window plus this (the host's spin and the copies' jitter).
+# What a batch's window may exceed the calibrated fixed part (`JudgeGate.fixed`) by without the
+# worker's figures being raised (the host's spin and the copies' jitter).
 MARGIN_S = 20e-6
 PROBE_BYTES = 4096       # what a calibration batch copies out after DONE
 _perf_counter = time.perf_counter
@@ -56,14 +56,15 @@ def _word(view: mmap.mmap, at: int) -> int:
 class JudgeGate:
     """The judging side: `create()` makes and maps the page (its `path` goes to the worker,
     then `unlink()`); `open(seq)` lets batch `seq` run; `wait_done(seq, alive)` spins until the
-    worker's stream wrote `seq` back. `fixed` is the calibrated window of an empty batch (largest
-    of CALIBRATION_BATCHES), `windows` all of them."""
+    worker's stream wrote `seq` back. `parts` are the calibration batches' (opening to DONE, the
+    copy's excess), `windows` their sums, `fixed` their 90th percentile; `work` the JudgeWork
+    that framed them, which frames every later batch too."""
 
     def __init__(self, path: str, view: mmap.mmap):
         self.path, self.view = path, view
         self.seq = 0
-        self.windows: list[float] = []
         self.parts: list[tuple[float, float]] = []
+        self.work: JudgeWork | None = None
 
     @classmethod
     def create(cls) -> "JudgeGate":
@@ -82,6 +83,10 @@ class JudgeGate:
             os.unlink(self.path)
         except OSError:
             pass
+
+    @property
+    def windows(self) -> list[float]:
+        return [a + b for a, b in self.parts]
 
     @property
     def fixed(self) -> float:
@@ -123,6 +128,7 @@ class JudgeGate:
         copy out after DONE: the GPU switches between the two processes' contexts at both ends,
         ~150 us each on an H200): the window from opening to DONE plus the copy's time beyond its
         own GPU time, each (`parts`: the two). GateError when an enqueue stalls."""
+        self.work = work
         probe = work.buffers(PROBE_BYTES) if work is not None else []
         for _ in range(batches):
             seq = self.next()
@@ -136,11 +142,10 @@ class JudgeGate:
                     work.fill([])
                 opened = self.open(seq)
                 seen = self.wait_done(seq, worker.alive, limit=STALL_S)
-                excess = work.excess(seen, probe) if work is not None else 0.0
+                excess = work.excess(seen, probe)[0] if work is not None else 0.0
             finally:
                 self.open(seq)
             self.parts.append((seen - opened, excess))
-            self.windows.append(seen - opened + excess)
             worker.request({"op": "collect"}, what="an empty gated batch's figures", relay=False)
 
 
@@ -183,17 +188,17 @@ class JudgeWork:
             self.filled.record(self.stream)
         self._spin(self.filled)
 
-    def excess(self, seen: float, pairs: list[tuple[Any, Any]]) -> float:
-        """Copy `pairs` now (after DONE was seen at host time `seen`): the host time to the copy's
-        end beyond the copy's own GPU time, and (`copy_s`) that GPU time."""
+    def excess(self, seen: float, pairs: list[tuple[Any, Any]]) -> tuple[float, float]:
+        """Copy `pairs` now (after DONE was seen at host time `seen`): (the host time to the copy's
+        end beyond the copy's own GPU time, that GPU time)."""
         with self.torch.cuda.stream(self.stream):
             self.before.record(self.stream)
             for dst, src in pairs:
                 dst.copy_(src)
             self.after.record(self.stream)
         ended = self._spin(self.after)
-        self.copy_s = self.before.elapsed_time(self.after) / 1e3
-        return max(0.0, ended - seen - self.copy_s)
+        copy_s = self.before.elapsed_time(self.after) / 1e3
+        return max(0.0, ended - seen - copy_s), copy_s
 
 
 class StreamGate:
