@@ -15,6 +15,10 @@ from pytest_cudaopt.worker.client import Worker, WorkerFailed
 # own: on a 2-core host under a few busy sessions, an honest 70 us call's round trip was raised
 # by up to 10.6 ms (5 ms here failed it at 0.07x).
 CPU_WAKEUP_S = 20e-3
+# What serving a call costs the worker's CPU beyond the call's own figure (the loop, its output's
+# copy into the arena): measured 45-60 us a call on a 2-core host, ~280 us a batch besides
+# (docs/isolation.md). The CPU-time bound allows a handoff and this much a call.
+CPU_CALL_S = 100e-6
 SLOT_SHAPES = 2   # input shapes whose gated buffers are kept at once (a pass's batch, the latency run's call)
 
 
@@ -126,7 +130,8 @@ class RemoteModel:
         cudaEventElapsedTime, its calling stream's work outlasting its answer) gains at most the
         allowance per batch; work on another of its streams is outside (docs/isolation.md). On the
         CPU the figures must also add up to the worker's CPU time over the round trip (the kernel's
-        count, read from this process) less the handoff: CPU work it hides gains at most a handoff."""
+        count, read from this process) less the handoff and CPU_CALL_S a call: CPU work it hides
+        gains at most that."""
         from pytest_cudaopt.perf.clocks import host_time
         from pytest_cudaopt.tensors import count_tensors, nbytes
 
@@ -168,7 +173,7 @@ class RemoteModel:
             if cpu_before is not None and cpu_after is not None:
                 # Its CPU time less a handoff (no wakeups: time it waited is not counted), never
                 # more than the round trip (a kernel's threads, against the rules, add up faster).
-                also = (min(cpu_after - cpu_before, outer), handoff)
+                also = (min(cpu_after - cpu_before, outer), handoff + len(sets) * CPU_CALL_S)
         seconds = self._checked(seconds, outer, slack, len(sets), also=also)
         # CPU outputs are views of the arena, which the worker's next reply rewrites.
         return [(clone_nest(o) if not cuda else o, t) for o, t in zip(outputs, seconds)]
