@@ -54,9 +54,25 @@ def describe_timing(worker: Worker, through) -> None:
                  f"{mid([b for _, b in windows]):.1f} us" if windows else ""), flush=True)
 
 
+HARNESS_BATCH = clocks.CudaClock.max_batch
+
+
+def by_position(worker_calls: list[tuple[int, list[float]]], local: list[float], batch: int) -> None:
+    """The median figure of each call's place in a batch of `batch`: the worker's (own figures of
+    its batches of that length) and the in-process contender's (its queued figures, in order)."""
+    mid = lambda xs: sorted(xs)[len(xs) // 2] * 1e6 if xs else float("nan")  # noqa: E731
+    rows = [figures for calls, figures in worker_calls if calls == batch]
+    if batch < 2 or not rows:
+        return
+    places = range(batch)
+    print("  by place in a batch (worker | in-process): " + "; ".join(
+        f"{i}: {mid([r[i] for r in rows]):.1f} | {mid(local[i::batch]):.1f}" for i in places), flush=True)
+
+
 def bench(path: Path, max_time: float, modes: list[str], batch: int) -> list[tuple[str, float, float, float, float]]:
     device = "cuda"
-    clocks.CudaClock.max_batch = batch
+    # 0: as the harness sizes batches; -1: as the engine does without the clock's cap
+    clocks.CudaClock.max_batch = None if batch < 0 else batch or HARNESS_BATCH
     result = build.build(path)
     local = load_workdir(path, result.module)
     workers = {mode: Worker(path, result.so_path, device, sandbox=mode).start() for mode in modes}
@@ -73,8 +89,8 @@ def bench(path: Path, max_time: float, modes: list[str], batch: int) -> list[tup
         names = {mode: "worker" if len(modes) == 1 else f"worker (sandbox {mode})" for mode in modes}
         contenders = [engine.Contender("in-process", inproc),
                       *[engine.Contender(names[mode], throughs[mode], every_call=True) for mode in modes]]
-        config = engine.Config(max_time=max_time, warmup=0.5, target_rse=0.002, min_runs=200, max_batch=batch,
-                               batch_window=0.02 if batch > 1 else engine.Config.batch_window)
+        sized = dict(max_batch=batch, batch_window=0.02 if batch > 1 else engine.Config.batch_window) if batch > 0 else {}
+        config = engine.Config(max_time=max_time, warmup=0.5, target_rse=0.002, min_runs=200, **sized)
         def compare(output, expected):
             return None if torch.allclose(output, expected, atol=1e-4, rtol=1e-4) else "mismatch"
 
@@ -87,13 +103,19 @@ def bench(path: Path, max_time: float, modes: list[str], batch: int) -> list[tup
             print(f"{path.name} [{mode}]: batch {found.batch}; {through.timing_note() or 'no figure raised'}",
                   flush=True)
             describe_timing(workers[mode], through)
+            own, calls = [a for a, _ in through.per_call], []
+            for n, *_ in through.margins:
+                calls.append((n, own[:n]))
+                own = own[n:]
+            by_position(calls, list(a.device), found.batch)
         rows = []
         for mode in modes:
             b = found[names[mode]]
             for r in (a, b):
                 if r.failure:
                     raise SystemExit(f"{path}: {r.key} failed: {r.failure}")
-            label = (path.name if len(modes) == 1 else f"{path.name} [{mode}]") + (f" B{batch}" if batch > 1 else "")
+            label = (path.name if len(modes) == 1 else f"{path.name} [{mode}]") + (
+                f" B{batch}" if batch > 1 else f" auto B{found.batch}" if batch < 1 else "")
             rows.append((label, a.device_summary.median, b.device_summary.median,
                          a.latency_summary.median, b.latency_summary.median))
         return rows
@@ -107,7 +129,9 @@ def main() -> int:
     parser.add_argument("workdirs", nargs="+", type=Path)
     parser.add_argument("--max-time", type=float, default=10.0)
     parser.add_argument("--sandbox", default="auto", help="cudaopt_sandbox modes, comma separated (default: auto)")
-    parser.add_argument("--gpu-batch", default="1", help="calls per timed batch, comma separated (default: 1, the harness's)")
+    parser.add_argument("--gpu-batch", default="1",
+                        help="calls per timed batch, comma separated; 0: as the harness sizes them, -1: as the "
+                             "engine would without the clock's cap (default: 1)")
     args = parser.parse_args()
     modes = [m for m in args.sandbox.split(",") if m]
     rows = [row for p in args.workdirs for b in map(int, args.gpu_batch.split(","))

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The worker's timed batches on one GPU: the gate probe (gate_probe.py: stream memory operations
-# on shared host memory, confined and not), the default workdir and element-wise kernels of ~20 us
-# and ~60 us (tests/workdirs/cuda_scale at 2048 x 4096 and 4096 x 4096) timed in-process and
-# through the worker side by side (bench_worker.py: medians, ratios, the figures raised), then the
-# GPU tests of timing and verdicts (SKIP_PROBE=1: no probe; BATCHES=1,16: the ~20 us kernel in longer
-# batches too). OUT=/tmp/out bash benchmarks/timing_run.sh
+# on shared host memory, confined and not), the default workdir and element-wise kernels
+# (tests/workdirs/cuda_scale at SIZES x 4096, default 2048 and 4096 rows: ~33 us and ~62 us) timed
+# in-process and through the worker side by side (bench_worker.py: medians, ratios, the figures
+# raised), then the GPU tests of timing and verdicts (SKIP_PROBE=1: no probe; SKIP_TESTS=1: no
+# tests; GPU_BATCH: --gpu-batch of the first bench, default 0, the harness's; BATCHES=1,16: the first
+# size's kernel in longer batches too).
+#   OUT=/tmp/out bash benchmarks/timing_run.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
@@ -15,11 +17,12 @@ if [ -z "${SKIP_PROBE:-}" ]; then
   timeout 150 python3 benchmarks/gate_probe.py --confine --no-after --reps 60 --out "$OUT" > "$OUT/gate_probe.txt" 2>&1
   echo "gate_probe rc=$?" >> "$OUT/gate_probe.txt"
 fi
-for size in 2048 4096; do bash benchmarks/cuda_scale_copy.sh "$OUT/cuda_scale_$size" "$size"; done
-timeout "${BENCH_S:-300}" python3 benchmarks/bench_worker.py . "$OUT/cuda_scale_2048" "$OUT/cuda_scale_4096" \
+read -ra sizes <<< "${SIZES:-2048 4096}"
+for size in "${sizes[@]}"; do bash benchmarks/cuda_scale_copy.sh "$OUT/cuda_scale_$size" "$size"; done
+timeout "${BENCH_S:-300}" python3 benchmarks/bench_worker.py . "${sizes[@]/#/$OUT/cuda_scale_}" --gpu-batch "${GPU_BATCH:-0}" \
   --max-time "${MAX_TIME:-4}" > "$OUT/bench_worker.txt" 2>&1; echo "bench rc=$?" >> "$OUT/bench_worker.txt"
-if [ -n "${BATCHES:-}" ]; then  # longer batches of the ~33 us kernel: how tight the gate's bound gets
-  timeout "${BENCH_S:-300}" python3 benchmarks/bench_worker.py "$OUT/cuda_scale_2048" --max-time "${MAX_TIME:-4}" \
+if [ -n "${BATCHES:-}" ]; then  # longer batches of the smallest kernel: how tight the gate's bound gets
+  timeout "${BENCH_S:-300}" python3 benchmarks/bench_worker.py "$OUT/cuda_scale_${sizes[0]}" --max-time "${MAX_TIME:-4}" \
     --gpu-batch "$BATCHES" > "$OUT/bench_batches.txt" 2>&1; echo "bench rc=$?" >> "$OUT/bench_batches.txt"
 fi
 rm -rf "$OUT"/cuda_scale_*

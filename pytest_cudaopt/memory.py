@@ -168,26 +168,31 @@ def perf_input_plan(input_bytes: int, output_bytes: int, free: int | None, conte
     than one call may take BATCH_EXTRA more) and the free memory.
 
     Every timed call gets an input set of its own, so a queued pass (each contender's batch of
-    calls enqueued back to back behind one spin kernel) holds the inputs of all its calls at
-    once, plus the expected and the returned output of each checked call (every call of the
-    candidate's batch, the first of each other contender's) and the output being made; the
+    calls enqueued back to back behind one spin kernel) holds the inputs and the outputs of all
+    its calls at once, the expected output of each checked call (every call of the candidate's
+    batch, the first of each other contender's) and the output being made; the
     verdict holds one example input set besides, and an expected output is computed on a copy
     of the inputs. The batch is the longest up to `max_batch` that fits; where a pass of every
     contender with every output checked does not fit with batches of one, one output a pass is
     checked (each contender's in turn); where even that does not fit, the contenders are queued
-    in smaller passes."""
+    in smaller passes. A batch of the candidate's holds b more input sets and b more outputs:
+    the gated batch's input buffers shared with its worker, and the worker's own outputs."""
     if free is None or input_bytes + output_bytes <= 0:
         return contenders, False, max_batch, ""
     limit = min(case_budget(input_bytes, output_bytes), free - OVERHEAD)
 
-    def need(group: int, batch: int, checked: int) -> int:
-        return (2 + group * batch) * input_bytes + (2 * checked + 1) * output_bytes
+    def need(group: int, batch: int, checked: int) -> int:   # every output of the pass kept
+        return (2 + group * batch) * input_bytes + (group * batch + checked + 1) * output_bytes
+
+    def one_kept(group: int) -> int:   # one output checked, the unchecked ones dropped at once
+        return (2 + group) * input_bytes + 3 * output_bytes
 
     if need(contenders, 1, contenders) <= limit:
         roomy = min(limit + BATCH_EXTRA, free - OVERHEAD)
-        batch = next((b for b in range(max_batch, 1, -1) if need(contenders, b, b + contenders - 1) <= roomy), 1)
+        batch = next((b for b in range(max_batch, 1, -1)
+                      if need(contenders, b, b + contenders - 1) + b * (input_bytes + output_bytes) <= roomy), 1)
         return contenders, False, batch, ""
-    group = next((g for g in range(contenders, 1, -1) if need(g, 1, 1) <= limit), 1)
+    group = next((g for g in range(contenders, 1, -1) if one_kept(g) <= limit), 1)
     smaller = "" if group == contenders else f", and the contenders queued {group} at a time"
     return group, True, 1, (f"one output checked per queued pass{smaller}: the inputs of a pass of every "
                             f"contender with every output checked would not fit the case budget of {gib(limit)}")

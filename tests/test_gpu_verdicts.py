@@ -179,9 +179,10 @@ def test_an_illegal_memory_access_fails_its_item_and_the_later_items_report_the_
 
 
 def test_a_kernel_on_an_unjoined_side_stream_fails_the_speed_verdict_as_escaped_work(pytester, cuda_cheat):
-    """The worker synchronises its device before it answers a timed batch's figures, so most of the
-    side stream's 2 ms of busy work is in ModelNew's figure (all but that answer's handoff
-    allowance), and the kernel trace names the kernel that escaped."""
+    """The kernel trace names the kernel that escaped, first among the reasons. Its timing either
+    counts the side stream's 2 ms of busy work (the worker synchronises its device before it
+    answers a batch's figures: all but a handoff allowance), or, where a gated batch's outputs
+    were read once the calling stream's work ended, fails them as differing."""
     cuda_cheat("honest", "honest")
     cuda_cheat("side_stream", "side")
     result = run_pytest(pytester, "honest/model_new.py", "side/model_new.py", *PERF, "--junitxml=junit.xml",
@@ -196,8 +197,9 @@ def test_a_kernel_on_an_unjoined_side_stream_fails_the_speed_verdict_as_escaped_
         (custom,) = [c for c in data["timing"]["contenders"] if c["key"] == "custom"]
         customs[Path(data["workdir"]).name] = custom
         gates[Path(data["workdir"]).name] = data["gate"]
-    assert "escaped the calling stream" in customs["side"]["failure"]
-    assert gates["side"]["custom_median_s"] > 0.5e-3  # the 2 ms of busy work, counted less a handoff
+    assert customs["side"]["failure"].startswith("work escaped the calling stream")
+    assert (gates["side"]["custom_median_s"] or 0.0) > 0.5e-3 or "differs from the reference" in \
+        customs["side"]["failure"], (gates["side"], customs["side"]["failure"])
     # The same kernel on the current stream is timed without an escape.
     assert customs["honest"]["failure"] is None, customs["honest"]
     result.stdout.fnmatch_lines([

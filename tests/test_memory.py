@@ -56,12 +56,14 @@ def test_the_perf_items_queued_passes_fit_the_case_budget_checking_fewer_outputs
 
 def test_batches_of_timed_calls_take_what_fits_the_budget_and_8_gib_more():
     # 1/16 GiB in and out, 3 contenders: a pass with batches of b holds (2 + 3b) / 16 GiB of inputs
-    # and (2 (b + 2) + 1) / 16 GiB of outputs, (5b + 7) / 16 GiB; the budget 2.5 GiB plus 8 GiB
-    # (168 / 16) fits b = 32 (the cap), and b = 19 with 6.5 GiB free (104 / 16 beyond the overhead).
-    assert memory.perf_input_plan(GiB // 16, GiB // 16, 100 * GiB, 3, max_batch=32)[2] == 32
-    assert memory.perf_input_plan(GiB // 16, GiB // 16, memory.OVERHEAD + 6.5 * GiB, 3, max_batch=64)[2] == 19
+    # and (3b + (b + 2) + 1) / 16 GiB of outputs (every call's, the expected ones of the checked
+    # calls, the one being made), and the candidate's gated batch b / 16 GiB of each more,
+    # (9b + 5) / 16 GiB; the budget 2.5 GiB plus 8 GiB (168 / 16) fits b = 18, and b = 11 with
+    # 6.5 GiB free (104 / 16 beyond the overhead).
+    assert memory.perf_input_plan(GiB // 16, GiB // 16, 100 * GiB, 3, max_batch=32)[2] == 18
+    assert memory.perf_input_plan(GiB // 16, GiB // 16, memory.OVERHEAD + 6.5 * GiB, 3, max_batch=64)[2] == 11
     assert memory.perf_input_plan(GiB // 16, GiB // 16, 100 * GiB, 3, max_batch=8)[2] == 8
-    # Tiny tensors: the cap; 1 GiB free besides the overhead: 12 / 16 GiB for b = 1, 17 / 16 for b = 2.
+    # Tiny tensors: the cap; 1 GiB free besides the overhead: 12 / 16 GiB for b = 1, 23 / 16 for b = 2.
     assert memory.perf_input_plan(1 << 20, 1 << 20, 100 * GiB, 3, max_batch=32)[2] == 32
     assert memory.perf_input_plan(GiB // 16, GiB // 16, memory.OVERHEAD + GiB, 3, max_batch=32)[2] == 1
 

@@ -203,3 +203,31 @@ def test_the_profiler_tracer_passes_a_joined_side_stream_and_fails_an_unjoined_o
     assert good.error is None and good.count == 1 and good.escapes() == []
     (escape,) = bad.escapes()
     assert bad.error is None and escape.kernel.stream != bad.calling_stream
+
+
+def test_a_contender_whose_timed_output_differed_is_traced_and_an_escape_named_first():
+    """Work left on a side stream makes a worker's gated outputs differ (they are read when its
+    calling stream's work ends): the trace's escape is the reason given first."""
+    from types import SimpleNamespace
+
+    from pytest_cudaopt.perf.lineup import Lineup
+    from pytest_cudaopt.perf.measurement import ContenderResult
+    from pytest_cudaopt.perf.verdict import _traces
+
+    def unjoined(c):
+        c.launch(110, "side_kernel", 1100, 5, SIDE)
+        return 1100
+
+    results = {"custom": ContenderResult("custom", "ModelNew"), "eager": ContenderResult("eager", "Model"),
+               "broken": ContenderResult("broken", "peer")}
+    results["custom"].fail("output of timed round 1 (queued, input set 3) differs from the reference")
+    results["eager"].samples.append(1e-3)
+    results["broken"].error = RuntimeError("no")
+    line = Lineup([Contender(key, lambda x: x) for key in results])
+    fake = FakeTracer({"custom": trace.parse_chrome(Chrome.call(unjoined))})
+    _traces(line, SimpleNamespace(results=results), [torch.ones(3)], fake)
+    assert fake.calls == ["custom", "eager"]
+    failure = results["custom"].failure
+    assert failure.startswith("work escaped the calling stream (kernel trace): kernel side_kernel"), failure
+    assert failure.endswith("; output of timed round 1 (queued, input set 3) differs from the reference")
+    assert results["eager"].failure is None

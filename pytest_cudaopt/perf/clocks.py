@@ -158,11 +158,13 @@ class CudaClock:
     (`behind_rounds`) and shown in the notes. A worker's ModelNew is timed the same way in its
     own process after this process flushed L2 (worker.RemoteModel.time_batch).
 
-    One call a batch on a GPU (`max_batch`): a worker's batch is checked against the window of
-    its stream gate (worker/stream_gate.py), measured tight for one call; what a window of 16
-    calls holds beyond their figures is not established yet (docs/perf-notes.md, 2026-12-03)."""
+    At most 16 calls a batch on a GPU (`max_batch`; None: as many as the engine sizes): a
+    worker's batch goes behind its stream gate (worker/stream_gate.py), whose allowance is fixed
+    per batch, so the longer the batch the tighter the bound a call; batches of 16 were measured
+    within it on an H200, batches of 32 not yet (docs/perf-notes.md, "Gated batches of several
+    calls")."""
 
-    max_batch = 1
+    max_batch: int | None = 16
     name = "cuda-events"
     min_lead = 200e-6
     max_lead = 0.1

@@ -169,14 +169,19 @@ class Engine:
         return None
 
     def queue(self, calls: Sequence[Call]) -> list[Any]:
-        """One queued pass (device time); outputs are kept only for the checked calls (the
-        others are dropped at once, so a pass holds one unchecked output at a time)."""
+        """One queued pass (device time). Every call's output is kept until the pass is done, as
+        a worker's batch keeps its own: a call whose output went into the block the call before
+        it had just freed would find that block in L2 (from the third call of a batch on, ~10%
+        faster a call for a kernel whose call fits in L2: docs/perf-notes.md). Under
+        `one_check_per_pass` (memory-bound problems, batches of one) only the checked calls'
+        are kept, so a pass holds one unchecked output at a time."""
         def dropping(run: Callable[[], Any]) -> Callable[[], Any]:
             if hasattr(run, "dropped"):  # a worker's call: the clock still needs to know it
                 return run.dropped()
             return lambda: (run(), None)[1]
 
-        return self.clock.queue([(c.key, c.run if c.checked else dropping(c.run), self.by_key[c.key].context)
+        keep = not self.config.one_check_per_pass
+        return self.clock.queue([(c.key, c.run if c.checked or keep else dropping(c.run), self.by_key[c.key].context)
                                  for c in calls])
 
     def check_output(self, call: Call, output: Any, which: str) -> None:
@@ -202,6 +207,7 @@ class Engine:
                     break
                 self.warm.setdefault(key, []).append(sample.seconds)
                 runs += 1
+                del sample   # its output too, before the next call makes one
             self.results[key].warmup_runs = runs
             self.results[key].warmup_seconds = self.clock.now() - start
             if self.fixed and not self.failed(key):

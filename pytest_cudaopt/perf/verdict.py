@@ -100,19 +100,23 @@ def _plan(feed: Feed, example: list, device: torch.device, contenders: int,
 
 
 def _traces(lineup_: lineup.Lineup, measurement: engine.Measurement, args: list, tracer: Any) -> dict:
-    """One traced call of every contender that was timed, after the timing (the profiler's
-    first use in a process costs about a second and cannot touch the medians); a trace that
-    shows escaped work fails its contender."""
+    """One traced call of every contender that was timed or failed a timed call's check, after
+    the timing (the profiler's first use in a process costs about a second and cannot touch the
+    medians); a trace that shows escaped work fails its contender, that reason first: work left
+    on another stream is what makes a worker's timed outputs differ, read as its calling
+    stream's work ends (worker/stream_gate.py)."""
     if tracer is None:
         return {}
-    timed = [c for c in lineup_.contenders if measurement.results[c.key].error is None
-             and measurement.results[c.key].samples]
-    leads = {c.key: measurement.results[c.key].latency_summary.median for c in timed}
+    results = measurement.results
+    timed = [c for c in lineup_.contenders if results[c.key].error is None
+             and (results[c.key].samples or results[c.key].failure)]
+    leads = {c.key: results[c.key].latency_summary.median if results[c.key].samples else 0.0 for c in timed}
     traces = trace.trace_lineup(timed, args, tracer, leads)
     for key, found in traces.items():
         escaped = trace.escape_failure(found)
         if escaped:
-            measurement.results[key].fail(escaped)
+            failure = results[key].failure
+            results[key].failure = escaped if failure is None else f"{escaped}; {failure}"
     return traces
 
 

@@ -85,6 +85,7 @@ class RemoteModel:
         self.margins: list[tuple[int, float, float]] = []  # per timed batch: (calls, round trip - figures, allowance)
         self.gated = 0        # timed batches behind the gate (worker/stream_gate.py); the others went by the round trip
         self.gate_off = ""    # why this model's batches no longer go behind the gate
+        self.gate_calls = 0   # the most calls a gated batch of this model may hold (0: the clock's batch)
         self._warm: set = set()   # input signatures timed once by the round trip (kernels loaded, blocks cached)
         self._gated_io: dict = {}  # the gated path's input buffers by shape: (id, sets), shared with the worker once
         self._slot_ids = 0
@@ -107,13 +108,18 @@ class RemoteModel:
     def time_batch(self, sets: list[list]) -> list[tuple[Any, float]]:
         """ModelNew on each input set, back to back in the worker: (output, seconds) per set.
         On a GPU with a gate (worker/stream_gate.py), once the same inputs' shapes ran by the round
-        trip, behind the gate (`_time_gated`); else by the round trip (`_time_round_trip`)."""
+        trip, behind the gate (`_time_gated`, at most `gate_calls` calls a gated batch); else by the
+        round trip (`_time_round_trip`), one call at a time on a GPU: a round trip's allowance is
+        one handoff, and a longer batch's IPC handles are opened and shared inside it."""
         self._state = None   # a forward that changes ModelNew's state: read again when asked
-        if self.device.startswith("cuda") and self._gate_ready(sets):
-            found = self._time_gated(sets)
-            if found is not None:
-                return found
-        return self._time_round_trip(sets)
+        if not self.device.startswith("cuda"):
+            return self._time_round_trip(sets)
+        found: list[tuple[Any, float]] = []
+        while len(found) < len(sets):
+            part = sets[len(found):len(found) + (self.gate_calls or len(sets))]
+            timed = self._time_gated(part) if self._gate_ready(part) else None
+            found += timed if timed is not None else self._time_round_trip(part[:1])
+        return found
 
     def _time_round_trip(self, sets: list[list]) -> list[tuple[Any, float]]:
         """ModelNew on each input set, back to back in the worker, timed by the round trip.
@@ -230,13 +236,13 @@ class RemoteModel:
         spins on DONE, and copies every output out (the worker cannot have computed them before the
         window, nor finish them after it). Its window: from opening to DONE, plus the time to the
         copy's end less the copy's own GPU time (this process's events). The worker's figures must
-        add up to it less the gate's calibrated fixed part (+ MARGIN_S). None when the enqueue
-        stalled (the forward waited on the device behind the gate): the batch is then timed by the
-        round trip, and so is every later one of this model."""
+        add up to it less the gate's calibrated fixed part (+ MARGIN_S, + CALL_MARGIN_S a call).
+        None when the enqueue stalled (the forward waited on the device behind the gate): the batch
+        is then timed by the round trip, and so may later ones of this model be (`_stalled`)."""
         import torch
         from pytest_cudaopt.perf.clocks import host_time
         from pytest_cudaopt.tensors import leaves
-        from pytest_cudaopt.worker.stream_gate import MARGIN_S, STALL_S
+        from pytest_cudaopt.worker.stream_gate import CALL_MARGIN_S, MARGIN_S, STALL_S
 
         worker, gate = self.worker, self.worker.stream_gate
         work = gate.work
@@ -251,9 +257,7 @@ class RemoteModel:
                                    stall=(STALL_S, lambda: stalled.append(gate.open(seq))), sync_events=False)
             outputs = list(reply.get("outputs") or [])
             if stalled:
-                self.gate_off = (f"ModelNew.forward did not return within {STALL_S:g} s behind the gate (it waits "
-                                 "for the device, as a synchronise, .item() or an allocation from the driver does, "
-                                 "or it launches more kernels than CUDA queues on a stream that waits)")
+                self._stalled(len(sets), [float(x) for x in reply.get("enqueued", ())])
                 del reply, outputs
                 worker.request({"op": "collect"}, what="timing ModelNew behind the gate", relay=False)
                 return None
@@ -274,21 +278,41 @@ class RemoteModel:
             except TimeoutError as exc:
                 raise WorkerFailed(f"ModelNew's timed batch: {exc}") from None
             excess, copy_s = work.excess(seen, pairs)
-            del reply, outputs, pairs   # the worker's blocks: its to reuse
         finally:
             gate.open(seq)   # never left closed: the worker's stream would wait on it for ever
         seconds = [float(x) for x in worker.request({"op": "collect"}, what="timing ModelNew behind the gate",
                                                     relay=False).get("seconds", ())]
         collected = host_time()
+        # The worker's blocks, its to reuse, released once the collect's clock stopped: closing a
+        # CUDA IPC handle waits on the device (16 of them added ~500 us to the collect's interval).
+        del reply, outputs, pairs
         self.windows.append((len(sets), seen - opened, excess))
         # The collect's round trip waits for the worker's whole device (its synchronise): work on
         # another of its streams, past DONE, is counted there less a handoff (the calibrated ping's:
         # it runs before any of the workdir's code).
         handoff = worker.handoff_bound(worker.calibrated_ping or worker.ping())
         after = (collected - opened - copy_s, gate.fixed + handoff)
-        seconds = self._checked(seconds, seen - opened + excess, gate.fixed + MARGIN_S, len(sets), also=after)
+        slack = gate.fixed + MARGIN_S + len(sets) * CALL_MARGIN_S
+        seconds = self._checked(seconds, seen - opened + excess, slack, len(sets), also=after)
         self.gated += 1
         return list(zip(copies, seconds))
+
+    def _stalled(self, calls: int, enqueued: list[float]) -> None:
+        """A gated batch of `calls` whose enqueue did not come back within STALL_S (`enqueued`: the
+        worker's host time to enqueue each call). Where a later call than the first was the one
+        that waited, the calls before it fit in what CUDA queues on a waiting stream: later gated
+        batches hold no more. Where the first call waited, it waits for the device (a synchronise,
+        .item(), an allocation from the driver) or alone launches more than CUDA queues: this
+        model is timed by the round trip from now on."""
+        from pytest_cudaopt.worker.stream_gate import STALL_S
+
+        waited = max(range(len(enqueued)), key=enqueued.__getitem__) if len(enqueued) == calls else 0
+        if waited > 0:
+            self.gate_calls = waited
+            return
+        self.gate_off = (f"ModelNew.forward did not return within {STALL_S:g} s behind the gate (it waits "
+                         "for the device, as a synchronise, .item() or an allocation from the driver does, "
+                         "or it launches more kernels than CUDA queues on a stream that waits)")
 
     def _checked(self, seconds: list[float], outer: float, slack: float, calls: int,
                  also: tuple[float, float] | None = None) -> list[float]:

@@ -313,7 +313,8 @@ class Server:
         """A gated batch, enqueued: the current stream waits on the gate, runs ModelNew on each
         slot set (the values in `values` where a slot has no tensor), the events chained through
         it, and writes DONE; the reply (the outputs, their kernels not yet run) goes before any of
-        it ran. `collect` answers the figures. An empty `inputs` is the gate's calibration."""
+        it ran, and each call's host time to enqueue (which call waited, where the enqueue stalled).
+        `collect` answers the figures. An empty `inputs` is the gate's calibration."""
         torch = self.torch
         seq = int(request["seq"])
         values = [list(v) for v in request["inputs"]]
@@ -325,13 +326,15 @@ class Server:
         torch.cuda.synchronize()
         stream = torch.cuda.current_stream()
         events = self._timing_events(len(sets) + 1, stream)
-        outputs = []
+        outputs, enqueued = [], []
         self.stream_gate.wait(seq)
         try:
             events[0].record(stream)
             with torch.no_grad():
                 for inputs, end in zip(sets, events[1:]):
+                    started = time.perf_counter()
                     outputs.append(model(*inputs))
+                    enqueued.append(time.perf_counter() - started)
                     if torch.cuda.current_stream() != stream:
                         torch.cuda.set_stream(stream)
                         raise RuntimeError("ModelNew.forward left a different CUDA stream current after its call; "
@@ -340,7 +343,7 @@ class Server:
         finally:
             self.stream_gate.done(seq)  # whatever happened: the judging process's spin ends
         self.pending = events
-        return {"outputs": outputs}
+        return {"outputs": outputs, "enqueued": enqueued}
 
     def op_collect(self, request: dict) -> dict:
         """The figures of the last gated batch, once its work is done."""
