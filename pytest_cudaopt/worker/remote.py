@@ -86,6 +86,7 @@ class RemoteModel:
         self.gated = 0        # timed batches behind the gate (worker/stream_gate.py); the others went by the round trip
         self.gate_off = ""    # why this model's batches no longer go behind the gate
         self.gate_calls = 0   # the most calls a gated batch of this model may hold (0: the clock's batch)
+        self.gate_note = ""   # why it is not 0
         self._warm: set = set()   # input signatures timed once by the round trip (kernels loaded, blocks cached)
         self._gated_io: dict = {}  # the gated path's input buffers by shape: (id, sets), shared with the worker once
         self._slot_ids = 0
@@ -309,6 +310,9 @@ class RemoteModel:
         waited = max(range(len(enqueued)), key=enqueued.__getitem__) if len(enqueued) == calls else 0
         if waited > 0:
             self.gate_calls = waited
+            self.gate_note = (f"behind the gate at most {waited} calls a batch: a batch of {calls} did not return "
+                              f"within {STALL_S:g} s, its call {waited + 1} waiting (more launches than CUDA queues "
+                              "on a stream that waits)")
             return
         self.gate_off = (f"ModelNew.forward did not return within {STALL_S:g} s behind the gate (it waits "
                          "for the device, as a synchronise, .item() or an allocation from the driver does, "
@@ -362,6 +366,8 @@ class RemoteModel:
             off = f"the worker has no gate ({getattr(self.worker, 'stream_gate_error', '') or 'none set up'})"
         if off:
             notes.append(f"timed by the round trip, not behind the gate: {off}")
+        elif self.gate_note:
+            notes.append(self.gate_note)
         return "; ".join(notes)
 
     def checked_call(self, inputs: list, allowed: frozenset[str], names: list[str] | None) -> dict:
