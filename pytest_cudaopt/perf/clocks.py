@@ -158,11 +158,9 @@ class CudaClock:
     (`behind_rounds`) and shown in the notes. A worker's ModelNew is timed the same way in its
     own process after this process flushed L2 (worker.RemoteModel.time_batch).
 
-    At most 16 calls a batch on a GPU (`max_batch`; None: as many as the engine sizes): a
-    worker's batch goes behind its stream gate (worker/stream_gate.py), whose allowance is fixed
-    per batch, so the longer the batch the tighter the bound a call; batches of 16 were measured
-    within it on an H200, batches of 32 not yet (docs/perf-notes.md, "Gated batches of several
-    calls")."""
+    At most 16 calls a batch on a GPU (`max_batch`): a worker's batch goes behind its stream gate
+    (worker/stream_gate.py), whose allowance is fixed per batch, so the longer the batch the tighter
+    the bound a call; batches of 32 were not yet (docs/perf-notes.md, "Gated batches")."""
 
     max_batch: int | None = 16
     name = "cuda-events"
