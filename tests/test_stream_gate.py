@@ -364,6 +364,11 @@ def test_a_batch_whose_later_call_waited_behind_the_gate_holds_fewer_calls_from_
     assert model.gate_calls == 3 and not model.gate_off
     assert model.timing_note() == ("behind the gate at most 3 calls a batch: a batch of 5 did not return within 2 s, "
                                    "its call 4 waiting (more launches than CUDA queues on a stream that waits)")
+    # A stall no call's enqueue accounts for (the answer after them waited) is the first call's.
+    model.gate_calls = 0
+    model._stalled(5, [1e-5] * 5)
+    assert model.gate_off and model.gate_calls == 0
+    model.gate_off = ""
     # Where the first call waited, the model goes by the round trip, one call at a time.
     worker.waits_at, model.gate_calls = 0, 0
     found = model.time_batch(batch)

@@ -308,7 +308,7 @@ class RemoteModel:
         from pytest_cudaopt.worker.stream_gate import STALL_S
 
         waited = max(range(len(enqueued)), key=enqueued.__getitem__) if len(enqueued) == calls else 0
-        if waited > 0:
+        if waited > 0 and enqueued[waited] >= STALL_S / 2:   # that call did wait, not the answer after it
             self.gate_calls = waited
             self.gate_note = (f"behind the gate at most {waited} calls a batch: a batch of {calls} did not return "
                               f"within {STALL_S:g} s, its call {waited + 1} waiting (more launches than CUDA queues "
