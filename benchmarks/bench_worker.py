@@ -44,7 +44,7 @@ def describe_timing(worker: Worker, through) -> None:
               f"{through.gated} of {len(through.margins)} timed batches behind it"
               f"{'; ' + through.gate_off if through.gate_off else ''}", flush=True)
     for calls in sorted({c for c, _, _ in through.margins}):
-        rows = [(m, a, r) for (c, m, a), r in zip(through.margins, through.reported) if c == calls]
+        rows = [(m, a, sum(own)) for (c, m, a), (_, own) in zip(through.margins, through.batches) if c == calls]
         windows = [(a, b) for c, a, b in through.windows if c == calls]
         margins = [m for m, _, _ in rows]
         print(f"  batches of {calls}: {len(rows)}; the worker's own figure {mid([r for *_, r in rows]) / calls:.1f} us "
@@ -103,11 +103,7 @@ def bench(path: Path, max_time: float, modes: list[str], batch: int) -> list[tup
             print(f"{path.name} [{mode}]: batch {found.batch}; {through.timing_note() or 'no figure raised'}",
                   flush=True)
             describe_timing(workers[mode], through)
-            own, calls = [a for a, _ in through.per_call], []
-            for n, *_ in through.margins:
-                calls.append((n, own[:n]))
-                own = own[n:]
-            by_position(calls, list(a.device), found.batch)
+            by_position(through.batches, list(a.device), found.batch)
         rows = []
         for mode in modes:
             b = found[names[mode]]

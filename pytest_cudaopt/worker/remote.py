@@ -7,6 +7,7 @@ from typing import Any
 
 from pytest_cudaopt.tensors import clone_nest
 from pytest_cudaopt.worker.client import Worker, WorkerFailed
+from pytest_cudaopt.worker.stream_gate import CALL_MARGIN_S, MARGIN_S, STALL_S
 
 # On the CPU, what a loaded host's late wakeups may add to a round trip beyond the handoff: an
 # honest call is never raised for the scheduler's milliseconds (the in-process baselines pay no
@@ -91,7 +92,6 @@ class RemoteModel:
         self._gated_io: dict = {}  # the gated path's input buffers by shape: (id, sets), shared with the worker once
         self._slot_ids = 0
         self.windows: list[tuple[int, float, float]] = []  # per gated batch: (calls, opening to DONE, copy excess)
-        self.reported: list[float] = []   # per timed batch: the sum of the worker's figures, as it sent them
         self.per_call: list[tuple[float, float]] = []   # per timed call: (the worker's figure, the one counted)
         # ModelNew's state as the worker reported it with the last request that could change it
         # (loading Model's state, a checked call): what `state_dict` answers without a round trip.
@@ -243,7 +243,6 @@ class RemoteModel:
         import torch
         from pytest_cudaopt.perf.clocks import host_time
         from pytest_cudaopt.tensors import leaves
-        from pytest_cudaopt.worker.stream_gate import CALL_MARGIN_S, MARGIN_S, STALL_S
 
         worker, gate = self.worker, self.worker.stream_gate
         work = gate.work
@@ -305,8 +304,6 @@ class RemoteModel:
         batches hold no more. Where the first call waited, it waits for the device (a synchronise,
         .item(), an allocation from the driver) or alone launches more than CUDA queues: this
         model is timed by the round trip from now on."""
-        from pytest_cudaopt.worker.stream_gate import STALL_S
-
         waited = max(range(len(enqueued)), key=enqueued.__getitem__) if len(enqueued) == calls else 0
         if waited > 0 and enqueued[waited] >= STALL_S / 2:   # that call did wait, not the answer after it
             self.gate_calls = waited
@@ -335,11 +332,19 @@ class RemoteModel:
                               "candidate's process misreported its time")
         self.timed_calls += calls
         self.margins.append((calls, outer - total, slack))
-        self.reported.append(total)
         deficit = (outer - slack if also is None else max(outer - slack, also[0] - also[1])) - total
         counted = seconds if deficit <= 0 else [x + deficit / calls for x in seconds]
         self.per_call += list(zip(seconds, counted))
         return counted
+
+    @property
+    def batches(self) -> list[tuple[int, list[float]]]:
+        """Per timed batch: its calls and the worker's figures for them, as it sent them."""
+        own, found = [a for a, _ in self.per_call], []
+        for calls, *_ in self.margins:
+            found.append((calls, own[:calls]))
+            own = own[calls:]
+        return found
 
     @property
     def raised(self) -> list[float]:

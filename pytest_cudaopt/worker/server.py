@@ -241,37 +241,44 @@ class Server:
         torch = self.torch
         device = torch.device(request.get("device", "cpu"))
         model = self.models[request["id"]]
-        calls = [lambda inputs=list(inputs): model(*inputs) for inputs in request["inputs"]]
+        sets = [list(inputs) for inputs in request["inputs"]]
         if device.type != "cuda":
             seconds, outputs = [], []
             with torch.no_grad():
-                for call in calls:
+                for inputs in sets:
                     started = time.perf_counter()
-                    outputs.append(call())
+                    outputs.append(model(*inputs))
                     seconds.append(time.perf_counter() - started)
             return {"outputs": outputs, "seconds": seconds}
         torch.cuda.synchronize()
         stream = torch.cuda.current_stream()
-        while len(self.events) < len(calls) + 1:
-            self.events.append(torch.cuda.Event(enable_timing=True))
-        events = self.events[:len(calls) + 1]
+        events = self._timing_events(len(sets) + 1, stream)
         if self.lead is None:
             from pytest_cudaopt.perf.clocks import GpuLead
 
             self.lead = GpuLead(device)
         self.lead.enqueue(protocol.LEAD_S)  # the host gets ahead: the events bracket the kernels, not the launches
-        outputs = []
+        outputs, _ = self._chained(model, sets, stream, events)
+        torch.cuda.synchronize()
+        return self._figures(events, outputs)
+
+    def _chained(self, model: Any, sets: list[list], stream: Any, events: list) -> tuple[list, list[float]]:
+        """ModelNew on each input set on `stream`, `events` chained through the calls (one before
+        the first, one after each): the outputs, and each call's host time to enqueue."""
+        torch = self.torch
+        outputs, enqueued = [], []
         events[0].record(stream)
         with torch.no_grad():
-            for call, end in zip(calls, events[1:]):
-                outputs.append(call())
+            for inputs, end in zip(sets, events[1:]):
+                started = time.perf_counter()
+                outputs.append(model(*inputs))
+                enqueued.append(time.perf_counter() - started)
                 if torch.cuda.current_stream() != stream:
                     torch.cuda.set_stream(stream)
                     raise RuntimeError("ModelNew.forward left a different CUDA stream current after its call; "
                                        "launch on torch.cuda.current_stream() and do not change it")
                 end.record(stream)
-        torch.cuda.synchronize()
-        return self._figures(events, outputs)
+        return outputs, enqueued
 
     # -- gated batches (stream_gate.py) ------------------------------------------------------------
 
@@ -326,20 +333,9 @@ class Server:
         torch.cuda.synchronize()
         stream = torch.cuda.current_stream()
         events = self._timing_events(len(sets) + 1, stream)
-        outputs, enqueued = [], []
         self.stream_gate.wait(seq)
         try:
-            events[0].record(stream)
-            with torch.no_grad():
-                for inputs, end in zip(sets, events[1:]):
-                    started = time.perf_counter()
-                    outputs.append(model(*inputs))
-                    enqueued.append(time.perf_counter() - started)
-                    if torch.cuda.current_stream() != stream:
-                        torch.cuda.set_stream(stream)
-                        raise RuntimeError("ModelNew.forward left a different CUDA stream current after its call; "
-                                           "launch on torch.cuda.current_stream() and do not change it")
-                    end.record(stream)
+            outputs, enqueued = self._chained(model, sets, stream, events)
         finally:
             self.stream_gate.done(seq)  # whatever happened: the judging process's spin ends
         self.pending = events
