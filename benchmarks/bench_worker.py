@@ -41,6 +41,7 @@ def describe_timing(worker: Worker, through) -> None:
         print(f"  stream gate: fixed part {gate.fixed * 1e6:.1f} us; calibration windows "
               f"{', '.join('%.0f' % (w * 1e6) for w in sorted(gate.windows))} us; open->DONE median "
               f"{mid([a for a, _ in gate.parts]):.1f}, copy excess median {mid([b for _, b in gate.parts]):.1f} us; "
+              f"spun (open->DONE, excess): {', '.join('%.0f/%.0f' % (a * 1e6, b * 1e6) for a, b in gate.spun)} us; "
               f"{through.gated} of {len(through.margins)} timed batches behind it"
               f"{'; ' + through.gate_off if through.gate_off else ''}", flush=True)
     for calls in sorted({c for c, _, _ in through.margins}):

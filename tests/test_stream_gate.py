@@ -81,6 +81,7 @@ class _GatedWorker:
     def __init__(self, gate: JudgeGate, takes: float, stalls: bool = False):
         self.gate, self.takes, self.stalls = gate, takes, stalls
         self.ops: list[str] = []
+        self.probes: list = []
 
     def alive(self) -> bool:
         return True
@@ -89,10 +90,30 @@ class _GatedWorker:
         self.ops.append(message["op"])
         if message["op"] == "gated":
             assert message["inputs"] == []   # the calibration runs nothing of the workdir's
-            _stream(self.gate, message["seq"], self.takes)
+            self.probes.append(message.get("probe"))
+            spin = (message.get("probe") or {}).get("cycles", 0) / SPIN_RATE
+            _stream(self.gate, message["seq"], self.takes + spin)
             if self.stalls:
                 stall[1]()
         return {}
+
+
+SPIN_RATE = 1e9   # the fake GPU's cycles a second
+
+
+class _SpinWork:
+    """JudgeWork's calibration steps with no GPU: a fill of nothing, no copy excess."""
+
+    torch = None
+
+    def cycles_per_second(self):
+        return SPIN_RATE
+
+    def fill(self, pairs):
+        assert pairs == []
+
+    def excess(self, seen, pairs):
+        return 0.0, 0.0
 
 
 def test_calibration_measures_empty_batches_from_opening_to_done(page):
@@ -101,6 +122,30 @@ def test_calibration_measures_empty_batches_from_opening_to_done(page):
     assert len(page.windows) == 5 and all(0.003 <= w < 1 for w in page.windows)
     assert page.fixed == max(page.windows)
     assert worker.ops == ["gated", "collect"] * 5
+
+
+def test_calibration_also_spins_the_worker_to_learn_what_a_longer_batch_adds_to_the_copy(page, monkeypatch):
+    monkeypatch.setattr(gate_mod, "SPUN_S", (0.02, 0.05))
+    monkeypatch.setattr(gate_mod, "SPUN_BATCHES", 2)
+    worker = _GatedWorker(page, 0.0)
+    page.calibrate(worker, batches=3, work=_SpinWork())
+    assert [p["cycles"] for p in worker.probes] == [0] * 3 + [int(0.02 * SPIN_RATE)] * 2 + [int(0.05 * SPIN_RATE)] * 2
+    assert {p["bytes"] for p in worker.probes} == {gate_mod.PROBE_BYTES}
+    (short, _), (long, _) = page.spun   # each spin's median window, its worker's stream waiting as long
+    assert len(page.parts) == 3 and 0.02 <= short < long and long >= 0.05 and long - short >= 0.02
+
+
+def test_extra_reads_the_spun_batches_excess_through_its_points_never_decreasing_flat_past_the_last(page):
+    page.parts = [(100e-6, 170e-6)] * 3
+    page.spun = [(1.1e-3, 190e-6), (2.6e-3, 230e-6), (5.1e-3, 220e-6)]   # the last one lower: noise
+    assert page.extra(50e-6) == 0.0 and page.extra(100e-6) == 0.0
+    assert page.extra(0.6e-3) == pytest.approx(10e-6)          # half way to the first point
+    assert page.extra(1.1e-3) == pytest.approx(20e-6)
+    assert page.extra(1.85e-3) == pytest.approx(40e-6)
+    assert page.extra(2.6e-3) == pytest.approx(60e-6)
+    assert page.extra(4e-3) == pytest.approx(60e-6) == page.extra(1.0)   # never down, never past the last
+    page.spun = []
+    assert page.extra(1e-3) == 0.0   # no spun calibration (no GPU spin): nothing added
 
 
 def test_a_stalled_calibration_leaves_the_gate_open_and_no_gate(page):
@@ -316,6 +361,19 @@ def test_a_gated_batch_that_under_reports_counts_the_window_less_the_fixed_part(
     assert "fell short of this process's clock" in model.timing_note()
 
 
+def test_a_longer_batchs_allowance_holds_what_the_calibration_found_such_a_batch_adds(gated, page):
+    model, worker, sets = gated(takes=240e-3, share=0.5)   # hides 120 ms
+    # Empty batches: 1 ms to DONE, the rest of FIXED_S the copy's excess; 20 ms more to DONE, 5 ms more excess.
+    page.parts = [(1e-3, FIXED_S - 1e-3)]
+    page.spun = [(21e-3, FIXED_S - 1e-3 + 5e-3)]
+    started = time.perf_counter()
+    ((_, seconds),) = model._time_gated(sets)
+    took = time.perf_counter() - started
+    ((_, _, allowance),) = model.margins
+    assert allowance == pytest.approx(FIXED_S + 5e-3 + 21.5e-6)
+    assert worker.took - FIXED_S - 5e-3 - 21.5e-6 <= seconds <= took - FIXED_S - 5e-3
+
+
 def test_work_past_done_is_counted_by_the_collects_round_trip_less_a_handoff(gated):
     model, worker, sets = gated(takes=1e-3, lingers=200e-3)
     ((_, seconds),) = model._time_gated(sets)
@@ -481,6 +539,14 @@ def test_the_workers_gated_batch_runs_on_its_slots_between_the_wait_and_done_and
     # The gate's calibration: nothing of the workdir's, no figures.
     assert server.op_gated({"seq": 4, "inputs": []}) == {"outputs": [], "enqueued": []}
     assert server.op_collect({}) == {"seconds": []}
+    # A calibration probe: outputs of its own, allocated before the wait, written behind it after the spin.
+    import torch
+
+    server.torch.empty, server.torch.uint8 = (lambda n, dtype, device: torch.zeros(n, dtype=dtype)), torch.uint8
+    server.torch.cuda._sleep = lambda cycles: server.stream_gate.ops.append(("spin", cycles))
+    probe = server.op_gated({"seq": 9, "inputs": [], "probe": {"bytes": 64, "count": 3, "cycles": 1000}})
+    assert [tuple(t.shape) for t in probe["outputs"]] == [(64,)] * 3 and all((t == 9).all() for t in probe["outputs"])
+    assert server.stream_gate.ops[-4:] == [("spin", 1), ("wait", 9), ("spin", 1000), ("done", 9)]
     # Buffers it was not given: refused before any wait is enqueued.
     with pytest.raises(RuntimeError, match="input buffers this worker was not given"):
         server.op_gated({"seq": 5, "id": 1, "slots": 8, "inputs": [[None, 2]]})

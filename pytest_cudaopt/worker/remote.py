@@ -237,8 +237,8 @@ class RemoteModel:
         spins on DONE, and copies every output out (the worker cannot have computed them before the
         window, nor finish them after it). Its window: from opening to DONE, plus the time to the
         copy's end less the copy's own GPU time (this process's events). The worker's figures must
-        add up to it less the gate's calibrated fixed part (+ MARGIN_S, + CALL_MARGIN_S a call).
-        None when the enqueue stalled (the forward waited on the device behind the gate): the batch
+        add up to it less the gate's calibrated fixed part (+ its `extra` for the window's length,
+        + MARGIN_S, + CALL_MARGIN_S a call). None when the enqueue stalled (the forward waited on the device behind the gate): the batch
         is then timed by the round trip, and so may later ones of this model be (`_stalled`)."""
         import torch
         from pytest_cudaopt.perf.clocks import host_time
@@ -291,8 +291,9 @@ class RemoteModel:
         # another of its streams, past DONE, is counted there less a handoff (the calibrated ping's:
         # it runs before any of the workdir's code).
         handoff = worker.handoff_bound(worker.calibrated_ping or worker.ping())
-        after = (collected - opened - copy_s, gate.fixed + handoff)
-        slack = gate.fixed + MARGIN_S + len(sets) * CALL_MARGIN_S
+        fixed = gate.fixed + gate.extra(seen - opened)   # a longer batch's copy out costs more (stream_gate.SPUN_S)
+        after = (collected - opened - copy_s, fixed + handoff)
+        slack = fixed + MARGIN_S + len(sets) * CALL_MARGIN_S
         seconds = self._checked(seconds, seen - opened + excess, slack, len(sets), also=after)
         self.gated += 1
         return list(zip(copies, seconds))

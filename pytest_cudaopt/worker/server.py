@@ -321,7 +321,8 @@ class Server:
         slot set (the values in `values` where a slot has no tensor), the events chained through
         it, and writes DONE; the reply (the outputs, their kernels not yet run) goes before any of
         it ran, and each call's host time to enqueue (which call waited, where the enqueue stalled).
-        `collect` answers the figures. An empty `inputs` is the gate's calibration."""
+        `collect` answers the figures. An empty `inputs` is the gate's calibration: `probe`'s
+        `count` outputs of `bytes` each, written behind the gate (after `cycles` of spin)."""
         torch = self.torch
         seq = int(request["seq"])
         values = [list(v) for v in request["inputs"]]
@@ -330,12 +331,24 @@ class Server:
             raise RuntimeError("a gated batch on input buffers this worker was not given")
         sets = [[v if s is None else s for s, v in zip(slot, value)] for slot, value in zip(slots, values)]
         model = self.models[request["id"]] if values else None
+        probe = dict(request.get("probe") or {}) if not values else {}
+        written = [torch.empty(int(probe["bytes"]), dtype=torch.uint8, device="cuda")
+                   for _ in range(int(probe.get("count", 1)))] if probe else []
+        if written:   # the fill's and the spin's kernels loaded before the gate closes
+            written[0][:1].fill_(0)
+            torch.cuda._sleep(1)
         torch.cuda.synchronize()
         stream = torch.cuda.current_stream()
         events = self._timing_events(len(sets) + 1, stream)
         self.stream_gate.wait(seq)
         try:
             outputs, enqueued = self._chained(model, sets, stream, events)
+            if written:
+                if probe.get("cycles"):
+                    torch.cuda._sleep(int(probe["cycles"]))
+                for tensor in written:
+                    tensor.fill_(seq & 0xFF)
+                outputs = written
         finally:
             self.stream_gate.done(seq)  # whatever happened: the judging process's spin ends
         self.pending = events

@@ -46,11 +46,21 @@ MARGIN_S = 20e-6
 # one-output batches do not hold.
 CALL_MARGIN_S = 1.5e-6
 PROBE_BYTES = 4096       # what a calibration batch copies out after DONE
+# The copy's excess grows with how long the worker's context ran before DONE, whatever it wrote: on
+# an H200 ~167 us after an empty batch, ~220 us after 2.5 ms of spin (benchmarks/gate_excess.py;
+# docs/perf-notes.md). Calibrated after spins of these lengths too (`JudgeGate.extra`).
+SPUN_S = (1e-3, 2.5e-3, 5e-3)
+SPUN_BATCHES = 6
 _perf_counter = time.perf_counter
 
 
 class GateError(OSError):
     """The gate cannot be set up here (no driver entry point, a page CUDA cannot register)."""
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
 
 
 def _word(view: mmap.mmap, at: int) -> int:
@@ -61,13 +71,16 @@ class JudgeGate:
     """The judging side: `create()` makes and maps the page (its `path` goes to the worker,
     then `unlink()`); `open(seq)` lets batch `seq` run; `wait_done(seq, alive)` spins until the
     worker's stream wrote `seq` back. `parts` are the calibration batches' (opening to DONE, the
-    copy's excess), `windows` their sums, `fixed` their 90th percentile; `work` the JudgeWork
-    that framed them, which frames every later batch too."""
+    copy's excess), `windows` their sums, `fixed` their 90th percentile; `spun` (opening to DONE,
+    the copy's excess) of the batches that spun SPUN_S, medians by length, from which `extra`
+    reads what a longer batch adds; `work` the JudgeWork that framed them, which frames every
+    later batch too."""
 
     def __init__(self, path: str, view: mmap.mmap):
         self.path, self.view = path, view
         self.seq = 0
         self.parts: list[tuple[float, float]] = []
+        self.spun: list[tuple[float, float]] = []
         self.work: JudgeWork | None = None
 
     @classmethod
@@ -98,6 +111,22 @@ class JudgeGate:
         widen the bound)."""
         ordered = sorted(self.windows)
         return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))] if ordered else 0.0
+
+    def extra(self, window: float) -> float:
+        """What a batch whose opening to DONE took `window` adds to the copy's excess beyond an
+        empty batch's: through the calibrated points (the empty batches' medians at 0, then
+        `spun`), never decreasing, linear between points and flat past the last."""
+        if not self.spun or not self.parts:
+            return 0.0
+        points = [(_median([a for a, _ in self.parts]), 0.0)]
+        base = _median([b for _, b in self.parts])
+        for at, excess in sorted(self.spun):
+            if at > points[-1][0]:
+                points.append((at, max(points[-1][1], excess - base)))
+        for (w0, e0), (w1, e1) in zip(points, points[1:]):
+            if window <= w1:
+                return e0 + (e1 - e0) * max(0.0, window - w0) / (w1 - w0)
+        return points[-1][1]
 
     def next(self) -> int:
         self.seq += 1
@@ -131,26 +160,42 @@ class JudgeGate:
         framed as a real one by this process's `work` (its own GPU work before the gate opens, a
         copy out after DONE: the GPU switches between the two processes' contexts at both ends,
         ~150 us each on an H200): the window from opening to DONE plus the copy's time beyond its
-        own GPU time, each (`parts`: the two). GateError when an enqueue stalls."""
+        own GPU time, each (`parts`: the two); then batches that spin SPUN_S on the GPU (`spun`).
+        GateError when an enqueue stalls."""
         self.work = work
-        probe = work.buffers(PROBE_BYTES) if work is not None else []
         for _ in range(batches):
-            seq = self.next()
-            stalled: list[float] = []
-            try:
-                worker.request({"op": "gated", "seq": seq, "inputs": []}, what="an empty gated batch",
-                               relay=False, stall=(STALL_S, lambda: stalled.append(self.open(seq))))
-                if stalled:
-                    raise GateError(f"an empty gated batch's enqueue did not come back within {STALL_S:g} s")
-                if work is not None:
-                    work.fill([])
-                opened = self.open(seq)
-                seen = self.wait_done(seq, worker.alive, limit=STALL_S)
-                excess = work.excess(seen, probe)[0] if work is not None else 0.0
-            finally:
-                self.open(seq)
-            self.parts.append((seen - opened, excess))
-            worker.request({"op": "collect"}, what="an empty gated batch's figures", relay=False)
+            self.parts.append(self.probe(worker, PROBE_BYTES if work is not None else 0))
+        rate = work.cycles_per_second() if work is not None else 0.0
+        for spin in SPUN_S if rate else ():
+            found = [self.probe(worker, PROBE_BYTES, cycles=int(spin * rate)) for _ in range(SPUN_BATCHES)]
+            self.spun.append((_median([a for a, _ in found]), _median([b for _, b in found])))
+
+    def probe(self, worker: Any, nbytes: int, count: int = 1, cycles: int = 0) -> tuple[float, float]:
+        """One empty gated batch whose worker writes `count` outputs of `nbytes` behind the gate
+        (after spinning `cycles`), copied out as a real batch's are: (opening to DONE, the copy's
+        excess). GateError when its enqueue stalls."""
+        work = self.work
+        seq = self.next()
+        stalled: list[float] = []
+        try:
+            reply = worker.request({"op": "gated", "seq": seq, "inputs": [],
+                                    "probe": {"bytes": nbytes, "count": count, "cycles": cycles} if nbytes else None},
+                                   what="an empty gated batch", relay=False, sync_events=False,
+                                   stall=(STALL_S, lambda: stalled.append(self.open(seq))))
+            if stalled:
+                raise GateError(f"an empty gated batch's enqueue did not come back within {STALL_S:g} s")
+            outputs = list(reply.get("outputs") or [])
+            pairs = [(work.torch.empty_like(o), o) for o in outputs] if work is not None else []
+            if work is not None:
+                work.fill([])
+            opened = self.open(seq)
+            seen = self.wait_done(seq, worker.alive, limit=STALL_S + cycles * 1e-9)
+            excess = work.excess(seen, pairs)[0] if work is not None else 0.0
+        finally:
+            self.open(seq)
+        worker.request({"op": "collect"}, what="an empty gated batch's figures", relay=False)
+        del reply, outputs, pairs   # as a real batch's: released after the collect
+        return seen - opened, excess
 
 
 class JudgeWork:
@@ -165,6 +210,7 @@ class JudgeWork:
 
         self.torch = torch
         self.device = torch.device(device)
+        self.rate = 0.0
         l2 = int(getattr(torch.cuda.get_device_properties(self.device), "L2_cache_size", 0) or 0)
         self.stream = torch.cuda.Stream(self.device)
         self.filled = torch.cuda.Event()
@@ -172,6 +218,16 @@ class JudgeWork:
         self.l2_flush = torch.empty(max(2 * l2, 64 << 20) // 4, dtype=torch.int32, device=self.device)
         self.fill([])   # the kernels loaded and the events created before any gate closes
         self.excess(_perf_counter(), self.buffers(PROBE_BYTES))
+
+    def cycles_per_second(self) -> float:
+        """The GPU's spin rate (torch.cuda._sleep's cycles a second), measured once."""
+        if not self.rate:
+            from pytest_cudaopt.perf.clocks import GpuLead
+
+            lead = GpuLead(self.device)
+            lead.calibrate()
+            self.rate = lead.cycles_per_second
+        return self.rate
 
     def buffers(self, nbytes: int) -> list[tuple[Any, Any]]:
         """One (destination, source) pair of `nbytes` each, of this process's."""
