@@ -357,3 +357,22 @@ def test_the_poison_plan_lists_every_inactive_block_of_the_device_at_its_exact_s
     ]
     assert poison.poison_plan(snapshot, 0) == [20 << 20, 4 << 20, 64 << 10]
     assert poison.poison_plan(snapshot, 1) == [8 << 20]
+
+
+def test_the_op_audit_does_not_import_dynamo_in_the_process_it_runs_in(tmp_path):
+    """The worker never compiles: a call under the audit must not pull in torch._dynamo and
+    sympy (torch's wrapper of a mode's __torch_dispatch__ would, on its first call), seconds of
+    the worker's start where torch's bytecode is not cached."""
+    script = textwrap.dedent(f"""
+        import sys
+        import torch
+        from pytest_cudaopt.correctness.audit import OpAudit
+        with OpAudit({str(tmp_path)!r}) as op_audit:
+            torch.ones(3).add(1)
+        assert op_audit.ops, "the audit saw no op"
+        print(sorted(m for m in ("torch._dynamo", "sympy") if m in sys.modules))
+    """)
+    found = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=subprocess_env(),
+                           timeout=300)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == "[]"

@@ -89,6 +89,13 @@ class OpAudit(TorchDispatchMode):
         self._builtins: list[Any] = []   # builtins being called right now (innermost last)
         self._previous_profile = None
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Else torch wraps __torch_dispatch__ in torch._disable_dynamo, whose first call imports
+        # torch._dynamo and sympy: seconds of the worker's (which never compiles), many more
+        # where torch's bytecode is not cached (an H200 image: docs/perf-notes.md).
+        return False
+
     # sys.setprofile sees calls of builtins (c_call/c_return): the innermost one running when
     # an op arrives is what sent it.
     def _profile(self, frame, event, arg):
