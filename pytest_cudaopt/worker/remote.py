@@ -238,8 +238,9 @@ class RemoteModel:
         window, nor finish them after it). Its window: from opening to DONE, plus the time to the
         copy's end less the copy's own GPU time (this process's events). The worker's figures must
         add up to it less the gate's calibrated fixed part (+ its `extra` for the window's length,
-        + MARGIN_S, + CALL_MARGIN_S a call). None when the enqueue stalled (the forward waited on the device behind the gate): the batch
-        is then timed by the round trip, and so may later ones of this model be (`_stalled`)."""
+        + MARGIN_S, + CALL_MARGIN_S a call). None when the enqueue stalled (the forward waited on
+        the device behind the gate): the batch is then timed by the round trip, and so may later
+        ones of this model be (`_stalled`)."""
         import torch
         from pytest_cudaopt.perf.clocks import host_time
         from pytest_cudaopt.tensors import leaves

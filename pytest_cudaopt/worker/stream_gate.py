@@ -189,7 +189,7 @@ class JudgeGate:
             if work is not None:
                 work.fill([])
             opened = self.open(seq)
-            seen = self.wait_done(seq, worker.alive, limit=STALL_S + cycles * 1e-9)
+            seen = self.wait_done(seq, worker.alive, limit=STALL_S + cycles * 1e-9)   # a GPU spins >= 1 GHz
             excess = work.excess(seen, pairs)[0] if work is not None else 0.0
         finally:
             self.open(seq)
