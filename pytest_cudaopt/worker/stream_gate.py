@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from pytest_cudaopt.perf.stats import median
+
 PAGE = 4096
 OPEN, DONE = 0, 64       # byte offsets of the two words (apart: the GPU writes one, the host the other)
 WAIT_GEQ = 0x0           # CU_STREAM_WAIT_VALUE_GEQ
@@ -56,11 +58,6 @@ _perf_counter = time.perf_counter
 
 class GateError(OSError):
     """The gate cannot be set up here (no driver entry point, a page CUDA cannot register)."""
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
 
 
 def _word(view: mmap.mmap, at: int) -> int:
@@ -118,8 +115,8 @@ class JudgeGate:
         `spun`), never decreasing, linear between points and flat past the last."""
         if not self.spun or not self.parts:
             return 0.0
-        points = [(_median([a for a, _ in self.parts]), 0.0)]
-        base = _median([b for _, b in self.parts])
+        points = [(median([a for a, _ in self.parts]), 0.0)]
+        base = median([b for _, b in self.parts])
         for at, excess in sorted(self.spun):
             if at > points[-1][0]:
                 points.append((at, max(points[-1][1], excess - base)))
@@ -168,7 +165,7 @@ class JudgeGate:
         rate = work.cycles_per_second() if work is not None else 0.0
         for spin in SPUN_S if rate else ():
             found = [self.probe(worker, PROBE_BYTES, cycles=int(spin * rate)) for _ in range(SPUN_BATCHES)]
-            self.spun.append((_median([a for a, _ in found]), _median([b for _, b in found])))
+            self.spun.append((median([a for a, _ in found]), median([b for _, b in found])))
 
     def probe(self, worker: Any, nbytes: int, count: int = 1, cycles: int = 0) -> tuple[float, float]:
         """One empty gated batch whose worker writes `count` outputs of `nbytes` behind the gate
