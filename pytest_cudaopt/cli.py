@@ -117,7 +117,7 @@ def _worker_findings(workdir: Path, so: Path | None, limit: float, mn010: bool) 
     dies is an MN010 violation that says so."""
     from pytest_cudaopt.policy.rules import Violation
     from pytest_cudaopt.worker import Worker, WorkerError, WorkerFailed
-    from pytest_cudaopt.worker.client import workdir_frames
+    from pytest_cudaopt.supervision import worker_frames
 
     if not mn010 and so is None:
         return []
@@ -134,7 +134,7 @@ def _worker_findings(workdir: Path, so: Path | None, limit: float, mn010: bool) 
                                timeout=limit or None, what="importing model_new.py and constructing ModelNew")
         return [Violation(*v) for v in reply["violations"]]
     except WorkerFailed as exc:
-        frames = workdir_frames(getattr(exc, "worker_stacks", ""), workdir)
+        frames = worker_frames(getattr(exc, "worker_stacks", ""), workdir)
         file, line = (frames[0][0], frames[0][1]) if frames else ("model_new.py", 1)
         if getattr(exc, "worker_stacks", None) is not None:  # it hung past the limit
             return [Violation(file, line, "MN010", f"model_new.py's import and ModelNew(*get_init_inputs()) did not "

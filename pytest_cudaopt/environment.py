@@ -51,3 +51,17 @@ def environment() -> dict[str, Any]:
         info["gpu"] = torch.cuda.get_device_name()
         info["gpu_capability"] = f"sm_{major}{minor}"
     return info
+
+
+def pin_worker_to_gpu(worker_id: str) -> int | None:
+    """One GPU per pytest-xdist worker (`pytest -n <gpus>`): worker gwN uses device N modulo
+    the visible devices. Returns the device index, or None with fewer than two devices."""
+    import torch
+
+    if not worker_id.startswith("gw") or not worker_id[2:].isdigit():
+        return None
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        return None
+    index = int(worker_id[2:]) % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return index

@@ -10,9 +10,11 @@ import pytest
 
 from pytest_cudaopt import settings as _settings
 from pytest_cudaopt.collection import (
-    SUITE_MODULE, WorkdirModule, bind_timing, is_workdir_file, matches_python_files, workdir_node,
+    SUITE_MODULE, WorkdirModule, bind_timing, is_workdir_file, matches_python_files, worker_ahead, workdir_node,
+    workdirs_in,
 )
-from pytest_cudaopt.session import CudaoptSession, pin_worker_to_gpu, workdirs_in
+from pytest_cudaopt.environment import pin_worker_to_gpu
+from pytest_cudaopt.session import CudaoptSession
 
 SESSION_KEY = pytest.StashKey[CudaoptSession]()
 # CUDAOPT_SELF_TEST as it was when the plugin loaded, before any conftest.py could set it.
@@ -84,6 +86,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
         signals.install()  # before torch is imported: an interrupt never lands inside an import
     if config.stash[SESSION_KEY].workdir_paths:
+        named = workdirs_in(config.args, config.invocation_params.dir)
+        if named and worker_ahead(config, config.stash[SESSION_KEY].settings.device):
+            config.stash[SESSION_KEY].prestart(named[0])  # its torch import beside this process's, below
         bind_timing()
     config.stash[SESSION_KEY].emit = _terminal_lines(config)
     if hasattr(config, "workerinput"):

@@ -10,32 +10,6 @@ from pytest_cudaopt.ledger import Ledger
 from pytest_cudaopt.settings import Settings
 
 
-def pin_worker_to_gpu(worker_id: str) -> int | None:
-    """One GPU per pytest-xdist worker (`pytest -n <gpus>`): worker gwN uses device N modulo
-    the visible devices. Returns the device index, or None with fewer than two devices."""
-    import torch
-
-    if not worker_id.startswith("gw") or not worker_id[2:].isdigit():
-        return None
-    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
-        return None
-    index = int(worker_id[2:]) % torch.cuda.device_count()
-    torch.cuda.set_device(index)
-    return index
-
-
-def workdirs_in(args, invocation_dir: Path, rootpath: Path) -> list[Path]:
-    """The workdirs a pytest command line names (a workdir folder, its model_new.py or an
-    item of it; relative to `invocation_dir`), and the rootdir when it is one."""
-    found = []
-    for arg in [*args, str(rootpath)]:
-        path = Path(invocation_dir, str(arg).split("::")[0])
-        folder = path.parent if path.name == "model_new.py" else path
-        if (folder / "model.py").is_file() and (folder / "model_new.py").is_file():
-            found.append(folder.resolve())
-    return list(dict.fromkeys(found))
-
-
 class CudaoptSession:
     def __init__(self, settings: Settings, rootpath: Path, seed: int | None = None, asked: str = ""):
         self.settings = settings
@@ -53,6 +27,7 @@ class CudaoptSession:
         self._workers: list[Any] = []
         self._policy_workers: dict[tuple[Path, Any], Any] = {}  # (workdir, .so or None) -> worker
         self._extension_workers: dict[Path, Any] = {}  # workdir -> the `cuda_extension` fixture's worker
+        self._launched: dict[Path, Any] = {}  # workdir -> its worker, launched ahead (prestart)
         # Paths no worker's environment may name (the verdict files: set by the plugin).
         self.secrets: list[str] = []
         # What the workers' OS sandbox held (note_sandbox), once one started.
@@ -209,6 +184,43 @@ class CudaoptSession:
         loaded.worker = self.start_worker(path, build.so_path)
         return loaded
 
+    def prestart(self, path: Path) -> None:
+        """Launch the worker of the workdir at `path` now (client.Worker.launch): it confines
+        itself and imports torch while this process imports its own and builds; the workdir's
+        first judged item takes it over (start_worker). Its sandbox lets it read the build
+        root, the build being yet to run; one outside the workdir is made here, or there is no
+        launch."""
+        from pytest_cudaopt.build.buildfile import build_root
+        from pytest_cudaopt.worker.client import Worker, WorkerFailed  # not the package's names: they import torch
+
+        path = Path(path).resolve()
+        root = build_root(path, self.settings)
+        try:
+            if path not in root.parents:
+                root.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return  # the build says why it cannot write there
+        worker = Worker(path, None, self.settings.device, secrets=self.secrets, sandbox=self.settings.sandbox)
+        self._workers.append(worker)
+        try:
+            self._launched[path] = worker.launch(builds=root)
+        except (OSError, WorkerFailed):
+            worker.stop()
+
+    def _take_launched(self, path: Path, so_path: Path | None, device: str):
+        """The worker `prestart` launched for `path`, now holding `so_path`, when it is alive and
+        its sandbox reads `so_path` (else it is stopped); None, and kept, for another device (the
+        policy items' CPU worker)."""
+        worker = self._launched.get(path)
+        if worker is None or worker.device != device:
+            return None
+        del self._launched[path]
+        if worker.alive() and worker.reads(so_path):
+            worker.extension = Path(so_path).resolve() if so_path is not None else None
+            return worker
+        worker.stop()
+        return None
+
     def start_worker(self, path: Path, so_path: Path | None, device: str | None = None,
                      require_workdir: bool = True):
         """A worker for the workdir at `path` with the extension `so_path` (None: MN010's
@@ -219,9 +231,11 @@ class CudaoptSession:
         from pytest_cudaopt.workdir import WorkdirError
         from pytest_cudaopt.worker import Worker, WorkerError, WorkerFailed
 
-        worker = Worker(path, so_path, device or self.settings.device, secrets=self.secrets,
-                        sandbox=self.settings.sandbox)
-        self._workers.append(worker)
+        device = device or self.settings.device
+        worker = self._take_launched(Path(path).resolve(), so_path, device)
+        if worker is None:
+            worker = Worker(path, so_path, device, secrets=self.secrets, sandbox=self.settings.sandbox)
+            self._workers.append(worker)
         try:
             worker.start(require_workdir)
             return worker
@@ -285,6 +299,7 @@ class CudaoptSession:
         self._workers.clear()
         self._policy_workers.clear()
         self._extension_workers.clear()
+        self._launched.clear()
 
     def loaded_or_fail(self, path: Path, test: str, verb: str = "run"):
         """The loaded workdir for item `test`; the item fails ("not <verb>: ...") after an

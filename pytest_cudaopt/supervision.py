@@ -10,6 +10,8 @@ pytest's public hooks."""
 
 from __future__ import annotations
 
+import linecache
+import re
 import sys
 import time
 from pathlib import Path
@@ -157,11 +159,26 @@ def workdir_frames(exc: BaseException, workdir: Path) -> str:
             code = f": {frame.line.strip()}" if frame.line else ""
             lines.append(f"  {path.resolve().relative_to(root)}:{frame.lineno} in {frame.name}{code}")
     # A hang in the workdir's worker: its stacks, as faulthandler printed them, innermost first.
-    from pytest_cudaopt.worker.client import workdir_frames as worker_frames
-
     for rel, line, func, code in worker_frames(getattr(exc, "worker_stacks", ""), root):
         lines.append(f"  {rel}:{line} in {func}" + (f": {code}" if code else "") + " (in the worker)")
     return "\n".join(lines)
+
+
+_FAULTHANDLER_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def worker_frames(stacks: str, workdir: Path) -> list[tuple[str, int, str, str]]:
+    """(path relative to `workdir`, line, function, code) of each frame in the workdir's files
+    of a worker's stacks as faulthandler printed them, innermost first."""
+    root = Path(workdir).resolve()
+    found = []
+    for match in _FAULTHANDLER_FRAME.finditer(stacks or ""):
+        path = Path(match["file"])
+        if path.is_absolute() and (root == path.resolve() or root in path.resolve().parents):
+            line = int(match["line"])
+            found.append((str(path.resolve().relative_to(root)), line, match["func"],
+                          linecache.getline(str(path), line).strip()))
+    return found
 
 
 def end_session(item: pytest.Item, message: str) -> None:

@@ -112,7 +112,9 @@ def test_a_judge_that_died_has_its_workdirs_judged_again_elsewhere_and_counted_o
     class DiesOnce(NodeJudge):
         def judge(self, packed, name, key):
             if not marker.exists():
-                marker.write_text(str(os.getpid()))
+                staged = marker.with_name(f"{marker.name}.{os.getpid()}")
+                staged.write_text(str(os.getpid()))
+                os.replace(staged, marker)  # never seen empty (a judge killed mid-write left it so once)
                 os._exit(1)   # the judge's process dies, as on a lost node
             return super().judge(packed, name, key)
 

@@ -144,7 +144,7 @@ def test_help_lists_every_cudaopt_option_and_ini_key(pytester, run_pytest, monke
 def test_each_xdist_worker_is_pinned_to_its_own_gpu(monkeypatch, worker, devices, expected):
     import torch
 
-    from pytest_cudaopt.session import pin_worker_to_gpu
+    from pytest_cudaopt.environment import pin_worker_to_gpu
 
     chosen = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -1,11 +1,15 @@
 """The kernel trace: Chrome-trace parsing, the stream-escape rule, tracing a lineup; a CPU profiler smoke test."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from pytest_cudaopt.perf import trace
 from pytest_cudaopt.perf.engine import Contender
 from pytest_cudaopt.perf.trace import BEGIN, CALL, END, LEAD, FakeTracer, Kernel, Trace
+from support import subprocess_env
 
 CALLING, SIDE = 7, 13
 
@@ -167,9 +171,9 @@ def test_no_tracer_without_a_cuda_device_or_when_turned_off():
 
 
 def test_a_cpu_profile_exports_and_parses_the_tracers_ranges():
-    # torch.profiler on the CPU: the same export and parser, no device activity to find.
+    # The tracer's profiler on the CPU: the same export and parser, no device activity to find.
     x = torch.randn(64)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    with trace.profiling(torch.device("cpu")) as prof:
         for name in (LEAD, BEGIN, CALL, END):
             with torch.profiler.record_function(name):
                 x = x * 2
@@ -177,6 +181,16 @@ def test_a_cpu_profile_exports_and_parses_the_tracers_ranges():
     assert {e["name"] for e in events if e.get("cat") == "user_annotation"} >= {LEAD, BEGIN, CALL, END}
     t = trace.parse_chrome(events)
     assert t.kernels == [] and "no kernel for the tracer's cudaopt::begin and cudaopt::end marker" in t.error
+
+
+def test_profiling_imports_neither_inductor_nor_dynamo():
+    # torch.profiler.profile would: seconds of the worker's first trace where no bytecode is cached.
+    script = ("import sys, torch\nfrom pytest_cudaopt.perf import trace\n"
+              "with trace.profiling(torch.device('cpu')):\n    torch.ones(3) + 1\n"
+              "print(sorted(m for m in ('torch._dynamo', 'torch._inductor', 'sympy') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", script], env=subprocess_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
 
 
 @pytest.mark.gpu

@@ -214,3 +214,95 @@ def test_a_zygote_whose_imports_touched_cuda_executes_its_forks_afresh(workdir, 
     finally:
         proc.stdin.close()
         proc.wait(timeout=30)
+
+
+# -- launched ahead (session.prestart): the worker's start beside the judging process's own ----
+
+def _session(tmp_path: Path, **values):
+    from pytest_cudaopt.session import CudaoptSession
+    from pytest_cudaopt.settings import Settings
+
+    return CudaoptSession(Settings({"device": "cpu", **values}), rootpath=tmp_path)
+
+
+def test_a_worker_launched_ahead_is_the_one_the_workdir_then_loads_in(workdir, tmp_path, monkeypatch):
+    monkeypatch.delenv(zygote.ENV, raising=False)
+    session = _session(tmp_path)
+    session.prestart(workdir)
+    try:
+        [launched] = session._workers
+        assert launched.alive() and launched.builds == workdir / "build" / "cudaopt"
+        taken = session.start_worker(workdir, None)
+        assert taken is launched and session._workers == [launched]  # no second process
+        assert "model_new.py imported" in taken.last_words() and taken.confined.get("mode") == "auto"
+        # Only once: a second start of the workdir is a fresh worker.
+        again = session.start_worker(workdir, None)
+        assert again is not launched and again.alive()
+    finally:
+        session.stop_workers()
+    assert not launched.alive()
+
+
+def test_a_launched_worker_is_kept_from_a_request_it_does_not_fit(workdir, tmp_path):
+    session = _session(tmp_path)
+    session.prestart(workdir)
+    [launched] = session._workers
+    try:
+        assert launched.reads(workdir / "build" / "cudaopt" / "key" / "cuda_extension.so")
+        assert not launched.reads(tmp_path / "elsewhere" / "cuda_extension.so")
+        assert session._take_launched(workdir, tmp_path / "elsewhere" / "cuda_extension.so", "cpu") is None
+        assert not launched.alive()  # stopped, not left running
+        session.prestart(workdir)
+        # The policy items' worker on another device leaves it to the workdir's own.
+        assert session._take_launched(workdir, None, "cuda") is None and session._launched[workdir].alive()
+        assert session._take_launched(workdir, None, "cpu") is session._workers[-1]
+    finally:
+        session.stop_workers()
+
+
+def test_a_build_root_outside_the_workdir_is_made_before_the_launch_that_reads_it(workdir, tmp_path):
+    session = _session(tmp_path, build_dir=str(tmp_path / "builds"))
+    session.prestart(workdir)
+    try:
+        [launched] = session._workers
+        assert (tmp_path / "builds").is_dir() and launched.builds == (tmp_path / "builds").resolve()
+    finally:
+        session.stop_workers()
+
+
+def test_launching_a_worker_imports_no_torch_in_the_judging_process(workdir, tmp_path):
+    # The launch's point: the worker's torch import runs beside this process's, not before it.
+    script = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        from pytest_cudaopt.session import CudaoptSession
+        from pytest_cudaopt.settings import Settings
+        session = CudaoptSession(Settings({{"device": "cpu"}}), rootpath=Path({str(tmp_path)!r}))
+        session.prestart(Path({str(workdir)!r}))
+        print("launched", len(session._workers), session._workers[0].alive(), "torch" in sys.modules)
+        session.stop_workers()
+    """)
+    env = {k: v for k, v in subprocess_env().items() if k != zygote.ENV}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert "launched 1 True False" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("markexpr", ["", "correctness", "perf", "policy", "not perf", "not policy",
+                                      "correctness or perf or memsafety", "not correctness and not perf",
+                                      "(policy or perf) and not gpu", "gpu", "not (gpu or perf)",
+                                      "policy and perf or correctness", "not not policy"])
+def test_the_mark_expression_is_read_as_pytest_reads_it(markexpr):
+    from _pytest.mark.expression import Expression
+
+    from pytest_cudaopt.collection import keeps
+
+    for marks in ({"correctness", "gpu"}, {"perf", "gpu"}, {"perf"}, {"policy"}):
+        expected = Expression.compile(markexpr).evaluate(lambda name, **kwargs: name in marks) if markexpr else True
+        assert keeps(markexpr, marks) is expected, marks
+
+
+@pytest.mark.parametrize("markexpr", ["slow(reason=1)", "a and (b", "or perf"])
+def test_a_mark_expression_it_cannot_read_launches_the_worker_anyway(markexpr):
+    from pytest_cudaopt.collection import keeps
+
+    assert keeps(markexpr, {"perf"}) is None  # worker_ahead counts None as kept: a worker unused at worst

@@ -147,7 +147,7 @@ def _add_cuda(tools: _Toolchain, includes: set[str], extra_nvcc: list[str]) -> N
     tools.key_parts.update(cuda_version=cuda_version(home), arch=tools.gencode, nvcc_flags=extra_nvcc)
 
 
-def _build_root(workdir: Path, settings) -> Path:
+def build_root(workdir: Path, settings) -> Path:
     """Where the keyed build folders go: cudaopt_build_dir (relative to the workdir), else
     <workdir>/build/cudaopt."""
     root = settings.build_dir
@@ -174,7 +174,7 @@ def configure(workdir: Path, settings) -> Config:
         _add_cuda(tools, includes, extra_nvcc)
     key_parts: dict[str, Any] = {"torch": torch.__version__, "python": sys.version.split()[0],
                                  "cxx": cxx, "cxx_flags": extra_cxx, "cuda": cuda, **tools.key_parts}
-    root = _build_root(workdir, settings)
+    root = build_root(workdir, settings)
     inside = root == workdir or workdir in root.parents
     if not inside:
         key_parts["workdir"] = str(workdir)

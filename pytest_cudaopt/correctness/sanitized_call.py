@@ -51,7 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # compute-sanitizer's injection has started a thread of its own by now; the candidate's code
     # runs on this one (and on what it starts), which Landlock confines.
-    held = confine(args.sandbox, args.workdir, args.extension, args.scratch or ".", started_by="compute-sanitizer")
+    held = confine(args.sandbox, args.workdir, str(Path(args.extension).parent), args.scratch or ".",
+                   started_by="compute-sanitizer")
     if args.sandbox == "require" and "files" in held.get("missing", {}):
         print(f"cudaopt memsafety: cudaopt_sandbox=require: the child could not be confined: {describe(held)}",
               file=sys.stderr)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Mapping, Protocol, Sequence
 
 import torch
-import torch.profiler
+import torch.autograd.profiler
 
 from pytest_cudaopt.perf.stats import median
 from pytest_cudaopt.perf.remote_runs import RemoteRun, batches, no_scope, remote_batches, time_remote
@@ -41,7 +41,7 @@ _WATCHED: dict[str, tuple[Any, str, Any]] = {
     "torch.cuda.current_stream": (torch.cuda, "current_stream", torch.cuda.current_stream),
     "torch.cuda.graph": (torch.cuda, "graph", torch.cuda.graph),
     "torch.cuda._sleep": (torch.cuda, "_sleep", _gpu_sleep),
-    "torch.profiler.profile": (torch.profiler, "profile", torch.profiler.profile),
+    "torch.autograd.profiler.profile": (torch.autograd.profiler, "profile", torch.autograd.profiler.profile),
 }
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 import torch
+import torch.autograd.profiler
 import torch.profiler
 
 from pytest_cudaopt.perf.clocks import GpuLead, host_time, synchronize_device
@@ -19,9 +20,11 @@ from pytest_cudaopt.tensors import clone_inputs
 
 # Bound at import, before any workdir code runs (see clocks.py): the profiler is how escapes
 # are found, so model_new.py must not be able to replace it.
-_profile = torch.profiler.profile
+# The autograd profiler that torch.profiler.profile drives, used as it is: torch.profiler's start
+# asks `hasattr(torch, "_inductor")`, which imports Inductor and Dynamo (~900 modules: seconds in a
+# worker that has no cached bytecode, and nothing the trace needs).
+_profile = torch.autograd.profiler.profile
 _record_function = torch.profiler.record_function
-_ProfilerActivity = torch.profiler.ProfilerActivity
 
 # Ranges the tracer puts around its own work on the calling stream, in this order:
 #   LEAD   a spin kernel (the host gets ahead) and the L2 flush
@@ -298,8 +301,7 @@ class ProfilerTracer:
             self._marker = torch.zeros(1, dtype=torch.int32, device=self.device)
             self.lead.calibrate()
         synchronize_device()
-        activities = [_ProfilerActivity.CPU, _ProfilerActivity.CUDA]
-        with _profile(activities=activities) as prof:
+        with profiling(self.device) as prof:
             with _record_function(LEAD):
                 self.lead.enqueue(lead)
                 self._flush.zero_()
@@ -314,6 +316,11 @@ class ProfilerTracer:
             synchronize_device()
         del output
         return export_events(prof), host < lead
+
+
+def profiling(device: torch.device):
+    """torch's profiler (Kineto) recording host activity and `device`'s (CUPTI on CUDA)."""
+    return _profile(use_kineto=True, use_cpu=True, use_device=None if device.type == "cpu" else device.type)
 
 
 def export_events(prof: Any) -> list[dict[str, Any]]:

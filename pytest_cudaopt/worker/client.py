@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import linecache
 import os
-import re
 import shutil
 import signal
 import socket
@@ -27,9 +25,9 @@ from typing import Any, Callable, Iterable
 from pytest_cudaopt import watchdog
 from pytest_cudaopt.signals import die_with_parent
 from pytest_cudaopt.worker import protocol, zygote
+from pytest_cudaopt.worker.protocol import WorkerError, WorkerFailed  # noqa: F401 - raised here, imported from here
 
 POLL_S = 0.05          # how often a wait for a reply looks at the worker's process
-START_TIMEOUT_S = 120.0  # torch's import on a loaded machine, the workdir's own imports aside
 STACK_WAIT_S = 3.0     # after SIGUSR1, the most time for the worker to print its stacks
 STACK_QUIET_S = 0.3    # ... and how long its log must hold still for the dump to count as done
 LAST_WORDS = 4000      # characters of the worker's output quoted when it dies
@@ -49,26 +47,6 @@ CALIBRATION_PINGS = 5
 # runner's fault, not the candidate's).
 REQUIRE_REFUSED = "cudaopt_sandbox=require: the candidate's worker could not be confined"
 
-class WorkerError(Exception):
-    """The worker answered with an error raised by the workdir's code. `kind` is "candidate"
-    (ModelNew, its extension), "workdir" (loading a file; `file` names it) or "build" (the
-    .so does not import); `fault` a lost CUDA context, `oom` torch's out-of-memory line."""
-
-    def __init__(self, message: str, kind: str = "candidate", file: str | None = None,
-                 fault: bool = False, oom: str | None = None):
-        super().__init__(message)
-        self.kind, self.file, self.fault, self.oom = kind, file, fault, oom
-
-
-class WorkerFailed(Exception):
-    """The worker died, hung, or sent what is not a reply: nothing it said counts. `headline`
-    says what happened, `words` is the worker's last output (its own, for the reader only)."""
-
-    def __init__(self, headline: str, words: str = ""):
-        super().__init__(headline + (f"; its last output:\n{words}" if words else ""))
-        self.headline, self.words = headline, words
-
-
 _LIVE: set["Worker"] = set()
 
 
@@ -77,23 +55,6 @@ def _stop_all() -> None:
     """No worker outlives the judging process, however it ends."""
     for worker in list(_LIVE):
         worker.stop()
-
-
-_FAULTHANDLER_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
-
-
-def workdir_frames(stacks: str, workdir: Path) -> list[tuple[str, int, str, str]]:
-    """(path relative to `workdir`, line, function, code) of each frame in the workdir's files
-    of a worker's stacks as faulthandler printed them, innermost first."""
-    root = Path(workdir).resolve()
-    found = []
-    for match in _FAULTHANDLER_FRAME.finditer(stacks or ""):
-        path = Path(match["file"])
-        if path.is_absolute() and (root == path.resolve() or root in path.resolve().parents):
-            line = int(match["line"])
-            found.append((str(path.resolve().relative_to(root)), line, match["func"],
-                          linecache.getline(str(path), line).strip()))
-    return found
 
 
 def package_root() -> str:
@@ -119,6 +80,7 @@ class Worker:
         self.confined: dict = {}
         self.proc: subprocess.Popen | zygote.Forked | None = None
         self.conn: Connection | None = None
+        self.builds: Path | None = None  # the folder its sandbox lets it read the extension from
         self.scratch: Path | None = None
         self.log_path: Path | None = None
         self.facts: dict = {}
@@ -132,12 +94,10 @@ class Worker:
 
     # -- life --------------------------------------------------------------------------------
 
-    def start(self, require_workdir: bool = True) -> "Worker":
-        """Start the process, confine it, and load the workdir in it; raises WorkerError when the
-        sandbox is required and did not hold (kind "sandbox"), when the extension or (with
-        `require_workdir`) the workdir's files do not load (their report), WorkerFailed when the
-        process does not come up."""
-        protocol.setup_sharing()
+    def launch(self, builds: Path | None = None) -> "Worker":
+        """Start the process and send it the sandbox request, not waiting for the reply (`start`
+        takes it): it confines itself and imports torch while this process goes on. `builds`:
+        the folder to read the extension from (before the build, its root). Imports no torch."""
         self.scratch = Path(tempfile.mkdtemp(prefix="cudaopt-worker-")).resolve()
         self.log_path = self.scratch / "worker.log"
         ours, theirs = socket.socketpair()
@@ -157,10 +117,38 @@ class Worker:
             theirs.close()
         self.conn = Connection(ours.detach())
         _LIVE.add(self)
-        self.confine()
+        self.builds = Path(builds).resolve() if builds is not None else getattr(self.extension, "parent", None)
+        self.send({"op": "sandbox", "mode": self.sandbox, "workdir": str(self.workdir), "device": self.device,
+                   "build": str(self.builds) if self.builds else None, "scratch": str(self.scratch)},
+                  what="confining itself")
+        return self
+
+    def reads(self, extension: Path | None) -> bool:
+        """Whether the sandbox this worker was sent lets it read `extension`."""
+        if extension is None or self.builds is None:
+            return extension is None
+        return self.builds in Path(extension).resolve().parents
+
+    def start(self, require_workdir: bool = True) -> "Worker":
+        """Launch the process unless `launch` did, take its sandbox reply, load the workdir; raises
+        WorkerError when the sandbox is required and did not hold (kind "sandbox"), when the
+        extension or (with `require_workdir`) the workdir's files do not load (their report),
+        WorkerFailed when the process does not come up."""
+        if self.proc is None:
+            self.launch()
+        protocol.setup_sharing()
+        work = None
+        if self.device.startswith("cuda"):  # this process's own CUDA set-up, while the worker ends its start
+            from pytest_cudaopt.worker.stream_gate import JudgeWork
+
+            try:
+                work = JudgeWork(self.device)
+            except RuntimeError as exc:  # torch's: the gate is left out (attach_stream_gate)
+                self.stream_gate_error = str(exc) or type(exc).__name__
+        self.confine(self.receive(what="confining itself"))
         self.calibrate()
-        if self.device.startswith("cuda"):
-            self.attach_stream_gate()
+        if work is not None:
+            self.attach_stream_gate(work)
         arena = protocol.Arena.create()
         try:
             self.facts = self.request({"op": "load", "workdir": str(self.workdir), "device": self.device,
@@ -174,17 +162,14 @@ class Worker:
             raise WorkerError(str(self.facts["workdir_error"]), kind="workdir", file=self.facts.get("file"))
         return self
 
-    def confine(self) -> None:
-        """The `sandbox` request, before anything of the workdir's is loaded: the worker
-        confines itself and says what held. cudaopt_sandbox=require refuses a worker that
-        Landlock does not confine; where Landlock does not keep the worker from ptracing this
-        process, this process makes itself non-dumpable."""
+    def confine(self, reply: dict) -> None:
+        """The `sandbox` request's reply, sent before anything of the workdir's was loaded: what
+        held. cudaopt_sandbox=require refuses a worker that Landlock does not confine; where
+        Landlock does not keep the worker from ptracing this process, this process makes itself
+        non-dumpable."""
         from pytest_cudaopt.signals import not_dumpable
         from pytest_cudaopt.worker.sandbox import describe
 
-        reply = self.request({"op": "sandbox", "mode": self.sandbox, "workdir": str(self.workdir),
-                              "extension": str(self.extension) if self.extension else None,
-                              "scratch": str(self.scratch)}, what="confining itself")
         self.confined = dict(reply.get("sandbox") or {})
         missing = self.confined.get("missing", {})
         if self.sandbox == "require" and (self.confined.get("mode") != "require" or "files" in missing):
@@ -201,10 +186,11 @@ class Worker:
         pings = sorted(self.ping() for _ in range(CALIBRATION_PINGS))
         self.calibrated_ping = pings[len(pings) // 2]
 
-    def attach_stream_gate(self) -> None:
-        """The stream gate (stream_gate.py) set up and calibrated, before anything of the workdir's
-        is loaded: `stream_gate`, or `stream_gate_error` saying why there is none (its timed batches
-        then go by the round trip alone)."""
+    def attach_stream_gate(self, work=None) -> None:
+        """The stream gate (stream_gate.py) set up and calibrated with this process's `work`
+        (stream_gate.JudgeWork, made here if None), before anything of the workdir's is loaded:
+        `stream_gate`, or `stream_gate_error` saying why there is none (its timed batches then go
+        by the round trip alone)."""
         from pytest_cudaopt.worker.stream_gate import GateError, JudgeGate, JudgeWork
 
         gate = JudgeGate.create()
@@ -216,7 +202,7 @@ class Worker:
                 gate.unlink()  # mapped by both processes now, or never to be
             if reply.get("gate_error"):
                 raise GateError(str(reply["gate_error"]))
-            gate.calibrate(self, work=JudgeWork(self.device))
+            gate.calibrate(self, work=work if work is not None else JudgeWork(self.device))
         except (GateError, TimeoutError, ChildProcessError, WorkerError, RuntimeError) as exc:  # torch's too
             self.stream_gate_error = str(exc) or type(exc).__name__
             return
@@ -303,15 +289,29 @@ class Worker:
         `sync_events=False`: CUDA tensors in the reply come without this process's stream waiting
         on the worker's events (protocol.receive_bytes)."""
         what = what or f"answering {message.get('op')}"
+        placed = self.send(message, what=what, on_send=on_send)
+        return self.receive(what=what, timeout=timeout, placed=placed if copy_back else (), relay=relay,
+                            stall=stall, sync_events=sync_events)
+
+    def send(self, message: dict, *, what: str = "", on_send: Callable[[], None] | None = None) -> list:
+        """The first half of `request`: `message` sent, not waited on; the CPU tensors placed in
+        the arena (what `receive(placed=...)` copies back)."""
+        what = what or f"answering {message.get('op')}"
         if self.conn is None:
             raise WorkerFailed(f"the candidate's worker process is stopped ({what})")
         if self.dropped:  # ModelNew objects this process no longer holds: freed in the worker
             message = {**message, "drop": self.dropped}
             self.dropped = []
         try:
-            placed = protocol.send(self.conn, message, self.arena, "judge", on_send=on_send)
+            return protocol.send(self.conn, message, self.arena, "judge", on_send=on_send)
         except (OSError, EOFError, BrokenPipeError):
             raise self._died(what) from None
+
+    def receive(self, *, what: str, timeout: float | None = None, placed: Iterable = (), relay: bool = True,
+                stall: tuple[float, Callable[[], Any]] | None = None, sync_events: bool = True) -> dict:
+        """The second half of `request`: the reply to what was sent last."""
+        if self.conn is None:
+            raise WorkerFailed(f"the candidate's worker process is stopped ({what})")
         deadline = None if timeout is None else time.monotonic() + timeout
         stall_at = None if stall is None else time.monotonic() + stall[0]
         try:
@@ -353,7 +353,7 @@ class Worker:
             self.stop()
             raise WorkerFailed(f"the candidate's worker process sent a {type(reply).__name__}, not a reply, "
                                f"while {what}")
-        if copy_back and self.arena is not None:
+        if self.arena is not None:
             for tensor, start in placed:
                 count = tensor.numel() * tensor.element_size()
                 tensor.copy_(self.arena.bytes[start:start + count].view(tensor.dtype).view(tensor.shape))

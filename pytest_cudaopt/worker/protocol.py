@@ -6,6 +6,8 @@ persistent id. On the CPU the sender copies the tensor into its half of the aren
 a tensor larger than the arena, and every CUDA tensor, goes through torch's own reduction
 (a named shared-memory file, a CUDA IPC handle), read back with an allow-list of torch's
 rebuild functions. Nothing the worker sends can name a function the judging process would run.
+What a reply can mean to the judging process: `WorkerError` (the workdir's code raised), `WorkerFailed`
+(the worker died, hung or sent what is not a reply).
 """
 
 from __future__ import annotations
@@ -45,6 +47,27 @@ _TORCH_ALLOWED = {
     "torch._tensor": {"Tensor"},
 }
 _PLAIN_ALLOWED = {"torch": {"Size", "device"}, "collections": {"OrderedDict"}}
+
+
+
+class WorkerError(Exception):
+    """The worker answered with an error raised by the workdir's code. `kind` is "candidate"
+    (ModelNew, its extension), "workdir" (loading a file; `file` names it) or "build" (the
+    .so does not import); `fault` a lost CUDA context, `oom` torch's out-of-memory line."""
+
+    def __init__(self, message: str, kind: str = "candidate", file: str | None = None,
+                 fault: bool = False, oom: str | None = None):
+        super().__init__(message)
+        self.kind, self.file, self.fault, self.oom = kind, file, fault, oom
+
+
+class WorkerFailed(Exception):
+    """The worker died, hung, or sent what is not a reply: nothing it said counts. `headline`
+    says what happened, `words` is the worker's last output (its own, for the reader only)."""
+
+    def __init__(self, headline: str, words: str = ""):
+        super().__init__(headline + (f"; its last output:\n{words}" if words else ""))
+        self.headline, self.words = headline, words
 
 
 def setup_sharing() -> None:

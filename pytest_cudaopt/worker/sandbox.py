@@ -1,6 +1,6 @@
 """The worker's OS sandbox, applied by the worker to itself before any candidate code runs: Landlock (it reads its workdir, its build and the Python and CUDA environment, writes only its scratch folder, executes nothing, cannot ptrace, signal or reach abstract sockets outside itself, opens no TCP connection), a seccomp filter (no ptrace, no other process's memory, no signal outside its own process group, no exec, no kernel modules, mounts or namespaces), no capabilities, no new privileges, not dumpable.
 
-`confine(mode, workdir, extension, scratch)` is the one entry, whichever way the worker was
+`confine(mode, workdir, build, scratch)` is the one entry, whichever way the worker was
 started; it returns what held as plain data (`held`: restriction -> the mechanisms that enforce
 it; `missing`: restriction -> why nothing does), which the judging process records. Landlock
 and seccomp are called through ctypes: the syscalls are three and one, the same numbers on
@@ -117,16 +117,17 @@ def _landlock(abi: int, reads: list[tuple[str, int]]) -> None:
         os.close(ruleset)
 
 
-def rules(workdir: str, extension: str | None, scratch: str) -> list[tuple[str, int]]:
-    """(path, Landlock rights) of everything the worker may open: its workdir and build, the
-    interpreter's libraries, pytest_cudaopt, torch and its wheels, the CUDA toolkit and driver,
-    the system's shared libraries, the /proc and /sys files torch and the driver read, a few
-    device files; its scratch folder and /dev/shm to write. Nothing else of the host."""
+def rules(workdir: str, build: str | None, scratch: str) -> list[tuple[str, int]]:
+    """(path, Landlock rights) of everything the worker may open: its workdir, `build` (the
+    folder its extension is read from), the interpreter's libraries, pytest_cudaopt, torch and
+    its wheels, the CUDA toolkit and driver, the system's shared libraries, the /proc and /sys
+    files torch and the driver read, a few device files; its scratch folder and /dev/shm to
+    write. Nothing else of the host."""
     import pytest_cudaopt
 
     reads = [workdir, str(Path(pytest_cudaopt.__file__).resolve().parent)]
-    if extension:
-        reads.append(str(Path(extension).parent))
+    if build:
+        reads.append(str(build))
     paths = sysconfig.get_paths()
     reads += [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
     reads += [*getattr(site, "getsitepackages", lambda: [])(), *filter(None, [getattr(site, "USER_SITE", None)])]
@@ -286,7 +287,7 @@ def _prctl(option: int, value: int, what: str) -> None:
 
 # -- the entry ----------------------------------------------------------------------------------
 
-def confine(mode: str, workdir: str, extension: str | None, scratch: str, *,
+def confine(mode: str, workdir: str, build: str | None, scratch: str, *,
             started_by: str | None = None) -> dict:
     """Confine this process as far as `mode` and the kernel allow; returns {"mode", "landlock"
     (the ABI, 0: none), "held": {restriction: [mechanism, ...]}, "missing": {restriction: why}}.
@@ -322,7 +323,7 @@ def confine(mode: str, workdir: str, extension: str | None, scratch: str, *,
     abi, why = landlock_abi()
     machine = platform.machine()
     threads = len(os.listdir(f"/proc/{os.getpid()}/task"))
-    reads = rules(workdir, extension, scratch)
+    reads = rules(workdir, build, scratch)
     last_capability = _last_capability()  # read while /proc/sys is open to it
     attempt("not dumpable", ("privileges",), lambda: _prctl(PR_SET_DUMPABLE, 0, "PR_SET_DUMPABLE"))
     attempt("no new privileges", ("privileges",), lambda: _prctl(PR_SET_NO_NEW_PRIVS, 1, "PR_SET_NO_NEW_PRIVS"))

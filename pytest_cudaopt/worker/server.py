@@ -111,16 +111,26 @@ class Server:
     # -- the sandbox ---------------------------------------------------------------------------
 
     def op_sandbox(self, request: dict) -> dict:
-        """Confine this process (once), then import torch inside the sandbox: {"sandbox": what held}."""
+        """Confine this process (once), then import torch inside the sandbox, and what loading
+        the workdir will use; on CUDA, make the device's context: {"sandbox": what held}. The
+        judging process may take this reply long after it was sent (client.Worker.launch): all
+        of it happens while that process does its own start."""
         if self.sandbox is not None:
             return {"error": "the worker is confined already"}
-        self.sandbox = sandbox.confine(str(request["mode"]), str(request["workdir"]), request.get("extension"),
+        self.sandbox = sandbox.confine(str(request["mode"]), str(request["workdir"]), request.get("build"),
                                        str(request["scratch"]))
         import torch
         import torch.multiprocessing  # noqa: F401 - the reductions that tensors travel by
 
         self.torch = torch
         protocol.setup_sharing()
+        from pytest_cudaopt.build import loader  # noqa: F401 - what `load` imports, imported ahead
+        from pytest_cudaopt.correctness import faults, guards  # noqa: F401
+        from pytest_cudaopt import workdir  # noqa: F401
+
+        device = str(request.get("device") or "cpu")
+        if device.startswith("cuda") and torch.cuda.is_available():
+            torch.empty(1, device=device)  # the context, made now rather than on the first timed request
         return {"sandbox": self.sandbox}
 
     # -- loading -------------------------------------------------------------------------------

@@ -97,6 +97,8 @@ class Forked:
 
     def close(self) -> None:
         self.conn.close()
+        if self.returncode is None:  # the zygote kills a fork once its requester's connection closes
+            self.returncode = -signal.SIGKILL
 
 
 def spawn(channel: int, log: int, cwd: str, env: dict[str, str]) -> Forked | None:
