@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pytest_cudaopt.worker import Worker, zygote
-from support import subprocess_env
+from support import run_pytest, subprocess_env
 
 MODEL = """
 import torch
@@ -306,3 +306,49 @@ def test_a_mark_expression_it_cannot_read_launches_the_worker_anyway(markexpr):
     from pytest_cudaopt.collection import keeps
 
     assert keeps(markexpr, {"perf"}) is None  # worker_ahead counts None as kept: a worker unused at worst
+
+
+def test_the_worker_is_launched_ahead_only_where_this_process_will_run_the_judged_items(monkeypatch):
+    from types import SimpleNamespace
+
+    from pytest_cudaopt import collection
+
+    def config(markexpr: str = "", **option):
+        options = {"numprocesses": None, "collectonly": False, "help": False, "version": False, **option}
+        return SimpleNamespace(option=SimpleNamespace(**options),
+                               getoption=lambda name, default=None: markexpr if name == "markexpr" else default)
+
+    assert collection.worker_ahead(config(), "cpu") and collection.worker_ahead(config("not policy"), "cpu")
+    assert not collection.worker_ahead(config("policy or build"), "cpu")
+    assert not collection.worker_ahead(config(numprocesses=2), "cpu")      # pytest-xdist's controller
+    assert not collection.worker_ahead(config(collectonly=True), "cpu")
+    worker = config()
+    worker.workerinput = {"workerid": "gw0"}                                # one of its workers
+    assert not collection.worker_ahead(worker, "cpu")
+    monkeypatch.setattr(collection.os.path, "exists", lambda path: path != "/dev/nvidiactl")
+    assert not collection.worker_ahead(config(), "cuda")                    # no driver: its items skip
+
+
+def test_pytest_launches_the_named_workdirs_worker_at_configure_and_its_first_item_takes_it(pytester, cheat):
+    cheat()
+    pytester.makeconftest("""
+        import pytest
+
+        def _session(config):
+            from pytest_cudaopt.plugin import SESSION_KEY
+            return config.stash[SESSION_KEY]
+
+        def pytest_collection_finish(session):
+            launched = _session(session.config)._launched
+            print("launched:", sorted(path.name for path, w in launched.items() if w.alive()), flush=True)
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_sessionfinish(session):
+            found = _session(session.config)
+            print("workers:", len(found._workers), "not taken:", len(found._launched), flush=True)
+    """)
+    result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness", "-s")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["launched: ['wd']", "*workers: 1 not taken: 0*"])  # the one launched, taken
+    result = run_pytest(pytester, "wd/model_new.py", "-m", "policy", "-s")
+    result.stdout.fnmatch_lines(["launched: []"])
