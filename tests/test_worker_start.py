@@ -320,11 +320,14 @@ def test_the_worker_is_launched_ahead_only_where_this_process_will_run_the_judge
 
     assert collection.worker_ahead(config(), "cpu") and collection.worker_ahead(config("not policy"), "cpu")
     assert not collection.worker_ahead(config("policy or build"), "cpu")
+    assert collection.worker_ahead(config("not gpu"), "cpu")               # no gpu mark on the CPU
     assert not collection.worker_ahead(config(numprocesses=2), "cpu")      # pytest-xdist's controller
     assert not collection.worker_ahead(config(collectonly=True), "cpu")
     worker = config()
     worker.workerinput = {"workerid": "gw0"}                                # one of its workers
     assert not collection.worker_ahead(worker, "cpu")
+    monkeypatch.setattr(collection.os.path, "exists", lambda path: True)    # a CUDA driver
+    assert collection.worker_ahead(config(), "cuda") and not collection.worker_ahead(config("not gpu"), "cuda")
     monkeypatch.setattr(collection.os.path, "exists", lambda path: path != "/dev/nvidiactl")
     assert not collection.worker_ahead(config(), "cuda")                    # no driver: its items skip
 
