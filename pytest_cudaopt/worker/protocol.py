@@ -49,7 +49,6 @@ _TORCH_ALLOWED = {
 _PLAIN_ALLOWED = {"torch": {"Size", "device"}, "collections": {"OrderedDict"}}
 
 
-
 class WorkerError(Exception):
     """The worker answered with an error raised by the workdir's code. `kind` is "candidate"
     (ModelNew, its extension), "workdir" (loading a file; `file` names it) or "build" (the

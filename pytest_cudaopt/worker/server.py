@@ -130,7 +130,7 @@ class Server:
 
         device = str(request.get("device") or "cpu")
         if device.startswith("cuda") and torch.cuda.is_available():
-            torch.empty(1, device=device)  # the context, made now rather than on the first timed request
+            torch.empty(1, device=device)  # the context, made now rather than at the gate's request
         return {"sandbox": self.sandbox}
 
     # -- loading -------------------------------------------------------------------------------
