@@ -42,14 +42,14 @@ def describe_timing(worker: Worker, through) -> None:
               f"{', '.join('%.0f' % (w * 1e6) for w in sorted(gate.windows))} us; open->DONE median "
               f"{mid([a for a, _ in gate.parts]):.1f}, copy excess median {mid([b for _, b in gate.parts]):.1f} us; "
               f"spun (open->DONE, excess): {', '.join('%.0f/%.0f' % (a * 1e6, b * 1e6) for a, b in gate.spun)} us; "
-              f"{through.gated} of {len(through.margins)} timed batches behind it"
+              f"{through.gated} of {len(through.clock.batches)} timed batches behind it"
               f"{'; ' + through.gate_off if through.gate_off else ''}", flush=True)
-    for calls in sorted({c for c, _, _ in through.margins}):
-        rows = [(m, a, sum(own)) for (c, m, a), (_, own) in zip(through.margins, through.batches) if c == calls]
+    for calls in sorted({b.calls for b in through.clock.batches}):
+        rows = [(b.shift, b.allowance, sum(b.figures)) for b in through.clock.batches if b.calls == calls]
         windows = [(a, b) for c, a, b in through.windows if c == calls]
         margins = [m for m, _, _ in rows]
         print(f"  batches of {calls}: {len(rows)}; the worker's own figure {mid([r for *_, r in rows]) / calls:.1f} us "
-              f"a call; window - figures median {q(margins, 0.5):.1f} us [p10 {q(margins, 0.1):.1f}, p90 "
+              f"a call; window - honest part - figures median {q(margins, 0.5):.1f} us [p10 {q(margins, 0.1):.1f}, p90 "
               f"{q(margins, 0.9):.1f}, largest {q(margins, 1):.1f}]; allowance median {mid([a for _, a, _ in rows]):.1f} us"
               + (f"; gated: open->DONE median {mid([a for a, _ in windows]):.1f} us, copy excess median "
                  f"{mid([b for _, b in windows]):.1f} us" if windows else ""), flush=True)
@@ -104,7 +104,7 @@ def bench(path: Path, max_time: float, modes: list[str], batch: int) -> list[tup
             print(f"{path.name} [{mode}]: batch {found.batch}; {through.timing_note() or 'no figure raised'}",
                   flush=True)
             describe_timing(workers[mode], through)
-            by_position(through.batches, list(a.device), found.batch)
+            by_position([(b.calls, b.figures) for b in through.clock.batches], list(a.device), found.batch)
         rows = []
         for mode in modes:
             b = found[names[mode]]

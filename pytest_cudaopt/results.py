@@ -77,6 +77,7 @@ class PerfResult:
     traces: dict[str, Any] = field(default_factory=dict)         # key -> perf.trace.Trace of one call
     regression: dict[str, Any] = field(default_factory=dict)     # the check against the target branch
     figure_warnings: list[str] = field(default_factory=list)     # where the candidate's figures disagree
+    clock: dict[str, Any] = field(default_factory=dict)          # the worker's clock as checked (worker/timing.py)
     kind: str = "perf"
 
     @property
@@ -129,7 +130,7 @@ class PerfResult:
                 "regression": self.regression, "peak_bytes": self.peak_bytes,
                 "timing": self.measurement.to_json() if self.measurement is not None else None,
                 "traces": {k: t.to_json() for k, t in self.traces.items()},
-                "figure_warnings": list(self.figure_warnings)}
+                "figure_warnings": list(self.figure_warnings), "clock": self.clock}
 
 
 @dataclass

@@ -239,6 +239,7 @@ ATTACKS = {
     "fd_forge": {"model_new.py": "fd_forge.py"},
     "timer_patch": {"model_new.py": "timer_patch.py"},
     "timer_shave": {"model_new.py": "timer_shave.py"},
+    "honest_spin": {"model_new.py": "honest_spin.py"},
     "clock_hook": {"model_new.py": "clock_hook.py"},
     "ping_stall": {"model_new.py": ("timer_patch.py", "ping_stall.py")},  # the second appended to the first
     "parent_mem": {"model_new.py": "parent_mem.py"},
@@ -273,6 +274,19 @@ def attack_session(root: Path, names: list[str], *args: str, timeout: float = 12
         output[-4000:]
     return {"status": done.returncode, "output": output, "cases": junit_cases(junit),
             "report": json.loads(report.read_text())}
+
+
+@contextlib.contextmanager
+def busy_cores(count: int, limit_s: float = 1800):
+    """`count` processes that spin on a core each for the block (and never past `limit_s`)."""
+    spin = f"import time\nend = time.monotonic() + {limit_s}\nwhile time.monotonic() < end: pass"
+    procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 def attack_case(verdicts: dict, workdir: str, prefix: str) -> tuple[str, str]:

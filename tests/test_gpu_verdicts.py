@@ -226,36 +226,36 @@ def test_a_short_kernel_on_an_unjoined_side_stream_is_caught_by_the_kernel_trace
     assert escape["kernel"]["duration_s"] < 50e-6
 
 
-def test_a_worker_that_patches_its_event_timer_is_timed_by_the_judging_processs_clock(pytester, cuda_cheat):
-    """The worker reports 1 us for calls that launch 2000 kernels: the judging process's clock around
-    each batch (the gate's window), less the gate's allowance, counts instead, and the gate fails."""
+UNDER_REPORTS = "ModelNew's own timer under-reports its time, so none of its figures count"
+
+
+def test_a_worker_that_patches_its_event_timer_fails_its_perf_item(pytester, cuda_cheat):
+    """The worker reports 1 us for calls that launch 2000 kernels: every batch falls short of the
+    judging process's clock around it (the gate's window) past the allowance, and the item fails
+    for it; what the batches counted is the window less the allowance."""
     cuda_cheat("event_patch", "events")
     result = run_pytest(pytester, "events/model_new.py", *PERF, "--junitxml=junit.xml",
                         "--cudaopt-report=report.json", timeout=SESSION_TIMEOUT)
     outcome, text = junit_cases(pytester.path / "junit.xml")[("events", "test_speedup")]
-    assert outcome == "failed" and "is below the required 1.05x" in text, result.stdout.str()
+    assert outcome == "failed" and UNDER_REPORTS in text, result.stdout.str()
     (data,) = report_results(pytester.path / "report.json")
-    assert "the worker's own figures fell short of this process's clock" in " ".join(data["figure_warnings"]), data
+    assert UNDER_REPORTS in data["gate"]["reason"] and data["clock"]["short_calls"] > 0, data["clock"]
     assert data["gate"]["custom_median_s"] > 1e-3, data["gate"]
 
 
-def test_a_worker_that_halves_its_event_timer_is_raised_to_within_the_gates_allowance(pytester, cuda_cheat):
-    """256 launches a call (~500 us) reported at half their time: a round trip allows milliseconds, so
-    only the gate's window (its fixed part calibrated before the workdir loaded, + 20 us) raises the
-    figure back to about the honest one, measured in the same session."""
+def test_a_worker_that_halves_its_event_timer_fails_and_its_honest_twin_passes(pytester, cuda_cheat):
+    """256 launches a call (~500 us) reported at half their time: each batch falls short by ~250 us a
+    call past the allowance, and each further call of a gated batch hides as much again, which no
+    calibration of the gate's fixed part explains. Its honest twin, in the same session, is believed."""
     cuda_cheat("launches", "honest")
     cuda_cheat("launches_halved", "halved")
     result = run_pytest(pytester, "honest/model_new.py", "halved/model_new.py", *PERF, "--junitxml=junit.xml",
                         "--cudaopt-report=report.json", timeout=SESSION_TIMEOUT)
-    medians, warnings = {}, {}
-    for data in report_results(pytester.path / "report.json"):
-        name = Path(data["workdir"]).name
-        medians[name], warnings[name] = data["gate"]["custom_median_s"], " ".join(data["figure_warnings"])
-    assert medians["honest"] > 200e-6, (medians, result.stdout.str())
-    assert "fell short of this process's clock" in warnings["halved"], warnings
-    assert "not behind the gate" not in warnings["halved"] + warnings["honest"], warnings
-    # Without the gate the halved figure would stand (~0.5x); behind it, within its allowance of the honest.
-    assert medians["halved"] > medians["honest"] - 80e-6, medians
+    found = {Path(data["workdir"]).name: data for data in report_results(pytester.path / "report.json")}
+    assert found["honest"]["gate"]["custom_median_s"] > 200e-6, (found["honest"]["gate"], result.stdout.str())
+    assert UNDER_REPORTS not in found["honest"]["gate"]["reason"], found["honest"]["gate"]
+    assert UNDER_REPORTS in found["halved"]["gate"]["reason"], found["halved"]["clock"]
+    assert "not behind the gate" not in " ".join(found["halved"]["figure_warnings"] + found["honest"]["figure_warnings"])
 
 
 def test_the_cuda_extension_fixture_runs_a_cuda_kernel_in_the_worker(pytester, cuda_cheat):

@@ -153,12 +153,21 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
         measurement = engine.measure(line.contenders, feed, clock=clock, config=config,
                                      compare=_compare(settings))
         traces = _traces(line, measurement, feed.next()[1], tracer)
+    # A worker's ModelNew (worker.RemoteModel) had its clock checked batch by batch: figures its
+    # timer under-reported, or that could not be checked, fail the custom path, whatever they were.
+    audit = getattr(model_new, "clock", None)
+    untrusted = model_new.timing_failure() if audit is not None else ""
+    custom = measurement.results.get(lineup.CUSTOM)
+    if untrusted and custom is not None:
+        custom.failure = untrusted if custom.failure is None else f"{untrusted}; {custom.failure}"
     result = _result(workdir, test, settings, measurement, line, tiers, traces,
                      f"{note}; {plan_note}" if plan_note else note)
     result.peak_bytes = peak.bytes
-    note = model_new.timing_note() if hasattr(model_new, "timing_note") else ""
+    note = model_new.timing_note() if audit is not None else ""
     if note:
         result.figure_warnings.append(note)
+    if audit is not None:
+        result.clock = audit.to_json()
     return result, {"model_new": model_new, "feed": feed, "device": device}
 
 

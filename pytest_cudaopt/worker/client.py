@@ -24,25 +24,13 @@ from typing import Any, Callable, Iterable
 
 from pytest_cudaopt import watchdog
 from pytest_cudaopt.signals import die_with_parent
-from pytest_cudaopt.worker import protocol, zygote
+from pytest_cudaopt.worker import protocol, timing, zygote
 from pytest_cudaopt.worker.protocol import WorkerError, WorkerFailed  # noqa: F401 - raised here, imported from here
 
 POLL_S = 0.05          # how often a wait for a reply looks at the worker's process
 STACK_WAIT_S = 3.0     # after SIGUSR1, the most time for the worker to print its stacks
 STACK_QUIET_S = 0.3    # ... and how long its log must hold still for the dump to count as done
 LAST_WORDS = 4000      # characters of the worker's output quoted when it dies
-HANDOFF_FACTOR = 3     # a median round trip may exceed the worker's own figure by this many handoffs ...
-HANDOFF_SLACK_S = 500e-6  # ... plus this
-# A CUDA tensor crosses as an IPC handle: shared on one side (a handle, a ref-count slot, an
-# interprocess event), opened on the other. Measured on the H200 (docs/perf-notes.md, 2026-12-03):
-# a batch's round trip less the worker's figures 1.6 ms for one tensor each way, of which ~1 ms
-# beyond the pings and the spin; up to ~135 us a further tensor. Allowed: twice that.
-CUDA_MESSAGE_S = 2e-3
-CUDA_HANDLE_S = 200e-6
-# The worker answers its own pings, so a ping it slows would widen its allowance: a ping counts at
-# most this many times the median of CALIBRATION_PINGS taken before any candidate code ran.
-PING_CAP_FACTOR = 4
-CALIBRATION_PINGS = 5
 # How a worker refused by cudaopt_sandbox=require begins its report (the CI gate counts it as the
 # runner's fault, not the candidate's).
 REQUIRE_REFUSED = "cudaopt_sandbox=require: the candidate's worker could not be confined"
@@ -183,7 +171,7 @@ class Worker:
     def calibrate(self) -> None:
         """The handoff as it is before the workdir's code runs in the worker (the median of a few
         pings): what `handoff_bound` caps a later ping at."""
-        pings = sorted(self.ping() for _ in range(CALIBRATION_PINGS))
+        pings = sorted(self.ping() for _ in range(timing.CALIBRATION_PINGS))
         self.calibrated_ping = pings[len(pings) // 2]
 
     def attach_stream_gate(self, work=None) -> None:
@@ -414,15 +402,16 @@ class Worker:
             return None
 
     def handoff_bound(self, ping: float, copied: int = 0, handles: int = 0) -> float:
-        """How much longer than the call itself its round trip may take: a few handoffs as the
-        ping after it measured them (at most PING_CAP_FACTOR times the calibrated one: a worker
-        that slows its own pings gains no more), the scheduler's slack, `copied` bytes through
-        the arena at 1 GB/s (CPU tensors), and for `handles` CUDA tensors (their bytes do not
-        cross) CUDA_MESSAGE_S once and CUDA_HANDLE_S each."""
+        """How much longer than the call itself its round trip may take (the allowance,
+        worker/timing.py): a few handoffs as the ping after it measured them (at most
+        PING_CAP_FACTOR times the calibrated one: a worker that slows its own pings gains no
+        more), the scheduler's slack, `copied` bytes through the arena at 1 GB/s (CPU tensors),
+        and for `handles` CUDA tensors (their bytes do not cross) CUDA_MESSAGE_S once and
+        CUDA_HANDLE_S each."""
         if self.calibrated_ping is not None:
-            ping = min(ping, PING_CAP_FACTOR * self.calibrated_ping)
-        ipc = CUDA_MESSAGE_S + handles * CUDA_HANDLE_S if handles else 0.0
-        return HANDOFF_FACTOR * ping + HANDOFF_SLACK_S + copied / 1e9 + ipc
+            ping = min(ping, timing.PING_CAP_FACTOR * self.calibrated_ping)
+        ipc = timing.CUDA_MESSAGE_S + handles * timing.CUDA_HANDLE_S if handles else 0.0
+        return timing.HANDOFF_FACTOR * ping + timing.HANDOFF_SLACK_S + copied / 1e9 + ipc
 
     # -- CUDA memory ---------------------------------------------------------------------------
 

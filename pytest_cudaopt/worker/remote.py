@@ -6,20 +6,11 @@ import weakref
 from typing import Any
 
 from pytest_cudaopt.tensors import clone_nest
+from pytest_cudaopt.worker import timing
 from pytest_cudaopt.worker.client import Worker, WorkerFailed
-from pytest_cudaopt.worker.stream_gate import CALL_MARGIN_S, MARGIN_S, STALL_S
+from pytest_cudaopt.worker.stream_gate import STALL_S
+from pytest_cudaopt.worker.timing import Bound
 
-# On the CPU, what a loaded host's late wakeups may add to a round trip beyond the handoff: an
-# honest call is never raised for the scheduler's milliseconds (the in-process baselines pay no
-# wakeup), while a worker that hides tens of milliseconds per call is still timed by this clock.
-# The worker runs in a session of its own, which the scheduler's autogroups give a share of its
-# own: on a 2-core host under a few busy sessions, an honest 70 us call's round trip was raised
-# by up to 10.6 ms (5 ms here failed it at 0.07x).
-CPU_WAKEUP_S = 20e-3
-# What serving a call costs the worker's CPU beyond the call's own figure (the loop, its output's
-# copy into the arena): measured 45-60 us a call on a 2-core host, ~280 us a batch besides
-# (docs/isolation.md). The CPU-time bound allows a handoff and this much a call.
-CPU_CALL_S = 100e-6
 SLOT_SHAPES = 2   # input shapes whose gated buffers are kept at once (a pass's batch, the latency run's call)
 
 
@@ -82,8 +73,7 @@ class RemoteModel:
         self.device = device
         self.keys = keys
         weakref.finalize(self, worker.dropped.append, key)
-        self.timed_calls = 0
-        self.margins: list[tuple[int, float, float]] = []  # per timed batch: (calls, round trip - figures, allowance)
+        self.clock = timing.ClockAudit()   # every timed batch, and what they say of the worker's clock
         self.gated = 0        # timed batches behind the gate (worker/stream_gate.py); the others went by the round trip
         self.gate_off = ""    # why this model's batches no longer go behind the gate
         self.gate_calls = 0   # the most calls a gated batch of this model may hold (0: the clock's batch)
@@ -92,7 +82,6 @@ class RemoteModel:
         self._gated_io: dict = {}  # the gated path's input buffers by shape: (id, sets), shared with the worker once
         self._slot_ids = 0
         self.windows: list[tuple[int, float, float]] = []  # per gated batch: (calls, opening to DONE, copy excess)
-        self.per_call: list[tuple[float, float]] = []   # per timed call: (the worker's figure, the one counted)
         # ModelNew's state as the worker reported it with the last request that could change it
         # (loading Model's state, a checked call): what `state_dict` answers without a round trip.
         self._state: dict | None = None
@@ -128,17 +117,11 @@ class RemoteModel:
         The worker times its own calls (CUDA events chained through the batch behind a spin that
         gets its host ahead; on the CPU its wall time); this process times the round trip around
         the batch (from its bytes going out to, on CUDA, this process's stream having waited for
-        the worker's outputs), and the figures must add up to it: a sum above it is a
-        TimingError; a sum below it by more than the allowance counts as the round trip less the
-        allowance, the deficit spread over the calls. The allowance is a handoff
-        (`Worker.handoff_bound`, from a ping right after the batch: it covers the worker's spin,
-        the copies through the CPU arena and the CUDA tensors' IPC handles), and on the CPU
-        CPU_WAKEUP_S. So a worker that under-reports (a patched timer, a detoured
-        cudaEventElapsedTime, its calling stream's work outlasting its answer) gains at most the
-        allowance per batch; work on another of its streams is outside (docs/isolation.md). On the
-        CPU the figures must also add up to the worker's CPU time over the round trip (the kernel's
-        count, read from this process) less the handoff and CPU_CALL_S a call: CPU work it hides
-        gains at most that."""
+        the worker's outputs), and on the CPU the worker's CPU time over it (the kernel's count,
+        read from this process). timing.credit decides what counts: the allowance is a handoff
+        (`Worker.handoff_bound`, from a ping right after the batch: the worker's spin, the copies
+        through the CPU arena, the CUDA tensors' IPC handles), on the CPU + timing.CPU_WAKEUP_S
+        for the wall clock, and for the CPU time the handoff + timing.CPU_CALL_S a call."""
         from pytest_cudaopt.perf.clocks import host_time
         from pytest_cudaopt.tensors import count_tensors, nbytes
 
@@ -171,17 +154,22 @@ class RemoteModel:
         if len(outputs) != len(sets):
             raise WorkerFailed(f"the candidate's worker process answered {len(outputs)} outputs for a batch of "
                                f"{len(sets)} timed calls")
-        also = None
+        ping = worker.ping()
         if cuda:  # handles cross, not bytes
-            slack = worker.handoff_bound(worker.ping(), handles=count_tensors(sets) + count_tensors(outputs))
+            handles = count_tensors(sets) + count_tensors(outputs)
+            bounds = [Bound(outer, 0.0, worker.handoff_bound(ping, handles=handles))]
         else:  # the inputs were copied into the arena before the clock started; the worker views them there
-            handoff = worker.handoff_bound(worker.ping(), copied=nbytes(outputs))
-            slack = handoff + CPU_WAKEUP_S
+            copied = nbytes(outputs)
+            handoff = worker.handoff_bound(ping, copied=copied)
+            bounds = [Bound(outer, 0.0, handoff + timing.CPU_WAKEUP_S)]
             if cpu_before is not None and cpu_after is not None:
-                # Its CPU time less a handoff (no wakeups: time it waited is not counted), never
-                # more than the round trip (a kernel's threads, against the rules, add up faster).
-                also = (min(cpu_after - cpu_before, outer), handoff + len(sets) * CPU_CALL_S)
-        seconds = self._checked(seconds, outer, slack, len(sets), also=also)
+                # Its CPU time (no wakeups: time it waited is not counted), never more than the
+                # round trip (a kernel's threads, against the rules, add up faster).
+                bounds.append(Bound(min(cpu_after - cpu_before, outer), 0.0, handoff + len(sets) * timing.CPU_CALL_S))
+        if len(seconds) != len(sets):
+            raise timing.TimingError(f"the candidate's process answered {len(seconds)} figures for {len(sets)} "
+                                     "timed calls of ModelNew")
+        seconds = self.clock.add(timing.credit(seconds, bounds, gated=False))
         # CPU outputs are views of the arena, which the worker's next reply rewrites.
         return [(clone_nest(o) if not cuda else o, t) for o, t in zip(outputs, seconds)]
 
@@ -236,11 +224,11 @@ class RemoteModel:
         inputs into those buffers from its own stream, flushes L2, opens the gate once that is done,
         spins on DONE, and copies every output out (the worker cannot have computed them before the
         window, nor finish them after it). Its window: from opening to DONE, plus the time to the
-        copy's end less the copy's own GPU time (this process's events). The worker's figures must
-        add up to it less the gate's calibrated fixed part (+ its `extra` for the window's length,
-        + MARGIN_S, + CALL_MARGIN_S a call). None when the enqueue stalled (the forward waited on
-        the device behind the gate): the batch is then timed by the round trip, and so may later
-        ones of this model be (`_stalled`)."""
+        copy's end less the copy's own GPU time (this process's events); timing.credit decides what
+        the worker's figures count against it (the allowance: the gate's calibrated fixed part + its
+        `extra` for the window's length + timing.MARGIN_S + timing.CALL_MARGIN_S a call). None when
+        the enqueue stalled (the forward waited on the device behind the gate): the batch is then
+        timed by the round trip, and so may later ones of this model be (`_stalled`)."""
         import torch
         from pytest_cudaopt.perf.clocks import host_time
         from pytest_cudaopt.tensors import leaves
@@ -291,11 +279,16 @@ class RemoteModel:
         # The collect's round trip waits for the worker's whole device (its synchronise): work on
         # another of its streams, past DONE, is counted there less a handoff (the calibrated ping's:
         # it runs before any of the workdir's code).
-        handoff = worker.handoff_bound(worker.calibrated_ping or worker.ping())
-        fixed = gate.fixed + gate.extra(seen - opened)   # a longer batch's copy out costs more (stream_gate.SPUN_S)
-        after = (collected - opened - copy_s, fixed + handoff)
-        slack = fixed + MARGIN_S + len(sets) * CALL_MARGIN_S
-        seconds = self._checked(seconds, seen - opened + excess, slack, len(sets), also=after)
+        ping = worker.calibrated_ping or worker.ping()
+        extra = gate.extra(seen - opened)   # a longer batch's copy out costs more (stream_gate.SPUN_S)
+        calls = len(sets)
+        if len(seconds) != calls:
+            raise timing.TimingError(f"the candidate's process answered {len(seconds)} figures for {calls} "
+                                     "timed calls of ModelNew")
+        bounds = [Bound(seen - opened + excess, gate.median + extra + calls * timing.HONEST_CALL_S,
+                        gate.fixed + extra + timing.MARGIN_S + calls * timing.CALL_MARGIN_S),
+                  Bound(collected - opened - copy_s, gate.median + extra, gate.fixed + extra + worker.handoff_bound(ping))]
+        seconds = self.clock.add(timing.credit(seconds, bounds, gated=True))
         self.gated += 1
         return list(zip(copies, seconds))
 
@@ -317,57 +310,30 @@ class RemoteModel:
                          "for the device, as a synchronise, .item() or an allocation from the driver does, "
                          "or it launches more kernels than CUDA queues on a stream that waits)")
 
-    def _checked(self, seconds: list[float], outer: float, slack: float, calls: int,
-                 also: tuple[float, float] | None = None) -> list[float]:
-        """The worker's figures as far as `outer` (this process's time for the batch) bears them
-        out: their sum never above it (else TimingError), never below it by more than `slack`
-        (nor below `also`'s outer by more than its slack: a second, looser interval)."""
-        from pytest_cudaopt.perf.clocks import TimingError
-
-        if len(seconds) != calls or not all(0.0 <= x for x in seconds):
-            raise TimingError(f"the candidate's process answered {len(seconds)} figures, some negative, for "
-                              f"{calls} timed calls of ModelNew")
-        total = sum(seconds)
-        if total > outer * (1 + 1e-3) + 2e-6:
-            raise TimingError(f"the worker's figures for {calls} calls of ModelNew ({total * 1e6:.1f} us) add up to "
-                              f"more than the {outer * 1e6:.1f} us this process measured around them: the "
-                              "candidate's process misreported its time")
-        self.timed_calls += calls
-        self.margins.append((calls, outer - total, slack))
-        deficit = (outer - slack if also is None else max(outer - slack, also[0] - also[1])) - total
-        counted = seconds if deficit <= 0 else [x + deficit / calls for x in seconds]
-        self.per_call += list(zip(seconds, counted))
-        return counted
-
     @property
-    def batches(self) -> list[tuple[int, list[float]]]:
-        """Per timed batch: its calls and the worker's figures for them, as it sent them."""
-        own, found = [a for a, _ in self.per_call], []
-        for calls, *_ in self.margins:
-            found.append((calls, own[:calls]))
-            own = own[calls:]
-        return found
+    def timed_calls(self) -> int:
+        return self.clock.timed_calls
 
-    @property
-    def raised(self) -> list[float]:
-        """By how much `time_batch` raised a worker's figure, per call it did."""
-        return [counted - own for own, counted in self.per_call if counted > own]
+    def timing_failure(self) -> str:
+        """Why the speed verdict cannot rest on this model's figures ("" when it can): its timer
+        under-reports (timing.ClockAudit.failure), or on a GPU its calls could not be checked
+        closely enough (the round trip alone)."""
+        return self.clock.failure() or self.clock.unresolved(self.device)
 
     def timing_note(self) -> str:
-        """What `time_batch` changed, for the report ("" when nothing)."""
+        """What the timing changed or could not do, for the report ("" when nothing)."""
         from pytest_cudaopt.perf.stats import median
 
         notes = []
-        own, counted = median([a for a, _ in self.per_call] or [0.0]), median([b for _, b in self.per_call] or [0.0])
-        raised = self.raised
-        # An honest batch's window now and then runs past the allowance (a late wakeup, a slow
-        # context switch): said when it moved the median the gate reads, by more than 1%.
-        if raised and counted > 1.01 * own:
-            most = max(raised)
-            notes.append(f"on {len(raised)} of {self.timed_calls} timed calls the worker's own figures fell short "
-                         f"of this process's clock by more than the batch's allowance (by up to {most * 1e6:.1f} us a "
-                         f"call): those calls count this process's time less the allowance (median {own * 1e6:.1f} us "
-                         f"as reported, {counted * 1e6:.1f} us counted)")
+        raised = self.clock.raised()
+        own = median([f for b in self.clock.batches for f in b.figures] or [0.0])
+        counted = median([c for b in self.clock.batches for c in b.counted] or [0.0])
+        if raised and counted > 1.01 * own and not self.clock.failure():
+            # An honest batch now and then runs past its allowance (a late wakeup, a slow context
+            # switch): counted at the judging process's time less the allowance, and said.
+            notes.append(f"{len(raised)} of {self.timed_calls} timed calls took longer by the judging process's clock "
+                         f"than ModelNew's own timer said, past the allowance for timing noise: those count the "
+                         f"judging process's time less that allowance (up to {max(raised) * 1e6:.1f} us more a call)")
         off = self.gate_off
         if not off and self.device.startswith("cuda") and self.timed_calls and self.worker.stream_gate is None:
             off = f"the worker has no gate ({getattr(self.worker, 'stream_gate_error', '') or 'none set up'})"

@@ -40,13 +40,6 @@ CHECK_EVERY_S = 0.01     # how often a spin asks whether the worker is still ali
 STALL_S = 2.0            # the most a gated batch's enqueue may take before the gate is opened anyway
 DONE_LIMIT_S = 120.0     # the most a gated batch may take once its gate is open
 CALIBRATION_BATCHES = 24
-# What a batch's window may exceed the calibrated fixed part (`JudgeGate.fixed`) by without the
-# worker's figures being raised (the host's spin and the copies' jitter).
-MARGIN_S = 20e-6
-# And by this much a call: an honest batch's window less its figures grew ~1.1-1.5 us a call from
-# batches of 1 to 16 on an H200 (the copy out of 16 outputs among it), which the calibration's
-# one-output batches do not hold.
-CALL_MARGIN_S = 1.5e-6
 PROBE_BYTES = 4096       # what a calibration batch copies out after DONE
 # The copy's excess grows with how long the worker's context ran before DONE, whatever it wrote: on
 # an H200 ~167 us after an empty batch, ~220 us after 2.5 ms of spin (benchmarks/gate_excess.py;
@@ -101,6 +94,12 @@ class JudgeGate:
     @property
     def windows(self) -> list[float]:
         return [a + b for a, b in self.parts]
+
+    @property
+    def median(self) -> float:
+        """The calibrated windows' median: what an honest batch's window exceeds its figures by
+        (worker/timing.py counts a batch that fell short past its allowance at that)."""
+        return median(self.windows) if self.parts else 0.0
 
     @property
     def fixed(self) -> float:
