@@ -66,8 +66,8 @@ def test_an_honest_worker_is_believed_whatever_its_calibration_missed(offset):
     over it in the median: at +25 us half their batches are short past the allowance, and still
     believed."""
     audit = run(17 * US, offset=offset, jitter=20 * US)
-    assert audit.failure() == ""
-    assert (len(audit.short_batches) >= len(audit.batches) / 3) == (offset > 0)
+    assert audit.failure() == "" and audit.short_batches == []
+    assert bool(audit.raised()) == (offset > 0)   # past the allowance: counted at the window less it
 
 
 @pytest.mark.parametrize("shave", [0.5, 0.95])
@@ -87,15 +87,18 @@ def test_a_two_percent_shave_passes_and_counts_within_two_percent():
     assert min(counted) >= 0.98 * 17 * US
 
 
-def test_the_slope_share_is_the_hidden_share_of_each_further_call():
-    """A 10% shave of a 17 us kernel: 1.7 us more hidden per further call; against 15.3 us reported
-    a call that is 11% (+ the 0.2 us a call of honest growth the expectation does not hold: 12%)."""
-    found = run(17 * US, shave=0.10).slope()
+def test_the_slope_is_the_hidden_share_of_each_further_call_and_has_a_floor():
+    """A 20% shave of a 17 us kernel: 3.4 us more hidden per further call; against 13.6 us reported a
+    call that is 25% (+ the 0.2 us a call of honest growth the expectation does not hold: 26%), 54 us
+    over 15 further calls. A 10% shave hides 28.5 us: inside the 40 us floor that honest workers'
+    noise needs, and it stands (docs/timing.md gives this bound)."""
+    found = run(17 * US, shave=0.20).slope()
     assert found is not None
     few, at_few, most, at_most, figure = found
-    assert (few, most) == (1, 16) and figure == pytest.approx(15.3 * US)
-    assert (at_most - at_few) / (15 * figure) == pytest.approx((1.7 + 0.2) / 15.3)
-    assert "took 12% longer" in run(17 * US, shave=0.10).failure()
+    assert (few, most) == (1, 16) and figure == pytest.approx(13.6 * US)
+    assert (at_most - at_few) / (15 * figure) == pytest.approx((3.4 + 0.2) / 13.6)
+    assert "took 26% longer" in run(17 * US, shave=0.20).failure()
+    assert run(17 * US, shave=0.10).failure() == ""
 
 
 def test_a_worker_short_on_most_calls_fails_where_no_slope_can_be_read():

@@ -9,9 +9,9 @@ code ran), and the `allowance` past which a single batch's shortfall is not beli
 
 - figures that add up to more than the outside clock fail the batch (TimingError);
 - a batch short by more than the allowance counts the outside clock less the allowance;
-- a worker whose batches fall short on more than SHORT_SHARE of its timed calls, or whose
-  shortfall behind the gate grows with the batch's length by more than SLOPE_SHARE of the
-  figures, under-reports: its perf item fails, naming the evidence, and no figure of it counts;
+- a worker whose batches fall short past noise on more than SHORT_SHARE of its timed calls, or
+  whose shortfall behind the gate grows with the batch's length past SLOPE_FLOOR_S and
+  SLOPE_SHARE of the figures, under-reports: its perf item fails, naming the evidence;
 - a GPU batch that cannot go behind the gate is timed by the round trip, whose noise is
   milliseconds: where that is more than RESOLUTION_SHARE of the figures, the figures cannot be
   checked, and the speed verdict cannot pass on them.
@@ -53,18 +53,22 @@ HONEST_CALL_S = 1.1e-6
 
 # -- the rule -------------------------------------------------------------------------------------
 # The calibrated fixed part is right for each worker only to a few tens of microseconds: on an H200,
-# honest batches of one worker sat 25-40 us under it and of another 25-80 us over it, all through
-# (benchmarks/results/2026-12-04-clock-shave.md). So a single batch's shortfall past the allowance
-# is believed to be noise, and counted at the window less the allowance; what gives a lie away is
-# its pattern:
-# - SHORT_SHARE: short past the allowance on more than this share of timed calls (honest workers
-#   measured: at most 52%), over at least SHORT_MIN batches;
-# - SLOPE_SHARE: behind the gate, a timer that reports a share of its time short hides more in a
-#   longer batch, whatever the worker's offset: the shortfall grows by that share of each further
-#   call's figure. Honest workers measured: at most 4.1%. Compared over gated batches of the
-#   fewest and the most calls, at least SLOPE_MIN of each.
+# the median shortfall of one honest worker's batches sat 17 us under it and another's 56 us over it,
+# the 99th percentile up to 125 us (benchmarks/results/2026-12-04-clock-shave.md). So one batch's
+# shortfall past the allowance is noise, counted at the window less the allowance; a lie shows in
+# the pattern of them:
+# - SHORT_SHARE: behind the gate, short past the allowance by more than SHORT_PAST_S (outside it, by
+#   anything) on more than this share of timed calls, over at least SHORT_MIN batches. A timer
+#   that hides more than about SHORT_PAST_S + 40 us a batch trips it; honest workers measured: 0%.
+# - SLOPE: a timer that reports a share of its time short hides more in a longer batch, whatever
+#   the worker's offset. Behind the gate, the median shortfall of the batches of the most calls less
+#   that of the fewest (at least SLOPE_MIN of each) must stay within SLOPE_FLOOR_S and SLOPE_SHARE of
+#   the longer batches' further calls' figures. Honest workers measured: at most 58 us, and 7.7%;
+#   a 50% shave of a 16 us kernel: 102-174 us, 83-150%.
 SHORT_SHARE = 0.75
+SHORT_PAST_S = 100e-6
 SHORT_MIN = 3
+SLOPE_FLOOR_S = 40e-6
 SLOPE_SHARE = 0.10
 SLOPE_MIN = 4
 # A GPU batch outside the gate is checked only to its round trip's allowance: where the median
@@ -146,7 +150,8 @@ class ClockAudit:
 
     @property
     def short_batches(self) -> list[Batch]:
-        return [b for b in self.batches if b.short > 0]
+        """The batches short past their allowance by more than noise (SHORT_PAST_S behind the gate)."""
+        return [b for b in self.batches if b.short > (SHORT_PAST_S if b.gated else 0.0)]
 
     @property
     def gated(self) -> list[Batch]:
@@ -180,12 +185,14 @@ class ClockAudit:
         found = self.slope()
         if found is not None:
             few, at_few, most, at_most, figure = found
-            share = (at_most - at_few) / ((most - few) * figure) if figure > 0 else float("inf")
-            if share > SLOPE_SHARE:
+            hidden = at_most - at_few
+            share = hidden / ((most - few) * figure) if figure > 0 else float("inf")
+            if hidden > SLOPE_FLOOR_S and share > SLOPE_SHARE:
                 reasons.append(f"each further call of a batch took {share:.0%} longer by the judging process's clock "
                                f"than by its own timer ({figure * 1e6:.2f} us a call reported; batches of {few} "
                                f"call{'s' if few > 1 else ''} {at_few * 1e6:.1f} us short, of {most} calls "
-                               f"{at_most * 1e6:.1f} us short; honest timers stay within {SLOPE_SHARE:.0%})")
+                               f"{at_most * 1e6:.1f} us short; honest timers stay within {SLOPE_SHARE:.0%} or "
+                               f"{SLOPE_FLOOR_S * 1e6:.0f} us)")
         if not reasons:
             return ""
         return ("ModelNew's own timer under-reports its time, so none of its figures count: " + "; ".join(reasons)
@@ -219,6 +226,7 @@ class ClockAudit:
                 "raised_calls": len(self.raised()),
                 "slope": None if found is None else dict(zip(("fewest_calls", "fewest_shift_s", "most_calls",
                                                                "most_shift_s", "figure_s"), found)),
-                # per batch, for the record: calls, gated, the worker's figures' sum, shift and allowance (us)
+                # per batch, for the record: calls, gated, the worker's figures' sum, shift, allowance and
+                # shortfall past it (us)
                 "per_batch": [[b.calls, int(b.gated), round(sum(b.figures) * 1e6, 2), round(b.shift * 1e6, 1),
-                               round(b.allowance * 1e6, 1)] for b in self.batches]}
+                               round(b.allowance * 1e6, 1), round(b.short * 1e6, 1)] for b in self.batches]}
