@@ -264,7 +264,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     reason = session.gpu_unavailable_reason() if gpu_items else None
     if reason and not session.settings.ci_gate:
         for item in gpu_items:
-            own = session.gpu_unavailable_reason(workdir_item=True) if workdir_node(item) is not None else reason
+            node = workdir_node(item)
+            own = (session.gpu_unavailable_reason(workdir_item=True, workdir=node.workdir_path)
+                   if node is not None else reason)
             item.add_marker(pytest.mark.skip(reason=own))
 
 

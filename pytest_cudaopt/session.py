@@ -68,14 +68,18 @@ class CudaoptSession:
         return (f"cudaopt: seed {self.seed} (replay with --cudaopt-seed={self.seed}), "
                 f"device {self.settings.device}, hypothesis profile {self.settings.profile}")
 
-    def gpu_unavailable_reason(self, workdir_item: bool = False) -> str | None:
+    def gpu_unavailable_reason(self, workdir_item: bool = False, workdir: Path | None = None) -> str | None:
         """Why a `gpu` item cannot run here, or None. Workdir items carry the marker only
-        when `cudaopt_device` is cuda (their reason names the CPU setting); the plugin's own
-        GPU tests carry it always."""
+        when `cudaopt_device` is cuda (their reason names the CPU setting and, given the
+        `workdir`, the whole command); the plugin's own GPU tests carry it always."""
+        import shlex
+
         from pytest_cudaopt.environment import cuda_device_name
 
         if cuda_device_name() is None:
-            hint = ("; kernels written as C++ for the CPU are judged here with --cudaopt-device=cpu"
+            command = f" (`pytest {shlex.quote(str(workdir))} --cudaopt-device=cpu`, or cudaopt_device = \"cpu\" " \
+                      f"in the workdir's pyproject.toml, as `cudaopt init --device cpu` writes)" if workdir else ""
+            hint = (f"; kernels written as C++ for the CPU are judged here with --cudaopt-device=cpu{command}"
                     if workdir_item else "")
             return f"no CUDA device visible (torch.cuda.is_available() is False){hint}"
         return None

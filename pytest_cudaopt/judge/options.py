@@ -50,13 +50,15 @@ class Options:
     grace: float = 10.0
     fork: bool = True
     zygote: str | None = None  # the zygote this host's pool forks its children and their workers from (set by LocalPool)
+    recorded_device: str | None = None  # the device every workdir records (cudaopt_device in its ini; set by Judge)
 
     @property
     def cpu(self) -> bool:
-        """CPU workdirs: the pytest arguments set --cudaopt-device=cpu."""
+        """CPU workdirs: the pytest arguments set --cudaopt-device, else every workdir records it, as cpu."""
         args = self.pytest_args
-        return any(a == "--cudaopt-device=cpu" or (a == "--cudaopt-device" and args[i + 1:i + 2] == ["cpu"])
-                   for i, a in enumerate(args))
+        named = [args[i + 1] if a == "--cudaopt-device" and i + 1 < len(args) else a.split("=", 1)[1]
+                 for i, a in enumerate(args) if a == "--cudaopt-device" or a.startswith("--cudaopt-device=")]
+        return (named[-1] if named else self.recorded_device) == "cpu"
 
     @property
     def cpu_jobs(self) -> int:
