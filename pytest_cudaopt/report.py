@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import textwrap
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -268,6 +269,23 @@ def perf_table(r: PerfResult) -> str:
     return render_rows(perf_rows(r), title=perf_title(r), notes=perf_notes(r))
 
 
+def gate_figure_lines(results: Sequence[Any]) -> list[str]:
+    """Beside pytest-benchmark's table: which figure each perf gate read (it is not that table's)."""
+    lines = []
+    for r in results:
+        if getattr(r, "kind", "") != "perf" or r.measurement is None:
+            continue
+        custom = r.medians().get(CUSTOM)
+        if custom is None:
+            continue
+        clock = "device time" if r.gate_clock == "device" else "latency"
+        lines.append(f"cudaopt: the perf gate of {_short_path(r.workdir)} read ModelNew's median {clock}, "
+                     f"{format_seconds(custom)} (the perf table's '(gate)' column); pytest-benchmark's table "
+                     f"times ModelNew again, alone, from the host with a synchronise per call, for "
+                     f"--benchmark-compare: the gate does not read it")
+    return lines
+
+
 def benchmark_extra_info(r: PerfResult) -> dict[str, Any]:
     """pytest-benchmark `extra_info`: medians, speedups, GPU, versions, precision tier."""
     medians = r.medians()
@@ -347,17 +365,40 @@ def render_rows(rows: Sequence[Mapping[str, str]], *, title: str = "", notes: It
         return "\n".join(out)
     if fmt != "table":
         raise ValueError(f"unknown format {fmt!r}; expected 'table' or 'markdown'")
-    widths = [max([len(c)] + [len(line[i]) for line in cells]) for i, c in enumerate(columns)]
+    widths = _fitted([max([len(c)] + [len(line[i]) for line in cells]) for i, c in enumerate(columns)],
+                     [not _numeric(cells, i) for i in range(len(columns))])
 
-    def line(values: Sequence[str]) -> str:
-        return "  ".join(v.rjust(w) if _numeric(cells, i) else v.ljust(w)
-                         for i, (v, w) in enumerate(zip(values, widths))).rstrip()
+    def lines(values: Sequence[str]) -> list[str]:
+        # A cell wider than its column wraps onto the next lines, the other cells left blank there.
+        wrapped = [textwrap.wrap(v, w, break_on_hyphens=False) or [""] if len(v) > w else [v]
+                   for v, w in zip(values, widths)]
+        return ["  ".join((parts[k] if k < len(parts) else "").rjust(w) if _numeric(cells, i)
+                          else (parts[k] if k < len(parts) else "").ljust(w)
+                          for i, (parts, w) in enumerate(zip(wrapped, widths))).rstrip()
+                for k in range(max(len(p) for p in wrapped))]
 
     out = [title] if title else []
     if columns:
-        out += [line(columns), "  ".join("-" * w for w in widths), *[line(c) for c in cells]]
+        out += [*lines(columns), "  ".join("-" * w for w in widths), *[x for c in cells for x in lines(c)]]
     out += notes
     return "\n".join(out)
+
+
+TABLE_WIDTH = 120   # a terminal table wraps its widest text columns to stay within this
+
+
+def _fitted(widths: list[int], text: list[bool], limit: int = TABLE_WIDTH, narrowest: int = 24) -> list[int]:
+    """Column widths within `limit` characters (2 between columns): the widest text column
+    narrowed first, none below `narrowest` (a table of many columns may stay wider)."""
+    widths = list(widths)
+    while sum(widths) + 2 * (len(widths) - 1) > limit:
+        over = sum(widths) + 2 * (len(widths) - 1) - limit
+        i = max((i for i in range(len(widths)) if text[i] and widths[i] > narrowest),
+                key=lambda i: widths[i], default=None)
+        if i is None:
+            break
+        widths[i] = max(narrowest, widths[i] - over)
+    return widths
 
 
 def _numeric(cells: Sequence[Sequence[str]], column: int) -> bool:

@@ -399,6 +399,9 @@ class CudaoptSession:
         account = self.account()
         records = [report.record(r) for r in [*self.results, *ledger.policy_results(account.items)]]
         lines = report.account_lines(account)
+        config = terminalreporter.config
+        if config.pluginmanager.hasplugin("benchmark") and not config.getoption("benchmark_disable", False):
+            lines += report.gate_figure_lines(self.results)
         if self.sandbox is not None:
             from pytest_cudaopt.worker.sandbox import describe
 

@@ -202,16 +202,22 @@ def test_an_initialised_workdir_fails_correctness_with_the_not_implemented_error
                                  "them through cuda_extension*"])
 
 
-def test_init_for_the_cpu_leaves_a_cpp_starting_kernel_and_a_readme_with_the_cpu_commands(
+def test_init_for_the_cpu_leaves_a_cpp_starting_kernel_records_the_device_and_needs_no_flag_after(
         tmp_path: Path, capsys) -> None:
+    from pytest_cudaopt.settings import workdir_settings
+
     model = write_model(tmp_path, MLP_MODEL)
     assert cli.main(["init", str(tmp_path / "wd"), "--model", str(model), "--device", "cpu"]) == 0
-    assert "--cudaopt-device=cpu -m correctness" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "its device, cpu, is recorded in pyproject.toml" in out and " -m correctness`" in out
     workdir = tmp_path / "wd"
+    assert 'cudaopt_device = "cpu"' in (workdir / "pyproject.toml").read_text()
+    assert workdir_settings(workdir).device == "cpu"   # what check, judge and gate read
     assert sorted(p.name for p in (workdir / "kernels").iterdir()) == ["starter.cpp", "starter_binding.cpp"]
     readme = (workdir / "README.md").read_text()
     assert "`kernels/starter.cpp` and `kernels/starter_binding.cpp`" in readme
-    assert "pytest --cudaopt-device=cpu -m correctness" in readme and "cudaopt init --lock-only ." in readme
+    assert "pytest -m correctness" in readme and "cudaopt init --lock-only ." in readme
+    assert "--cudaopt-device=cpu" not in readme
     assert [str(v) for v in policy.check_workdir(workdir)] == []
     (workdir / "README.md").write_text("my notes\n")  # not locked
     assert policy.check_workdir(workdir) == []
