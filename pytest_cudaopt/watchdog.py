@@ -183,7 +183,7 @@ class Watchdog:
             return (f"{TIMEOUT_MARK} {self.test} ran longer than cudaopt_timeout={self.timeout:g}s while {self.stage}; "
                     f"an import, a build or a get_inputs() that never ends{replay}")
         step, harness, elapsed = self._fired_at or self.harness_now()
-        share = f"the harness's own steps took {harness:.0f} s of the test's {elapsed:.0f} s"
+        share = f"the harness's own steps took {_seconds_text(harness)} of the test's {_seconds_text(elapsed)}"
         if step:  # the limit came in the harness's own work: no word of a hang of the candidate's
             return (f"{TIMEOUT_MARK} {self.test} ran longer than cudaopt_timeout={self.timeout:g}s{case} while the "
                     f"harness was {step}, its own work, not the candidate's ({share}); the sizes are too large to "
@@ -277,6 +277,10 @@ def set_case(text: str, replay: str = "") -> None:
         dog.case, dog.replay = text, replay
         if dog._on_case is not None:
             dog._on_case(text, replay)
+
+
+def _seconds_text(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 100 else f"{seconds:.0f} s"
 
 
 @contextlib.contextmanager
