@@ -365,8 +365,7 @@ def render_rows(rows: Sequence[Mapping[str, str]], *, title: str = "", notes: It
         return "\n".join(out)
     if fmt != "table":
         raise ValueError(f"unknown format {fmt!r}; expected 'table' or 'markdown'")
-    widths = _fitted([max([len(c)] + [len(line[i]) for line in cells]) for i, c in enumerate(columns)],
-                     [not _numeric(cells, i) for i in range(len(columns))])
+    widths = _fitted(columns, cells)
 
     def lines(values: Sequence[str]) -> list[str]:
         # A cell wider than its column wraps onto the next lines, the other cells left blank there.
@@ -387,17 +386,25 @@ def render_rows(rows: Sequence[Mapping[str, str]], *, title: str = "", notes: It
 TABLE_WIDTH = 120   # a terminal table wraps its widest text columns to stay within this
 
 
-def _fitted(widths: list[int], text: list[bool], limit: int = TABLE_WIDTH, narrowest: int = 24) -> list[int]:
-    """Column widths within `limit` characters (2 between columns): the widest text column
-    narrowed first, none below `narrowest` (a table of many columns may stay wider)."""
-    widths = list(widths)
-    while sum(widths) + 2 * (len(widths) - 1) > limit:
-        over = sum(widths) + 2 * (len(widths) - 1) - limit
+def _fitted(columns: Sequence[str], cells: Sequence[Sequence[str]], limit: int = TABLE_WIDTH,
+            narrowest: int = 20) -> list[int]:
+    """Column widths within `limit` characters (2 between columns), where they are wider:
+    headers wrapped onto two lines first, then the widest text column narrowed, none below
+    `narrowest` (a table of many columns may stay wider)."""
+    def over() -> int:
+        return sum(widths) + 2 * (len(widths) - 1) - limit
+
+    values = [max([0] + [len(line[i]) for line in cells]) for i in range(len(columns))]
+    widths = [max(len(c), v) for c, v in zip(columns, values)]
+    if over() > 0:
+        widths = [max(v, (len(c) + 1) // 2, *(len(word) for word in c.split())) for c, v in zip(columns, values)]
+    text = [not _numeric(cells, i) for i in range(len(columns))]
+    while over() > 0:
         i = max((i for i in range(len(widths)) if text[i] and widths[i] > narrowest),
                 key=lambda i: widths[i], default=None)
         if i is None:
             break
-        widths[i] = max(narrowest, widths[i] - over)
+        widths[i] = max(narrowest, widths[i] - over())
     return widths
 
 
