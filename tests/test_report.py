@@ -416,6 +416,6 @@ def test_the_drawn_shapes_table_stays_within_120_columns_wrapping_its_inputs():
 
 def test_beside_pytest_benchmarks_table_a_line_says_which_figure_the_gate_read():
     lines = report.gate_figure_lines([perf_result(custom=11.8 * MS)])
-    assert lines == ["cudaopt: the perf gate of /w/attn read ModelNew's median device time, 11.80 ms (the perf "
+    assert lines == ["cudaopt: the perf gate of /w/attn read ModelNew's median device time, 11.8 ms (the perf "
                      "table's '(gate)' column); pytest-benchmark's table times ModelNew again, alone, from the host "
                      "with a synchronise per call, for --benchmark-compare: the gate does not read it"]
