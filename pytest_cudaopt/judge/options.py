@@ -11,8 +11,9 @@ from pathlib import Path
 
 def default_cache_dir() -> Path:
     """Where a host's shared caches live: $XDG_CACHE_HOME/cudaopt, else ~/.cache/cudaopt."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "cudaopt"
+    from pytest_cudaopt.settings import user_cache_dir
+
+    return user_cache_dir()
 
 
 def default_jobs() -> int:
