@@ -19,6 +19,10 @@ Three ways a test can hang, three answers (tested in tests/test_correctness_verd
 GRACE_S and BACKSTOP_S can be shortened through the environment (CUDAOPT_WATCHDOG_GRACE_S,
 CUDAOPT_WATCHDOG_BACKSTOP_S): the plugin's own tests wait out dozens of hangs.
 
+The harness's own steps inside a test (`harness_step`: moving the state, get_inputs(), the
+references, the comparison) are timed apart; a limit met inside one says so, never "a kernel
+that never finishes".
+
 A debugging session (pdb, `--pdb`'s post-mortem, an IDE debugger) is never interrupted: the
 watchdog checks the main thread's frames before it acts (as pytest-timeout's is_debugging does).
 """
