@@ -70,17 +70,14 @@ class CudaoptSession:
 
     def gpu_unavailable_reason(self, workdir_item: bool = False, workdir: Path | None = None) -> str | None:
         """Why a `gpu` item cannot run here, or None. Workdir items carry the marker only
-        when `cudaopt_device` is cuda (their reason names the CPU setting and, given the
-        `workdir`, the whole command); the plugin's own GPU tests carry it always."""
-        import shlex
-
+        when `cudaopt_device` is cuda (their reason names the CPU setting and the command); the
+        plugin's own GPU tests carry it always."""
         from pytest_cudaopt.environment import cuda_device_name
 
         if cuda_device_name() is None:
-            command = f" (`pytest {shlex.quote(str(workdir))} --cudaopt-device=cpu`, or cudaopt_device = \"cpu\" " \
-                      f"in the workdir's pyproject.toml, as `cudaopt init --device cpu` writes)" if workdir else ""
-            hint = (f"; kernels written as C++ for the CPU are judged here with --cudaopt-device=cpu{command}"
-                    if workdir_item else "")
+            hint = (f"; kernels written as C++ for the CPU are judged here with --cudaopt-device=cpu (`pytest "
+                    f"{workdir} --cudaopt-device=cpu`, or cudaopt_device = \"cpu\" in the workdir's pyproject.toml, "
+                    f"as `cudaopt init --device cpu` writes)" if workdir_item else "")
             return f"no CUDA device visible (torch.cuda.is_available() is False){hint}"
         return None
 
@@ -399,9 +396,7 @@ class CudaoptSession:
         account = self.account()
         records = [report.record(r) for r in [*self.results, *ledger.policy_results(account.items)]]
         lines = report.account_lines(account)
-        config = terminalreporter.config
-        if config.pluginmanager.hasplugin("benchmark") and not config.getoption("benchmark_disable", False):
-            lines += report.gate_figure_lines(self.results)
+        lines += report.gate_figure_lines(self.results, terminalreporter.config)
         if self.sandbox is not None:
             from pytest_cudaopt.worker.sandbox import describe
 
