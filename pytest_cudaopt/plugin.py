@@ -315,7 +315,10 @@ def pytest_runtest_setup(item: pytest.Item):
             from pytest_cudaopt.ci_gate import SETUP_PROPERTY
 
             item.user_properties.append((SETUP_PROPERTY, reason))
-            pytest.fail(f"{reason}: the CI gate never passes without the device", pytrace=False)
+            where = workdir_node(item)
+            cpu = (f" (a CPU workdir: `cudaopt gate {where.workdir_path} -- --cudaopt-device=cpu`, or cudaopt_device = "
+                   f"\"cpu\" in its pyproject.toml)" if where is not None else "")
+            pytest.fail(f"{reason}: the CI gate never passes without the device{cpu}", pytrace=False)
     node = workdir_node(item)
     if node is not None and session.hung:
         from pytest_cudaopt.supervision import static

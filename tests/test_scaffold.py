@@ -226,6 +226,14 @@ def test_init_for_the_cpu_leaves_a_cpp_starting_kernel_records_the_device_and_ne
     assert "pytest -m perf" in gpu_readme and "--cudaopt-device" not in gpu_readme
 
 
+def test_pytest_judges_a_workdir_made_for_the_cpu_on_the_cpu_without_a_flag_which_still_overrides_it(
+        pytester: pytest.Pytester, run_pytest, tmp_path: Path) -> None:
+    scaffold.init_workdir(pytester.path / "wd", write_model(tmp_path, MLP_MODEL), device="cpu")
+    run_pytest(pytester, "wd", "--collect-only").stdout.fnmatch_lines(["cudaopt: seed * device cpu, *"])
+    overridden = run_pytest(pytester, "wd", "--collect-only", "--cudaopt-device=cuda")
+    overridden.stdout.fnmatch_lines(["cudaopt: seed * device cuda, *"])
+
+
 @pytest.mark.slow
 def test_the_gpu_starting_kernel_builds_and_check_then_runs_every_rule(tmp_path: Path, capsys) -> None:
     from pytest_cudaopt import build
