@@ -122,7 +122,8 @@ def _current_build(workdir: Path) -> tuple[Path | None, str]:
     if so is None:
         return None, "no build yet (`cudaopt build`)"
     try:
-        return build.compile_extension(workdir).so_path, ""
+        emit = lambda line: print(f"cudaopt check: {line}", file=sys.stderr, flush=True)  # noqa: E731
+        return build.compile_extension(workdir, emit=emit).so_path, ""
     except (build.BuildError, ValueError) as exc:
         summary = str(getattr(exc, "summary", exc)).splitlines()[0]
         return None, (f"the build predates the latest edits and rebuilding it failed: {summary} "

@@ -45,22 +45,24 @@ def render_rows(rows: Sequence[Mapping[str, str]], *, title: str = "", notes: It
     return "\n".join(out)
 
 
-TABLE_WIDTH = 120   # a terminal table wraps its widest text columns to stay within this
+TABLE_WIDTH = 120   # a terminal table with a long text cell wraps to stay within this
+LONG_CELL = 40      # a text cell wider than this (the drawn shapes' inputs and notes) is long
 
 
 def _fitted(columns: Sequence[str], cells: Sequence[Sequence[str]], limit: int = TABLE_WIDTH,
             narrowest: int = 20) -> list[int]:
-    """Column widths within `limit` characters (2 between columns), where they are wider:
-    headers wrapped onto two lines first, then the widest text column narrowed, none below
-    `narrowest` (a table of many columns may stay wider)."""
+    """Column widths within `limit` characters (2 between columns), where they are wider and a
+    text cell is longer than LONG_CELL: headers wrapped onto two lines first, then the widest
+    text column narrowed, none below `narrowest` (a table of many columns may stay wider)."""
     def over() -> int:
         return sum(widths) + 2 * (len(widths) - 1) - limit
 
     values = [max([0] + [len(line[i]) for line in cells]) for i in range(len(columns))]
     widths = [max(len(c), v) for c, v in zip(columns, values)]
-    if over() > 0:
-        widths = [max(v, (len(c) + 1) // 2, *(len(word) for word in c.split())) for c, v in zip(columns, values)]
     text = [not _numeric(cells, i) for i in range(len(columns))]
+    if over() <= 0 or not any(t and v > LONG_CELL for t, v in zip(text, values)):
+        return widths   # short cells only: a table a few columns too wide stays as it is
+    widths = [max(v, (len(c) + 1) // 2, *(len(word) for word in c.split())) for c, v in zip(columns, values)]
     while over() > 0:
         i = max((i for i in range(len(widths)) if text[i] and widths[i] > narrowest),
                 key=lambda i: widths[i], default=None)
