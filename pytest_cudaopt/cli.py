@@ -90,7 +90,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from pytest_cudaopt import build, policy
+    from pytest_cudaopt import policy
     from pytest_cudaopt.settings import SettingError, workdir_settings
 
     try:
@@ -102,14 +102,32 @@ def cmd_check(args: argparse.Namespace) -> int:
     violations = policy.check_workdir(args.workdir, config, construct=False)
     # One build serves MN010 (ModelNew constructed with it; a stand-in without one) and EX001,
     # both run in a worker process: this one imports nothing of the workdir's.
-    try:
-        so = build.existing_build(args.workdir)
-    except build.BuildError:
-        so = None
+    so, unbuilt = _current_build(args.workdir)
     violations = sorted(set(violations) | set(_worker_findings(Path(args.workdir), so, limit,
                                                                 "MN010" not in config.disable)))
-    print(policy.render(violations, args.workdir, as_json=args.json, built=so is not None))
+    print(policy.render(violations, args.workdir, as_json=args.json, built=so is not None, unbuilt=unbuilt))
     return 1 if violations else 0
+
+
+def _current_build(workdir: Path) -> tuple[Path | None, str]:
+    """(the .so EX001 reads, "") or (None, why there is none). A workdir built before is built
+    again first, compiled only where its tree changed: EX001 must read what kernels/ defines
+    now, not what an earlier build did. One never built is not built here (EX001 waits)."""
+    from pytest_cudaopt import build
+
+    try:
+        so = build.existing_build(workdir)
+    except build.BuildError:
+        so = None
+    if so is None:
+        return None, "no build yet (`cudaopt build`)"
+    try:
+        emit = lambda line: print(f"cudaopt check: {line}", file=sys.stderr, flush=True)  # noqa: E731
+        return build.compile_extension(workdir, emit=emit).so_path, ""
+    except (build.BuildError, ValueError) as exc:
+        summary = str(getattr(exc, "summary", exc)).splitlines()[0]
+        return None, (f"the build predates the latest edits and rebuilding it failed: {summary} "
+                      f"(`cudaopt build {workdir}` shows the compiler's errors)")
 
 
 def _worker_findings(workdir: Path, so: Path | None, limit: float, mn010: bool) -> list:
@@ -164,9 +182,14 @@ def cmd_init(args: argparse.Namespace) -> int:
     except scaffold.ScaffoldError as exc:
         print(f"cudaopt init: {exc}", file=sys.stderr)
         return 1
-    device = " --cudaopt-device=cpu" if args.device == "cpu" else ""
-    print(f"created workdir {created} (its README.md says what to edit); next: write kernels/, then "
-          f"`cudaopt check {created}` and `pytest {created}{device} -m correctness`")
+    remembered = f" (its device, {args.device}, is recorded in pyproject.toml)" if args.device != "cuda" else ""
+    print(f"created workdir {created}{remembered}; its README.md says what to edit; next: write kernels/, then "
+          f"`cudaopt check {created}` and `pytest {created} -m correctness`")
+    from pytest_cudaopt.correctness.sizes import check_new_workdir
+
+    too_big = check_new_workdir(created, args.device)
+    if too_big:
+        print(f"cudaopt init: warning: {too_big}", file=sys.stderr)
     return 0
 
 

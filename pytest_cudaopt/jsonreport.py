@@ -105,8 +105,11 @@ def render_file(path: str | Path, fmt: str = "table") -> str:
     doc = read(path)
     env = doc.get("environment") or {}
     gpu = f"{env.get('gpu')} ({env.get('gpu_capability')})" if env.get("gpu") else "no GPU"
+    seeds = doc.get("seeds")  # a judge line's report: a seed per stage
+    seed = (f"seed {doc.get('seed')}" if not isinstance(seeds, dict) or not seeds else
+            "seeds " + ", ".join(f"{stage} {value}" for stage, value in seeds.items()))
     head = (f"cudaopt report {path.name}: {doc.get('created', '?')}, {gpu}, torch {env.get('torch')}, "
-            f"CUDA {env.get('cuda')}, seed {doc.get('seed')}")
+            f"CUDA {env.get('cuda')}, {seed}")
     body = report.render_records(doc.get("results", []), fmt)
     lines = verdict_lines(doc)
     if fmt == "markdown":

@@ -1,4 +1,4 @@
-"""Device memory in proportion to the problem: what a case may use, what fits, and a clear failure when nothing does."""
+"""Memory in proportion to the problem, on a GPU or on the host: what a case may use, what fits, and a clear failure when nothing does."""
 
 from __future__ import annotations
 
@@ -36,14 +36,58 @@ def largest_case_budget(canonical_bytes: int, canonical_elements: int, max_eleme
 
 
 def free_bytes(device: torch.device | str) -> int | None:
-    """Free memory on `device` as the process can use it: the driver's free memory plus
-    what torch's caching allocator holds unused. None off CUDA (no limit is checked)."""
+    """Free memory on `device` as the process can use it: on CUDA the driver's free memory
+    plus what torch's caching allocator holds unused; on the CPU the host's (`host_free_bytes`).
+    None where it cannot be told (no limit is checked)."""
     device = torch.device(device)
+    if device.type == "cpu":
+        return host_free_bytes()
     if device.type != "cuda":
         return None
     free, _total = torch.cuda.mem_get_info(device)
     cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     return free + max(cached, 0)
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii") as handle:
+            text = handle.read().split()[0]
+    except (OSError, IndexError):
+        return None
+    return int(text) if text.isdigit() else None   # "max": no limit
+
+
+# A cgroup's limit and usage: v2 (the unified hierarchy as a container sees it), then v1.
+CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+
+
+def host_free_bytes(meminfo: str = "/proc/meminfo", cgroups=CGROUP_FILES) -> int | None:
+    """Host memory a new allocation can still get without swapping or the OOM killer:
+    MemAvailable of /proc/meminfo, or less where a cgroup limit leaves less (its limit minus
+    its usage). None where neither can be read (no limit is checked)."""
+    free = None
+    try:
+        with open(meminfo, encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    free = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        free = None
+    for limit_file, usage_file in cgroups:
+        limit, usage = _read_int(limit_file), _read_int(usage_file)
+        if limit is not None and usage is not None and limit < (1 << 60):  # a v1 "no limit" is ~2**63
+            left = max(limit - usage, 0)
+            free = left if free is None else min(free, left)
+            break
+    return free
+
+
+def where(device: torch.device | str | None) -> str:
+    """"host memory" for the CPU, "device memory" otherwise: the words of every message here."""
+    return "host memory" if device is not None and torch.device(device).type == "cpu" else "device memory"
 
 
 def allocated(device: torch.device | str | None) -> int:
@@ -111,10 +155,11 @@ class Peak:
             self.bytes = self.most
 
 
-def check_fits(what: str, need: int, free: int | None, lower: str) -> None:
-    """Raise DoesNotFit when `need` bytes exceed `free` (None: not checked)."""
+def check_fits(what: str, need: int, free: int | None, lower: str, memory: str = "device memory") -> None:
+    """Raise DoesNotFit when `need` bytes exceed `free` (None: not checked); `memory` says
+    which ("host memory" on the CPU: `where`)."""
     if free is not None and need > free:
-        raise DoesNotFit(f"{what} needs about {gib(need)} of device memory, only {gib(free)} is free; "
+        raise DoesNotFit(f"{what} needs about {gib(need)} of {memory}, only {gib(free)} is free; "
                          f"{lower}")
 
 
@@ -153,7 +198,7 @@ def cap_max_elements(max_elements: int | None, canonical_elements: int, canonica
         return max_elements, ""
     cap = max(fits, 1)
     return cap, (f"drawn shapes capped at {cap} input elements (not {max_elements}): "
-                 f"{gib(free)} of device memory free")
+                 f"{gib(free)} free")
 
 
 # What batches of timed calls may hold beyond the case budget (perf/engine.py: the longer a

@@ -264,7 +264,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     reason = session.gpu_unavailable_reason() if gpu_items else None
     if reason and not session.settings.ci_gate:
         for item in gpu_items:
-            own = session.gpu_unavailable_reason(workdir_item=True) if workdir_node(item) is not None else reason
+            node = workdir_node(item)
+            own = (session.gpu_unavailable_reason(workdir_item=True, workdir=node.workdir_path)
+                   if node is not None else reason)
             item.add_marker(pytest.mark.skip(reason=own))
 
 
@@ -313,7 +315,10 @@ def pytest_runtest_setup(item: pytest.Item):
             from pytest_cudaopt.ci_gate import SETUP_PROPERTY
 
             item.user_properties.append((SETUP_PROPERTY, reason))
-            pytest.fail(f"{reason}: the CI gate never passes without the device", pytrace=False)
+            where = workdir_node(item)
+            cpu = (f" (a CPU workdir: `cudaopt gate {where.workdir_path} -- --cudaopt-device=cpu`, or cudaopt_device = "
+                   f"\"cpu\" in its pyproject.toml)" if where is not None else "")
+            pytest.fail(f"{reason}: the CI gate never passes without the device{cpu}", pytrace=False)
     node = workdir_node(item)
     if node is not None and session.hung:
         from pytest_cudaopt.supervision import static

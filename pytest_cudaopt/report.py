@@ -15,6 +15,7 @@ from pytest_cudaopt.perf.gate import GateVerdict
 from pytest_cudaopt.perf.lineup import COMPILE, CUSTOM, EAGER, PEER_PREFIX, PRECISION_MATCHED, TARGET
 from pytest_cudaopt.perf.stats import format_seconds
 from pytest_cudaopt.results import ACCEPTED, CorrectnessResult, PerfResult, PolicyResult, RecordedResult
+from pytest_cudaopt.tables import TABLE_WIDTH, render_rows  # noqa: F401 - report.render_rows is the API
 
 KIND_ORDER = ("correctness", "perf", "policy")
 PERF_COLUMNS = ("contender", "device time", "latency", "kernel sum", "IQR", "n", "vs eager", "vs compile",
@@ -268,6 +269,27 @@ def perf_table(r: PerfResult) -> str:
     return render_rows(perf_rows(r), title=perf_title(r), notes=perf_notes(r))
 
 
+def gate_figure_lines(results: Sequence[Any], config: Any = None) -> list[str]:
+    """Beside pytest-benchmark's table (where `config` has it on): which figure each perf gate
+    read (it is not that table's)."""
+    if config is not None and (not config.pluginmanager.hasplugin("benchmark")
+                               or config.getoption("benchmark_disable", False)):
+        return []
+    lines = []
+    for r in results:
+        if getattr(r, "kind", "") != "perf" or getattr(r, "measurement", None) is None:
+            continue   # a pytest-xdist worker's record: its table says it
+        custom = r.medians().get(CUSTOM)
+        if custom is None:
+            continue
+        clock = "device time" if r.gate_clock == "device" else "latency"
+        lines.append(f"cudaopt: the perf gate of {_short_path(r.workdir)} read ModelNew's median {clock}, "
+                     f"{format_seconds(custom)} (the perf table's '(gate)' column); pytest-benchmark's table "
+                     f"times ModelNew again, alone, from the host with a synchronise per call, for "
+                     f"--benchmark-compare: the gate does not read it")
+    return lines
+
+
 def benchmark_extra_info(r: PerfResult) -> dict[str, Any]:
     """pytest-benchmark `extra_info`: medians, speedups, GPU, versions, precision tier."""
     medians = r.medians()
@@ -324,46 +346,6 @@ def record(result: Any) -> dict[str, Any]:
         rec["row"] = {str(k): str(v) for k, v in result.row().items()}
     # Plain types only: records cross from pytest-xdist workers through execnet.
     return json.loads(strict_dumps(rec))
-
-
-def render_rows(rows: Sequence[Mapping[str, str]], *, title: str = "", notes: Iterable[str] = (),
-                fmt: str = "table") -> str:
-    """Rows (dicts with the same keys, in column order) as a fixed-width table or a
-    Markdown table, with a title line above and notes below."""
-    columns: list[str] = []
-    for row in rows:
-        columns += [c for c in row if c not in columns]
-    cells = [[str(row.get(c, "")) for c in columns] for row in rows]
-    notes = list(notes)
-    if fmt == "markdown":
-        out = [f"### {title}", ""] if title else []
-        if columns:
-            out.append("| " + " | ".join(columns) + " |")
-            out.append("|" + "|".join("---" if i == 0 else "---:" if _numeric(cells, i) else "---"
-                                      for i in range(len(columns))) + "|")
-            out += ["| " + " | ".join(c.replace("|", "\\|") for c in line) + " |" for line in cells]
-        if notes:
-            out += [""] + [f"- {n}" for n in notes]
-        return "\n".join(out)
-    if fmt != "table":
-        raise ValueError(f"unknown format {fmt!r}; expected 'table' or 'markdown'")
-    widths = [max([len(c)] + [len(line[i]) for line in cells]) for i, c in enumerate(columns)]
-
-    def line(values: Sequence[str]) -> str:
-        return "  ".join(v.rjust(w) if _numeric(cells, i) else v.ljust(w)
-                         for i, (v, w) in enumerate(zip(values, widths))).rstrip()
-
-    out = [title] if title else []
-    if columns:
-        out += [line(columns), "  ".join("-" * w for w in widths), *[line(c) for c in cells]]
-    out += notes
-    return "\n".join(out)
-
-
-def _numeric(cells: Sequence[Sequence[str]], column: int) -> bool:
-    """Right-align columns whose cells start with a digit (or are '-')."""
-    values = [line[column] for line in cells if line[column] not in ("-", "")]
-    return bool(values) and all(v[:1].isdigit() for v in values)
 
 
 def render_records(records: Sequence[Mapping[str, Any]], fmt: str = "table") -> str:

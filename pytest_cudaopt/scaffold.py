@@ -85,6 +85,9 @@ def init_workdir(dest: Path, model_path: Path, notes: list[str] | None = None, d
     (dest / "model_new.py").write_text(model_new, encoding="utf-8")
     starter.write(dest, device, convolution=bool(policy.model_convolutions(model_path)))
     pyproject = PYPROJECT
+    if device != "cuda":
+        # Remembered: pytest, `cudaopt check`, `judge` and `gate` read it (a flag overrides it).
+        pyproject = pyproject.replace('addopts = "-ra"\n', f'addopts = "-ra"\ncudaopt_device = "{device}"\n')
     if third_party:
         # model_new.py carries model.py's imports that the constructor needs; allow them so
         # that the new workdir passes its own `cudaopt check`.

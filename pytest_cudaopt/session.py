@@ -68,15 +68,16 @@ class CudaoptSession:
         return (f"cudaopt: seed {self.seed} (replay with --cudaopt-seed={self.seed}), "
                 f"device {self.settings.device}, hypothesis profile {self.settings.profile}")
 
-    def gpu_unavailable_reason(self, workdir_item: bool = False) -> str | None:
+    def gpu_unavailable_reason(self, workdir_item: bool = False, workdir: Path | None = None) -> str | None:
         """Why a `gpu` item cannot run here, or None. Workdir items carry the marker only
-        when `cudaopt_device` is cuda (their reason names the CPU setting); the plugin's own
-        GPU tests carry it always."""
+        when `cudaopt_device` is cuda (their reason names the CPU setting and the command); the
+        plugin's own GPU tests carry it always."""
         from pytest_cudaopt.environment import cuda_device_name
 
         if cuda_device_name() is None:
-            hint = ("; kernels written as C++ for the CPU are judged here with --cudaopt-device=cpu"
-                    if workdir_item else "")
+            hint = (f"; kernels written as C++ for the CPU are judged here with --cudaopt-device=cpu (`pytest "
+                    f"{workdir} --cudaopt-device=cpu`, or cudaopt_device = \"cpu\" in the workdir's pyproject.toml, "
+                    f"as `cudaopt init --device cpu` writes)" if workdir_item else "")
             return f"no CUDA device visible (torch.cuda.is_available() is False){hint}"
         return None
 
@@ -395,6 +396,7 @@ class CudaoptSession:
         account = self.account()
         records = [report.record(r) for r in [*self.results, *ledger.policy_results(account.items)]]
         lines = report.account_lines(account)
+        lines += report.gate_figure_lines(self.results, terminalreporter.config)
         if self.sandbox is not None:
             from pytest_cudaopt.worker.sandbox import describe
 

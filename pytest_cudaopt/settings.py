@@ -188,10 +188,11 @@ OPTIONS: tuple[Option, ...] = (
            "root of the extension build folders, relative to the workdir; unset: <workdir>/build/cudaopt"),
     Option("cxx_flags", str, "", "extra host compiler flags for the extension, space separated"),
     Option("nvcc_flags", str, "", "extra nvcc flags for the extension, space separated"),
-    Option("object_cache", str, None,
+    Option("object_cache", str, "user",
            "a folder of compiled objects shared by workdirs: a source compiled before with the same "
            "command, toolchain, source bytes and headers is copied from there instead of compiled "
-           "(build/objcache.py); unset: no cache"),
+           "(build/objcache.py), so a new workdir's binding.cpp is not compiled again; 'user': the per-user "
+           "cache $XDG_CACHE_HOME/cudaopt/objects (else ~/.cache/cudaopt/objects); 'off': no cache"),
     # trust
     Option("self_test", _bool, False,
            "let a conftest.py implement the hooks that decide a verdict (pytest_cudaopt_perf_clock), for the "
@@ -200,6 +201,21 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 BY_NAME: dict[str, Option] = {option.name: option for option in OPTIONS}
+
+
+def user_cache_dir() -> Path:
+    """Where this user's shared caches live: $XDG_CACHE_HOME/cudaopt, else ~/.cache/cudaopt."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "cudaopt"
+
+
+def object_cache_dir(value: str | None) -> Path | None:
+    """The folder the `object_cache` setting names: 'user' the per-user one, 'off' (or empty) none."""
+    if not value or str(value).strip().lower() == "off":
+        return None
+    if value == "user":
+        return (user_cache_dir() / "objects").resolve()
+    return Path(value).expanduser().resolve()
 
 
 # Settings that change what a correctness case computes or how it is judged: a replay command

@@ -30,10 +30,10 @@ TEXT = {
         "pytest -m perf           # faster than torch.compile (by cudaopt_min_speedup, 1.05x)\n"
         "pytest                   # every verdict")},
     "cpu": {"ext": ".cpp", "where": " in plain C++ on the CPU", "commands": (
-        "pytest --cudaopt-device=cpu -m correctness   # the same function as Model on many shapes\n"
-        "pytest --cudaopt-device=cpu -m perf          # the C++ kernels against torch.compile on the CPU\n"
-        "pytest --cudaopt-device=cpu                  # every verdict (without the option, on a machine\n"
-        "                                             # without a GPU, correctness and perf skip)")},
+        "pytest -m correctness    # the same function as Model on many shapes, on the CPU\n"
+        "pytest -m perf           # the C++ kernels against torch.compile on the CPU\n"
+        "pytest                   # every verdict (pyproject.toml's cudaopt_device = \"cpu\" says\n"
+        "                         # where; --cudaopt-device=cuda overrides it)")},
 }
 
 

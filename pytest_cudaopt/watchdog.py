@@ -19,6 +19,10 @@ Three ways a test can hang, three answers (tested in tests/test_correctness_verd
 GRACE_S and BACKSTOP_S can be shortened through the environment (CUDAOPT_WATCHDOG_GRACE_S,
 CUDAOPT_WATCHDOG_BACKSTOP_S): the plugin's own tests wait out dozens of hangs.
 
+The harness's own steps inside a test (`harness_step`: moving the state, get_inputs(), the
+references, the comparison) are timed apart; a limit met inside one says so, never "a kernel
+that never finishes".
+
 A debugging session (pdb, `--pdb`'s post-mortem, an IDE debugger) is never interrupted: the
 watchdog checks the main thread's frames before it acts (as pytest-timeout's is_debugging does).
 """
@@ -52,7 +56,8 @@ RESIGNAL_S = 0.25
 BACKSTOP_S = _seconds("CUDAOPT_WATCHDOG_BACKSTOP_S", 10.0)
 SIGNAL = getattr(signal, "SIGUSR2", None)
 WORKDIR_MODULES = "cudaopt_workdir_"  # workdir.MODULE_PREFIX: the workdir's own files
-TIMEOUT_MARK = "TIMEOUT:"  # how a timed-out test's failure begins (the judge reads it in the report's items)
+TIMEOUT_MARK = "TIMEOUT:"
+HARNESS_SHARE = 0.25  # a hang's message says how long the harness took once it took this share of the test  # how a timed-out test's failure begins (the judge reads it in the report's items)
 DEBUGGER_MODULES = ("pdb", "bdb", "pydevd", "_pydevd", "debugpy", "IPython.core.debugger", "ipdb")
 
 _STDERR_FD: int | None = None
@@ -152,6 +157,11 @@ class Watchdog:
         self.case = ""
         self.replay = ""
         self.stage = ""  # what the test does before its cases ("loading the workdir ...")
+        self.step = ""   # the harness's own step running now (`harness_step`), "" in the candidate's time
+        self.harness_s = 0.0  # seconds the harness's own steps took so far
+        self._step_started = 0.0
+        self._started = time.monotonic()
+        self._fired_at: tuple[str, float, float] | None = None  # (step, harness seconds, elapsed) when it fired
         self._on_case = on_case
         self.fired = False
         self._stream = stream
@@ -164,14 +174,28 @@ class Watchdog:
         self._installed = False
         self._raised: HangTimeout | None = None
 
+    def harness_now(self) -> tuple[str, float, float]:
+        """(the harness step running now or "", the harness's seconds so far, the test's seconds so far)."""
+        now = time.monotonic()
+        running = now - self._step_started if self.step else 0.0
+        return self.step, self.harness_s + running, now - self._started
+
     def message(self) -> str:
         case = f" on case {self.case}" if self.case else ""
         replay = f"\nreplay: {self.replay}" if self.replay else ""
         if self.stage:
             return (f"{TIMEOUT_MARK} {self.test} ran longer than cudaopt_timeout={self.timeout:g}s while {self.stage}; "
                     f"an import, a build or a get_inputs() that never ends{replay}")
+        step, harness, elapsed = self._fired_at or self.harness_now()
+        share = f"the harness's own steps took {_seconds_text(harness)} of the test's {_seconds_text(elapsed)}"
+        if step:  # the limit came in the harness's own work: no word of a hang of the candidate's
+            return (f"{TIMEOUT_MARK} {self.test} ran longer than cudaopt_timeout={self.timeout:g}s{case} while the "
+                    f"harness was {step}, its own work, not the candidate's ({share}); the sizes are too large to "
+                    f"judge within the limit on this machine: raise cudaopt_timeout, or shrink model.py's "
+                    f"constants{replay}")
+        more = f" ({share})" if harness >= HARNESS_SHARE * max(elapsed, 1e-9) else ""
         return (f"{TIMEOUT_MARK} {self.test} ran longer than cudaopt_timeout={self.timeout:g}s{case}; "
-                f"a kernel that never finishes, a deadlock or an endless loop{replay}")
+                f"a kernel that never finishes, a deadlock or an endless loop{more}{replay}")
 
     def _fd(self) -> int:
         if self._stream is not None:
@@ -203,6 +227,7 @@ class Watchdog:
                 self._on_debugging()
         else:
             return
+        self._fired_at = self.harness_now()
         self.fired = True
         # Signalled again until the test leaves: the handler lets a module finish importing
         # (an exception inside an import leaves a half-made module that later code trips on).
@@ -226,6 +251,7 @@ class Watchdog:
 
     def __enter__(self) -> "Watchdog":
         Watchdog.current = Watchdog.last = self
+        self._started = time.monotonic()
         if SIGNAL is not None and threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(SIGNAL, self._handler)
             self._installed = True
@@ -255,6 +281,33 @@ def set_case(text: str, replay: str = "") -> None:
         dog.case, dog.replay = text, replay
         if dog._on_case is not None:
             dog._on_case(text, replay)
+
+
+def _seconds_text(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 100 else f"{seconds:.0f} s"
+
+
+@contextlib.contextmanager
+def harness_step(text: str):
+    """The harness's own work inside a test (`text`: "moving Model's state", "running the
+    float64 reference"): timed apart from the candidate's, and a time limit met inside it says
+    so instead of calling it a hang. Nested steps count once, under the outer one's name."""
+    dog = Watchdog.current
+    if dog is None or dog.step:
+        yield
+        return
+    dog.step, dog._step_started = text, time.monotonic()
+    try:
+        yield
+    finally:
+        dog.harness_s += time.monotonic() - dog._step_started
+        dog.step = ""
+
+
+def harness_seconds() -> float:
+    """The seconds the running test spent in `harness_step`s so far (0 outside a watched test)."""
+    dog = Watchdog.current
+    return dog.harness_now()[1] if dog is not None else 0.0
 
 
 def set_stage(text: str) -> None:

@@ -220,3 +220,23 @@ def test_the_correctness_failure_of_a_missing_function_speaks_of_cuda_extension(
     result.stdout.fnmatch_lines(["*cuda_extension has no function 'scale_forward'; it defines scale, scale_setup, "
                                  "scale_short. scale_setup takes a pybind11 module*"])
     result.stdout.no_fnmatch_line("*cudaopt_ext_*")
+
+
+@pytest.mark.slow
+def test_cudaopt_check_rebuilds_a_stale_build_before_ex001_reads_it_and_says_when_it_cannot(make_workdir, tmp_path):
+    from pytest_cudaopt import scaffold
+
+    workdir = make_workdir("cpu_scale")
+    scaffold.lock_workdir(workdir)   # the copy leaves the lock behind
+    binding = workdir / "kernels" / "scale_binding.cpp"
+    # The binding and model_new.py renamed together: the earlier build still defines `scale` only.
+    binding.write_text(binding.read_text().replace('m.def("scale",', 'm.def("scale_affine",'))
+    (workdir / "model_new.py").write_text((workdir / "model_new.py").read_text().replace(
+        "cuda_extension.scale(", "cuda_extension.scale_affine("))
+    done = _cli("check", str(workdir), cwd=tmp_path)
+    assert done.returncode == 0 and "EX001" not in done.stdout, done.stdout + done.stderr
+    assert "follows all 28 rules" in done.stdout
+    binding.write_text("this does not compile\n" + binding.read_text())
+    done = _cli("check", str(workdir), cwd=tmp_path)
+    assert "EX001 not checked: the build predates the latest edits and rebuilding it failed" in done.stdout
+    assert f"(`cudaopt build {workdir}` shows the compiler's errors)" in done.stdout

@@ -4,6 +4,7 @@ import importlib.util
 import math
 import subprocess
 import sys
+import re
 import textwrap
 import time
 import types
@@ -277,6 +278,37 @@ def test_the_watchdog_interrupts_a_sleeping_test_naming_the_test_and_case():
             time.sleep(60)
     assert dog.fired
     assert str(info.value).startswith("TIMEOUT: t.py::test_x ran longer than cudaopt_timeout=0.5s on case shape n=3")
+
+
+def test_a_time_limit_met_in_a_harness_step_says_so_and_never_reads_as_the_kernel_hanging():
+    with pytest.raises(watchdog.HangTimeout) as info:
+        with watchdog.Watchdog(0.5, "t.py::test_x", backstop=False):
+            watchdog.set_case("drawn shape n=3")
+            with watchdog.harness_step("moving Model's state"):
+                time.sleep(60)
+    text = str(info.value)
+    assert text.startswith("TIMEOUT: t.py::test_x ran longer than cudaopt_timeout=0.5s on case drawn shape n=3 "
+                           "while the harness was moving Model's state, its own work, not the candidate's")
+    assert "raise cudaopt_timeout, or shrink model.py's constants" in text
+    assert "never finishes" not in text and "deadlock" not in text
+
+
+def test_the_harness_steps_are_timed_apart_from_the_candidates_time():
+    with watchdog.Watchdog(30.0, "t.py::test_x", backstop=False):
+        with watchdog.harness_step("running the float64 reference"):
+            with watchdog.harness_step("inner"):   # counted once
+                time.sleep(0.3)
+        time.sleep(0.2)   # the candidate's
+        spent = watchdog.harness_seconds()
+    assert 0.3 <= spent < 0.45
+    # a hang in the candidate's time keeps its words, and says how long the harness took of it
+    with pytest.raises(watchdog.HangTimeout) as info:
+        with watchdog.Watchdog(0.8, "t.py::test_x", backstop=False):
+            with watchdog.harness_step("drawing the inputs"):
+                time.sleep(0.5)
+            time.sleep(60)
+    assert "a kernel that never finishes" in str(info.value)
+    assert re.search(r"\(the harness's own steps took 0\.[5-9] s of the test's 0\.[89] s\)", str(info.value))
 
 
 def test_what_the_harness_attaches_to_a_timeout_survives_the_watchdogs_resignal():

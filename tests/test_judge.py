@@ -223,6 +223,22 @@ def test_the_merged_report_keeps_every_stages_items_and_the_first_unfinished_sta
     assert (finished["passed"], finished["complete"]) == (True, True) and "cause" not in finished
 
 
+def test_a_judge_lines_report_renders_with_its_counts_and_each_stages_seed(tmp_path):
+    from pytest_cudaopt import jsonreport
+
+    def doc(test, seed):
+        return {"schema": jsonreport.SCHEMA, "passed": True, "complete": True, "seed": seed, "results": [],
+                "items": [{"test": test, "status": "passed"}], "not_passed": [], "counts": {"passed": 2}}
+    merged = judge_lines.merge_reports([stages.StageResult("policy", "ok", 1.0, report=doc("p", 11)),
+                                        stages.StageResult("check", "ok", 1.0, report=doc("c", 22))])
+    assert merged["counts"] == {"passed": 4}
+    (tmp_path / "line.json").write_text(json.dumps(merged))
+    text = jsonreport.render_file(tmp_path / "line.json")
+    assert "seeds policy 11, check 22" in text and "seed None" not in text
+    assert "cudaopt: passed: every verdict asked for ran and passed (4 passed)" in text
+    assert "no verdict items" not in text
+
+
 def test_judge_takes_any_number_of_paths_then_pytest_arguments_after_a_double_dash(monkeypatch):
     from pytest_cudaopt import cli
 

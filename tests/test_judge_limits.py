@@ -210,3 +210,23 @@ def test_with_nothing_judged_the_summary_gives_no_rate():
     assert "3 workdirs in 0.0 s: 0 passed; nothing judged" in text and "per hour" not in text
     judged = [{**found[0], "status": "judged"}, *found[1:]]
     assert "3 workdirs in 60.0 s: 0 passed; 60 workdirs per hour" in summary(judged, wall_s=60.0, busy={})
+
+
+def test_without_a_gpu_the_judge_gives_the_whole_command_line_for_cpu_workdirs(tmp_path):
+    workdirs = [_workdir(tmp_path, "a"), _workdir(tmp_path, "b")]
+    found = list(pool.LocalPool(workdirs, Options(), DeviceSet([])).lines())
+    assert [line["status"] for line in found] == ["error", "error"]
+    reason = found[0]["reason"]
+    assert f"`cudaopt judge {workdirs[0]} {workdirs[1]} -- --cudaopt-device=cpu`" in reason
+    assert 'cudaopt_device = "cpu" in each workdir\'s pyproject.toml' in reason
+
+
+def test_workdirs_that_record_the_cpu_are_judged_on_cpu_slots_unless_a_flag_says_otherwise(tmp_path):
+    for name in ("a", "b"):
+        (_workdir(tmp_path, name) / "pyproject.toml").write_text(
+            '[tool.pytest.ini_options]\ncudaopt_device = "cpu"\n')
+    assert Judge([tmp_path]).options.cpu                  # as `cudaopt init --device cpu` leaves them
+    assert not Judge([tmp_path], Options(pytest_args=["--cudaopt-device=cuda"])).options.cpu  # the flag wins
+    assert Judge([tmp_path / "a"], Options(pytest_args=["--cudaopt-device", "cpu"])).options.cpu
+    _workdir(tmp_path, "gpu")                             # one that records nothing: the GPUs, as before
+    assert not Judge([tmp_path]).options.cpu

@@ -86,8 +86,8 @@ def test_nbytes_counts_every_tensor_of_a_nest():
     assert tensors.nbytes(nest) == 12 + 16 + 2
 
 
-def test_free_bytes_is_none_off_cuda():
-    assert memory.free_bytes("cpu") is None
+def test_free_bytes_is_none_where_it_cannot_be_told():
+    assert memory.free_bytes("meta") is None
 
 
 def test_nested_peaks_keep_their_figures_and_the_poisoning_counts_in_neither(monkeypatch):
@@ -114,3 +114,90 @@ def test_nested_peaks_keep_their_figures_and_the_poisoning_counts_in_neither(mon
         allocate(2 * GiB)
     assert case.bytes == 16 * GiB
     assert item.bytes == 16 * GiB
+
+
+# -- host memory, planned like device memory (on the CPU) ---------------------------------------------
+
+def test_host_free_memory_is_meminfos_available_memory_or_less_where_a_cgroup_limits_it(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   20971520 kB\n")
+    assert memory.host_free_bytes(str(meminfo), cgroups=()) == 20 * GiB
+    limit, usage = tmp_path / "memory.max", tmp_path / "memory.current"
+    limit.write_text(f"{16 * GiB}\n")
+    usage.write_text(f"{4 * GiB}\n")
+    assert memory.host_free_bytes(str(meminfo), cgroups=((str(limit), str(usage)),)) == 12 * GiB
+    limit.write_text("max\n")  # a cgroup without a limit leaves MemAvailable
+    assert memory.host_free_bytes(str(meminfo), cgroups=((str(limit), str(usage)),)) == 20 * GiB
+    assert memory.host_free_bytes(str(tmp_path / "none"), cgroups=()) is None
+    assert memory.free_bytes("cpu") is not None and memory.where("cpu") == "host memory"
+
+
+MASKED_CUMSUM = '''
+import torch
+import torch.nn as nn
+
+batch_size = 32768
+input_shape = (32768,)
+dim = 1
+
+
+class Model(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x, mask):
+        return torch.cumsum(x * mask, dim=self.dim)
+
+
+def get_inputs():
+    x = torch.rand(batch_size, *input_shape)
+    return [x, torch.randint(0, 2, x.shape).bool()]
+
+
+def get_init_inputs():
+    return [dim]
+'''
+
+
+def test_a_cpu_case_that_cannot_fit_fails_at_once_with_the_figure_the_constants_and_the_relock_command(
+        tmp_path, monkeypatch):
+    # KernelBench level1/93 at its published size: 5 GiB of inputs, 4 GiB of output.
+    import types
+
+    from pytest_cudaopt.correctness import case, shapes
+    from pytest_cudaopt.correctness.case import CaseFailed
+    from pytest_cudaopt.results import SHORTFALL
+
+    (tmp_path / "model.py").write_text(MASKED_CUMSUM)
+    module = types.ModuleType("masked_cumsum")
+    exec(compile(MASKED_CUMSUM, str(tmp_path / "model.py"), "exec"), module.__dict__)
+    workdir = types.SimpleNamespace(reference=module, model_file=tmp_path / "model.py", path=tmp_path)
+    monkeypatch.setattr(memory, "host_free_bytes", lambda *a, **k: 20 * GiB)
+    settings = types.SimpleNamespace(device="cpu")
+    with pytest.raises(CaseFailed) as info:
+        case._check_memory(workdir, settings, {}, "canonical inputs of get_inputs(), seed 1", "pytest x")
+    text = info.value.report
+    assert info.value.check == SHORTFALL
+    assert "needs about 25.00 GiB of host memory, only 20.00 GiB is free" in text
+    assert "model.py's constants (batch_size=32768, input_shape[0]=32768" in text
+    assert f"`cudaopt init --lock-only {tmp_path}`" in text
+    with shapes.applied(module, {"batch_size": 64, "input_shape[0]": 64}):
+        case._check_memory(workdir, settings, {"batch_size": 64}, "drawn", "")   # a small case fits
+
+
+def test_init_says_when_the_canonical_size_cannot_fit_this_machine(tmp_path, capsys, monkeypatch):
+    from pytest_cudaopt import cli
+
+    model = tmp_path / "93_masked_cumsum.py"
+    model.write_text(MASKED_CUMSUM)
+    monkeypatch.setattr(memory, "host_free_bytes", lambda *a, **k: 20 * GiB)
+    assert cli.main(["init", str(tmp_path / "wd"), "--model", str(model), "--device", "cpu"]) == 0
+    err = capsys.readouterr().err
+    assert "cudaopt init: warning: one correctness case at model.py's sizes (inputs 5.00 GiB, outputs 4.00 GiB) " \
+           "needs about 25.00 GiB of host memory, only 20.00 GiB is free" in err
+    assert f"shrink them in {tmp_path / 'wd' / 'model.py'}, then record the change with " \
+           f"`cudaopt init --lock-only {tmp_path / 'wd'}`" in err
+    monkeypatch.setattr(memory, "host_free_bytes", lambda *a, **k: 64 * GiB)
+    assert cli.main(["init", str(tmp_path / "wd2"), "--model", str(model), "--device", "cpu"]) == 0
+    assert "warning" not in capsys.readouterr().err

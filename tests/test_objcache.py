@@ -99,9 +99,22 @@ def test_build_ninja_wraps_every_compile_only_when_the_cache_is_set(tmp_path):
     from support import copy_workdir
 
     workdir = copy_workdir("cpu_scale", tmp_path / "w")
-    plain = ninja_file(configure(workdir, Settings.resolve_all(env={})))
+    plain = ninja_file(configure(workdir, Settings.resolve_all(env={"CUDAOPT_OBJECT_CACHE": "off"})))
     cached = ninja_file(configure(workdir, Settings.resolve_all(env={"CUDAOPT_OBJECT_CACHE": str(tmp_path / "c")})))
     assert "$objcache" not in plain
     assert "command = $objcache --source $in --out $out --depfile $out.d -- $cxx -MMD -MF $out.d" in cached
     assert f"--cache {tmp_path / 'c'} --workdir ../../.." in cached
     assert cached.count("depfile = $out.d") == plain.count("depfile = $out.d")
+
+
+def test_by_default_workdirs_share_the_per_user_object_cache_so_a_new_one_does_not_compile_binding_cpp_again(
+        tmp_path, monkeypatch):
+    from pytest_cudaopt.build.buildfile import configure, ninja_file
+    from pytest_cudaopt.settings import Settings
+    from support import copy_workdir
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    first, second = (copy_workdir("cpu_scale", tmp_path / name) for name in ("w1", "w2"))
+    for workdir in (first, second):
+        text = ninja_file(configure(workdir, Settings.resolve_all(env={})))
+        assert f"--cache {tmp_path / 'xdg' / 'cudaopt' / 'objects'} --workdir ../../.." in text

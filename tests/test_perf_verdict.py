@@ -473,7 +473,7 @@ class ModelNew(nn.Module):
 '''
 
 
-def test_the_perf_verdict_names_the_workdirs_worst_tier_and_times_the_precision_matched_baseline(
+def test_the_perf_verdict_names_the_workdirs_worst_tier_and_on_the_cpu_times_no_tf32_baseline(
         pytester, make_workdir, monkeypatch):
     monkeypatch.setenv("CUDAOPT_SELF_TEST", "1")
     path = make_workdir("cheat_kernels", dest=pytester.path / "wd")
@@ -485,13 +485,38 @@ def test_the_perf_verdict_names_the_workdirs_worst_tier_and_times_the_precision_
                         "--cudaopt-report=report.json")
     result.assert_outcomes(passed=5)
     result.stdout.fnmatch_lines([
-        "*contender *vs compile+TF32 *precision *verdict",
-        "torch.compile (backend=eager) + TF32 *1.50 ms *",
         "ModelNew (custom) *1.00 ms *half-like *PASS (>= 1.05x)",
         "precision of ModelNew (custom): half-like: * on drawn shapes (* cases), the least precise of 4 "
         "correctness results of this run; on the timed inputs fp32: *",
     ])
+    assert "TF32" not in result.stdout.str()   # a CPU has none: on CUDA this tier adds torch.compile + TF32
     perf = next(r["data"] for r in json.loads((pytester.path / "report.json").read_text())["results"]
                 if r["kind"] == "perf")
-    assert perf["precision"] == "half-like" and perf["tiers"]["precision-matched"] == "fp32"
+    assert perf["precision"] == "half-like" and "precision-matched" not in perf["tiers"]
     assert perf["gate"]["baseline"] == "compile"
+
+
+FAST_CPU = ("--cudaopt-compile-backend=eager", "--cudaopt-max-time=1", "--cudaopt-warmup=0.1",
+            "--cudaopt-min-runs=5", "--cudaopt-max-examples=3", "--cudaopt-seeds=1")
+
+
+def test_with_correctness_and_perf_asked_the_perf_item_of_a_wrong_kernel_is_not_run_and_prints_no_speedup(
+        pytester, cheat):
+    cheat("returns_input")   # wrong on every case
+    result = run_pytest(pytester, "wd", "-m", "correctness or perf", "--cudaopt-report=report.json",
+                        "-p", "no:randomly", *FAST_CPU)
+    result.stdout.fnmatch_lines(["*test_speedup*not run: correctness failed (wd/model_new.py::*"])
+    assert "vs compile" not in result.stdout.str() and "ModelNew (custom)" not in result.stdout.str()
+    report = json.loads((pytester.path / "report.json").read_text())
+    [perf] = [i for i in report["items"] if i["test"].endswith("test_speedup")]
+    assert perf["status"] == "not run" and report["passed"] is False
+    assert not any(r["kind"] == "perf" for r in report["results"])   # nothing timed, nothing recorded
+
+
+def test_on_the_cpu_a_kernel_below_fp32_is_timed_without_a_tf32_baseline_which_exists_only_on_cuda(
+        pytester, cheat):
+    cheat("bf16")   # bfloat16 arithmetic: below the fp32 tier, where a GPU run adds torch.compile + TF32
+    result = run_pytest(pytester, "wd", "-m", "perf", "-p", "no:randomly", *FAST_CPU)
+    out = result.stdout.str()
+    assert "ModelNew (custom)" in out and "half-like" in out, out
+    assert "TF32" not in out

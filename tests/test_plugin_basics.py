@@ -70,7 +70,9 @@ def test_it_skips_a_workdirs_correctness_items_without_a_device(pytester, run_py
     assert outcomes.get("skipped", 0) >= 1 and not outcomes.get("passed") and not outcomes.get("failed"), \
         result.stdout.str()
     result.stdout.fnmatch_lines(["SKIPPED * no CUDA device visible (torch.cuda.is_available() is False); kernels "
-                                 "written as C++ for the CPU are judged here with --cudaopt-device=cpu"])
+                                 "written as C++ for the CPU are judged here with --cudaopt-device=cpu "
+                                 f"(`pytest {pytester.path} --cudaopt-device=cpu`, or cudaopt_device = \"cpu\" in "
+                                 "the workdir's pyproject.toml, as `cudaopt init --device cpu` writes)"])
 
 
 def _fake_installation(root: Path) -> Path:

@@ -399,3 +399,23 @@ def test_cpu_workdirs_get_no_figure_warnings_since_both_figures_are_host_time():
     result = perf_result(custom=20e-6, compile_=1 * MS, latency={"custom": 80e-6}, clock_name=clocks.PerfCounterClock.name)
     assert result.to_json()["figure_warnings"] == []
     assert not any("launch-bound" in n for n in report.perf_notes(result))
+
+
+def test_the_drawn_shapes_table_stays_within_120_columns_wrapping_its_inputs():
+    shapes = ("x: float32[1..32769, 1..32770], mask: bool[1..32769, 1..32770]; constants batch_size 1..32769, "
+              "input_shape[0] 1..32770; drawn shapes capped at 4194304 input elements (not 2147483648): 20.00 GiB free")
+    row = report.correctness_row(results.CorrectnessResult(
+        workdir="/work/mywork", test="t", case="drawn shapes (31 cases)", passed=True, shapes=shapes,
+        max_abs=1e-6, max_rel=2e-6))
+    text = report.render_rows([row], title="cudaopt correctness: 1 of 1 passed")
+    assert max(len(line) for line in text.splitlines()) <= report.TABLE_WIDTH
+    words = text.split()
+    assert all(word in words for word in shapes.split())   # every word still there
+    assert words.count("input_shape[0]") == 1
+
+
+def test_beside_pytest_benchmarks_table_a_line_says_which_figure_the_gate_read():
+    lines = report.gate_figure_lines([perf_result(custom=11.8 * MS)])
+    assert lines == ["cudaopt: the perf gate of /w/attn read ModelNew's median device time, 11.8 ms (the perf "
+                     "table's '(gate)' column); pytest-benchmark's table times ModelNew again, alone, from the host "
+                     "with a synchronise per call, for --benchmark-compare: the gate does not read it"]

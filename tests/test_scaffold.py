@@ -202,22 +202,36 @@ def test_an_initialised_workdir_fails_correctness_with_the_not_implemented_error
                                  "them through cuda_extension*"])
 
 
-def test_init_for_the_cpu_leaves_a_cpp_starting_kernel_and_a_readme_with_the_cpu_commands(
+def test_init_for_the_cpu_leaves_a_cpp_starting_kernel_records_the_device_and_needs_no_flag_after(
         tmp_path: Path, capsys) -> None:
+    from pytest_cudaopt.settings import workdir_settings
+
     model = write_model(tmp_path, MLP_MODEL)
     assert cli.main(["init", str(tmp_path / "wd"), "--model", str(model), "--device", "cpu"]) == 0
-    assert "--cudaopt-device=cpu -m correctness" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "its device, cpu, is recorded in pyproject.toml" in out and " -m correctness`" in out
     workdir = tmp_path / "wd"
+    assert 'cudaopt_device = "cpu"' in (workdir / "pyproject.toml").read_text()
+    assert workdir_settings(workdir).device == "cpu"   # what check, judge and gate read
     assert sorted(p.name for p in (workdir / "kernels").iterdir()) == ["starter.cpp", "starter_binding.cpp"]
     readme = (workdir / "README.md").read_text()
     assert "`kernels/starter.cpp` and `kernels/starter_binding.cpp`" in readme
-    assert "pytest --cudaopt-device=cpu -m correctness" in readme and "cudaopt init --lock-only ." in readme
+    assert "pytest -m correctness" in readme and "cudaopt init --lock-only ." in readme
+    assert "--cudaopt-device=cpu" not in readme
     assert [str(v) for v in policy.check_workdir(workdir)] == []
     (workdir / "README.md").write_text("my notes\n")  # not locked
     assert policy.check_workdir(workdir) == []
     gpu = scaffold.init_workdir(tmp_path / "gpu", model)
     gpu_readme = (gpu / "README.md").read_text()
     assert "pytest -m perf" in gpu_readme and "--cudaopt-device" not in gpu_readme
+
+
+def test_pytest_judges_a_workdir_made_for_the_cpu_on_the_cpu_without_a_flag_which_still_overrides_it(
+        pytester: pytest.Pytester, run_pytest, tmp_path: Path) -> None:
+    scaffold.init_workdir(pytester.path / "wd", write_model(tmp_path, MLP_MODEL), device="cpu")
+    run_pytest(pytester, "wd", "--collect-only").stdout.fnmatch_lines(["cudaopt: seed * device cpu, *"])
+    overridden = run_pytest(pytester, "wd", "--collect-only", "--cudaopt-device=cuda")
+    overridden.stdout.fnmatch_lines(["cudaopt: seed * device cuda, *"])
 
 
 @pytest.mark.slow

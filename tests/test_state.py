@@ -135,6 +135,75 @@ def test_the_diagnosis_names_each_tensor_the_candidate_ignores(tmp_path, op, ign
             + "; ".join(f"output unchanged when `{name}` changes" for name in ignored)) in text
 
 
+LINEAR = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.linear = nn.Linear(features, features)
+        self.constant = nn.Parameter(torch.tensor(2.0))
+
+    def forward(self, x):
+        return torch.min(self.linear(x), self.constant) - self.constant
+
+
+def get_inputs():
+    return [torch.randn(4, 16)]
+
+
+def get_init_inputs():
+    return [16]
+'''
+
+LINEAR_NEW = '''
+import torch
+import torch.nn as nn
+
+import cuda_extension
+
+
+class ModelNew(nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.linear = nn.Linear(features, features)
+        self.constant = nn.Parameter(torch.tensor(2.0))
+
+    def forward(self, x):
+        return cuda_extension.no_bias(x, self.linear, self.constant)
+'''
+
+
+def test_the_diagnosis_names_a_forgotten_bias_as_it_names_a_constant_though_the_default_state_fails_too(tmp_path):
+    # KernelBench level2/68 in small: a bias is random at its default, so the case fails there too.
+    (tmp_path / "model.py").write_text(LINEAR)
+    (tmp_path / "model_new.py").write_text(LINEAR_NEW)
+    extension = types.SimpleNamespace(no_bias=lambda x, lin, c: torch.min(F.linear(x, lin.weight), c) - c)
+    workdir = load_workdir(tmp_path, extension)
+    text = state.diagnose(workdir, torch.device("cpu"), {}, seed=5, atol=1e-2, rtol=1e-2)
+    assert text.splitlines()[0] == "at the default state this case fails too"
+    assert "ModelNew ignores state the reference uses: output unchanged when `linear.bias` changes" in text
+    assert "`linear.weight`" not in text and "`constant`" not in text   # those it uses
+
+
+def test_a_large_weight_moves_by_a_rotation_and_an_in_place_jitter_not_a_full_shuffle(monkeypatch):
+    monkeypatch.setattr(state, "SHUFFLE_LIMIT", 100)
+    monkeypatch.setattr(state, "JITTER_CHUNK", 64)   # the jitter a chunk at a time
+    monkeypatch.setattr(torch, "randperm", None)     # no permutation of every element is drawn
+    weight = torch.randn(30, 17)
+    new = state.moved(weight, constant=False, seed=7)
+    assert new.shape == weight.shape and torch.equal(new, state.moved(weight, constant=False, seed=7))
+    assert not torch.equal(new, state.moved(weight, constant=False, seed=8))
+    flat, moved = weight.reshape(-1), new.reshape(-1)
+    offset = next(k for k in range(1, flat.numel()) if torch.allclose(
+        (moved / torch.roll(flat, k)), (moved / torch.roll(flat, k)).clamp(0.8, 1.2)))
+    ratio = moved / torch.roll(flat, offset)
+    assert ratio.min() >= 0.8 - 1e-6 and ratio.max() <= 1.2 + 1e-6   # its own values, each jittered, signs kept
+    assert (moved != flat).all()
+
+
 def test_the_diagnosis_tries_at_most_its_cap_constants_first(tmp_path):
     workdir = _python_workdir(tmp_path, "plain")
     text = state.diagnose(workdir, torch.device("cpu"), {}, seed=5, atol=1e-2, rtol=1e-2, cap=1)

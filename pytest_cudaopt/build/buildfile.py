@@ -183,8 +183,9 @@ def configure(workdir: Path, settings) -> Config:
     cfg = Config(workdir, root / f"{prefix}-{digest}", sources, cuda, tools.arch, cxx, tools.nvcc,
                  [], [], [], key_parts, inside)
     _set_flags(cfg, tools, cpp_extension, extra_cxx, extra_nvcc)
-    if settings.object_cache:
-        cfg.object_cache = Path(settings.object_cache).expanduser().resolve()
+    from pytest_cudaopt.settings import object_cache_dir
+
+    cfg.object_cache = object_cache_dir(settings.object_cache)
     return cfg
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 from pytest_cudaopt import memory
-from pytest_cudaopt.correctness import compare, guards, shapes, state
+from pytest_cudaopt.correctness import compare, guards, shapes, sizes, state
 from pytest_cudaopt.correctness.faults import CudaFault
 from pytest_cudaopt.correctness.precision import Precision
 from pytest_cudaopt.results import SHORTFALL, CorrectnessResult
 from pytest_cudaopt.tensors import describe_inputs
-from pytest_cudaopt.watchdog import set_case
+from pytest_cudaopt.watchdog import harness_step, set_case
 from pytest_cudaopt.workdir import Workdir, WorkdirError
 
 
@@ -94,8 +94,10 @@ def run_case(workdir: Workdir, settings, session, constants: dict[str, int], see
     with shapes.applied(workdir.reference, constants):
         try:
             model, model_new = workdir.make_models(device, seed=guards.derive_seed(seed, "weights"))
-            done = state.perturb_pair(workdir, model, model_new, seed) if moved else []
-            inputs = workdir.inputs(seed, device)
+            with harness_step("moving Model's state from its defaults and loading it into ModelNew"):
+                done = state.perturb_pair(workdir, model, model_new, seed) if moved else []
+            with harness_step("drawing the inputs (model.py's get_inputs())"):
+                inputs = workdir.inputs(seed, device)
         except WorkdirError as exc:
             if reference_decides and exc.file == workdir.model_file.name:
                 raise guards.ReferenceError_(str(exc)) from exc
@@ -156,12 +158,12 @@ def _check_memory(workdir: Workdir, settings, constants: dict[str, int], label: 
     if not check.valid:
         return
     lower = ("lower --cudaopt-max-elements (cudaopt_max_elements) to draw smaller shapes" if constants else
-             f"the canonical sizes are {workdir.model_file.name}'s constants: free device memory or run on a "
-             f"device with more")
+             sizes.shrink_hint(workdir.reference, workdir.model_file, workdir.path))
     try:
         memory.check_fits(f"{label} (inputs {memory.gib(check.input_bytes)}, outputs "
                           f"{memory.gib(check.output_bytes)})",
-                          memory.case_need(check.input_bytes, check.output_bytes), free, lower)
+                          memory.case_need(check.input_bytes, check.output_bytes), free, lower,
+                          memory.where(settings.device))
     except memory.DoesNotFit as exc:
         raise CaseFailed(SHORTFALL, str(exc) + (f"\nreplay: {replay}" if replay else ""),
                          shapes.format_case(constants) or "canonical") from None

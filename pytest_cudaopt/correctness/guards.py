@@ -21,6 +21,7 @@ from pytest_cudaopt.correctness.faults import CudaFault, WorkerCrash, context_al
 from pytest_cudaopt.correctness.poison import poisoned_memory
 from pytest_cudaopt.correctness.precision import Precision, run_float64
 from pytest_cudaopt.tensors import clone_inputs, clone_nest, describe_tensor, leaves
+from pytest_cudaopt.watchdog import harness_step
 
 
 class GuardFailure(AssertionError):
@@ -355,9 +356,9 @@ def run_case(trial: Trial, inputs: list) -> CaseOutcome:
     del first_inputs  # memory in proportion to the problem: one working copy at a time
 
     try:
-        with torch.no_grad():
+        with torch.no_grad(), harness_step("running the reference (model.py)"):
             expected = trial.model(*clone_inputs(inputs))
-        _synchronize(trial.device)
+            _synchronize(trial.device)
     except Exception as exc:
         _raise_user_error(exc, trial.workdir, "Model.forward (model.py)", ReferenceError_)
 
@@ -369,7 +370,8 @@ def run_case(trial: Trial, inputs: list) -> CaseOutcome:
     check_deterministic(first, second, trial.nondeterministic, trial.atol, trial.rtol, file)
     del second
 
-    comparison = compare.compare_outputs(first, expected, atol=trial.atol, rtol=trial.rtol)
+    with harness_step("comparing the outputs"):
+        comparison = compare.compare_outputs(first, expected, atol=trial.atol, rtol=trial.rtol)
     if not comparison.passed:
         hint = ""
         if comparison.nan_mismatched:
@@ -399,15 +401,16 @@ def run_case(trial: Trial, inputs: list) -> CaseOutcome:
 def _precision(trial: Trial, inputs: list, candidate_out: Any, expected: Any) -> Precision:
     """The candidate's precision against a float64 run of the reference, held to the relative
     L2 bound; without a float64 run, the bound is checked against the float32 reference."""
-    try:
-        reference64, why = run_float64(trial.model, inputs, expected, trial.device, trial.model64)
-    except Exception as exc:  # the float64 run lost the CUDA context
-        raise CudaFault(f"Model.forward in float64 raised: {exc}") from exc
-    if reference64 is None:
-        return Precision.against_float32(candidate_out, expected,
-                                         f"{why}; relative L2 error judged against the float32 reference",
-                                         trial.max_rel_error)
-    return Precision.measure(candidate_out, expected, reference64, trial.max_rel_error)
+    with harness_step("running the float64 reference and measuring the precision"):
+        try:
+            reference64, why = run_float64(trial.model, inputs, expected, trial.device, trial.model64)
+        except Exception as exc:  # the float64 run lost the CUDA context
+            raise CudaFault(f"Model.forward in float64 raised: {exc}") from exc
+        if reference64 is None:
+            return Precision.against_float32(candidate_out, expected,
+                                             f"{why}; relative L2 error judged against the float32 reference",
+                                             trial.max_rel_error)
+        return Precision.measure(candidate_out, expected, reference64, trial.max_rel_error)
 
 
 def input_names(forward: Callable) -> list[str] | None:

@@ -25,6 +25,7 @@ from pytest_cudaopt.correctness.precision import Precision, worst_tier
 from pytest_cudaopt.results import SHORTFALL, CorrectnessResult
 from pytest_cudaopt.settings import replay_args
 from pytest_cudaopt.tensors import describe_inputs
+from pytest_cudaopt.watchdog import harness_seconds
 from pytest_cudaopt.workdir import Workdir
 
 
@@ -53,6 +54,7 @@ def recorded(result: CorrectnessResult, settings, session) -> Iterator[Correctne
             if peak is not None and session.fault is not None:
                 peak.abandon()
     result.seconds = time.perf_counter() - started
+    result.harness_seconds = min(harness_seconds(), result.seconds)
     if peak is not None and peak.bytes is not None:
         result.peak_bytes = peak.bytes
     session.results.append(result)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -25,6 +25,9 @@ class Judge:
                  ray_init: dict | None = None):
         self.options = options or Options()
         self.workdirs, self.problems = find_workdirs(paths)
+        recorded = {_recorded_device(w) for w in self.workdirs}
+        if len(recorded) == 1:  # each child reads its own; the devices to schedule on follow them
+            self.options = replace(self.options, recorded_device=recorded.pop())
         self.ray, self.on_event, self.skip, self.ray_init = ray, on_event, skip, ray_init
         self.busy: dict[str, float] = {}
         self.wall_s = 0.0
@@ -63,6 +66,16 @@ class Judge:
         from pytest_cudaopt.judge.pool import LocalPool
 
         return LocalPool(todo, self.options, on_event=self.on_event)
+
+
+def _recorded_device(workdir: Path) -> str | None:
+    """The device a workdir's settings name (`cudaopt init --device cpu` records it), None if unreadable."""
+    from pytest_cudaopt.settings import SettingError, workdir_settings
+
+    try:
+        return workdir_settings(workdir).device
+    except (SettingError, OSError, ValueError):
+        return None
 
 
 def _key(workdir: Path, options: Options) -> str | None:

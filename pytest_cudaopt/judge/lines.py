@@ -37,6 +37,11 @@ def merge_reports(results: Sequence[StageResult]) -> dict | None:
     }
     merged["items"] = [item for _, doc in docs for item in doc.get("items", [])]
     merged["not_passed"] = [test for _, doc in docs for test in doc.get("not_passed", [])]
+    counts: dict[str, int] = {}
+    for _, doc in docs:
+        for status, n in (doc.get("counts") or {}).items():
+            counts[status] = counts.get(status, 0) + n
+    merged["counts"] = counts
     early = [doc for _, doc in docs if doc.get("complete") is False]
     merged["complete"] = not early
     if early:  # the first stage that did not finish says why

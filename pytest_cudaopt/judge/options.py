@@ -11,8 +11,9 @@ from pathlib import Path
 
 def default_cache_dir() -> Path:
     """Where a host's shared caches live: $XDG_CACHE_HOME/cudaopt, else ~/.cache/cudaopt."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "cudaopt"
+    from pytest_cudaopt.settings import user_cache_dir
+
+    return user_cache_dir()
 
 
 def default_jobs() -> int:
@@ -50,13 +51,15 @@ class Options:
     grace: float = 10.0
     fork: bool = True
     zygote: str | None = None  # the zygote this host's pool forks its children and their workers from (set by LocalPool)
+    recorded_device: str | None = None  # the device every workdir records (cudaopt_device in its ini; set by Judge)
 
     @property
     def cpu(self) -> bool:
-        """CPU workdirs: the pytest arguments set --cudaopt-device=cpu."""
+        """CPU workdirs: the pytest arguments set --cudaopt-device, else every workdir records it, as cpu."""
         args = self.pytest_args
-        return any(a == "--cudaopt-device=cpu" or (a == "--cudaopt-device" and args[i + 1:i + 2] == ["cpu"])
-                   for i, a in enumerate(args))
+        named = [args[i + 1] if a == "--cudaopt-device" and i + 1 < len(args) else a.split("=", 1)[1]
+                 for i, a in enumerate(args) if a == "--cudaopt-device" or a.startswith("--cudaopt-device=")]
+        return (named[-1] if named else self.recorded_device) == "cpu"
 
     @property
     def cpu_jobs(self) -> int:

@@ -7,6 +7,7 @@ import hashlib
 import os
 import queue
 import secrets
+import shlex
 import shutil
 import tempfile
 import threading
@@ -102,9 +103,12 @@ class LocalPool:
         if not self.devices.names:
             if self.fed:
                 raise ValueError("a pool fed workdirs needs at least one device")
+            command = " ".join(shlex.quote(n) for n in self.names[:3]) + (" ..." if len(self.names) > 3 else "")
+            why = (f"no GPU visible: for CPU workdirs, `cudaopt judge {command} -- --cudaopt-device=cpu` (or "
+                   f"cudaopt_device = \"cpu\" in each workdir's pyproject.toml, as `cudaopt init --device cpu` "
+                   f"writes); for GPUs, --gpus")
             for name in self.names:
-                yield lines.unjudged(name, result_key(name, "", self.options), "error",
-                                     "no GPU visible (use --gpus, or --cudaopt-device=cpu for CPU workdirs)")
+                yield lines.unjudged(name, result_key(name, "", self.options), "error", why)
             return
         own_scratch = self.options.scratch is None
         scratch = Path(tempfile.mkdtemp(prefix="cudaopt-judge-")) if own_scratch else Path(self.options.scratch)

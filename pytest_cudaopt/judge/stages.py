@@ -81,6 +81,8 @@ def environment(stage: str, devices: DeviceSet, device: str | None, options: Opt
         given["CUDAOPT_OBJECT_CACHE"] = str(cache / "objects")
         given["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
         given["TRITON_CACHE_DIR"] = str(cache / "triton")
+    else:  # --no-cache: not the per-user object cache either
+        given["CUDAOPT_OBJECT_CACHE"] = "off"
     if options.zygote:
         given[zygote.ENV] = options.zygote
     if stage == "build":

@@ -133,7 +133,8 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
         feed = _feed(workdir, model, seed, device)
         _, example = feed.next()
         tier, note = _workdir_tier(*_tier(model, model_new, example), known)
-        precision_matched = below_fp32(tier) or settings.gate == "precision-matched"
+        # TF32 exists only on CUDA: on the CPU the "+ TF32" baseline would be the fp32 one again.
+        precision_matched = (device.type == "cuda" and below_fp32(tier)) or settings.gate == "precision-matched"
         line = lineup.lineup(
             model, model_new, clone_inputs(example), device,
             compile_mode=settings.compile_mode, compile_backend=settings.compile_backend,

@@ -204,9 +204,10 @@ def format_violation(violation: Violation, workdir: Path) -> str:
     return f"{_display_path(workdir, violation.path)}:{violation.line}: {violation.rule}: {violation.message}"
 
 
-def render(violations: list[Violation], workdir: Path, as_json: bool = False, built: bool = True) -> str:
+def render(violations: list[Violation], workdir: Path, as_json: bool = False, built: bool = True,
+           unbuilt: str = "no build yet (`cudaopt build`)") -> str:
     """The output of `cudaopt check`: one line per violation and a summary, or JSON; `built`:
-    the rules of BUILD_RULES were checked (against a build)."""
+    the rules of BUILD_RULES were checked (against a build); `unbuilt`: why not."""
     workdir = Path(workdir).resolve()
     disabled = sorted(load_config(workdir).disable)
     if as_json:
@@ -220,7 +221,7 @@ def render(violations: list[Violation], workdir: Path, as_json: bool = False, bu
     lines = [format_violation(v, workdir) for v in violations]
     note = f"; disabled in pyproject.toml: {', '.join(disabled)}" if disabled else ""
     if not built:
-        note += f"; {', '.join(BUILD_RULES)} not checked: no build yet (`cudaopt build`)"
+        note += f"; {', '.join(BUILD_RULES)} not checked: {unbuilt}"
     if violations:
         rules = sorted({v.rule for v in violations})
         lines.append(f"cudaopt check: {len(violations)} violation(s) of {', '.join(rules)} in {workdir}{note}")

@@ -59,6 +59,19 @@ def judged_precisions(results: list, path: Any) -> list[tuple[str, Any]]:
             and getattr(r, "workdir", None) == str(path) and getattr(r, "precision", None) is not None]
 
 
+def failed_correctness(results: list, path: Any) -> str:
+    """The first failed correctness item of this session for the workdir at `path`, as
+    "node id: first line", or "" (none ran here, or all passed)."""
+    from pathlib import Path
+
+    where = Path(path).resolve()
+    for r in results:
+        if getattr(r, "kind", "") == "correctness" and not r.passed and Path(r.workdir).resolve() == where:
+            first = (r.message or r.check or "failed").strip().splitlines()[0]
+            return f"{r.test}: {first}"
+    return ""
+
+
 @pytest.mark.perf
 # An item that fails before timing (the workdir did not build or load) leaves the fixture unused.
 @pytest.mark.filterwarnings("ignore:Benchmark fixture was not used at all in this test")
@@ -71,6 +84,9 @@ class TestPerf:
             pytest.fail(f"{cudaopt_workdir_path / 'model_new.py'} (or code it imports) replaced "
                         f"{', '.join(changed)}; the speed verdict does not trust a patched clock",
                         pytrace=False)
+        wrong = failed_correctness(cudaopt_session.results, cudaopt_workdir_path)
+        if wrong:  # a speedup of a wrong function means nothing: none is timed or printed
+            pytest.fail(f"not run: correctness failed ({wrong})", pytrace=False)
         workdir = cudaopt_session.loaded_or_fail(cudaopt_workdir_path, request.node.nodeid, "timed")
         device = cudaopt_settings.device
         clock = (cudaopt_session.verdict_hook(request.node, "pytest_cudaopt_perf_clock", device=device)

@@ -1,0 +1,64 @@
+"""Whether a workdir's canonical case fits this machine's memory, and the constants that shrink it (said by `cudaopt init` and by the first item)."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+from pytest_cudaopt import memory
+from pytest_cudaopt.correctness import shapes
+
+
+def shrink_hint(module: types.ModuleType, model_file: Path, workdir: Path) -> str:
+    """What to do when the canonical sizes do not fit: the constants of model.py that set
+    them, and the command that records the change (model.py is locked)."""
+    from pytest_cudaopt.policy.files import LOCK_COMMAND
+
+    constants = shapes.infer_constants(module)
+    named = ", ".join(f"{k}={v}" for k, v in constants.items()) or "its sizes"
+    return (f"the canonical sizes are {model_file.name}'s constants ({named}): shrink them in {model_file}, "
+            f"then record the change with `{LOCK_COMMAND.format(workdir=workdir)}`; or judge on a machine "
+            f"with more memory")
+
+
+def canonical_shortfall(module: types.ModuleType, model_file: Path, workdir: Path, device: str) -> str:
+    """"" when one correctness case at model.py's own sizes fits the free memory of `device`
+    (or either cannot be told); else a message with the figures and `shrink_hint`."""
+    free = memory.free_bytes(device) if device == "cpu" or _cuda() else None
+    if free is None:
+        return ""
+    check = shapes.check_on_meta(module, {})
+    if not check.valid:
+        return ""
+    need = memory.case_need(check.input_bytes, check.output_bytes)
+    if need <= free:
+        return ""
+    return (f"one correctness case at {model_file.name}'s sizes (inputs {memory.gib(check.input_bytes)}, outputs "
+            f"{memory.gib(check.output_bytes)}) needs about {memory.gib(need)} of {memory.where(device)}, "
+            f"only {memory.gib(free)} is free; {shrink_hint(module, model_file, workdir)}")
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def check_new_workdir(workdir: Path, device: str) -> str:
+    """`canonical_shortfall` of a workdir `cudaopt init` just made ("" when it fits, or when
+    model.py cannot be imported here: its items will say why)."""
+    import importlib.util
+    import sys
+
+    model_file = Path(workdir) / "model.py"
+    name = "cudaopt_init_model"
+    try:
+        spec = importlib.util.spec_from_file_location(name, model_file)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return canonical_shortfall(module, model_file, Path(workdir), device)
+    except Exception:  # noqa: BLE001 - a model that does not import here is the items' to report
+        return ""
+    finally:
+        sys.modules.pop(name, None)
