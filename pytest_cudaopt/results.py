@@ -45,6 +45,7 @@ class CorrectnessResult:
     kind: str = "correctness"
     peak_bytes: int | None = None  # torch's max allocated device memory during the item
     state: str = ""            # Model's state: "default" (as initialised) or "moved" (correctness.state)
+    values: dict[str, Any] = field(default_factory=dict)  # value family -> cases, tier, skips (correctness.values)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -53,7 +54,7 @@ class CorrectnessResult:
             "max_abs": self.max_abs, "max_rel": self.max_rel,
             "precision": self.precision.to_json() if self.precision else None,
             "check": self.check, "message": self.message, "seconds": self.seconds,
-            "peak_bytes": self.peak_bytes, "state": self.state,
+            "peak_bytes": self.peak_bytes, "state": self.state, "values": self.values,
         }
 
 
