@@ -26,10 +26,10 @@ FP32_FLOOR = 1e-5      # ... or below this, whichever is larger: fp32
 TF32_LIMIT = 1e-3      # up to this: tf32-like; above it: half-like
 CHUNK = 1 << 24        # elements compared at a time: the float64 temporaries stay ~128 MiB each
 # Value families (values.py): the float32 reference's own error on model.py's values is about
-# 1e-7..1e-6. Where a family's values leave it larger (the problem is ill-conditioned there), the
-# limits of the tiers past fp32 and the bound grow in proportion, so that a TF32- or half-precise
-# kernel keeps its tier on every family.
-TYPICAL_REFERENCE_ERROR = 1e-6
+# 1e-7 and more. Where a family's values leave it larger (the problem is ill-conditioned there),
+# the limits of the tiers past fp32 and the bound grow in proportion (TF32 and half rounding
+# grow as float32's does), so that a TF32- or half-precise kernel keeps its tier on every family.
+TYPICAL_REFERENCE_ERROR = 1e-7
 
 
 def conditioning(reference_error: float) -> float:
