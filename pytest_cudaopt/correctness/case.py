@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from pytest_cudaopt import memory
-from pytest_cudaopt.correctness import compare, guards, shapes, state, values
+from pytest_cudaopt.correctness import compare, family as family_case, guards, shapes, state, values
 from pytest_cudaopt.correctness.faults import CudaFault
 from pytest_cudaopt.correctness.precision import Precision
 from pytest_cudaopt.results import SHORTFALL, CorrectnessResult
@@ -120,13 +122,14 @@ def _run_case(workdir: Workdir, settings, session, constants: dict[str, int], se
         names = guards.input_names(model.forward)
         applied = None
         if family != values.MODEL:
-            inputs, applied = _family_inputs(model, inputs, family, seed, names)
+            inputs, applied = _family_inputs(model, inputs, family, guards.derive_seed(seed, "values", family), names)
         trial = guards.Trial(
             model=model, model_new=model_new, model64=None, workdir=workdir.path,
             extension=workdir.extension, device=device, atol=settings.atol, rtol=settings.rtol,
             max_rel_error=settings.max_rel_error,
             nondeterministic=workdir.nondeterministic or settings.nondeterministic,
-            extra_allowed=_extra_allowed(settings), history=_history(workdir), input_names=names, family=applied)
+            extra_allowed=_extra_allowed(settings), history=_history(workdir), input_names=names,
+            judge_family=functools.partial(family_case.judge, applied) if applied else None)
         described = describe_inputs(inputs, names)
         footer = (f"\ncase: {label}; inputs {described}" + (f"\n{applied.describe()}" if applied else "")
                   + (f"\n{state.describe(done)}" if moved else "")

@@ -237,7 +237,8 @@ class Trial:
     extra_allowed: frozenset[str] = frozenset()
     history: OutputHistory = field(default_factory=OutputHistory)
     input_names: list[str] | None = None
-    family: Any = None   # values.Applied of a value-family case; None: model.py's own values
+    # A value-family case's comparison and precision (family.judge); None: model.py's own values.
+    judge_family: Callable[..., tuple[compare.Comparison, Precision]] | None = None
 
 
 def call_locally(model: torch.nn.Module, inputs: list, device: torch.device, workdir: Path, extension: Any,
@@ -278,7 +279,7 @@ def own_outputs(output: Any, inputs: list, names: list[str] | None = None, file:
     return clone_nest(output)
 
 
-def _run_candidate(trial: Trial, inputs: list) -> Any:
+def run_candidate(trial: Trial, inputs: list) -> Any:
     """The candidate's call with its own checks (the op audit, fresh outputs): in the worker
     for a worker.RemoteModel (its output copied here), else in this process (unit tests)."""
     if hasattr(trial.model_new, "checked_call"):
@@ -294,7 +295,7 @@ def _run_candidate(trial: Trial, inputs: list) -> Any:
     return output
 
 
-def _for_candidate(trial: Trial, inputs: list) -> list:
+def for_candidate(trial: Trial, inputs: list) -> list:
     """The candidate's working copy of the inputs (in the worker's sharing pool, for a worker)."""
     worker = getattr(trial.model_new, "worker", None)
     with (worker.sharing() if worker is not None else contextlib.nullcontext()):
@@ -350,8 +351,8 @@ def run_case(trial: Trial, inputs: list) -> CaseOutcome:
     pristine = clone_inputs(inputs)
     state = state_snapshot(trial.model_new)
 
-    first_inputs = _for_candidate(trial, inputs)
-    first = _run_candidate(trial, first_inputs)
+    first_inputs = for_candidate(trial, inputs)
+    first = run_candidate(trial, first_inputs)
     check_inputs_unchanged(pristine, first_inputs, names, file)
     check_state_unchanged(state, trial.model_new, file)
     trial.history.add(first)
@@ -364,19 +365,19 @@ def run_case(trial: Trial, inputs: list) -> CaseOutcome:
     except Exception as exc:
         _raise_user_error(exc, trial.workdir, "Model.forward (model.py)", ReferenceError_)
 
-    second_inputs = _for_candidate(trial, inputs)
-    second = _run_candidate(trial, second_inputs)
+    second_inputs = for_candidate(trial, inputs)
+    second = run_candidate(trial, second_inputs)
     check_inputs_unchanged(pristine, second_inputs, names, file)
     trial.history.add(second)
     del second_inputs, pristine
     check_deterministic(first, second, trial.nondeterministic, trial.atol, trial.rtol, file)
     del second
 
-    if trial.family is not None:
-        comparison, precision = _judge_family(trial, inputs, first, expected)
+    if trial.judge_family is not None:
+        comparison, precision = trial.judge_family(trial, inputs, first, expected)
     else:
         comparison = compare.compare_outputs(first, expected, atol=trial.atol, rtol=trial.rtol)
-        _check_comparison(comparison, trial, inputs, first, expected)
+        check_comparison(comparison)
         precision = _precision(trial, inputs, first, expected)
     vacuous = comparison.vacuous
     if vacuous:
@@ -385,94 +386,27 @@ def run_case(trial: Trial, inputs: list) -> CaseOutcome:
         precision.note = f"{precision.note}; {note}" if precision.note else note
         precision.vacuous = True
     if precision.wrong:
-        family = trial.family
-        where = _unmoved(trial, inputs, first, expected) if family is not None and family.spiked is not None else ""
         raise GuardFailure("wrong", (
             f"{file}: ModelNew's output is wrong: relative L2 error vs the float64 reference "
             f"{precision.candidate_error:.3g} > {precision.bound:.3g} (cudaopt_max_rel_error; "
             f"the float32 reference's own error is {precision.reference_error:.3g}), although every "
             f"element is within atol={comparison.atol:g}, rtol={trial.rtol:g}"
             + (f"\n{precision.note}" if precision.note else "")
-            + f"\nmax abs err {comparison.max_abs:.3g}, max rel err {comparison.max_rel:.3g}" + where),
+            + f"\nmax abs err {comparison.max_abs:.3g}, max rel err {comparison.max_rel:.3g}"),
             comparison, precision)
     return CaseOutcome(comparison, precision, time.perf_counter() - started)
 
 
-def _check_comparison(comparison: compare.Comparison, trial: Trial, inputs: list, first: Any,
-                      expected: Any) -> None:
-    """Raise the mismatch failure of a comparison that did not pass."""
+def check_comparison(comparison: compare.Comparison, extra: str = "") -> None:
+    """Raise the mismatch failure of a comparison that did not pass (`extra` ends its message)."""
     if comparison.passed:
         return
     hint = ""
     if comparison.nan_mismatched:
         hint = ("\nNaN where the reference has a value: output elements the candidate never wrote "
                 "(memory is filled with NaN before each call), or a NaN it computed")
-    family = trial.family
-    if family is not None and family.spiked is not None:
-        hint += _unmoved(trial, inputs, first, expected)
     raise GuardFailure("mismatch", f"model_new.py: ModelNew's output differs from Model's (model.py):\n"
-                                   f"{comparison.table()}{hint}", comparison)
-
-
-def _judge_family(trial: Trial, inputs: list, first: Any, expected: Any) -> tuple[compare.Comparison, Precision]:
-    """A value-family case, against a float64 run of the reference: skipped (values.FamilySkipped)
-    where that run is missing or not finite; else the comparison with atol scaled as the
-    reference's output grew and `FP32_FACTOR` times the float32 reference's own error added to
-    each element's tolerance, and the tier measured with the limits that grow with it."""
-    from pytest_cudaopt.correctness import values
-    from pytest_cudaopt.correctness.precision import FP32_FACTOR
-
-    try:
-        reference64, why = run_float64(trial.model, inputs, expected, trial.device, trial.model64)
-    except Exception as exc:  # the float64 run lost the CUDA context
-        raise CudaFault(f"Model.forward in float64 raised: {exc}") from exc
-    if reference64 is None:
-        raise values.FamilySkipped(why)
-    why = values.not_finite(expected, reference64)
-    if why:
-        raise values.FamilySkipped(why)
-    # atol grows with the output (scaled inputs, scaled outputs), never shrinks: tiny outputs
-    # (softmax's tails) are left to rtol and the relative L2 bound, as on model.py's values.
-    base = trial.family.base_scale  # None (spikes): the output's scale is model.py's
-    scale = 1.0 if base is None else max(1.0, values.output_scale(reference64) / base)
-    comparison = compare.compare_outputs(first, expected, atol=trial.atol * scale, rtol=trial.rtol,
-                                         reference64=reference64, slack=FP32_FACTOR)
-    _check_comparison(comparison, trial, inputs, first, expected)
-    return comparison, Precision.measure(first, expected, reference64, trial.max_rel_error, conditioned=True)
-
-
-def _unmoved(trial: Trial, inputs: list, first: Any, expected: Any) -> str:
-    """After a spikes case failed: both models on the inputs without the spikes, and where the
-    reference's output moved most, how each moved ("" when that cannot be told)."""
-    from pytest_cudaopt.correctness import values
-
-    base = trial.family.restore(inputs)
-    try:
-        candidate = _run_candidate(trial, _for_candidate(trial, base))
-        with torch.no_grad():
-            reference = trial.model(*clone_inputs(base))
-    except (GuardFailure, CandidateError, ReferenceError_, RuntimeError):
-        return ""
-    pairs = [(p, e, r, a, c) for (p, e), (_, r), (_, a), (_, c) in
-             zip(leaves(expected), leaves(reference), leaves(first), leaves(candidate))
-             if isinstance(e, torch.Tensor) and e.is_floating_point() and e.numel()
-             and isinstance(r, torch.Tensor) and r.shape == e.shape
-             and isinstance(a, torch.Tensor) and a.shape == e.shape
-             and isinstance(c, torch.Tensor) and c.shape == e.shape]
-    if not pairs:
-        return ""
-    path, e, r, a, c = pairs[0]
-    moved = (e.double() - r.double()).abs().nan_to_num(0.0, 0.0, 0.0).reshape(-1)
-    at = int(torch.argmax(moved))
-    index = values._unravel(at, e.shape)
-    flat = [t.reshape(-1)[at].item() for t in (r, e, c, a)]
-    how = "did not move" if flat[2] == flat[3] else "moved differently"
-    i = trial.family.spiked
-    name = (trial.input_names[i] if trial.input_names and i < len(trial.input_names) else "")
-    where = ", ".join(str(list(index_)) for index_, _, _ in trial.family.spikes)
-    return (f"\nevery input element must be able to move the output: changing input {i}"
-            f"{f' ({name})' if name else ''} at {where} moved the reference's {path}{list(index)} from "
-            f"{flat[0]:.6g} to {flat[1]:.6g}; ModelNew's {how}: from {flat[2]:.6g} to {flat[3]:.6g}")
+                                   f"{comparison.table()}{hint}{extra}", comparison)
 
 
 def _precision(trial: Trial, inputs: list, candidate_out: Any, expected: Any) -> Precision:

@@ -20,9 +20,7 @@ ENTRY_POINTS = ("get_inputs", "get_init_inputs")
 EDGE_SIZES = (1, 2, 3, 5, 7, 13, 17, 31, 33, 61, 67, 97, 127, 129, 191, 251, 257, 509, 1021)
 # A drawn case may hold this many times the canonical inputs' elements (see max_elements).
 GROWTH = 2
-# A constant this small that only get_init_inputs reads may be a dimension index (`dim = 1`): it
-# draws 0 and negative values too, so a kernel that hard-codes the default dimension is met.
-SMALL = 4
+SMALL = 4  # a constant this small only get_init_inputs reads may be a dimension (`dim = 1`): 0, -1, ... too
 
 # model.py is the owner's (locked): where the shapes must be declared, who does it, and how.
 OWNER_DECLARES = (f"the workdir's owner declares the shapes with {DECLARATION} in model.py (see docs/verdicts.md) "
@@ -167,11 +165,9 @@ def _file(module: types.ModuleType) -> str:
 def signed_constants(module: types.ModuleType, defaults: Mapping[str, int]) -> set[str]:
     """The inferred constants that may be dimension indices: at most SMALL, read by
     get_init_inputs and not by get_inputs (`dim = 1` handed to the constructor)."""
-    def read(entry: str) -> set[str]:
-        func = module.__dict__.get(entry)
-        return _names_read(func, module, set()) if callable(func) else set()
-
-    init_only = read("get_init_inputs") - read("get_inputs")
+    init, inputs = (module.__dict__.get(entry) for entry in ENTRY_POINTS[::-1])
+    init_only = (_names_read(init, module, set()) if callable(init) else set()) - (
+        _names_read(inputs, module, set()) if callable(inputs) else set())
     return {name for name, value in defaults.items() if name in init_only and value <= SMALL}
 
 

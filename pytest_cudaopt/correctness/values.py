@@ -134,7 +134,7 @@ def _rms(x: torch.Tensor) -> float:
     return value if math.isfinite(value) and value > 0 else 1.0
 
 
-def _unravel(flat: int, shape: torch.Size) -> tuple[int, ...]:
+def unravel(flat: int, shape: torch.Size) -> tuple[int, ...]:
     index = []
     for size in reversed(shape):
         index.append(flat % size)
@@ -155,17 +155,16 @@ def _limit(x: torch.Tensor) -> float:
 
 def apply(family: str, inputs: list, seed: int, names: list[str] | None = None) -> tuple[list, Applied]:
     """(new inputs, what changed): the floating-point inputs changed as `family` says, drawn
-    from `seed` (small draws on the CPU, element-wise factors on the inputs' device)."""
+    from `seed` (the case's, derived for the family: small draws on the CPU, element-wise
+    factors on the inputs' device)."""
     import torch
-
-    from pytest_cudaopt.correctness.guards import derive_seed
 
     applied = Applied(family)
     floats = _floats(inputs)
     if family == MODEL or not floats:
         return list(inputs), applied
     out = list(inputs)
-    host = torch.Generator().manual_seed(derive_seed(seed, "values", family))
+    host = torch.Generator().manual_seed(seed)
 
     def uniform(low: float, high: float) -> float:
         return low + (high - low) * float(torch.rand((), generator=host))
@@ -179,7 +178,7 @@ def apply(family: str, inputs: list, seed: int, names: list[str] | None = None) 
         size = min(max(100.0, numel / (10 * SPIKES)), MOST_FACTOR) * rms
         flats = sorted(set(torch.randint(numel, (min(SPIKES, numel),), generator=host).tolist()))
         for flat in flats:
-            index = _unravel(flat, x.shape)
+            index = unravel(flat, x.shape)
             sign = 1.0 if nonneg else -1.0 if nonpos else (1.0 if float(torch.rand((), generator=host)) < 0.5 else -1.0)
             before = float(x[index])
             after = max(-_limit(x), min(_limit(x), before + sign * size * uniform(1.0, 2.0)))
@@ -204,7 +203,7 @@ def apply(family: str, inputs: list, seed: int, names: list[str] | None = None) 
             new = x + shift
             applied.lines.append(f"{_label(i, names)} {'+' if shift >= 0 else '-'} {abs(shift):.4g}")
         elif family == "heavy":
-            generator = torch.Generator(device=x.device).manual_seed(derive_seed(seed, "values", family, i))
+            generator = torch.Generator(device=x.device).manual_seed(int(torch.randint(1 << 62, (), generator=host)))
             u = torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32)
             factors = u.clamp_min(1e-30).pow(-1.0 / PARETO_ALPHA).clamp_max(MOST_FACTOR)
             new = x * factors.to(x.dtype)

@@ -135,6 +135,7 @@ class _Stats:
     names: list[str] | None = None
     constants: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (min, max) judged
     seen: dict[str, values.Seen] = field(default_factory=dict)  # value family -> what it met
+    shapes_judged: set[tuple] = field(default_factory=set)       # distinct shapes (whatever their values)
 
     def reject(self, case: str, why: str) -> None:
         import hypothesis
@@ -145,6 +146,7 @@ class _Stats:
 
     def add(self, outcome: guards.CaseOutcome, inputs: list, constants: dict[str, int]) -> None:
         self.cases += 1
+        self.shapes_judged.add(tuple(sorted(constants.items())))
         where = f"drawn shape {shapes.format_case(constants)}{values.worst_element(outcome.comparison)}"
         values.record(self.seen, outcome.family, outcome.precision, where, outcome.skipped)
         self.max_abs = max(self.max_abs, outcome.comparison.max_abs)
@@ -307,9 +309,11 @@ class _DrawnShapes:
                    f"with {shapes.DECLARATION}, or {shapes.DECLARATION} = {{}} for none")
             meta = f"; the reference does not run on the meta device: {space.meta_note}" if space.meta_note else ""
             return f"no drawn shape could be judged ({why}); the shapes were {space.source}{meta}"
-        if self.settings.case is not None or space.declared or not space.meta_usable or stats.cases >= shapes.HANDFUL:
+        canonical = tuple(sorted(space.defaults.items()))  # judged with a value family: not another shape
+        distinct = len({tuple(sorted({**space.defaults, **dict(k)}.items())) for k in stats.shapes_judged} - {canonical})
+        if self.settings.case is not None or space.declared or not space.meta_usable or distinct >= shapes.HANDFUL:
             return ""
-        return (f"only {stats.cases} distinct valid shapes besides the canonical one could be found "
+        return (f"only {distinct} distinct valid shapes besides the canonical one could be found "
                 f"({stats.rejected} rejected; last: {stats.last_rejection or '-'}); the shapes were "
                 f"{space.source}; so that more sizes are judged, {shapes.OWNER_DECLARES}")
 
