@@ -39,6 +39,17 @@ DESCRIBED = {
 SPIKES = 8              # elements changed in the spiked input
 PARETO_ALPHA = 1.5      # heavy tails: infinite variance, finite mean
 MOST_FACTOR = 1e6       # no heavy-tail factor or spike (in RMS) beyond this
+# An honest kernel of lower precision (TF32, bfloat16) rounds what it reads: a family case allows
+# each output element ROUNDED_FACTOR times how far the float64 reference moves when every input
+# element is off by up to ROUNDING (about bfloat16's rounding), so that it keeps its tier where the
+# family leaves the problem ill-conditioned (a spike of 1e4 in an attention's scores).
+ROUNDING = 2.0 ** -8
+ROUNDED_FACTOR = 2.0
+# Where that rounding moves the output by more than this (relative L2: ten times a well-conditioned
+# problem's), the values leave the function nearly discontinuous (a spike that makes an attention
+# row one-hot): the element-wise tolerance is left out and the relative L2 bound, grown as much,
+# decides; NaN and Inf still fail.
+ILL_CONDITIONED = 1e-2
 
 
 class FamilySkipped(Exception):
