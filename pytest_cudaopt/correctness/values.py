@@ -11,8 +11,9 @@ A family case is judged against a float64 run of the reference. It is skipped, a
 the float64 reference is not finite or the float32 one overflows (the values leave the function's
 domain in float32), and where the reference rejects the values; the case is then judged on
 model.py's own values. Where the family makes the problem ill-conditioned, an honest kernel gets
-the slack the float32 reference itself needs there (see `guards`), so that a TF32- or half-precise
-kernel keeps its tier; an error beyond that is a wrong function, and the failure names the family."""
+the slack that the float32 reference's own error and rounded inputs show it needs (family.py), so
+that a TF32- or half-precise kernel keeps its tier; an error beyond that is a wrong function, and
+the failure names the family."""
 
 from __future__ import annotations
 
