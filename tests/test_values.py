@@ -156,7 +156,8 @@ def test_an_error_that_grows_with_the_values_fails_naming_the_family_and_both_va
     values.record(seen, "model", _p(2e-7, 1e-7, "fp32"), "drawn shape n=3")
     values.record(seen, "large", _p(3e-7, 1e-7, "fp32"), "drawn shape n=5")
     assert values.grown(seen) == ""
-    values.record(seen, "heavy", _p(4e-3, 1e-7, "half-like"), "drawn shape n=7, worst at output[2]: actual 9, expected 8")
+    values.record(seen, "heavy", _p(4e-3, 1e-7, "half-like"),
+                  "drawn shape n=7, worst at output[2]: actual 9, expected 8")
     text = values.grown(seen)
     assert "error grows with the input values" in text
     assert "values heavy: half-like" in text and "worst at output[2]: actual 9, expected 8" in text

@@ -345,11 +345,13 @@ def grown(seen: dict[str, Seen]) -> str:
         p = entry.worst
         if family == MODEL or p is None or p.tier not in TIER_ORDER:
             continue
-        if TIER_ORDER.index(p.tier) > TIER_ORDER.index(base.worst.tier) and entry.excess() > GROWTH * max(base.excess(), 1.0):
+        worse = TIER_ORDER.index(p.tier) > TIER_ORDER.index(base.worst.tier)
+        if worse and entry.excess() > GROWTH * max(base.excess(), 1.0):
             lines.append(
                 f"values {family}: {p.tier}, relative L2 error vs float64 {p.candidate_error:.3g} "
                 f"(float32 reference {p.reference_error:.3g}) on {entry.where}; on model.py's values "
-                f"{base.worst.tier} ({base.worst.candidate_error:.3g}, float32 reference {base.worst.reference_error:.3g})")
+                f"{base.worst.tier} ({base.worst.candidate_error:.3g}, float32 reference "
+                f"{base.worst.reference_error:.3g})")
     if not lines:
         return ""
     return ("ModelNew's error grows with the input values: precision is a property of the arithmetic, "
@@ -362,5 +364,6 @@ def worst_element(comparison: Any) -> str:
     for leaf in getattr(comparison, "leaves", ()):
         if leaf.worst is not None and not leaf.exact:
             index = ", ".join(str(i) for i in leaf.worst.index)
-            return f", worst at {leaf.path}[{index}]: actual {leaf.worst.actual:.6g}, expected {leaf.worst.expected:.6g}"
+            return (f", worst at {leaf.path}[{index}]: actual {leaf.worst.actual:.6g}, "
+                    f"expected {leaf.worst.expected:.6g}")
     return ""

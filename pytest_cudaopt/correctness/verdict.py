@@ -310,7 +310,8 @@ class _DrawnShapes:
             meta = f"; the reference does not run on the meta device: {space.meta_note}" if space.meta_note else ""
             return f"no drawn shape could be judged ({why}); the shapes were {space.source}{meta}"
         canonical = tuple(sorted(space.defaults.items()))  # judged with a value family: not another shape
-        distinct = len({tuple(sorted({**space.defaults, **dict(k)}.items())) for k in stats.shapes_judged} - {canonical})
+        judged = {tuple(sorted({**space.defaults, **dict(k)}.items())) for k in stats.shapes_judged}
+        distinct = len(judged - {canonical})
         if self.settings.case is not None or space.declared or not space.meta_usable or distinct >= shapes.HANDFUL:
             return ""
         return (f"only {distinct} distinct valid shapes besides the canonical one could be found "
