@@ -54,8 +54,9 @@ def judge(path: Path) -> dict:
             "reference": bool(violations) and all(v.rule == "MN010" and v.path == "model.py" for v in violations)}
 
 
-def in_child(path: Path, limit: float) -> dict:
-    """judge(path) in a forked child with its output silenced, killed after `limit` seconds."""
+def in_child(path: Path, limit: float, work=None) -> dict:
+    """`work(path)` (default: judge) in a forked child with its output silenced, killed after
+    `limit` seconds."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child
@@ -64,7 +65,7 @@ def in_child(path: Path, limit: float) -> dict:
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
         try:
-            data = json.dumps(judge(path))
+            data = json.dumps((work or judge)(path))
         except BaseException as exc:  # noqa: BLE001 - reported as the problem's failure
             data = json.dumps({"lines": [f"sweep: {type(exc).__name__}: {exc}"], "reference": False})
         with os.fdopen(write, "w") as out:

@@ -70,6 +70,17 @@ def _non_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse
 
 
+def _families(text: str) -> str:
+    """The `values` setting, checked (correctness/values.py names the families) and kept as text."""
+    from pytest_cudaopt.correctness.values import parse
+
+    parse(text)
+    return str(text).strip().lower()
+
+
+_families.__name__ = "value families"
+
+
 @dataclass(frozen=True)
 class Option:
     """One setting: `--cudaopt-<name>` on the command line, `CUDAOPT_<NAME>` in the
@@ -133,6 +144,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("case", str, None,
            "replay one drawn shape instead of drawing, e.g. 'batch_size=3,dim=17' (printed by every failure)",
            ini=False),
+    Option("values", _families, "all",
+           "the value families judged besides model.py's own values: 'all', 'none', or some of "
+           "spikes,heavy,large,shifted,small, comma separated (fewer is a relaxation: for inputs bounded "
+           "by construction)"),
     Option("nondeterministic", _bool, False,
            "compare two candidate runs within the tolerance instead of bit for bit (kernels with atomics); "
            "model_new.py can say so with CUDAOPT_NONDETERMINISTIC = True"),
@@ -220,7 +235,7 @@ def object_cache_dir(value: str | None) -> Path | None:
 
 # Settings that change what a correctness case computes or how it is judged: a replay command
 # carries the ones that differ from their defaults, so that it judges the case the same way.
-REPLAYED = ("device", "atol", "rtol", "max_rel_error", "nondeterministic", "allow_ops", "max_elements")
+REPLAYED = ("device", "atol", "rtol", "max_rel_error", "nondeterministic", "allow_ops", "max_elements", "values")
 
 
 def replay_args(settings: Any) -> str:

@@ -25,6 +25,13 @@ def setting_relaxations(settings: Any) -> list[str]:
             found.append(f"{name} {value:g} (default {default:g})")
     if settings.allow_ops:
         found.append(f"allow_ops {settings.allow_ops} (ATen ops the op audit lets through)")
+    families = getattr(settings, "values", "all")
+    if families not in (None, "", "all"):
+        from pytest_cudaopt.correctness.values import FAMILIES, parse
+
+        judged = parse(families)
+        left = [name for name in FAMILIES if name not in judged]
+        found.append(f"values {families} (value families not judged: {', '.join(left)})")
     if settings.nondeterministic:
         found.append("nondeterministic (the two candidate runs compared within tolerance, not bit for bit)")
     if settings.gate != BY_NAME["gate"].default:

@@ -466,3 +466,65 @@ def test_the_drawn_shapes_never_run_hypothesis_explain_phase_whatever_the_profil
         assert Phase.explain not in chosen.phases and Phase.shrink in chosen.phases
     finally:
         hsettings.load_profile(before)
+
+
+MASKED_CUMSUM = """
+    import torch
+    import torch.nn as nn
+
+    class Model(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.dim = dim
+
+        def forward(self, x, mask):
+            return torch.cumsum(x * mask, dim=self.dim)
+
+    batch_size = 64
+    input_shape = (128,)
+    dim = 1
+
+    def get_inputs():
+        x = torch.rand(batch_size, *input_shape)
+        return [x, torch.randint(0, 2, x.shape).bool()]
+
+    def get_init_inputs():
+        return [dim]
+"""
+
+
+def test_a_small_dimension_index_handed_to_the_constructor_is_drawn_below_its_default_too():
+    # KernelBench level1/93: dim = 1 of a 2-d input; a kernel that hard-codes the last dimension
+    # passed every case while dim was drawn only from 1 upwards (2 and more are not valid).
+    module = module_from(MASKED_CUMSUM)
+    space = shapes.shape_space(module)
+    assert shapes.signed_constants(module, space.defaults) == {"dim"}
+    found = shapes.explicit_cases(module, space)
+    dims = {case["dim"] for case in found.cases}
+    assert dims - {1} and all(d in (-2, -1, 0) for d in dims - {1}), found.cases
+    assert {**space.defaults, "dim": -2} in found.cases
+    assert found.never_above == ["dim"]
+
+
+@hsettings(max_examples=200, database=None)
+@given(st.data())
+def test_drawn_dimension_indices_reach_zero_and_negatives_but_sizes_stay_positive(data):
+    module = module_from(MASKED_CUMSUM)
+    space = shapes.shape_space(module)
+    drawn = data.draw(space.strategy)
+    assert drawn["batch_size"] >= 1 and drawn["input_shape[0]"] >= 1
+    assert drawn["dim"] >= -2
+
+
+def test_a_dimension_index_takes_zero_and_negative_values_among_its_draws():
+    module = module_from(MASKED_CUMSUM)
+    space = shapes.shape_space(module)
+    seen = set()
+
+    @hsettings(max_examples=300, database=None)
+    @given(space.strategy)
+    def draw(case):
+        seen.add(case["dim"])
+
+    draw()
+    assert {0, -1, -2} <= seen, seen

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from pytest_cudaopt import memory
-from pytest_cudaopt.correctness import compare, guards, shapes, sizes, state
+from pytest_cudaopt.correctness import compare, family as family_case, guards, shapes, sizes, state, values
 from pytest_cudaopt.correctness.faults import CudaFault
 from pytest_cudaopt.correctness.precision import Precision
 from pytest_cudaopt.results import SHORTFALL, CorrectnessResult
-from pytest_cudaopt.tensors import describe_inputs
+from pytest_cudaopt.tensors import clone_inputs, describe_inputs
 from pytest_cudaopt.watchdog import harness_step, set_case
 from pytest_cudaopt.workdir import Workdir, WorkdirError
 
@@ -82,12 +84,29 @@ def _history(workdir: Workdir) -> guards.OutputHistory:
 
 
 def run_case(workdir: Workdir, settings, session, constants: dict[str, int], seed: int, label: str,
-             replay: str = "", reference_decides: bool = False,
-             moved: bool = False) -> tuple[guards.CaseOutcome, list, list[str] | None]:
+             replay: str = "", reference_decides: bool = False, moved: bool = False,
+             family: str = values.MODEL) -> tuple[guards.CaseOutcome, list, list[str] | None]:
     """One case: models and inputs built with `constants` applied to model.py (with `moved`,
-    Model's parameters and running statistics moved from their defaults: `state.perturb`),
-    then every guard. Raises CaseFailed with the whole report, Abort on a CUDA fault, and
+    Model's parameters and running statistics moved from their defaults: `state.perturb`;
+    the inputs' values changed as the value `family` says), then every guard. A family that
+    cannot be judged on the case (values.FamilySkipped) leaves it judged on model.py's values,
+    the outcome saying why. Raises CaseFailed with the whole report, Abort on a CUDA fault, and
     guards.ReferenceError_ when `reference_decides` and the reference rejects the case."""
+    if family == values.MODEL:
+        return _run_case(workdir, settings, session, constants, seed, label, replay, reference_decides, moved)
+    try:
+        return _run_case(workdir, settings, session, constants, seed, label, replay, reference_decides, moved,
+                         family)
+    except values.FamilySkipped as exc:
+        outcome, inputs, names = _run_case(workdir, settings, session, constants, seed, label, replay,
+                                           reference_decides, moved)
+        outcome.family, outcome.skipped = family, str(exc)
+        return outcome, inputs, names
+
+
+def _run_case(workdir: Workdir, settings, session, constants: dict[str, int], seed: int, label: str,
+              replay: str = "", reference_decides: bool = False, moved: bool = False,
+              family: str = values.MODEL) -> tuple[guards.CaseOutcome, list, list[str] | None]:
     device = torch.device(settings.device)
     set_case(label, replay)
     _check_memory(workdir, settings, constants, label, replay)
@@ -103,14 +122,19 @@ def run_case(workdir: Workdir, settings, session, constants: dict[str, int], see
                 raise guards.ReferenceError_(str(exc)) from exc
             raise CaseFailed("load", f"{exc}\ncase: {label}" + (f"\nreplay: {replay}" if replay else "")) from None
         names = guards.input_names(model.forward)
+        applied = None
+        if family != values.MODEL:
+            inputs, applied = _family_inputs(model, inputs, family, guards.derive_seed(seed, "values", family), names)
         trial = guards.Trial(
             model=model, model_new=model_new, model64=None, workdir=workdir.path,
             extension=workdir.extension, device=device, atol=settings.atol, rtol=settings.rtol,
             max_rel_error=settings.max_rel_error,
             nondeterministic=workdir.nondeterministic or settings.nondeterministic,
-            extra_allowed=_extra_allowed(settings), history=_history(workdir), input_names=names)
+            extra_allowed=_extra_allowed(settings), history=_history(workdir), input_names=names,
+            judge_family=functools.partial(family_case.judge, applied) if applied else None)
         described = describe_inputs(inputs, names)
-        footer = (f"\ncase: {label}; inputs {described}" + (f"\n{state.describe(done)}" if moved else "")
+        footer = (f"\ncase: {label}; inputs {described}" + (f"\n{applied.describe()}" if applied else "")
+                  + (f"\n{state.describe(done)}" if moved else "")
                   + (f"\nreplay: {replay}" if replay else ""))
         short = shapes.format_case(constants) or "canonical"
         try:
@@ -122,14 +146,44 @@ def run_case(workdir: Workdir, settings, session, constants: dict[str, int], see
         except CudaFault as exc:
             raise Abort(exc, f"{label}; inputs {described}", replay) from None
         except guards.CandidateError as exc:
+            if applied is not None:  # values the reference rejects too: no case for this family
+                _reference_accepts(model, inputs)
             raise CaseFailed("candidate raised", f"{workdir.model_new_file.name}: {exc}{footer}",
                              short, described) from None
         except guards.ReferenceError_ as exc:
+            if applied is not None:
+                raise values.FamilySkipped(f"the reference rejects these values: {str(exc).splitlines()[-1]}") from None
             if reference_decides:
                 raise
             raise CaseFailed("reference raised", f"{workdir.model_file.name}: {exc}{footer}",
                              short, described) from None
+    outcome.family = family
     return outcome, inputs, names
+
+
+def _family_inputs(model: torch.nn.Module, inputs: list, family: str, seed: int,
+                   names: list[str] | None) -> tuple[list, values.Applied]:
+    """The case's inputs with the family's values, and what changed; for the families that
+    rescale the output, the scale of the reference's output on model.py's values (one more
+    float32 reference call), to which the family's atol is proportioned."""
+    changed, applied = values.apply(family, inputs, seed, names)
+    if family != "spikes":
+        try:
+            with torch.no_grad():
+                applied.base_scale = values.output_scale(model(*clone_inputs(inputs)))
+        except Exception:  # noqa: BLE001 - the guards run the reference and report what it raises
+            applied.base_scale = 1.0
+    return changed, applied
+
+
+def _reference_accepts(model: torch.nn.Module, inputs: list) -> None:
+    """Raise FamilySkipped when the reference raises on `inputs` as well."""
+    try:
+        with torch.no_grad():
+            model(*clone_inputs(inputs))
+    except Exception as exc:  # noqa: BLE001 - its message is the reason
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise values.FamilySkipped(f"the reference rejects these values: {type(exc).__name__}: {first}") from None
 
 
 def _guarded(trial: guards.Trial, inputs: list, label: str, footer: str, short: str,

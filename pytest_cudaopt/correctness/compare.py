@@ -146,7 +146,8 @@ CHUNK = 1 << 24  # elements compared at a time: the float64 temporaries stay ~12
 
 
 def _compare_tensor(path: str, actual: torch.Tensor, expected: torch.Tensor,
-                    atol: float, rtol: float, max_listed: int) -> LeafReport:
+                    atol: float, rtol: float, max_listed: int,
+                    allowance: torch.Tensor | None = None) -> LeafReport:
     leaf = LeafReport(path=path, total=expected.numel())
     if not (expected.is_floating_point() or expected.is_complex()):
         # Integers and bools: a float tolerance never applies.
@@ -156,6 +157,9 @@ def _compare_tensor(path: str, actual: torch.Tensor, expected: torch.Tensor,
     if expected.is_complex():
         actual, expected = torch.view_as_real(actual), torch.view_as_real(expected)
     flat_a, flat_e = actual.detach().reshape(-1), expected.detach().reshape(-1)
+    flat_r = None
+    if allowance is not None and not leaf.exact and allowance.numel() == flat_e.numel():
+        flat_r = allowance.detach().reshape(-1)
     worst_score, worst_at = -1.0, 0
     # In chunks, so that judging a large output needs memory in proportion to a chunk.
     for start in range(0, flat_e.numel(), CHUNK):
@@ -166,6 +170,8 @@ def _compare_tensor(path: str, actual: torch.Tensor, expected: torch.Tensor,
         finite = ~(a_nan | e_nan | a_inf | e_inf)
         diff = torch.where(finite, (a - e).abs(), torch.zeros_like(a))
         allowed = atol + rtol * e.abs()
+        if flat_r is not None:  # what this element may be off besides (a value family's conditioning)
+            allowed = allowed + flat_r[start:start + CHUNK].to(e).nan_to_num(0.0, 0.0, 0.0)
         bad_finite = finite & (diff > allowed)
         if leaf.exact:  # compare in the output's own dtype: float64 cannot hold every int64
             bad_finite = ca != ce
@@ -204,13 +210,21 @@ def _compare_tensor(path: str, actual: torch.Tensor, expected: torch.Tensor,
     return leaf
 
 
+def _layout(t: torch.Tensor) -> tuple[int, ...]:
+    """The strides of the dimensions longer than 1 (those of length 1 say nothing)."""
+    return tuple(st for size, st in zip(t.shape, t.stride()) if size > 1)
+
+
 def compare_outputs(actual: Any, expected: Any, *, atol: float = 1e-2, rtol: float = 1e-2,
-                    max_listed: int = MAX_LISTED) -> Comparison:
+                    max_listed: int = MAX_LISTED, allowance: dict[str, torch.Tensor] | None = None) -> Comparison:
     """Compare the candidate's output with the reference's: the same nest of tuples/lists/
-    dicts, tensors with the same shape, dtype and device, NaN and Inf in the same places,
-    every other element within `|a - e| <= atol + rtol*|e|`. Never raises for a mismatch."""
+    dicts, tensors with the same shape, dtype and device (and contiguous where the reference's
+    output is), NaN and Inf in the same places, every other element within
+    `|a - e| <= atol + rtol*|e|`, plus, where `allowance` (leaf path -> tensor of the leaf's
+    shape) has one, its element. Never raises for a mismatch."""
     result = Comparison(passed=True, atol=atol, rtol=rtol)
     a_leaves, e_leaves = list(leaves(actual)), list(leaves(expected))
+    r_leaves = allowance or {}
     if [p for p, _ in a_leaves] != [p for p, _ in e_leaves]:
         result.passed = False
         result.reason = (f"output structure differs: candidate returned {structure(actual)}, "
@@ -236,7 +250,16 @@ def compare_outputs(actual: Any, expected: Any, *, atol: float = 1e-2, rtol: flo
                 result.reason = (f"{path}: {what} differs: candidate {describe_tensor(a)}, "
                                  f"reference {describe_tensor(e)}")
                 return result
-        result.leaves.append(_compare_tensor(path, a, e, atol, rtol, max_listed))
+        # A contiguous reference output asks for a contiguous one (a CPU worker's outputs come
+        # back contiguous, so other layouts are compared by value only).
+        if e.is_contiguous() and _layout(a) != _layout(e):
+            result.passed = False
+            result.reason = (f"{path}: strides differ: candidate {tuple(a.stride())}, reference {tuple(e.stride())} "
+                             f"(shape {tuple(e.shape)}); the output must have the reference's layout")
+            return result
+        r = r_leaves.get(path)
+        result.leaves.append(_compare_tensor(path, a, e, atol, rtol, max_listed,
+                                             r if isinstance(r, torch.Tensor) else None))
     if result.mismatched:
         result.passed = False
     return result

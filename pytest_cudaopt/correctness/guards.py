@@ -217,6 +217,8 @@ class CaseOutcome:
     comparison: compare.Comparison
     precision: Precision
     seconds: float = 0.0
+    family: str = "model"   # the value family judged (values.py)
+    skipped: str = ""       # why the family asked for was skipped (then judged on model.py's values)
 
 
 @dataclass
@@ -236,6 +238,8 @@ class Trial:
     extra_allowed: frozenset[str] = frozenset()
     history: OutputHistory = field(default_factory=OutputHistory)
     input_names: list[str] | None = None
+    # A value-family case's comparison and precision (family.judge); None: model.py's own values.
+    judge_family: Callable[..., tuple[compare.Comparison, Precision]] | None = None
 
 
 def call_locally(model: torch.nn.Module, inputs: list, device: torch.device, workdir: Path, extension: Any,
@@ -276,7 +280,7 @@ def own_outputs(output: Any, inputs: list, names: list[str] | None = None, file:
     return clone_nest(output)
 
 
-def _run_candidate(trial: Trial, inputs: list) -> Any:
+def run_candidate(trial: Trial, inputs: list) -> Any:
     """The candidate's call with its own checks (the op audit, fresh outputs): in the worker
     for a worker.RemoteModel (its output copied here), else in this process (unit tests)."""
     if hasattr(trial.model_new, "checked_call"):
@@ -292,7 +296,7 @@ def _run_candidate(trial: Trial, inputs: list) -> Any:
     return output
 
 
-def _for_candidate(trial: Trial, inputs: list) -> list:
+def for_candidate(trial: Trial, inputs: list) -> list:
     """The candidate's working copy of the inputs (in the worker's sharing pool, for a worker)."""
     worker = getattr(trial.model_new, "worker", None)
     with (worker.sharing() if worker is not None else contextlib.nullcontext()):
@@ -348,8 +352,8 @@ def run_case(trial: Trial, inputs: list) -> CaseOutcome:
     pristine = clone_inputs(inputs)
     state = state_snapshot(trial.model_new)
 
-    first_inputs = _for_candidate(trial, inputs)
-    first = _run_candidate(trial, first_inputs)
+    first_inputs = for_candidate(trial, inputs)
+    first = run_candidate(trial, first_inputs)
     check_inputs_unchanged(pristine, first_inputs, names, file)
     check_state_unchanged(state, trial.model_new, file)
     trial.history.add(first)
@@ -362,8 +366,8 @@ def run_case(trial: Trial, inputs: list) -> CaseOutcome:
     except Exception as exc:
         _raise_user_error(exc, trial.workdir, "Model.forward (model.py)", ReferenceError_)
 
-    second_inputs = _for_candidate(trial, inputs)
-    second = _run_candidate(trial, second_inputs)
+    second_inputs = for_candidate(trial, inputs)
+    second = run_candidate(trial, second_inputs)
     check_inputs_unchanged(pristine, second_inputs, names, file)
     trial.history.add(second)
     del second_inputs, pristine
@@ -371,18 +375,16 @@ def run_case(trial: Trial, inputs: list) -> CaseOutcome:
     del second
 
     with harness_step("comparing the outputs"):
-        comparison = compare.compare_outputs(first, expected, atol=trial.atol, rtol=trial.rtol)
-    if not comparison.passed:
-        hint = ""
-        if comparison.nan_mismatched:
-            hint = ("\nNaN where the reference has a value: output elements the candidate never wrote "
-                    "(memory is filled with NaN before each call), or a NaN it computed")
-        raise GuardFailure("mismatch", f"{file}: ModelNew's output differs from Model's (model.py):\n"
-                                       f"{comparison.table()}{hint}", comparison)
-    precision = _precision(trial, inputs, first, expected)
+        if trial.judge_family is not None:
+            comparison, precision = trial.judge_family(trial, inputs, first, expected)
+        else:
+            comparison = compare.compare_outputs(first, expected, atol=trial.atol, rtol=trial.rtol)
+    if trial.judge_family is None:
+        check_comparison(comparison)
+        precision = _precision(trial, inputs, first, expected)
     vacuous = comparison.vacuous
     if vacuous:
-        note = (f"atol {trial.atol:g} >= max|expected| for {', '.join(vacuous)}: the element-wise "
+        note = (f"atol {comparison.atol:g} >= max|expected| for {', '.join(vacuous)}: the element-wise "
                 f"tolerance is vacuous there, the relative L2 bound decides")
         precision.note = f"{precision.note}; {note}" if precision.note else note
         precision.vacuous = True
@@ -391,11 +393,23 @@ def run_case(trial: Trial, inputs: list) -> CaseOutcome:
             f"{file}: ModelNew's output is wrong: relative L2 error vs the float64 reference "
             f"{precision.candidate_error:.3g} > {precision.bound:.3g} (cudaopt_max_rel_error; "
             f"the float32 reference's own error is {precision.reference_error:.3g}), although every "
-            f"element is within atol={trial.atol:g}, rtol={trial.rtol:g}"
+            f"element is within atol={comparison.atol:g}, rtol={trial.rtol:g}"
             + (f"\n{precision.note}" if precision.note else "")
             + f"\nmax abs err {comparison.max_abs:.3g}, max rel err {comparison.max_rel:.3g}"),
             comparison, precision)
     return CaseOutcome(comparison, precision, time.perf_counter() - started)
+
+
+def check_comparison(comparison: compare.Comparison, extra: str = "") -> None:
+    """Raise the mismatch failure of a comparison that did not pass (`extra` ends its message)."""
+    if comparison.passed:
+        return
+    hint = ""
+    if comparison.nan_mismatched:
+        hint = ("\nNaN where the reference has a value: output elements the candidate never wrote "
+                "(memory is filled with NaN before each call), or a NaN it computed")
+    raise GuardFailure("mismatch", f"model_new.py: ModelNew's output differs from Model's (model.py):\n"
+                                   f"{comparison.table()}{hint}{extra}", comparison)
 
 
 def _precision(trial: Trial, inputs: list, candidate_out: Any, expected: Any) -> Precision:

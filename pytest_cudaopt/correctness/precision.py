@@ -25,9 +25,21 @@ FP32_FACTOR = 10.0     # within 10x the float32 reference's own error ...
 FP32_FLOOR = 1e-5      # ... or below this, whichever is larger: fp32
 TF32_LIMIT = 1e-3      # up to this: tf32-like; above it: half-like
 CHUNK = 1 << 24        # elements compared at a time: the float64 temporaries stay ~128 MiB each
+# Value families (values.py): the float32 reference's own error on model.py's values is about
+# 1e-7 and more. Where a family's values leave it larger (the problem is ill-conditioned there),
+# the limits of the tiers past fp32 and the bound grow in proportion (TF32 and half rounding
+# grow as float32's does), and with the output's sensitivity to rounded inputs, so that a TF32-
+# or half-precise kernel keeps its tier on every family.
+TYPICAL_REFERENCE_ERROR = 1e-7
 
 
-def precision_tier(candidate_error: float, reference_error: float) -> str:
+def conditioning(reference_error: float) -> float:
+    """How much larger than usual the float32 reference's own error is (at least 1)."""
+    return 1.0 if math.isnan(reference_error) else max(1.0, reference_error / TYPICAL_REFERENCE_ERROR)
+
+
+def precision_tier(candidate_error: float, reference_error: float, conditioned: bool = False,
+                   sensitivity: float = 0.0) -> str:
     """The precision tier of a candidate from two relative L2 errors against a float64 run of
     the reference: the candidate's, and the float32 reference's own.
 
@@ -35,12 +47,16 @@ def precision_tier(candidate_error: float, reference_error: float) -> str:
     "tf32-like": candidate_error <= TF32_LIMIT (a ~10-bit mantissa: TF32 or fp16)
     "half-like": anything larger (bf16-class rounding)
     "unknown":   an error that is NaN (the float64 run was not possible).
-    ("exact" and "wrong" are named by `Precision.measure`.)"""
+    ("exact" and "wrong" are named by `Precision.measure`.) `conditioned` (a value family): the
+    TF32_LIMIT grows with `conditioning(reference_error)`, and is at least half the
+    `sensitivity` (how far rounding the inputs at bfloat16's precision moves the output: TF32
+    rounds 8 times finer)."""
     if math.isnan(candidate_error) or math.isnan(reference_error):
         return UNKNOWN
     if candidate_error <= max(FP32_FACTOR * reference_error, FP32_FLOOR):
         return FP32
-    if candidate_error <= TF32_LIMIT:
+    limit = max(TF32_LIMIT * conditioning(reference_error), sensitivity / 2) if conditioned else TF32_LIMIT
+    if candidate_error <= limit:
         return TF32_LIKE
     return HALF_LIKE
 
@@ -87,13 +103,18 @@ def relative_l2_error(actual: Any, reference64: Any) -> float:
     return num / math.sqrt(count) if count else 0.0
 
 
-def error_bound(max_rel_error: float, reference_error: float) -> float:
+def error_bound(max_rel_error: float, reference_error: float, conditioned: bool = False,
+                sensitivity: float = 0.0) -> float:
     """The largest relative L2 error a candidate may have: cudaopt_max_rel_error, or 10x the
     float32 reference's own error when the problem is so ill-conditioned that the float32
-    reference itself is further than that from float64."""
+    reference itself is further than that from float64. `conditioned` (a value family):
+    cudaopt_max_rel_error grows with `conditioning(reference_error)`, and the bound is at least
+    twice the `sensitivity` (what rounding the inputs at bfloat16's precision does)."""
     if math.isnan(reference_error):
         return max_rel_error
-    return max(max_rel_error, FP32_FACTOR * reference_error)
+    if not conditioned:
+        return max(max_rel_error, FP32_FACTOR * reference_error)
+    return max(max_rel_error * conditioning(reference_error), FP32_FACTOR * reference_error, 2 * sensitivity)
 
 
 @dataclass
@@ -109,14 +130,15 @@ class Precision:
 
     @classmethod
     def measure(cls, candidate_out: Any, reference_out: Any, reference64_out: Any,
-                max_rel_error: float | None = None) -> "Precision":
+                max_rel_error: float | None = None, conditioned: bool = False,
+                sensitivity: float = 0.0) -> "Precision":
         if float_elements(reference64_out) == 0:  # integer/bool outputs only: compared exactly
             return cls(0.0, 0.0, EXACT)
         cand = relative_l2_error(candidate_out, reference64_out)
         ref = relative_l2_error(reference_out, reference64_out)
-        p = cls(cand, ref, precision_tier(cand, ref))
+        p = cls(cand, ref, precision_tier(cand, ref, conditioned, sensitivity))
         if max_rel_error is not None:
-            p.bound = error_bound(max_rel_error, ref)
+            p.bound = error_bound(max_rel_error, ref, conditioned, sensitivity)
             if not cand <= p.bound:  # NaN included
                 p.tier = WRONG
         return p

@@ -20,6 +20,7 @@ ENTRY_POINTS = ("get_inputs", "get_init_inputs")
 EDGE_SIZES = (1, 2, 3, 5, 7, 13, 17, 31, 33, 61, 67, 97, 127, 129, 191, 251, 257, 509, 1021)
 # A drawn case may hold this many times the canonical inputs' elements (see max_elements).
 GROWTH = 2
+SMALL = 4  # a constant this small only get_init_inputs reads may be a dimension (`dim = 1`): 0, -1, ... too
 
 # model.py is the owner's (locked): where the shapes must be declared, who does it, and how.
 OWNER_DECLARES = (f"the workdir's owner declares the shapes with {DECLARATION} in model.py (see docs/verdicts.md) "
@@ -161,13 +162,25 @@ def _file(module: types.ModuleType) -> str:
 
 # -- strategies --------------------------------------------------------------------------------
 
-def around(default: int) -> SearchStrategy[int]:
+def signed_constants(module: types.ModuleType, defaults: Mapping[str, int]) -> set[str]:
+    """The inferred constants that may be dimension indices: at most SMALL, read by
+    get_init_inputs and not by get_inputs (`dim = 1` handed to the constructor)."""
+    init, inputs = (module.__dict__.get(entry) for entry in ENTRY_POINTS[::-1])
+    init_only = (_names_read(init, module, set()) if callable(init) else set()) - (
+        _names_read(inputs, module, set()) if callable(inputs) else set())
+    return {name for name, value in defaults.items() if name in init_only and value <= SMALL}
+
+
+def around(default: int, signed: bool = False) -> SearchStrategy[int]:
     """Sizes around a constant's default: the default itself (what failing cases shrink
     towards), edge sizes (1, primes, non-multiples of 32 and 128, default +-1), and any
-    size from 1 to the default."""
+    size from 1 to the default; with `signed` (a dimension index) also 0 and -1 down to
+    -(default + 1)."""
     upper = max(2 * default, 8)
     edges = {e for e in EDGE_SIZES if e <= upper}
     edges |= {e for e in (default - 1, default + 1, default // 2 + 1, 2 * default - 1) if 1 <= e <= upper}
+    if signed:
+        edges |= set(range(-(default + 1), 1))
     edges.discard(default)
     return st.one_of(st.just(default), st.sampled_from(sorted(edges)),
                      st.integers(min_value=1, max_value=max(default, 2)))
@@ -294,7 +307,8 @@ def shape_space(module: types.ModuleType, max_elements: int | None = None,
         space.source = (f"{_file(module)}: get_inputs/get_init_inputs read no module-level int constants "
                         f"to vary; {OWNER_DECLARES}")
         return space
-    space.strategy = st.fixed_dictionaries({name: around(value) for name, value in defaults.items()})
+    signed = signed_constants(module, defaults)
+    space.strategy = st.fixed_dictionaries({name: around(value, name in signed) for name, value in defaults.items()})
     space.source = "inferred from " + ", ".join(f"{k}={v}" for k, v in defaults.items())
     if space.derived:
         space.source += f" ({space.derived_note()})"
@@ -364,8 +378,10 @@ def _upward(default: int) -> list[int]:
     return sorted(default + step for step in steps)
 
 
-def _downward(default: int) -> list[int]:
+def _downward(default: int, signed: bool = False) -> list[int]:
     values = {1, 2, 3, 4, 5, 7, 8} | {max(1, default // k) for k in (64, 32, 16, 8, 4, 2)}
+    if signed:  # a dimension index: -(default + 1) .. 0 (`dim = 1` of a 2-d input: -2 is dim 0)
+        values |= set(range(-(default + 1), 1))
     return sorted(v for v in values if v < default)
 
 
@@ -394,6 +410,7 @@ def explicit_cases(module: types.ModuleType, space: "ShapeSpace") -> Explicit:
         return None
 
     together = dict(space.defaults)
+    signed = signed_constants(module, space.defaults)
     for name, default in space.defaults.items():
         above = first(name, default, _upward(default))
         if above is None:
@@ -405,7 +422,7 @@ def explicit_cases(module: types.ModuleType, space: "ShapeSpace") -> Explicit:
             candidate = {**together, **{k: v for k, v in above.items() if v != space.defaults[k]}}
             if fits(candidate):
                 together = candidate
-        smallest = first(name, default, _downward(default))
+        smallest = first(name, default, _downward(default, name in signed))
         if smallest is not None and smallest not in found.cases:
             found.cases.append(smallest)
     if together != space.defaults and together not in found.cases:

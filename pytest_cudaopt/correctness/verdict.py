@@ -18,7 +18,7 @@ from typing import Iterator
 import torch
 
 from pytest_cudaopt import memory
-from pytest_cudaopt.correctness import guards, shapes
+from pytest_cudaopt.correctness import guards, shapes, values
 from pytest_cudaopt.correctness.case import Abort, CaseFailed, free_bytes, run_case
 from pytest_cudaopt.correctness.faults import WorkerCrash, fault_line
 from pytest_cudaopt.correctness.precision import Precision, worst_tier
@@ -90,15 +90,18 @@ def judge_canonical(loaded: Workdir, settings, session, nodeid: str, seed_index:
     every guard; the result is recorded. Returns why the item fails ("" when it passes)."""
     seed = guards.derive_seed(session.seed, "canonical", seed_index)
     replay = f"pytest {shlex.quote(nodeid)} --cudaopt-seed={session.seed}{replay_args(settings)}"
-    result = CorrectnessResult(workdir=str(loaded.path), test=nodeid, case=f"canonical seed{seed_index}",
-                               passed=False, seed=seed)
-    moved = seed_index > 0  # seed0 judges the state as initialised, the others moved from it
+    # seed0 judges model.py's values with the state as initialised; the others, moved from it,
+    # a value family each (values.py).
+    family = values.canonical_family(seed_index, values.parse(settings.values))
+    case = f"canonical seed{seed_index}" + (f" (values {family})" if family != values.MODEL else "")
+    result = CorrectnessResult(workdir=str(loaded.path), test=nodeid, case=case, passed=False, seed=seed)
+    moved = seed_index > 0
     result.state = "moved" if moved else "default"
     with recorded(result, settings, session):
         try:
             outcome, inputs, names = _diagnosed(lambda: run_case(
-                loaded, settings, session, {}, seed, replay=replay, moved=moved,
-                label=f"canonical inputs of get_inputs(), seed {seed}"), loaded, settings)
+                loaded, settings, session, {}, seed, replay=replay, moved=moved, family=family,
+                label=f"canonical inputs of get_inputs(), seed {seed}, values {family}"), loaded, settings)
         except Abort as exc:
             return _fault(nodeid, session, result, exc)
         except CaseFailed as exc:
@@ -108,6 +111,12 @@ def judge_canonical(loaded: Workdir, settings, session, nodeid: str, seed_index:
         result.shapes = describe_inputs(inputs, names)
         result.max_abs, result.max_rel = outcome.comparison.max_abs, outcome.comparison.max_rel
         result.precision = outcome.precision
+        seen: dict[str, values.Seen] = {}
+        values.record(seen, outcome.family, outcome.precision,
+                      f"the canonical inputs{values.worst_element(outcome.comparison)}", outcome.skipped)
+        result.values = {name: entry.to_json() for name, entry in seen.items()}
+        if outcome.skipped:
+            result.case = f"canonical seed{seed_index} (values {family} skipped: model.py's)"
     return ""
 
 
@@ -127,6 +136,8 @@ class _Stats:
     dtypes: dict[int, str] = field(default_factory=dict)
     names: list[str] | None = None
     constants: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (min, max) judged
+    seen: dict[str, values.Seen] = field(default_factory=dict)  # value family -> what it met
+    shapes_judged: set[tuple] = field(default_factory=set)       # distinct shapes (whatever their values)
 
     def reject(self, case: str, why: str) -> None:
         import hypothesis
@@ -137,6 +148,9 @@ class _Stats:
 
     def add(self, outcome: guards.CaseOutcome, inputs: list, constants: dict[str, int]) -> None:
         self.cases += 1
+        self.shapes_judged.add(tuple(sorted(constants.items())))
+        where = f"drawn shape {shapes.format_case(constants)}{values.worst_element(outcome.comparison)}"
+        values.record(self.seen, outcome.family, outcome.precision, where, outcome.skipped)
         self.max_abs = max(self.max_abs, outcome.comparison.max_abs)
         self.max_rel = max(self.max_rel, outcome.comparison.max_rel)
         p = outcome.precision
@@ -177,25 +191,27 @@ class _DrawnShapes:
         self.stats = _Stats()
         self.explicit = (shapes.explicit_cases(loaded.reference, space) if settings.case is None
                          else shapes.Explicit())
-        self.judged: dict[tuple, str] = {tuple(sorted(space.defaults.items())): "passed"}  # canonical: own items
+        # The canonical shape on model.py's values: its own items.
+        self.judged: dict[tuple, str] = {(*sorted(space.defaults.items()), ("values", values.MODEL)): "passed"}
 
-    def replay(self, constants: dict[str, int]) -> str:
+    def replay(self, constants: dict[str, int], family: str = values.MODEL) -> str:
+        case = shapes.format_case(constants) + (f",values={family}" if family != values.MODEL else "")
         return (f"pytest {shlex.quote(self.nodeid)} --cudaopt-seed={self.session.seed} "
-                f"--cudaopt-case={shlex.quote(shapes.format_case(constants))}{replay_args(self.settings)}")
+                f"--cudaopt-case={shlex.quote(case.lstrip(','))}{replay_args(self.settings)}")
 
-    def judge(self, constants: dict[str, int]) -> None:
-        """One shape, at most once (see the class); raises what `_judge` raises."""
+    def judge(self, constants: dict[str, int], family: str = values.MODEL) -> None:
+        """One shape and value family, at most once (see the class); raises what `_judge` raises."""
         import hypothesis
 
         constants = {**{k: constants[k] for k in self.space.defaults if k in constants}, **constants}
-        key = tuple(sorted({**self.space.defaults, **constants}.items()))
+        key = (*sorted({**self.space.defaults, **constants}.items()), ("values", family))
         before = self.judged.get(key) if self.settings.case is None else None
         if before == "passed":
             return
         if before == "rejected":
             hypothesis.reject()
         try:
-            self._judge(constants)
+            self._judge(constants, family)
         except hypothesis.errors.UnsatisfiedAssumption:
             self.judged[key] = "rejected"
             raise
@@ -204,7 +220,7 @@ class _DrawnShapes:
             raise
         self.judged[key] = "passed"
 
-    def _judge(self, constants: dict[str, int]) -> None:
+    def _judge(self, constants: dict[str, int], family: str) -> None:
         space, stats, case = self.space, self.stats, shapes.format_case(constants)
         if space.meta_usable:
             check = shapes.check_on_meta(self.loaded.reference, constants)
@@ -214,11 +230,11 @@ class _DrawnShapes:
                 stats.reject(case, f"{check.elements} input elements > cudaopt_max_elements {space.max_elements}")
         seed = guards.derive_seed(self.session.seed, "drawn", sorted(constants.items()))
         canonical = {k: v for k, v in space.defaults.items() if k in constants}
-        label = f"drawn shape {case} (canonical: {shapes.format_case(canonical)}), seed {seed}"
+        label = f"drawn shape {case} (canonical: {shapes.format_case(canonical)}), seed {seed}, values {family}"
         try:
             outcome, inputs, names = run_case(self.loaded, self.settings, self.session, constants, seed, label,
-                                              replay=self.replay(constants), reference_decides=not space.meta_usable,
-                                              moved=True)
+                                              replay=self.replay(constants, family),
+                                              reference_decides=not space.meta_usable, moved=True, family=family)
         except guards.ReferenceError_ as exc:
             stats.reject(case, str(exc).splitlines()[-1])
         stats.names = names
@@ -232,20 +248,25 @@ class _DrawnShapes:
         settings, space, stats = self.settings, self.space, self.stats
         try:
             if settings.case is not None:
-                self.judge(shapes.parse_case(settings.case))
+                case, family = values.split_case(settings.case)
+                self.judge(shapes.parse_case(case), family)
                 return "", "", None
             for constants in self.explicit.cases + self.explicit.combined:  # past the canonical and the smallest
                 self.judge(constants)
 
             @shapes.hypothesis_settings(settings.profile, settings.max_examples)
-            @hypothesis.given(space.strategy)
-            def drawn_shape(constants: dict[str, int]) -> None:
-                self.judge(constants)
+            @hypothesis.given(space.strategy, values.strategy(values.parse(settings.values)))
+            def drawn_shape(constants: dict[str, int], family: str) -> None:
+                self.judge(constants, family)
 
             # Drawn from the session's secret seed: no workdir can know its shapes in advance.
             hypothesis.seed(self.session.seed)(drawn_shape)()
         except shapes.ShapeError as exc:
             return str(exc), "shape declaration", None
+        except ValueError as exc:  # --cudaopt-case named no value family
+            if settings.case is None:
+                raise
+            return str(exc), "invalid --cudaopt-case", None
         except hypothesis.errors.Unsatisfiable:
             if not stats.cases:  # with explicit cases run, too few shapes is reported by few_shapes()
                 return (f"no drawn shape was valid ({stats.rejected} rejected; last: {stats.last_rejection}); "
@@ -274,6 +295,7 @@ class _DrawnShapes:
             notes.append(self.space.derived_note())
         if self.space.cap_note:
             notes.append(self.space.cap_note)
+
         if self.explicit.never_above:
             notes.append(f"no valid value above its default within cudaopt_max_elements {self.space.max_elements}: "
                          + ", ".join(self.explicit.never_above))
@@ -289,9 +311,12 @@ class _DrawnShapes:
                    f"with {shapes.DECLARATION}, or {shapes.DECLARATION} = {{}} for none")
             meta = f"; the reference does not run on the meta device: {space.meta_note}" if space.meta_note else ""
             return f"no drawn shape could be judged ({why}); the shapes were {space.source}{meta}"
-        if self.settings.case is not None or space.declared or not space.meta_usable or stats.cases >= shapes.HANDFUL:
+        canonical = tuple(sorted(space.defaults.items()))  # judged with a value family: not another shape
+        judged = {tuple(sorted({**space.defaults, **dict(k)}.items())) for k in stats.shapes_judged}
+        distinct = len(judged - {canonical})
+        if self.settings.case is not None or space.declared or not space.meta_usable or distinct >= shapes.HANDFUL:
             return ""
-        return (f"only {stats.cases} distinct valid shapes besides the canonical one could be found "
+        return (f"only {distinct} distinct valid shapes besides the canonical one could be found "
                 f"({stats.rejected} rejected; last: {stats.last_rejection or '-'}); the shapes were "
                 f"{space.source}; so that more sizes are judged, {shapes.OWNER_DECLARES}")
 
@@ -354,9 +379,15 @@ def judge_drawn(loaded: Workdir, settings, session, nodeid: str) -> Verdict:
                 failed.fill(result)
             return Verdict(failure=_fail(result, check, failure))
         result.shapes = "; ".join(drawn.notes())
+        result.values = {name: entry.to_json() for name, entry in drawn.stats.seen.items()}
         few = drawn.few_shapes()
         if few:
             return Verdict(failure=_fail(result, "few shapes" if drawn.stats.cases else "no case judged", few))
+        grown = values.grown(drawn.stats.seen)
+        if grown:
+            result.precision = drawn.stats.worst
+            replay = f"pytest {shlex.quote(nodeid)} --cudaopt-seed={session.seed}{replay_args(settings)}"
+            return Verdict(failure=_fail(result, "values", f"{grown}\nreplay: {replay}"))
         result.passed = True
         result.case = f"drawn shapes ({drawn.stats.cases} cases)"
         result.max_abs, result.max_rel = drawn.stats.max_abs, drawn.stats.max_rel
