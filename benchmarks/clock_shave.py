@@ -127,6 +127,7 @@ def main() -> int:
     parser.add_argument("--gallery", action="store_true")
     parser.add_argument("--default", action="store_true")
     parser.add_argument("--only-honest", action="store_true", help="the other trees judge the honest workdirs only")
+    parser.add_argument("--no-pytest", action="store_true", help="no pytest sessions: the judge only")
     ns = parser.parse_args()
     ns.out.mkdir(parents=True, exist_ok=True)
     trees = [("after", ROOT)] + [(t.split("=", 1)[0], Path(t.split("=", 1)[1]).resolve()) for t in ns.tree]
@@ -134,7 +135,7 @@ def main() -> int:
     shutil.rmtree(scratch, ignore_errors=True)
     made = workdirs(scratch / "workdirs", ns.gallery)
     results: dict = {}
-    for name, tree in trees:
+    for name, tree in trees if not ns.no_pytest else ():
         paths = [p for p in made if name == "after" or not ns.only_honest or p.name.endswith("-honest")]
         results[name] = session(tree, [p / "model_new.py" for p in paths], scratch, ns.out, name, ARGS)
         if ns.default:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU, one call: value families and the worker's clock, against an older checkout.
-#   OUT=/tmp/out BEFORE=/path/to/older/checkout bash benchmarks/values_timing_run.sh
+#   OUT=/tmp/out BEFORE=/path/to/older/checkout bash benchmarks/values_timing_run.sh   (results: $OUT/all.tgz)
 # 1. the default workdir's correctness items in BEFORE's tree and in this one, each built first
 #    (untimed), the items' own seconds from the JSON reports; 2. benchmarks/clock_shave.py: the
 #    softmax honest and shaved (2/50/95%, from Python and from C++) in pytest and `cudaopt judge`;
@@ -9,7 +9,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
-OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+RESULT="${OUT:-$PWD/out}"; mkdir -p "$RESULT"; RESULT=$(cd "$RESULT" && pwd)
+OUT=$(mktemp -d)   # every log and report; after each step packed into $RESULT/all.tgz (a call cut short keeps them)
 export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
 summary="$OUT/summary.txt"; : > "$summary"
 step() {  # step NAME LIMIT_S DIR COMMAND...: in DIR under a time limit, logged to $OUT/NAME.log
@@ -18,6 +19,7 @@ step() {  # step NAME LIMIT_S DIR COMMAND...: in DIR under a time limit, logged 
   (cd "$dir" && timeout "$limit" "$@") > "$OUT/$name.log" 2>&1; local rc=$?
   local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
   printf '%-18s rc=%-3s %5d.%01d s\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000 / 100)) >> "$summary"
+  tar czf "$RESULT/all.tgz" -C "$OUT" --exclude=scratch --exclude=gallery . 2>/dev/null
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv > "$OUT/gpu.txt" 2>&1
 CORRECT=(-m correctness -p pytest_cudaopt.plugin -p no:cacheprovider -q)
@@ -27,7 +29,7 @@ for tree in ${BEFORE:+before} after; do
   step "$tree-correct" 300 "$dir" env PYTHONPATH="$dir" python3 -m pytest model_new.py "${CORRECT[@]}" \
     --cudaopt-report="$OUT/$tree-correctness.json"
 done
-step clock-shave "${SHAVE_S:-330}" "$REPO" python3 benchmarks/clock_shave.py --out "$OUT/shave" --judge
+step clock-shave "${SHAVE_S:-330}" "$REPO" python3 benchmarks/clock_shave.py --out "$OUT/shave" --judge ${SHAVE_ARGS:-}
 mkdir -p "$OUT/gallery"
 python3 - "$OUT/gallery" <<'PY'
 import sys
@@ -37,7 +39,7 @@ import clock_shave
 clock_shave.gallery(Path(sys.argv[1]))
 PY
 step gallery-correct "${GALLERY_S:-150}" "$OUT/gallery" env PYTHONPATH="$REPO" python3 -m pytest \
-  */model_new.py "${CORRECT[@]}" --cudaopt-report="$OUT/gallery-correctness.json"
+  "$OUT"/gallery/*/model_new.py "${CORRECT[@]}" --cudaopt-report="$OUT/gallery-correctness.json"
 [ -n "${SKIP_TESTS:-}" ] || step gpu-tests "${TESTS_S:-150}" "$REPO" python3 -m pytest tests/test_gpu_verdicts.py \
   -k "event_timer or halves" -q -p no:cacheprovider -rA
 python3 - "$OUT" <<'PY' >> "$summary" 2>&1
@@ -57,5 +59,6 @@ for name in ("before-correctness", "after-correctness", "gallery-correctness"):
               f"{i.get('precision', '')} {(i.get('message') or '')[:90]!r}")
 PY
 rm -rf "$OUT/gallery" "$OUT/shave/scratch"
-cat "$OUT/gpu.txt"; echo; cat "$summary"; tail -n 25 "$OUT/shave/../clock-shave.log" 2>/dev/null
+tar czf "$RESULT/all.tgz" -C "$OUT" . 2>/dev/null; cp "$summary" "$RESULT/"
+cat "$OUT/gpu.txt"; echo; cat "$summary"; tail -n 25 "$OUT/clock-shave.log" 2>/dev/null
 tail -n 6 "$OUT/gpu-tests.log" 2>/dev/null
