@@ -5,7 +5,8 @@ the same batch from outside: the stream gate's window on a GPU (stream_gate.py),
 otherwise, and on the CPU the worker's CPU time as the kernel counts it. Each outside clock is a
 `Bound`: its time for the batch, what an honest worker's figures fall short of it by in the
 median (`honest`: behind the gate the calibrated fixed part, measured before any of the workdir's
-code ran), and the `allowance` past which a single batch's shortfall is not believed. `credit` decides one batch; `ClockAudit` the whole run:
+code ran), and the `allowance` past which a single batch's shortfall is not believed. `credit`
+decides one batch; `ClockAudit` the whole run:
 
 - figures that add up to more than the outside clock fail the batch (TimingError);
 - a batch short by more than the allowance counts the outside clock less the allowance;
@@ -63,8 +64,9 @@ HONEST_CALL_S = 1.1e-6
 # - SLOPE: a timer that reports a share of its time short hides more in a longer batch, whatever
 #   the worker's offset. Behind the gate, the median shortfall of the batches of the most calls less
 #   that of the fewest (at least SLOPE_MIN of each) must stay within SLOPE_FLOOR_S and SLOPE_SHARE of
-#   the longer batches' further calls' figures. Honest workers measured: at most 58 us, and 7.7%;
-#   a 50% shave of a 16 us kernel: 102-174 us, 83-150%.
+#   the longer batches' further calls' figures. Honest workers measured: at most 58 us (2.2%), and
+#   up to 17% of a 16 us kernel's figures where that was under 31 us; a 50% shave of the same
+#   kernel: 102-174 us, 83-150%.
 SHORT_SHARE = 0.75
 SHORT_PAST_S = 100e-6
 SHORT_MIN = 3
