@@ -43,7 +43,7 @@ CALIBRATION_BATCHES = 24
 PROBE_BYTES = 4096       # what a calibration batch copies out after DONE
 # The copy's excess grows with how long the worker's context ran before DONE, whatever it wrote: on
 # an H200 ~167 us after an empty batch, ~220 us after 2.5 ms of spin (benchmarks/gate_excess.py;
-# docs/perf-notes.md). Calibrated after spins of these lengths too (`JudgeGate.extra`).
+# benchmarks/results/2026-12-03-copy-excess.md). Calibrated after spins of these lengths too (`JudgeGate.extra`).
 SPUN_S = (1e-3, 2.5e-3, 5e-3)
 SPUN_BATCHES = 6
 _perf_counter = time.perf_counter
