@@ -6,7 +6,7 @@ fence); the judging process writes OPEN from its host and spins on DONE. A gate 
 what the worker put behind it: a worker that knows the inputs can compute before enqueueing the
 wait. So the gated batch (remote.RemoteModel) runs on input buffers shared once, into which the
 judging process writes the batch's fresh inputs only after the worker's enqueue has come back,
-and it copies every output out before its clock stops (docs/isolation.md).
+and it copies every output out before its clock stops (docs/how-it-works.md).
 
 The window's fixed part (the GPU switching from the judging process's context to the worker's
 and back, the GPU polling host memory, the host polling DONE) is calibrated on empty batches
