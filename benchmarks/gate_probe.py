@@ -10,7 +10,7 @@ gated batch (the window's fixed cost), batches of B calls of a ~20 us element-wi
 window against the sum of the worker's chained events), and the delay of the judging process's
 own kernel right after `done` while the worker's context is still busy; with --confine also with
 the worker in its OS sandbox. Two more steps show why a gate alone is not a bound and what is
-(docs/perf-notes.md, 2026-12-03): a worker that does its calls before the gate and leaves only
+(benchmarks/results/2026-12-03-timed-batches.md): a worker that does its calls before the gate and leaves only
 its events behind it (the window sees none of its work), and the inputs written into buffers
 shared once, by the judging process inside the window (that worker's outputs are then wrong).
 """

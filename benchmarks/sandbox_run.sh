@@ -2,7 +2,7 @@
 # The worker's OS sandbox on one GPU: the default workdir's verdicts and timing with
 # cudaopt_sandbox=off and =require side by side (off, require, off, require: one run, alternating,
 # so drift shows as the spread within a mode), every path the confined worker was refused on this
-# host (strace, when installed: the CUDA driver's needs docs/isolation.md lists as hypotheses),
+# host (strace, when installed: the CUDA driver's needs docs/threat-model.md lists),
 # ModelNew's device time through a confined and an unconfined worker in one engine run
 # (bench_worker.py), and `cudaopt judge`'s throughput on its gallery both ways (SKIP_JUDGE=1 leaves
 # it out). About 25 minutes on one H200; each step is under its own time limit.

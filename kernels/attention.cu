@@ -918,7 +918,8 @@ cudaError_t launch_generic(const float* qkv, float* y, int B, int T, int H, int 
 //           min blocks, PV chunk>
 // D = 64 (GPT-2): 2 slabs per warp so that each K/V fragment feeds 32 rows, 32-key tiles in a
 // 3-stage pipeline, a zeroed per-tile PV accumulator (error flat in T); 242 registers, the
-// fastest of 11 shapes measured on the H200 (docs/perf-notes.md keeps the others' numbers).
+// fastest of 11 shapes measured on the H200 (benchmarks/results/2026-11-30-attention-mma-sync.md
+// keeps the others' numbers).
 using Mma32 = MmaTile<32, 4, 1, 64, 2, kQSplitRegs, 8, 1, 4>;
 using Mma64 = MmaTile<64, 4, 2, 32, 3, kQSmem, 8, 1, 8>;
 using Mma96 = MmaTile<96, 4, 1, 32, 2, kQSmem, 8, 1, 4>;

@@ -27,7 +27,8 @@
 //   W_lo once per warpgroup from shared memory, 64 B/cycle at the tensor cores' peak.
 //   Measured (H200, config 0): c_attn 445 us, c_proj 157 us (391 and 369 TFLOP/s of tf32 work,
 //   95% and 90% of the ~411 measured; ncu: tensor pipe active 85% of cycles); cuBLASLt's fp32
-//   SGEMM (the fallback): 1.17 ms and 392 us. docs/perf-notes.md has every version.
+//   SGEMM (the fallback): 1.17 ms and 392 us.
+//   benchmarks/results/2026-12-01-wgmma-gemm-and-attention.md has every version.
 //
 // Requirements (else the launcher returns cudaErrorNotSupported and the binding falls back to
 // cuBLASLt's fp32 SGEMM): a device image built for sm_90a (probed once per device), K and N
@@ -168,7 +169,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Two-level accumulation: the tensor cores sum PROMOTE k-steps (12 wgmmas and K = 32 each) into
   // `part`, and `acc` adds those partial sums in fp32 with round-to-nearest. Summing all of K on
   // the tensor cores, whose fp32 accumulation does not round to nearest, gave 11x the fp32 GEMM's
-  // error at K = 768 and 80x at K = 4100; see docs/perf-notes.md.
+  // error at K = 768 and 80x at K = 4100; see
+  // benchmarks/results/2026-12-01-wgmma-gemm-and-attention.md.
   float acc[BN / 2], part[BN / 2];
 
   // Turns: warpgroup 0 issues step ks once warpgroup 1 has issued step ks - 1, and
@@ -177,7 +179,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // it, so every barrier is used in full; the loop itself has no branch on the warpgroup (a
   // divergent path around wgmma makes ptxas serialise them). Taking turns overlaps one warpgroup's
   // fp32 adds and A loads with the other's tensor-core work (in lockstep both wait on the tensor
-  // cores at once, then both leave them idle: 10% slower, docs/perf-notes.md).
+  // cores at once, then both leave them idle: 10% slower,
+  // benchmarks/results/2026-12-01-wgmma-gemm-and-attention.md).
   const int my_turn = c == 0 ? 2 : 1, their_turn = c == 0 ? 1 : 2;
   if (c == 1) named_arrive(2, kTurnThreads);
   int it = 0;
@@ -186,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The fp32 accumulator starts from the bias, loaded as the tile starts (its latency hidden
     // behind the first k-steps), so the epilogue is stores only: with the bias loaded and added
     // after the tile's last wgmmas (L2 latency on the tensor cores' critical path) c_attn took
-    // 479 us instead of 449 (docs/perf-notes.md).
+    // 479 us instead of 449 (benchmarks/results/2026-12-01-warp-specialised-attention.md).
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
       const int col = n0 + 8 * j + 2 * t;  // N is a multiple of 4 and col is even: col + 1 < N too
@@ -319,7 +322,8 @@ extern "C" cudaError_t linear_3xtf32_launcher(const float* x, const float* weigh
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
   // config 0: a persistent block per SM looping over the tiles, two k-steps per fp32 add (the
   // fastest); 1: persistent, one k-step per add (the most accurate); 2: one block per tile, one
-  // k-step per add; 3: one block per tile, two k-steps per add. Measured in docs/perf-notes.md.
+  // k-step per add; 3: one block per tile, two k-steps per add. Measured in
+  // benchmarks/results/2026-12-01-wgmma-gemm-and-attention.md.
   switch (config) {
     case 0: return launch<Tile128P2>(x, w_split, bias, y, M, N, K, true, device, stream);
     case 1: return launch<Tile128>(x, w_split, bias, y, M, N, K, true, device, stream);

@@ -118,7 +118,8 @@ def _subprocess_env_fixture() -> dict[str, str]:
     return subprocess_env()
 
 
-# The longest modules (measured, `--durations`, docs/test-suite.md) run first: pytest-xdist's
+# The longest modules (measured, `--durations`, benchmarks/results/2026-12-04-test-suite-time.md)
+# run first: pytest-xdist's
 # loadscope hands modules out in collection order under --no-loadscope-reorder (.ci/run), and a
 # long one handed out last keeps one worker busy while the others have nothing left.
 LONGEST_FIRST = ("test_hangs", "test_correctness_verdict", "test_perf_verdict", "test_contract", "test_build",

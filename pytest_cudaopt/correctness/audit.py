@@ -93,7 +93,7 @@ class OpAudit(TorchDispatchMode):
     def _should_skip_dynamo(cls) -> bool:
         # Else torch wraps __torch_dispatch__ in torch._disable_dynamo, whose first call imports
         # torch._dynamo and sympy: seconds of the worker's (which never compiles), many more
-        # where torch's bytecode is not cached (an H200 image: docs/perf-notes.md).
+        # where torch's bytecode is not cached (an H200 image: benchmarks/results/2026-12-03-copy-excess.md).
         return False
 
     # sys.setprofile sees calls of builtins (c_call/c_return): the innermost one running when

@@ -157,7 +157,7 @@ class CudaClock:
 
     At most 16 calls a batch on a GPU (`max_batch`): a worker's batch goes behind its stream gate
     (worker/stream_gate.py), whose allowance is fixed per batch, so the longer the batch the tighter
-    the bound a call; batches of 32 were not yet (docs/perf-notes.md, "Gated batches")."""
+    the bound a call; batches of 32 were not yet (benchmarks/results/2026-12-03-gated-batches.md)."""
 
     max_batch: int | None = 16
     name = "cuda-events"

@@ -172,7 +172,7 @@ class Engine:
         """One queued pass (device time). Every call's output is kept until the pass is done, as
         a worker's batch keeps its own: a call whose output went into the block the call before
         it had just freed would find that block in L2 (from the third call of a batch on, ~10%
-        faster a call for a kernel whose call fits in L2: docs/perf-notes.md). Under
+        faster a call for a kernel whose call fits in L2: benchmarks/results/2026-12-03-gated-batches.md). Under
         `one_check_per_pass` (memory-bound problems, batches of one) only the checked calls'
         are kept, so a pass holds one unchecked output at a time."""
         def dropping(run: Callable[[], Any]) -> Callable[[], Any]:

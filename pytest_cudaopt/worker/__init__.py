@@ -13,7 +13,7 @@ worker's side: load, construct, call, time, trace), sandbox.py (the OS sandbox t
 itself in before any candidate code runs), client.py (the judging side: `Worker`, what a dead or
 hung worker means), remote.py (`RemoteModel`, `RemoteExtension`: ModelNew and the extension as the
 judging process calls them), stream_gate.py (the window around a timed batch on a GPU), zygote.py
-(a process with torch imported that forks workers). docs/isolation.md draws the boundary.
+(a process with torch imported that forks workers). docs/how-it-works.md draws the boundary.
 
 The names below are imported on first use: `python -m pytest_cudaopt.worker` must reach its
 sandbox before torch is imported (torch's import starts threads that Landlock would not cover).

@@ -146,7 +146,7 @@ class RemoteModel:
             # recorded behind them on the worker's calling stream: the clock stops once that work
             # is done, so a worker that answers before its kernels finish (its synchronise patched
             # out) is timed to their end, not to its answer. Work on another of its streams, or a
-            # forged sharing with no event, is outside this: docs/isolation.md.
+            # forged sharing with no event, is outside this: docs/threat-model.md.
             torch.cuda.synchronize()
         outer = host_time() - sent[0]
         seconds = [float(x) for x in reply.get("seconds", ())]

@@ -4,7 +4,7 @@
 started; it returns what held as plain data (`held`: restriction -> the mechanisms that enforce
 it; `missing`: restriction -> why nothing does), which the judging process records. Landlock
 and seccomp are called through ctypes: the syscalls are three and one, the same numbers on
-x86_64 and aarch64 (docs/isolation.md says why no package is used). Standard library only: this
+x86_64 and aarch64 (docs/threat-model.md says why no package is used). Standard library only: this
 runs before torch is imported, while the worker has a single thread (Landlock confines the
 calling thread and the threads it starts, not those already running).
 """

@@ -6,7 +6,7 @@ fence); the judging process writes OPEN from its host and spins on DONE. A gate 
 what the worker put behind it: a worker that knows the inputs can compute before enqueueing the
 wait. So the gated batch (remote.RemoteModel) runs on input buffers shared once, into which the
 judging process writes the batch's fresh inputs only after the worker's enqueue has come back,
-and it copies every output out before its clock stops (docs/isolation.md).
+and it copies every output out before its clock stops (docs/how-it-works.md).
 
 The window's fixed part (the GPU switching from the judging process's context to the worker's
 and back, the GPU polling host memory, the host polling DONE) is calibrated on empty batches
@@ -43,7 +43,7 @@ CALIBRATION_BATCHES = 24
 PROBE_BYTES = 4096       # what a calibration batch copies out after DONE
 # The copy's excess grows with how long the worker's context ran before DONE, whatever it wrote: on
 # an H200 ~167 us after an empty batch, ~220 us after 2.5 ms of spin (benchmarks/gate_excess.py;
-# docs/perf-notes.md). Calibrated after spins of these lengths too (`JudgeGate.extra`).
+# benchmarks/results/2026-12-03-copy-excess.md). Calibrated after spins of these lengths too (`JudgeGate.extra`).
 SPUN_S = (1e-3, 2.5e-3, 5e-3)
 SPUN_BATCHES = 6
 _perf_counter = time.perf_counter
