@@ -13,7 +13,8 @@ from pytest_cudaopt.tensors import describe_tensor, leaves, structure
 MAX_LISTED = 5  # mismatching elements listed in a failure table
 
 
-def _index(flat: int, shape: torch.Size) -> tuple[int, ...]:
+def unravel(flat: int, shape: torch.Size) -> tuple[int, ...]:
+    """The index in `shape` of flat position `flat`."""
     index = []
     for size in reversed(shape):
         index.append(flat % size)
@@ -198,14 +199,14 @@ def _compare_tensor(path: str, actual: torch.Tensor, expected: torch.Tensor,
             worst_score, worst_at = float(score[at]), start + at
         if len(leaf.first) < max_listed and bool(bad.any()):
             positions = torch.nonzero(bad).reshape(-1)[:max_listed - len(leaf.first)].tolist()
-            leaf.first += [Mismatch(_index(start + p, expected.shape), float(a[p]), float(e[p]))
+            leaf.first += [Mismatch(unravel(start + p, expected.shape), float(a[p]), float(e[p]))
                            for p in positions]
     # Like torch.testing: a NaN (or Inf) where the other side differs makes the error NaN (Inf).
     if leaf.nan_mismatched:
         leaf.max_abs = leaf.max_rel = math.nan
     elif leaf.inf_mismatched:
         leaf.max_abs = leaf.max_rel = math.inf
-    leaf.worst = Mismatch(_index(worst_at, expected.shape), float(flat_a[worst_at].to(torch.float64)),
+    leaf.worst = Mismatch(unravel(worst_at, expected.shape), float(flat_a[worst_at].to(torch.float64)),
                           float(flat_e[worst_at].to(torch.float64)))
     return leaf
 
@@ -295,4 +296,4 @@ def first_difference(a: torch.Tensor, b: torch.Tensor) -> tuple[int, tuple[int, 
         va, vb = complex(fa[flat]).real, complex(fb[flat]).real
     else:
         va, vb = float(fa[flat]), float(fb[flat])
-    return count, _index(flat, a.shape), va, vb
+    return count, unravel(flat, a.shape), va, vb

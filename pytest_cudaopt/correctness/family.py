@@ -114,7 +114,7 @@ def _unmoved(applied: values.Applied, trial: guards.Trial, inputs: list, first: 
     path, e, r, a, c = pairs[0]
     moved = (e.double() - r.double()).abs().nan_to_num(0.0, 0.0, 0.0).reshape(-1)
     at = int(torch.argmax(moved))
-    index = values.unravel(at, e.shape)
+    index = compare.unravel(at, e.shape)
     flat = [t.reshape(-1)[at].item() for t in (r, e, c, a)]
     how = "did not move" if flat[2] == flat[3] else "moved differently"
     i = applied.spiked

@@ -147,14 +147,6 @@ def _rms(x: torch.Tensor, sample: int = 1 << 20) -> float:
     return value if math.isfinite(value) and value > 0 else 1.0
 
 
-def unravel(flat: int, shape: torch.Size) -> tuple[int, ...]:
-    index = []
-    for size in reversed(shape):
-        index.append(flat % size)
-        flat //= size
-    return tuple(reversed(index))
-
-
 def _label(i: int, names: list[str] | None) -> str:
     return f"input {i} ({names[i]})" if names and i < len(names) else f"input {i}"
 
@@ -171,6 +163,8 @@ def apply(family: str, inputs: list, seed: int, names: list[str] | None = None) 
     from `seed` (the case's, derived for the family: small draws on the CPU, element-wise
     factors on the inputs' device)."""
     import torch
+
+    from pytest_cudaopt.correctness.compare import unravel
 
     applied = Applied(family)
     floats = _floats(inputs)
