@@ -257,11 +257,36 @@ def test_a_failed_family_case_replays_from_its_printed_command(judged):
     import shlex
 
     args = shlex.split(replay)[1:]
+    family = replay.split(",values=")[1].split()[0].strip("'")
     done = run_python(["-m", "pytest", *plugin_args(), "-p", "no:cacheprovider", "-p", "no:randomly", *args],
                       cwd=root, timeout=600)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "every input element must be able to move the output" in done.stdout or "values: heavy" in done.stdout, \
-        done.stdout
+    assert f"values: {family}" in done.stdout, done.stdout
+
+
+def test_a_drawn_shape_costs_one_case_whatever_families_are_drawn_with_it():
+    from types import SimpleNamespace
+
+    from pytest_cudaopt.correctness import verdict
+
+    class Recording(verdict._DrawnShapes):
+        def _judge(self, constants, family):
+            calls.append((constants["n"], family))
+            if constants["n"] == 64 and family == "model":
+                raise AssertionError("wrong at 64")
+
+    calls: list = []
+    settings = SimpleNamespace(case="n=16")  # no explicit cases to find: no reference needed
+    drawn = Recording(SimpleNamespace(reference=None), settings, SimpleNamespace(seed=1), "t",
+                      SimpleNamespace(defaults={"n": 8}))
+    settings.case = None
+    for n, family in [(16, "model"), (16, "heavy"), (16, "spikes"), (8, "heavy"), (32, "heavy"), (32, "model")]:
+        drawn.judge({"n": n}, family)
+    assert calls == [(16, "model"), (32, "heavy")]  # the canonical 8 is the canonical items'
+    with pytest.raises(AssertionError):
+        drawn.judge({"n": 64}, "model")
+    drawn.judge({"n": 64}, "heavy")  # a shape that failed is judged on another family
+    assert calls[-2:] == [(64, "model"), (64, "heavy")]
 
 
 def test_restricting_the_families_is_a_relaxation_and_lets_a_bounded_input_kernel_pass(judged):

@@ -191,8 +191,11 @@ class _DrawnShapes:
         self.stats = _Stats()
         self.explicit = (shapes.explicit_cases(loaded.reference, space) if settings.case is None
                          else shapes.Explicit())
-        # The canonical shape on model.py's values: its own items.
-        self.judged: dict[tuple, str] = {(*sorted(space.defaults.items()), ("values", values.MODEL)): "passed"}
+        self.judged: dict[tuple, str] = {}
+        # A shape passed on one value family is not judged again on another: the families spread
+        # over the drawn shapes, and a drawn shape costs one case. The canonical shape is judged
+        # by its own items, a family each.
+        self.passed_shapes: set[tuple] = {tuple(sorted(space.defaults.items()))}
 
     def replay(self, constants: dict[str, int], family: str = values.MODEL) -> str:
         case = shapes.format_case(constants) + (f",values={family}" if family != values.MODEL else "")
@@ -204,9 +207,10 @@ class _DrawnShapes:
         import hypothesis
 
         constants = {**{k: constants[k] for k in self.space.defaults if k in constants}, **constants}
-        key = (*sorted({**self.space.defaults, **constants}.items()), ("values", family))
+        shape = tuple(sorted({**self.space.defaults, **constants}.items()))
+        key = (*shape, ("values", family))
         before = self.judged.get(key) if self.settings.case is None else None
-        if before == "passed":
+        if before == "passed" or (self.settings.case is None and shape in self.passed_shapes):
             return
         if before == "rejected":
             hypothesis.reject()
@@ -219,6 +223,7 @@ class _DrawnShapes:
             self.judged[key] = "failed"
             raise
         self.judged[key] = "passed"
+        self.passed_shapes.add(shape)
 
     def _judge(self, constants: dict[str, int], family: str) -> None:
         space, stats, case = self.space, self.stats, shapes.format_case(constants)
