@@ -124,7 +124,7 @@ def _subprocess_env_fixture() -> dict[str, str]:
 # long one handed out last keeps one worker busy while the others have nothing left.
 LONGEST_FIRST = ("test_hangs", "test_correctness_verdict", "test_perf_verdict", "test_contract", "test_build",
                  "test_interruptions", "test_sandbox", "test_judge", "test_gate", "test_exploits", "test_policy",
-                 "test_isolation_workdirs", "test_memsafety", "test_judge_gallery", "test_scaffold")
+                 "test_memsafety", "test_judge_gallery", "test_scaffold")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -134,7 +134,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     def rank(item: pytest.Item) -> int:
         path = Path(str(item.path))
-        if path.parent != TESTS_DIR:
+        if path.parent not in (TESTS_DIR, TESTS_DIR / "exploits"):
             return -1  # the workdir's own items (model_new.py) first, as before
         return LONGEST_FIRST.index(path.stem) if path.stem in LONGEST_FIRST else len(LONGEST_FIRST)
 

@@ -228,8 +228,8 @@ def judge_workdirs(dest: Path, names=JUDGE_CASES) -> dict[str, Path]:
     return made
 
 
-# pygpubench's exploit classes as attacks on tests/workdirs/cpu_attacks (tests/test_exploits.py,
-# tests/test_sandbox_exploits.py): the built workdir with these files (path in it -> file in variants/).
+# Attacks on tests/workdirs/cpu_attacks (tests/test_sandbox.py; the gallery's own are in tests/exploits/):
+# the built workdir with these files (path in it -> file in variants/).
 ATTACK_VARIANTS = WORKDIRS / "cpu_attacks" / "variants"
 ATTACKS = {
     "forge": {"kernels/forge_binding.cpp": "forge_binding.cpp"},

@@ -1,4 +1,4 @@
-"""The verdicts on a real GPU against CUDA kernels that misbehave: unwritten output, a fault, a race, a side stream."""
+"""The verdicts on a real GPU against CUDA kernels that misbehave: unwritten output, a fault, a race. The attacks on the speed verdict (side streams, patched event timers) are in tests/exploits/."""
 
 import json
 import re
@@ -24,8 +24,6 @@ VARIANTS = WORKDIRS / WORKDIR / "variants"
 # hung kernel well before the session's own timeout.
 CORRECTNESS = ("-m", "correctness", "--cudaopt-device=cuda", "--cudaopt-profile=ci",
                "--cudaopt-max-examples=5", "--cudaopt-timeout=120")
-PERF = ("-m", "perf", "--cudaopt-device=cuda", "--cudaopt-compile-backend=eager", "--cudaopt-warmup=0.05",
-        "--cudaopt-max-time=1", "--cudaopt-timeout=120")
 SESSION_TIMEOUT = 300
 INI = "[pytest]\n"  # pins the rootdir, so node ids read wd/model_new.py::...
 CANONICAL = ("test_canonical[seed0]", "test_canonical[seed1]", "test_canonical[seed2]")
@@ -176,86 +174,6 @@ def test_an_illegal_memory_access_fails_its_item_and_the_later_items_report_the_
         "cudaopt correctness: 0 of 1 passed",
         "wd *canonical seed0 *FAIL (CUDA fault)",
     ])
-
-
-def test_a_kernel_on_an_unjoined_side_stream_fails_the_speed_verdict_as_escaped_work(pytester, cuda_cheat):
-    """The kernel trace names the kernel that escaped, first among the reasons. Its timing either
-    counts the side stream's 2 ms of busy work (the worker synchronises its device before it
-    answers a batch's figures: all but a handoff allowance), or, where a gated batch's outputs
-    were read once the calling stream's work ended, fails them as differing."""
-    cuda_cheat("honest", "honest")
-    cuda_cheat("side_stream", "side")
-    result = run_pytest(pytester, "honest/model_new.py", "side/model_new.py", *PERF, "--junitxml=junit.xml",
-                        "--cudaopt-report=report.json", timeout=SESSION_TIMEOUT)
-    cases = junit_cases(pytester.path / "junit.xml")
-    outcome, text = cases[("side", "test_speedup")]
-    assert outcome == "failed", result.stdout.str()
-    assert "work escaped the calling stream (kernel trace): kernel scale_kernel" in text, text
-    customs, gates = {}, {}
-    for data in report_results(pytester.path / "report.json"):
-        assert data["timing"], data
-        (custom,) = [c for c in data["timing"]["contenders"] if c["key"] == "custom"]
-        customs[Path(data["workdir"]).name] = custom
-        gates[Path(data["workdir"]).name] = data["gate"]
-    assert customs["side"]["failure"].startswith("work escaped the calling stream")
-    assert (gates["side"]["custom_median_s"] or 0.0) > 0.5e-3 or "differs from the reference" in \
-        customs["side"]["failure"], (gates["side"], customs["side"]["failure"])
-    # The same kernel on the current stream is timed without an escape.
-    assert customs["honest"]["failure"] is None, customs["honest"]
-    result.stdout.fnmatch_lines([
-        "*= cudaopt summary =*",
-        "cudaopt perf: *side (side/model_new.py::TestPerf::test_speedup)",
-        "ModelNew (custom) *FAIL (see below)",
-    ])
-
-
-def test_a_short_kernel_on_an_unjoined_side_stream_is_caught_by_the_kernel_trace(pytester, cuda_cheat):
-    # A few microseconds on the side stream: below the wall-clock check's noise, not below the trace's.
-    cuda_cheat("short_side_stream", "short")
-    result = run_pytest(pytester, "short/model_new.py", *PERF, "--junitxml=junit.xml",
-                        "--cudaopt-report=report.json", timeout=SESSION_TIMEOUT)
-    outcome, text = junit_cases(pytester.path / "junit.xml")[("short", "test_speedup")]
-    assert outcome == "failed", result.stdout.str()
-    # The trace's finding is in the notes even if the wall-clock check happened to flag it first.
-    assert re.search(r"ModelNew \(custom\): work escaped the calling stream \(kernel trace\): kernel scale_kernel, "
-                     r"grid 4x1x1 on stream \d+ \(calling stream \d+, ", text), text
-    (data,) = report_results(pytester.path / "report.json")
-    custom = data["traces"]["custom"]
-    (escape,) = custom["escapes"]
-    assert escape["kernel"]["stream"] != custom["calling_stream"]
-    assert escape["kernel"]["duration_s"] < 50e-6
-
-
-UNDER_REPORTS = "ModelNew's own timer under-reports its time, so none of its figures count"
-
-
-def test_a_worker_that_patches_its_event_timer_fails_its_perf_item(pytester, cuda_cheat):
-    """The worker reports 1 us for calls that launch 2000 kernels: every batch falls short of the
-    judging process's clock around it (the gate's window) past the allowance, and the item fails
-    for it; what the batches counted is the window less the allowance."""
-    cuda_cheat("event_patch", "events")
-    result = run_pytest(pytester, "events/model_new.py", *PERF, "--junitxml=junit.xml",
-                        "--cudaopt-report=report.json", timeout=SESSION_TIMEOUT)
-    outcome, text = junit_cases(pytester.path / "junit.xml")[("events", "test_speedup")]
-    assert outcome == "failed" and UNDER_REPORTS in text, result.stdout.str()
-    (data,) = report_results(pytester.path / "report.json")
-    assert UNDER_REPORTS in data["gate"]["reason"] and data["clock"]["short_calls"] > 0, data["clock"]
-    assert data["gate"]["custom_median_s"] > 1e-3, data["gate"]
-
-
-def test_a_worker_that_halves_its_event_timer_fails_and_its_honest_twin_passes(pytester, cuda_cheat):
-    """256 launches a call (~500 us) reported at half their time: each batch falls short by ~250 us a
-    call past the allowance, and each further call of a gated batch hides as much again, which no
-    calibration of the gate's fixed part explains. Its honest twin, in the same session, is believed."""
-    cuda_cheat("launches", "honest")
-    cuda_cheat("launches_halved", "halved")
-    result = run_pytest(pytester, "honest/model_new.py", "halved/model_new.py", *PERF, "--junitxml=junit.xml",
-                        "--cudaopt-report=report.json", timeout=SESSION_TIMEOUT)
-    found = {Path(data["workdir"]).name: data for data in report_results(pytester.path / "report.json")}
-    assert found["honest"]["gate"]["custom_median_s"] > 200e-6, (found["honest"]["gate"], result.stdout.str())
-    assert UNDER_REPORTS not in found["honest"]["gate"]["reason"], found["honest"]["gate"]
-    assert UNDER_REPORTS in found["halved"]["gate"]["reason"], found["halved"]["clock"]
-    assert "not behind the gate" not in " ".join(found["halved"]["figure_warnings"] + found["honest"]["figure_warnings"])
 
 
 def test_the_cuda_extension_fixture_runs_a_cuda_kernel_in_the_worker(pytester, cuda_cheat):

@@ -138,7 +138,8 @@ GPU_SKIP = re.compile(r'@pytest\.mark\.skipif\(not (torch\.cuda\.is_available\(\
 
 def test_every_test_that_needs_a_gpu_is_marked_gpu_so_that_minus_m_gpu_selects_it():
     unmarked = []
-    for path in sorted((PACKAGE.parent / "tests").glob("test_*.py")):
+    tests = PACKAGE.parent / "tests"
+    for path in sorted([*tests.glob("test_*.py"), *tests.glob("exploits/*.py")]):
         lines = path.read_text().splitlines()
         if any(line.startswith("pytestmark") and "mark.gpu" in line for line in lines):
             continue

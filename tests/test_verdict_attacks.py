@@ -1,57 +1,10 @@
-"""Attacks on the verdict itself, from the candidate's own code, on the CPU attack workdir: an extension that rewrites the verdict files at exit, and a model_new.py that patches the harness's gate through a computed name. Both moved the verdict while the candidate ran in the judging process; with the candidate in a worker process they move nothing."""
+"""The judging side of the attacks on the verdict, unit by unit: a worker whose figures under-report or over-report its time (a scripted worker behind RemoteModel), a reply that names a function, and the environment a worker gets. The attacks themselves, planted in workdirs, are in tests/exploits/."""
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
-
-from support import run_python, WORKDIRS
-from pytest_cudaopt.launch import plugin_args
-
-VARIANTS = WORKDIRS / "cpu_attacks" / "variants"
-
-
-def _pytest(workdir: Path, tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict, str]:
-    """A plain `python -m pytest` (its command line names the verdict files, as a user's would),
-    then the JSON report and the JUnit file it left."""
-    report, junit = tmp_path / "report.json", tmp_path / "junit.xml"
-    cmd = [sys.executable, "-m", "pytest", *plugin_args(), "-p", "no:cacheprovider", "-p", "no:randomly",
-           str(workdir / "model_new.py"), "--cudaopt-device=cpu", f"--junitxml={junit}",
-           f"--cudaopt-report={report}", "-q", *args]
-    done = run_python(cmd[1:], cwd=workdir, timeout=900)
-    output = done.stdout + done.stderr
-    assert report.is_file() and junit.is_file(), output
-    return done, json.loads(report.read_text()), junit.read_text()
-
-
-def test_an_extension_that_rewrites_the_verdict_files_at_exit_forges_nothing(make_workdir, tmp_path):
-    workdir = make_workdir("cpu_attacks")
-    shutil.copyfile(VARIANTS / "forge_binding.cpp", workdir / "kernels" / "forge_binding.cpp")
-    done, report, junit = _pytest(workdir, tmp_path, "-m", "correctness")
-    output = done.stdout + done.stderr
-    assert done.returncode == 1, output
-    assert report["passed"] is False and report["complete"] is True, output
-    assert "<failure" in junit and "ModelNew's output differs from Model's" in junit
-    assert any(not item["passed"] for item in report["results"] if item["kind"] == "correctness"), report
-
-
-def test_a_gate_verdict_patched_through_a_computed_name_decides_nothing(make_workdir, tmp_path):
-    workdir = make_workdir("cpu_attacks")
-    shutil.copyfile(VARIANTS / "gate_patch.py", workdir / "model_new.py")
-    done, report, junit = _pytest(workdir, tmp_path, "-m", "perf", "--cudaopt-min-speedup=50",
-                                  "--cudaopt-max-time=2", "--cudaopt-warmup=0.2")
-    output = done.stdout + done.stderr
-    assert done.returncode == 1, output
-    perf = [item for item in report["results"] if item["kind"] == "perf"]
-    assert perf and not perf[0]["passed"], report
-    assert "is below the required 50x" in output, output
-    assert report["passed"] is False
 
 
 class _FakeWorker:

@@ -1,5 +1,5 @@
 // bias.cpp: y = x + b over the rows of a (rows, cols) float32 input (add_bias), and drop_bias, which
-// copies x and leaves b out: the wrong kernel of tests/test_verdict_attacks.py.
+// copies x and leaves b out: the wrong kernel of tests/exploits/.
 #include <cstdint>
 
 extern "C" void attack_add_bias_f32(const float* x, const float* b, float* y, int64_t rows, int64_t cols) {

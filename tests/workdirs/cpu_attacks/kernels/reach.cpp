@@ -1,5 +1,5 @@
 // reach.cpp: native attacks of the pygpubench exploit classes, as a candidate's extension would carry
-// them (raw syscalls, no libc file calls), for tests/test_exploits.py and tests/test_sandbox_exploits.py.
+// them (raw syscalls, no libc file calls), for the attacks of tests/exploits/.
 //
 // wipe_bias(x, b, pid): y = x (the bias left out; added where b is too short to find), after
 //   zeroing, through /proc/<pid>/mem, every copy of b's bytes (as float32 and as float64), b's own

@@ -1,5 +1,5 @@
-// forge_binding.cpp: planted in kernels/ by tests/test_verdict_attacks.py (and, as kernels/forge.cpp,
-// by tests/test_exploits.py). At its load it registers an
+// forge_binding.cpp: planted in kernels/ by tests/exploits/forge.py (and, appended to kernels/bias.cpp,
+// under `cudaopt judge`). At its load it registers an
 // atexit handler that finds the verdict files on its process's command line (--cudaopt-report=,
 // --junitxml=), rewrites every failure in them into a pass through raw syscalls, and ends the
 // process with status 0. Where the extension loads in a worker that is never told those paths and

@@ -2,7 +2,7 @@
 // wrong function; `patch_torch_softmax` and `override_aten_softmax` make the reference compute it
 // too, through Python run from C++ and through the operator dispatcher, when model_new.py asks;
 // the TORCH_LIBRARY_IMPL below does it when the extension is imported, in a process whose
-// environment asks (tests/test_isolation_workdirs.py plants them; KC006-KC008 refuse them all).
+// environment asks (tests/exploits/ plants them; KC006-KC008 refuse them all).
 #include <ATen/core/Tensor.h>
 #include <pybind11/eval.h>
 #include <torch/csrc/autograd/generated/variable_factories.h>
