@@ -39,7 +39,8 @@ for s in "${@:-build correctness perf timing gpu_tests}"; do for name in $s; do 
   gpu_tests)
     step gpu_tests 420 python3 -m pytest tests/test_gpu_verdicts.py tests/test_timing.py tests/test_trace.py \
       tests/test_kernels_gpu.py \
-      -q -p no:cacheprovider ;;
+      -q -p no:cacheprovider
+    step gpu_exploits 300 python3 -m pytest tests/exploits -m gpu -q -p no:cacheprovider ;;
   contract) OUT=$LOGS TAIL=40 step contract 420 bash benchmarks/contract_run.sh ;;
   gate) OUT=$LOGS TAIL=40 step gate 420 bash benchmarks/gate_run.sh ;;
   kb_softmax) OUT=$LOGS TAIL=40 step kb_softmax 540 bash benchmarks/kb_softmax_run.sh ;;

@@ -27,7 +27,7 @@ if [ -n "${BATCHES:-}" ]; then  # longer batches of the smallest kernel: how tig
 fi
 rm -rf "$OUT"/cuda_scale_*
 if [ -z "${SKIP_TESTS:-}" ]; then
-  timeout "${TESTS_S:-240}" python3 -m pytest tests/test_gpu_verdicts.py tests/test_timing.py tests/test_judge_children.py \
+  timeout "${TESTS_S:-240}" python3 -m pytest tests/test_gpu_verdicts.py tests/exploits tests/test_timing.py tests/test_judge_children.py \
     -m gpu -q -p no:randomly > "$OUT/gpu_tests.txt" 2>&1; echo "tests rc=$?" >> "$OUT/gpu_tests.txt"
 fi
 tail -n 25 "$OUT/gate_probe.txt" 2>/dev/null; echo; tail -n 16 "$OUT/bench_worker.txt"; echo

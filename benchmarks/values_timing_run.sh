@@ -40,8 +40,8 @@ clock_shave.gallery(Path(sys.argv[1]))
 PY
 step gallery-correct "${GALLERY_S:-150}" "$OUT/gallery" env PYTHONPATH="$REPO" python3 -m pytest \
   "$OUT"/gallery/*/model_new.py "${CORRECT[@]}" --cudaopt-report="$OUT/gallery-correctness.json"
-[ -n "${SKIP_TESTS:-}" ] || step gpu-tests "${TESTS_S:-150}" "$REPO" python3 -m pytest tests/test_gpu_verdicts.py \
-  -k "event_timer or halves" -q -p no:cacheprovider -rA
+[ -n "${SKIP_TESTS:-}" ] || step gpu-tests "${TESTS_S:-150}" "$REPO" python3 -m pytest tests/test_gpu_verdicts.py tests/exploits \
+  -k "event or halve" -q -p no:cacheprovider -rA
 python3 - "$OUT" <<'PY' >> "$summary" 2>&1
 import json, sys
 from pathlib import Path
