@@ -5,13 +5,11 @@ the environment (the device or host could not hold or run the case for reasons o
 candidate) or of the harness (an unexpected exception in the judging code) leaves the run
 incomplete, with exit status 75 (EX_TEMPFAIL: run it again) or 70 (EX_SOFTWARE: a bug of ours).
 An item's code says whose a failure is through the item's user property PROPERTY (`assign`);
-otherwise `BlameHooks` decides it from the exception and its text (`classify`)."""
+otherwise `supervision.BlameHooks` decides it from the exception and its text (`classify`)."""
 
 from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
-
-import pytest
 
 CANDIDATE, ENVIRONMENT, HARNESS = "candidate", "environment", "harness"
 BLAMES = (CANDIDATE, ENVIRONMENT, HARNESS)
@@ -81,18 +79,3 @@ def memory_blame(need: int, budget: int, worker_pid: int | None, processes: Sequ
     held = ", ".join(f"pid {p['pid']} {gib(p['used_bytes'])}" for p in others[:8])
     return ENVIRONMENT, f"other processes hold the device memory {what} needs ({gib(need)}): {held}"
 
-
-class BlameHooks:
-    """The pytest hook that writes each failed report's blame into its user properties: the one
-    the item's code assigned (`assign`), else `classify`'s from the exception raised."""
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_makereport(self, item: Any, call: Any) -> Any:
-        report = yield
-        said = [value for name, value in item.user_properties if name == PROPERTY]
-        item.user_properties[:] = [(n, v) for n, v in item.user_properties if n != PROPERTY]
-        if report.failed:
-            exc = call.excinfo.value if call.excinfo is not None else None
-            blame = said[-1] if said else classify(exc, report.longreprtext)
-            report.user_properties = [*report.user_properties, (PROPERTY, blame)]
-        return report

@@ -373,7 +373,8 @@ def account_lines(account: Any, limit: int = 10) -> list[str]:
     counts = ", ".join(f"{n} {status}" for status, n in account.counts.items())
     if account.passed:
         return [f"cudaopt: passed: every verdict asked for ran and passed ({counts})"]
-    lines = [f"cudaopt: NOT PASSED ({counts or 'no verdict items'})"
+    blame = getattr(account, "blame", None)
+    lines = [f"cudaopt: NOT PASSED ({counts or 'no verdict items'})" + (f"; blame: {blame}" if blame else "")
              + ("" if account.complete else f"; incomplete: {account.reason}")]
     reasons = [r for r in account.not_passed if not r.startswith("the session did not complete")]
     lines += [f"  {reason}" for reason in reasons[:limit]]
