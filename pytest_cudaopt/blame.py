@@ -72,10 +72,9 @@ def memory_blame(need: int, budget: int, worker_pid: int | None, processes: Sequ
     mine = sum(p["used_bytes"] for p in processes if worker_pid is not None and p["pid"] == worker_pid)
     if mine > budget:
         return CANDIDATE, f"ModelNew's process (pid {worker_pid}) holds {gib(mine)}; {what} allows {gib(budget)}"
-    others = sorted((p for p in processes if p["pid"] != worker_pid), key=lambda p: -p["used_bytes"])
-    if not others:
-        return ENVIRONMENT, (f"{what} needs about {gib(need)} of device memory that the device could not give "
-                             "(no process list from NVML says who holds it)")
+    others = sorted((p for p in processes if p["pid"] != worker_pid and p["used_bytes"]), key=lambda p: -p["used_bytes"])
+    if not others:  # no process table (no NVML) or no other holder: the machine is short of it
+        return ENVIRONMENT, ""
     held = ", ".join(f"pid {p['pid']} {gib(p['used_bytes'])}" for p in others[:8])
     return ENVIRONMENT, f"other processes hold the device memory {what} needs ({gib(need)}): {held}"
 

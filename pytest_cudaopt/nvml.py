@@ -121,6 +121,15 @@ def processes(index: int = 0) -> list[dict[str, int]]:
     return []
 
 
+def index_of(cuda_index: int) -> int:
+    """NVML's index of the device CUDA numbers `cuda_index` in this process (CUDA_VISIBLE_DEVICES
+    renumbers CUDA's devices, not NVML's); the same number where the variable lists no indices."""
+    listed = [part.strip() for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if part.strip()]
+    if listed and all(part.isdigit() for part in listed) and cuda_index < len(listed):
+        return int(listed[cuda_index])
+    return cuda_index
+
+
 def used_by(pid: int | None, index: int = 0) -> int | None:
     """Bytes of device `index` that process `pid` holds (0 when it holds none); None where NVML
     cannot tell."""

@@ -47,6 +47,7 @@ class CorrectnessResult:
     state: str = ""            # Model's state: "default" (as initialised) or "moved" (correctness.state)
     harness_seconds: float = 0.0  # of `seconds`, the harness's own steps (state moves, inputs, references)
     values: dict[str, Any] = field(default_factory=dict)  # value family -> cases, tier, skips (correctness.values)
+    blame: str | None = None   # whose fault a failure is (blame.py); None when it passed
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -56,7 +57,7 @@ class CorrectnessResult:
             "precision": self.precision.to_json() if self.precision else None,
             "check": self.check, "message": self.message, "seconds": self.seconds,
             "peak_bytes": self.peak_bytes, "state": self.state, "harness_seconds": round(self.harness_seconds, 3),
-            "values": self.values,
+            "values": self.values, "blame": None if self.passed else (self.blame or "candidate"),
         }
 
 

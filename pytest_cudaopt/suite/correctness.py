@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_cudaopt import blame
 from pytest_cudaopt.correctness.verdict import judge_canonical, judge_drawn
 from pytest_cudaopt.ledger import SKIP_PROPERTY
 from pytest_cudaopt.results import NOT_APPLICABLE
@@ -26,7 +27,7 @@ class TestCorrectness:
         """The canonical inputs of get_inputs(), with a fresh secret seed for each index."""
         failure = judge_canonical(loaded, cudaopt_settings, cudaopt_session, request.node.nodeid, seed_index)
         if failure:
-            pytest.fail(failure, pytrace=False)
+            _fail(request.node, cudaopt_session, failure)
 
     def test_drawn_shapes(self, request, loaded, cudaopt_session, cudaopt_settings):
         """Shapes drawn by Hypothesis around the canonical one (or as model.py declares)."""
@@ -35,4 +36,13 @@ class TestCorrectness:
             request.node.user_properties.append((SKIP_PROPERTY, NOT_APPLICABLE))
             pytest.skip(verdict.skip)
         if verdict.failure:
-            pytest.fail(verdict.failure, pytrace=False)
+            _fail(request.node, cudaopt_session, verdict.failure)
+
+
+def _fail(item: pytest.Item, session, failure: str) -> None:
+    """Fail the item with `failure`, blamed as its result says (a memory shortfall may be the
+    environment's: blame.py)."""
+    mine = [r for r in session.results if getattr(r, "test", None) == item.nodeid and getattr(r, "blame", None)]
+    if mine:
+        blame.assign(item, mine[-1].blame)
+    pytest.fail(failure, pytrace=False)
