@@ -126,6 +126,8 @@ class Ledger:
         if outcome == "failed":
             if entry.status in (PASSED, NOT_RUN) or not entry.reason:
                 line = _violation(text) if entry.kind == "policy" else first_line(text)
+                if properties.get(blame_.PROPERTY) == HARNESS:  # a traceback: its exception's line says what
+                    line = next((raw[1:].strip() for raw in reversed(text.splitlines()) if raw.startswith("E ")), line)
                 line = line or f"failed at {when}"
                 entry.status = NOT_RUN if line.startswith("not run") else FAILED
                 entry.reason, entry.text = line, _cut(text)

@@ -18,32 +18,15 @@ import pytest_cudaopt.memory
 
 pytest_cudaopt.memory.host_free_bytes = lambda *args, **kwargs: 1 << 29
 '''
-# NVML's process table as a machine whose candidate's worker (a process below this one) holds 110 GiB.
+# NVML's process table of a machine where every process but this one (the candidate's worker among
+# them) holds 110 GiB.
 WORKER_HOLDS_110_GIB = SHORT_OF_MEMORY + '''
 import os
 
 import pytest_cudaopt.nvml
 
-
-def _below_me():
-    parents = {}
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/stat") as handle:
-                parents[int(name)] = int(handle.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-    found, todo = set(), [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        for child, parent in parents.items():
-            if parent == pid and child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-pytest_cudaopt.nvml.processes = lambda index=0: [{"pid": pid, "used_bytes": 110 << 30} for pid in _below_me()]
+pytest_cudaopt.nvml.processes = lambda index=0: [{"pid": int(pid), "used_bytes": 110 << 30} for pid in os.listdir("/proc")
+                                                 if pid.isdigit() and int(pid) != os.getpid()]
 '''
 HARNESS_BUG = '''
 import pytest_cudaopt.suite.correctness
@@ -60,12 +43,15 @@ CRASHING = '''"""Kills its own process in forward."""
 import os
 import signal
 
+import torch
 import torch.nn as nn
 
 
 class ModelNew(nn.Module):
     def __init__(self, features: int):
         super().__init__()
+        self.weight = nn.Parameter(torch.randn(features))
+        self.bias = nn.Parameter(torch.randn(features))
 
     def forward(self, x):
         os.kill(os.getpid(), signal.SIGKILL)
