@@ -14,6 +14,8 @@ PASSED = 0        # every verdict passed (and no regression against the target b
 FAILED = 1        # a verdict failed: a rule, correctness, the speed gate or the regression check
 USAGE = 2         # bad arguments (argparse's, or pytest's usage error), or interrupted (Ctrl-C, SIGTERM)
 BROKEN = 3        # the setup is broken: no CUDA device, a verdict kind not collected, pytest error
+HARNESS = 70      # no verdict: a bug of the judge's (blame.py; EX_SOFTWARE)
+ENVIRONMENT = 75  # no verdict: the machine could not run a case (device busy, memory held by others): run it again
 KINDS = ("policy", "correctness", "perf")
 SETUP_PROPERTY = "cudaopt_setup_broken"  # user property of an item that failed for the runner's sake
 
@@ -78,10 +80,13 @@ def exit_code(pytest_status: int, observer: Observer) -> tuple[int, list[str]]:
     if missing:
         reasons.append(f"no {', '.join(missing)} items were collected: the gate needs all three verdicts")
     reasons += [f"{node}: {why}" for node, why in observer.broken]
-    if pytest_status not in (0, 1):
+    if pytest_status not in (0, 1, ENVIRONMENT, HARNESS):
         reasons.append(f"pytest ended with status {pytest_status} (internal error or nothing collected)")
     if reasons:
         return BROKEN, reasons
+    if pytest_status in (ENVIRONMENT, HARNESS):  # the plugin's status for a failure that is not the candidate's
+        who = "the environment (run it again)" if pytest_status == ENVIRONMENT else "the harness (a bug of the judge's)"
+        return pytest_status, [f"{node} failed for the sake of {who}" for node, _ in observer.failed] or [who]
     if pytest_status == 1 or observer.failed:
         return FAILED, [f"{node} failed" for node, _ in observer.failed]
     return PASSED, []
@@ -106,7 +111,8 @@ def summary_markdown(code: int, reasons: Sequence[str], observer: Observer, repo
     from pytest_cudaopt import jsonreport
 
     title = {PASSED: "PASSED", FAILED: "FAILED (a verdict failed)", BROKEN: "BROKEN (the setup, not the candidate)",
-             USAGE: "NOT RUN (bad arguments, or interrupted)"}
+             USAGE: "NOT RUN (bad arguments, or interrupted)", ENVIRONMENT: "NO VERDICT (the environment: run it again)",
+             HARNESS: "NO VERDICT (a bug of the harness)"}
     counts = ", ".join(f"{n} {k}" for k, n in sorted(observer.counts.items()))
     out = [f"## cudaopt gate: {title.get(code, code)}", "", f"exit code {code}; items: {counts or 'none'}", ""]
     out += [f"- {line}" for line in reasons]

@@ -234,7 +234,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
         timeout=args.timeout, pytest_args=list(args.pytest_args), all_stages=args.all_stages, seed=args.seed,
         cache_dir=None if args.no_cache else (Path(args.cache_dir) if args.cache_dir else judge.Options().cache_dir),
         scratch=Path(args.scratch) if args.scratch else None, keep=args.keep, keep_env=list(args.env),
-        fork=not args.no_fork)
+        fork=not args.no_fork, environment_retries=args.environment_retries)
     out = Path(args.out).resolve()
     try:
         written = judge.run(args.paths, options, out=out, ray=args.ray, resume=args.resume, progress=Progress(0))
@@ -271,6 +271,9 @@ def _judge_parser(sub) -> None:
                    "(needs the ray extra: pip install -e '.[ray]')")
     p.add_argument("--all-stages", action="store_true", help="run correctness and perf even after an earlier "
                    "stage failed (as one pytest session does)")
+    p.add_argument("--environment-retries", type=int, default=2, metavar="N", help="judge a workdir again, up to N "
+                   "times, while its line blames the environment (a busy device, memory held by others); its one "
+                   "line is the last attempt's (default: 2)")
     p.add_argument("--seed", type=int, default=None, help="replay with this seed (it is then on the children's "
                    "command lines; by default each child draws a secret one)")
     p.add_argument("--cache-dir", default=None, help="the host's object and torch.compile caches "

@@ -28,7 +28,7 @@ def document(account: Any, results: Sequence[Any], *, seed: int | None = None,
     return {"schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "environment": environment(),
             "seed": seed, "settings": dict(settings or {}), "relaxations": list(relaxations),
             "sandbox": dict(sandbox) if sandbox else {"mode": (settings or {}).get("sandbox"), "workers": 0},
-            "passed": account.passed, "complete": account.complete, "cause": account.cause,
+            "passed": account.passed, "complete": account.complete, "cause": account.cause, "blame": account.blame,
             "reason": account.reason or None, "running": account.running, "not_passed": list(account.not_passed),
             "counts": dict(account.counts), "items": [item.to_json() for item in account.items],
             "results": [report.record(r) for r in results]}
@@ -95,7 +95,7 @@ def verdict_lines(doc: Mapping[str, Any]) -> list[str]:
                 "counts only the results listed; skipped, not run and policy items were not recorded)"]
     account = SimpleNamespace(passed=bool(doc.get("passed")), complete=bool(doc.get("complete")),
                               reason=doc.get("reason") or "", counts=doc.get("counts") or {},
-                              not_passed=doc.get("not_passed") or [])
+                              not_passed=doc.get("not_passed") or [], blame=doc.get("blame"))
     return report.account_lines(account)
 
 

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Sequence
 
+from pytest_cudaopt import blame as blame_
 from pytest_cudaopt.results import ACCEPTED, FAILED, NOT_RUN, PASSED, SKIPPED, STATUSES, PolicyResult
 
 KINDS = ("build", "correctness", "perf", "policy", "memsafety")
@@ -22,6 +23,8 @@ RULE_PROPERTY = "cudaopt_rule"
 # How the session ended early (`Account.cause`).
 INTERRUPTED, TIMEOUT, CRASH, STOPPED, INTERNAL_ERROR, RUNNING = (
     "interrupted", "timeout", "crash", "stopped", "internal error", "running")
+# Not complete for a failure that is not the candidate's (blame.py): the item's blame is the cause.
+ENVIRONMENT, HARNESS = blame_.ENVIRONMENT, blame_.HARNESS
 # The suite's classes (suite/items.py): a pytest-xdist controller knows its items by node id only.
 _SUITE_KINDS = {"TestBuild": "build", "TestCorrectness": "correctness", "TestPerf": "perf", "TestPolicy": "policy",
                 "TestMemorySafety": "memsafety"}
@@ -67,10 +70,11 @@ class Entry:
     reason: str = ""
     text: str = ""             # a failure's full text (a policy item's violations)
     rule: str = ""             # a policy item's rule id
+    blame: str | None = None   # whose fault it is that it did not pass (blame.py)
 
     def to_json(self) -> dict[str, Any]:
         out = {"test": self.test, "kind": self.kind, "workdir": self.workdir, "status": self.status,
-               "reason": self.reason}
+               "reason": self.reason, "blame": self.blame}
         if self.kind == "policy":
             out["rule"] = self.rule
         return out
@@ -88,6 +92,7 @@ class Account:
     not_passed: list[str]              # every reason `passed` is false
     items: list[Entry]
     counts: dict[str, int] = field(default_factory=dict)
+    blame: str | None = None           # whose fault it is that it did not pass (blame.worst of the items')
 
 
 class Ledger:
@@ -121,9 +126,12 @@ class Ledger:
         if outcome == "failed":
             if entry.status in (PASSED, NOT_RUN) or not entry.reason:
                 line = _violation(text) if entry.kind == "policy" else first_line(text)
+                if properties.get(blame_.PROPERTY) == HARNESS:  # a traceback: its exception's line says what
+                    line = next((raw[1:].strip() for raw in reversed(text.splitlines()) if raw.startswith("E ")), line)
                 line = line or f"failed at {when}"
                 entry.status = NOT_RUN if line.startswith("not run") else FAILED
                 entry.reason, entry.text = line, _cut(text)
+                entry.blame = properties.get(blame_.PROPERTY) or blame_.CANDIDATE
         elif outcome == "skipped":
             if entry.status in (PASSED, NOT_RUN):
                 entry.reason = text.strip() or "skipped"
@@ -147,6 +155,11 @@ class Ledger:
         """The run's account now. `running`: taken before that item ran, while the session goes
         on (the report a hang nothing can interrupt leaves behind)."""
         cause, reason = self.ended if self.ended is not None else (None, "")
+        blamed = [e for e in self.entries.values() if e.status not in ACCEPTED and e.blame in (ENVIRONMENT, HARNESS)]
+        if blamed and cause is None:  # not the candidate's: no verdict
+            cause = blame_.worst(e.blame for e in blamed)
+            first = next(e for e in blamed if e.blame == cause)
+            reason = f"{first.test} failed for the {cause}'s sake, not the candidate's: {first.reason}"
         if running is not None and cause is None:
             cause, reason = RUNNING, (f"written before {running} ran; the session had not finished (if this is "
                                       "the last report, the process ended while that item ran)")
@@ -164,9 +177,15 @@ class Ledger:
         not_passed += [f"{getattr(r, 'test', None) or r.kind}: the {r.kind} result failed" for r in results
                        if not r.passed and getattr(r, "test", None) not in failed]
         counts = {status: sum(1 for item in items if item.status == status) for status in STATUSES}
+        blame = blame_.worst(item.blame for item in items if item.status not in ACCEPTED)
+        if cause == INTERNAL_ERROR:
+            blame = HARNESS
+        elif cause in (TIMEOUT, CRASH) and blame is None:
+            blame = blame_.CANDIDATE
         return Account(passed=not not_passed, complete=cause is None, cause=cause, reason=reason,
                        running=running if running is not None else (self.running if cause else None),
-                       not_passed=not_passed, items=items, counts={k: n for k, n in counts.items() if n})
+                       not_passed=not_passed, items=items, counts={k: n for k, n in counts.items() if n},
+                       blame=None if not not_passed else blame)
 
     def _settled(self, entry: Entry, running: str | None, reason: str) -> Entry:
         """The entry as the account shows it: an item that never ended says why."""

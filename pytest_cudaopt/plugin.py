@@ -101,9 +101,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(LedgerHooks(config.stash[SESSION_KEY].ledger,
                                               lambda nodeid: _item_workdir(config.stash[SESSION_KEY], nodeid)),
                                   "cudaopt-ledger")
-    from pytest_cudaopt.supervision import InterruptHooks
+    from pytest_cudaopt.supervision import BlameHooks, InterruptHooks
 
     config.pluginmanager.register(InterruptHooks(config.stash[SESSION_KEY]), "cudaopt-interrupt")
+    config.pluginmanager.register(BlameHooks(), "cudaopt-blame")
     if config.pluginmanager.hasplugin("benchmark"):
         config.pluginmanager.register(_BenchmarkHooks(), "cudaopt-benchmark")
     else:
@@ -359,7 +360,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller reports
         config.workeroutput["cudaopt_records"] = cudaopt.records()
         return
-    from pytest_cudaopt import ledger, signals
+    from pytest_cudaopt import blame, ledger, signals
 
     if exitstatus == pytest.ExitCode.INTERRUPTED:  # before any verdict item was collected, say
         cudaopt.ledger.end(ledger.INTERRUPTED, f"interrupted by {signals.reason() or 'KeyboardInterrupt'}")
@@ -370,6 +371,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     cudaopt.write_report()
     if cudaopt.report_error and exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.USAGE_ERROR  # the report asked for was not written
+    blamed = blame.exit_status(cudaopt.account().blame)
+    if blamed and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        session.exitstatus = blamed  # no verdict: 75 the environment's, 70 the harness's (blame.py)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

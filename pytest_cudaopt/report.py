@@ -373,7 +373,9 @@ def account_lines(account: Any, limit: int = 10) -> list[str]:
     counts = ", ".join(f"{n} {status}" for status, n in account.counts.items())
     if account.passed:
         return [f"cudaopt: passed: every verdict asked for ran and passed ({counts})"]
+    blame = getattr(account, "blame", None)  # the candidate's is the verdict; any other's is no verdict
     lines = [f"cudaopt: NOT PASSED ({counts or 'no verdict items'})"
+             + (f"; not the candidate's fault but the {blame}'s" if blame not in (None, "candidate") else "")
              + ("" if account.complete else f"; incomplete: {account.reason}")]
     reasons = [r for r in account.not_passed if not r.startswith("the session did not complete")]
     lines += [f"  {reason}" for reason in reasons[:limit]]

@@ -43,10 +43,12 @@ class CorrectnessResult:
     message: str = ""
     seconds: float = 0.0
     kind: str = "correctness"
-    peak_bytes: int | None = None  # torch's max allocated device memory during the item
+    peak_bytes: int | None = None  # torch's max allocated device memory during the item (the judging process's)
+    worker_bytes: int | None = None  # device memory the candidate's worker held at the item's end (NVML)
     state: str = ""            # Model's state: "default" (as initialised) or "moved" (correctness.state)
     harness_seconds: float = 0.0  # of `seconds`, the harness's own steps (state moves, inputs, references)
     values: dict[str, Any] = field(default_factory=dict)  # value family -> cases, tier, skips (correctness.values)
+    blame: str | None = None   # whose fault a failure is (blame.py); None when it passed
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -55,8 +57,8 @@ class CorrectnessResult:
             "max_abs": self.max_abs, "max_rel": self.max_rel,
             "precision": self.precision.to_json() if self.precision else None,
             "check": self.check, "message": self.message, "seconds": self.seconds,
-            "peak_bytes": self.peak_bytes, "state": self.state, "harness_seconds": round(self.harness_seconds, 3),
-            "values": self.values,
+            "peak_bytes": self.peak_bytes, "worker_bytes": self.worker_bytes, "state": self.state, "harness_seconds": round(self.harness_seconds, 3),
+            "values": self.values, "blame": None if self.passed else (self.blame or "candidate"),
         }
 
 

@@ -257,7 +257,8 @@ def amend_report(run: Run, cause: str, kind: str) -> None:
         return  # the session's own final report
     reason = run.cause(cause).replace("\n", "; ")
     where = f" while {run.running} ran" if run.running else ""
-    doc.update(passed=False, complete=False, cause=kind, reason=reason, running=run.running)
+    doc.update(passed=False, complete=False, cause=kind, reason=reason, running=run.running,
+               blame="candidate" if kind in ("crash", "timeout") else None)
     for item in doc.get("items", []):
         if item.get("status") != "not run":
             continue

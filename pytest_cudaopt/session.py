@@ -312,7 +312,7 @@ class CudaoptSession:
 
         if self.fault is not None:
             where, message = self.fault
-            pytest.fail(f"not {verb}: an earlier CUDA fault in {where} left this process's CUDA context "
+            pytest.fail(f"not {verb}: the candidate's earlier CUDA fault in {where} left the CUDA context "
                         f"unusable: {message}", pytrace=False)
         try:
             return self.workdir(path)

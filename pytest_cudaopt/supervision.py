@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cudaopt import sentinel as sentinel_process, watchdog
+from pytest_cudaopt import blame, sentinel as sentinel_process, watchdog
 
 SENTINEL_PLUGIN = "cudaopt-sentinel"
 
@@ -295,3 +295,19 @@ class InterruptHooks:
             message += f"\nreplay: {dog.replay}"
         report_rest(session.config, running, message, [i for i in items if i is not running],
                     f"not run: the run was {reason} before it")
+
+
+class BlameHooks:
+    """The pytest hook that writes each failed report's blame into its user properties: the one
+    the item's code assigned (`blame.assign`), else `blame.classify`'s from the exception raised."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        report = yield
+        said = [value for name, value in item.user_properties if name == blame.PROPERTY]
+        item.user_properties[:] = [(n, v) for n, v in item.user_properties if n != blame.PROPERTY]
+        if report.failed:
+            exc = call.excinfo.value if call.excinfo is not None else None
+            found = said[-1] if said else blame.classify(exc, report.longreprtext)
+            report.user_properties = [*report.user_properties, (blame.PROPERTY, found)]
+        return report

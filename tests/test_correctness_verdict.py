@@ -218,7 +218,7 @@ def test_a_cuda_fault_fails_its_test_and_the_later_ones_report_it_instead_of_cas
         "*compute-sanitizer pytest 'wd/model_new.py::TestCorrectness::test_canonical[[]seed0]' --cudaopt-seed=*",
     ])
     result.stdout.fnmatch_lines([
-        "*not run: an earlier CUDA fault in wd/model_new.py::TestCorrectness::test_canonical[[]seed0] *",
+        "*not run: the candidate's earlier CUDA fault in wd/model_new.py::TestCorrectness::test_canonical[[]seed0] *",
     ])
     result.stdout.fnmatch_lines(["*cudaopt summary*", "*FAIL (CUDA fault)*"])
 

@@ -166,8 +166,8 @@ def test_an_illegal_memory_access_fails_its_item_and_the_later_items_report_the_
     for test in (*CANONICAL[1:], DRAWN):
         outcome, text = cases[("wd", test)]
         assert outcome == "error", text
-        assert ("not run: an earlier CUDA fault in wd/model_new.py::TestCorrectness::test_canonical[seed0] "
-                "left this process's CUDA context unusable: ") in text, text
+        assert ("not run: the candidate's earlier CUDA fault in wd/model_new.py::TestCorrectness::test_canonical[seed0] "
+                "left the CUDA context unusable: ") in text, text
         assert "an illegal memory access was encountered" in text.split("unusable: ", 1)[1], text
     result.stdout.fnmatch_lines([
         "*= cudaopt summary =*",

@@ -8,8 +8,11 @@
 # Environment: GATE_OUT (report.json, junit.xml, summary.md; default ./cudaopt-gate), GATE_BENCHMARKS
 # (root of the pytest-benchmark history; default ./.benchmarks), GATE_GPU_KIND (the history's key;
 # default the GPU's name), GATE_ARGS (more `cudaopt gate` options, e.g. "--regression-margin 0.05"),
-# PYTHON (default python3). $GITHUB_STEP_SUMMARY, when set, receives the Markdown summary.
-# Exit code: cudaopt gate's: 0 passed, 1 a verdict failed, 2 bad arguments, 3 broken setup (no GPU).
+# PYTHON (default python3), GATE_ATTEMPTS (runs of the gate while it exits 75, the environment's
+# fault: a busy device, memory held by others; default 1). $GITHUB_STEP_SUMMARY, when set, receives
+# the Markdown summary.
+# Exit code: cudaopt gate's: 0 passed, 1 a verdict failed, 2 bad arguments, 3 broken setup (no GPU),
+# 70 the harness's fault, 75 the environment's (after GATE_ATTEMPTS runs).
 set -euo pipefail
 usage="usage: gate.sh CANDIDATE [BASELINE] [-- PYTEST_ARGS...]"
 candidate=$(cd "${1:?$usage}" && pwd); shift
@@ -44,4 +47,10 @@ if [[ -n $judge ]]; then
   export PYTHONPATH="$judge${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1
-exec "$py" -m pytest_cudaopt.cli "${args[@]}"
+attempts=${GATE_ATTEMPTS:-1}
+for ((attempt = 1; ; attempt++)); do
+  status=0
+  "$py" -m pytest_cudaopt.cli "${args[@]}" || status=$?
+  if [[ $status -ne 75 || $attempt -ge $attempts ]]; then exit "$status"; fi
+  echo "gate.sh: attempt $attempt of $attempts ended with 75: the environment, not the candidate, failed it; again"
+done

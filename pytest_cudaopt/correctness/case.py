@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from pytest_cudaopt import memory
+from pytest_cudaopt import blame, memory, nvml
 from pytest_cudaopt.correctness import compare, family as family_case, guards, shapes, sizes, state, values
 from pytest_cudaopt.correctness.faults import CudaFault
 from pytest_cudaopt.correctness.precision import Precision
@@ -40,6 +40,7 @@ class CaseFailed(Exception):
         self.inputs = inputs
         self.comparison = comparison
         self.moved: tuple[dict[str, int], int] | None = None  # (constants, seed) of a case with moved state
+        self.blame = blame.CANDIDATE  # whose failure it is (blame.py): a memory shortfall may be the environment's
 
     def diagnose(self, loaded: Workdir, settings) -> None:
         """A mismatch or wrong answer with moved state: say which tensors the candidate
@@ -57,6 +58,7 @@ class CaseFailed(Exception):
     def fill(self, result: CorrectnessResult) -> None:
         """The failing case's inputs and errors, for the report's row."""
         result.shapes = self.inputs
+        result.blame = self.blame
         if self.comparison is not None and self.comparison.leaves:
             result.max_abs, result.max_rel = self.comparison.max_abs, self.comparison.max_rel
         if self.precision is not None:
@@ -197,9 +199,12 @@ def _guarded(trial: guards.Trial, inputs: list, label: str, footer: str, short: 
         if not isinstance(error, torch.OutOfMemoryError):
             raise
         lines = str(error).strip().splitlines()
+        own = isinstance(exc, guards.CandidateError)  # else the reference's or the harness's own work
         del error  # its traceback holds the case's tensors
     why = lines[0] if lines else "torch.OutOfMemoryError"
-    raise CaseFailed(SHORTFALL, f"{label} ran out of device memory: {why}{footer}", short, described)
+    failed = CaseFailed(SHORTFALL, f"{label} ran out of device memory: {why}{footer}", short, described)
+    failed.blame = blame.CANDIDATE if own else blame.ENVIRONMENT
+    raise failed
 
 
 def _check_memory(workdir: Workdir, settings, constants: dict[str, int], label: str, replay: str) -> None:
@@ -213,11 +218,24 @@ def _check_memory(workdir: Workdir, settings, constants: dict[str, int], label: 
         return
     lower = ("lower --cudaopt-max-elements (cudaopt_max_elements) to draw smaller shapes" if constants else
              sizes.shrink_hint(workdir.reference, workdir.model_file, workdir.path))
+    need = memory.case_need(check.input_bytes, check.output_bytes)
     try:
         memory.check_fits(f"{label} (inputs {memory.gib(check.input_bytes)}, outputs "
-                          f"{memory.gib(check.output_bytes)})",
-                          memory.case_need(check.input_bytes, check.output_bytes), free, lower,
-                          memory.where(settings.device))
+                          f"{memory.gib(check.output_bytes)})", need, free, lower, memory.where(settings.device))
     except memory.DoesNotFit as exc:
-        raise CaseFailed(SHORTFALL, str(exc) + (f"\nreplay: {replay}" if replay else ""),
-                         shapes.format_case(constants) or "canonical") from None
+        who, why = holder(workdir, settings, need, memory.case_budget(check.input_bytes, check.output_bytes))
+        text = f"{why}\n{exc}" if who == blame.CANDIDATE else str(exc) + (f"\n{why}" if why else "")
+        failed = CaseFailed(SHORTFALL, text + (f"\nreplay: {replay}" if replay else ""),
+                            shapes.format_case(constants) or "canonical")
+        failed.blame = who
+        raise failed from None
+
+
+def holder(workdir: Workdir, settings, need: int, budget: int) -> tuple[str, str]:
+    """Whose a memory shortfall is, (blame, why), from NVML's process table as the judging process
+    reads it: the candidate's worker holding more than the case's `budget`, or other processes."""
+    device = torch.device(settings.device)
+    worker = workdir.worker
+    pid = worker.proc.pid if worker is not None and worker.proc is not None else None
+    index = nvml.index_of(device.index or 0) if device.type == "cuda" else 0
+    return blame.memory_blame(need, budget, pid, nvml.processes(index))

@@ -11,8 +11,10 @@ from pytest_cudaopt.judge import copies, lines as line_module
 from pytest_cudaopt.judge.discover import find_workdirs
 from pytest_cudaopt.judge.options import Options, result_key
 
-# Exit codes of `cudaopt judge` (2, bad arguments, is argparse's).
+# Exit codes of `cudaopt judge` (2, bad arguments, is argparse's); 75 and 70 (blame.py) where a
+# workdir's line blames the environment (after its retries) or the harness, and none is unjudged.
 PASSED, FAILED, UNJUDGED = 0, 1, 3
+ENVIRONMENT, HARNESS = "environment", "harness"
 
 
 class Judge:
@@ -44,19 +46,34 @@ class Judge:
         if not todo:
             return
         named: set[str] = set()
+        attempts = {str(w): 0 for w in todo}
         try:
-            backend = self._backend(todo)
-            try:
-                for line in backend.lines():
+            while todo:
+                again = []
+                for line in self._attempt(todo):
+                    attempts[line["workdir"]] = attempts.get(line["workdir"], 0) + 1
+                    line["attempts"] = attempts[line["workdir"]]
+                    if line.get("blame") == ENVIRONMENT and line["attempts"] <= self.options.environment_retries:
+                        again.append(Path(line["workdir"]))  # counted once: only its last attempt's line is yielded
+                        continue
                     named.add(line["workdir"])
                     yield line
-            finally:
-                self.busy, self.wall_s = backend.busy, backend.wall_s
+                todo = again
         except Exception as exc:  # noqa: BLE001 - the judge's own failure: each workdir left still gets its line
             why = f"not judged: the judge failed before this workdir was judged: {type(exc).__name__}: {exc}"
             for workdir in todo:
                 if str(workdir) not in named:
                     yield line_module.unjudged(str(workdir), result_key(str(workdir), "", self.options), "error", why)
+
+    def _attempt(self, todo: list[Path]) -> Iterator[dict]:
+        """One line per workdir of `todo`, judged once; the busy fractions and wall time add up."""
+        backend = self._backend(todo)
+        try:
+            yield from backend.lines()
+        finally:
+            self.wall_s += backend.wall_s
+            for device, busy in backend.busy.items():
+                self.busy[device] = busy if device not in self.busy else max(self.busy[device], busy)
 
     def _backend(self, todo: list[Path]):
         if self.ray:
@@ -102,6 +119,11 @@ class Written:
 
 
 def exit_code(found: Sequence[dict]) -> int:
+    from pytest_cudaopt import blame
+
+    code = blame.exit_status(blame.worst(line.get("blame") for line in found if line.get("blame") != blame.CANDIDATE))
+    if code:
+        return code
     if any(line["status"] in ("error", "cancelled") for line in found):
         return UNJUDGED
     return PASSED if all(line["passed"] for line in found) else FAILED

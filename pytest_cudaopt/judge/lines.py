@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from pytest_cudaopt import blame
 from pytest_cudaopt.judge.stages import FAILED, OK, StageResult
 
 LINE_SCHEMA = "cudaopt-judge/1"
@@ -33,6 +34,7 @@ def merge_reports(results: Sequence[StageResult]) -> dict | None:
         # what each stage's workers were confined by (the stages that started one)
         "sandbox": {stage: doc["sandbox"] for stage, doc in docs if (doc.get("sandbox") or {}).get("workers")},
         "passed": all(bool(doc.get("passed")) for _, doc in docs),
+        "blame": blame.worst(doc.get("blame") for _, doc in docs),
         "results": [rec for _, doc in docs for rec in doc.get("results", [])],
     }
     merged["items"] = [item for _, doc in docs for item in doc.get("items", [])]
@@ -108,7 +110,7 @@ def assemble(*, workdir: str, key: str, content: str, results: Sequence[StageRes
               and report is not None and report.get("passed") is True and report.get("complete") is not False)
     line: dict[str, Any] = {
         "schema": LINE_SCHEMA, "key": key, "workdir": workdir, "status": status, "passed": passed,
-        "reason": reason, "host": socket.gethostname(),
+        "blame": None if passed else blame_of(status, report), "reason": reason, "host": socket.gethostname(),
         "gpu": next((r.device for r in reversed(results) if r.device is not None), None),
         "devices": {r.stage: r.device for r in results if r.device is not None},
         "seconds": {k: round(v, 3) for k, v in seconds.items()},
@@ -119,6 +121,15 @@ def assemble(*, workdir: str, key: str, content: str, results: Sequence[StageRes
     if copy:
         line = json.loads(dumps(line).replace(json.dumps(copy)[1:-1], json.dumps(workdir)[1:-1]))
     return line
+
+
+def blame_of(status: str, report: dict | None) -> str | None:
+    """Whose fault a line that did not pass is (blame.py): the reports' (the environment's or the
+    harness's before the candidate's), else the candidate's for a build failure, a crash or a hang,
+    None where the workdir was not judged (an error of the judge's, or cancelled)."""
+    if report is not None and report.get("blame"):
+        return report["blame"]
+    return "candidate" if status in ("judged", "build-failed", "crashed", "timeout") else None
 
 
 def unjudged(workdir: str, key: str, status: str, reason: str, seconds: float = 0.0) -> dict[str, Any]:

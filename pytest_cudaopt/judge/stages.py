@@ -215,7 +215,10 @@ def read_pytest(stage: str, outcome: runner.Outcome, report_path: Path, junit_pa
     if result.status != OK:
         return result
     result.tail = outcome.tail
-    if outcome.returncode not in (0, 1):
+    if outcome.returncode in (70, 75) and report is not None and report.get("blame") in ("environment", "harness"):
+        result.status = "error"  # no verdict (blame.py): the judge runs an environment's failure again
+        result.reason = f"not the candidate's fault but the {report['blame']}'s: {report.get('reason')}"
+    elif outcome.returncode not in (0, 1):
         result.status, result.reason = "error", f"pytest ended with status {outcome.returncode} (usage or internal error)"
     elif report is None:
         result.status, result.reason = "crashed", f"the {stage} stage ended without writing its JSON report"

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+import torch
+
+from pytest_cudaopt import blame, nvml
 from pytest_cudaopt.correctness.verdict import judge_canonical, judge_drawn
 from pytest_cudaopt.ledger import SKIP_PROPERTY
 from pytest_cudaopt.results import NOT_APPLICABLE
@@ -25,14 +28,38 @@ class TestCorrectness:
     def test_canonical(self, request, loaded, cudaopt_session, cudaopt_settings, seed_index):
         """The canonical inputs of get_inputs(), with a fresh secret seed for each index."""
         failure = judge_canonical(loaded, cudaopt_settings, cudaopt_session, request.node.nodeid, seed_index)
+        _worker_memory(request.node, cudaopt_session, loaded, cudaopt_settings)
         if failure:
-            pytest.fail(failure, pytrace=False)
+            _fail(request.node, cudaopt_session, failure)
 
     def test_drawn_shapes(self, request, loaded, cudaopt_session, cudaopt_settings):
         """Shapes drawn by Hypothesis around the canonical one (or as model.py declares)."""
         verdict = judge_drawn(loaded, cudaopt_settings, cudaopt_session, request.node.nodeid)
+        _worker_memory(request.node, cudaopt_session, loaded, cudaopt_settings)
         if verdict.skip:  # model.py has nothing to vary: no verdict is missing
             request.node.user_properties.append((SKIP_PROPERTY, NOT_APPLICABLE))
             pytest.skip(verdict.skip)
         if verdict.failure:
-            pytest.fail(verdict.failure, pytrace=False)
+            _fail(request.node, cudaopt_session, verdict.failure)
+
+
+def _worker_memory(item: pytest.Item, session, loaded: Workdir, settings) -> None:
+    """The device memory the candidate's worker holds now (NVML, as the judging process reads it),
+    in the item's results beside the judging process's peak."""
+    worker = loaded.worker
+    if worker is None or worker.proc is None or settings.device == "cpu":
+        return
+    device = torch.device(settings.device)
+    held = nvml.used_by(worker.proc.pid, nvml.index_of(device.index or 0))
+    for result in session.results:
+        if getattr(result, "test", None) == item.nodeid and getattr(result, "kind", "") == "correctness":
+            result.worker_bytes = held
+
+
+def _fail(item: pytest.Item, session, failure: str) -> None:
+    """Fail the item with `failure`, blamed as its result says (a memory shortfall may be the
+    environment's: blame.py)."""
+    mine = [r for r in session.results if getattr(r, "test", None) == item.nodeid and getattr(r, "blame", None)]
+    if mine:
+        blame.assign(item, mine[-1].blame)
+    pytest.fail(failure, pytrace=False)

@@ -87,7 +87,7 @@ class TestPerf:
         wrong = failed_correctness(cudaopt_session.results, cudaopt_workdir_path)
         if wrong:  # a speedup of a wrong function means nothing: none is timed or printed
             pytest.fail(f"not run: correctness failed ({wrong})", pytrace=False)
-        workdir = cudaopt_session.loaded_or_fail(cudaopt_workdir_path, request.node.nodeid, "timed")
+        workdir = cudaopt_session.loaded_or_fail(cudaopt_workdir_path, request.node.nodeid, "run")
         device = cudaopt_settings.device
         clock = (cudaopt_session.verdict_hook(request.node, "pytest_cudaopt_perf_clock", device=device)
                  or clocks.default_clock(device, cuda_graph=cudaopt_settings.cuda_graph))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cudaopt import policy
+from pytest_cudaopt import blame, policy
 from pytest_cudaopt.ledger import RULE_PROPERTY, SKIP_PROPERTY
 from pytest_cudaopt.results import DISABLED
 from pytest_cudaopt.watchdog import set_stage
@@ -41,6 +41,10 @@ def _facts(session, workdir: Path, test: str, mn010: bool = False, ex001: bool =
     from pytest_cudaopt.workdir import WorkdirError
     from pytest_cudaopt.worker import WorkerError, WorkerFailed
 
+    if session.fault is not None:  # the worker's CUDA context is gone: no rule of ours fails in its wake
+        where, message = session.fault
+        pytest.fail(f"{blame.NOT_RUN_AFTER_FAULT} in {where} left the CUDA context unusable: {message}",
+                    pytrace=False)
     try:
         return session.policy_facts(Path(workdir).resolve(), mn010=mn010, ex001=ex001)
     except BuildError as exc:  # the .so on disk does not import (a build of this session's: its report)

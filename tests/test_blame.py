@@ -1,0 +1,159 @@
+"""Whose fault a failure is: the candidate's fails the verdict; the environment's (exit 75) and the harness's (exit 70) leave the run incomplete."""
+
+from __future__ import annotations
+
+import json
+
+from support import run_pytest
+
+from pytest_cudaopt import blame, nvml
+from pytest_cudaopt.ledger import Ledger
+
+GiB = 1 << 30
+CANONICAL = ("wd/model_new.py", "-m", "correctness", "-k", "canonical and seed0", "--cudaopt-device=cpu",
+             "--cudaopt-report=r.json")
+# The judging process's host memory as a busy machine leaves it: 0.5 GiB free.
+SHORT_OF_MEMORY = '''
+import pytest_cudaopt.memory
+
+pytest_cudaopt.memory.host_free_bytes = lambda *args, **kwargs: 1 << 29
+'''
+# NVML's process table of a machine where every process but this one (the candidate's worker among
+# them) holds 110 GiB.
+WORKER_HOLDS_110_GIB = SHORT_OF_MEMORY + '''
+import os
+
+import pytest_cudaopt.nvml
+
+pytest_cudaopt.nvml.processes = lambda index=0: [{"pid": int(pid), "used_bytes": 110 << 30} for pid in os.listdir("/proc")
+                                                 if pid.isdigit() and int(pid) != os.getpid()]
+'''
+HARNESS_BUG = '''
+import pytest_cudaopt.suite.correctness
+
+
+def _broken(*args, **kwargs):
+    raise KeyError("a key the harness forgot")
+
+
+pytest_cudaopt.suite.correctness.judge_canonical = _broken
+'''
+CRASHING = '''"""Kills its own process in forward."""
+
+import os
+import signal
+
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(features))
+        self.bias = nn.Parameter(torch.randn(features))
+
+    def forward(self, x):
+        os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+def _canonical_item(doc: dict) -> dict:
+    [item] = [i for i in doc["items"] if i["kind"] == "correctness"]
+    return item
+
+
+def _run(pytester, make_workdir, conftest: str = "", model_new: str = ""):
+    work = make_workdir("cpu_scale", pytester.path / "wd")
+    if conftest:
+        (pytester.path / "conftest.py").write_text(conftest)
+    if model_new:
+        (work / "model_new.py").write_text(model_new)
+    result = run_pytest(pytester, *CANONICAL, timeout=300)
+    return result, json.loads((pytester.path / "r.json").read_text())
+
+
+def test_a_host_memory_shortfall_before_the_candidate_runs_is_the_environments_and_exits_75(pytester, make_workdir):
+    result, doc = _run(pytester, make_workdir, SHORT_OF_MEMORY)
+    item = _canonical_item(doc)
+    assert item["status"] == "failed" and item["blame"] == "environment", item
+    assert "of host memory, only 0.50 GiB is free" in item["reason"], item
+    assert doc["passed"] is False and doc["complete"] is False, doc
+    assert doc["cause"] == "environment" and doc["blame"] == "environment", doc
+    assert "not the candidate's" in doc["reason"] and "only 0.50 GiB is free" in doc["reason"], doc["reason"]
+    [record] = [r["data"] for r in doc["results"] if r["kind"] == "correctness"]
+    assert record["check"] == "memory" and record["blame"] == "environment"
+    assert result.ret == 75, result.stdout.str()[-3000:]
+
+
+def test_a_candidate_whose_worker_holds_more_than_the_case_allows_is_blamed_with_the_figures(pytester, make_workdir):
+    result, doc = _run(pytester, make_workdir, WORKER_HOLDS_110_GIB)
+    item = _canonical_item(doc)
+    assert item["status"] == "failed" and item["blame"] == "candidate", item
+    assert "ModelNew's process (pid " in item["reason"] and ") holds 110.00 GiB; this case allows 2.00 GiB" \
+        in item["reason"], item["reason"]
+    assert doc["passed"] is False and doc["complete"] is True and doc["blame"] == "candidate", doc
+    assert result.ret == 1
+
+
+def test_a_crashing_candidate_is_the_candidates_fault(pytester, make_workdir):
+    result, doc = _run(pytester, make_workdir, model_new=CRASHING)
+    item = _canonical_item(doc)
+    assert item["status"] == "failed" and item["blame"] == "candidate", item
+    assert "CRASH" in item["reason"], item
+    assert doc["passed"] is False and doc["complete"] is True and doc["blame"] == "candidate", doc
+    assert result.ret == 1
+
+
+def test_an_unexpected_exception_in_the_harness_is_the_harnesss_and_exits_70(pytester, make_workdir):
+    result, doc = _run(pytester, make_workdir, HARNESS_BUG)
+    item = _canonical_item(doc)
+    assert item["status"] == "failed" and item["blame"] == "harness", item
+    assert "a key the harness forgot" in item["reason"], item
+    assert doc["passed"] is False and doc["complete"] is False and doc["cause"] == "harness", doc
+    assert doc["blame"] == "harness"
+    assert result.ret == 70, result.stdout.str()[-3000:]
+
+
+def test_a_device_busy_or_unavailable_is_the_environments_and_our_own_bugs_are_the_harnesss():
+    busy = RuntimeError("CUDA error: CUDA-capable device(s) is/are busy or unavailable")
+    assert blame.classify(busy) == blame.ENVIRONMENT
+    assert blame.classify(KeyError("x")) == blame.HARNESS
+    assert blame.classify(None, "wrong answer at [0, 1]") == blame.CANDIDATE
+    assert (blame.exit_status(blame.ENVIRONMENT), blame.exit_status(blame.HARNESS),
+            blame.exit_status(blame.CANDIDATE)) == (75, 70, None)
+
+
+def test_memory_held_by_other_processes_names_them_and_is_the_environments():
+    table = [{"pid": 41, "used_bytes": 70 * GiB}, {"pid": 42, "used_bytes": 1 * GiB}, {"pid": 7, "used_bytes": 3 * GiB}]
+    who, why = blame.memory_blame(4 * GiB, 6 * GiB, 7, table)
+    assert who == blame.ENVIRONMENT and "pid 41 70.00 GiB, pid 42 1.00 GiB" in why and "pid 7" not in why, why
+    who, why = blame.memory_blame(4 * GiB, 2 * GiB, 7, table)
+    assert who == blame.CANDIDATE and why == "ModelNew's process (pid 7) holds 3.00 GiB; this case allows 2.00 GiB"
+
+
+def test_nvml_answers_with_nothing_where_it_is_absent_and_with_a_given_table(monkeypatch):
+    monkeypatch.setattr(nvml, "TABLE", None)
+    monkeypatch.delenv(nvml.TABLE_ENV, raising=False)
+    if nvml._library() is None:  # this machine has no NVIDIA driver
+        assert nvml.processes() == [] and nvml.used_by(1) is None and not nvml.available()
+    monkeypatch.setenv(nvml.TABLE_ENV, json.dumps([{"pid": 5, "used_bytes": 9}]))
+    assert nvml.processes() == [{"pid": 5, "used_bytes": 9}] and nvml.used_by(5) == 9 and nvml.used_by(6) == 0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    assert nvml.index_of(1) == 1 and nvml.index_of(0) == 3
+
+
+def test_an_item_failed_for_the_environment_leaves_the_account_incomplete_and_a_candidates_does_not():
+    ledger = Ledger()
+    ledger.collect("wd/model_new.py::TestCorrectness::test_canonical[seed0]", "correctness", "wd")
+    ledger.report("wd/model_new.py::TestCorrectness::test_canonical[seed0]", "correctness", "wd", "call", "failed",
+                  "out of memory", {blame.PROPERTY: blame.ENVIRONMENT})
+    account = ledger.account()
+    assert (account.passed, account.complete, account.cause, account.blame) == (False, False, "environment",
+                                                                                 "environment")
+    assert account.items[0].to_json()["blame"] == "environment"
+    ledger = Ledger()
+    ledger.collect("t", "correctness", "wd")
+    ledger.report("t", "correctness", "wd", "call", "failed", "mismatch at [0]", {})
+    account = ledger.account()
+    assert (account.passed, account.complete, account.cause, account.blame) == (False, True, None, "candidate")
