@@ -37,8 +37,10 @@ class Judge:
         return len(self.workdirs) + len(self.problems)
 
     def __iter__(self) -> Iterator[dict]:
-        for raw, why in self.problems:
-            yield line_module.unjudged(raw, result_key(raw, "", self.options), "error", why)
+        # each line's id: its workdir's place among those found (0, 1, ...), then the paths that named none
+        order = {str(w): n for n, w in enumerate(self.workdirs)}
+        for n, (raw, why) in enumerate(self.problems):
+            yield line_module.unjudged(raw, result_key(raw, "", self.options), "error", why, id=len(order) + n)
         todo = [w for w in self.workdirs if not self.skip or _key(w, self.options) not in self.skip]
         self.skipped = len(self.workdirs) - len(todo)
         if not todo:
@@ -49,6 +51,7 @@ class Judge:
             try:
                 for line in backend.lines():
                     named.add(line["workdir"])
+                    line["id"] = order.get(line["workdir"], line.get("id"))
                     yield line
             finally:
                 self.busy, self.wall_s = backend.busy, backend.wall_s
@@ -56,7 +59,8 @@ class Judge:
             why = f"not judged: the judge failed before this workdir was judged: {type(exc).__name__}: {exc}"
             for workdir in todo:
                 if str(workdir) not in named:
-                    yield line_module.unjudged(str(workdir), result_key(str(workdir), "", self.options), "error", why)
+                    yield line_module.unjudged(str(workdir), result_key(str(workdir), "", self.options), "error", why,
+                                               id=order[str(workdir)])
 
     def _backend(self, todo: list[Path]):
         if self.ray:
