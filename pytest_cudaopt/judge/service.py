@@ -140,6 +140,11 @@ class Service:
         if wait:
             self._thread.join()
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """After `close` or `stop`: wait up to `timeout` seconds for every line; whether all are out."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
     def stop(self) -> None:
         """End every running child now; every submission without its line gets a `cancelled`
         one, none lost and none twice. Returns once every line is out."""
