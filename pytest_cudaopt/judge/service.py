@@ -74,6 +74,11 @@ class Service:
             self.close()
 
     @property
+    def devices(self) -> list[str]:
+        """What it judges on: GPU indices, or CPU slots."""
+        return list(self._pool.devices.names)
+
+    @property
     def in_flight(self) -> int:
         """Submissions without their line yet."""
         with self._wake:
