@@ -176,7 +176,7 @@ def test_stop_cancels_what_is_queued_and_ends_what_runs(tmp_path):
 
 
 def test_an_id_still_in_flight_is_refused(tmp_path):
-    service = _service(Stages(pause=0.5))
+    service = _service(Stages(pause=0.2))
     try:
         service.submit(_workdir(tmp_path, "a"), id="same")
         with pytest.raises(ValueError, match="'same' is still in flight"):

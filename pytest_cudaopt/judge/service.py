@@ -58,6 +58,7 @@ class Service:
         self._numbers = itertools.count()
         self._state = OPEN
         self._over = False
+        self._failure: str | None = None   # why the judge itself failed, for what is submitted after
         self._shipped = Path(tempfile.mkdtemp(prefix="cudaopt-serve-"))
         self._thread = threading.Thread(target=self._run, name="cudaopt-service", daemon=True)
         self._watch = threading.Thread(target=self._watchdog, name="cudaopt-service-backstop", daemon=True)
@@ -110,7 +111,9 @@ class Service:
             state = self._state
             if state == OPEN:
                 self._pool.add(path, pending.name, None, id, submitted)
-        if state != OPEN:
+        if state != OPEN and self._failure is not None:
+            self._resolve(id, self._unjudged(id, pending, "error", self._failure))
+        elif state != OPEN:
             self._resolve(id, self._unjudged(id, pending, "cancelled", f"submitted after the service was {state}"))
         return future
 
@@ -167,6 +170,7 @@ class Service:
                 self._resolve(line["id"], line)
         except BaseException as exc:  # noqa: BLE001 - the judge's own failure: every submission still gets its line
             status, why = "error", f"not judged: the judge failed: {type(exc).__name__}: {exc}"
+            self._failure = why
         finally:
             with self._wake:
                 self._state = STOPPED if self._state == OPEN else self._state
