@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -227,3 +228,15 @@ def test_serve_on_stdio_cancels_what_is_queued_at_sigterm(tmp_path):
     assert sorted(line["id"] for line in found) == ["w0", "w1", "w2"], err[-3000:]
     assert {line["status"] for line in found} == {"cancelled"}
     assert proc.returncode == 128 + signal.SIGTERM
+
+
+def test_serve_answers_a_request_it_cannot_read_with_an_error_line(tmp_path):
+    from pytest_cudaopt.judge.stdio import serve
+
+    stdin = io.StringIO('{"path": 3}\n{broken\n\n' + f"{tmp_path / 'nowhere'}\n")
+    stdout = io.StringIO()
+    code = serve(Options(cache_dir=None, pytest_args=["--cudaopt-device=cpu"]), stdin, stdout)
+    found = [json.loads(raw) for raw in stdout.getvalue().splitlines()]
+    assert [line["status"] for line in found] == ["error"] * 3 and code == 3
+    assert '"path", a string' in found[0]["reason"] and "not JSON" in found[1]["reason"]
+    assert "no such file or folder" in found[2]["reason"]
