@@ -234,7 +234,20 @@ def cmd_judge(args: argparse.Namespace) -> int:
         timeout=args.timeout, pytest_args=list(args.pytest_args), all_stages=args.all_stages, seed=args.seed,
         cache_dir=None if args.no_cache else (Path(args.cache_dir) if args.cache_dir else judge.Options().cache_dir),
         scratch=Path(args.scratch) if args.scratch else None, keep=args.keep, keep_env=list(args.env),
-        fork=not args.no_fork, environment_retries=args.environment_retries)
+        fork=not args.no_fork, environment_retries=args.environment_retries, backstop=args.backstop)
+    if args.serve:
+        from pytest_cudaopt.judge.stdio import serve
+
+        clash = [name for name, given in (("PATHS", args.paths), ("--ray", args.ray), ("--resume", args.resume)) if given]
+        if clash:
+            print(f"cudaopt judge: --serve reads the workdirs from stdin and writes the lines to stdout; "
+                  f"drop {', '.join(clash)}", file=sys.stderr)
+            return 2
+        return serve(options)
+    if not args.paths:
+        print("cudaopt judge: name the workdirs (or folders holding them), or --serve to read them from stdin",
+              file=sys.stderr)
+        return 2
     out = Path(args.out).resolve()
     try:
         written = judge.run(args.paths, options, out=out, ray=args.ray, resume=args.resume, progress=Progress(0))
@@ -255,7 +268,7 @@ def _judge_parser(sub) -> None:
                        "shared) and perf (alone on its GPU), each a fresh process with a time limit on a private copy. "
                        "Arguments after `--` go to every pytest child (e.g. -- --cudaopt-device=cpu). Exit 0 all "
                        "passed, 1 some failed, 2 bad arguments, 3 some could not be judged.")
-    p.add_argument("paths", nargs="+", help="workdirs, or folders holding workdirs")
+    p.add_argument("paths", nargs="*", help="workdirs, or folders holding workdirs")
     p.add_argument("--gpus", default=None, help="GPU indices to use, comma separated (default: all visible)")
     p.add_argument("--cpu-slots", type=int, default=2,
                    help="slots for CPU workdirs (--cudaopt-device=cpu after --); default 2")
@@ -286,6 +299,12 @@ def _judge_parser(sub) -> None:
                    "judge's that imported torch once)")
     p.add_argument("--env", action="append", default=[], metavar="NAME",
                    help="an environment variable the children keep (the environment is scrubbed otherwise)")
+    p.add_argument("--serve", action="store_true", help="a warm service: read one workdir a line from stdin (a path, "
+                   "or {\"path\": ..., \"id\": ...}), write each one's JSON line to stdout as it finishes; end of "
+                   "input drains, SIGTERM cancels what is queued (exit 143)")
+    p.add_argument("--backstop", type=float, default=None, metavar="S", help="with --serve: seconds a workdir may "
+                   "take from its first stage to its line, whatever its children do (default: the stages' limits "
+                   "added up, plus 60)")
     p.set_defaults(func=cmd_judge, pytest_args=[])
 
 

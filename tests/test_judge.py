@@ -247,3 +247,16 @@ def test_judge_takes_any_number_of_paths_then_pytest_arguments_after_a_double_da
         paths=args.paths, extra=args.pytest_args, gpus=args.gpus) or 0)
     assert cli.main(["judge", "a", "b", "--gpus", "0,3", "--", "--cudaopt-device=cpu", "-x"]) == 0
     assert seen == {"paths": ["a", "b"], "extra": ["--cudaopt-device=cpu", "-x"], "gpus": "0,3"}
+
+
+def test_each_line_carries_its_id_and_its_time_queued_and_judging(judged):
+    """Ids: each workdir's place among those found, then the path that named none; the time from
+    the judge's start to a line is its queue time and its judging time."""
+    found = [json.loads(raw) for raw in judged["raw"]]
+    assert sorted(line["id"] for line in found) == list(range(len(found)))
+    assert next(line["id"] for line in found if Path(line["workdir"]).name == "empty") == len(found) - 1
+    for line in found:
+        seconds = line["seconds"]
+        assert seconds["total"] == pytest.approx(seconds["queued"] + seconds["judging"], abs=0.01)
+    honest = judged["lines"]["honest"]["seconds"]
+    assert honest["judging"] >= honest["build"] + honest["perf"] - 0.01

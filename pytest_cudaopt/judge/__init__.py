@@ -8,6 +8,9 @@ What it offers:
                                       cache_dir, all_stages, keep ...
   `run(paths, options, out=...)`      judge and write the lines to a JSON-lines file (`--resume`
                                       keeps the lines already there); `cudaopt judge` is this
+  `Service(options)`                  a warm judge for a loop: `submit(folder | tar bytes)` returns
+                                      a Future of the line; `close` drains, `stop` cancels
+                                      (`cudaopt judge --serve` is it on stdin and stdout: stdio.py)
   `find_workdirs`, `Scheduler`, `LINE_SCHEMA`, `STATUSES`
 
 Each workdir goes through four stages, each a child process with a time limit, on a private
@@ -31,6 +34,7 @@ from pytest_cudaopt.judge.engine import FAILED, PASSED, UNJUDGED, Judge, judge, 
 from pytest_cudaopt.judge.lines import LINE_SCHEMA, STATUSES
 from pytest_cudaopt.judge.options import Options
 from pytest_cudaopt.judge.scheduler import Scheduler
+from pytest_cudaopt.judge.service import Service
 
 __all__ = ["FAILED", "LINE_SCHEMA", "PASSED", "STATUSES", "UNJUDGED", "Judge", "Options", "Scheduler",
-           "find_workdirs", "judge", "run"]
+           "Service", "find_workdirs", "judge", "run"]

@@ -89,11 +89,14 @@ def pack(workdir: Path) -> tuple[bytes, str]:
 
 
 def unpack(data: bytes, dest: Path) -> None:
-    """Unpack `pack`'s bytes into `dest`: regular files only, no path leaving `dest`."""
+    """Unpack tar bytes (`pack`'s, or any tar, compressed or not) into `dest`: regular files
+    only (folders are made as needed), no path leaving `dest`."""
     dest.mkdir(parents=True)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
         for member in tar.getmembers():
             target = (dest / member.name).resolve()
+            if member.isdir() and (target == dest.resolve() or dest.resolve() in target.parents):
+                continue
             if not member.isfile() or dest.resolve() not in target.parents:
                 raise CopyError(f"refusing {member.name!r} in a shipped workdir: not a plain file inside it")
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -39,8 +39,10 @@ class Judge:
         return len(self.workdirs) + len(self.problems)
 
     def __iter__(self) -> Iterator[dict]:
-        for raw, why in self.problems:
-            yield line_module.unjudged(raw, result_key(raw, "", self.options), "error", why)
+        # each line's id: its workdir's place among those found (0, 1, ...), then the paths that named none
+        order = {str(w): n for n, w in enumerate(self.workdirs)}
+        for n, (raw, why) in enumerate(self.problems):
+            yield line_module.unjudged(raw, result_key(raw, "", self.options), "error", why, id=len(order) + n)
         todo = [w for w in self.workdirs if not self.skip or _key(w, self.options) not in self.skip]
         self.skipped = len(self.workdirs) - len(todo)
         if not todo:
@@ -57,13 +59,15 @@ class Judge:
                         again.append(Path(line["workdir"]))  # counted once: only its last attempt's line is yielded
                         continue
                     named.add(line["workdir"])
+                    line["id"] = order.get(line["workdir"], line.get("id"))
                     yield line
                 todo = again
         except Exception as exc:  # noqa: BLE001 - the judge's own failure: each workdir left still gets its line
             why = f"not judged: the judge failed before this workdir was judged: {type(exc).__name__}: {exc}"
             for workdir in todo:
                 if str(workdir) not in named:
-                    yield line_module.unjudged(str(workdir), result_key(str(workdir), "", self.options), "error", why)
+                    yield line_module.unjudged(str(workdir), result_key(str(workdir), "", self.options), "error", why,
+                                               id=order[str(workdir)])
 
     def _attempt(self, todo: list[Path]) -> Iterator[dict]:
         """One line per workdir of `todo`, judged once; the busy fractions and wall time add up."""

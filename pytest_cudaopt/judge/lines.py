@@ -98,9 +98,10 @@ def status_of(results: Sequence[StageResult]) -> tuple[str, str | None]:
 
 def assemble(*, workdir: str, key: str, content: str, results: Sequence[StageResult],
              seconds: dict[str, float], copy: str | None = None, status: str | None = None,
-             reason: str | None = None) -> dict[str, Any]:
+             reason: str | None = None, id: Any = None) -> dict[str, Any]:
     """The line of one workdir. `passed` is true only when every stage ran, ended normally and
-    its report said passed; `copy`: the private copy's path, replaced by `workdir` in the reports."""
+    its report said passed; `copy`: the private copy's path, replaced by `workdir` in the reports;
+    `id`: the submission's id (the caller's, else its number in the run)."""
     found_status, found_reason = status_of(results)
     status = status or found_status
     reason = reason if reason is not None else found_reason
@@ -109,7 +110,7 @@ def assemble(*, workdir: str, key: str, content: str, results: Sequence[StageRes
     passed = (status == "judged" and all(r.status == OK for r in results) and {"build", "policy", "check", "perf"} <= ran
               and report is not None and report.get("passed") is True and report.get("complete") is not False)
     line: dict[str, Any] = {
-        "schema": LINE_SCHEMA, "key": key, "workdir": workdir, "status": status, "passed": passed,
+        "schema": LINE_SCHEMA, "key": key, "id": id, "workdir": workdir, "status": status, "passed": passed,
         "blame": None if passed else blame_of(status, report), "reason": reason, "host": socket.gethostname(),
         "gpu": next((r.device for r in reversed(results) if r.device is not None), None),
         "devices": {r.stage: r.device for r in results if r.device is not None},
@@ -132,10 +133,13 @@ def blame_of(status: str, report: dict | None) -> str | None:
     return "candidate" if status in ("judged", "build-failed", "crashed", "timeout") else None
 
 
-def unjudged(workdir: str, key: str, status: str, reason: str, seconds: float = 0.0) -> dict[str, Any]:
-    """The line of a workdir that could not be judged (or whose judging was cancelled)."""
-    return assemble(workdir=workdir, key=key, content="", results=[], seconds={"total": seconds},
-                    status=status, reason=reason)
+def unjudged(workdir: str, key: str, status: str, reason: str, seconds: float = 0.0, id: Any = None,
+             queued: float | None = None) -> dict[str, Any]:
+    """The line of a workdir that could not be judged (or whose judging was cancelled): `seconds`
+    from its submission to this line, `queued` of them before its judging began (default: all)."""
+    queued = seconds if queued is None else queued
+    return assemble(workdir=workdir, key=key, content="", results=[], id=id, status=status, reason=reason,
+                    seconds={"queued": queued, "judging": seconds - queued, "total": seconds})
 
 
 def dumps(line: dict) -> str:

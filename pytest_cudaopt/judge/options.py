@@ -33,7 +33,8 @@ class Options:
     private copies go (None: a temporary folder); keep: leave the copies and logs there;
     fork: fork each stage's child from the pool's zygote (torch imported there once) rather than
     execute it; zygote: the address of that zygote, from which the children's workers are forked
-    too (worker/zygote.py)."""
+    too (worker/zygote.py); backstop: a service's limit on one workdir's judging, whatever its
+    children do (None: `backstop_s`, what its stages' own limits add up to, and a minute more)."""
 
     gpus: list[str] | None = None
     cpu_slots: int = 2
@@ -50,6 +51,7 @@ class Options:
     keep_env: list[str] = field(default_factory=list)
     grace: float = 10.0
     fork: bool = True
+    backstop: float | None = None
     zygote: str | None = None  # the zygote this host's pool forks its children and their workers from (set by LocalPool)
     recorded_device: str | None = None  # the device every workdir records (cudaopt_device in its ini; set by Judge)
     environment_retries: int = 2  # judge a workdir again, up to this many times, while the environment is to blame
@@ -66,6 +68,14 @@ class Options:
     def cpu_jobs(self) -> int:
         """Builds and policy checks at once on this host: `jobs`, else half its cores."""
         return default_jobs() if self.jobs is None else self.jobs
+
+    @property
+    def backstop_s(self) -> float:
+        """Seconds a service gives one workdir from its first stage's start to its line: `backstop`,
+        else the build's limit and four other stages' (a check may run twice), each with its grace, and 60 s."""
+        if self.backstop is not None:
+            return self.backstop
+        return self.build_timeout + self.grace + 4 * (self.timeout + self.grace) + 60.0
 
     def fingerprint(self) -> str:
         """What changes a verdict (pytest arguments, seed, stages): part of every result key."""

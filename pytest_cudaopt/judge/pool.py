@@ -23,7 +23,9 @@ from pytest_cudaopt.judge.scheduler import STAGES, Scheduler, Task
 from pytest_cudaopt.judge.stages import FAILED, OK, StageResult, run_stage, shortfall
 from pytest_cudaopt.worker import zygote
 
-_ADD, _CLOSE = object(), object()   # the events of a fed pool besides a stage's end
+# The events of a fed pool besides a stage's end: a workdir added, no more to come, one workdir's
+# children to end (a service's backstop), everything to end now (a service stopped).
+_ADD, _CLOSE, _ABANDON, _STOP = object(), object(), object(), object()
 
 
 def resolve_devices(options: Options) -> DeviceSet:
@@ -48,6 +50,9 @@ class Job:
     note: str = ""   # a check judged again alone: why
     name: str = ""   # as the caller named it
     key: str | None = None   # the result key the caller computed (a Ray driver's), else from the copy
+    id: object = None        # the submission's id in the line (as the caller gave it, else the index)
+    began: float | None = None   # when its first stage started (before: queued)
+    children: runner.Children = field(default_factory=runner.Children)   # its own, within the pool's
 
     @property
     def copy(self) -> Path:
@@ -89,15 +94,26 @@ class LocalPool:
         self._run_stage = run_stage
         self._events: queue.Queue = queue.Queue()   # (task, result) of a stage, or a workdir added, or CLOSED
 
-    def add(self, workdir: Path, name: str | None = None, key: str | None = None) -> None:
-        """One more workdir for a `fed` pool (`key`: its result key, where the caller computed it)."""
+    def add(self, workdir: Path, name: str | None = None, key: str | None = None, id: object = None,
+            submitted: float | None = None) -> None:
+        """One more workdir for a `fed` pool (`key`: its result key, where the caller computed it;
+        `id`: the line's id; `submitted`: the monotonic time its queue time counts from)."""
         if not self.fed:
             raise ValueError("workdirs are added only to a pool made with fed=True")
-        self._events.put((_ADD, (Path(workdir), name if name is not None else str(workdir), key)))
+        self._events.put((_ADD, (Path(workdir), name if name is not None else str(workdir), key, id, submitted)))
 
     def close(self) -> None:
         """No more workdirs: `lines()` ends once those added have their lines."""
         self._events.put((_CLOSE, None))
+
+    def abandon(self, id: object) -> None:
+        """End the children of the workdir added with `id` (its line, when it comes, says how it ended)."""
+        self._events.put((_ABANDON, id))
+
+    def stop(self, why: str) -> None:
+        """End every child now; every workdir without its line gets a `cancelled` one (`why`: what
+        stopped it, e.g. "the service was stopped"), and `lines()` ends."""
+        self._events.put((_STOP, why))
 
     def lines(self) -> Iterator[dict]:
         if not self.devices.names:
@@ -116,7 +132,7 @@ class LocalPool:
                               memory=self.devices.memory)
         jobs: dict[int, Job] = {}
         for workdir, name in zip(self.workdirs, self.names):
-            self._new_job(scheduler, jobs, scratch, workdir, name, None)
+            self._new_job(scheduler, jobs, scratch, workdir, name, None, None, None)
         offered = self._offer_zygote()
         start = time.monotonic()
         try:
@@ -148,12 +164,15 @@ class LocalPool:
         self.options = dataclasses.replace(self.options, zygote=name)
         return proc
 
-    @staticmethod
-    def _new_job(scheduler: Scheduler, jobs: dict[int, Job], scratch: Path, workdir: Path, name: str,
-                 key: str | None) -> None:
+    def _new_job(self, scheduler: Scheduler, jobs: dict[int, Job], scratch: Path, workdir: Path, name: str,
+                 key: str | None, id: object, submitted: float | None) -> None:
         index = len(jobs)
-        jobs[index] = Job(index, workdir, scratch / f"{index:05d}", _problem(workdir), name=name, key=key)
-        scheduler.add(index, jobs[index].problem)
+        job = Job(index, workdir, scratch / f"{index:05d}", _problem(workdir), name=name, key=key,
+                  id=index if id is None else id, children=runner.Children(self.children))
+        if submitted is not None:
+            job.started = submitted
+        jobs[index] = job
+        scheduler.add(index, job.problem)
 
     def _loop(self, scheduler: Scheduler, jobs: dict[int, Job], scratch: Path) -> Iterator[dict]:
         done: set[int] = set()
@@ -161,6 +180,8 @@ class LocalPool:
         try:
             while not (closed and scheduler.done):
                 for task in scheduler.ready():
+                    if jobs[task.job].began is None:
+                        jobs[task.job].began = time.monotonic()
                     self.on_event("start", jobs[task.job], task)
                     threading.Thread(target=self._work, args=(jobs[task.job], task, self._events),
                                      daemon=True).start()
@@ -171,16 +192,31 @@ class LocalPool:
                 if task is _ADD:
                     self._new_job(scheduler, jobs, scratch, *result)
                     continue
+                if task is _ABANDON:
+                    for job in jobs.values():
+                        if job.id == result and job.index not in done:
+                            threading.Thread(target=job.children.stop_all, daemon=True).start()
+                    continue
+                if task is _STOP:
+                    self.children.stop_all()
+                    yield from self._cancelled(jobs, done, result)
+                    return
                 line = self._finished(scheduler, jobs[task.job], task, result)
                 if line is not None:
                     done.add(task.job)
                     yield line
         except KeyboardInterrupt:
             self.children.stop_all()
-            for job in jobs.values():
-                if job.index not in done:
-                    yield self._line(job, status="cancelled", reason="the judge was interrupted before this workdir's end")
+            yield from self._cancelled(jobs, done, "the judge was interrupted")
             raise
+
+    def _cancelled(self, jobs: dict[int, Job], done: set[int], why: str) -> Iterator[dict]:
+        """A `cancelled` line for every workdir that has none yet, saying whether it was being judged."""
+        for job in jobs.values():
+            if job.index not in done:
+                done.add(job.index)
+                when = "before this workdir's judging began" if job.began is None else "while this workdir was judged"
+                yield self._line(job, status="cancelled", reason=f"{why} {when}")
 
     def _work(self, job: Job, task: Task, events: queue.Queue) -> None:
         try:
@@ -190,7 +226,7 @@ class LocalPool:
                 job.content = copies.private_copy(job.workdir, job.copy)
                 job.seconds["copy"] = time.monotonic() - copied
             result = (self._run_stage or run_stage)(task.stage, job.copy, job.out, self.devices, task.device,
-                                                    self.options, self.children)
+                                                    self.options, job.children)
         except (OSError, copies.CopyError) as exc:
             result = StageResult(task.stage, "error", reason=f"could not {'copy' if task.stage == 'build' else 'run'} "
                                                                f"{job.workdir}: {exc}")
@@ -235,10 +271,12 @@ class LocalPool:
                 f"shortfall is this workdir's: {message.splitlines()[0]}")
 
     def _line(self, job: Job, status: str | None = None, reason: str | None = None) -> dict:
-        name = job.name
-        job.seconds["total"] = time.monotonic() - job.started
+        name, now = job.name, time.monotonic()
+        # queued: from its submission to its first stage; judging: from there to this line
+        began = job.began if job.began is not None else now
+        job.seconds.update(queued=began - job.started, judging=now - began, total=now - job.started)
         key = job.key or result_key(name, job.content, self.options)
-        return lines.assemble(workdir=name, key=key, content=job.content,
+        return lines.assemble(workdir=name, key=key, content=job.content, id=job.id,
                               results=job.results, seconds=job.seconds, copy=str(job.copy), status=status,
                               reason=reason)
 

@@ -39,22 +39,28 @@ class Outcome:
 
 
 class Children:
-    """The running children, so that an interrupted judge ends them all (by their groups)."""
+    """The running children, so that an interrupted judge ends them all (by their groups).
+    `parent`: a wider set that each child joins too (one workdir's children within the pool's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, parent: "Children | None" = None) -> None:
         self._lock = threading.Lock()
         self._procs: set[subprocess.Popen] = set()
         self.stopping = False
+        self.parent = parent
 
     def add(self, proc: subprocess.Popen) -> None:
         with self._lock:
             self._procs.add(proc)
             if self.stopping:
                 _end_group(proc, signal.SIGTERM)
+        if self.parent is not None:
+            self.parent.add(proc)
 
     def remove(self, proc: subprocess.Popen) -> None:
         with self._lock:
             self._procs.discard(proc)
+        if self.parent is not None:
+            self.parent.remove(proc)
 
     def stop_all(self) -> None:
         with self._lock:
