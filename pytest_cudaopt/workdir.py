@@ -296,7 +296,7 @@ class Workdir:
     def copy_state(self, model: torch.nn.Module, model_new: Any) -> None:
         """Load Model's state dict into ModelNew, strict: the same keys, the same shapes; its
         non-persistent buffers too."""
-        if hasattr(model_new, "load_state"):  # a worker.RemoteModel: checked and loaded there
+        if self.worker is not None:  # ModelNew is a worker.RemoteModel: checked and loaded there
             from pytest_cudaopt.worker import WorkerError
 
             try:

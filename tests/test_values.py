@@ -113,7 +113,7 @@ def test_a_tf32_kernel_passes_every_family_where_the_values_leave_attention_ill_
         if family not in (values.MODEL, "spikes"):
             applied.base_scale = values.output_scale(model(*base))
         expected = model(*inputs)
-        trial = guards.Trial(model=model, model_new=None, model64=None, workdir=Path("."), extension=None,
+        trial = guards.Trial(model=model, model_new=None, model64=None, workdir=Path("."),
                              device=torch.device("cpu"), atol=1e-2, rtol=1e-2, input_names=["x"])
         _, precision = family_case.judge(applied, trial, inputs, model(inputs[0], _tf32), expected)
         assert precision.tier == "tf32-like", precision.describe()

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Mapping, Protocol, Sequence
+from typing import Any, Callable, ContextManager, Mapping, NamedTuple, Protocol, Sequence
 
 import torch
 import torch.autograd.profiler
 
 from pytest_cudaopt.perf.stats import median
-from pytest_cudaopt.perf.remote_runs import RemoteRun, batches, no_scope, remote_batches, time_remote
+from pytest_cudaopt.worker.candidate import Candidate
 from pytest_cudaopt.worker.timing import TimingError  # noqa: F401 - raised here, imported from here
 
 # What measures a contender is bound here, when this module is first imported (the plugin's
@@ -116,10 +116,69 @@ class GpuLead:
 #                    each figure is the time between two events on the GPU;
 #   time(key, run)   latency: one call from an idle device, the host's launches included, with
 #                    a device-wide synchronise after it (the wall-clock escape check).
-# `runs` are (key, run, scope) with `scope()` a context manager entered around the call.
+# `runs` are Runs: (key, run, scope, call) with `scope()` a context manager entered around the
+# call, `call` the CandidateCall of a candidate's run (timed by the candidate, `time_calls`).
 # queue returns, per run and in order, a Sample or the exception the call raised.
 
-Run = tuple[str, Callable[[], Any], Callable[[], ContextManager]]
+
+@dataclass(frozen=True)
+class CandidateCall:
+    """A call of the candidate (worker.candidate.Candidate): a clock times the consecutive calls
+    of one contender as a batch (`Candidate.time_batch`), the candidate's figures checked against
+    this process's clock around it. Called directly, an untimed call (a warm-up)."""
+
+    candidate: Candidate
+    args: Sequence[Any]
+    keep: bool = True   # an unchecked call of a queued pass drops its output
+
+    def __call__(self) -> Any:
+        output = self.candidate(*self.args)
+        return output if self.keep else None
+
+    def dropped(self) -> "CandidateCall":
+        return CandidateCall(self.candidate, self.args, keep=False)
+
+
+class Run(NamedTuple):
+    key: str
+    run: Callable[[], Any]
+    scope: Callable[[], ContextManager]
+    call: CandidateCall | None = None   # a candidate's run (`run` is this call)
+
+
+def batches(runs: Sequence[Run]) -> list[list[Run]]:
+    """Consecutive runs of one contender: the batches of a queued pass."""
+    found: list[list[Run]] = []
+    for run in runs:
+        if found and found[-1][0].key == run.key:
+            found[-1].append(run)
+        else:
+            found.append([run])
+    return found
+
+
+def candidate_batches(runs: Sequence[Run]) -> list[list[int]]:
+    """The indices of each batch of candidate runs (consecutive runs of one candidate contender)."""
+    found: list[list[int]] = []
+    for i, run in enumerate(runs):
+        if run.call is None:
+            continue
+        if found and found[-1][-1] == i - 1 and runs[i - 1].key == run.key:
+            found[-1].append(i)
+        else:
+            found.append([i])
+    return found
+
+
+def time_calls(calls: Sequence[CandidateCall]) -> list[Any]:
+    """One batch of a candidate's calls (`Candidate.time_batch`): a Sample per call (its output
+    dropped where the call does not keep it), or the exception for every call of the batch."""
+    try:
+        timed = calls[0].candidate.time_batch([list(c.args) for c in calls])
+    except Exception as exc:
+        return [exc] * len(calls)
+    return [Sample(seconds=seconds, wall=seconds, escaped=0.0, output=output if c.keep else None)
+            for c, (output, seconds) in zip(calls, timed)]
 
 
 class Clock(Protocol):
@@ -128,6 +187,10 @@ class Clock(Protocol):
     name: str
     flush_bytes: int
     escape_floor: float
+    graphs: bool                # a contender's calls replay a captured CUDA graph
+    max_batch: int | None       # the most calls of a contender a queued pass holds (None: the engine's)
+    queued_rounds: int          # queued passes so far ...
+    behind_rounds: int          # ... and those where the host fell behind the device
 
     def now(self) -> float: ...
 
@@ -137,7 +200,7 @@ class Clock(Protocol):
 
     def queue(self, runs: Sequence[Run]) -> list[Any]: ...
 
-    def time(self, key: str, run: Callable[[], Any]) -> Sample: ...
+    def time(self, key: str, run: Callable[[], Any], call: CandidateCall | None = None) -> Sample: ...
 
 
 class CudaClock:
@@ -208,8 +271,6 @@ class CudaClock:
 
     def runner(self, fn: Callable[..., Any], scope: Callable[[], ContextManager],
                args: Sequence[Any]) -> Callable[[], Any]:
-        if hasattr(fn, "time_batch"):
-            return RemoteRun(fn, args)
         if not self.graphs:
             return lambda: fn(*args)
         graph = _CUDAGraph()
@@ -232,14 +293,13 @@ class CudaClock:
         return min(self.max_lead, max(self.min_lead, 1.5 * max(self._hosts) + 100e-6))
 
     def queue(self, runs: Sequence[Run]) -> list[Any]:
-        """Device time of each run; a worker's ModelNew (its runs `RemoteRun`s) is timed as a
-        batch by the worker, after this process's runs of the pass and an L2 flush of this
-        process's."""
-        local = [i for i, r in enumerate(runs) if not isinstance(r[1], RemoteRun)]
+        """Device time of each run; the candidate's runs are timed as a batch by the candidate
+        (`time_calls`), after this process's runs of the pass and an L2 flush of this process's."""
+        local = [i for i, r in enumerate(runs) if r.call is None]
         found = dict(zip(local, self._queue_local([runs[i] for i in local]))) if local else {}
-        for indices in remote_batches(runs):
+        for indices in candidate_batches(runs):
             self.flush()
-            found.update(zip(indices, time_remote([runs[i] for i in indices], _remote_sample)))
+            found.update(zip(indices, time_calls([runs[i].call for i in indices])))
         return [found[i] for i in range(len(runs))]
 
     def _queue_local(self, runs: Sequence[Run]) -> list[Any]:
@@ -258,7 +318,7 @@ class CudaClock:
             self.flush()
             before = next(events)
             _event_record(before, stream)
-            for key, run, scope in batch:
+            for key, run, scope, _ in batch:
                 after = next(events)
                 try:
                     with scope():
@@ -287,11 +347,11 @@ class CudaClock:
             samples.append(Sample(seconds=seconds, wall=seconds, escaped=0.0, output=outcome))
         return samples
 
-    def time(self, key: str, run: Callable[[], Any]) -> Sample:
+    def time(self, key: str, run: Callable[[], Any], call: CandidateCall | None = None) -> Sample:
         _device_synchronize()
-        if isinstance(run, RemoteRun):  # a batch of one, in the worker
+        if call is not None:  # a batch of one, timed by the candidate
             self.flush()
-            return time_remote([(key, run, no_scope)], _remote_sample)[0]
+            return _first(time_calls([call]))
         self.flush()
         _device_synchronize()
         stream = _current_stream(self.device)
@@ -311,19 +371,21 @@ class CudaClock:
         return Sample(seconds=seconds, wall=t2 - t0, escaped=t2 - t1, output=output)
 
 
-def _remote_sample(seconds: float, output: Any) -> Sample:
-    return Sample(seconds=seconds, wall=seconds, escaped=0.0, output=output)
+def _first(samples: list[Any]) -> Sample:
+    if isinstance(samples[0], BaseException):
+        raise samples[0]
+    return samples[0]
 
 
 def _queue_each(runs: Sequence[Run], time_one: Callable[[str, Callable[[], Any]], Sample]) -> list[Any]:
-    """`queue` for clocks without a device: each run timed alone, a worker's as batches."""
-    remote = {i: batch for batch in remote_batches(runs) for i in batch}
+    """`queue` for clocks without a device: each run timed alone, a candidate's as batches."""
+    grouped = {i: batch for batch in candidate_batches(runs) for i in batch}
     samples: dict[int, Any] = {}
-    for i, (key, run, scope) in enumerate(runs):
+    for i, (key, run, scope, _) in enumerate(runs):
         if i in samples:
             continue
-        if i in remote:
-            samples.update(zip(remote[i], time_remote([runs[j] for j in remote[i]], _remote_sample)))
+        if i in grouped:
+            samples.update(zip(grouped[i], time_calls([runs[j].call for j in grouped[i]])))
             continue
         try:
             with scope():
@@ -341,6 +403,9 @@ class PerfCounterClock:
     name = "perf-counter"
     escape_floor = 0.0
     flush_bytes = 0
+    graphs = False
+    max_batch = None
+    queued_rounds = behind_rounds = 0
 
     def now(self) -> float:
         return _perf_counter()
@@ -353,16 +418,14 @@ class PerfCounterClock:
 
     def runner(self, fn: Callable[..., Any], scope: Callable[[], ContextManager],
                args: Sequence[Any]) -> Callable[[], Any]:
-        if hasattr(fn, "time_batch"):
-            return RemoteRun(fn, args)
         return lambda: fn(*args)
 
     def queue(self, runs: Sequence[Run]) -> list[Any]:
         return _queue_each(runs, self.time)
 
-    def time(self, key: str, run: Callable[[], Any]) -> Sample:
-        if isinstance(run, RemoteRun):  # the worker's figure, where it adds up to this wall time
-            return time_remote([(key, run, no_scope)], _remote_sample)[0]
+    def time(self, key: str, run: Callable[[], Any], call: CandidateCall | None = None) -> Sample:
+        if call is not None:  # the candidate's figure, checked against this process's clock
+            return _first(time_calls([call]))
         t0 = _perf_counter()
         output = run()
         seconds = _perf_counter() - t0
@@ -380,6 +443,9 @@ class FakeClock:
 
     name = "fake"
     flush_bytes = 0
+    graphs = False
+    max_batch = None
+    queued_rounds = behind_rounds = 0
 
     def __init__(self, durations: Mapping[str, Any], *, escaped: Mapping[str, Any] | None = None,
                  latency: Mapping[str, Any] | None = None, default: float | None = None,
@@ -421,7 +487,7 @@ class FakeClock:
 
         return _queue_each(runs, one)
 
-    def time(self, key: str, run: Callable[[], Any]) -> Sample:
+    def time(self, key: str, run: Callable[[], Any], call: CandidateCall | None = None) -> Sample:
         output = run()
         self.calls.append(key)
         seconds = self._next(self.latencies, key)
