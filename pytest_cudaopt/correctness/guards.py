@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 

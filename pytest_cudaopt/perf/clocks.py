@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Mapping, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, ContextManager, Mapping, Protocol, Sequence
 
 import torch
 import torch.autograd.profiler
 
+from pytest_cudaopt.perf.runs import CandidateCall, Run, Sample, batches, candidate_batches, time_calls
 from pytest_cudaopt.perf.stats import median
-from pytest_cudaopt.worker.candidate import Candidate
 from pytest_cudaopt.worker.timing import TimingError  # noqa: F401 - raised here, imported from here
 
 # What measures a contender is bound here, when this module is first imported (the plugin's
@@ -64,19 +64,6 @@ def tampered() -> list[str]:
 
 
 
-@dataclass(frozen=True)
-class Sample:
-    """One timed run: `seconds` measured by the clock (CUDA events on device), `wall` the
-    host time from before the call to the end of a device-wide synchronise, `escaped` the
-    host time the device stayed busy after the measured stream had finished."""
-
-    seconds: float
-    wall: float
-    escaped: float
-    output: Any = None
-
-
-
 class GpuLead:
     """Keeps the host ahead of the GPU: `enqueue(seconds)` puts a kernel that spins for
     about that long on the current stream, so whatever the host enqueues meanwhile runs back
@@ -119,66 +106,6 @@ class GpuLead:
 # `runs` are Runs: (key, run, scope, call) with `scope()` a context manager entered around the
 # call, `call` the CandidateCall of a candidate's run (timed by the candidate, `time_calls`).
 # queue returns, per run and in order, a Sample or the exception the call raised.
-
-
-@dataclass(frozen=True)
-class CandidateCall:
-    """A call of the candidate (worker.candidate.Candidate): a clock times the consecutive calls
-    of one contender as a batch (`Candidate.time_batch`), the candidate's figures checked against
-    this process's clock around it. Called directly, an untimed call (a warm-up)."""
-
-    candidate: Candidate
-    args: Sequence[Any]
-    keep: bool = True   # an unchecked call of a queued pass drops its output
-
-    def __call__(self) -> Any:
-        output = self.candidate(*self.args)
-        return output if self.keep else None
-
-    def dropped(self) -> "CandidateCall":
-        return CandidateCall(self.candidate, self.args, keep=False)
-
-
-class Run(NamedTuple):
-    key: str
-    run: Callable[[], Any]
-    scope: Callable[[], ContextManager]
-    call: CandidateCall | None = None   # a candidate's run (`run` is this call)
-
-
-def batches(runs: Sequence[Run]) -> list[list[Run]]:
-    """Consecutive runs of one contender: the batches of a queued pass."""
-    found: list[list[Run]] = []
-    for run in runs:
-        if found and found[-1][0].key == run.key:
-            found[-1].append(run)
-        else:
-            found.append([run])
-    return found
-
-
-def candidate_batches(runs: Sequence[Run]) -> list[list[int]]:
-    """The indices of each batch of candidate runs (consecutive runs of one candidate contender)."""
-    found: list[list[int]] = []
-    for i, run in enumerate(runs):
-        if run.call is None:
-            continue
-        if found and found[-1][-1] == i - 1 and runs[i - 1].key == run.key:
-            found[-1].append(i)
-        else:
-            found.append([i])
-    return found
-
-
-def time_calls(calls: Sequence[CandidateCall]) -> list[Any]:
-    """One batch of a candidate's calls (`Candidate.time_batch`): a Sample per call (its output
-    dropped where the call does not keep it), or the exception for every call of the batch."""
-    try:
-        timed = calls[0].candidate.time_batch([list(c.args) for c in calls])
-    except Exception as exc:
-        return [exc] * len(calls)
-    return [Sample(seconds=seconds, wall=seconds, escaped=0.0, output=output if c.keep else None)
-            for c, (output, seconds) in zip(calls, timed)]
 
 
 class Clock(Protocol):

@@ -8,7 +8,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Sequence
 
-from pytest_cudaopt.perf.clocks import CandidateCall, Clock, Run, Sample, TimingError
+from pytest_cudaopt.perf.clocks import Clock, TimingError
+from pytest_cudaopt.perf.runs import CandidateCall, Run, Sample
 from pytest_cudaopt.perf.feed import Call, Feed
 from pytest_cudaopt.perf.measurement import ContenderResult, Measurement
 from pytest_cudaopt.perf.stats import format_seconds, median, relative_standard_error

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from pytest_cudaopt.perf.clocks import CandidateCall, host_time
+from pytest_cudaopt.perf.clocks import host_time
+from pytest_cudaopt.perf.runs import CandidateCall
 from pytest_cudaopt.tensors import clone_inputs
 
 
