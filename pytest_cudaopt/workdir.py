@@ -341,12 +341,6 @@ def _non_persistent(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return found
 
 
-def copy_non_persistent_buffers(model: torch.nn.Module, model_new: torch.nn.Module,
-                                model_file: str = "model.py", model_new_file: str = "model_new.py") -> None:
-    """Model's non-persistent buffers into ModelNew's (`copy_buffers`), both in this process."""
-    copy_buffers(_non_persistent(model), model_new, model_file, model_new_file)
-
-
 def copy_buffers(ours: dict[str, torch.Tensor], model_new: torch.nn.Module,
                  model_file: str = "model.py", model_new_file: str = "model_new.py") -> None:
     """Copy Model's non-persistent buffers (`ours`) into ModelNew's buffers of the same name, so

@@ -21,9 +21,8 @@ class Candidate(Protocol):
         """The scope in which this process allocates the tensors it hands the candidate."""
 
     def checked_call(self, inputs: list, allowed: frozenset[str], names: list[str] | None) -> dict:
-        """A correctness call: `output`, `audit` (descriptions of the ops it ran outside the
-        allow-list and `allowed`) and `guard` ((check, message) of an output that is no fresh
-        tensor, else None)."""
+        """A correctness call: `output`, `audit` (the ops it ran outside the allow-list and
+        `allowed`), `guard` ((check, message) of an output that is no fresh tensor, else None)."""
 
     def state_dict(self) -> dict:
         """ModelNew's parameters and buffers, in this process's memory."""
@@ -35,8 +34,7 @@ class Candidate(Protocol):
         """ModelNew on each input set, back to back: (output, seconds) per set."""
 
     def trace_events(self, inputs: list, lead: float, flush_bytes: int | None) -> tuple[list, bool]:
-        """One profiled call (perf.trace.Tracer's): its Chrome-trace events, and whether the
-        host stayed ahead of the device."""
+        """One profiled call: its Chrome-trace events, and whether the host stayed ahead."""
 
     def timing_failure(self) -> str:
         """Why the speed verdict cannot rest on this candidate's figures ("" when it can)."""

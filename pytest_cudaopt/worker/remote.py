@@ -305,10 +305,6 @@ class RemoteModel(Candidate):
                          "for the device, as a synchronise, .item() or an allocation from the driver does, "
                          "or it launches more kernels than CUDA queues on a stream that waits)")
 
-    @property
-    def timed_calls(self) -> int:
-        return self.clock.timed_calls
-
     def timing_failure(self) -> str:
         """Why the speed verdict cannot rest on this model's figures ("" when it can): its timer
         under-reports (timing.ClockAudit.failure), or on a GPU its calls could not be checked
@@ -326,11 +322,11 @@ class RemoteModel(Candidate):
         if raised and counted > 1.01 * own and not self.clock.failure():
             # An honest batch now and then runs past its allowance (a late wakeup, a slow context
             # switch): counted at the judging process's time less the allowance, and said.
-            notes.append(f"{len(raised)} of {self.timed_calls} timed calls took longer by the judging process's clock "
+            notes.append(f"{len(raised)} of {self.clock.timed_calls} timed calls took longer by the judging process's clock "
                          f"than ModelNew's own timer said, past the allowance for timing noise: those count the "
                          f"judging process's time less that allowance (up to {max(raised) * 1e6:.1f} us more a call)")
         off = self.gate_off
-        if not off and self.device.startswith("cuda") and self.timed_calls and self.worker.stream_gate is None:
+        if not off and self.device.startswith("cuda") and self.clock.timed_calls and self.worker.stream_gate is None:
             off = f"the worker has no gate ({self.worker.stream_gate_error or 'none set up'})"
         if off:
             notes.append(f"timed by the round trip, not behind the gate: {off}")
