@@ -412,7 +412,7 @@ class FakeClock:
             self.virtual += seconds + self.overhead
             return Sample(seconds=seconds, wall=seconds, escaped=0.0, output=output)
 
-        return _queue_each(runs, one)
+        return _queue_each([Run(r.key, r.run, r.scope) for r in runs], one)   # every figure scripted
 
     def time(self, key: str, run: Callable[[], Any], call: CandidateCall | None = None) -> Sample:
         output = run()
