@@ -296,7 +296,7 @@ class Workdir:
     def copy_state(self, model: torch.nn.Module, model_new: Any) -> None:
         """Load Model's state dict into ModelNew, strict: the same keys, the same shapes; its
         non-persistent buffers too."""
-        if hasattr(model_new, "load_state"):  # a worker.RemoteModel: checked and loaded there
+        if self.worker is not None:  # ModelNew is a worker.RemoteModel: checked and loaded there
             from pytest_cudaopt.worker import WorkerError
 
             try:
@@ -339,12 +339,6 @@ def _non_persistent(module: torch.nn.Module) -> dict[str, torch.Tensor]:
             if buffer is not None:
                 found[f"{prefix}.{name}" if prefix else name] = buffer
     return found
-
-
-def copy_non_persistent_buffers(model: torch.nn.Module, model_new: torch.nn.Module,
-                                model_file: str = "model.py", model_new_file: str = "model_new.py") -> None:
-    """Model's non-persistent buffers into ModelNew's (`copy_buffers`), both in this process."""
-    copy_buffers(_non_persistent(model), model_new, model_file, model_new_file)
 
 
 def copy_buffers(ours: dict[str, torch.Tensor], model_new: torch.nn.Module,

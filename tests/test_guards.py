@@ -12,6 +12,7 @@ import types
 import pytest
 import torch
 
+from doubles import LocalCandidate
 from support import subprocess_env
 
 from pytest_cudaopt import watchdog
@@ -154,8 +155,8 @@ def trial(workdir, cls_name: str, **options) -> tuple[guards.Trial, list]:
     candidate = getattr(workdir, cls_name)()
     candidate.load_state_dict(model.state_dict())
     model.eval(), candidate.eval()
-    t = guards.Trial(model=model, model_new=candidate, model64=precision.float64_copy(model),
-                     workdir=workdir.path, extension=None, device=torch.device("cpu"),
+    t = guards.Trial(model=model, model_new=LocalCandidate(candidate, workdir=workdir.path),
+                     model64=precision.float64_copy(model), workdir=workdir.path, device=torch.device("cpu"),
                      atol=1e-2, rtol=1e-2, input_names=["x"], **options)
     return t, [torch.randn(4, 8)]
 

@@ -113,6 +113,59 @@ def test_the_correctness_verdict_never_imports_the_speed_verdict():
     assert not found, "\n".join(found)
 
 
+JUDGING = ("pytest_cudaopt.correctness", "pytest_cudaopt.perf", "pytest_cudaopt.policy", "pytest_cudaopt.judge")
+# What hasattr/getattr may look into in the judging packages: modules, functions, exceptions, syntax
+# nodes, settings; never ModelNew, its worker, a contender's callable, a run or a clock (those are
+# typed: worker.candidate.Candidate, perf.clocks.Clock).
+ATTRIBUTE_PROBES = frozenset({
+    "module", "func", "builtin", "owner", "obj", "torch", "torch._C", "torch.cuda", "torch.Tensor", "builtins",
+    "ast", "exc", "node", "comparison", "settings", "self.stream", "_device_properties(self.device)",
+    "torch.cuda.get_device_properties(self.device)"})
+# The judging packages reach worker/ through the Candidate Protocol and the timing rule; besides
+# them: the memory-safety child confines itself as a worker does (it runs the candidate), and the
+# judge's pool forks workers from its zygote.
+WORKER_IMPORTS = {"pytest_cudaopt.worker.candidate", "pytest_cudaopt.worker.timing"}
+WORKER_IMPORTS_BESIDES = {("pytest_cudaopt.correctness.sanitized_call", "pytest_cudaopt.worker.sandbox"),
+                          ("pytest_cudaopt.judge.pool", "pytest_cudaopt.worker.zygote"),
+                          ("pytest_cudaopt.judge.runner", "pytest_cudaopt.worker.zygote"),
+                          ("pytest_cudaopt.judge.stages", "pytest_cudaopt.worker.zygote")}
+
+
+def _attribute_probes(path: Path) -> list[tuple[int, str]]:
+    """(line, first argument) of every hasattr/getattr call in a module."""
+    return [(node.lineno, ast.unparse(node.args[0])) for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id in ("hasattr", "getattr") and node.args]
+
+
+def test_the_verdicts_probe_no_candidate_object_with_hasattr_or_getattr():
+    found = [f"{path.relative_to(PACKAGE.parent)}:{line}: getattr/hasattr on {target}"
+             for name, path in MODULES.items() if name.startswith(JUDGING)
+             for line, target in _attribute_probes(path) if target not in ATTRIBUTE_PROBES]
+    assert not found, "\n".join(found)
+
+
+def test_the_attribute_probe_scan_finds_a_seam_on_a_candidate(tmp_path):
+    seam = tmp_path / "seam.py"
+    seam.write_text("def f(trial, module):\n    getattr(module, '__file__', None)\n"
+                    "    return hasattr(trial.model_new, 'checked_call') or getattr(run, 'dropped', None)\n")
+    assert [t for _, t in _attribute_probes(seam) if t not in ATTRIBUTE_PROBES] == ["trial.model_new", "run"]
+
+
+def _worker_imports(name: str, path: Path) -> set[str]:
+    found = set()
+    for module, names, _ in _imports(name, path):
+        targets = [f"{module}.{n}" for n in names] if module == "pytest_cudaopt.worker" else [module]
+        found.update(t for t in targets if t == "pytest_cudaopt.worker" or t.startswith("pytest_cudaopt.worker."))
+    return found
+
+
+def test_the_judging_packages_reach_the_worker_only_through_the_candidate_protocol_and_the_timing_rule():
+    found = {(name, module) for name, path in MODULES.items() if name.startswith(JUDGING)
+             for module in _worker_imports(name, path) if module not in WORKER_IMPORTS}
+    assert found == WORKER_IMPORTS_BESIDES
+
+
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_modules_and_functions_stay_short(name):
     path = MODULES[name]

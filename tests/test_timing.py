@@ -435,7 +435,7 @@ def test_an_error_in_a_queued_run_fails_that_contender_only():
         def queue(self, runs):
             out = super().queue(runs)
             return [RuntimeError("launch failed") if key == "bad" and len(self.calls) > 12 else o
-                    for (key, _, _), o in zip(runs, out)]
+                    for (key, *_), o in zip(runs, out)]
 
     m = measure([Contender("bad", doubler), Contender("good", doubler)], feed(checked=False),
                 clock=Failing({}, default=MS), config=quick())

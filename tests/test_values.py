@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from doubles import LocalCandidate
 from support import junit_cases, run_python
 from pytest_cudaopt.correctness import compare, values
 from pytest_cudaopt.correctness.precision import Precision, precision_tier
@@ -96,6 +97,17 @@ class _Attention(torch.nn.Module):
         return torch.softmax(r(q) @ r(q).transpose(-1, -2), dim=-1) @ r(q)
 
 
+class _Rounded(torch.nn.Module):
+    """The attention at TF32: the kernel the family judge sees."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x, _tf32)
+
+
 def _tf32(t: torch.Tensor) -> torch.Tensor:
     bits = t.float().contiguous().view(torch.int32)
     return ((bits + 0x1000) & ~0x1FFF).view(torch.float32).to(t.dtype)
@@ -113,7 +125,7 @@ def test_a_tf32_kernel_passes_every_family_where_the_values_leave_attention_ill_
         if family not in (values.MODEL, "spikes"):
             applied.base_scale = values.output_scale(model(*base))
         expected = model(*inputs)
-        trial = guards.Trial(model=model, model_new=None, model64=None, workdir=Path("."), extension=None,
+        trial = guards.Trial(model=model, model_new=LocalCandidate(_Rounded(model)), model64=None, workdir=Path("."),
                              device=torch.device("cpu"), atol=1e-2, rtol=1e-2, input_names=["x"])
         _, precision = family_case.judge(applied, trial, inputs, model(inputs[0], _tf32), expected)
         assert precision.tier == "tf32-like", precision.describe()

@@ -77,14 +77,6 @@ def _extra_allowed(settings) -> frozenset[str]:
     return frozenset(op.strip() for op in (settings.allow_ops or "").split(",") if op.strip())
 
 
-def _history(workdir: Workdir) -> guards.OutputHistory:
-    history = getattr(workdir, "output_history", None)
-    if history is None:
-        history = guards.OutputHistory()
-        workdir.output_history = history
-    return history
-
-
 def run_case(workdir: Workdir, settings, session, constants: dict[str, int], seed: int, label: str,
              replay: str = "", reference_decides: bool = False, moved: bool = False,
              family: str = values.MODEL) -> tuple[guards.CaseOutcome, list, list[str] | None]:
@@ -129,10 +121,10 @@ def _run_case(workdir: Workdir, settings, session, constants: dict[str, int], se
             inputs, applied = _family_inputs(model, inputs, family, guards.derive_seed(seed, "values", family), names)
         trial = guards.Trial(
             model=model, model_new=model_new, model64=None, workdir=workdir.path,
-            extension=workdir.extension, device=device, atol=settings.atol, rtol=settings.rtol,
+            device=device, atol=settings.atol, rtol=settings.rtol,
             max_rel_error=settings.max_rel_error,
             nondeterministic=workdir.nondeterministic or settings.nondeterministic,
-            extra_allowed=_extra_allowed(settings), history=_history(workdir), input_names=names,
+            extra_allowed=_extra_allowed(settings), input_names=names,
             judge_family=functools.partial(family_case.judge, applied) if applied else None)
         described = describe_inputs(inputs, names)
         footer = (f"\ncase: {label}; inputs {described}" + (f"\n{applied.describe()}" if applied else "")

@@ -5,11 +5,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,6 +21,7 @@ from pytest_cudaopt.correctness.poison import poisoned_memory
 from pytest_cudaopt.correctness.precision import Precision, run_float64
 from pytest_cudaopt.tensors import clone_inputs, clone_nest, describe_tensor, leaves
 from pytest_cudaopt.watchdog import harness_step
+from pytest_cudaopt.worker.candidate import Candidate, WorkerError, WorkerFailed
 
 
 class GuardFailure(AssertionError):
@@ -79,7 +79,7 @@ def check_inputs_unchanged(before: list, after: list, names: list[str] | None = 
                 f"a candidate must leave its inputs alone"))
 
 
-def check_state_unchanged(before: dict[str, torch.Tensor], model_new: torch.nn.Module,
+def check_state_unchanged(before: dict[str, torch.Tensor], model_new: Candidate,
                           file: str = "model_new.py") -> None:
     """ModelNew's parameters and buffers must be as they were before the call."""
     for name, now in model_new.state_dict().items():
@@ -94,7 +94,7 @@ def check_state_unchanged(before: dict[str, torch.Tensor], model_new: torch.nn.M
                 f"({count} elements; first at {list(index)}: {a:.6g} -> {b:.6g})"))
 
 
-def state_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def state_snapshot(model: Candidate) -> dict[str, torch.Tensor]:
     return {name: t.detach().clone() for name, t in model.state_dict().items() if isinstance(t, torch.Tensor)}
 
 
@@ -226,17 +226,15 @@ class Trial:
     """What a case needs besides its inputs: the models, the workdir, the tolerance."""
 
     model: torch.nn.Module
-    model_new: torch.nn.Module
+    model_new: Candidate
     model64: torch.nn.Module | None
     workdir: Path
-    extension: Any
     device: torch.device
     atol: float
     rtol: float
     max_rel_error: float = 1e-2
     nondeterministic: bool = False
     extra_allowed: frozenset[str] = frozenset()
-    history: OutputHistory = field(default_factory=OutputHistory)
     input_names: list[str] | None = None
     # A value-family case's comparison and precision (family.judge); None: model.py's own values.
     judge_family: Callable[..., tuple[compare.Comparison, Precision]] | None = None
@@ -280,32 +278,15 @@ def own_outputs(output: Any, inputs: list, names: list[str] | None = None, file:
     return clone_nest(output)
 
 
-def run_candidate(trial: Trial, inputs: list) -> Any:
-    """The candidate's call with its own checks (the op audit, fresh outputs): in the worker
-    for a worker.RemoteModel (its output copied here), else in this process (unit tests)."""
-    if hasattr(trial.model_new, "checked_call"):
-        return _run_remote(trial, inputs)
-    try:
-        output, audit, guard = call_locally(trial.model_new, inputs, trial.device, trial.workdir, trial.extension,
-                                            trial.extra_allowed, trial.history, trial.input_names)
-    except Exception as exc:
-        _raise_user_error(exc, trial.workdir, "ModelNew.forward", CandidateError)
-    check_audit([op.describe() for op in audit])
-    if guard is not None:
-        raise GuardFailure(*guard)
-    return output
-
-
 def for_candidate(trial: Trial, inputs: list) -> list:
-    """The candidate's working copy of the inputs (in the worker's sharing pool, for a worker)."""
-    worker = getattr(trial.model_new, "worker", None)
-    with (worker.sharing() if worker is not None else contextlib.nullcontext()):
+    """The candidate's working copy of the inputs, in its sharing scope (a worker's pool)."""
+    with trial.model_new.sharing():
         return clone_inputs(inputs)
 
 
-def _run_remote(trial: Trial, inputs: list) -> Any:
-    from pytest_cudaopt.worker import WorkerError, WorkerFailed
-
+def run_candidate(trial: Trial, inputs: list) -> Any:
+    """The candidate's call with its own checks (the op audit, fresh outputs, where it runs:
+    `Candidate.checked_call`), its output checked and copied into this process's memory."""
     try:
         reply = trial.model_new.checked_call(inputs, trial.extra_allowed, trial.input_names)
     except WorkerError as exc:
@@ -356,7 +337,6 @@ def run_case(trial: Trial, inputs: list) -> CaseOutcome:
     first = run_candidate(trial, first_inputs)
     check_inputs_unchanged(pristine, first_inputs, names, file)
     check_state_unchanged(state, trial.model_new, file)
-    trial.history.add(first)
     del first_inputs  # memory in proportion to the problem: one working copy at a time
 
     try:
@@ -369,7 +349,6 @@ def run_case(trial: Trial, inputs: list) -> CaseOutcome:
     second_inputs = for_candidate(trial, inputs)
     second = run_candidate(trial, second_inputs)
     check_inputs_unchanged(pristine, second_inputs, names, file)
-    trial.history.add(second)
     del second_inputs, pristine
     check_deterministic(first, second, trial.nondeterministic, trial.atol, trial.rtol, file)
     del second

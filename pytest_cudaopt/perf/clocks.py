@@ -9,8 +9,8 @@ from typing import Any, Callable, ContextManager, Mapping, Protocol, Sequence
 import torch
 import torch.autograd.profiler
 
+from pytest_cudaopt.perf.runs import CandidateCall, Run, Sample, batches, candidate_batches, time_calls
 from pytest_cudaopt.perf.stats import median
-from pytest_cudaopt.perf.remote_runs import RemoteRun, batches, no_scope, remote_batches, time_remote
 from pytest_cudaopt.worker.timing import TimingError  # noqa: F401 - raised here, imported from here
 
 # What measures a contender is bound here, when this module is first imported (the plugin's
@@ -64,19 +64,6 @@ def tampered() -> list[str]:
 
 
 
-@dataclass(frozen=True)
-class Sample:
-    """One timed run: `seconds` measured by the clock (CUDA events on device), `wall` the
-    host time from before the call to the end of a device-wide synchronise, `escaped` the
-    host time the device stayed busy after the measured stream had finished."""
-
-    seconds: float
-    wall: float
-    escaped: float
-    output: Any = None
-
-
-
 class GpuLead:
     """Keeps the host ahead of the GPU: `enqueue(seconds)` puts a kernel that spins for
     about that long on the current stream, so whatever the host enqueues meanwhile runs back
@@ -116,10 +103,9 @@ class GpuLead:
 #                    each figure is the time between two events on the GPU;
 #   time(key, run)   latency: one call from an idle device, the host's launches included, with
 #                    a device-wide synchronise after it (the wall-clock escape check).
-# `runs` are (key, run, scope) with `scope()` a context manager entered around the call.
+# `runs` are Runs: (key, run, scope, call) with `scope()` a context manager entered around the
+# call, `call` the CandidateCall of a candidate's run (timed by the candidate, `time_calls`).
 # queue returns, per run and in order, a Sample or the exception the call raised.
-
-Run = tuple[str, Callable[[], Any], Callable[[], ContextManager]]
 
 
 class Clock(Protocol):
@@ -128,6 +114,10 @@ class Clock(Protocol):
     name: str
     flush_bytes: int
     escape_floor: float
+    graphs: bool                # a contender's calls replay a captured CUDA graph
+    max_batch: int | None       # the most calls of a contender a queued pass holds (None: the engine's)
+    queued_rounds: int          # queued passes so far ...
+    behind_rounds: int          # ... and those where the host fell behind the device
 
     def now(self) -> float: ...
 
@@ -137,7 +127,7 @@ class Clock(Protocol):
 
     def queue(self, runs: Sequence[Run]) -> list[Any]: ...
 
-    def time(self, key: str, run: Callable[[], Any]) -> Sample: ...
+    def time(self, key: str, run: Callable[[], Any], call: CandidateCall | None = None) -> Sample: ...
 
 
 class CudaClock:
@@ -208,8 +198,6 @@ class CudaClock:
 
     def runner(self, fn: Callable[..., Any], scope: Callable[[], ContextManager],
                args: Sequence[Any]) -> Callable[[], Any]:
-        if hasattr(fn, "time_batch"):
-            return RemoteRun(fn, args)
         if not self.graphs:
             return lambda: fn(*args)
         graph = _CUDAGraph()
@@ -232,14 +220,13 @@ class CudaClock:
         return min(self.max_lead, max(self.min_lead, 1.5 * max(self._hosts) + 100e-6))
 
     def queue(self, runs: Sequence[Run]) -> list[Any]:
-        """Device time of each run; a worker's ModelNew (its runs `RemoteRun`s) is timed as a
-        batch by the worker, after this process's runs of the pass and an L2 flush of this
-        process's."""
-        local = [i for i, r in enumerate(runs) if not isinstance(r[1], RemoteRun)]
+        """Device time of each run; the candidate's runs are timed as a batch by the candidate
+        (`time_calls`), after this process's runs of the pass and an L2 flush of this process's."""
+        local = [i for i, r in enumerate(runs) if r.call is None]
         found = dict(zip(local, self._queue_local([runs[i] for i in local]))) if local else {}
-        for indices in remote_batches(runs):
+        for indices in candidate_batches(runs):
             self.flush()
-            found.update(zip(indices, time_remote([runs[i] for i in indices], _remote_sample)))
+            found.update(zip(indices, time_calls([runs[i].call for i in indices])))
         return [found[i] for i in range(len(runs))]
 
     def _queue_local(self, runs: Sequence[Run]) -> list[Any]:
@@ -258,7 +245,7 @@ class CudaClock:
             self.flush()
             before = next(events)
             _event_record(before, stream)
-            for key, run, scope in batch:
+            for key, run, scope, _ in batch:
                 after = next(events)
                 try:
                     with scope():
@@ -287,11 +274,11 @@ class CudaClock:
             samples.append(Sample(seconds=seconds, wall=seconds, escaped=0.0, output=outcome))
         return samples
 
-    def time(self, key: str, run: Callable[[], Any]) -> Sample:
+    def time(self, key: str, run: Callable[[], Any], call: CandidateCall | None = None) -> Sample:
         _device_synchronize()
-        if isinstance(run, RemoteRun):  # a batch of one, in the worker
+        if call is not None:  # a batch of one, timed by the candidate
             self.flush()
-            return time_remote([(key, run, no_scope)], _remote_sample)[0]
+            return _first(time_calls([call]))
         self.flush()
         _device_synchronize()
         stream = _current_stream(self.device)
@@ -311,19 +298,21 @@ class CudaClock:
         return Sample(seconds=seconds, wall=t2 - t0, escaped=t2 - t1, output=output)
 
 
-def _remote_sample(seconds: float, output: Any) -> Sample:
-    return Sample(seconds=seconds, wall=seconds, escaped=0.0, output=output)
+def _first(samples: list[Any]) -> Sample:
+    if isinstance(samples[0], BaseException):
+        raise samples[0]
+    return samples[0]
 
 
 def _queue_each(runs: Sequence[Run], time_one: Callable[[str, Callable[[], Any]], Sample]) -> list[Any]:
-    """`queue` for clocks without a device: each run timed alone, a worker's as batches."""
-    remote = {i: batch for batch in remote_batches(runs) for i in batch}
+    """`queue` for clocks without a device: each run timed alone, a candidate's as batches."""
+    grouped = {i: batch for batch in candidate_batches(runs) for i in batch}
     samples: dict[int, Any] = {}
-    for i, (key, run, scope) in enumerate(runs):
+    for i, (key, run, scope, _) in enumerate(runs):
         if i in samples:
             continue
-        if i in remote:
-            samples.update(zip(remote[i], time_remote([runs[j] for j in remote[i]], _remote_sample)))
+        if i in grouped:
+            samples.update(zip(grouped[i], time_calls([runs[j].call for j in grouped[i]])))
             continue
         try:
             with scope():
@@ -341,6 +330,9 @@ class PerfCounterClock:
     name = "perf-counter"
     escape_floor = 0.0
     flush_bytes = 0
+    graphs = False
+    max_batch = None
+    queued_rounds = behind_rounds = 0
 
     def now(self) -> float:
         return _perf_counter()
@@ -353,16 +345,14 @@ class PerfCounterClock:
 
     def runner(self, fn: Callable[..., Any], scope: Callable[[], ContextManager],
                args: Sequence[Any]) -> Callable[[], Any]:
-        if hasattr(fn, "time_batch"):
-            return RemoteRun(fn, args)
         return lambda: fn(*args)
 
     def queue(self, runs: Sequence[Run]) -> list[Any]:
         return _queue_each(runs, self.time)
 
-    def time(self, key: str, run: Callable[[], Any]) -> Sample:
-        if isinstance(run, RemoteRun):  # the worker's figure, where it adds up to this wall time
-            return time_remote([(key, run, no_scope)], _remote_sample)[0]
+    def time(self, key: str, run: Callable[[], Any], call: CandidateCall | None = None) -> Sample:
+        if call is not None:  # the candidate's figure, checked against this process's clock
+            return _first(time_calls([call]))
         t0 = _perf_counter()
         output = run()
         seconds = _perf_counter() - t0
@@ -380,6 +370,9 @@ class FakeClock:
 
     name = "fake"
     flush_bytes = 0
+    graphs = False
+    max_batch = None
+    queued_rounds = behind_rounds = 0
 
     def __init__(self, durations: Mapping[str, Any], *, escaped: Mapping[str, Any] | None = None,
                  latency: Mapping[str, Any] | None = None, default: float | None = None,
@@ -419,9 +412,9 @@ class FakeClock:
             self.virtual += seconds + self.overhead
             return Sample(seconds=seconds, wall=seconds, escaped=0.0, output=output)
 
-        return _queue_each(runs, one)
+        return _queue_each([Run(r.key, r.run, r.scope) for r in runs], one)   # every figure scripted
 
-    def time(self, key: str, run: Callable[[], Any]) -> Sample:
+    def time(self, key: str, run: Callable[[], Any], call: CandidateCall | None = None) -> Sample:
         output = run()
         self.calls.append(key)
         seconds = self._next(self.latencies, key)

@@ -8,11 +8,13 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Sequence
 
-from pytest_cudaopt.perf.clocks import Clock, Sample, TimingError
+from pytest_cudaopt.perf.clocks import Clock, TimingError
+from pytest_cudaopt.perf.runs import CandidateCall, Run, Sample
 from pytest_cudaopt.perf.feed import Call, Feed
 from pytest_cudaopt.perf.measurement import ContenderResult, Measurement
 from pytest_cudaopt.perf.stats import format_seconds, median, relative_standard_error
 from pytest_cudaopt.tensors import refill_inputs
+from pytest_cudaopt.worker.candidate import Candidate
 
 CLOCKS = ("device", "latency")  # what the gate can compare: see Config.clock
 
@@ -34,6 +36,8 @@ class Contender:
     # Checked on every timed call rather than on a sample: the candidate, whose code may replay
     # an earlier output once the first rounds are past (the baselines are trusted code).
     every_call: bool = False
+    # ModelNew (this workdir's or the target branch's): its calls are timed by it, in batches.
+    candidate: Candidate | None = None
 
     def __post_init__(self) -> None:
         self.label = self.label or self.key
@@ -123,7 +127,7 @@ class Engine:
         self.rounds = 0
         # A CUDA graph replays on the addresses it was captured with: each contender then has
         # one slot of inputs and one runner, and every call's fresh inputs are copied into it.
-        self.fixed = bool(getattr(clock, "graphs", False))
+        self.fixed = clock.graphs
         self.slots: dict[str, list] = {}
         self.runners: dict[str, Callable[[], Any]] = {}
         self.batch = 1                           # chosen after the warm-up (choose_batch) ...
@@ -150,6 +154,9 @@ class Engine:
         index, inputs = self.feed.next()
         expected = self.feed.expected(inputs) if check else None
         contender = self.by_key[key]
+        if contender.candidate is not None:
+            call = CandidateCall(contender.candidate, inputs)
+            return Call(key, index, call, check, expected, candidate=call)
         if key in self.runners:  # a captured graph: the fresh values go into its slot
             refill_inputs(self.slots[key], inputs)
             run = self.runners[key]
@@ -163,7 +170,7 @@ class Engine:
         """One call from an idle device (the latency clock), or None when it raised."""
         try:
             with self.by_key[call.key].context():
-                return self.clock.time(call.key, call.run)
+                return self.clock.time(call.key, call.run, call.candidate)
         except Exception as exc:
             self.record_error(call.key, exc)
         return None
@@ -175,14 +182,15 @@ class Engine:
         faster a call for a kernel whose call fits in L2: benchmarks/results/2026-12-03-gated-batches.md). Under
         `one_check_per_pass` (memory-bound problems, batches of one) only the checked calls'
         are kept, so a pass holds one unchecked output at a time."""
-        def dropping(run: Callable[[], Any]) -> Callable[[], Any]:
-            if hasattr(run, "dropped"):  # a worker's call: the clock still needs to know it
-                return run.dropped()
-            return lambda: (run(), None)[1]
+        def run(call: Call) -> Run:
+            scope = self.by_key[call.key].context
+            if call.checked or not self.config.one_check_per_pass:
+                return Run(call.key, call.run, scope, call.candidate)
+            if call.candidate is not None:
+                return Run(call.key, call.candidate.dropped(), scope, call.candidate.dropped())
+            return Run(call.key, lambda: (call.run(), None)[1], scope)
 
-        keep = not self.config.one_check_per_pass
-        return self.clock.queue([(c.key, c.run if c.checked or keep else dropping(c.run), self.by_key[c.key].context)
-                                 for c in calls])
+        return self.clock.queue([run(c) for c in calls])
 
     def check_output(self, call: Call, output: Any, which: str) -> None:
         result = self.results[call.key]
@@ -210,8 +218,8 @@ class Engine:
                 del sample   # its output too, before the next call makes one
             self.results[key].warmup_runs = runs
             self.results[key].warmup_seconds = self.clock.now() - start
-            if self.fixed and not self.failed(key):
-                self._capture(key)
+            if self.fixed and not self.failed(key) and self.by_key[key].candidate is None:
+                self._capture(key)   # the candidate's calls are timed by it, never captured here
         self.batch = self.choose_batch()
         alive = self.alive()
         calls = [self.call(k) for k in alive for _ in range(self.batch)]
@@ -226,7 +234,7 @@ class Engine:
         if self.fixed:
             return 1
         per_call = [median(self.warm[k][len(self.warm[k]) // 2:]) for k in self.alive() if self.warm.get(k)]
-        cap = min(self.config.max_batch, getattr(self.clock, "max_batch", None) or self.config.max_batch)
+        cap = min(self.config.max_batch, self.clock.max_batch or self.config.max_batch)
         return max(1, min(cap, math.ceil(self.config.batch_window / max(min(per_call), 1e-9)))) if per_call else 1
 
     def _capture(self, key: str) -> None:
@@ -305,8 +313,7 @@ class Engine:
         whenever the count grew by 5%), `max_time` seconds of rounds or `max_rounds`."""
         self.clock.prepare()
         self.warm_up()
-        queued_before = getattr(self.clock, "queued_rounds", 0)
-        behind_before = getattr(self.clock, "behind_rounds", 0)
+        queued_before, behind_before = self.clock.queued_rounds, self.clock.behind_rounds
         began = self.clock.now()
         next_check = self.config.min_runs
         stop_reason = "max_rounds"
@@ -329,10 +336,10 @@ class Engine:
             _check_escape(result, self.clock.escape_floor, self.config)
         return Measurement(results=self.results, schedule=self.schedule, rounds=self.rounds,
                            stop_reason=stop_reason, seconds=self.clock.now() - began, clock=self.clock.name,
-                           flush_bytes=getattr(self.clock, "flush_bytes", 0),
+                           flush_bytes=self.clock.flush_bytes,
                            escape_floor=self.clock.escape_floor, config=self.config,
-                           queued_rounds=getattr(self.clock, "queued_rounds", 0) - queued_before,
-                           behind_rounds=getattr(self.clock, "behind_rounds", 0) - behind_before,
+                           queued_rounds=self.clock.queued_rounds - queued_before,
+                           behind_rounds=self.clock.behind_rounds - behind_before,
                            inputs_drawn=self.feed.drawn - self.feed_before[0],
                            draw_seconds=self.feed.seconds - self.feed_before[1], batch=self.batch)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from pytest_cudaopt.perf.clocks import host_time
+from pytest_cudaopt.perf.runs import CandidateCall
 from pytest_cudaopt.tensors import clone_inputs
 
 
@@ -49,10 +50,12 @@ class Feed:
 @dataclass
 class Call:
     """One prepared call: `run()` calls the contender on input set `index` (the inputs are
-    bound in it); a `checked` call's output is compared with `expected`, the reference's."""
+    bound in it); a `checked` call's output is compared with `expected`, the reference's;
+    `candidate` is the call when the contender is the candidate (`run` is then this call)."""
 
     key: str
     index: int
     run: Callable[[], Any]
     checked: bool = False
     expected: Any = None
+    candidate: CandidateCall | None = None

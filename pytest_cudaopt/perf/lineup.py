@@ -13,6 +13,7 @@ import torch
 
 from pytest_cudaopt.perf.clocks import host_time, synchronize_device
 from pytest_cudaopt.perf.engine import Contender
+from pytest_cudaopt.worker.candidate import Candidate
 
 # Contender keys; the line-up, the gate, tables and reports refer to contenders by these.
 EAGER, COMPILE, CUSTOM, PRECISION_MATCHED = "eager", "compile", "custom", "precision-matched"
@@ -168,7 +169,7 @@ def compile_label(mode: str, backend: str) -> str:
 
 def lineup(
     model: torch.nn.Module,
-    model_new: torch.nn.Module,
+    model_new: Candidate,
     example_inputs: Sequence[Any],
     device: Any,
     *,
@@ -178,7 +179,7 @@ def lineup(
     workdir: Path | None = None,
     reference_module: Any = None,
     init_inputs: Sequence[Any] = (),
-    target: Callable[..., Any] | str | None = None,
+    target: Candidate | str | None = None,
 ) -> Lineup:
     """Eager Model, torch.compile(Model) (compiled now, on `example_inputs`), ModelNew, the
     workdir's peers and, when `precision_matched`, torch.compile(Model) compiled and timed
@@ -223,6 +224,6 @@ def lineup(
     if isinstance(target, str):
         out.errors[TARGET] = target
     elif target is not None:
-        out.contenders.append(Contender(TARGET, target, "ModelNew (target branch)"))
-    out.contenders.append(Contender(CUSTOM, model_new, "ModelNew (custom)", every_call=True))
+        out.contenders.append(Contender(TARGET, target, "ModelNew (target branch)", candidate=target))
+    out.contenders.append(Contender(CUSTOM, model_new, "ModelNew (custom)", every_call=True, candidate=model_new))
     return out

@@ -283,11 +283,10 @@ class ProfilerTracer:
         self._marker: torch.Tensor | None = None
 
     def trace(self, contender: Contender, args: Sequence[Any], *, lead: float = 2e-3) -> Trace:
-        """The call's trace; a worker's ModelNew (worker.RemoteModel) is traced in the worker,
-        which sends the profiler's events back as data."""
-        remote = getattr(contender.fn, "trace_events", None)
-        if remote is not None:
-            events, ahead = remote(list(args), lead, self.flush_bytes)
+        """The call's trace; the candidate (ModelNew) is traced where it runs, which sends the
+        profiler's events back as data (`Candidate.trace_events`)."""
+        if contender.candidate is not None:
+            events, ahead = contender.candidate.trace_events(list(args), lead, self.flush_bytes)
         else:
             events, ahead = self.events(contender, args, lead=lead)
         found = parse_chrome(events)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Sequence
 
 import torch
@@ -17,6 +16,7 @@ from pytest_cudaopt.perf.feed import Feed
 from pytest_cudaopt.results import PerfResult
 from pytest_cudaopt.tensors import clone_inputs, nbytes
 from pytest_cudaopt.workdir import saved_rng
+from pytest_cudaopt.worker.candidate import Candidate
 
 
 def _compare(settings: Any):
@@ -44,7 +44,7 @@ def _tier(model: torch.nn.Module, candidate: Any, inputs: list, scope: Any = Non
     return precision.tier, precision.describe()
 
 
-def _target_model(target: Any, model: torch.nn.Module, device: torch.device, seed: int) -> Any:
+def _target_model(target: Any, model: torch.nn.Module, device: torch.device, seed: int) -> Candidate | str | None:
     """The target branch's ModelNew with Model's weights, or why it cannot be built (a
     broken target branch is reported, not held against the candidate)."""
     if target is None:
@@ -74,15 +74,13 @@ def _workdir_tier(tier: str, note: str, known: Sequence[tuple[str, Any]]) -> tup
                         f"results of this run; on the timed inputs {note}")
 
 
-def _feed(workdir: Any, model: torch.nn.Module, seed: int, device: torch.device) -> Feed:
+def _feed(workdir: Any, model: torch.nn.Module, candidate: Candidate, seed: int, device: torch.device) -> Feed:
     """Input set n: get_inputs() under its own secret seed, derived from the session's (the
     global generators' state is kept once around all the draws, by `judge`); the expected
     output: Model in float32 (TF32 off)."""
-    worker = getattr(workdir, "worker", None)
-
     def draw(n: int) -> list:
-        # In the worker's sharing pool on CUDA: the segments it maps hold inputs only.
-        with worker.sharing() if worker is not None else contextlib.nullcontext():
+        # In the candidate's sharing scope (a worker's pool on CUDA: the segments it maps hold inputs only).
+        with candidate.sharing():
             return workdir.inputs(derive_seed(seed, "perf", "inputs", n), device, isolated=False)
 
     def reference(*inputs: Any) -> Any:
@@ -130,7 +128,7 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
     device = torch.device(settings.device)
     with memory.Peak(device) as peak, saved_rng():
         model, model_new = workdir.make_models(device, seed=derive_seed(seed, "perf", "weights"))
-        feed = _feed(workdir, model, seed, device)
+        feed = _feed(workdir, model, model_new, seed, device)
         _, example = feed.next()
         tier, note = _workdir_tier(*_tier(model, model_new, example), known)
         # TF32 exists only on CUDA: on the CPU the "+ TF32" baseline would be the fp32 one again.
@@ -154,21 +152,19 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
         measurement = engine.measure(line.contenders, feed, clock=clock, config=config,
                                      compare=_compare(settings))
         traces = _traces(line, measurement, feed.next()[1], tracer)
-    # A worker's ModelNew (worker.RemoteModel) had its clock checked batch by batch: figures its
-    # timer under-reported, or that could not be checked, fail the custom path, whatever they were.
-    audit = getattr(model_new, "clock", None)
-    untrusted = model_new.timing_failure() if audit is not None else ""
+    # ModelNew's clock was checked batch by batch: figures its timer under-reported, or that
+    # could not be checked, fail the custom path, whatever they were.
+    untrusted = model_new.timing_failure()
     custom = measurement.results.get(lineup.CUSTOM)
     if untrusted and custom is not None:
         custom.failure = untrusted if custom.failure is None else f"{untrusted}; {custom.failure}"
     result = _result(workdir, test, settings, measurement, line, tiers, traces,
                      f"{note}; {plan_note}" if plan_note else note)
     result.peak_bytes = peak.bytes
-    note = model_new.timing_note() if audit is not None else ""
+    note = model_new.timing_note()
     if note:
         result.figure_warnings.append(note)
-    if audit is not None:
-        result.clock = audit.to_json()
+    result.clock = model_new.timing_record()
     return result, {"model_new": model_new, "feed": feed, "device": device}
 
 

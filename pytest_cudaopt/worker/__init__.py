@@ -11,8 +11,9 @@ in its working directory, which is a scratch folder of its own).
 The modules: protocol.py (messages over a socket, the worker's environment), server.py (the
 worker's side: load, construct, call, time, trace), sandbox.py (the OS sandbox the worker puts
 itself in before any candidate code runs), client.py (the judging side: `Worker`, what a dead or
-hung worker means), remote.py (`RemoteModel`, `RemoteExtension`: ModelNew and the extension as the
-judging process calls them), stream_gate.py (the window around a timed batch on a GPU), zygote.py
+hung worker means), candidate.py (the `Candidate` Protocol: ModelNew as the verdicts call it, the
+only face of the worker they see besides timing.py), remote.py (`RemoteModel`, its implementation,
+and `RemoteExtension`: ModelNew and the extension as the judging process calls them), stream_gate.py (the window around a timed batch on a GPU), zygote.py
 (a process with torch imported that forks workers). docs/how-it-works.md draws the boundary.
 
 The names below are imported on first use: `python -m pytest_cudaopt.worker` must reach its

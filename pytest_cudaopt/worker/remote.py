@@ -7,6 +7,7 @@ from typing import Any
 
 from pytest_cudaopt.tensors import clone_nest
 from pytest_cudaopt.worker import timing
+from pytest_cudaopt.worker.candidate import Candidate
 from pytest_cudaopt.worker.client import Worker, WorkerFailed
 from pytest_cudaopt.worker.stream_gate import STALL_S
 from pytest_cudaopt.worker.timing import Bound
@@ -61,11 +62,11 @@ class RemoteExtension:
         return clone_nest(reply.get("output"))
 
 
-class RemoteModel:
-    """ModelNew in the worker, as the verdict code calls it: `time_batch` (timed calls, their
-    figures checked against this process's clock), `model(*inputs)` (one such call, its output),
-    `checked_call` (a correctness call with the worker's observations), `state_dict`,
-    `load_state_dict`."""
+class RemoteModel(Candidate):
+    """ModelNew in the worker, as the verdict code calls it (candidate.Candidate): `time_batch`
+    (timed calls, their figures checked against this process's clock), `model(*inputs)` (one such
+    call, its output), `checked_call` (a correctness call with the worker's observations),
+    `state_dict`, `load_state`, `trace_events`."""
 
     def __init__(self, worker: Worker, key: int, device: str, keys: list[str]):
         self.worker = worker
@@ -85,12 +86,6 @@ class RemoteModel:
         # ModelNew's state as the worker reported it with the last request that could change it
         # (loading Model's state, a checked call): what `state_dict` answers without a round trip.
         self._state: dict | None = None
-
-    def eval(self) -> "RemoteModel":
-        return self
-
-    def to(self, *args: Any, **kwargs: Any) -> "RemoteModel":
-        return self
 
     def __call__(self, *inputs: Any) -> Any:
         return self.time_batch([list(inputs)])[0][0]
@@ -310,10 +305,6 @@ class RemoteModel:
                          "for the device, as a synchronise, .item() or an allocation from the driver does, "
                          "or it launches more kernels than CUDA queues on a stream that waits)")
 
-    @property
-    def timed_calls(self) -> int:
-        return self.clock.timed_calls
-
     def timing_failure(self) -> str:
         """Why the speed verdict cannot rest on this model's figures ("" when it can): its timer
         under-reports (timing.ClockAudit.failure), or on a GPU its calls could not be checked
@@ -331,17 +322,24 @@ class RemoteModel:
         if raised and counted > 1.01 * own and not self.clock.failure():
             # An honest batch now and then runs past its allowance (a late wakeup, a slow context
             # switch): counted at the judging process's time less the allowance, and said.
-            notes.append(f"{len(raised)} of {self.timed_calls} timed calls took longer by the judging process's clock "
+            notes.append(f"{len(raised)} of {self.clock.timed_calls} timed calls took longer by the judging process's clock "
                          f"than ModelNew's own timer said, past the allowance for timing noise: those count the "
                          f"judging process's time less that allowance (up to {max(raised) * 1e6:.1f} us more a call)")
         off = self.gate_off
-        if not off and self.device.startswith("cuda") and self.timed_calls and self.worker.stream_gate is None:
-            off = f"the worker has no gate ({getattr(self.worker, 'stream_gate_error', '') or 'none set up'})"
+        if not off and self.device.startswith("cuda") and self.clock.timed_calls and self.worker.stream_gate is None:
+            off = f"the worker has no gate ({self.worker.stream_gate_error or 'none set up'})"
         if off:
             notes.append(f"timed by the round trip, not behind the gate: {off}")
         elif self.gate_note:
             notes.append(self.gate_note)
         return "; ".join(notes)
+
+    def timing_record(self) -> dict:
+        return self.clock.to_json()
+
+    def sharing(self):
+        """The worker's sharing pool: the segments it maps hold nothing else of this process's."""
+        return self.worker.sharing()
 
     def checked_call(self, inputs: list, allowed: frozenset[str], names: list[str] | None) -> dict:
         """A correctness call: the reply's `output`, `audit` (descriptions of ops outside the
