@@ -92,3 +92,32 @@ def test_a_cpu_worker_loads_only_worker_side_modules_and_few_lines(served):
                               and name.rsplit(".", 1)[-1] in WORKER_SIDE))
     assert outside == []
     assert sum(lines.values()) <= FOOTPRINT, lines
+
+
+def _imports(file: Path) -> set[str]:
+    """Every module `file` imports, at its top or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(file.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names
+                                      if _is_module(f"{node.module}.{alias.name}")}
+    return found
+
+
+def _is_module(name: str) -> bool:
+    """Whether `name` is a module or package of ours (`from pytest_cudaopt import policy`)."""
+    if not name.startswith("pytest_cudaopt."):
+        return False
+    path = PACKAGE.joinpath(*name.split(".")[1:])
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+# worker/__init__.py offers the judging side's names (client, remote) and is left out.
+@pytest.mark.parametrize("name", sorted(WORKER_SIDE - {"__init__", "sanitized", "stream_page"}))
+def test_a_worker_side_module_imports_only_the_standard_library_torch_and_worker_side_modules(name):
+    ours = {f"pytest_cudaopt.worker.{n}" for n in WORKER_SIDE} | {"pytest_cudaopt", "pytest_cudaopt.worker"}
+    foreign = sorted(m for m in _imports(PACKAGE / "worker" / f"{name}.py")
+                     if m.split(".")[0] not in sys.stdlib_module_names | {"torch", "__future__"} and m not in ours)
+    assert foreign == []

@@ -41,7 +41,7 @@ class Server:
         self.lead = None          # observe.GpuLead: the spin before a timed batch on CUDA
         self.flush: Any = None    # the buffer the kernel trace zeroes to flush L2
         self.events: list = []    # timing events, reused batch to batch
-        self.stream_gate = None   # stream_gate.StreamGate, after `gate`
+        self.stream_gate = None   # stream_page.StreamGate, after `gate`
         self.slots: dict = {}     # id -> input sets the judging process shared for gated batches
         self.pending: list = []   # the events of the gated batch whose figures `collect` answers
 
@@ -288,7 +288,7 @@ class Server:
 
     def op_gate(self, request: dict) -> dict:
         """Map and register the gate's page (before the workdir loads): {} or {"gate_error"}."""
-        from pytest_cudaopt.worker.stream_gate import StreamGate
+        from pytest_cudaopt.worker.stream_page import StreamGate
 
         torch = self.torch
         try:
