@@ -15,7 +15,8 @@ import types
 from pathlib import Path
 from typing import Any, Iterator
 
-import torch
+# torch is imported where it is used: the judging process imports this module (build/loader.py) at
+# start, before it may import torch.
 
 EXTENSION = "cuda_extension"   # the name model_new.py imports the extension by
 
@@ -136,6 +137,8 @@ def _syntax_error(exc: SyntaxError, file: Path) -> str:
 def saved_rng() -> Iterator[None]:
     """The global generators (torch's CPU one and the current CUDA device's, Python `random`,
     NumPy) as they were before the block, whatever it seeds or draws."""
+    import torch
+
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
     py_state = random.getstate()
     np = sys.modules.get("numpy")
@@ -150,6 +153,8 @@ def saved_rng() -> Iterator[None]:
 
 
 def seed_all(seed: int) -> None:
+    import torch
+
     torch.manual_seed(seed)
     random.seed(seed)
     np = sys.modules.get("numpy")
@@ -193,6 +198,8 @@ def copy_buffers(ours: dict[str, torch.Tensor], model_new: torch.nn.Module,
     """Copy Model's non-persistent buffers (`ours`) into ModelNew's buffers of the same name, so
     both start from the same state; a buffer one has and the other lacks, or of another shape,
     is named in a WorkdirError."""
+    import torch
+
     if not ours:
         return
     theirs = dict(model_new.named_buffers())
