@@ -133,6 +133,7 @@ def _current_build(workdir: Path) -> tuple[Path | None, str]:
 def _worker_findings(workdir: Path, so: Path | None, limit: float, mn010: bool) -> list:
     """MN010's and EX001's violations from a worker; a worker that hangs past `limit` seconds or
     dies is an MN010 violation that says so."""
+    from pytest_cudaopt.policy import worker_violations
     from pytest_cudaopt.policy.rules import Violation
     from pytest_cudaopt.worker import Worker, WorkerError, WorkerFailed
     from pytest_cudaopt.supervision import worker_frames
@@ -150,7 +151,7 @@ def _worker_findings(workdir: Path, so: Path | None, limit: float, mn010: bool) 
         worker.start(require_workdir=False)
         reply = worker.request({"op": "policy", "mn010": mn010, "ex001": so is not None},
                                timeout=limit or None, what="importing model_new.py and constructing ModelNew")
-        return [Violation(*v) for v in reply["violations"]]
+        return worker_violations(workdir, reply)
     except WorkerFailed as exc:
         frames = worker_frames(getattr(exc, "worker_stacks", ""), workdir)
         file, line = (frames[0][0], frames[0][1]) if frames else ("model_new.py", 1)

@@ -271,7 +271,7 @@ class CudaoptSession:
         """MN010's and EX001's violations, found by a worker (this session's, or one started for
         them with the last build on disk, or MN010's stand-in extension): data, not code run here."""
         from pytest_cudaopt import build as build_
-        from pytest_cudaopt.policy.rules import Violation
+        from pytest_cudaopt.policy import worker_violations
         from pytest_cudaopt.workdir import WorkdirError
 
         path = Path(path).resolve()
@@ -291,7 +291,7 @@ class CudaoptSession:
                                                                               require_workdir=False)
             ex001 = ex001 and so is not None
         reply = worker.request({"op": "policy", "mn010": mn010, "ex001": ex001}, what="checking MN010 and EX001")
-        return [Violation(*v) for v in reply["violations"]]
+        return worker_violations(path, reply)
 
     def stop_workers(self) -> None:
         """Kill every worker of this session (before any verdict file is written)."""

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from pytest_cudaopt.watchdog import in_import
+from pytest_cudaopt.worker.zygote import die_with_parent  # noqa: F401 - offered here too
 
 DEFER_S = 60.0     # the longest an import in progress delays the interrupt (torch's takes seconds)
 RESIGNAL_S = 0.1   # meanwhile the signal is delivered again this often
@@ -106,20 +107,6 @@ def _deliver(thread_id: int, signum: int) -> None:
     except (OSError, ValueError):
         with _ours_lock:
             _ours[signum] -= 1
-
-
-def die_with_parent(signum: int = signal.SIGTERM) -> None:
-    """In a child, before exec (a subprocess's preexec_fn): `signum` when the process that
-    started it dies, even by SIGKILL (Linux' PR_SET_PDEATHSIG; elsewhere nothing)."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
-    except (OSError, AttributeError):
-        pass
 
 
 def not_dumpable() -> bool:

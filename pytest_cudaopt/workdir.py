@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import importlib.util
 import random
 import sys
-import traceback
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,118 +12,9 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-MODULE_PREFIX = "cudaopt_workdir_"
-NONDETERMINISTIC = "CUDAOPT_NONDETERMINISTIC"  # model_new.py: kernels use atomics, results vary in the last bits
-
-
-class WorkdirError(Exception):
-    """The workdir cannot be loaded or its models built; the message names the file and
-    shows the workdir's own traceback lines. `file` is that file's name, when known."""
-
-    def __init__(self, message: str, file: str | None = None):
-        super().__init__(message)
-        self.file = file
-
-
-def module_prefix(path: Path) -> str:
-    """`cudaopt_workdir_<hash>`: the package name under which a workdir's files are imported,
-    distinct for every workdir folder."""
-    digest = hashlib.sha1(str(Path(path).resolve()).encode()).hexdigest()[:12]
-    return MODULE_PREFIX + digest
-
-
-def user_traceback(exc: BaseException, roots: list[Path]) -> str:
-    """The exception with only the traceback frames inside `roots` (the workdir's files):
-    `  model.py:12 in get_inputs: return torch.randn(n)` lines, then `Type: message`."""
-    roots = [Path(r).resolve() for r in roots]
-    lines = []
-    for frame in traceback.extract_tb(exc.__traceback__):
-        path = Path(frame.filename)
-        try:
-            resolved = path.resolve()
-        except OSError:
-            continue
-        if any(resolved == r or r in resolved.parents for r in roots):
-            rel = _short(resolved, roots)
-            code = f": {frame.line.strip()}" if frame.line else ""
-            lines.append(f"  {rel}:{frame.lineno} in {frame.name}{code}")
-    message = str(exc).strip()
-    # C++ exceptions carry a long native backtrace after the message; keep the message.
-    kept = [ln for ln in message.splitlines() if ln.strip()]
-    cut = next((i for i, ln in enumerate(kept) if ln.startswith(("Exception raised from", "frame #"))), len(kept))
-    kept = kept[:min(cut, 12)]
-    lines.append(f"{type(exc).__name__}: " + "\n".join(kept))
-    return "\n".join(lines)
-
-
-def _short(path: Path, roots: list[Path]) -> str:
-    for root in roots:
-        if root.is_dir() and root in path.parents:
-            return str(path.relative_to(root))
-    return path.name
-
-
-@contextlib.contextmanager
-def temporary_modules(replacements: dict[str, types.ModuleType | None], path: Path) -> Iterator[None]:
-    """sys.modules entries (and the workdir first on sys.path) for the duration of an import."""
-    saved = {name: sys.modules.get(name) for name in replacements}
-    saved_path = list(sys.path)
-    for name, module in replacements.items():
-        if module is None:
-            sys.modules.pop(name, None)
-        else:
-            sys.modules[name] = module
-    sys.path.insert(0, str(path))
-    try:
-        yield
-    finally:
-        sys.path[:] = saved_path
-        for name, module in saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
-
-
-def import_file(name: str, file: Path, workdir: Path,
-                aliases: dict[str, types.ModuleType | None] | None = None) -> types.ModuleType:
-    """Import `file` as module `name`, with `workdir` first on sys.path and `aliases` (e.g.
-    `model` -> the workdir's reference module) in sys.modules for the duration. A file that
-    does not parse or raises is a WorkdirError naming the file, with the workdir's frames."""
-    spec = importlib.util.spec_from_file_location(name, file)
-    if spec is None or spec.loader is None:
-        raise WorkdirError(f"{file}: cannot be imported")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        with temporary_modules(aliases or {}, workdir):
-            spec.loader.exec_module(module)
-    except SyntaxError as exc:
-        sys.modules.pop(name, None)
-        raise WorkdirError(_syntax_error(exc, file), file.name) from None
-    except Exception as exc:
-        sys.modules.pop(name, None)
-        raise WorkdirError(f"importing {file} failed:\n{user_traceback(exc, [workdir])}", file.name) from exc
-    except BaseException:  # the watchdog's timeout or an interrupt: no half-made module stays
-        sys.modules.pop(name, None)
-        raise
-    return module
-
-
-def _syntax_error(exc: SyntaxError, file: Path) -> str:
-    """`model.py:3: SyntaxError: invalid syntax`, the offending line and a caret; no
-    import-machinery frames (the error is in the file, not in the loader)."""
-    where = Path(exc.filename).name if exc.filename else file.name
-    lines = [f"{where}:{exc.lineno}: {type(exc).__name__}: {exc.msg}"]
-    if exc.text:
-        text = exc.text.rstrip("\n")
-        stripped = text.lstrip()
-        lines.append(f"    {stripped}")
-        if exc.offset:
-            col = max(exc.offset - 1 - (len(text) - len(stripped)), 0)
-            lines.append("    " + " " * col + "^")
-    return "\n".join(lines)
-
+from pytest_cudaopt.worker.load import (NONDETERMINISTIC, WorkdirError, copy_buffers, import_candidate,  # noqa: F401
+                                        import_file, import_reference, load_state, module_prefix, private_rng,
+                                        saved_rng, seed_all, temporary_modules, user_traceback)
 
 def _to_device(value: Any, device: torch.device | str) -> Any:
     if isinstance(value, torch.Tensor):
@@ -137,40 +25,6 @@ def _to_device(value: Any, device: torch.device | str) -> Any:
 
 
 @contextlib.contextmanager
-def saved_rng() -> Iterator[None]:
-    """The global generators (torch's CPU one and the current CUDA device's, Python `random`,
-    NumPy) as they were before the block, whatever it seeds or draws."""
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
-    py_state = random.getstate()
-    np = sys.modules.get("numpy")
-    np_state = np.random.get_state() if np is not None else None
-    with torch.random.fork_rng(devices=devices):
-        try:
-            yield
-        finally:
-            random.setstate(py_state)
-            if np is not None:
-                np.random.set_state(np_state)
-
-
-def _seed_all(seed: int) -> None:
-    torch.manual_seed(seed)
-    random.seed(seed)
-    np = sys.modules.get("numpy")
-    if np is not None:
-        np.random.seed(seed % 2**32)
-
-
-@contextlib.contextmanager
-def private_rng(seed: int) -> Iterator[None]:
-    """Torch (CPU and the current CUDA device), Python `random` and NumPy seeded with `seed`
-    for the duration; the global generators are left as they were."""
-    with saved_rng():
-        _seed_all(seed)
-        yield
-
-
-@contextlib.contextmanager
 def _seeded(seed: int) -> Iterator[None]:
     """The generators seeded with `seed`, their earlier state not kept (cheap: no state is
     saved or restored; the caller keeps it with `saved_rng` around many draws). With CUDA
@@ -178,13 +32,13 @@ def _seeded(seed: int) -> Iterator[None]:
     torch.manual_seed's other backends."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.default_generator.manual_seed(seed)
-        torch.cuda.manual_seed_all(seed)
+        torch.cuda.manualseed_all(seed)
         random.seed(seed)
         np = sys.modules.get("numpy")
         if np is not None:
             np.random.seed(seed % 2**32)
     else:
-        _seed_all(seed)
+        seed_all(seed)
     yield
 
 
@@ -308,28 +162,6 @@ class Workdir:
                    self.model_new_file.name)
 
 
-def load_state(model_new: torch.nn.Module, state: dict, buffers: dict[str, torch.Tensor],
-               model_file: str = "model.py", model_new_file: str = "model_new.py") -> None:
-    """Model's `state` into ModelNew, strict (keys named in a WorkdirError when they differ),
-    then Model's non-persistent `buffers` into ModelNew's buffers of the same names."""
-    expected = set(state)
-    present = set(model_new.state_dict())
-    missing, unexpected = sorted(expected - present), sorted(present - expected)
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"missing (in Model, not in ModelNew): {', '.join(missing)}")
-        if unexpected:
-            parts.append(f"unexpected (in ModelNew, not in Model): {', '.join(unexpected)}")
-        raise WorkdirError(f"{model_new_file}: ModelNew's state_dict keys differ from Model's "
-                           f"({model_file}): " + "; ".join(parts))
-    try:
-        model_new.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        raise WorkdirError(f"{model_new_file}: loading Model's state_dict into ModelNew failed: {exc}") from exc
-    copy_buffers(buffers, model_new, model_file, model_new_file)
-
-
 def _non_persistent(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The buffers that state_dict() leaves out (register_buffer(..., persistent=False))."""
     found = {}
@@ -341,68 +173,35 @@ def _non_persistent(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return found
 
 
-def copy_buffers(ours: dict[str, torch.Tensor], model_new: torch.nn.Module,
-                 model_file: str = "model.py", model_new_file: str = "model_new.py") -> None:
-    """Copy Model's non-persistent buffers (`ours`) into ModelNew's buffers of the same name, so
-    both start from the same state; a buffer one has and the other lacks, or of another shape,
-    is named in a WorkdirError."""
-    if not ours:
-        return
-    theirs = dict(model_new.named_buffers())
-    for name, buffer in ours.items():
-        target = theirs.get(name)
-        if target is None:
-            raise WorkdirError(f"{model_new_file}: Model ({model_file}) has the non-persistent buffer "
-                               f"'{name}' {tuple(buffer.shape)}, ModelNew has no buffer of that name; "
-                               f"register it in ModelNew too so both start from the same values")
-        if target.shape != buffer.shape:
-            raise WorkdirError(f"{model_new_file}: non-persistent buffer '{name}': Model ({model_file}) has "
-                               f"shape {tuple(buffer.shape)}, ModelNew {tuple(target.shape)}")
-        with torch.no_grad():
-            target.copy_(buffer)
 
 
-def _import_reference(path: Path) -> tuple[Path, types.ModuleType, types.ModuleType]:
-    """model.py of the workdir at `path`, checked for the KernelBench names, under the
-    workdir's package name; (resolved path, package, module)."""
-    path = Path(path).resolve()
-    for name in ("model.py", "model_new.py"):
-        if not (path / name).is_file():
-            raise WorkdirError(f"{path} is not a workdir: it has no {name}")
-    prefix = module_prefix(path)
-    package = types.ModuleType(prefix, f"cudaopt workdir {path}")
-    package.__path__ = []  # a namespace for the two modules; nothing is imported through it
-    sys.modules[prefix] = package
-    reference = import_file(f"{prefix}.model", path / "model.py", path, {"cuda_extension": None, "model": None})
-    for required in ("Model", "get_inputs", "get_init_inputs"):
-        if not hasattr(reference, required):
-            raise WorkdirError(f"{path / 'model.py'} defines no {required} (KernelBench format: "
-                               f"class Model, get_inputs(), get_init_inputs())")
-    package.model = reference
-    return path, package, reference
+def copy_non_persistent_buffers(model: torch.nn.Module, model_new: torch.nn.Module,
+                                model_file: str = "model.py", model_new_file: str = "model_new.py") -> None:
+    """Model's non-persistent buffers into ModelNew's (`copy_buffers`), both in this process."""
+    copy_buffers(_non_persistent(model), model_new, model_file, model_new_file)
 
 
 def load_reference(path: Path, worker: Any = None) -> Workdir:
     """The judging process's view of a workdir: model.py imported as
     `cudaopt_workdir_<hash>.model`, the candidate in `worker` (worker.Worker, started by the
     caller); model_new.py is not imported here."""
-    path, _, reference = _import_reference(path)
+    path, _, reference = import_reference(path)
     return Workdir(path=path, reference=reference, worker=worker)
 
 
 def load_workdir(path: Path, extension: Any, after_reference: Callable[[Any], Any] | None = None) -> Workdir:
     """The worker's view of a workdir (and a tool's that runs the candidate in-process, such as
-    the memory-safety child): import `path`/model.py and `path`/model_new.py as `cudaopt_workdir_<hash>.model` and
-    `.model_new`. While model_new.py is imported, `import cuda_extension` finds `extension`
-    and `import model` finds this workdir's model.py; both names are restored afterwards.
+    the memory-safety child): model.py and model_new.py imported by worker.load.import_candidate.
     `after_reference(reference_module)` is called between the two imports (the session trusts
     what model.py did, and watches its classes from then on)."""
-    path, package, reference = _import_reference(path)
-    if after_reference is not None:
+    if after_reference is None:
+        reference, candidate = import_candidate(path, extension)
+    else:
+        path, package, reference = import_reference(path)
         after_reference(reference)
-    candidate = import_file(f"{package.__name__}.model_new", path / "model_new.py", path,
-                            {"cuda_extension": extension, "model": reference})
-    if not hasattr(candidate, "ModelNew"):
-        raise WorkdirError(f"{path / 'model_new.py'} defines no class ModelNew")
-    package.model, package.model_new = reference, candidate
-    return Workdir(path=path, reference=reference, candidate=candidate, extension=extension)
+        candidate = import_file(f"{package.__name__}.model_new", path / "model_new.py", path,
+                                {"cuda_extension": extension, "model": reference})
+        if not hasattr(candidate, "ModelNew"):
+            raise WorkdirError(f"{path / 'model_new.py'} defines no class ModelNew")
+        package.model, package.model_new = reference, candidate
+    return Workdir(path=Path(path).resolve(), reference=reference, candidate=candidate, extension=extension)

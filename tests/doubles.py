@@ -8,7 +8,7 @@ from typing import Any, ContextManager
 
 import torch
 
-from pytest_cudaopt.correctness import guards
+from pytest_cudaopt.worker import observe
 from pytest_cudaopt.correctness.faults import context_alive, is_cuda_fault
 from pytest_cudaopt.perf.clocks import host_time
 from pytest_cudaopt.workdir import load_state, user_traceback
@@ -17,7 +17,7 @@ from pytest_cudaopt.worker.candidate import Candidate, WorkerError
 
 class LocalCandidate(Candidate):
     """`model` (an nn.Module) judged as ModelNew is: a correctness call under poisoned memory and
-    the op audit (guards.call_locally, with this candidate's own output history), its errors as
+    the op audit (observe.call_locally, with this candidate's own output history), its errors as
     the worker reports them (WorkerError with the workdir's traceback lines), timed calls by the
     host clock. Nothing checks its clock (`timing_record` is empty)."""
 
@@ -27,7 +27,7 @@ class LocalCandidate(Candidate):
         self.device = str(device)
         self.workdir = Path(workdir)
         self.extension = extension
-        self.history = guards.OutputHistory()
+        self.history = observe.OutputHistory()
 
     def __call__(self, *inputs: Any) -> Any:
         with torch.no_grad():
@@ -37,7 +37,7 @@ class LocalCandidate(Candidate):
         return contextlib.nullcontext()
 
     def checked_call(self, inputs: list, allowed: frozenset[str], names: list[str] | None) -> dict:
-        output, audit, guard = self._raising(lambda: guards.call_locally(
+        output, audit, guard = self._raising(lambda: observe.call_locally(
             self.model, inputs, torch.device(self.device), self.workdir, self.extension, allowed, self.history, names))
         self.history.add(output)
         return {"output": output, "audit": [op.describe() for op in audit], "guard": guard}

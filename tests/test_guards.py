@@ -16,7 +16,8 @@ from doubles import LocalCandidate
 from support import subprocess_env
 
 from pytest_cudaopt import watchdog
-from pytest_cudaopt.correctness import audit, faults, guards, poison, precision
+from pytest_cudaopt.correctness import faults, guards, precision
+from pytest_cudaopt.worker import observe
 
 # A "kernel" that never reaches the dispatcher: NumPy on the tensors' memory.
 KERNELS = """
@@ -213,7 +214,7 @@ def test_a_declared_nondeterministic_candidate_passes_within_the_tolerance(workd
 def test_an_op_sent_by_an_extension_function_is_attributed_to_cpp(workdir):
     extension = types.ModuleType("cuda_extension")
     extension.fused = torch.mul  # a builtin that sends aten::mul, like a C++ binding calling at::mul
-    op_audit = audit.OpAudit(workdir.path, extension)
+    op_audit = observe.OpAudit(workdir.path, extension)
     with op_audit:
         extension.fused(torch.ones(2), 2.0)
     (op,) = op_audit.violations()
@@ -225,7 +226,7 @@ def test_memory_is_filled_with_nan_while_poisoned_and_the_flags_are_restored():
     import torch.utils.deterministic as det
 
     before = (torch.are_deterministic_algorithms_enabled(), det.fill_uninitialized_memory)
-    with poison.poisoned_memory("cpu"):
+    with observe.poisoned_memory("cpu"):
         assert torch.isnan(torch.empty(64)).all()
         assert (torch.empty(4, dtype=torch.int32) == torch.iinfo(torch.int32).max).all()
     assert (torch.are_deterministic_algorithms_enabled(), det.fill_uninitialized_memory) == before
@@ -233,7 +234,7 @@ def test_memory_is_filled_with_nan_while_poisoned_and_the_flags_are_restored():
 
 def test_fresh_outputs_may_not_share_storage_with_a_still_alive_earlier_output():
     kept = torch.zeros(10)
-    history = guards.OutputHistory()
+    history = observe.OutputHistory()
     history.add(kept)
     with pytest.raises(guards.GuardFailure, match="sharing storage with the output"):
         guards.check_fresh_outputs(kept[2:5], [], torch.nn.Module(), history.alive())
@@ -388,8 +389,8 @@ def test_the_poison_plan_lists_every_inactive_block_of_the_device_at_its_exact_s
         {"device": 0, "blocks": [{"size": 20 << 20, "state": "inactive"}]},
         {"device": 1, "blocks": [{"size": 8 << 20, "state": "inactive"}]},
     ]
-    assert poison.poison_plan(snapshot, 0) == [20 << 20, 4 << 20, 64 << 10]
-    assert poison.poison_plan(snapshot, 1) == [8 << 20]
+    assert observe.poison_plan(snapshot, 0) == [20 << 20, 4 << 20, 64 << 10]
+    assert observe.poison_plan(snapshot, 1) == [8 << 20]
 
 
 def test_the_op_audit_does_not_import_dynamo_in_the_process_it_runs_in(tmp_path):
@@ -399,7 +400,7 @@ def test_the_op_audit_does_not_import_dynamo_in_the_process_it_runs_in(tmp_path)
     script = textwrap.dedent(f"""
         import sys
         import torch
-        from pytest_cudaopt.correctness.audit import OpAudit
+        from pytest_cudaopt.worker.observe import OpAudit
         with OpAudit({str(tmp_path)!r}) as op_audit:
             torch.ones(3).add(1)
         assert op_audit.ops, "the audit saw no op"

@@ -617,7 +617,7 @@ def test_a_broken_get_init_inputs_is_reported_in_model_py(clean_workdir: Path) -
 
 def test_a_constructor_that_needs_real_values_is_built_on_the_cpu() -> None:
     import torch
-    from pytest_cudaopt.policy import construction
+    from pytest_cudaopt.worker import construct
 
     class Plain(torch.nn.Module):
         def __init__(self, n):
@@ -628,8 +628,8 @@ def test_a_constructor_that_needs_real_values_is_built_on_the_cpu() -> None:
         def __init__(self, n):
             super().__init__(int(torch.linspace(0, n, 3)[1].item()))  # .item() fails on the meta device
 
-    assert construction._build(Plain, [4]).fc.weight.device.type == "meta"  # no memory filled
-    assert construction._build(ReadsValues, [4]).fc.weight.shape == (2, 2)
+    assert construct.build_model(Plain, [4]).fc.weight.device.type == "meta"  # no memory filled
+    assert construct.build_model(ReadsValues, [4]).fc.weight.shape == (2, 2)
 
 
 def test_the_construction_check_leaves_the_process_as_it_was(tmp_path: Path) -> None:

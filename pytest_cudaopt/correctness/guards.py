@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -15,13 +14,12 @@ from typing import Any, Callable
 import torch
 
 from pytest_cudaopt.correctness import compare
-from pytest_cudaopt.correctness.audit import OpAudit
 from pytest_cudaopt.correctness.faults import CudaFault, WorkerCrash, context_alive, is_cuda_fault
-from pytest_cudaopt.correctness.poison import poisoned_memory
 from pytest_cudaopt.correctness.precision import Precision, run_float64
 from pytest_cudaopt.tensors import clone_inputs, clone_nest, describe_tensor, leaves
 from pytest_cudaopt.watchdog import harness_step
 from pytest_cudaopt.worker.candidate import Candidate, WorkerError, WorkerFailed
+from pytest_cudaopt.worker.observe import unfresh_output
 
 
 class GuardFailure(AssertionError):
@@ -112,58 +110,15 @@ def _overlaps(a: tuple | None, b: tuple | None) -> bool:
     return a is not None and b is not None and a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
 
 
-class OutputHistory:
-    """Weak references to what earlier candidate calls returned. A legitimate output is freed
-    when the caller drops it; one that is still alive and comes back is a cached output."""
-
-    def __init__(self) -> None:
-        self._refs: list[weakref.ref] = []
-
-    def add(self, output: Any) -> None:
-        for _, leaf in leaves(output):
-            if isinstance(leaf, torch.Tensor):
-                self._refs.append(weakref.ref(leaf))
-        self._refs = [r for r in self._refs if r() is not None]
-
-    def alive(self) -> list[torch.Tensor]:
-        return [t for t in (r() for r in self._refs) if t is not None]
-
-
 def check_fresh_outputs(output: Any, inputs: list, model_new: torch.nn.Module,
                         earlier: list[torch.Tensor], names: list[str] | None = None,
                         file: str = "model_new.py") -> None:
     """Every output tensor is a plain torch.Tensor whose storage overlaps no input, no
-    parameter or buffer of ModelNew, and no output of an earlier call that is still alive."""
-    input_spans = [(i, _storage_span(x)) for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
-    state_spans = [(n, _storage_span(t)) for n, t in
-                   [*model_new.named_parameters(), *model_new.named_buffers()]]
-    earlier_spans = [(t, _storage_span(t)) for t in earlier]
-    for path, leaf in leaves(output):
-        if not isinstance(leaf, torch.Tensor):
-            continue
-        if type(leaf) is not torch.Tensor:
-            raise GuardFailure("output type", (
-                f"{file}: ModelNew.forward returned a {type(leaf).__module__}.{type(leaf).__qualname__} as {path}; "
-                f"outputs must be plain torch.Tensor objects"))
-        for old, span in earlier_spans:
-            if leaf is old or _overlaps(_storage_span(leaf), span):
-                what = "the same tensor object" if leaf is old else "a tensor sharing storage with the output"
-                raise GuardFailure("cached output", (
-                    f"{file}: ModelNew.forward returned {what} returned by an earlier call as {path} "
-                    f"({describe_tensor(leaf)}); every call must compute a fresh output "
-                    f"(a cached or reused output)"))
-        span = _storage_span(leaf)
-        for i, other in input_spans:
-            if _overlaps(span, other):
-                what = "is" if leaf is inputs[i] else "shares storage with (a view of)"
-                raise GuardFailure("output aliases input", (
-                    f"{file}: {path} {describe_tensor(leaf)} {what} {_label(i, names)}; "
-                    f"outputs must own fresh storage, not return an input or a view of one"))
-        for name, other in state_spans:
-            if _overlaps(span, other):
-                raise GuardFailure("output aliases state", (
-                    f"{file}: {path} {describe_tensor(leaf)} shares storage with ModelNew's "
-                    f"parameter/buffer '{name}'; outputs must own fresh storage"))
+    parameter or buffer of ModelNew, and no output of an earlier call that is still alive
+    (worker.observe.unfresh_output)."""
+    found = unfresh_output(output, inputs, model_new, earlier, names, file)
+    if found is not None:
+        raise GuardFailure(*found)
 
 
 # -- the op audit -------------------------------------------------------------------------------
@@ -238,23 +193,6 @@ class Trial:
     input_names: list[str] | None = None
     # A value-family case's comparison and precision (family.judge); None: model.py's own values.
     judge_family: Callable[..., tuple[compare.Comparison, Precision]] | None = None
-
-
-def call_locally(model: torch.nn.Module, inputs: list, device: torch.device, workdir: Path, extension: Any,
-                 extra_allowed: frozenset[str], history: OutputHistory,
-                 names: list[str] | None) -> tuple[Any, list[Any], tuple[str, str] | None]:
-    """One call of ModelNew where it lives (the worker): under poisoned memory and the op audit,
-    the device synchronised; (output, the audit's violations, (check, message) of an output
-    that is no fresh plain tensor, else None). What ModelNew raises propagates."""
-    audit = OpAudit(workdir, extension, extra_allowed)
-    with torch.no_grad(), poisoned_memory(device), audit:
-        output = model(*inputs)
-    _synchronize(device)
-    try:
-        check_fresh_outputs(output, inputs, model, history.alive(), names)
-    except GuardFailure as exc:
-        return output, audit.violations(), (exc.check, exc.message)
-    return output, audit.violations(), None
 
 
 def own_outputs(output: Any, inputs: list, names: list[str] | None = None, file: str = "model_new.py") -> Any:

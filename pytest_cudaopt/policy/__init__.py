@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pytest_cudaopt.policy.construction import check_construction, check_construction_within
+from pytest_cudaopt.policy.construction import check_construction, check_construction_within, construction_violations
 from pytest_cudaopt.policy.cpp_checks import KernelScan, check_convolution, model_convolutions
 from pytest_cudaopt.policy.cpp_lexer import Include, Token, lex_cpp
+from pytest_cudaopt.policy.extension_names import extension_violations
 from pytest_cudaopt.policy.files import (
     PROTECTED_TEMPLATES, TEMPLATES, check_kernels_dir, check_protected, write_lock,
 )
@@ -21,6 +22,7 @@ from pytest_cudaopt.policy.rules import (
 __all__ = [
     "BUILD_RULES", "CONFIG_KEYS", "IMPORTS_WORKDIR", "LOCK_NAME", "PROTECTED_TEMPLATES", "RULE_IDS", "RULES",
     "TEMPLATES", "Config", "Include", "Token", "Violation", "check_construction", "check_workdir", "format_violation",
+    "worker_violations",
     "iter_rule_lines", "lex_cpp", "load_config", "model_convolutions", "render", "rule_count",
     "write_lock",
 ]
@@ -48,3 +50,9 @@ def check_workdir(workdir: Path, config: Config | None = None, extension: Any = 
     # A changed locked setting is reported even when PF003 is disabled: `disable` is one of them.
     return sorted({v for v in found if v.rule not in config.disable
                    or (v.rule == "PF003" and v.path in ("pyproject.toml", "pytest.ini"))})
+
+
+def worker_violations(workdir: Path, reply: dict) -> list[Violation]:
+    """MN010 and EX001 from the facts a worker's `policy` request answered (worker/construct.py)."""
+    return (construction_violations(workdir, reply.get("construction"))
+            + extension_violations(list(reply.get("missing") or ())))

@@ -20,11 +20,9 @@ import sys
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from pytest_cudaopt.worker import protocol, sandbox
-
 
 
 
@@ -33,16 +31,17 @@ class Server:
         self.torch: Any = None    # imported once the worker is confined (op_sandbox)
         self.sandbox: dict | None = None  # what held (sandbox.confine), after `sandbox`
         self.conn = conn
-        self.workdir = None       # workdir.Workdir, after `load`
+        self.candidate: Any = None  # model_new.py's module, after `load`
         self.path: Path | None = None
         self.arena: protocol.Arena | None = None
         self.extension = None
         self.models: dict[int, Any] = {}
-        self.history = None       # guards.OutputHistory: outputs of earlier calls still alive
+        self.history = None       # observe.OutputHistory: outputs of earlier calls still alive
         self.kept: Any = None     # the last reply's tensors, alive until the next request
-        self.lead = None          # perf.clocks.GpuLead: the spin before a timed batch on CUDA
+        self.lead = None          # observe.GpuLead: the spin before a timed batch on CUDA
+        self.flush: Any = None    # the buffer the kernel trace zeroes to flush L2
         self.events: list = []    # timing events, reused batch to batch
-        self.stream_gate = None   # stream_gate.StreamGate, after `gate`
+        self.stream_gate = None   # stream_page.StreamGate, after `gate`
         self.slots: dict = {}     # id -> input sets the judging process shared for gated batches
         self.pending: list = []   # the events of the gated batch whose figures `collect` answers
 
@@ -79,8 +78,8 @@ class Server:
                                                    f"process: {type(exc).__name__}: {exc}"})
 
     def _error(self, exc: BaseException, what: str) -> dict:
-        from pytest_cudaopt.correctness.faults import context_alive, is_cuda_fault
-        from pytest_cudaopt.workdir import WorkdirError, user_traceback
+        from pytest_cudaopt.worker.load import WorkdirError, user_traceback
+        from pytest_cudaopt.worker.observe import context_alive, is_cuda_fault
 
         if isinstance(exc, WorkdirError):
             return {"error": str(exc), "file": exc.file, "kind": "workdir"}
@@ -124,9 +123,7 @@ class Server:
 
         self.torch = torch
         protocol.setup_sharing()
-        from pytest_cudaopt.build import loader  # noqa: F401 - what `load` imports, imported ahead
-        from pytest_cudaopt.correctness import faults, guards  # noqa: F401
-        from pytest_cudaopt import workdir  # noqa: F401
+        from pytest_cudaopt.worker import load, observe  # noqa: F401 - what `load` imports, imported ahead
 
         device = str(request.get("device") or "cpu")
         if device.startswith("cuda") and torch.cuda.is_available():
@@ -138,10 +135,9 @@ class Server:
     def op_load(self, request: dict) -> dict:
         """The extension (the build's .so, or MN010's stand-in when there is none) and the
         workdir's two files; whether model_new.py declares itself non-deterministic."""
-        from pytest_cudaopt.build.diagnostics import BuildError
-        from pytest_cudaopt.build.loader import load_extension
-        from pytest_cudaopt.correctness.guards import OutputHistory
-        from pytest_cudaopt.workdir import WorkdirError, load_workdir
+        from pytest_cudaopt.worker.construct import stand_in_extension
+        from pytest_cudaopt.worker.load import EXTENSION, WorkdirError, import_candidate, import_extension
+        from pytest_cudaopt.worker.observe import OutputHistory
 
         if self.sandbox.get("mode") == "require" and "files" in self.sandbox.get("missing", {}):
             return {"error": f"cudaopt_sandbox=require: the worker is not confined ({self.sandbox['missing']['files']})",
@@ -152,13 +148,11 @@ class Server:
         if request.get("extension"):
             so = Path(request["extension"])
             try:
-                self.extension = load_extension(SimpleNamespace(so_path=so, build_dir=so.parent, workdir=path,
-                                                                log_path=so.parent / "build.log", module=None))
-            except BuildError as exc:
-                return {"error": str(exc), "kind": "build"}
+                self.extension = import_extension(so, so.parent)
+            except ImportError as exc:
+                return {"error": f"cudaopt build: {EXTENSION} of {path} was built but does not import: {exc}",
+                        "kind": "build"}
         else:
-            from pytest_cudaopt.policy.construction import stand_in_extension
-
             self.extension = stand_in_extension()
         device = request.get("device", "cpu")
         if device.startswith("cuda") and ":" in device:
@@ -168,10 +162,11 @@ class Server:
         functions = sorted(name for name in dir(self.extension) if not name.startswith("_")
                            and callable(getattr(self.extension, name, None)))
         try:
-            self.workdir = load_workdir(path, self.extension)
+            _, self.candidate = import_candidate(path, self.extension)
         except WorkdirError as exc:  # the policy rules still run (MN010 imports on its own)
             return {"workdir_error": str(exc) + self._refused(exc), "file": exc.file, "functions": functions}
-        return {"nondeterministic": self.workdir.nondeterministic, "functions": functions}
+        return {"nondeterministic": bool(getattr(self.candidate, "CUDAOPT_NONDETERMINISTIC", False)),
+                "functions": functions}
 
     def op_extension_call(self, request: dict) -> dict:
         """One function of the extension on the arguments sent (the owner's kernel tests)."""
@@ -181,38 +176,37 @@ class Server:
         return {"output": output}
 
     def op_policy(self, request: dict) -> dict:
-        """MN010 (ModelNew constructs, its state_dict has Model's keys) and EX001 (every
-        function model_new.py calls exists), as plain findings."""
-        from pytest_cudaopt import policy
-        from pytest_cudaopt.policy.extension_names import check_extension_names
+        """The facts of MN010 (whether ModelNew constructs, both state_dicts' shapes) and EX001 (the
+        functions model_new.py calls that the extension lacks): worker/construct.py."""
+        from pytest_cudaopt.worker.construct import construction, missing_functions
 
-        found = []
-        if request.get("mn010"):
-            found += policy.check_construction(self.path, self.extension)
-        if request.get("ex001"):
-            found += check_extension_names(self.path, self.extension)
-        return {"violations": [(v.path, v.line, v.rule, v.message) for v in found]}
+        return {"construction": construction(self.path, self.extension) if request.get("mn010") else None,
+                "missing": missing_functions(self.path, self.extension) if request.get("ex001") else []}
 
     # -- models --------------------------------------------------------------------------------
 
     def op_make(self, request: dict) -> dict:
         """ModelNew(*init) under a private RNG, in eval mode on the device."""
-        from pytest_cudaopt.workdir import private_rng
+        from pytest_cudaopt.worker.load import WorkdirError, private_rng, user_traceback
 
         init = list(request["init"])
         with private_rng(int(request.get("seed", 0))):
-            model = self.workdir.construct_candidate(init)
+            try:
+                model = self.candidate.ModelNew(*init)
+            except Exception as exc:
+                raise WorkdirError(f"model_new.py: ModelNew(*get_init_inputs()) raised:\n"
+                                   f"{user_traceback(exc, [self.path])}", "model_new.py") from exc
         model = model.eval().to(request.get("device", "cpu"))
         key = len(self.models) + 1
         self.models[key] = model
         return {"id": key, "keys": sorted(model.state_dict())}
 
     def op_load_state(self, request: dict) -> dict:
-        from pytest_cudaopt.workdir import load_state
+        from pytest_cudaopt.worker.load import load_state
 
         model = self.models[request["id"]]
         load_state(model, request["state"], request.get("buffers") or {},
-                   request.get("model_file", "model.py"), self.workdir.model_new_file.name)
+                   request.get("model_file", "model.py"), "model_new.py")
         return {"state": self._state(model)}
 
     def op_state(self, request: dict) -> dict:
@@ -228,12 +222,12 @@ class Server:
     def op_call(self, request: dict) -> dict:
         """One correctness call: under poisoned memory and the op audit, the device
         synchronised, the outputs' storage examined; ModelNew's state after it."""
-        from pytest_cudaopt.correctness import guards
+        from pytest_cudaopt.worker.observe import call_locally
 
         model = self.models[request["id"]]
         inputs = list(request["inputs"])
         device = self.torch.device(request.get("device", "cpu"))
-        found = guards.call_locally(model, inputs, device, self.workdir.path, self.extension,
+        found = call_locally(model, inputs, device, self.path, self.extension,
                                     frozenset(request.get("allowed", ())), self.history,
                                     request.get("names"))
         output, audit, guard = found
@@ -264,7 +258,7 @@ class Server:
         stream = torch.cuda.current_stream()
         events = self._timing_events(len(sets) + 1, stream)
         if self.lead is None:
-            from pytest_cudaopt.perf.clocks import GpuLead
+            from pytest_cudaopt.worker.observe import GpuLead
 
             self.lead = GpuLead(device)
         self.lead.enqueue(protocol.LEAD_S)  # the host gets ahead: the events bracket the kernels, not the launches
@@ -294,7 +288,7 @@ class Server:
 
     def op_gate(self, request: dict) -> dict:
         """Map and register the gate's page (before the workdir loads): {} or {"gate_error"}."""
-        from pytest_cudaopt.worker.stream_gate import StreamGate
+        from pytest_cudaopt.worker.stream_page import StreamGate
 
         torch = self.torch
         try:
@@ -377,19 +371,29 @@ class Server:
         return {"seconds": seconds} if outputs is None else {"outputs": outputs, "seconds": seconds}
 
     def op_trace(self, request: dict) -> dict:
-        """One call under the profiler (perf.trace.ProfilerTracer): its Chrome-trace events."""
-        from pytest_cudaopt.perf.engine import Contender
-        from pytest_cudaopt.perf.trace import ProfilerTracer
+        """One call under the profiler behind the lead and the L2 flush (observe.profiled_call): its
+        Chrome-trace events, parsed by the judging process (perf/trace.py)."""
+        from pytest_cudaopt.worker.observe import GpuLead, profiled_call
 
-        model = self.models[request["id"]]
-        tracer = ProfilerTracer(request["device"], flush_bytes=request.get("flush_bytes"))
-        with self.torch.no_grad():
-            events, host_ahead = tracer.events(Contender("custom", model), list(request["inputs"]),
-                                               lead=float(request.get("lead", 2e-3)))
+        torch = self.torch
+        device = torch.device(request["device"])
+        if self.lead is None or self.lead.device != device:
+            self.lead = GpuLead(device)
+        size = int(request.get("flush_bytes") or 64 << 20) // 4
+        if self.flush is None or self.flush.numel() != size or self.flush.device != device:
+            self.flush = torch.empty(size, dtype=torch.int32, device=device)
+        events, host_ahead = profiled_call(self.models[request["id"]], list(request["inputs"]), self.lead,
+                                           float(request.get("lead", 2e-3)), self.flush)
         return {"events": events, "host_ahead": host_ahead}
 
     def op_ping(self, request: dict) -> dict:
         return {"t": time.perf_counter()}
+
+    def op_modules(self, request: dict) -> dict:
+        """The names of this package's modules loaded in this process, with their files."""
+        root = __name__.split(".")[0]
+        return {"modules": {name: getattr(module, "__file__", None) for name, module in sorted(sys.modules.items())
+                            if name == root or name.startswith(root + ".")}}
 
 
 def main(argv: list[str]) -> int:

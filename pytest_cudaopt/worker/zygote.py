@@ -144,6 +144,19 @@ def _ask(name: str | None, request: dict, fds: list[int]) -> Forked | None:
     return Forked(conn, int(reply["pid"]))
 
 
+def die_with_parent(signum: int = signal.SIGTERM) -> None:
+    """In a child, before exec (a subprocess's preexec_fn): `signum` when the process that
+    started it dies, even by SIGKILL (Linux' PR_SET_PDEATHSIG; elsewhere nothing)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signum)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _package_root() -> str:
     import pytest_cudaopt
 
@@ -155,8 +168,6 @@ def _package_root() -> str:
 def start(name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     """A zygote listening at `name` when this returns, ending when the returned process's
     stdin is closed (or the caller dies: its stdin is a pipe from the caller)."""
-    from pytest_cudaopt.signals import die_with_parent
-
     proc = subprocess.Popen([sys.executable, "-m", "pytest_cudaopt.worker", "zygote", name], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, env=env, start_new_session=True,
                             preexec_fn=lambda: die_with_parent(signal.SIGKILL))
@@ -346,8 +357,6 @@ def _become_module(request: dict, log: int, base_path: list[str]) -> None:
     import atexit
     import runpy
 
-    from pytest_cudaopt.signals import die_with_parent
-
     _become(request, log, base_path)
     if request.get("nice"):
         os.nice(int(request["nice"]))
@@ -381,12 +390,13 @@ def _become_worker(request: dict, fds: list[int], base_path: list[str]) -> None:
     channel, log = fds
     _become(request, log, base_path)
     sys.dont_write_bytecode = True
-    from pytest_cudaopt.signals import die_with_parent
-
     die_with_parent(signal.SIGKILL)  # the zygote also kills it when its judging process goes
     if _cuda_poisoned():  # a fork cannot use CUDA here: the worker as `python -m pytest_cudaopt.worker FD`
         os.set_inheritable(channel, True)
         os.execv(sys.executable, [sys.executable, "-m", "pytest_cudaopt.worker", str(channel)])
+    # The zygote's own modules go: the worker imports what `python -m pytest_cudaopt.worker` would.
+    for loaded in [m for m in sys.modules if m == "pytest_cudaopt" or m.startswith("pytest_cudaopt.")]:
+        del sys.modules[loaded]
     from pytest_cudaopt.worker.server import main
 
     code = 1

@@ -1,0 +1,326 @@
+"""The one loader of the candidate's code: the built extension (its .so) and the workdir's model.py and model_new.py, each under a name of its own; ModelNew's state from Model's."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import os
+import random
+import re
+import shutil
+import sys
+import traceback
+import types
+from pathlib import Path
+from typing import Any, Iterator
+
+# torch is imported where it is used: the judging process imports this module (build/loader.py) at
+# start, before it may import torch.
+
+EXTENSION = "cuda_extension"   # the name model_new.py imports the extension by
+
+MODULE_PREFIX = "cudaopt_workdir_"
+NONDETERMINISTIC = "CUDAOPT_NONDETERMINISTIC"  # model_new.py: kernels use atomics, results vary in the last bits
+
+
+class WorkdirError(Exception):
+    """The workdir cannot be loaded or its models built; the message names the file and
+    shows the workdir's own traceback lines. `file` is that file's name, when known."""
+
+    def __init__(self, message: str, file: str | None = None):
+        super().__init__(message)
+        self.file = file
+
+
+def module_prefix(path: Path) -> str:
+    """`cudaopt_workdir_<hash>`: the package name under which a workdir's files are imported,
+    distinct for every workdir folder."""
+    digest = hashlib.sha1(str(Path(path).resolve()).encode()).hexdigest()[:12]
+    return MODULE_PREFIX + digest
+
+
+def user_traceback(exc: BaseException, roots: list[Path]) -> str:
+    """The exception with only the traceback frames inside `roots` (the workdir's files):
+    `  model.py:12 in get_inputs: return torch.randn(n)` lines, then `Type: message`."""
+    roots = [Path(r).resolve() for r in roots]
+    lines = []
+    for frame in traceback.extract_tb(exc.__traceback__):
+        path = Path(frame.filename)
+        try:
+            resolved = path.resolve()
+        except OSError:
+            continue
+        if any(resolved == r or r in resolved.parents for r in roots):
+            rel = _short(resolved, roots)
+            code = f": {frame.line.strip()}" if frame.line else ""
+            lines.append(f"  {rel}:{frame.lineno} in {frame.name}{code}")
+    message = str(exc).strip()
+    # C++ exceptions carry a long native backtrace after the message; keep the message.
+    kept = [ln for ln in message.splitlines() if ln.strip()]
+    cut = next((i for i, ln in enumerate(kept) if ln.startswith(("Exception raised from", "frame #"))), len(kept))
+    kept = kept[:min(cut, 12)]
+    lines.append(f"{type(exc).__name__}: " + "\n".join(kept))
+    return "\n".join(lines)
+
+
+def _short(path: Path, roots: list[Path]) -> str:
+    for root in roots:
+        if root.is_dir() and root in path.parents:
+            return str(path.relative_to(root))
+    return path.name
+
+
+@contextlib.contextmanager
+def temporary_modules(replacements: dict[str, types.ModuleType | None], path: Path) -> Iterator[None]:
+    """sys.modules entries (and the workdir first on sys.path) for the duration of an import."""
+    saved = {name: sys.modules.get(name) for name in replacements}
+    saved_path = list(sys.path)
+    for name, module in replacements.items():
+        if module is None:
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = module
+    sys.path.insert(0, str(path))
+    try:
+        yield
+    finally:
+        sys.path[:] = saved_path
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+
+
+def import_file(name: str, file: Path, workdir: Path,
+                aliases: dict[str, types.ModuleType | None] | None = None) -> types.ModuleType:
+    """Import `file` as module `name`, with `workdir` first on sys.path and `aliases` (e.g.
+    `model` -> the workdir's reference module) in sys.modules for the duration. A file that
+    does not parse or raises is a WorkdirError naming the file, with the workdir's frames."""
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise WorkdirError(f"{file}: cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        with temporary_modules(aliases or {}, workdir):
+            spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        sys.modules.pop(name, None)
+        raise WorkdirError(_syntax_error(exc, file), file.name) from None
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        raise WorkdirError(f"importing {file} failed:\n{user_traceback(exc, [workdir])}", file.name) from exc
+    except BaseException:  # the watchdog's timeout or an interrupt: no half-made module stays
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def _syntax_error(exc: SyntaxError, file: Path) -> str:
+    """`model.py:3: SyntaxError: invalid syntax`, the offending line and a caret; no
+    import-machinery frames (the error is in the file, not in the loader)."""
+    where = Path(exc.filename).name if exc.filename else file.name
+    lines = [f"{where}:{exc.lineno}: {type(exc).__name__}: {exc.msg}"]
+    if exc.text:
+        text = exc.text.rstrip("\n")
+        stripped = text.lstrip()
+        lines.append(f"    {stripped}")
+        if exc.offset:
+            col = max(exc.offset - 1 - (len(text) - len(stripped)), 0)
+            lines.append("    " + " " * col + "^")
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def saved_rng() -> Iterator[None]:
+    """The global generators (torch's CPU one and the current CUDA device's, Python `random`,
+    NumPy) as they were before the block, whatever it seeds or draws."""
+    import torch
+
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    py_state = random.getstate()
+    np = sys.modules.get("numpy")
+    np_state = np.random.get_state() if np is not None else None
+    with torch.random.fork_rng(devices=devices):
+        try:
+            yield
+        finally:
+            random.setstate(py_state)
+            if np is not None:
+                np.random.set_state(np_state)
+
+
+def seed_all(seed: int) -> None:
+    import torch
+
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed(seed % 2**32)
+
+
+@contextlib.contextmanager
+def private_rng(seed: int) -> Iterator[None]:
+    """Torch (CPU and the current CUDA device), Python `random` and NumPy seeded with `seed`
+    for the duration; the global generators are left as they were."""
+    with saved_rng():
+        seed_all(seed)
+        yield
+
+
+def load_state(model_new: torch.nn.Module, state: dict, buffers: dict[str, torch.Tensor],
+               model_file: str = "model.py", model_new_file: str = "model_new.py") -> None:
+    """Model's `state` into ModelNew, strict (keys named in a WorkdirError when they differ),
+    then Model's non-persistent `buffers` into ModelNew's buffers of the same names."""
+    expected = set(state)
+    present = set(model_new.state_dict())
+    missing, unexpected = sorted(expected - present), sorted(present - expected)
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing (in Model, not in ModelNew): {', '.join(missing)}")
+        if unexpected:
+            parts.append(f"unexpected (in ModelNew, not in Model): {', '.join(unexpected)}")
+        raise WorkdirError(f"{model_new_file}: ModelNew's state_dict keys differ from Model's "
+                           f"({model_file}): " + "; ".join(parts))
+    try:
+        model_new.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise WorkdirError(f"{model_new_file}: loading Model's state_dict into ModelNew failed: {exc}") from exc
+    copy_buffers(buffers, model_new, model_file, model_new_file)
+
+
+def copy_buffers(ours: dict[str, torch.Tensor], model_new: torch.nn.Module,
+                 model_file: str = "model.py", model_new_file: str = "model_new.py") -> None:
+    """Copy Model's non-persistent buffers (`ours`) into ModelNew's buffers of the same name, so
+    both start from the same state; a buffer one has and the other lacks, or of another shape,
+    is named in a WorkdirError."""
+    import torch
+
+    if not ours:
+        return
+    theirs = dict(model_new.named_buffers())
+    for name, buffer in ours.items():
+        target = theirs.get(name)
+        if target is None:
+            raise WorkdirError(f"{model_new_file}: Model ({model_file}) has the non-persistent buffer "
+                               f"'{name}' {tuple(buffer.shape)}, ModelNew has no buffer of that name; "
+                               f"register it in ModelNew too so both start from the same values")
+        if target.shape != buffer.shape:
+            raise WorkdirError(f"{model_new_file}: non-persistent buffer '{name}': Model ({model_file}) has "
+                               f"shape {tuple(buffer.shape)}, ModelNew {tuple(target.shape)}")
+        with torch.no_grad():
+            target.copy_(buffer)
+
+
+def import_reference(path: Path) -> tuple[Path, types.ModuleType, types.ModuleType]:
+    """model.py of the workdir at `path`, checked for the KernelBench names, under the
+    workdir's package name; (resolved path, package, module)."""
+    path = Path(path).resolve()
+    for name in ("model.py", "model_new.py"):
+        if not (path / name).is_file():
+            raise WorkdirError(f"{path} is not a workdir: it has no {name}")
+    prefix = module_prefix(path)
+    package = types.ModuleType(prefix, f"cudaopt workdir {path}")
+    package.__path__ = []  # a namespace for the two modules; nothing is imported through it
+    sys.modules[prefix] = package
+    reference = import_file(f"{prefix}.model", path / "model.py", path, {"cuda_extension": None, "model": None})
+    for required in ("Model", "get_inputs", "get_init_inputs"):
+        if not hasattr(reference, required):
+            raise WorkdirError(f"{path / 'model.py'} defines no {required} (KernelBench format: "
+                               f"class Model, get_inputs(), get_init_inputs())")
+    package.model = reference
+    return path, package, reference
+
+
+
+
+def import_candidate(path: Path, extension: Any) -> tuple[types.ModuleType, types.ModuleType]:
+    """model.py and model_new.py of the workdir at `path`, as `cudaopt_workdir_<hash>.model` and
+    `.model_new`: (model, model_new). While model_new.py is imported, `import cuda_extension`
+    finds `extension` and `import model` finds this workdir's model.py; both names are restored."""
+    path, package, reference = import_reference(path)
+    candidate = import_file(f"{package.__name__}.model_new", path / "model_new.py", path,
+                            {EXTENSION: extension, "model": reference})
+    if not hasattr(candidate, "ModelNew"):
+        raise WorkdirError(f"{path / 'model_new.py'} defines no class ModelNew")
+    package.model, package.model_new = reference, candidate
+    return reference, candidate
+
+
+# -- the extension -----------------------------------------------------------------------------
+
+# so path -> ((mtime, size, inode), module): an unchanged build is not imported twice.
+_LOADED: dict[Path, tuple[tuple[int, int, int], Any]] = {}
+_load_count = 0
+
+
+def import_extension(so: Path, build_dir: Path) -> Any:
+    """Import the built `cuda_extension` under a name unique to this build (several workdirs can
+    be loaded in one process). A rebuilt .so is loaded from a fresh copy in `build_dir`/loaded,
+    since the dynamic loader would hand back the already loaded file of the same path. An .so
+    that does not import raises ImportError."""
+    global _load_count
+    stat = so.stat()
+    ident = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+    cached = _LOADED.get(so)
+    if cached is not None and cached[0] == ident:
+        return cached[1]
+    _load_count += 1
+    path = so
+    if cached is not None:
+        fresh = build_dir / "loaded"
+        fresh.mkdir(exist_ok=True)
+        path = fresh / f"{EXTENSION}.{os.getpid()}.{_load_count}.so"
+        shutil.copy2(so, path)
+    tag = hashlib.sha256(str(so).encode()).hexdigest()[:12]
+    name = f"cudaopt_ext_{tag}_{_load_count}.{EXTENSION}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.__getattr__ = _missing_function(module)  # PEP 562: only for names the module lacks
+    sys.modules[name] = module
+    _LOADED[so] = (ident, module)
+    return module
+
+
+def defined_functions(module) -> list[str]:
+    """The functions a loaded `cuda_extension` defines, sorted."""
+    return sorted(n for n, v in vars(module).items() if not n.startswith("_") and callable(v))
+
+
+def takes_module(func) -> bool:
+    """True for a binding whose pybind11 signature takes a module: a registration function
+    (`void register_op(pybind11::module&)`) that was bound as if it were the op."""
+    first = (getattr(func, "__doc__", None) or "").split("\n", 1)[0]
+    return re.search(r"\((?:\w+: )?(?:module|types\.ModuleType)\)", first) is not None
+
+
+def missing_function_message(module, name: str) -> str:
+    """Why `cuda_extension.<name>` is missing, in the workdir's own terms."""
+    defined = defined_functions(module)
+    text = f"cuda_extension has no function '{name}'; "
+    if not defined:
+        return text + ("it defines none: no kernels/*_binding.cpp registers a function with "
+                       "REGISTER_BINDING(op, register_op), where register_op calls m.def")
+    text += f"it defines {', '.join(defined)}"
+    wrong = [n for n in defined if takes_module(getattr(module, n))]
+    if wrong:
+        text += (f". {', '.join(wrong)} takes a pybind11 module: that looks like a registration function "
+                 "passed in the wrong form (the contract is REGISTER_BINDING(op, register_op); with the "
+                 "published agent-workdir binding_registry.h or the shipped one, register_op(pybind11::module& m) "
+                 f"calls m.def(\"{name}\", ...))")
+    return text
+
+
+def _missing_function(module):
+    def __getattr__(name: str):
+        if name.startswith("__"):
+            raise AttributeError(f"module 'cuda_extension' has no attribute '{name}'")
+        raise AttributeError(missing_function_message(module, name))
+    return __getattr__
