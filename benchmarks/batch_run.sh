@@ -10,7 +10,7 @@ export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv; nproc
   python3 -c "import torch; print(torch.__version__)"; } > "$OUT/env.txt" 2>&1
 # the default workdir's build (worker_calls.py's) alongside the benchmark's own
-python3 -c "from pathlib import Path; from pytest_cudaopt import build; build.build(Path('.').resolve())" \
+python3 -c "from pathlib import Path; from pytest_cudaopt import extension; extension.build(Path('.').resolve())" \
   > "$OUT/build.txt" 2>&1 &
 small="$OUT/cuda_scale_2048"; bash benchmarks/cuda_scale_copy.sh "$small" 2048
 timeout "${BENCH_S:-110}" python3 benchmarks/bench_worker.py "$small" --max-time "${MAX_TIME:-2}" \

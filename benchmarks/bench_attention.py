@@ -2,7 +2,7 @@
 # Usage (from the repo root, on a CUDA machine):
 #   python benchmarks/bench_attention.py [--out DIR] [--max-time S]
 #   (BENCH_ATTENTION_CONFIGS=0,2 checks and times those attention configs only)
-# 1. build: the workdir's cuda_extension (pytest_cudaopt.build, the plugin's build).
+# 1. build: the workdir's cuda_extension (pytest_cudaopt.extension, the plugin's build).
 # 2. check: per shape and attention config (0 = tensor cores, 1 = generic), ModelNew's relative
 #    L2 error against a float64 run of model.Model, beside the float32 reference's own, and its
 #    precision tier (pytest_cudaopt.correctness.precision); the attention op alone against float64 attention.

@@ -1,7 +1,7 @@
 """Check and time the default workdir's linear op (3xTF32 wgmma GEMM, cuBLASLt fallback) on a GPU."""
 # Usage (from the repo root, on a CUDA machine):
 #   python benchmarks/bench_linear.py [--out DIR] [--max-time S]
-# 1. build: the workdir's cuda_extension (pytest_cudaopt.build, the plugin's build).
+# 1. build: the workdir's cuda_extension (pytest_cudaopt.extension, the plugin's build).
 # 2. check: per shape (GPT-2's c_attn and c_proj, then edge sizes: tails in M, N and K, tiny and
 #    unaligned problems) and config (1 = cuBLASLt fp32, the others the 3xTF32 GEMM), the path
 #    taken, the relative L2 error against float64 beside torch's fp32 F.linear's own, and the

@@ -28,7 +28,7 @@ def main(argv: list[str] | None, *, doc: str | None, name: str, results: str, ma
     args = parser.parse_args(argv)
     import torch
 
-    from pytest_cudaopt import build
+    from pytest_cudaopt import extension as build
 
     if not torch.cuda.is_available():
         print(f"{name}: no CUDA device visible", file=sys.stderr)

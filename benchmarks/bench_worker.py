@@ -22,11 +22,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_cudaopt import build  # noqa: E402
+from pytest_cudaopt import extension as build  # noqa: E402
 from pytest_cudaopt.perf import clocks, engine  # noqa: E402
 from pytest_cudaopt.perf.feed import Feed  # noqa: E402
 from pytest_cudaopt.workdir import load_reference, load_workdir  # noqa: E402
-from pytest_cudaopt.worker import Worker  # noqa: E402
+from pytest_cudaopt.remote.worker import Worker  # noqa: E402
 
 
 def describe_timing(worker: Worker, through) -> None:

@@ -33,8 +33,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pytest_cudaopt import environment, report  # noqa: E402
-from pytest_cudaopt.perf import clocks, engine, gate, stats, trace  # noqa: E402  (binds the timing functions first)
+from pytest_cudaopt.primitives import environment
+from pytest_cudaopt.results import report  # noqa: E402
+from pytest_cudaopt.perf import clocks, engine, decision as gate, stats, trace  # noqa: E402  (binds the timing functions first)
 from pytest_cudaopt.perf.feed import Feed  # noqa: E402
 
 import torch  # noqa: E402

@@ -1,4 +1,4 @@
-"""What the copy out of a gated batch costs beyond its own GPU time, by what the batch wrote: the stream gate's empty batches (stream_gate.JudgeGate.probe) whose worker writes outputs of a given size and count behind the gate, after spinning a given time.
+"""What the copy out of a gated batch costs beyond its own GPU time, by what the batch wrote: the stream gate's empty batches (window.JudgeWindow.probe) whose worker writes outputs of a given size and count behind the gate, after spinning a given time.
 
     python benchmarks/gate_excess.py [--reps 12] [--sizes 4K,16M,48M,144M,256M] [--counts 1,3,16] [--spins-us 0,2500]
 
@@ -6,7 +6,7 @@ A worker with no workdir (nothing but the harness's own code runs in it) and its
 then for each (size, count, spin) `--reps` probes, printing the medians of the window from
 opening to DONE and of the copy's excess (the host time from DONE to the copy's end less the
 copy's GPU time), the excess beyond the calibrated 4 KB one, and what the gate allows for it
-(`JudgeGate.extra` of the window). Needs a CUDA device.
+(`JudgeWindow.extra` of the window). Needs a CUDA device.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_cudaopt.worker import Worker  # noqa: E402
+from pytest_cudaopt.remote.worker import Worker  # noqa: E402
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 

@@ -1,4 +1,4 @@
-"""Can the judging process time a worker's batch by its own clock, with no pipe inside the window? A probe of the gate (pytest_cudaopt/worker/stream_gate.py) step by step, each with a time limit, printing as it goes.
+"""Can the judging process time a worker's batch by its own clock, with no pipe inside the window? A probe of the gate (pytest_cudaopt/remote/window.py) step by step, each with a time limit, printing as it goes.
 
     python3 benchmarks/gate_probe.py [--confine] [--reps 100] [--out DIR]      # needs a CUDA device
 
@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 pc = time.perf_counter
-from pytest_cudaopt.worker.stream_gate import DONE, OPEN, PAGE, JudgeGate, StreamGate  # noqa: E402
+from pytest_cudaopt.remote.window import DONE, OPEN, PAGE, JudgeWindow, WorkerWindow  # noqa: E402
 
 # ---- the probe ----
 ATTRIBUTES = {91: "can_use_host_pointer_for_registered_mem", 92: "can_use_stream_mem_ops_v1",
@@ -81,7 +81,7 @@ def single_process() -> dict:
     os.close(fd)
     os.unlink(path)
     try:
-        gate = StreamGate.__new__(StreamGate)
+        gate = WorkerWindow.__new__(WorkerWindow)
         gate.torch = torch
         gate.view = view
         gate._buffer = (ctypes.c_char * PAGE).from_buffer(view)
@@ -92,8 +92,8 @@ def single_process() -> dict:
         got = driver.cuMemHostGetDevicePointer_v2(ctypes.byref(pointer), ctypes.c_void_p(host), 0)
         say("device pointer:", got, hex(pointer.value), "host", hex(host))
         gate.device_address = pointer.value
-        gate._wait = StreamGate._function(driver, "cuStreamWaitValue32")
-        gate._write = StreamGate._function(driver, "cuStreamWriteValue32")
+        gate._wait = WorkerWindow._function(driver, "cuStreamWaitValue32")
+        gate._write = WorkerWindow._function(driver, "cuStreamWriteValue32")
         for stream_kind in ("current", "side"):
             stream = torch.cuda.current_stream() if stream_kind == "current" else torch.cuda.Stream()
             with torch.cuda.stream(stream):
@@ -128,7 +128,7 @@ def single_process() -> dict:
 def child(fd: int, path: str, confine: bool) -> int:
     conn = Connection(fd)
     if confine:
-        from pytest_cudaopt.worker import sandbox
+        from pytest_cudaopt.candidate import sandbox
 
         scratch = tempfile.mkdtemp(prefix="gate-probe-")
         conn.send({"sandbox": sandbox.confine("require", str(ROOT), None, scratch)})
@@ -136,7 +136,7 @@ def child(fd: int, path: str, confine: bool) -> int:
 
     try:
         torch.zeros(1, device="cuda")
-        gate = StreamGate(path, torch)
+        gate = WorkerWindow(path, torch)
     except Exception as exc:  # noqa: BLE001 - the probe reports what failed
         conn.send({"error": f"{type(exc).__name__}: {exc}"})
         return 1
@@ -207,7 +207,7 @@ def child(fd: int, path: str, confine: bool) -> int:
                        "samples": [ys[i][:4].tolist() for i in range(calls)]})
 
 
-def _start_child(gate: JudgeGate, confine: bool):
+def _start_child(gate: JudgeWindow, confine: bool):
     ours, theirs = socket.socketpair()
     proc = subprocess.Popen([sys.executable, __file__, "--child", str(theirs.fileno()), gate.path]
                             + (["--confine"] if confine else []), pass_fds=[theirs.fileno()])
@@ -236,7 +236,7 @@ def _child_session(proc, conn, found: dict, what: str):
 def two_processes(confine: bool, reps: int, after_step: bool = True) -> dict:
     import torch
 
-    gate = JudgeGate.create()
+    gate = JudgeWindow.create()
     proc, conn = _start_child(gate, confine)
     found: dict = {"confined": confine}
     with _child_session(proc, conn, found, "two processes"):
@@ -345,10 +345,10 @@ def window_fill(reps: int) -> dict:
     import torch
     import torch.multiprocessing  # noqa: F401 - CUDA tensors through Connection.send as IPC handles
 
-    gate = JudgeGate.create()
+    gate = JudgeWindow.create()
     found: dict = {}
     try:
-        opener = StreamGate(gate.path, torch)
+        opener = WorkerWindow(gate.path, torch)
     except OSError as exc:
         gate.unlink()
         return {"error": f"the judging process's side of the gate: {exc}"}

@@ -37,7 +37,7 @@ CPU_ARGS = ["--cudaopt-device=cpu", "--cudaopt-compile-backend=eager", "--cudaop
 
 
 def _finish(workdir: Path) -> Path:
-    from pytest_cudaopt import scaffold
+    from pytest_cudaopt.commands import scaffold
 
     for name in ("binding.cpp", "binding_registry.h"):
         if not (workdir / name).is_file():
@@ -142,7 +142,7 @@ def judge_arm(workdirs: list[Path], args: list[str], cache: Path, gpus: list[str
 
 def table(pytest_run: dict | None, judge_run: dict | None, devices: int) -> tuple[str, bool]:
     """Verdicts side by side, then throughput and time by stage for each arm."""
-    from pytest_cudaopt.report import render_rows
+    from pytest_cudaopt.results.report import render_rows
 
     names = sorted({*((pytest_run or {}).get("results", {})), *((judge_run or {}).get("results", {}))})
     rows, same = [], True

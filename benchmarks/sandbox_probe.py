@@ -1,4 +1,4 @@
-"""Which part of the worker's sandbox a host's CUDA driver needs: each mechanism of worker/sandbox.py alone, Landlock with every right on "/" but one, and Landlock with writes allowed beneath one more path, each in a fresh process that then initialises CUDA.
+"""Which part of the worker's sandbox a host's CUDA driver needs: each mechanism of candidate/sandbox.py alone, Landlock with every right on "/" but one, and Landlock with writes allowed beneath one more path, each in a fresh process that then initialises CUDA.
 
     python3 benchmarks/sandbox_probe.py [--extra /some/path ...]
 
@@ -19,7 +19,7 @@ import tempfile
 CHILD = r"""
 import os, sys, platform
 sys.path.insert(0, {root!r})
-from pytest_cudaopt.worker import sandbox as s
+from pytest_cudaopt.candidate import sandbox as s
 variant, extra, scratch = sys.argv[1], sys.argv[2:], {scratch!r}
 abi, _ = s.landlock_abi()
 reads = s.rules(os.getcwd(), None, scratch)

@@ -53,7 +53,7 @@ def _timed(table: dict, key_of):
 def _stop_and_collect(stop):
     """Worker.stop, after asking the worker to stop (it writes its stats) and copying them out."""
     def collecting(self):
-        from pytest_cudaopt.worker import protocol
+        from pytest_cudaopt import wire as protocol
 
         out = os.environ.get("STAGE_PROFILE_JSON")
         if self.conn is not None and self.alive() and out:
@@ -71,7 +71,8 @@ def _stop_and_collect(stop):
 
 
 def pytest_configure(config):
-    from pytest_cudaopt.worker import client, zygote
+    from pytest_cudaopt.remote import worker as client
+    from pytest_cudaopt.run import zygote
 
     W = client.Worker
     W.stop = _stop_and_collect(W.stop)
@@ -97,7 +98,8 @@ def serve_zygote(name: str) -> int:
     and listing the modules the worker imported after the fork."""
     import cProfile
 
-    from pytest_cudaopt.worker import server, zygote
+    from pytest_cudaopt.candidate import serve as server
+    from pytest_cudaopt.run import zygote
 
     serve_plain = server.main
 

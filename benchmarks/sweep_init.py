@@ -39,7 +39,8 @@ def problems(root: Path) -> list[Path]:
 
 def judge(path: Path) -> dict:
     """`cudaopt init` around `path`, then the rules on the new workdir (MN010 included)."""
-    from pytest_cudaopt import policy, scaffold
+    from pytest_cudaopt import policy
+    from pytest_cudaopt.commands import scaffold
 
     with tempfile.TemporaryDirectory(prefix="sweep_init_") as tmp:
         try:

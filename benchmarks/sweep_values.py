@@ -64,7 +64,7 @@ def judge(path: Path, limit: int = 1 << 22) -> dict:
     import torch
 
     from pytest_cudaopt.correctness import family as family_case, guards, shapes, values
-    from pytest_cudaopt.tensors import clone_nest
+    from pytest_cudaopt.primitives.tensors import clone_nest
     from pytest_cudaopt.workdir import private_rng
 
     try:

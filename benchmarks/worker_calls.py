@@ -111,7 +111,8 @@ def serve(fd: int) -> int:
     import signal
     from multiprocessing.connection import Connection
 
-    from pytest_cudaopt.worker import protocol, server
+    from pytest_cudaopt import wire as protocol
+    from pytest_cudaopt.candidate import serve as server
 
     records: list[dict] = []
     cur: dict = {}
@@ -218,7 +219,7 @@ class Probe:
     """Marks of this process's protocol.send / receive_bytes, one entry per request."""
 
     def __init__(self):
-        from pytest_cudaopt.worker import protocol
+        from pytest_cudaopt import wire as protocol
 
         self.entries: list[dict] = []
         self.enc, self.dec = [0.0], [0.0]
@@ -253,13 +254,13 @@ class Probe:
 
 @contextlib.contextmanager
 def through_this_file():
-    """Worker.start runs `python -m pytest_cudaopt.worker FD`: run `this file --serve FD` instead
+    """Worker.start runs `python -m pytest_cudaopt.candidate FD`: run `this file --serve FD` instead
     (no zygote, which would fork the plain server)."""
     real = subprocess.Popen
     zygote = os.environ.pop("CUDAOPT_WORKER_ZYGOTE", None)
 
     def popen(args, *rest, **kwargs):
-        if isinstance(args, list) and args[1:3] == ["-m", "pytest_cudaopt.worker"]:
+        if isinstance(args, list) and args[1:3] == ["-m", "pytest_cudaopt.candidate"]:
             args = [args[0], str(Path(__file__).resolve()), "--serve", *args[3:]]
         return real(args, *rest, **kwargs)
 
@@ -361,12 +362,12 @@ def cpu_example(dest: Path) -> Path:
 def run(args) -> dict:
     import torch
 
-    from pytest_cudaopt import build
+    from pytest_cudaopt import extension as build
     from pytest_cudaopt.correctness import guards
     from pytest_cudaopt.correctness.guards import OutputHistory, call_locally, own_outputs
-    from pytest_cudaopt.tensors import clone_inputs, nbytes
+    from pytest_cudaopt.primitives.tensors import clone_inputs, nbytes
     from pytest_cudaopt.workdir import load_reference, load_workdir
-    from pytest_cudaopt.worker import Worker
+    from pytest_cudaopt.remote.worker import Worker
 
     device = args.device
     cuda = device.startswith("cuda")

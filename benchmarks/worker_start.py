@@ -38,8 +38,8 @@ def main() -> int:
     args = p.parse_args()
     workdir = Path(args.workdir).resolve()
 
-    from pytest_cudaopt.session import CudaoptSession
-    from pytest_cudaopt.settings import Settings
+    from pytest_cudaopt.suite.session import CudaoptSession
+    from pytest_cudaopt.suite.settings import Settings
 
     session = CudaoptSession(Settings({"device": args.device}), rootpath=workdir)
     replied: list[float] = []
@@ -53,7 +53,7 @@ def main() -> int:
 
     if args.ahead:
         step("launch the worker (sandbox request sent)", launch)
-    step("judge: import torch, bind the timing functions", lambda: __import__("pytest_cudaopt.collection",
+    step("judge: import torch, bind the timing functions", lambda: __import__("pytest_cudaopt.suite.collection",
                                                                              fromlist=["x"]).bind_timing())
     build = step("judge: build checked", lambda: session.extension(workdir))
     from pytest_cudaopt.workdir import load_reference
@@ -61,13 +61,13 @@ def main() -> int:
     step("judge: model.py loaded", lambda: load_reference(workdir))
     if not args.ahead:
         step("launch the worker (sandbox request sent)", launch)
-    from pytest_cudaopt.worker import protocol
+    from pytest_cudaopt import wire as protocol
 
     worker = session._take_launched(workdir, build.so_path, args.device)
     protocol.setup_sharing()
     cuda = args.device.startswith("cuda")
     if cuda:
-        from pytest_cudaopt.worker.stream_gate import JudgeWork
+        from pytest_cudaopt.remote.window import JudgeWork
 
         work = step("judge: its CUDA context and the gate's own work", lambda: JudgeWork(args.device))
     step("worker: sandbox reply taken (waited for)", lambda: worker.confine(worker.receive(what="confining itself")))

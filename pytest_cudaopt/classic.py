@@ -35,7 +35,7 @@ def _positive_int(text: str) -> int:
 
 
 def _parser(command: str) -> argparse.ArgumentParser:
-    from pytest_cudaopt.settings import BY_NAME
+    from pytest_cudaopt.suite.settings import BY_NAME
 
     min_runs = BY_NAME["min_runs"]
     p = argparse.ArgumentParser(prog=f"python -m utils.{command}", add_help=True,
@@ -124,11 +124,11 @@ def single_run(workdir: Path, names: Sequence[str]) -> int:
     line on stderr and exit code 1."""
     import torch
 
-    from pytest_cudaopt import build, workdir as wd
+    from pytest_cudaopt import extension as build, workdir as wd
     from pytest_cudaopt.perf import lineup
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    from pytest_cudaopt.settings import SettingError
+    from pytest_cudaopt.suite.settings import SettingError
 
     try:
         result = build.build(workdir)

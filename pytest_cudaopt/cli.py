@@ -62,8 +62,8 @@ def _run_pytest(workdir: Path, marker: str, extra: Sequence[str]) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from pytest_cudaopt import build
-    from pytest_cudaopt.settings import SettingError
+    from pytest_cudaopt import extension as build
+    from pytest_cudaopt.suite.settings import SettingError
 
     try:
         result = build.build(args.workdir, verbose=True)
@@ -91,7 +91,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from pytest_cudaopt import policy
-    from pytest_cudaopt.settings import SettingError, workdir_settings
+    from pytest_cudaopt.suite.settings import SettingError, workdir_settings
 
     try:
         limit = workdir_settings(args.workdir).timeout   # MN010 runs the workdir's code: cudaopt_timeout
@@ -113,7 +113,7 @@ def _current_build(workdir: Path) -> tuple[Path | None, str]:
     """(the .so EX001 reads, "") or (None, why there is none). A workdir built before is built
     again first, compiled only where its tree changed: EX001 must read what kernels/ defines
     now, not what an earlier build did. One never built is not built here (EX001 waits)."""
-    from pytest_cudaopt import build
+    from pytest_cudaopt import extension as build
 
     try:
         so = build.existing_build(workdir)
@@ -135,12 +135,12 @@ def _worker_findings(workdir: Path, so: Path | None, limit: float, mn010: bool) 
     dies is an MN010 violation that says so."""
     from pytest_cudaopt.policy import worker_violations
     from pytest_cudaopt.policy.rules import Violation
-    from pytest_cudaopt.worker import Worker, WorkerError, WorkerFailed
-    from pytest_cudaopt.supervision import worker_frames
+    from pytest_cudaopt.remote.worker import Worker, WorkerError, WorkerFailed
+    from pytest_cudaopt.run.supervision import worker_frames
 
     if not mn010 and so is None:
         return []
-    from pytest_cudaopt.settings import SettingError, workdir_settings
+    from pytest_cudaopt.suite.settings import SettingError, workdir_settings
 
     try:
         mode = workdir_settings(workdir).sandbox
@@ -166,7 +166,7 @@ def _worker_findings(workdir: Path, so: Path | None, limit: float, mn010: bool) 
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from pytest_cudaopt import scaffold
+    from pytest_cudaopt.commands import scaffold
 
     try:
         if args.lock_only:
@@ -195,7 +195,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
-    from pytest_cudaopt import ci_gate
+    from pytest_cudaopt.commands import gate as ci_gate
 
     return ci_gate.run(args.workdir, out=Path(args.out).resolve(), baseline_workdir=args.baseline_workdir,
                     regression_margin=args.regression_margin, pytest_args=args.pytest_args,
@@ -203,7 +203,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 
 def cmd_adopt(args: argparse.Namespace) -> int:
-    from pytest_cudaopt import scaffold
+    from pytest_cudaopt.commands import scaffold
 
     try:
         _, summary = scaffold.adopt_workdir(Path(args.dir))
@@ -215,7 +215,7 @@ def cmd_adopt(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from pytest_cudaopt import jsonreport
+    from pytest_cudaopt.results import jsonreport
 
     try:
         print(jsonreport.render_file(Path(args.json), fmt=args.format))

@@ -8,13 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cudaopt import settings as _settings
-from pytest_cudaopt.collection import (
-    SUITE_MODULE, WorkdirModule, bind_timing, is_workdir_file, matches_python_files, worker_ahead, workdir_node,
-    workdirs_in,
-)
-from pytest_cudaopt.environment import pin_worker_to_gpu
-from pytest_cudaopt.session import CudaoptSession
+from pytest_cudaopt.suite import settings as _settings
+from pytest_cudaopt.suite.collection import SUITE_MODULE, WorkdirModule, bind_timing, is_workdir_file, matches_python_files, worker_ahead, workdir_node, workdirs_in
+from pytest_cudaopt.primitives.environment import pin_worker_to_gpu
+from pytest_cudaopt.suite.session import CudaoptSession
 
 SESSION_KEY = pytest.StashKey[CudaoptSession]()
 # CUDAOPT_SELF_TEST as it was when the plugin loaded, before any conftest.py could set it.
@@ -32,7 +29,7 @@ MARKERS = {
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
-    from pytest_cudaopt.hookspecs import CudaoptHooks
+    from pytest_cudaopt.suite.hookspecs import CudaoptHooks
 
     pluginmanager.add_hookspecs(CudaoptHooks)
 
@@ -82,7 +79,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _check_report_path(config)
     config.stash[SESSION_KEY].secrets = _verdict_files(config)
     if config.stash[SESSION_KEY].workdir_paths or _cudaopt_options_given(config):
-        from pytest_cudaopt import signals
+        from pytest_cudaopt.run import signals
 
         signals.install()  # before torch is imported: an interrupt never lands inside an import
     if config.stash[SESSION_KEY].workdir_paths:
@@ -93,15 +90,15 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY].emit = _terminal_lines(config)
     if hasattr(config, "workerinput"):
         pin_worker_to_gpu(config.workerinput["workerid"])
-    from pytest_cudaopt import watchdog
+    from pytest_cudaopt.run import watchdog
 
     watchdog.keep_stderr()  # the terminal's stderr, for the watchdog (fd 2 is captured during tests)
-    from pytest_cudaopt.ledger import LedgerHooks
+    from pytest_cudaopt.results.ledger import LedgerHooks
 
     config.pluginmanager.register(LedgerHooks(config.stash[SESSION_KEY].ledger,
                                               lambda nodeid: _item_workdir(config.stash[SESSION_KEY], nodeid)),
                                   "cudaopt-ledger")
-    from pytest_cudaopt.supervision import BlameHooks, InterruptHooks
+    from pytest_cudaopt.run.supervision import BlameHooks, InterruptHooks
 
     config.pluginmanager.register(InterruptHooks(config.stash[SESSION_KEY]), "cudaopt-interrupt")
     config.pluginmanager.register(BlameHooks(), "cudaopt-blame")
@@ -171,7 +168,7 @@ class _BenchmarkHooks:
 
     @staticmethod
     def pytest_benchmark_update_machine_info(config, machine_info) -> None:
-        from pytest_cudaopt import report
+        from pytest_cudaopt.results import report
 
         report.machine_info(machine_info)
 
@@ -193,7 +190,7 @@ HEADER_SHOWN = pytest.StashKey[bool]()
 
 
 def _header_lines(config: pytest.Config) -> list[str]:
-    from pytest_cudaopt.environment import device_summary
+    from pytest_cudaopt.primitives.environment import device_summary
 
     session = _session(config)
     return [device_summary(session.settings.device), *session.header_lines()]
@@ -272,8 +269,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    from pytest_cudaopt.ledger import kind_of
-    from pytest_cudaopt.supervision import start_sentinel
+    from pytest_cudaopt.results.ledger import kind_of
+    from pytest_cudaopt.run.supervision import start_sentinel
 
     cudaopt = _session(session.config)
     for item in session.items:
@@ -286,7 +283,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_node_collection_finished(node, ids) -> None:
     """pytest-xdist controller: the items a worker collected, so that one never run is counted."""
-    from pytest_cudaopt.ledger import kind_of
+    from pytest_cudaopt.results.ledger import kind_of
 
     session = _session(node.config)
     for nodeid in ids:
@@ -300,7 +297,7 @@ def _supervised(item: pytest.Item) -> bool:
 
 
 def _judged(item: pytest.Item) -> bool:
-    from pytest_cudaopt.supervision import judged
+    from pytest_cudaopt.run.supervision import judged
 
     return judged(item)
 
@@ -313,7 +310,7 @@ def pytest_runtest_setup(item: pytest.Item):
     if item.get_closest_marker("gpu") and session.settings.ci_gate:
         reason = session.gpu_unavailable_reason()
         if reason:
-            from pytest_cudaopt.ci_gate import SETUP_PROPERTY
+            from pytest_cudaopt.commands.gate import SETUP_PROPERTY
 
             item.user_properties.append((SETUP_PROPERTY, reason))
             where = workdir_node(item)
@@ -322,14 +319,14 @@ def pytest_runtest_setup(item: pytest.Item):
             pytest.fail(f"{reason}: the CI gate never passes without the device{cpu}", pytrace=False)
     node = workdir_node(item)
     if node is not None and session.hung:
-        from pytest_cudaopt.supervision import static
+        from pytest_cudaopt.run.supervision import static
 
         reason = None if static(item) else session.not_run_reason(node.workdir_path, judged=_judged(item))
         if reason:
             pytest.fail(reason, pytrace=False)
     if not _supervised(item):
         return (yield)
-    from pytest_cudaopt.supervision import run_supervised
+    from pytest_cudaopt.run.supervision import run_supervised
 
     workdir = node.workdir_path if node is not None else session.rootpath
     return (yield from run_supervised(item, session, workdir, "setup"))
@@ -340,7 +337,7 @@ def pytest_runtest_call(item: pytest.Item):
     """Supervised items run under the watchdog (supervision.py)."""
     if not _supervised(item):
         return (yield)
-    from pytest_cudaopt.supervision import run_supervised
+    from pytest_cudaopt.run.supervision import run_supervised
 
     session = _session(item.config)
     node = workdir_node(item)
@@ -360,7 +357,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller reports
         config.workeroutput["cudaopt_records"] = cudaopt.records()
         return
-    from pytest_cudaopt import blame, ledger, signals
+    from pytest_cudaopt.results import blame, ledger
+    from pytest_cudaopt.run import signals
 
     if exitstatus == pytest.ExitCode.INTERRUPTED:  # before any verdict item was collected, say
         cudaopt.ledger.end(ledger.INTERRUPTED, f"interrupted by {signals.reason() or 'KeyboardInterrupt'}")
@@ -377,7 +375,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    from pytest_cudaopt import signals
+    from pytest_cudaopt.run import signals
 
     signals.uninstall()
 
@@ -418,7 +416,7 @@ def cudaopt_workdir_path(request: pytest.FixtureRequest, cudaopt_session: Cudaop
 def _built_extension(session: CudaoptSession, workdir: Path, test: str):
     """A build that fails fails the item with the compiler's report, not a traceback (the
     first item of the workdir; later ones refer to it)."""
-    from pytest_cudaopt.build import BuildError
+    from pytest_cudaopt.extension import BuildError
 
     try:
         return session.extension_module(workdir)

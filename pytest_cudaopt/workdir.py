@@ -12,9 +12,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from pytest_cudaopt.worker.load import (NONDETERMINISTIC, WorkdirError, copy_buffers, import_candidate,  # noqa: F401
-                                        import_file, import_reference, load_state, module_prefix, private_rng,
-                                        saved_rng, seed_all, temporary_modules, user_traceback)
+from pytest_cudaopt.candidate.load import NONDETERMINISTIC, WorkdirError, copy_buffers, import_candidate, import_file, import_reference, load_state, module_prefix, private_rng, saved_rng, seed_all, temporary_modules, user_traceback
 
 def _to_device(value: Any, device: torch.device | str) -> Any:
     if isinstance(value, torch.Tensor):
@@ -137,7 +135,8 @@ class Workdir:
 
     def make_candidate(self, init: list, device: torch.device | str, seed: int) -> Any:
         """ModelNew(*init) in the worker, on `device`: a worker.RemoteModel."""
-        from pytest_cudaopt.worker import RemoteModel, WorkerError
+        from pytest_cudaopt.remote.model import RemoteModel
+        from pytest_cudaopt.remote.worker import WorkerError
 
         try:
             reply = self.worker.request({"op": "make", "init": init, "seed": seed, "device": str(device),
@@ -151,7 +150,7 @@ class Workdir:
         """Load Model's state dict into ModelNew, strict: the same keys, the same shapes; its
         non-persistent buffers too."""
         if self.worker is not None:  # ModelNew is a worker.RemoteModel: checked and loaded there
-            from pytest_cudaopt.worker import WorkerError
+            from pytest_cudaopt.remote.worker import WorkerError
 
             try:
                 model_new.load_state(model.state_dict(), _non_persistent(model), self.model_file.name)

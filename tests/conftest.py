@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from pytest_cudaopt.worker import zygote as _zygote
+from pytest_cudaopt.run import zygote as _zygote
 from support import CPU_INI, OBJECT_CACHE, PREBUILT_ROOT, copy_cheat, copy_workdir, prebuild, run_pytest, \
     subprocess_env
 
@@ -45,7 +45,7 @@ os.environ.setdefault("CUDAOPT_WATCHDOG_GRACE_S", "3")
 os.environ.setdefault("CUDAOPT_WATCHDOG_BACKSTOP_S", "4")
 
 # Every pytest session of the suite starts a worker for the candidate, and each would import torch
-# (about 3 s of CPU here): one zygote per test process forks them instead (worker/zygote.py). Its
+# (about 3 s of CPU here): one zygote per test process forks them instead (run/zygote.py). Its
 # address reaches the pytest children through the environment. CUDAOPT_TEST_ZYGOTE=0 runs every
 # worker the plain way; tests/test_worker_start.py runs both ways whatever is set.
 if os.environ.get("CUDAOPT_TEST_ZYGOTE", "1") != "0" and not os.environ.get(_zygote.ENV):

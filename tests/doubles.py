@@ -8,11 +8,11 @@ from typing import Any, ContextManager
 
 import torch
 
-from pytest_cudaopt.worker import observe
+from pytest_cudaopt.candidate import observe
 from pytest_cudaopt.correctness.faults import context_alive, is_cuda_fault
 from pytest_cudaopt.perf.clocks import host_time
 from pytest_cudaopt.workdir import load_state, user_traceback
-from pytest_cudaopt.worker.candidate import Candidate, WorkerError
+from pytest_cudaopt.remote.candidate import Candidate, WorkerError
 
 
 class LocalCandidate(Candidate):

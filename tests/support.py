@@ -159,7 +159,7 @@ def _prune(dest: Path, name: str) -> None:
 def prebuild(name: str) -> Path:
     """The built copy of tests/workdirs/<name> under build/test-workdirs/, brought up to
     date (ninja recompiles only what changed since the last run). Returns its path."""
-    from pytest_cudaopt import build
+    from pytest_cudaopt import extension as build
 
     dest = PREBUILT_ROOT / name
     dest.mkdir(parents=True, exist_ok=True)

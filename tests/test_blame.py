@@ -6,26 +6,27 @@ import json
 
 from support import run_pytest
 
-from pytest_cudaopt import blame, nvml
-from pytest_cudaopt.ledger import Ledger
+from pytest_cudaopt.results import blame
+from pytest_cudaopt.primitives import nvml
+from pytest_cudaopt.results.ledger import Ledger
 
 GiB = 1 << 30
 CANONICAL = ("wd/model_new.py", "-m", "correctness", "-k", "canonical and seed0", "--cudaopt-device=cpu",
              "--cudaopt-report=r.json")
 # The judging process's host memory as a busy machine leaves it: 0.5 GiB free.
 SHORT_OF_MEMORY = '''
-import pytest_cudaopt.memory
+import pytest_cudaopt.primitives.memory
 
-pytest_cudaopt.memory.host_free_bytes = lambda *args, **kwargs: 1 << 29
+pytest_cudaopt.primitives.memory.host_free_bytes = lambda *args, **kwargs: 1 << 29
 '''
 # NVML's process table of a machine where every process but this one (the candidate's worker among
 # them) holds 110 GiB.
 WORKER_HOLDS_110_GIB = SHORT_OF_MEMORY + '''
 import os
 
-import pytest_cudaopt.nvml
+import pytest_cudaopt.primitives.nvml
 
-pytest_cudaopt.nvml.processes = lambda index=0: [{"pid": int(pid), "used_bytes": 110 << 30} for pid in os.listdir("/proc")
+pytest_cudaopt.primitives.nvml.processes = lambda index=0: [{"pid": int(pid), "used_bytes": 110 << 30} for pid in os.listdir("/proc")
                                                  if pid.isdigit() and int(pid) != os.getpid()]
 '''
 HARNESS_BUG = '''

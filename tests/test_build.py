@@ -1,4 +1,4 @@
-"""Tests of pytest_cudaopt.build: arch, toolkit discovery, incremental ninja builds, locking, error reports."""
+"""Tests of pytest_cudaopt.extension: arch, toolkit discovery, incremental ninja builds, locking, error reports."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from support import run_python
-from pytest_cudaopt import build
-from pytest_cudaopt.build import buildfile, runner, toolchain
+from pytest_cudaopt import extension as build
+from pytest_cudaopt.extension import buildfile, runner, toolchain
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HAS_NVCC = build.find_cuda_home() is not None
@@ -394,7 +394,7 @@ def test_two_workdirs_in_one_process_keep_their_own_bindings(prebuilt_workdir):
 
 BUILD_SCRIPT = """\
 import json, sys
-from pytest_cudaopt import build
+from pytest_cudaopt import extension as build
 result = build.compile_extension(sys.argv[1], verbose=True)
 print("RESULT " + json.dumps({"compiled": result.compiled, "waited_s": result.waited_s}), flush=True)
 """
@@ -543,7 +543,7 @@ def test_cudaopt_build_reads_the_workdirs_ini_as_pytest_does(make_workdir, tmp_p
     """utils/compile.sh (`cudaopt build`) builds what `pytest` in the workdir builds: the
     build folder, flags and object cache of its ini file count."""
     from pytest_cudaopt import cli
-    from pytest_cudaopt.build import buildfile
+    from pytest_cudaopt.extension import buildfile
 
     monkeypatch.delenv("CUDAOPT_BUILD_DIR", raising=False)
     workdir = make_workdir("cpu_scale")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_cudaopt import build, classic, cli
-from pytest_cudaopt.settings import BY_NAME
+from pytest_cudaopt import extension as build, classic, cli
+from pytest_cudaopt.suite.settings import BY_NAME
 
 from support import copy_workdir, run_python, TEMPLATES
 

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from pytest_cudaopt import report, results, tensors
+from pytest_cudaopt.results import report, records as results
+from pytest_cudaopt.primitives import tensors
 from pytest_cudaopt.correctness import compare, precision
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from support import REPO_ROOT, run_python, subprocess_env, TEMPLATES
-from pytest_cudaopt import build, classic, policy, scaffold
+from pytest_cudaopt import extension as build, classic, policy
+from pytest_cudaopt.commands import scaffold
 from pytest_cudaopt.policy.extension_names import called_functions, check_extension_names
 from pytest_cudaopt.policy.files import UPSTREAM_SHA256, fixed_file_origin
 
@@ -224,7 +225,7 @@ def test_the_correctness_failure_of_a_missing_function_speaks_of_cuda_extension(
 
 @pytest.mark.slow
 def test_cudaopt_check_rebuilds_a_stale_build_before_ex001_reads_it_and_says_when_it_cannot(make_workdir, tmp_path):
-    from pytest_cudaopt import scaffold
+    from pytest_cudaopt.commands import scaffold
 
     workdir = make_workdir("cpu_scale")
     scaffold.lock_workdir(workdir)   # the copy leaves the lock behind

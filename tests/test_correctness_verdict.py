@@ -303,9 +303,9 @@ def test_a_load_error_is_reported_once_and_later_items_refer_to_it(pytester, che
 
 
 def test_a_build_error_is_reported_in_full_once_per_workdir(tmp_path):
-    from pytest_cudaopt import build
-    from pytest_cudaopt.session import CudaoptSession
-    from pytest_cudaopt.settings import Settings
+    from pytest_cudaopt import extension as build
+    from pytest_cudaopt.suite.session import CudaoptSession
+    from pytest_cudaopt.suite.settings import Settings
 
     session = CudaoptSession(Settings({}), rootpath=tmp_path)
     error = build.BuildError("cudaopt build: 1 error in kernels/x.cu", ["kernels/x.cu:3: error: nope"])

@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_cudaopt import build, cli, jsonreport, policy, settings
-from pytest_cudaopt.build import runner
-from pytest_cudaopt.environment import device_summary
+from pytest_cudaopt import extension as build, cli, policy
+from pytest_cudaopt.results import jsonreport
+from pytest_cudaopt.suite import settings
+from pytest_cudaopt.extension import runner
+from pytest_cudaopt.primitives.environment import device_summary
 
 
 @pytest.mark.parametrize("flag, raw", [("--cudaopt-timeout", "nan"), ("--cudaopt-timeout", "inf"),
@@ -102,7 +104,7 @@ def test_ninja_dies_with_the_process_that_started_it(tmp_path, subprocess_env):
     parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time, types
         from pathlib import Path
-        from pytest_cudaopt.build import runner
+        from pytest_cudaopt.extension import runner
         ninja = Path({str(tmp_path)!r}) / "ninja"
         ninja.write_text("#!/bin/sh\\necho $$ > {pid_file}\\nexec sleep 60\\n")
         ninja.chmod(0o755)

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from support import copy_workdir, run_python, subprocess_env
-from pytest_cudaopt import ci_gate, policy
+from pytest_cudaopt.commands import gate as ci_gate
+from pytest_cudaopt import policy
 
 MS = 1e-3
 CPU_INI = """\

@@ -15,9 +15,9 @@ import torch
 from doubles import LocalCandidate
 from support import subprocess_env
 
-from pytest_cudaopt import watchdog
+from pytest_cudaopt.run import watchdog
 from pytest_cudaopt.correctness import faults, guards, precision
-from pytest_cudaopt.worker import observe
+from pytest_cudaopt.candidate import observe
 
 # A "kernel" that never reaches the dispatcher: NumPy on the tensors' memory.
 KERNELS = """
@@ -333,7 +333,7 @@ def test_the_watchdog_ends_a_process_stuck_in_c_after_calling_on_stuck(tmp_path)
     script = tmp_path / "hang.py"
     script.write_text(textwrap.dedent("""
         import ctypes
-        from pytest_cudaopt import watchdog
+        from pytest_cudaopt.run import watchdog
         watchdog.GRACE_S = 0.5
         mutex = ctypes.create_string_buffer(64)
         libc = ctypes.CDLL(None)
@@ -400,7 +400,7 @@ def test_the_op_audit_does_not_import_dynamo_in_the_process_it_runs_in(tmp_path)
     script = textwrap.dedent(f"""
         import sys
         import torch
-        from pytest_cudaopt.worker.observe import OpAudit
+        from pytest_cudaopt.candidate.observe import OpAudit
         with OpAudit({str(tmp_path)!r}) as op_audit:
             torch.ones(3).add(1)
         assert op_audit.ops, "the audit saw no op"

@@ -1,4 +1,4 @@
-"""Hangs and crashes in a judged workdir (pytest_cudaopt/watchdog.py, sentinel.py): a hang in ModelNew (its worker) or in the reference (the judging process) fails its item with the case, and the run still ends with its JUnit file, JSON report and summary, whoever has to end it."""
+"""Hangs and crashes in a judged workdir (pytest_cudaopt/run/watchdog.py, sentinel.py): a hang in ModelNew (its worker) or in the reference (the judging process) fails its item with the case, and the run still ends with its JUnit file, JSON report and summary, whoever has to end it."""
 
 import json
 import os
@@ -15,7 +15,7 @@ from support import CHEAT_VARIANTS as VARIANTS, CPU_INI as INI, junit_cases, run
 from pytest_cudaopt.launch import plugin_args
 
 
-# Three kinds of hang (see pytest_cudaopt/watchdog.py): Python code the watchdog's signal
+# Three kinds of hang (see pytest_cudaopt/run/watchdog.py): Python code the watchdog's signal
 # interrupts; a C call that released the GIL and never returns (a CUDA kernel that never ends;
 # here a second lock of a pthread mutex, which no signal interrupts); a C call that holds the
 # GIL (ctypes.PyDLL does not release it).
@@ -218,7 +218,7 @@ def test_the_watchdog_never_interrupts_a_debugger(tmp_path):
     script = tmp_path / "debugged.py"
     script.write_text(textwrap.dedent("""
         import bdb, sys, time
-        from pytest_cudaopt import watchdog
+        from pytest_cudaopt.run import watchdog
 
         class Quiet(bdb.Bdb):
             def user_line(self, frame):
@@ -246,7 +246,7 @@ def test_the_watchdog_lets_an_import_finish_before_it_interrupts(tmp_path):
     script = tmp_path / "interrupted.py"
     script.write_text(textwrap.dedent("""
         import sys
-        from pytest_cudaopt import watchdog
+        from pytest_cudaopt.run import watchdog
 
         try:
             with watchdog.Watchdog(0.3, "t.py::test_x", backstop=False):

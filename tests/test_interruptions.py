@@ -18,7 +18,7 @@ import pytest
 import forkserver
 from support import junit_cases, run_pytest, server, subprocess_env
 
-from pytest_cudaopt import build
+from pytest_cudaopt import extension as build
 from pytest_cudaopt.launch import plugin_args
 
 CPU_INI = "[pytest]\ncudaopt_device = cpu\ncudaopt_compile_backend = eager\ncudaopt_warmup = 0.01\n"
@@ -352,7 +352,7 @@ while True:
 
 @pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="no SIGUSR1 on this platform")
 def test_a_hung_workers_stacks_are_read_whole_though_it_prints_them_slowly(tmp_path):
-    from pytest_cudaopt.worker import Worker
+    from pytest_cudaopt.remote.worker import Worker
 
     log = tmp_path / "worker.log"
     log.write_text("")

@@ -224,7 +224,7 @@ def test_the_merged_report_keeps_every_stages_items_and_the_first_unfinished_sta
 
 
 def test_a_judge_lines_report_renders_with_its_counts_and_each_stages_seed(tmp_path):
-    from pytest_cudaopt import jsonreport
+    from pytest_cudaopt.results import jsonreport
 
     def doc(test, seed):
         return {"schema": jsonreport.SCHEMA, "passed": True, "complete": True, "seed": seed, "results": [],

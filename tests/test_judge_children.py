@@ -13,7 +13,7 @@ import pytest
 from pytest_cudaopt.judge import pool as pool_module, runner, stages
 from pytest_cudaopt.judge.devices import DeviceSet
 from pytest_cudaopt.judge.options import Options
-from pytest_cudaopt.worker import zygote
+from pytest_cudaopt.run import zygote
 from support import subprocess_env
 
 ENV_TEST = """\

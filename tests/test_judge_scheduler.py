@@ -166,7 +166,7 @@ def test_a_big_problems_estimate_bounds_its_largest_drawn_case_so_two_checks_nev
     """Drawn shapes may hold twice the canonical inputs (cudaopt_max_elements' default): the
     estimate is that case's budget, not the canonical one's, and one H200 holds one such check."""
     from pytest_cudaopt.judge.child_build import check_need
-    from pytest_cudaopt.memory import case_budget
+    from pytest_cudaopt.primitives.memory import case_budget
 
     (tmp_path / "model.py").write_text(SOFTMAX)
     canonical = 4096 * 393216 * 4   # bytes of the input; the output is as large

@@ -12,7 +12,7 @@ import torch
 
 from support import REPO_ROOT, subprocess_env
 
-from pytest_cudaopt import build
+from pytest_cudaopt import extension as build
 from pytest_cudaopt.correctness import compare, precision
 from pytest_cudaopt.perf import lineup
 
@@ -87,7 +87,7 @@ def test_the_weights_are_split_on_every_call_not_cached(ext):
 CHILD = """
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])
-from pytest_cudaopt import build
+from pytest_cudaopt import extension as build
 ext = build.build_extension(sys.argv[1])
 torch.manual_seed(0)
 x, w, b = torch.randn(300, 96, device="cuda"), torch.randn(192, 96, device="cuda") / 10, torch.randn(192, device="cuda")

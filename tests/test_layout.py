@@ -52,23 +52,20 @@ def _graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {name: set() for name in MODULES}
     for name, path in MODULES.items():
         for module, names, _ in _imports(name, path):
-            targets = [module] + [f"{module}.{n}" for n in names]
+            # `from P import m` of a module m is an edge to P.m; of a name, to P (its __init__)
+            targets = [f"{module}.{n}" if f"{module}.{n}" in MODULES else module for n in names] or [module]
             for target in targets:
                 if target in MODULES and target != name:
                     graph[name].add(target)
     return graph
 
 
-def _is_ancestor(package: str, module: str) -> bool:
-    return module.startswith(package + ".")
-
-
 def test_the_package_has_no_import_cycle_even_through_imports_inside_functions():
     graph = _graph()
-    # A package's __init__ importing its own modules is how it states what it offers; a module
-    # importing its parent package is then a cycle only through that __init__, which Python
-    # resolves, so edges from a module to its own ancestor packages are left out.
-    edges = {a: {b for b in bs if not _is_ancestor(b, a) and not _is_ancestor(a, b)} for a, bs in graph.items()}
+    # Every edge counts, a package's __init__ too (lazy imports in a module __getattr__ included):
+    # a module that takes a name from its own package's __init__, which imports that module, is a
+    # cycle.
+    edges = graph
     cycles = []
     state: dict[str, int] = {}
     stack: list[str] = []
@@ -121,14 +118,9 @@ ATTRIBUTE_PROBES = frozenset({
     "module", "func", "builtin", "owner", "obj", "torch", "torch._C", "torch.cuda", "torch.Tensor", "builtins",
     "ast", "exc", "node", "comparison", "settings", "self.stream", "_device_properties(self.device)",
     "torch.cuda.get_device_properties(self.device)"})
-# The judging packages reach worker/ through the Candidate Protocol and the timing rule; besides
-# them: the memory-safety child confines itself as a worker does (it runs the candidate), and the
-# judge's pool forks workers from its zygote.
-WORKER_IMPORTS = {"pytest_cudaopt.worker.candidate", "pytest_cudaopt.worker.timing"}
-WORKER_IMPORTS_BESIDES = {("pytest_cudaopt.correctness.sanitized_call", "pytest_cudaopt.worker.sandbox"),
-                          ("pytest_cudaopt.judge.pool", "pytest_cudaopt.worker.zygote"),
-                          ("pytest_cudaopt.judge.runner", "pytest_cudaopt.worker.zygote"),
-                          ("pytest_cudaopt.judge.stages", "pytest_cudaopt.worker.zygote")}
+# The judging packages reach remote/ (the judging side of the wire) through the Candidate Protocol
+# and the timing rule only; the rest of remote/ is the worker's life and the timed window.
+REMOTE_IMPORTS = {"pytest_cudaopt.remote.candidate", "pytest_cudaopt.remote.timing"}
 
 
 def _attribute_probes(path: Path) -> list[tuple[int, str]]:
@@ -152,18 +144,56 @@ def test_the_attribute_probe_scan_finds_a_seam_on_a_candidate(tmp_path):
     assert [t for _, t in _attribute_probes(seam) if t not in ATTRIBUTE_PROBES] == ["trial.model_new", "run"]
 
 
-def _worker_imports(name: str, path: Path) -> set[str]:
+def _remote_imports(name: str, path: Path) -> set[str]:
     found = set()
     for module, names, _ in _imports(name, path):
-        targets = [f"{module}.{n}" for n in names] if module == "pytest_cudaopt.worker" else [module]
-        found.update(t for t in targets if t == "pytest_cudaopt.worker" or t.startswith("pytest_cudaopt.worker."))
+        targets = [f"{module}.{n}" for n in names] if module == "pytest_cudaopt.remote" else [module]
+        found.update(t for t in targets if t == "pytest_cudaopt.remote" or t.startswith("pytest_cudaopt.remote."))
     return found
 
 
-def test_the_judging_packages_reach_the_worker_only_through_the_candidate_protocol_and_the_timing_rule():
-    found = {(name, module) for name, path in MODULES.items() if name.startswith(JUDGING)
-             for module in _worker_imports(name, path) if module not in WORKER_IMPORTS}
-    assert found == WORKER_IMPORTS_BESIDES
+def test_the_judging_packages_reach_remote_only_through_the_candidate_protocol_and_the_timing_rule():
+    found = sorted(f"{name} imports {module}" for name, path in MODULES.items()
+                   if name.startswith((*JUDGING, "pytest_cudaopt.memsafety"))
+                   for module in _remote_imports(name, path) if module not in REMOTE_IMPORTS)
+    assert not found, "\n".join(found)
+
+
+def test_at_most_six_modules_sit_loose_at_the_top_of_the_package():
+    loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
+    assert len(loose) <= 6, loose
+
+
+def test_the_candidates_process_imports_only_the_standard_library_torch_wire_and_its_own_package():
+    """candidate/ is what runs beside model_new.py: whatever it imports, the candidate can patch."""
+    import sys
+
+    allowed = {"torch", "pytest_cudaopt"}
+    found = []
+    for name, path in MODULES.items():
+        if not (name == "pytest_cudaopt.candidate" or name.startswith("pytest_cudaopt.candidate.")
+                or name == "pytest_cudaopt.wire"):
+            continue
+        for module, names, line in _imports(name, path):
+            targets = [f"{module}.{n}" for n in names] if module == "pytest_cudaopt" else [module]
+            for target in targets:
+                top = target.split(".")[0]
+                ours_ok = target == "pytest_cudaopt.wire" or target.startswith("pytest_cudaopt.candidate") \
+                    or target == "pytest_cudaopt"
+                if top == "pytest_cudaopt" and not ours_ok or top not in allowed and top not in sys.stdlib_module_names \
+                        and top != "__future__":
+                    found.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {target}")
+    assert not found, "\n".join(found)
+
+
+def test_how_it_works_names_every_module_and_folder_at_the_top_of_the_package_and_no_other():
+    text = (PACKAGE.parent / "docs" / "how-it-works.md").read_text()
+    table = text.split("## The package", 1)[1].split("\n## ", 1)[0]
+    first_cells = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `")]
+    named = {name for cell in first_cells for name in re.findall(r"`([a-z_]+(?:\.py|/))`", cell)}
+    present = {p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py"} | {
+        f"{p.name}/" for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert named == present, f"named but absent: {sorted(named - present)}; present but not named: {sorted(present - named)}"
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from pytest_cudaopt import memory, tensors
+from pytest_cudaopt.primitives import memory, tensors
 
 GiB = memory.GiB
 SOFTMAX_IN = 4096 * 393216 * 4  # KernelBench level1/23_Softmax: a 6 GiB float32 input
@@ -167,12 +167,12 @@ def test_a_cpu_case_that_cannot_fit_fails_at_once_with_the_figure_the_constants_
 
     from pytest_cudaopt.correctness import case, shapes
     from pytest_cudaopt.correctness.case import CaseFailed
-    from pytest_cudaopt.results import SHORTFALL
+    from pytest_cudaopt.results.records import SHORTFALL
 
     (tmp_path / "model.py").write_text(MASKED_CUMSUM)
     module = types.ModuleType("masked_cumsum")
     exec(compile(MASKED_CUMSUM, str(tmp_path / "model.py"), "exec"), module.__dict__)
-    workdir = types.SimpleNamespace(reference=module, model_file=tmp_path / "model.py", path=tmp_path)
+    workdir = types.SimpleNamespace(reference=module, model_file=tmp_path / "model.py", path=tmp_path, worker=None)
     monkeypatch.setattr(memory, "host_free_bytes", lambda *a, **k: 20 * GiB)
     settings = types.SimpleNamespace(device="cpu")
     with pytest.raises(CaseFailed) as info:

@@ -11,7 +11,7 @@ import pytest
 
 from support import WORKDIRS, run_pytest
 
-from pytest_cudaopt.correctness import memsafety, sanitizer_log
+from pytest_cudaopt.memsafety import verdict as memsafety, log as sanitizer_log
 
 LOGS = Path(__file__).resolve().parent / "sanitizer_logs"
 CUDA_WORKDIR = WORKDIRS / "cuda_memsafety"
@@ -112,7 +112,7 @@ def test_the_commands_run_memcheck_with_padding_and_the_child_with_the_caching_a
     cmd = memsafety.command("/cuda/bin/compute-sanitizer", "memcheck", Path("/tmp/m.log"), child)
     assert cmd[:7] == ["/cuda/bin/compute-sanitizer", "--tool", "memcheck", "--padding", "32", "--leak-check", "no"]
     assert cmd[cmd.index("--log-file") + 1] == "/tmp/m.log" and "--error-exitcode" in cmd
-    assert cmd[-11:] == [sys.executable, "-m", "pytest_cudaopt.correctness.sanitized_call", "/wd", "--extension",
+    assert cmd[-11:] == [sys.executable, "-m", "pytest_cudaopt.memsafety.child", "/wd", "--extension",
                          "/wd/build/x.so", "--case", "batch_size=1", "--seed", "7", "--device", "cuda"][-11:]
     assert memsafety.child_environment()["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1"
 
@@ -141,7 +141,7 @@ def test_the_sanitizer_is_found_by_setting_path_or_toolkit_and_its_absence_says_
     monkeypatch.setenv("PATH", str(tool.parent))
     assert memsafety.find_sanitizer(None) == (str(tool), "PATH")
     monkeypatch.setenv("PATH", str(tmp_path))
-    import pytest_cudaopt.build as build
+    import pytest_cudaopt.extension as build
 
     monkeypatch.setattr(build, "find_cuda_home", lambda: str(tmp_path))
     assert memsafety.find_sanitizer(None) == (str(tool), str(tool.parent))
@@ -300,7 +300,7 @@ def test_the_child_runs_one_call_and_says_so(prebuilt_workdir, subprocess_env):
 def test_the_child_confines_itself_and_still_runs_its_call(prebuilt_workdir, subprocess_env, tmp_path):
     import subprocess
 
-    from pytest_cudaopt.worker.sandbox import landlock_abi
+    from pytest_cudaopt.candidate.sandbox import landlock_abi
 
     if not landlock_abi()[0]:
         pytest.skip(f"this kernel offers no Landlock: {landlock_abi()[1]}")
@@ -310,7 +310,7 @@ def test_the_child_confines_itself_and_still_runs_its_call(prebuilt_workdir, sub
     assert cmd[-4:] == ["--sandbox", "require", "--scratch", str(tmp_path)]
     # What it is not given leave to write: a file beside its workdir, as compute-sanitizer's log is.
     probe = ("import sys, runpy; sys.argv = sys.argv[1:]; "
-             "from pytest_cudaopt.correctness import sanitized_call as s; code = s.main(sys.argv); "
+             "from pytest_cudaopt.memsafety import child as s; code = s.main(sys.argv); "
              "open(%r, 'w').write('forged')" % str(path.parent / "forged.log"))
     done = subprocess.run([cmd[0], "-c", probe, *cmd[3:]], capture_output=True, text=True, timeout=300,
                           env={**subprocess_env, "TMPDIR": str(tmp_path)})  # as judge_memory_safety sets it

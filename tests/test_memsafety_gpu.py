@@ -12,7 +12,7 @@ from filelock import FileLock
 
 from support import PREBUILT_ROOT, REPO_ROOT, WORKDIRS, junit_cases, subprocess_env
 
-from pytest_cudaopt.correctness.memsafety import find_sanitizer
+from pytest_cudaopt.memsafety.verdict import find_sanitizer
 from pytest_cudaopt.launch import plugin_args
 
 pytestmark = pytest.mark.gpu

@@ -7,7 +7,7 @@ import stat
 import sys
 from pathlib import Path
 
-from pytest_cudaopt.build import objcache
+from pytest_cudaopt.extension import objcache
 
 # A "compiler" that writes its output and a gcc-style depfile naming the source and kernels/h.h,
 # and counts its runs in COUNT.
@@ -94,8 +94,8 @@ def test_depfiles_are_read_with_continuations_and_escaped_spaces():
 
 
 def test_build_ninja_wraps_every_compile_only_when_the_cache_is_set(tmp_path):
-    from pytest_cudaopt.build.buildfile import configure, ninja_file
-    from pytest_cudaopt.settings import Settings
+    from pytest_cudaopt.extension.buildfile import configure, ninja_file
+    from pytest_cudaopt.suite.settings import Settings
     from support import copy_workdir
 
     workdir = copy_workdir("cpu_scale", tmp_path / "w")
@@ -109,8 +109,8 @@ def test_build_ninja_wraps_every_compile_only_when_the_cache_is_set(tmp_path):
 
 def test_by_default_workdirs_share_the_per_user_object_cache_so_a_new_one_does_not_compile_binding_cpp_again(
         tmp_path, monkeypatch):
-    from pytest_cudaopt.build.buildfile import configure, ninja_file
-    from pytest_cudaopt.settings import Settings
+    from pytest_cudaopt.extension.buildfile import configure, ninja_file
+    from pytest_cudaopt.suite.settings import Settings
     from support import copy_workdir
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

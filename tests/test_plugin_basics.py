@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_cudaopt import settings
+from pytest_cudaopt.suite import settings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -146,7 +146,7 @@ def test_help_lists_every_cudaopt_option_and_ini_key(pytester, run_pytest, monke
 def test_each_xdist_worker_is_pinned_to_its_own_gpu(monkeypatch, worker, devices, expected):
     import torch
 
-    from pytest_cudaopt.environment import pin_worker_to_gpu
+    from pytest_cudaopt.primitives.environment import pin_worker_to_gpu
 
     chosen = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -178,7 +178,7 @@ def test_a_workdir_found_by_collection_is_collected_once_whatever_python_files_s
 
 
 def test_python_files_patterns_match_the_name_or_the_end_of_the_path(tmp_path):
-    from pytest_cudaopt.collection import matches_python_files as _matches_python_files
+    from pytest_cudaopt.suite.collection import matches_python_files as _matches_python_files
 
     path = tmp_path / "wd" / "model_new.py"
     assert _matches_python_files(path, ["test_*.py", "model_*.py"])

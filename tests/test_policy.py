@@ -617,7 +617,7 @@ def test_a_broken_get_init_inputs_is_reported_in_model_py(clean_workdir: Path) -
 
 def test_a_constructor_that_needs_real_values_is_built_on_the_cpu() -> None:
     import torch
-    from pytest_cudaopt.worker import construct
+    from pytest_cudaopt.candidate import construct
 
     class Plain(torch.nn.Module):
         def __init__(self, n):

@@ -13,10 +13,11 @@ import torch
 
 from support import run_python, subprocess_env, TEMPLATES
 
-from pytest_cudaopt import classic, jsonreport, results
+from pytest_cudaopt import classic
+from pytest_cudaopt.results import jsonreport, records as results
 from pytest_cudaopt.cli import main as cli_main
-from pytest_cudaopt.ledger import Ledger, asked_kinds
-from pytest_cudaopt.results import CorrectnessResult
+from pytest_cudaopt.results.ledger import Ledger, asked_kinds
+from pytest_cudaopt.results.records import CorrectnessResult
 
 CPU_INI = "[pytest]\ncudaopt_device = cpu\n"
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible: GPU items run")
@@ -282,7 +283,7 @@ def test_ctrl_c_during_an_import_waits_for_the_import_and_exits_2(pytester, run_
 
 
 def test_the_gate_never_passes_against_a_report_that_does_not(tmp_path):
-    from pytest_cudaopt import ci_gate
+    from pytest_cudaopt.commands import gate as ci_gate
 
     path = tmp_path / "report.json"
     assert ci_gate.report_disagrees(path) == [f"the JSON report is missing or unreadable: {path}: no such file"]

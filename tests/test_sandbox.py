@@ -1,4 +1,4 @@
-"""The candidate's worker in its OS sandbox (pytest_cudaopt/worker/sandbox.py), attacked from the candidate's own code: each escape_* variant of tests/workdirs/cpu_attacks/ succeeds in a pytest session with cudaopt_sandbox=off and is refused, its items failing with what was refused, in one with the default (auto); cudaopt_sandbox=require refuses to run a candidate where the kernel has no Landlock (a seccomp filter that answers Landlock's syscalls with ENOSYS stands in for such a kernel); an attack fails through cudaopt judge too."""
+"""The candidate's worker in its OS sandbox (pytest_cudaopt/candidate/sandbox.py), attacked from the candidate's own code: each escape_* variant of tests/workdirs/cpu_attacks/ succeeds in a pytest session with cudaopt_sandbox=off and is refused, its items failing with what was refused, in one with the default (auto); cudaopt_sandbox=require refuses to run a candidate where the kernel has no Landlock (a seccomp filter that answers Landlock's syscalls with ENOSYS stands in for such a kernel); an attack fails through cudaopt judge too."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from filelock import FileLock
 
 from support import OBJECT_CACHE, PREBUILT_ROOT, WORKDIRS, run_python, subprocess_env
 from pytest_cudaopt.launch import plugin_args
-from pytest_cudaopt.worker import sandbox
+from pytest_cudaopt.candidate import sandbox
 
 VARIANTS = WORKDIRS / "cpu_attacks" / "variants"
 # attack -> the file that carries it (a model_new.py, or an extension planted in kernels/ beside an
@@ -199,7 +199,7 @@ def test_the_report_says_what_the_sandbox_enforced(attacked):
 def _without_landlock() -> list[str]:
     """A command prefix that runs its program in a process tree whose Landlock syscalls fail
     with ENOSYS, as on a kernel without Landlock."""
-    code = ("import errno, os, platform, sys; from pytest_cudaopt.worker import sandbox as s; "
+    code = ("import errno, os, platform, sys; from pytest_cudaopt.candidate import sandbox as s; "
             "s._prctl(s.PR_SET_NO_NEW_PRIVS, 1, 'nnp'); m = platform.machine(); "
             "s.install_seccomp(s.seccomp_program(m, {n: errno.ENOSYS for n in (444, 445, 446)}), m); "
             "os.execv(sys.executable, sys.argv[1:])")
@@ -253,11 +253,12 @@ def test_the_worker_serves_nothing_before_it_is_confined_and_confines_itself_sin
     import socket
     from multiprocessing.connection import Connection
 
-    from pytest_cudaopt.worker import client, protocol
+    from pytest_cudaopt.remote import worker as client
+    from pytest_cudaopt import wire as protocol
 
     ours, theirs = socket.socketpair()
     env = protocol.worker_env(os.environ, client.package_root())
-    proc = subprocess.Popen([sys.executable, "-m", "pytest_cudaopt.worker", str(theirs.fileno())],
+    proc = subprocess.Popen([sys.executable, "-m", "pytest_cudaopt.candidate", str(theirs.fileno())],
                             pass_fds=[theirs.fileno()], cwd=tmp_path, env=env, start_new_session=True)
     theirs.close()
     conn = Connection(ours.detach())
@@ -295,8 +296,8 @@ def test_judge_and_gate_require_the_sandbox_for_gpu_workdirs_unless_told_otherwi
 def test_a_gate_whose_runner_cannot_confine_the_candidate_is_broken_not_failed():
     from types import SimpleNamespace
 
-    from pytest_cudaopt import ci_gate
-    from pytest_cudaopt.worker.client import REQUIRE_REFUSED
+    from pytest_cudaopt.commands import gate as ci_gate
+    from pytest_cudaopt.remote.worker import REQUIRE_REFUSED
 
     seen = ci_gate.Observer(kinds={"policy": 1, "correctness": 1, "perf": 1})
     seen.pytest_runtest_logreport(SimpleNamespace(
@@ -309,7 +310,7 @@ def test_a_gate_whose_runner_cannot_confine_the_candidate_is_broken_not_failed()
 
 _THREADED_CHILD = r"""
 import json, sys, threading
-from pytest_cudaopt.worker.sandbox import confine
+from pytest_cudaopt.candidate.sandbox import confine
 stop = threading.Event()
 threading.Thread(target=stop.wait, daemon=True).start()  # a thread running before the confinement
 scratch, outside, started_by = sys.argv[1], sys.argv[2], sys.argv[3] or None

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cudaopt import cli, policy, scaffold
+from pytest_cudaopt import cli, policy
+from pytest_cudaopt.commands import scaffold
 
 GALLERY_MODEL = Path(__file__).resolve().parent / "policy_gallery" / "clean" / "model.py"
 
@@ -204,7 +205,7 @@ def test_an_initialised_workdir_fails_correctness_with_the_not_implemented_error
 
 def test_init_for_the_cpu_leaves_a_cpp_starting_kernel_records_the_device_and_needs_no_flag_after(
         tmp_path: Path, capsys) -> None:
-    from pytest_cudaopt.settings import workdir_settings
+    from pytest_cudaopt.suite.settings import workdir_settings
 
     model = write_model(tmp_path, MLP_MODEL)
     assert cli.main(["init", str(tmp_path / "wd"), "--model", str(model), "--device", "cpu"]) == 0
@@ -236,7 +237,7 @@ def test_pytest_judges_a_workdir_made_for_the_cpu_on_the_cpu_without_a_flag_whic
 
 @pytest.mark.slow
 def test_the_gpu_starting_kernel_builds_and_check_then_runs_every_rule(tmp_path: Path, capsys) -> None:
-    from pytest_cudaopt import build
+    from pytest_cudaopt import extension as build
 
     workdir = scaffold.init_workdir(tmp_path / "wd", write_model(tmp_path, MLP_MODEL))
     build.compile_extension(workdir)  # nvcc for kernels/starter.cu, on a machine without a GPU too

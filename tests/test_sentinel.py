@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 import pytest
 from _pytest.junitxml import mangle_test_address  # the reference for junit_names
 
-from pytest_cudaopt import sentinel
+from pytest_cudaopt.run import sentinel
 
 HUNG = "wd/model_new.py::TestCorrectness::test_canonical[seed0]"
 ITEMS = ["wd/model_new.py::TestPolicy::test_rule[MN001]", "wd/model_new.py::TestPolicy::test_rule[MN002]",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_cudaopt import settings
+from pytest_cudaopt.suite import settings
 
 
 def test_the_command_line_wins_over_the_environment_which_wins_over_the_ini_file():

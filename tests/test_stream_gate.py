@@ -1,4 +1,4 @@
-"""The gate's judging side (pytest_cudaopt/worker/stream_gate.py) on the CPU: the page's two words, the spin on DONE and its ends, the calibration on empty batches and what a stalled enqueue does, the request's stall hook, and CUDA rebuilds without the event wait. The worker's stream side needs a GPU: tests/test_gpu_verdicts.py."""
+"""The gate's judging side (pytest_cudaopt/remote/window.py) on the CPU: the page's two words, the spin on DONE and its ends, the calibration on empty batches and what a stalled enqueue does, the request's stall hook, and CUDA rebuilds without the event wait. The worker's stream side needs a GPU: tests/test_gpu_verdicts.py."""
 
 import io
 import pickle
@@ -10,24 +10,24 @@ from multiprocessing.connection import Connection
 
 import pytest
 
-from pytest_cudaopt.worker import stream_gate as gate_mod
-from pytest_cudaopt.worker import protocol
-from pytest_cudaopt.worker.client import Worker
-from pytest_cudaopt.worker.stream_gate import DONE, OPEN, GateError, JudgeGate
+from pytest_cudaopt.remote import window as gate_mod
+from pytest_cudaopt import wire as protocol
+from pytest_cudaopt.remote.worker import Worker
+from pytest_cudaopt.remote.window import DONE, OPEN, WindowError, JudgeWindow
 
 
 @pytest.fixture
 def page():
-    found = JudgeGate.create()
+    found = JudgeWindow.create()
     yield found
     found.unlink()
 
 
-def _word(gate: JudgeGate, at: int) -> int:
+def _word(gate: JudgeWindow, at: int) -> int:
     return struct.unpack_from("<I", gate.view, at)[0]
 
 
-def _stream(gate: JudgeGate, seq: int, takes: float) -> threading.Thread:
+def _stream(gate: JudgeWindow, seq: int, takes: float) -> threading.Thread:
     """What the worker's stream does: wait until OPEN reaches `seq`, work `takes` s, write DONE."""
     def run():
         while _word(gate, OPEN) < seq:
@@ -78,7 +78,7 @@ class _GatedWorker:
     """A worker whose stream is a thread: each `gated` request starts one that waits on the gate;
     `stalls`: the enqueue does not come back until the stall hook opened the gate."""
 
-    def __init__(self, gate: JudgeGate, takes: float, stalls: bool = False):
+    def __init__(self, gate: JudgeWindow, takes: float, stalls: bool = False):
         self.gate, self.takes, self.stalls = gate, takes, stalls
         self.ops: list[str] = []
         self.probes: list = []
@@ -150,7 +150,7 @@ def test_extra_reads_the_spun_batches_excess_through_its_points_never_decreasing
 
 def test_a_stalled_calibration_leaves_the_gate_open_and_no_gate(page):
     worker = _GatedWorker(page, 0.0, stalls=True)
-    with pytest.raises(GateError, match="did not come back"):
+    with pytest.raises(WindowError, match="did not come back"):
         page.calibrate(worker, batches=3)
     assert _word(page, OPEN) >= page.seq   # the worker's stream is never left waiting
 
@@ -265,7 +265,7 @@ class _StreamWorker:
     def request(self, message, stall=None, **kwargs):
         import torch
 
-        from pytest_cudaopt.worker.client import WorkerError
+        from pytest_cudaopt.remote.worker import WorkerError
 
         op = message["op"]
         self.ops.append(op)
@@ -315,7 +315,7 @@ def gated(page, monkeypatch):
     (a loaded CI host wakes the stream's thread late: that delay is the worker's, in the window)."""
     import torch
 
-    from pytest_cudaopt.worker.remote import RemoteModel
+    from pytest_cudaopt.remote.model import RemoteModel
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     page.parts = [(FIXED_S, 0.0)]
@@ -442,7 +442,7 @@ def test_a_model_without_the_gate_is_timed_by_the_round_trip_one_call_at_a_time(
 
 
 def test_a_forward_that_raises_behind_the_gate_leaves_it_open(gated, page):
-    from pytest_cudaopt.worker.client import WorkerError
+    from pytest_cudaopt.remote.worker import WorkerError
 
     model, _, sets = gated(raises=True)
     with pytest.raises(WorkerError, match="ValueError: no"):
@@ -459,7 +459,7 @@ def torch_equal(a, b) -> bool:
 def test_the_worker_keeps_the_input_buffers_of_the_shapes_the_judging_process_keeps():
     from types import SimpleNamespace
 
-    from pytest_cudaopt.worker.server import Server
+    from pytest_cudaopt.candidate.serve import Server
 
     server = Server(None)
     server.torch = SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda: None))
@@ -476,7 +476,7 @@ def test_a_worker_whose_gate_cannot_be_set_up_is_left_without_one_and_the_page_r
 
     def request(message, **kwargs):
         asked.append(message)
-        return {"gate_error": "GateError: cudaHostRegister of the gate's page: 3"}
+        return {"gate_error": "WindowError: cudaHostRegister of the gate's page: 3"}
 
     monkeypatch.setattr(worker, "request", request)
     worker.attach_stream_gate()
@@ -512,7 +512,7 @@ def _server():
     import contextlib
     from types import SimpleNamespace
 
-    from pytest_cudaopt.worker.server import Server
+    from pytest_cudaopt.candidate.serve import Server
 
     server = Server(None)
     server.torch = SimpleNamespace(no_grad=contextlib.nullcontext, cuda=SimpleNamespace(

@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 import torch
 
-from pytest_cudaopt import tensors
+from pytest_cudaopt.primitives import tensors
 from pytest_cudaopt.correctness.compare import compare_outputs
 from pytest_cudaopt.perf import clocks, engine
 from pytest_cudaopt.perf.clocks import FakeClock, PerfCounterClock

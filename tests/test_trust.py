@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 
 from support import copy_workdir
-from pytest_cudaopt import policy, settings, trust
+from pytest_cudaopt import policy
+from pytest_cudaopt.suite import settings
+from pytest_cudaopt.results import relaxations as trust
 
 
 def test_the_strict_defaults_relax_nothing():

@@ -15,7 +15,8 @@ class _FakeWorker:
 
     dropped: list = []
     stream_gate = None   # no stream gate: the round trip's bound
-    handoff_bound = __import__("pytest_cudaopt.worker.client", fromlist=["Worker"]).Worker.handoff_bound
+    stream_gate_error = "no gate in this test"
+    handoff_bound = __import__("pytest_cudaopt.remote.worker", fromlist=["Worker"]).Worker.handoff_bound
 
     def __init__(self, reported: list[float], takes: float, ping: float = 100e-6, outputs: list | None = None,
                  shares: bool = False, calibrated: float = 100e-6, spins: bool = False, cpu_factor: float = 0.0):
@@ -47,7 +48,7 @@ class _FakeWorker:
 
 
 def _timed(device: str, reported: list[float], takes: float, sets: list | None = None, **kwargs):
-    from pytest_cudaopt.worker import RemoteModel
+    from pytest_cudaopt.remote.model import RemoteModel
 
     model = RemoteModel(_FakeWorker(reported, takes, **kwargs), 1, device, [])
     started = time.perf_counter()
@@ -64,7 +65,7 @@ def no_device(monkeypatch):
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_a_workers_under_reported_figures_count_the_batchs_round_trip_less_a_handoff(device, no_device):
-    from pytest_cudaopt.worker.timing import CPU_WAKEUP_S
+    from pytest_cudaopt.remote.timing import CPU_WAKEUP_S
 
     model, seconds, outer = _timed(device, reported=[1e-6, 1e-6], takes=60e-3)
     slack = 3 * 100e-6 + 500e-6 + (CPU_WAKEUP_S if device == "cpu" else 0.0)  # a loaded CPU host's wakeups
@@ -86,7 +87,7 @@ def test_on_the_cpu_hidden_work_counts_by_the_workers_cpu_clock_less_a_handoff_n
     """15 ms of CPU work reported as 1 us is inside the 20 ms a loaded host's wakeups may add to a
     round trip (CPU_WAKEUP_S), so the wall clock alone lets it stand; the worker's CPU time, less a
     handoff and the serving of a call, counts instead."""
-    from pytest_cudaopt.worker.timing import CPU_CALL_S
+    from pytest_cudaopt.remote.timing import CPU_CALL_S
 
     handoff = 3 * 100e-6 + 500e-6 + CPU_CALL_S
     model, seconds, outer = _timed("cpu", reported=[1e-6], takes=15e-3, spins=True, cpu_factor=1.0)
@@ -101,8 +102,8 @@ def test_on_the_cpu_hidden_work_counts_by_the_workers_cpu_clock_less_a_handoff_n
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_a_worker_that_slows_its_own_pings_widens_its_allowance_only_to_the_calibrated_cap(device, no_device):
-    from pytest_cudaopt.worker.timing import PING_CAP_FACTOR
-    from pytest_cudaopt.worker.timing import CPU_WAKEUP_S
+    from pytest_cudaopt.remote.timing import PING_CAP_FACTOR
+    from pytest_cudaopt.remote.timing import CPU_WAKEUP_S
 
     slack = 3 * PING_CAP_FACTOR * 100e-6 + 500e-6 + (CPU_WAKEUP_S if device == "cpu" else 0.0)
     _, seconds, outer = _timed(device, reported=[1e-6], takes=60e-3, ping=40e-3)
@@ -118,7 +119,7 @@ def test_cuda_tensors_widen_the_allowance_by_their_handles_not_their_bytes(no_de
     each, not by the 1 GB/s of the CPU arena's copies (which would allow 200 ms here)."""
     import torch
 
-    from pytest_cudaopt.worker.timing import CUDA_HANDLE_S, CUDA_MESSAGE_S
+    from pytest_cudaopt.remote.timing import CUDA_HANDLE_S, CUDA_MESSAGE_S
 
     big = lambda: torch.empty(16 << 20, device="meta")  # noqa: E731 - 64 MB that take no memory
     sets = [[big(), big()]]
@@ -131,7 +132,7 @@ def test_cuda_tensors_widen_the_allowance_by_their_handles_not_their_bytes(no_de
 def test_cpu_inputs_are_copied_before_the_clock_starts_so_only_the_outputs_bytes_widen_the_allowance(no_device):
     import torch
 
-    from pytest_cudaopt.worker.timing import CPU_WAKEUP_S
+    from pytest_cudaopt.remote.timing import CPU_WAKEUP_S
 
     sets = [[torch.empty(16 << 20, device="meta")]]   # 64 MB in: copied into the arena before the clock
     model, seconds, outer = _timed("cpu", reported=[1e-6], takes=60e-3, sets=sets,
@@ -159,7 +160,7 @@ def test_a_worker_whose_gpu_work_outlasts_its_answer_is_timed_to_the_end_of_it(m
 
 
 def test_a_workers_figures_above_the_time_around_them_fail_the_batch(no_device):
-    from pytest_cudaopt.worker.timing import TimingError
+    from pytest_cudaopt.remote.timing import TimingError
 
     for device in ("cpu", "cuda"):
         with pytest.raises(TimingError, match="add up to more than the .* this process measured around them"):
@@ -171,7 +172,7 @@ def test_a_reply_that_names_a_function_is_refused():
     import os
     import pickle
 
-    from pytest_cudaopt.worker import protocol
+    from pytest_cudaopt import wire as protocol
 
     class Evil:
         def __reduce__(self):
@@ -189,7 +190,7 @@ def test_a_reply_that_names_a_function_is_refused():
 
 
 def test_the_workers_environment_names_no_verdict_file():
-    from pytest_cudaopt.worker import protocol
+    from pytest_cudaopt import wire as protocol
 
     base = {"PATH": "/usr/bin", "HOME": "/root", "CUDAOPT_REPORT": "/x/report.json", "PYTEST_ADDOPTS": "-q",
             "TMPDIR": "/x/report.json.d", "AWS_SECRET_ACCESS_KEY": "k", "OMP_NUM_THREADS": "2"}

@@ -226,7 +226,7 @@ def test_a_non_persistent_buffer_missing_from_modelnew_is_named():
 
 
 def test_zero_tolerances_are_accepted_settings():
-    from pytest_cudaopt import settings
+    from pytest_cudaopt.suite import settings
 
     assert settings.resolve("atol", cli="0") == 0.0
     assert settings.resolve("rtol", env={"CUDAOPT_RTOL": "0"}) == 0.0

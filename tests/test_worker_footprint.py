@@ -1,11 +1,9 @@
 """What runs beside the candidate: a CPU worker serving a correctness case, a timed batch, a trace and the policy
-facts loads only worker-side modules of ours (worker/, which imports only the standard library, torch and
-itself), at most FOOTPRINT lines of them; every line loaded there is a line the candidate can patch."""
+facts loads only candidate/ and wire.py of ours (tests/test_layout.py checks that they import nothing else of
+ours), at most FOOTPRINT lines of them; every line loaded there is a line the candidate can patch."""
 
 from __future__ import annotations
 
-import ast
-import sys
 import textwrap
 from pathlib import Path
 
@@ -13,13 +11,12 @@ import pytest
 import torch
 
 import pytest_cudaopt
-from pytest_cudaopt.worker import Worker
+from pytest_cudaopt.remote.worker import Worker
 
 FOOTPRINT = 2000
 PACKAGE = Path(pytest_cudaopt.__file__).resolve().parent
-# The modules that run in the candidate's process (the rest of worker/ is the judging side's).
-WORKER_SIDE = {"__init__", "__main__", "server", "sandbox", "protocol", "zygote", "load", "observe", "construct",
-               "sanitized", "stream_page"}
+# What may run in the candidate's process.
+CANDIDATE_SIDE = ("pytest_cudaopt", "pytest_cudaopt.wire", "pytest_cudaopt.candidate")
 
 MODEL = """
 import torch
@@ -87,37 +84,7 @@ def test_a_cpu_worker_loads_only_worker_side_modules_and_few_lines(served):
     loaded = served["modules"]
     lines = {name: _lines(file) for name, file in loaded.items() if file}
     print(f"{len(loaded)} modules, {sum(lines.values())} lines: {sorted(lines.items(), key=lambda kv: -kv[1])}")
-    outside = sorted(name for name in loaded if name not in {"pytest_cudaopt", "pytest_cudaopt.worker"}
-                     and not (name.startswith("pytest_cudaopt.worker.")
-                              and name.rsplit(".", 1)[-1] in WORKER_SIDE))
+    outside = sorted(name for name in loaded
+                     if name not in CANDIDATE_SIDE and not name.startswith("pytest_cudaopt.candidate."))
     assert outside == []
     assert sum(lines.values()) <= FOOTPRINT, lines
-
-
-def _imports(file: Path) -> set[str]:
-    """Every module `file` imports, at its top or inside functions."""
-    found = set()
-    for node in ast.walk(ast.parse(file.read_text())):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names
-                                      if _is_module(f"{node.module}.{alias.name}")}
-    return found
-
-
-def _is_module(name: str) -> bool:
-    """Whether `name` is a module or package of ours (`from pytest_cudaopt import policy`)."""
-    if not name.startswith("pytest_cudaopt."):
-        return False
-    path = PACKAGE.joinpath(*name.split(".")[1:])
-    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
-
-
-# worker/__init__.py offers the judging side's names (client, remote) and is left out.
-@pytest.mark.parametrize("name", sorted(WORKER_SIDE - {"__init__", "sanitized", "stream_page"}))
-def test_a_worker_side_module_imports_only_the_standard_library_torch_and_worker_side_modules(name):
-    ours = {f"pytest_cudaopt.worker.{n}" for n in WORKER_SIDE} | {"pytest_cudaopt", "pytest_cudaopt.worker"}
-    foreign = sorted(m for m in _imports(PACKAGE / "worker" / f"{name}.py")
-                     if m.split(".")[0] not in sys.stdlib_module_names | {"torch", "__future__"} and m not in ours)
-    assert foreign == []

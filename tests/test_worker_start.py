@@ -1,4 +1,4 @@
-"""The two ways a worker starts: executed (`python -m pytest_cudaopt.worker FD`) and forked by a zygote that imported torch once (worker/zygote.py). Both must give the candidate the same process: the same working directory, environment, imports, output relay; and neither may outlive the judging process."""
+"""The two ways a worker starts: executed (`python -m pytest_cudaopt.candidate FD`) and forked by a zygote that imported torch once (run/zygote.py). Both must give the candidate the same process: the same working directory, environment, imports, output relay; and neither may outlive the judging process."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cudaopt.worker import Worker, zygote
+from pytest_cudaopt.remote.worker import Worker
+from pytest_cudaopt.run import zygote
 from support import run_pytest, subprocess_env
 
 MODEL = """
@@ -100,7 +101,7 @@ def test_a_forked_worker_is_the_process_an_executed_one_is(workdir, monkeypatch,
         assert forked.confined == executed.confined and forked.confined.get("held")  # the same sandbox
         assert seen_forked["argv"] == seen_executed["argv"]
         # A fork, not a fresh Python the fork executed (what a zygote whose imports touched CUDA does).
-        assert b"zygote" in Path(f"/proc/{forked.proc.pid}/cmdline").read_bytes().split(b"\0")
+        assert b"pytest_cudaopt.run.zygote" in Path(f"/proc/{forked.proc.pid}/cmdline").read_bytes().split(b"\0")
     finally:
         executed.stop()
         forked.stop()
@@ -111,7 +112,8 @@ def test_a_forked_worker_dies_when_its_judging_process_does(workdir, zygote_name
     # A judging process that starts a worker and dies without stopping it (SIGKILL: no atexit).
     script = textwrap.dedent(f"""
         import os, signal, sys
-        from pytest_cudaopt.worker import Worker, zygote
+        from pytest_cudaopt.remote.worker import Worker
+        from pytest_cudaopt.run import zygote
         worker = Worker({str(workdir)!r}, None, "cpu").start()
         assert isinstance(worker.proc, zygote.Forked), type(worker.proc)
         print("pid", worker.proc.pid, flush=True)
@@ -179,7 +181,7 @@ def test_the_judges_pool_offers_its_stage_children_a_zygote_of_its_own(workdir, 
 POISONING_ZYGOTE = """
 import sys
 import torch
-from pytest_cudaopt.worker import zygote
+from pytest_cudaopt.run import zygote
 
 # What an import may do on a GPU host: ask CUDA itself for its devices, after which torch calls
 # every fork of this process a bad one.
@@ -201,7 +203,7 @@ def test_a_zygote_whose_imports_touched_cuda_executes_its_forks_afresh(workdir, 
             assert isinstance(worker.proc, zygote.Forked) and worker.ping() < 5
             assert "model_new.py imported" in worker.last_words()
             assert (Path(f"/proc/{worker.proc.pid}/cmdline").read_bytes().split(b"\0")[1:3]
-                    == [b"-m", b"pytest_cudaopt.worker"])   # executed by the fork: a process CUDA can use
+                    == [b"-m", b"pytest_cudaopt.candidate"])   # executed by the fork: a process CUDA can use
         finally:
             worker.stop()
         from pytest_cudaopt.judge import runner
@@ -219,8 +221,8 @@ def test_a_zygote_whose_imports_touched_cuda_executes_its_forks_afresh(workdir, 
 # -- launched ahead (session.prestart): the worker's start beside the judging process's own ----
 
 def _session(tmp_path: Path, **values):
-    from pytest_cudaopt.session import CudaoptSession
-    from pytest_cudaopt.settings import Settings
+    from pytest_cudaopt.suite.session import CudaoptSession
+    from pytest_cudaopt.suite.settings import Settings
 
     return CudaoptSession(Settings({"device": "cpu", **values}), rootpath=tmp_path)
 
@@ -275,8 +277,8 @@ def test_launching_a_worker_imports_no_torch_in_the_judging_process(workdir, tmp
     script = textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from pytest_cudaopt.session import CudaoptSession
-        from pytest_cudaopt.settings import Settings
+        from pytest_cudaopt.suite.session import CudaoptSession
+        from pytest_cudaopt.suite.settings import Settings
         session = CudaoptSession(Settings({{"device": "cpu"}}), rootpath=Path({str(tmp_path)!r}))
         session.prestart(Path({str(workdir)!r}))
         print("launched", len(session._workers), session._workers[0].alive(), "torch" in sys.modules)
@@ -294,7 +296,7 @@ def test_launching_a_worker_imports_no_torch_in_the_judging_process(workdir, tmp
 def test_the_mark_expression_is_read_as_pytest_reads_it(markexpr):
     from _pytest.mark.expression import Expression
 
-    from pytest_cudaopt.collection import keeps
+    from pytest_cudaopt.suite.collection import keeps
 
     for marks in ({"correctness", "gpu"}, {"perf", "gpu"}, {"perf"}, {"policy"}):
         expected = Expression.compile(markexpr).evaluate(lambda name, **kwargs: name in marks) if markexpr else True
@@ -303,7 +305,7 @@ def test_the_mark_expression_is_read_as_pytest_reads_it(markexpr):
 
 @pytest.mark.parametrize("markexpr", ["slow(reason=1)", "a and (b", "or perf"])
 def test_a_mark_expression_it_cannot_read_launches_the_worker_anyway(markexpr):
-    from pytest_cudaopt.collection import keeps
+    from pytest_cudaopt.suite.collection import keeps
 
     assert keeps(markexpr, {"perf"}) is None  # worker_ahead counts None as kept: a worker unused at worst
 
@@ -311,7 +313,7 @@ def test_a_mark_expression_it_cannot_read_launches_the_worker_anyway(markexpr):
 def test_the_worker_is_launched_ahead_only_where_this_process_will_run_the_judged_items(monkeypatch):
     from types import SimpleNamespace
 
-    from pytest_cudaopt import collection
+    from pytest_cudaopt.suite import collection
 
     def config(markexpr: str = "", **option):
         options = {"numprocesses": None, "collectonly": False, "help": False, "version": False, **option}

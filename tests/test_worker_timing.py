@@ -1,4 +1,4 @@
-"""worker/timing.py with hand-computed numbers shaped like the H200's: what a batch's figures count, and when a worker's clock is not believed."""
+"""remote/timing.py with hand-computed numbers shaped like the H200's: what a batch's figures count, and when a worker's clock is not believed."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from pytest_cudaopt.worker import timing
-from pytest_cudaopt.worker.timing import Bound, ClockAudit, TimingError, credit
+from pytest_cudaopt.remote import timing
+from pytest_cudaopt.remote.timing import Bound, ClockAudit, TimingError, credit
 
 US = 1e-6
 FIXED, P90 = 330 * US, 340 * US   # a gate's calibrated median fixed part and its 90th percentile

@@ -6,13 +6,14 @@ import functools
 
 import torch
 
-from pytest_cudaopt import blame, memory, nvml
+from pytest_cudaopt.results import blame
+from pytest_cudaopt.primitives import memory, nvml
 from pytest_cudaopt.correctness import compare, family as family_case, guards, shapes, sizes, state, values
 from pytest_cudaopt.correctness.faults import CudaFault
 from pytest_cudaopt.correctness.precision import Precision
-from pytest_cudaopt.results import SHORTFALL, CorrectnessResult
-from pytest_cudaopt.tensors import clone_inputs, describe_inputs
-from pytest_cudaopt.watchdog import harness_step, set_case
+from pytest_cudaopt.results.records import SHORTFALL, CorrectnessResult
+from pytest_cudaopt.primitives.tensors import clone_inputs, describe_inputs
+from pytest_cudaopt.run.watchdog import harness_step, set_case
 from pytest_cudaopt.workdir import Workdir, WorkdirError
 
 

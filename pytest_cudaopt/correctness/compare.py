@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from pytest_cudaopt.tensors import describe_tensor, leaves, structure
+from pytest_cudaopt.primitives.tensors import describe_tensor, leaves, structure
 
 MAX_LISTED = 5  # mismatching elements listed in a failure table
 

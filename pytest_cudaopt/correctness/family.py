@@ -9,7 +9,7 @@ import torch
 from pytest_cudaopt.correctness import compare, guards, values
 from pytest_cudaopt.correctness.faults import CudaFault
 from pytest_cudaopt.correctness.precision import FP32_FACTOR, Precision, relative_l2_error, run_float64
-from pytest_cudaopt.tensors import clone_inputs, leaves
+from pytest_cudaopt.primitives.tensors import clone_inputs, leaves
 
 
 def judge(applied: values.Applied, trial: guards.Trial, inputs: list, first: Any,

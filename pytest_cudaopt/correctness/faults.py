@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pytest_cudaopt.worker.observe import FAULT_MARKERS, CudaFault, context_alive, is_cuda_fault  # noqa: F401
+from pytest_cudaopt.candidate.observe import FAULT_MARKERS, CudaFault, context_alive, is_cuda_fault  # noqa: F401
 
 
 class WorkerCrash(CudaFault):

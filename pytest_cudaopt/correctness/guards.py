@@ -16,10 +16,10 @@ import torch
 from pytest_cudaopt.correctness import compare
 from pytest_cudaopt.correctness.faults import CudaFault, WorkerCrash, context_alive, is_cuda_fault
 from pytest_cudaopt.correctness.precision import Precision, run_float64
-from pytest_cudaopt.tensors import clone_inputs, clone_nest, describe_tensor, leaves
-from pytest_cudaopt.watchdog import harness_step
-from pytest_cudaopt.worker.candidate import Candidate, WorkerError, WorkerFailed
-from pytest_cudaopt.worker.observe import unfresh_output
+from pytest_cudaopt.primitives.tensors import clone_inputs, clone_nest, describe_tensor, leaves
+from pytest_cudaopt.run.watchdog import harness_step
+from pytest_cudaopt.remote.candidate import Candidate, WorkerError, WorkerFailed
+from pytest_cudaopt.candidate.observe import unfresh_output
 
 
 class GuardFailure(AssertionError):

@@ -9,8 +9,8 @@ from typing import Any, Callable
 
 import torch
 
-from pytest_cudaopt import memory
-from pytest_cudaopt.tensors import clone_inputs, float64_inputs, float_elements, leaves, nbytes, to_float64
+from pytest_cudaopt.primitives import memory
+from pytest_cudaopt.primitives.tensors import clone_inputs, float64_inputs, float_elements, leaves, nbytes, to_float64
 
 # Tiers, from the candidate's relative L2 error against a float64 run of the reference (see
 # `precision_tier`). Float32 rounding leaves ~1e-7..1e-6; a 10-bit mantissa (TF32 tensor cores,

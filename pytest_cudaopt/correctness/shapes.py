@@ -279,7 +279,7 @@ def shape_space(module: types.ModuleType, max_elements: int | None = None,
     """The drawn-shape space of a reference module. `strategy` is None (with `source`
     saying why) when there is nothing to vary. With `free_bytes` (free device memory) the
     size cap shrinks to what one case can hold (see memory.cap_max_elements)."""
-    from pytest_cudaopt.memory import cap_max_elements
+    from pytest_cudaopt.primitives.memory import cap_max_elements
 
     declared = declared_strategy(module)
     defaults = infer_constants(module)
@@ -352,7 +352,7 @@ def check_on_meta(module: types.ModuleType, constants: Mapping[str, int]) -> Met
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return MetaCheck(False, f"{type(exc).__name__}: {first}"[:300])
-    from pytest_cudaopt.tensors import nbytes
+    from pytest_cudaopt.primitives.tensors import nbytes
 
     total, found = _numel_and_shapes(inputs)
     return MetaCheck(True, "", total, found, nbytes(list(inputs)), nbytes(outputs))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import types
 from pathlib import Path
 
-from pytest_cudaopt import memory
+from pytest_cudaopt.primitives import memory
 from pytest_cudaopt.correctness import shapes
 
 

@@ -18,8 +18,8 @@ import torch
 from pytest_cudaopt.correctness import compare, shapes
 from pytest_cudaopt.correctness.faults import CudaFault, context_lost
 from pytest_cudaopt.correctness.guards import derive_seed
-from pytest_cudaopt.tensors import clone_inputs
-from pytest_cudaopt.watchdog import harness_step
+from pytest_cudaopt.primitives.tensors import clone_inputs
+from pytest_cudaopt.run.watchdog import harness_step
 
 RUNNING_STATS = ("running_mean", "running_var")
 CONSTANT_SPREAD = 0.3   # a constant c != 0 becomes c * U(1 - 0.3, 1 + 0.3), element by element

@@ -226,7 +226,7 @@ def apply(family: str, inputs: list, seed: int, names: list[str] | None = None) 
 def _float_leaves(nest: Any) -> list[torch.Tensor]:
     import torch
 
-    from pytest_cudaopt.tensors import leaves
+    from pytest_cudaopt.primitives.tensors import leaves
 
     return [t for _, t in leaves(nest) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()]
 
@@ -259,7 +259,7 @@ def not_finite(expected: Any, reference64: Any) -> str:
     not finite, or the float32 one is not finite where the float64 one is."""
     import torch
 
-    from pytest_cudaopt.tensors import leaves
+    from pytest_cudaopt.primitives.tensors import leaves
 
     for (path, e), (_, r) in zip(leaves(expected), leaves(reference64)):
         if not (isinstance(r, torch.Tensor) and r.is_floating_point() and r.numel()):

@@ -17,15 +17,15 @@ from typing import Iterator
 
 import torch
 
-from pytest_cudaopt import memory
+from pytest_cudaopt.primitives import memory
 from pytest_cudaopt.correctness import guards, shapes, values
 from pytest_cudaopt.correctness.case import Abort, CaseFailed, free_bytes, run_case
 from pytest_cudaopt.correctness.faults import WorkerCrash, fault_line
 from pytest_cudaopt.correctness.precision import Precision, worst_tier
-from pytest_cudaopt.results import SHORTFALL, CorrectnessResult
-from pytest_cudaopt.settings import replay_args
-from pytest_cudaopt.tensors import describe_inputs
-from pytest_cudaopt.watchdog import harness_seconds
+from pytest_cudaopt.results.records import SHORTFALL, CorrectnessResult
+from pytest_cudaopt.suite.settings import replay_args
+from pytest_cudaopt.primitives.tensors import describe_inputs
+from pytest_cudaopt.run.watchdog import harness_seconds
 from pytest_cudaopt.workdir import Workdir
 
 

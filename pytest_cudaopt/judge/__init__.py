@@ -19,7 +19,7 @@ other workdirs' GPU work, objects from the host's content-keyed cache), policy (
 policy`: no candidate code runs before the static rules pass), check (`pytest -m "not perf and
 not policy"`: correctness and the other non-perf items; several may share a GPU while their
 memory fits), perf (`pytest -m perf`, alone on its GPU). A stage that does not pass ends the
-workdir (unless `all_stages`). Each child is forked from the pool's zygote (worker/zygote.py:
+workdir (unless `all_stages`). Each child is forked from the pool's zygote (run/zygote.py:
 torch imported there once, the device given in the fork's environment). The modules:
 scheduler.py (where each stage runs; no processes), runner.py (one child), stages.py (a stage's
 command and what it left), lines.py (the line), pool.py (the local engine, also fed while it

@@ -39,7 +39,7 @@ def check_need(workdir: Path, max_elements: int | None = None) -> int | None:
         import torch
 
         from pytest_cudaopt.correctness.shapes import shape_space
-        from pytest_cudaopt.memory import largest_case_budget
+        from pytest_cudaopt.primitives.memory import largest_case_budget
         from pytest_cudaopt.workdir import import_file, module_prefix
 
         reference = import_file(f"{module_prefix(workdir)}.need", workdir / "model.py", workdir,
@@ -61,8 +61,8 @@ def estimate_within(workdir: Path, settings) -> tuple[int | None, str]:
     import or its run on meta did not end in time, (None, the report: the limit and where in
     the workdir's files it hung). A hang that no signal interrupts ends the process with
     TIMEOUT_CODE after the report."""
-    from pytest_cudaopt.supervision import workdir_frames
-    from pytest_cudaopt.watchdog import HangTimeout, Watchdog, main_stack
+    from pytest_cudaopt.run.supervision import workdir_frames
+    from pytest_cudaopt.run.watchdog import HangTimeout, Watchdog, main_stack
 
     def stuck(message: str) -> None:
         print(f"{REPORT_MARK}\n{message}\nwhere it was (innermost last):\n{main_stack()}", file=sys.stderr, flush=True)
@@ -87,7 +87,7 @@ class BuildPlugin:
         self.report = ""
 
     def pytest_collection_finish(self, session) -> None:
-        from pytest_cudaopt import build
+        from pytest_cudaopt import extension as build
         from pytest_cudaopt.plugin import SESSION_KEY
 
         settings = session.config.stash[SESSION_KEY].settings

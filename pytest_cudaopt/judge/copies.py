@@ -18,7 +18,7 @@ SKIPPED = frozenset({"build", "__pycache__", ".git", ".hg", ".pytest_cache", ".b
 KEPT_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "SHELL",
             "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX", "CUDA_HOME", "CUDA_PATH", "CUDA_ROOT",
             "LD_LIBRARY_PATH", "CC", "CXX", "TORCH_CUDA_ARCH_LIST", "NVIDIA_DRIVER_CAPABILITIES",
-            "CUDAOPT_WORKER_ZYGOTE")  # a zygote the judge's starter offers for workers (worker/zygote.py)
+            "CUDAOPT_WORKER_ZYGOTE")  # a zygote the judge's starter offers for workers (run/zygote.py)
 KEPT_PREFIXES = ("LC_",)
 MAX_BYTES = 256 << 20   # a workdir larger than this is not judged (its line says so)
 

@@ -69,7 +69,7 @@ class Progress:
 
 def summary(lines: Sequence[dict], *, wall_s: float, busy: dict[str, float], root: Path | None = None) -> str:
     """The final table and its notes: throughput, each device's busy fraction, time by stage, the caches."""
-    from pytest_cudaopt.report import render_rows  # imports torch: only once there is a table to show
+    from pytest_cudaopt.results.report import render_rows  # imports torch: only once there is a table to show
 
     passed = sum(1 for line in lines if line["passed"])
     judged = sum(1 for line in lines if line["status"] not in ("error", "cancelled"))

@@ -91,7 +91,7 @@ class Judge:
 
 def _recorded_device(workdir: Path) -> str | None:
     """The device a workdir's settings name (`cudaopt init --device cpu` records it), None if unreadable."""
-    from pytest_cudaopt.settings import SettingError, workdir_settings
+    from pytest_cudaopt.suite.settings import SettingError, workdir_settings
 
     try:
         return workdir_settings(workdir).device
@@ -123,7 +123,7 @@ class Written:
 
 
 def exit_code(found: Sequence[dict]) -> int:
-    from pytest_cudaopt import blame
+    from pytest_cudaopt.results import blame
 
     code = blame.exit_status(blame.worst(line.get("blame") for line in found if line.get("blame") != blame.CANDIDATE))
     if code:

@@ -8,7 +8,7 @@ import socket
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from pytest_cudaopt import blame
+from pytest_cudaopt.results import blame
 from pytest_cudaopt.judge.stages import FAILED, OK, StageResult
 
 LINE_SCHEMA = "cudaopt-judge/1"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 def default_cache_dir() -> Path:
     """Where a host's shared caches live: $XDG_CACHE_HOME/cudaopt, else ~/.cache/cudaopt."""
-    from pytest_cudaopt.settings import user_cache_dir
+    from pytest_cudaopt.suite.settings import user_cache_dir
 
     return user_cache_dir()
 
@@ -33,7 +33,7 @@ class Options:
     private copies go (None: a temporary folder); keep: leave the copies and logs there;
     fork: fork each stage's child from the pool's zygote (torch imported there once) rather than
     execute it; zygote: the address of that zygote, from which the children's workers are forked
-    too (worker/zygote.py); backstop: a service's limit on one workdir's judging, whatever its
+    too (run/zygote.py); backstop: a service's limit on one workdir's judging, whatever its
     children do (None: `backstop_s`, what its stages' own limits add up to, and a minute more)."""
 
     gpus: list[str] | None = None

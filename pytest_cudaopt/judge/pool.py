@@ -21,7 +21,7 @@ from pytest_cudaopt.judge.devices import DeviceSet, cpu_slots, gpus
 from pytest_cudaopt.judge.options import Options, result_key
 from pytest_cudaopt.judge.scheduler import STAGES, Scheduler, Task
 from pytest_cudaopt.judge.stages import FAILED, OK, StageResult, run_stage, shortfall
-from pytest_cudaopt.worker import zygote
+from pytest_cudaopt.run import zygote
 
 # The events of a fed pool besides a stage's end: a workdir added, no more to come, one workdir's
 # children to end (a service's backstop), everything to end now (a service stopped).

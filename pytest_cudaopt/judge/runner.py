@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from pytest_cudaopt.worker import zygote
+from pytest_cudaopt.run import zygote
 
 GRACE_S = 10.0   # after SIGTERM at the time limit (the plugin writes its reports), then SIGKILL
 TAIL_LINES = 40
@@ -106,7 +106,7 @@ def _end_group_id(pgid: int, sig: int) -> None:
 def _die_with_judge(nice: int = 0) -> None:
     """In the child, before exec: SIGTERM when the thread that started it (the judge) dies;
     `nice` added to its niceness."""
-    from pytest_cudaopt.signals import die_with_parent
+    from pytest_cudaopt.run.signals import die_with_parent
 
     if nice:
         os.nice(nice)
@@ -158,7 +158,7 @@ def run(command: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout: f
         zygote_name: str | None = None) -> Outcome:
     """Run `command` to its end or its time limit (SIGTERM to its process group, SIGKILL after
     `grace`); stdout and stderr go to `log`; `nice`: added to the child's niceness; `zygote_name`:
-    the zygote that forks it (worker/zygote.py), where the pool started one."""
+    the zygote that forks it (run/zygote.py), where the pool started one."""
     start = time.monotonic()
     proc = _spawn(command, env, cwd, log, nice, zygote_name)
     if children is not None:

@@ -13,7 +13,7 @@ from pytest_cudaopt.judge import copies, runner
 from pytest_cudaopt.judge.devices import DeviceSet
 from pytest_cudaopt.judge.options import Options
 from pytest_cudaopt.launch import pytest_command, strict_sandbox
-from pytest_cudaopt.worker import zygote
+from pytest_cudaopt.run import zygote
 
 # The pytest children: which items each runs, and the verdict kinds it must have collected.
 MARKERS = {"policy": "policy", "check": "not perf and not policy", "perf": "perf"}
@@ -137,7 +137,7 @@ def run_stage(stage: str, copy: Path, out: Path, devices: DeviceSet, device: str
 
 
 def _object_counts(copy: Path) -> dict[str, int]:
-    from pytest_cudaopt.build import objcache
+    from pytest_cudaopt.extension import objcache
 
     total = {"hit": 0, "store": 0, "miss": 0}
     for folder in (copy / "build" / "cudaopt").glob("*"):
@@ -263,7 +263,7 @@ def _verdict(stage: str, returncode: int, report: dict, cases: list[dict]) -> tu
 def _timed_out(report: dict) -> bool:
     """Whether an item of the child timed out (the watchdog's TIMEOUT: a correctness row, or an
     item's reason), though the session went on to its end."""
-    from pytest_cudaopt.watchdog import TIMEOUT_MARK
+    from pytest_cudaopt.run.watchdog import TIMEOUT_MARK
 
     return (any(r.get("data", {}).get("check") == "timeout" for r in report.get("results", []))
             or any(str(i.get("reason", "")).startswith(TIMEOUT_MARK) for i in report.get("items", [])
@@ -273,7 +273,7 @@ def _timed_out(report: dict) -> bool:
 def shortfall(result: StageResult) -> str | None:
     """The message of a check that failed only for want of device memory (its failed
     correctness records all of check SHORTFALL, nothing else failed), or None."""
-    from pytest_cudaopt.results import SHORTFALL
+    from pytest_cudaopt.results.records import SHORTFALL
 
     if result.stage != "check" or result.status != FAILED or not result.report:
         return None

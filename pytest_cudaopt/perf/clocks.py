@@ -11,7 +11,7 @@ import torch.autograd.profiler
 
 from pytest_cudaopt.perf.runs import CandidateCall, Run, Sample, batches, candidate_batches, time_calls
 from pytest_cudaopt.perf.stats import median
-from pytest_cudaopt.worker.timing import TimingError  # noqa: F401 - raised here, imported from here
+from pytest_cudaopt.remote.timing import TimingError  # noqa: F401 - raised here, imported from here
 
 # What measures a contender is bound here, when this module is first imported (the plugin's
 # bind_timing() imports it before any workdir code runs), so that model_new.py cannot replace
@@ -146,7 +146,7 @@ class CudaClock:
     own process after this process flushed L2 (worker.RemoteModel.time_batch).
 
     At most 16 calls a batch on a GPU (`max_batch`): a worker's batch goes behind its stream gate
-    (worker/stream_gate.py), whose allowance is fixed per batch, so the longer the batch the tighter
+    (remote/window.py), whose allowance is fixed per batch, so the longer the batch the tighter
     the bound a call; batches of 32 were not yet (benchmarks/results/2026-12-03-gated-batches.md)."""
 
     max_batch: int | None = 16

@@ -13,8 +13,8 @@ from pytest_cudaopt.perf.runs import CandidateCall, Run, Sample
 from pytest_cudaopt.perf.feed import Call, Feed
 from pytest_cudaopt.perf.measurement import ContenderResult, Measurement
 from pytest_cudaopt.perf.stats import format_seconds, median, relative_standard_error
-from pytest_cudaopt.tensors import refill_inputs
-from pytest_cudaopt.worker.candidate import Candidate
+from pytest_cudaopt.primitives.tensors import refill_inputs
+from pytest_cudaopt.remote.candidate import Candidate
 
 CLOCKS = ("device", "latency")  # what the gate can compare: see Config.clock
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 from pytest_cudaopt.perf.clocks import host_time
 from pytest_cudaopt.perf.runs import CandidateCall
-from pytest_cudaopt.tensors import clone_inputs
+from pytest_cudaopt.primitives.tensors import clone_inputs
 
 
 @dataclass

@@ -13,7 +13,7 @@ import torch
 
 from pytest_cudaopt.perf.clocks import host_time, synchronize_device
 from pytest_cudaopt.perf.engine import Contender
-from pytest_cudaopt.worker.candidate import Candidate
+from pytest_cudaopt.remote.candidate import Candidate
 
 # Contender keys; the line-up, the gate, tables and reports refer to contenders by these.
 EAGER, COMPILE, CUSTOM, PRECISION_MATCHED = "eager", "compile", "custom", "precision-matched"

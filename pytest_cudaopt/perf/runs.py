@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, NamedTuple, Sequence
 
-from pytest_cudaopt.worker.candidate import Candidate
+from pytest_cudaopt.remote.candidate import Candidate
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import torch.profiler
 from pytest_cudaopt.perf.clocks import GpuLead, host_time, synchronize_device
 from pytest_cudaopt.perf.engine import Contender
 from pytest_cudaopt.perf.stats import format_seconds
-from pytest_cudaopt.tensors import clone_inputs
+from pytest_cudaopt.primitives.tensors import clone_inputs
 
 # Bound at import, before any workdir code runs (see clocks.py): the profiler is how escapes
 # are found, so model_new.py must not be able to replace it.

@@ -6,17 +6,17 @@ from typing import Any, Sequence
 
 import torch
 
-from pytest_cudaopt import memory
-from pytest_cudaopt.environment import environment
+from pytest_cudaopt.primitives import memory
+from pytest_cudaopt.primitives.environment import environment
 from pytest_cudaopt.correctness.compare import compare_outputs
 from pytest_cudaopt.correctness.guards import derive_seed
 from pytest_cudaopt.correctness.precision import FP32, TIER_ORDER, UNKNOWN, WRONG, below_fp32, measure_precision
-from pytest_cudaopt.perf import engine, gate, lineup, trace
+from pytest_cudaopt.perf import engine, decision as gate, lineup, trace
 from pytest_cudaopt.perf.feed import Feed
-from pytest_cudaopt.results import PerfResult
-from pytest_cudaopt.tensors import clone_inputs, nbytes
+from pytest_cudaopt.results.records import PerfResult
+from pytest_cudaopt.primitives.tensors import clone_inputs, nbytes
 from pytest_cudaopt.workdir import saved_rng
-from pytest_cudaopt.worker.candidate import Candidate
+from pytest_cudaopt.remote.candidate import Candidate
 
 
 def _compare(settings: Any):
@@ -102,7 +102,7 @@ def _traces(lineup_: lineup.Lineup, measurement: engine.Measurement, args: list,
     the timing (the profiler's first use in a process costs about a second and cannot touch the
     medians); a trace that shows escaped work fails its contender, that reason first: work left
     on another stream is what makes a worker's timed outputs differ, read as its calling
-    stream's work ends (worker/stream_gate.py)."""
+    stream's work ends (remote/window.py)."""
     if tracer is None:
         return {}
     results = measurement.results

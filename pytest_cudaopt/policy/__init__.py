@@ -53,6 +53,6 @@ def check_workdir(workdir: Path, config: Config | None = None, extension: Any = 
 
 
 def worker_violations(workdir: Path, reply: dict) -> list[Violation]:
-    """MN010 and EX001 from the facts a worker's `policy` request answered (worker/construct.py)."""
+    """MN010 and EX001 from the facts a worker's `policy` request answered (candidate/construct.py)."""
     return (construction_violations(workdir, reply.get("construction"))
             + extension_violations(list(reply.get("missing") or ())))

@@ -7,7 +7,7 @@ model is built on the meta device first (parameters are created, no memory is fi
 ResNet-101 takes milliseconds instead of seconds) and on the CPU when that fails (a
 constructor that reads a tensor's values, `.item()`, NumPy). No build is needed: without one,
 `import cuda_extension` finds a stand-in whose functions raise only when called. The facts come
-from worker/construct.py (in the worker, or here for `cudaopt check` without one); the rule is here.
+from candidate/construct.py (in the worker, or here for `cudaopt check` without one); the rule is here.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_cudaopt.policy.rules import Violation
-from pytest_cudaopt.worker.construct import construction
-from pytest_cudaopt.worker.load import user_traceback
+from pytest_cudaopt.candidate.construct import construction
+from pytest_cudaopt.candidate.load import user_traceback
 
 RULE = "MN010"
 MAX_LISTED = 6
@@ -119,7 +119,7 @@ def check_construction_within(workdir: Path, extension: Any, timeout: float) -> 
     """`check_construction` under the `cudaopt_timeout` watchdog (`cudaopt check`; the pytest
     item has its own): an import or a constructor that never ends is an MN010 violation at the
     workdir line it was stuck on."""
-    from pytest_cudaopt.watchdog import HangTimeout, Watchdog
+    from pytest_cudaopt.run.watchdog import HangTimeout, Watchdog
 
     dog = Watchdog(timeout, "MN010")
     dog.stage = "importing model_new.py and constructing ModelNew"

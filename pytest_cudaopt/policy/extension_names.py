@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_cudaopt.policy.rules import BUILD_RULES, Violation
-from pytest_cudaopt.worker.construct import called_functions, missing_functions  # noqa: F401
+from pytest_cudaopt.candidate.construct import called_functions, missing_functions  # noqa: F401
 
 RULE = "EX001"
 RULE_TEXT = BUILD_RULES[RULE]

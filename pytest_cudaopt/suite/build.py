@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_cudaopt.build import BuildError
-from pytest_cudaopt.watchdog import set_stage
+from pytest_cudaopt.extension import BuildError
+from pytest_cudaopt.run.watchdog import set_stage
 from pytest_cudaopt.workdir import WorkdirError
 
 

@@ -6,10 +6,11 @@ import pytest
 
 import torch
 
-from pytest_cudaopt import blame, nvml
+from pytest_cudaopt.results import blame
+from pytest_cudaopt.primitives import nvml
 from pytest_cudaopt.correctness.verdict import judge_canonical, judge_drawn
-from pytest_cudaopt.ledger import SKIP_PROPERTY
-from pytest_cudaopt.results import NOT_APPLICABLE
+from pytest_cudaopt.results.ledger import SKIP_PROPERTY
+from pytest_cudaopt.results.records import NOT_APPLICABLE
 from pytest_cudaopt.workdir import Workdir
 
 

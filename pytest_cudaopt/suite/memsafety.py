@@ -1,13 +1,13 @@
-"""The memory-safety item: `pytest -m memsafety`, judged by `pytest_cudaopt.correctness.memsafety`."""
+"""The memory-safety item: `pytest -m memsafety`, judged by `pytest_cudaopt.memsafety.verdict`."""
 
 from __future__ import annotations
 
 import pytest
 
 from pytest_cudaopt.correctness.guards import derive_seed
-from pytest_cudaopt.correctness.memsafety import failure_text, find_sanitizer, judge_memory_safety
-from pytest_cudaopt.ledger import SKIP_PROPERTY
-from pytest_cudaopt.results import NOT_APPLICABLE
+from pytest_cudaopt.memsafety.verdict import failure_text, find_sanitizer, judge_memory_safety
+from pytest_cudaopt.results.ledger import SKIP_PROPERTY
+from pytest_cudaopt.results.records import NOT_APPLICABLE
 
 
 @pytest.mark.memsafety
@@ -28,7 +28,7 @@ class TestMemorySafety:
             reason = (f"compute-sanitizer not found (looked in {where}); it comes with the CUDA toolkit, or "
                       "set cudaopt_compute_sanitizer")
             if cudaopt_settings.ci_gate:  # the gate never passes without a verdict it asked for
-                from pytest_cudaopt.ci_gate import SETUP_PROPERTY
+                from pytest_cudaopt.commands.gate import SETUP_PROPERTY
 
                 request.node.user_properties.append((SETUP_PROPERTY, reason))
                 pytest.fail(f"{reason}: the CI gate never passes without the memory-safety verdict", pytrace=False)

@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_cudaopt import report
+from pytest_cudaopt.results import report
 from pytest_cudaopt.perf import clocks, lineup, trace
 from pytest_cudaopt.perf.feed import Feed
 from pytest_cudaopt.perf.verdict import judge
-from pytest_cudaopt.results import PerfResult
+from pytest_cudaopt.results.records import PerfResult
 from pytest_cudaopt.workdir import saved_rng
 
 # pytest-benchmark rounds of the custom path (bounded: the engine's medians are the verdict).

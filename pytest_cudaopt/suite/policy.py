@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cudaopt import blame, policy
-from pytest_cudaopt.ledger import RULE_PROPERTY, SKIP_PROPERTY
-from pytest_cudaopt.results import DISABLED
-from pytest_cudaopt.watchdog import set_stage
+from pytest_cudaopt.results import blame
+from pytest_cudaopt import policy
+from pytest_cudaopt.results.ledger import RULE_PROPERTY, SKIP_PROPERTY
+from pytest_cudaopt.results.records import DISABLED
+from pytest_cudaopt.run.watchdog import set_stage
 
 _REPORTS = pytest.StashKey[dict]()
 
@@ -37,9 +38,9 @@ def _construction(session, workdir: Path, settings: policy.Config, test: str) ->
 def _facts(session, workdir: Path, test: str, mn010: bool = False, ex001: bool = False) -> list[policy.Violation]:
     """MN010's or EX001's violations from a worker (session.policy_facts); a worker that cannot
     load the extension, or dies, fails the item with its report."""
-    from pytest_cudaopt.build import BuildError
+    from pytest_cudaopt.extension import BuildError
     from pytest_cudaopt.workdir import WorkdirError
-    from pytest_cudaopt.worker import WorkerError, WorkerFailed
+    from pytest_cudaopt.remote.worker import WorkerError, WorkerFailed
 
     if session.fault is not None:  # the worker's CUDA context is gone: no rule of ours fails in its wake
         where, message = session.fault
@@ -76,7 +77,7 @@ class TestPolicy:
         """EX001: every cuda_extension function that model_new.py calls is defined by the built
         module. Uses the session's build, builds now when this session's correctness or perf
         items will build anyway, else the last build on disk."""
-        from pytest_cudaopt import build
+        from pytest_cudaopt import extension as build
         from pytest_cudaopt.policy.extension_names import RULE, RULE_TEXT
 
         request.node.user_properties.append((RULE_PROPERTY, RULE))

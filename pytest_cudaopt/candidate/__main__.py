@@ -1,0 +1,8 @@
+"""`python -m pytest_cudaopt.candidate FD`: a worker serving requests on the socket FD (serve.py).
+Zygotes are started as `python -m pytest_cudaopt.run.zygote NAME` (run/zygote.py)."""
+
+import sys
+
+from pytest_cudaopt.candidate.serve import main
+
+sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,209 @@
+"""The memory-safety verdict: one small case of the candidate in a child process under compute-sanitizer (memcheck, then racecheck and initcheck where time is left), the caching allocator off.
+
+`judge_memory_safety` plans the case and the tools, runs each child (`child.py`),
+reads its log (`sanitizer_log.py`) and records a `MemorySafetyResult`. Only the workdir's own
+kernels are judged (a report whose source line is in the workdir); anything else is a note."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_cudaopt.memsafety import log as sanitizer_log
+from pytest_cudaopt.correctness import shapes
+from pytest_cudaopt.results.records import MemorySafetyResult
+
+EXECUTABLE = "compute-sanitizer"
+ERROR_EXIT = 86  # --error-exitcode: the sanitizer found errors (the child's own failures are 1-3)
+# memcheck is the item's tool; the others run where cudaopt_memsafety_timeout leaves time.
+TOOLS: dict[str, tuple[str, ...]] = {
+    "memcheck": ("--tool", "memcheck", "--padding", "32", "--leak-check", "no"),
+    "racecheck": ("--tool", "racecheck"),
+    "initcheck": ("--tool", "initcheck"),
+}
+REQUIRED = "memcheck"
+WATCHDOG_MARGIN_S = 30.0  # the children end this long before the item's cudaopt_timeout
+PRINT_LIMIT = 50
+
+
+def find_sanitizer(setting: str | None = None) -> tuple[str | None, str]:
+    """(path of compute-sanitizer or None, where it was looked for): the setting
+    `cudaopt_compute_sanitizer`, else PATH, else the CUDA toolkit's bin/."""
+    if setting:
+        path = Path(setting).expanduser()
+        usable = path.is_file() and os.access(path, os.X_OK)
+        return (str(path) if usable else None), f"cudaopt_compute_sanitizer={setting}"
+    found = shutil.which(EXECUTABLE)
+    if found:
+        return found, "PATH"
+    from pytest_cudaopt.extension import find_cuda_home
+
+    try:
+        home = find_cuda_home()
+    except Exception:  # noqa: BLE001 - no toolkit: nothing more to look at
+        home = None
+    candidate = Path(home) / "bin" / EXECUTABLE if home else None
+    if candidate is not None and candidate.is_file():
+        return str(candidate), str(candidate.parent)
+    return None, "PATH" + (f" and {candidate.parent}" if candidate is not None else "")
+
+
+def small_case(reference: Any, settings: Any) -> dict[str, int]:
+    """The case the sanitizer runs: `cudaopt_memsafety_case` when set, else the valid case
+    with the fewest input elements among the canonical one and the explicit cases (each
+    constant at its smallest valid value, which the correctness items judge too)."""
+    if settings.memsafety_case:
+        return shapes.parse_case(settings.memsafety_case)
+    space = shapes.shape_space(reference, settings.max_elements)
+    best: tuple[int, dict[str, int]] | None = None
+    for case in [{}, *shapes.explicit_cases(reference, space).cases]:
+        check = shapes.check_on_meta(reference, case)
+        if check.valid and (best is None or check.elements < best[0]):
+            best = (check.elements, {k: v for k, v in case.items() if space.defaults.get(k) != v})
+    return best[1] if best is not None else {}
+
+
+def child_command(workdir: Path, extension: str, case: dict[str, int], seed: int, device: str,
+                  sandbox: str = "off", scratch: str | None = None) -> list[str]:
+    confined = ["--sandbox", sandbox, "--scratch", scratch] if sandbox != "off" and scratch else []
+    return [sys.executable, "-m", "pytest_cudaopt.memsafety.child", str(workdir),
+            "--extension", extension, "--case", shapes.format_case(case), "--seed", str(seed), "--device", device,
+            *confined]
+
+
+def command(sanitizer: str, tool: str, log: Path, child: list[str]) -> list[str]:
+    return [sanitizer, *TOOLS[tool], "--print-limit", str(PRINT_LIMIT), "--error-exitcode", str(ERROR_EXIT),
+            "--log-file", str(log), *child]
+
+
+def child_environment() -> dict[str, str]:
+    """The caching allocator off (a pooled block hides a write past a tensor's end inside its
+    segment) and this package importable."""
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
+    here = str(Path(__file__).resolve().parents[2])
+    paths = [here, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return env
+
+
+@dataclass
+class Run:
+    """One tool's child: exit status (None: stopped at its time limit), its log, its output."""
+
+    tool: str
+    returncode: int | None
+    log: str
+    output: str
+    seconds: float
+
+
+def run_tool(cmd: list[str], log: Path, env: dict[str, str], cwd: Path, timeout: float, tool: str) -> Run:
+    """Run one sanitized child in a process group of its own; at `timeout` the group is killed."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+        code: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        code = None
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    return Run(tool, code, text, output or "", time.perf_counter() - started)
+
+
+def _tail(text: str, lines: int = 12) -> str:
+    kept = [line for line in text.strip().splitlines() if line.strip()]
+    return "\n".join(f"    {line}" for line in kept[-lines:])
+
+
+def judge_run(run: Run, workdir: Path, build_dir: Path | None, result: MemorySafetyResult) -> None:
+    """Fold one tool's run into `result`: its findings, its notes, and a failure where the
+    run shows nothing it can vouch for (the case did not run, errors that could not be read)."""
+    report = sanitizer_log.read(run.tool, run.log, workdir, build_dir)
+    result.findings += [f.line() for f in report.findings]
+    result.notes += report.notes
+    if run.returncode is None:
+        result.tools[run.tool] = f"stopped after {run.seconds:.0f} s"
+        if run.tool == REQUIRED:
+            result.failures.append(f"{run.tool} did not finish within its time ({run.seconds:.0f} s); raise "
+                                   "cudaopt_memsafety_timeout or set a smaller cudaopt_memsafety_case")
+        else:
+            result.notes.append(f"{run.tool} was stopped at the time limit after {run.seconds:.0f} s")
+        return
+    result.tools[run.tool] = f"{len(report.findings)} finding(s)" if report.findings else "clean"
+    unread = (report.summary_errors or 0) > report.records or (run.returncode == ERROR_EXIT and not report.records)
+    if unread and not report.findings:
+        result.failures.append(f"{run.tool} reported {report.summary_errors or 'some'} error(s) that could not be "
+                               f"read as records:\n{_tail(run.log)}")
+    elif run.returncode not in (0, ERROR_EXIT) and not report.findings:
+        result.failures.append(f"the case did not complete under {run.tool} (exit status {run.returncode}):\n"
+                               f"{_tail(run.output)}")
+
+
+def failure_text(result: MemorySafetyResult) -> str:
+    """What a failed item says: the case and the tools, each finding and failure, the notes."""
+    tools = ", ".join(f"{tool}: {state}" for tool, state in result.tools.items())
+    lines = [f"memory safety of {result.workdir} on case {result.case} (PYTORCH_NO_CUDA_MEMORY_CACHING=1; {tools}):"]
+    lines += [f"  {line}" for line in result.findings]
+    lines += result.failures
+    lines += [f"note: {note}" for note in result.notes[:10]]
+    if len(result.notes) > 10:
+        lines.append(f"note: ... and {len(result.notes) - 10} more")
+    return "\n".join(lines)
+
+
+def plan_limit(settings: Any) -> float:
+    """Seconds all children may take: cudaopt_memsafety_timeout, within the item's cudaopt_timeout."""
+    return max(10.0, min(settings.memsafety_timeout, settings.timeout - WATCHDOG_MARGIN_S))
+
+
+def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str,
+                        sanitizer: str) -> MemorySafetyResult:
+    """Run the tools on one small case of the loaded `workdir` (its extension as built) and
+    decide. memcheck always runs; racecheck and initcheck run while the time left is at
+    least what memcheck took (each is about as slow), and are noted where they do not."""
+    case = small_case(workdir.reference, settings)
+    so = workdir.worker.extension if workdir.worker is not None else workdir.extension.__file__
+    extension = str(Path(so).resolve())
+    build_dir = Path(extension).parent
+    if build_dir.name == "loaded":  # a rebuilt extension is loaded from a copy beside the build
+        build_dir = build_dir.parent
+    result = MemorySafetyResult(workdir=str(workdir.path), test=test, case=shapes.format_case(case) or "canonical",
+                                passed=False)
+    limit, started = plan_limit(settings), time.perf_counter()
+    env = child_environment()
+    # The logs in a folder the child cannot write; the child's own scratch beside it.
+    with tempfile.TemporaryDirectory(prefix="cudaopt-memsafety-") as scratch, \
+            tempfile.TemporaryDirectory(prefix="cudaopt-memsafety-child-") as child_scratch:
+        env.update(TMPDIR=child_scratch, CUDA_CACHE_PATH=str(Path(child_scratch) / "cuda-cache"))
+        child = child_command(workdir.path, extension, case, seed, settings.device,
+                              getattr(settings, "sandbox", "off"), child_scratch)
+        for tool in TOOLS:
+            left = limit - (time.perf_counter() - started)
+            took = result.seconds_by_tool.get(REQUIRED, 0.0)
+            if tool != REQUIRED and left < max(10.0, took):
+                result.tools[tool] = "not run"
+                result.notes.append(f"{tool} not run: {left:.0f} s of cudaopt_memsafety_timeout={limit:g}s left, "
+                                    f"memcheck took {took:.0f} s")
+                continue
+            log = Path(scratch) / f"{tool}.log"
+            run = run_tool(command(sanitizer, tool, log, child), log, env, workdir.path, left, tool)
+            result.seconds_by_tool[tool] = run.seconds
+            judge_run(run, workdir.path, build_dir, result)
+            if tool == REQUIRED and (result.failures or result.findings):
+                for other in [t for t in TOOLS if t != REQUIRED]:  # decided: not worth the others' time
+                    result.tools[other] = f"not run ({REQUIRED} decided)"
+                break
+    result.seconds = time.perf_counter() - started
+    result.passed = not result.findings and not result.failures
+    return result

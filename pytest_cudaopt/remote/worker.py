@@ -1,0 +1,431 @@
+"""The judging side of a worker: start it, send requests, read replies through an allow-list, and turn a worker that dies, hangs or lies into a failure with its reason.
+
+A reply is read by protocol.receive, which resolves only dtypes, devices, sizes and torch's
+tensor rebuilds: a worker that writes a crafted pickle to its socket cannot run code in the
+judging process. `RemoteModel` stands in for ModelNew where the verdict code
+calls it (guards, the perf line-up, the trace): the same calls, answered by the worker.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from pytest_cudaopt.run import watchdog
+from pytest_cudaopt.run.signals import die_with_parent
+from pytest_cudaopt import wire as protocol
+from pytest_cudaopt.remote import timing
+from pytest_cudaopt.run import zygote
+from pytest_cudaopt.wire import WorkerError, WorkerFailed  # noqa: F401 - raised here, imported from here
+
+POLL_S = 0.05          # how often a wait for a reply looks at the worker's process
+STACK_WAIT_S = 3.0     # after SIGUSR1, the most time for the worker to print its stacks
+STACK_QUIET_S = 0.3    # ... and how long its log must hold still for the dump to count as done
+LAST_WORDS = 4000      # characters of the worker's output quoted when it dies
+# How a worker refused by cudaopt_sandbox=require begins its report (the CI gate counts it as the
+# runner's fault, not the candidate's).
+REQUIRE_REFUSED = "cudaopt_sandbox=require: the candidate's worker could not be confined"
+
+_LIVE: set["Worker"] = set()
+
+
+@atexit.register
+def _stop_all() -> None:
+    """No worker outlives the judging process, however it ends."""
+    for worker in list(_LIVE):
+        worker.stop()
+
+
+def package_root() -> str:
+    import pytest_cudaopt
+
+    return str(Path(pytest_cudaopt.__file__).resolve().parent.parent)
+
+
+class Worker:
+    """One worker process for one workdir: `Worker(workdir, so_path, device).start()`, then
+    `request(...)`; `stop()` kills it and its process group. `secrets` are paths (the verdict
+    files) that no part of its environment may name; `sandbox` the cudaopt_sandbox mode it
+    confines itself in (`confined`: what held, as the worker reported it before any candidate
+    code ran)."""
+
+    def __init__(self, workdir: Path, extension: Path | None, device: str = "cpu", *,
+                 secrets: Iterable[str] = (), sandbox: str = "auto"):
+        self.workdir = Path(workdir).resolve()
+        self.extension = Path(extension).resolve() if extension is not None else None
+        self.device = device
+        self.secrets = [str(s) for s in secrets if s]
+        self.sandbox = sandbox
+        self.confined: dict = {}
+        self.proc: subprocess.Popen | zygote.Forked | None = None
+        self.conn: Connection | None = None
+        self.builds: Path | None = None  # the folder its sandbox lets it read the extension from
+        self.scratch: Path | None = None
+        self.log_path: Path | None = None
+        self.facts: dict = {}
+        self._relayed = 0
+        self._pool = None    # the CUDA memory pool of what the worker is sent
+        self.arena: protocol.Arena | None = None
+        self.dropped: list[int] = []  # ids of ModelNew objects to free with the next request
+        self.calibrated_ping: float | None = None  # the median ping before the workdir loaded
+        self.stream_gate = None   # window.JudgeWindow on CUDA, calibrated before the workdir loaded
+        self.stream_gate_error = ""  # ... else why not
+
+    # -- life --------------------------------------------------------------------------------
+
+    def launch(self, builds: Path | None = None) -> "Worker":
+        """Start the process and send it the sandbox request, not waiting for the reply (`start`
+        takes it): it confines itself and imports torch while this process goes on. `builds`:
+        the folder to read the extension from (before the build, its root). Imports no torch."""
+        self.scratch = Path(tempfile.mkdtemp(prefix="cudaopt-worker-")).resolve()
+        self.log_path = self.scratch / "worker.log"
+        ours, theirs = socket.socketpair()
+        log = open(self.log_path, "wb")
+        try:
+            env = protocol.worker_env(os.environ, package_root(), self.secrets)
+            # Its temporary files and CUDA's JIT cache in its scratch folder, the one it may write.
+            env.update(TMPDIR=str(self.scratch), CUDA_CACHE_PATH=str(self.scratch / "cuda-cache"))
+            # Forked by a zygote where one is offered (the same process, without a torch import).
+            self.proc = zygote.spawn(theirs.fileno(), log.fileno(), str(self.scratch), env) or subprocess.Popen(
+                [sys.executable, "-m", "pytest_cudaopt.candidate", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()], cwd=self.scratch, env=env, stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=lambda: die_with_parent(signal.SIGKILL))  # never outlives this process
+        finally:
+            log.close()
+            theirs.close()
+        self.conn = Connection(ours.detach())
+        _LIVE.add(self)
+        self.builds = Path(builds).resolve() if builds is not None else getattr(self.extension, "parent", None)
+        self.send({"op": "sandbox", "mode": self.sandbox, "workdir": str(self.workdir), "device": self.device,
+                   "build": str(self.builds) if self.builds else None, "scratch": str(self.scratch)},
+                  what="confining itself")
+        return self
+
+    def reads(self, extension: Path | None) -> bool:
+        """Whether the sandbox this worker was sent lets it read `extension`."""
+        if extension is None or self.builds is None:
+            return extension is None
+        return self.builds in Path(extension).resolve().parents
+
+    def start(self, require_workdir: bool = True) -> "Worker":
+        """Launch the process unless `launch` did, take its sandbox reply, load the workdir; raises
+        WorkerError when the sandbox is required and did not hold (kind "sandbox"), when the
+        extension or (with `require_workdir`) the workdir's files do not load (their report),
+        WorkerFailed when the process does not come up."""
+        if self.proc is None:
+            self.launch()
+        protocol.setup_sharing()
+        work = None
+        if self.device.startswith("cuda"):  # this process's own CUDA set-up, while the worker ends its start
+            from pytest_cudaopt.remote.window import JudgeWork
+
+            try:
+                work = JudgeWork(self.device)
+            except RuntimeError as exc:  # torch's: the gate is left out (attach_stream_gate)
+                self.stream_gate_error = str(exc) or type(exc).__name__
+        self.confine(self.receive(what="confining itself"))
+        self.calibrate()
+        if work is not None:
+            self.attach_stream_gate(work)
+        arena = protocol.Arena.create()
+        try:
+            self.facts = self.request({"op": "load", "workdir": str(self.workdir), "device": self.device,
+                                       "extension": str(self.extension) if self.extension else None,
+                                       "arena": arena.path, "arena_bytes": arena.size},
+                                      timeout=None, what="loading the workdir")
+        finally:
+            arena.unlink()  # both processes have it mapped; nobody else can open it now
+        self.arena = arena
+        if require_workdir and "workdir_error" in self.facts:
+            raise WorkerError(str(self.facts["workdir_error"]), kind="workdir", file=self.facts.get("file"))
+        return self
+
+    def confine(self, reply: dict) -> None:
+        """The `sandbox` request's reply, sent before anything of the workdir's was loaded: what
+        held. cudaopt_sandbox=require refuses a worker that Landlock does not confine; where
+        Landlock does not keep the worker from ptracing this process, this process makes itself
+        non-dumpable."""
+        from pytest_cudaopt.run.signals import not_dumpable
+        from pytest_cudaopt.candidate.sandbox import describe
+
+        self.confined = dict(reply.get("sandbox") or {})
+        missing = self.confined.get("missing", {})
+        if self.sandbox == "require" and (self.confined.get("mode") != "require" or "files" in missing):
+            self.stop()
+            raise WorkerError(f"{REQUIRE_REFUSED}, so it is not run: "
+                              f"{describe(self.confined)} (cudaopt_sandbox=auto runs it with what this kernel offers)",
+                              kind="sandbox")
+        if self.sandbox != "off" and "Landlock" not in " ".join(self.confined.get("held", {}).get("ptrace", [])):
+            not_dumpable()
+
+    def calibrate(self) -> None:
+        """The handoff as it is before the workdir's code runs in the worker (the median of a few
+        pings): what `handoff_bound` caps a later ping at."""
+        pings = sorted(self.ping() for _ in range(timing.CALIBRATION_PINGS))
+        self.calibrated_ping = pings[len(pings) // 2]
+
+    def attach_stream_gate(self, work=None) -> None:
+        """The stream gate (remote/window.py) set up and calibrated with this process's `work`
+        (window.JudgeWork, made here if None), before anything of the workdir's is loaded:
+        `stream_gate`, or `stream_gate_error` saying why there is none (its timed batches then go
+        by the round trip alone)."""
+        from pytest_cudaopt.remote.window import WindowError, JudgeWindow, JudgeWork
+
+        gate = JudgeWindow.create()
+        try:
+            try:
+                reply = self.request({"op": "gate", "path": gate.path, "device": self.device},
+                                     what="setting up the gate", relay=False)
+            finally:
+                gate.unlink()  # mapped by both processes now, or never to be
+            if reply.get("gate_error"):
+                raise WindowError(str(reply["gate_error"]))
+            gate.calibrate(self, work=work if work is not None else JudgeWork(self.device))
+        except (WindowError, TimeoutError, ChildProcessError, WorkerError, RuntimeError) as exc:  # torch's too
+            self.stream_gate_error = str(exc) or type(exc).__name__
+            return
+        self.stream_gate = gate
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        """Kill the worker and everything in its process group, now: no handler of its
+        (atexit, a signal handler) runs after this returns."""
+        if self.proc is not None:
+            for target in (lambda: os.killpg(self.proc.pid, signal.SIGKILL), lambda: self.proc.kill()):
+                try:
+                    target()
+                except (ProcessLookupError, PermissionError, OSError):
+                    pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        _LIVE.discard(self)
+        if isinstance(self.proc, zygote.Forked):
+            self.proc.close()
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
+
+    def last_words(self, limit: int = LAST_WORDS) -> str:
+        try:
+            text = self.log_path.read_bytes().decode(errors="replace") if self.log_path else ""
+        except OSError:
+            return ""
+        return text[-limit:].strip()
+
+    def _relay(self) -> None:
+        """What the worker printed since the last reply, onto this process's stdout (pytest
+        captures it for the item, as it would the candidate's prints in-process)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._relayed)
+                chunk = f.read(1 << 16)
+        except (OSError, TypeError):
+            return
+        if chunk:
+            self._relayed += len(chunk)
+            sys.stdout.write(chunk.decode(errors="replace"))
+
+    def _died(self, what: str) -> WorkerFailed:
+        code = None
+        if self.proc is not None:
+            try:  # the socket closes a moment before the exit status is there
+                code = self.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+        if code is None:
+            how = "closed its socket"
+        elif code < 0:
+            how = f"was killed by signal {signal.Signals(-code).name}" if -code in signal.Signals._value2member_map_ \
+                else f"was killed by signal {-code}"
+        else:
+            how = f"exited with status {code}"
+        return WorkerFailed(f"the candidate's worker process {how} while {what}", self.last_words())
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def request(self, message: dict, *, timeout: float | None = None, what: str = "",
+                copy_back: bool = False, relay: bool = True, on_send: Callable[[], None] | None = None,
+                stall: tuple[float, Callable[[], Any]] | None = None, sync_events: bool = True) -> dict:
+        """Send `message`, wait for the reply. A reply with `error` raises WorkerError; a dead
+        worker, a reply that is not one, or `timeout` seconds without one raise WorkerFailed.
+        An exception raised here while waiting (the watchdog's timeout, an interrupt) kills
+        the worker, after asking it for its stacks. `copy_back`: the CPU tensors sent are
+        overwritten with what the worker left in their arena copies (a write into an input
+        shows as it would in-process). `relay`: what the worker printed is passed on now (a
+        timed call leaves it to the next request: no file is read inside a timed round trip).
+        `on_send` is called once the message is encoded, just before its bytes go out (where a
+        timed round trip starts: this process's own pickling is none of the worker's time).
+        `stall` (seconds, callback): the callback runs once if no reply came within that long, and
+        the wait goes on (a gated batch's gate is opened: a worker blocked behind it answers).
+        `sync_events=False`: CUDA tensors in the reply come without this process's stream waiting
+        on the worker's events (protocol.receive_bytes)."""
+        what = what or f"answering {message.get('op')}"
+        placed = self.send(message, what=what, on_send=on_send)
+        return self.receive(what=what, timeout=timeout, placed=placed if copy_back else (), relay=relay,
+                            stall=stall, sync_events=sync_events)
+
+    def send(self, message: dict, *, what: str = "", on_send: Callable[[], None] | None = None) -> list:
+        """The first half of `request`: `message` sent, not waited on; the CPU tensors placed in
+        the arena (what `receive(placed=...)` copies back)."""
+        what = what or f"answering {message.get('op')}"
+        if self.conn is None:
+            raise WorkerFailed(f"the candidate's worker process is stopped ({what})")
+        if self.dropped:  # ModelNew objects this process no longer holds: freed in the worker
+            message = {**message, "drop": self.dropped}
+            self.dropped = []
+        try:
+            return protocol.send(self.conn, message, self.arena, "judge", on_send=on_send)
+        except (OSError, EOFError, BrokenPipeError):
+            raise self._died(what) from None
+
+    def receive(self, *, what: str, timeout: float | None = None, placed: Iterable = (), relay: bool = True,
+                stall: tuple[float, Callable[[], Any]] | None = None, sync_events: bool = True) -> dict:
+        """The second half of `request`: the reply to what was sent last."""
+        if self.conn is None:
+            raise WorkerFailed(f"the candidate's worker process is stopped ({what})")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        stall_at = None if stall is None else time.monotonic() + stall[0]
+        try:
+            while not self.conn.poll(POLL_S):
+                if stall_at is not None and time.monotonic() > stall_at:
+                    stall_at = None
+                    stall[1]()
+                if not self.alive():
+                    if self.conn.poll(0):
+                        break
+                    raise self._died(what)
+                if deadline is not None and time.monotonic() > deadline:
+                    stacks = self.stacks()
+                    self.stop()
+                    failed = WorkerFailed(f"the candidate's worker process did not answer within {timeout:g}s "
+                                          f"while {what}")
+                    failed.worker_stacks = stacks
+                    raise failed
+            data = self.conn.recv_bytes()
+        except (EOFError, OSError):
+            raise self._died(what) from None
+        except WorkerFailed:
+            raise
+        except BaseException as exc:  # the watchdog's timeout: where the worker was goes with it
+            with watchdog.held():
+                exc.worker_stacks = self.stacks()
+                self.stop()
+            raise
+        finally:
+            if relay:
+                self._relay()
+        try:
+            reply = protocol.receive_bytes(data, self.arena, "worker", sync_events)
+        except Exception as exc:  # noqa: BLE001 - whatever the bytes were, they are no reply
+            self.stop()
+            raise WorkerFailed(f"the candidate's worker process sent what is not a reply while {what}: "
+                               f"{type(exc).__name__}: {exc}") from None
+        if not isinstance(reply, dict):
+            self.stop()
+            raise WorkerFailed(f"the candidate's worker process sent a {type(reply).__name__}, not a reply, "
+                               f"while {what}")
+        if self.arena is not None:
+            for tensor, start in placed:
+                count = tensor.numel() * tensor.element_size()
+                tensor.copy_(self.arena.bytes[start:start + count].view(tensor.dtype).view(tensor.shape))
+        if "error" in reply:
+            raise WorkerError(str(reply["error"]), kind=str(reply.get("kind", "candidate")),
+                              file=reply.get("file"), fault=bool(reply.get("fault")), oom=reply.get("oom"))
+        return reply
+
+    def stacks(self) -> str:
+        """The worker's stacks (faulthandler, on SIGUSR1), for a request that hangs."""
+        if not self.alive() or not hasattr(signal, "SIGUSR1"):
+            return ""
+        before = self._log_size()
+        try:
+            os.kill(self.proc.pid, signal.SIGUSR1)
+        except OSError:
+            return ""
+        # faulthandler writes a frame at a time: on a loaded machine the worker can be descheduled
+        # between them, so the dump counts as done once the log has grown and then held still.
+        deadline = time.monotonic() + STACK_WAIT_S
+        size, still_since = before, None
+        while time.monotonic() < deadline and self.alive():
+            time.sleep(0.05)
+            now = self._log_size()
+            if now != size:
+                size, still_since = now, time.monotonic()
+            elif still_since is not None and time.monotonic() - still_since >= STACK_QUIET_S:
+                break
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(before)
+                return f.read(1 << 20).decode(errors="replace").strip()
+        except (OSError, TypeError):
+            return ""
+
+    def _log_size(self) -> int:
+        try:
+            return os.path.getsize(self.log_path)
+        except (OSError, TypeError):
+            return 0
+
+    # -- timing ------------------------------------------------------------------------------
+
+    def ping(self) -> float:
+        """The round trip of a request that runs nothing of the workdir's."""
+        started = time.perf_counter()
+        self.request({"op": "ping"}, what="answering a ping", relay=False)
+        return time.perf_counter() - started
+
+    def cpu_seconds(self) -> float | None:
+        """The worker's CPU time so far, every thread's, as the kernel counts it (its process CPU
+        clock, read from this process); None where it cannot be read."""
+        if self.proc is None:
+            return None
+        try:
+            return time.clock_gettime(((~self.proc.pid) << 3) | 2)   # CPUCLOCK_SCHED of the whole process
+        except (OSError, AttributeError, OverflowError):
+            return None
+
+    def handoff_bound(self, ping: float, copied: int = 0, handles: int = 0) -> float:
+        """How much longer than the call itself its round trip may take (the allowance,
+        remote/timing.py): a few handoffs as the ping after it measured them (at most
+        PING_CAP_FACTOR times the calibrated one: a worker that slows its own pings gains no
+        more), the scheduler's slack, `copied` bytes through the arena at 1 GB/s (CPU tensors),
+        and for `handles` CUDA tensors (their bytes do not cross) CUDA_MESSAGE_S once and
+        CUDA_HANDLE_S each."""
+        if self.calibrated_ping is not None:
+            ping = min(ping, timing.PING_CAP_FACTOR * self.calibrated_ping)
+        ipc = timing.CUDA_MESSAGE_S + handles * timing.CUDA_HANDLE_S if handles else 0.0
+        return timing.HANDOFF_FACTOR * ping + timing.HANDOFF_SLACK_S + copied / 1e9 + ipc
+
+    # -- CUDA memory ---------------------------------------------------------------------------
+
+    def sharing(self):
+        """A context for allocating what the worker is sent: on CUDA a memory pool of its own,
+        because a CUDA IPC handle maps the whole allocator segment a tensor lives in, and no
+        segment the worker maps may hold anything else of this process (an expected output);
+        on the CPU nothing (each storage is shared as a file of its own)."""
+        if not self.device.startswith("cuda"):
+            return contextlib.nullcontext()
+        import torch
+
+        if self._pool is None:
+            self._pool = torch.cuda.MemPool()
+        return torch.cuda.use_mem_pool(self._pool)

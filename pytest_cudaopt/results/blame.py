@@ -1,0 +1,80 @@
+"""Whose fault a failure is: the candidate's, the environment's or the harness's, and the exit status each gives.
+
+Only the candidate's failures decide a verdict (`passed: false`, `complete: true`). A failure of
+the environment (the device or host could not hold or run the case for reasons outside the
+candidate) or of the harness (an unexpected exception in the judging code) leaves the run
+incomplete, with exit status 75 (EX_TEMPFAIL: run it again) or 70 (EX_SOFTWARE: a bug of ours).
+An item's code says whose a failure is through the item's user property PROPERTY (`assign`);
+otherwise `supervision.BlameHooks` decides it from the exception and its text (`classify`)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+CANDIDATE, ENVIRONMENT, HARNESS = "candidate", "environment", "harness"
+BLAMES = (CANDIDATE, ENVIRONMENT, HARNESS)
+EXIT_STATUS = {ENVIRONMENT: 75, HARNESS: 70}   # sysexits.h: EX_TEMPFAIL, EX_SOFTWARE
+PROPERTY = "cudaopt_blame"                     # item user property: (PROPERTY, blame)
+# The words of failures that no candidate causes: the device busy or gone, a driver that cannot
+# start, memory held by others before any of the candidate's code ran (`assign` says those).
+ENVIRONMENT_MARKERS = ("busy or unavailable", "no CUDA-capable device is detected", "CUDA driver version is insufficient",
+                       "forward compatibility was attempted on non supported HW", "cudaErrorDevicesUnavailable",
+                       "NVML_ERROR_GPU_IS_LOST", "GPU is lost", "cudaErrorSystemNotReady")
+# Exceptions our code raises for the candidate's failures (their names: this module imports none of them).
+CANDIDATE_ERRORS = frozenset({"Failed", "WorkerError", "WorkerFailed", "CudaFault", "WorkerCrash", "WorkdirError",
+                              "BuildError", "CandidateError", "GuardFailure", "CaseFailed", "Abort", "DoesNotFit"})
+NOT_RUN_AFTER_FAULT = "not run: the candidate's earlier CUDA fault"
+
+
+def environmental(text: str) -> bool:
+    """Whether a failure's text names a device or driver that could not run anything."""
+    return any(marker in str(text) for marker in ENVIRONMENT_MARKERS)
+
+
+def classify(exc: BaseException | None, text: str = "") -> str:
+    """Whose a failure is, from its exception (None: a failure text alone) and text: a device
+    busy or gone is the environment's; an exception our code raises for the candidate's code
+    (pytest.fail included) is the candidate's; any other exception is the harness's."""
+    if environmental(text) or (exc is not None and environmental(str(exc))):
+        return ENVIRONMENT
+    if exc is None or any(cls.__name__ in CANDIDATE_ERRORS for cls in type(exc).__mro__):
+        return CANDIDATE
+    return HARNESS
+
+
+def assign(item: Any, blame: str) -> None:
+    """Say whose the item's coming failure is (`item`: a pytest item, or anything with
+    `user_properties`)."""
+    if blame not in BLAMES:
+        raise ValueError(f"blame {blame!r} is none of {', '.join(BLAMES)}")
+    item.user_properties.append((PROPERTY, blame))
+
+
+def worst(blames: Iterable[str | None]) -> str | None:
+    """The blame that decides a run: the environment's (nothing else can be believed on a machine
+    that could not run the case), then the harness's, then the candidate's; None for none."""
+    found = set(blames)
+    return next((b for b in (ENVIRONMENT, HARNESS, CANDIDATE) if b in found), None)
+
+
+def exit_status(blame: str | None) -> int | None:
+    """The exit status a run blamed on `blame` ends with (None: pytest's own)."""
+    return EXIT_STATUS.get(blame or "")
+
+
+def memory_blame(need: int, budget: int, worker_pid: int | None, processes: Sequence[Mapping[str, int]],
+                 what: str = "this case") -> tuple[str, str]:
+    """Who holds the device memory a case could not get: (blame, why). `processes` are NVML's
+    ({"pid", "used_bytes"}); the candidate's worker (`worker_pid`) holding more than the case's
+    `budget` is the candidate's fault, anything else the environment's (with the other holders)."""
+    from pytest_cudaopt.primitives.memory import gib
+
+    mine = sum(p["used_bytes"] for p in processes if worker_pid is not None and p["pid"] == worker_pid)
+    if mine > budget:
+        return CANDIDATE, f"ModelNew's process (pid {worker_pid}) holds {gib(mine)}; {what} allows {gib(budget)}"
+    others = sorted((p for p in processes if p["pid"] != worker_pid and p["used_bytes"]), key=lambda p: -p["used_bytes"])
+    if not others:  # no process table (no NVML) or no other holder: the machine is short of it
+        return ENVIRONMENT, ""
+    held = ", ".join(f"pid {p['pid']} {gib(p['used_bytes'])}" for p in others[:8])
+    return ENVIRONMENT, f"other processes hold the device memory {what} needs ({gib(need)}): {held}"
+

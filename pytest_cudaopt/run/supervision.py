@@ -1,0 +1,315 @@
+"""Items under supervision: the `cudaopt_timeout` watchdog, the sentinel beside pytest, CUDA faults kept, and what a hang leaves behind.
+
+Supervised are the workdir's items (correctness, perf, and policy items, some of which import
+the workdir's code) and any item marked correctness or perf, from their first line: the setup
+(building the extension, importing model.py and model_new.py) and the call each run under the
+watchdog. The plugin's hooks hand off here: `start_sentinel` when collection finishes,
+`run_supervised` around each such item's setup and call (a hook wrapper's body), and the
+watchdog's last resort, `end_session`, which reports the stuck item and the rest through
+pytest's public hooks."""
+
+from __future__ import annotations
+
+import linecache
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_cudaopt.results import blame
+from pytest_cudaopt.run import sentinel as sentinel_process, watchdog
+
+SENTINEL_PLUGIN = "cudaopt-sentinel"
+
+
+def judged(item: pytest.Item) -> bool:
+    """A correctness, perf or memory-safety item (what runs under supervision)."""
+    return any(item.get_closest_marker(m) for m in ("correctness", "perf", "memsafety"))
+
+
+def static(item: pytest.Item) -> bool:
+    """A policy item of a rule that only reads files (the Python AST, C++ tokens, the protected
+    files): it imports, builds and runs nothing of the workdir's, so it can neither hang in
+    its code nor be spared after a hang there."""
+    from pytest_cudaopt.policy.rules import IMPORTS_WORKDIR, RULES
+
+    callspec = getattr(item, "callspec", None)
+    rule = callspec.params.get("rule") if callspec is not None else None
+    return bool(item.get_closest_marker("policy")) and rule in RULES and rule not in IMPORTS_WORKDIR
+
+
+def start_sentinel(session: pytest.Session, supervised, report: str | None = None) -> None:
+    """A run that executes supervised items (`supervised(item)`) in this process gets a
+    sentinel (sentinel.py): if the process dies before its session finishes, it writes the
+    JUnit file and a summary and amends the JSON report at `report`. Not on pytest-xdist
+    workers or their controller (which reports a crashed worker itself), nor with
+    --collect-only."""
+    config = session.config
+    if hasattr(config, "workerinput") or config.option.collectonly or not any(map(supervised, session.items)):
+        return
+    xmlpath = getattr(config.option, "xmlpath", None)
+    started = sentinel_process.Sentinel.start(
+        items=[sentinel_process.junit_names(item.nodeid, getattr(config.option, "junitprefix", None))
+               for item in session.items],
+        junit=str(config.invocation_params.dir / xmlpath) if xmlpath else None,
+        suite=config.getini("junit_suite_name") if xmlpath else "pytest",
+        stderr_fd=watchdog.stderr_fd(), report=report)
+    if started is not None:
+        config.pluginmanager.register(SentinelHooks(started), SENTINEL_PLUGIN)
+
+
+class SentinelHooks:
+    """Tells the sentinel each item's start and outcome, and the end of the session."""
+
+    def __init__(self, sentinel):
+        self.sentinel = sentinel
+
+    def pytest_runtest_logstart(self, nodeid: str, location) -> None:
+        self.sentinel.started(nodeid)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        longrepr = report.longrepr
+        if report.skipped and isinstance(longrepr, tuple):  # (path, line, "Skipped: reason")
+            text = str(longrepr[2])
+        else:
+            text = report.longreprtext
+        self.sentinel.reported(report.nodeid, report.when, report.outcome, text, report.duration)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self.sentinel.finish()
+
+
+def _sentinel(config: pytest.Config):
+    hooks = config.pluginmanager.get_plugin(SENTINEL_PLUGIN)
+    return hooks.sentinel if hooks is not None else None
+
+
+def _faulthandler_timeout(config: pytest.Config) -> float:
+    try:
+        return float(config.getini("faulthandler_timeout") or 0)
+    except ValueError:  # `-p no:faulthandler`: the ini key is not registered
+        return 0.0
+
+
+def run_supervised(item: pytest.Item, session, workdir: Path, phase: str):
+    """The body of the plugin's `pytest_runtest_setup` and `pytest_runtest_call` wrappers for a
+    supervised item: the phase under the `cudaopt_timeout` watchdog (watchdog.py), the
+    sentinel's backstop set for it and told each case, and a CUDA fault it raises kept so
+    that later items report it instead of failing in its wake."""
+    if phase == "setup" and not hasattr(item.config, "workerinput"):
+        # What remains if nothing can interrupt a hang. A pytest-xdist worker writes none: its
+        # controller survives a worker's death, reports the item as crashed and writes the report.
+        session.write_report(running=item.nodeid)
+    correctness = bool(item.get_closest_marker("correctness"))
+
+    def on_stuck(message: str) -> None:
+        from pytest_cudaopt.results.ledger import TIMEOUT
+
+        session.record_hang(workdir, item.nodeid, dog.case, message, correctness, setup=bool(dog.stage))
+        session.ledger.end(TIMEOUT, f"the run ended after {item.nodeid} timed out")
+        end_session(item, message)
+
+    # pytest's faulthandler_timeout owns faulthandler's single timer when it is set.
+    backstop = not _faulthandler_timeout(item.config)
+    sentinel = _sentinel(item.config)
+    on_debugging = on_case = None
+    if sentinel is not None:  # its last words come a second before faulthandler's exit
+        after = watchdog.GRACE_S + watchdog.BACKSTOP_S - 1
+        sentinel.backstop(session.settings.timeout + after, f"ran longer than cudaopt_timeout="
+                          f"{session.settings.timeout:g}s and was still running {after:g} s later")
+        on_debugging = lambda: sentinel.backstop(None)  # noqa: E731
+        on_case = sentinel.case
+    dog = watchdog.Watchdog(session.settings.timeout, item.nodeid, on_stuck=on_stuck, backstop=backstop,
+                            on_debugging=on_debugging, on_case=on_case)
+    if phase == "setup":
+        dog.stage = "loading the workdir (building its extension, importing model.py and model_new.py)"
+    where = ""
+    try:
+        with dog:
+            return (yield)
+    except watchdog.HangTimeout as exc:
+        where = workdir_frames(exc, workdir) or "  (not in the workdir's files)"
+    except BaseException as exc:
+        session.note_fault(item.nodeid, exc)
+        raise
+    finally:
+        if sentinel is not None:
+            sentinel.backstop(None)
+    if where:  # outside the except block: the failure alone, no exception chain
+        message, setup = dog.message(), bool(dog.stage)
+        session.record_hang(workdir, item.nodeid, dog.case, f"{message}\nwhere it was:\n{where}", correctness,
+                            setup=setup)
+        later = ("the workdir's later items that import, build or run its code fail at once (the rules that only "
+                 "read its files still run)" if setup else "the later correctness and perf items of this workdir "
+                 "are not run")
+        pytest.fail(f"{message}\n{later}\nwhere it was:\n{where}", pytrace=False)
+
+
+def workdir_frames(exc: BaseException, workdir: Path) -> str:
+    """The frames of `exc`'s traceback in the workdir's files, `  model.py:7 in <module>: ...`."""
+    import traceback
+
+    root = Path(workdir).resolve()
+    lines = []
+    for frame in traceback.extract_tb(exc.__traceback__):
+        path = Path(frame.filename)
+        if path.is_absolute() and (root == path.resolve() or root in path.resolve().parents):
+            code = f": {frame.line.strip()}" if frame.line else ""
+            lines.append(f"  {path.resolve().relative_to(root)}:{frame.lineno} in {frame.name}{code}")
+    # A hang in the workdir's worker: its stacks, as faulthandler printed them, innermost first.
+    for rel, line, func, code in worker_frames(getattr(exc, "worker_stacks", ""), root):
+        lines.append(f"  {rel}:{line} in {func}" + (f": {code}" if code else "") + " (in the worker)")
+    return "\n".join(lines)
+
+
+_FAULTHANDLER_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def worker_frames(stacks: str, workdir: Path) -> list[tuple[str, int, str, str]]:
+    """(path relative to `workdir`, line, function, code) of each frame in the workdir's files
+    of a worker's stacks as faulthandler printed them, innermost first."""
+    root = Path(workdir).resolve()
+    found = []
+    for match in _FAULTHANDLER_FRAME.finditer(stacks or ""):
+        path = Path(match["file"])
+        if path.is_absolute() and (root == path.resolve() or root in path.resolve().parents):
+            line = int(match["line"])
+            found.append((str(path.resolve().relative_to(root)), line, match["func"],
+                          linecache.getline(str(path), line).strip()))
+    return found
+
+
+def end_session(item: pytest.Item, message: str) -> None:
+    """From the watchdog thread, while the main thread is stuck in `item` (C code that does not
+    return): report `item` as failed with `message` and every later item as skipped ("not
+    run"), then run pytest's session finish (terminal summary, --junitxml, --cudaopt-report).
+    The watchdog exits the process next. On a pytest-xdist worker only the failure is
+    reported: the controller owns the other items and the session's end, and reports the
+    worker's exit as a crash of `item`."""
+    config, session = item.config, item.session
+    capman = config.pluginmanager.getplugin("capturemanager")
+    if capman is not None:
+        try:
+            capman.suspend_global_capture(in_=True)
+        except Exception:  # noqa: BLE001  already suspended, or never started
+            pass
+    if hasattr(config, "workerinput"):
+        _report(config, item, "failed", message)
+        return
+    items = list(session.items)
+    later = items[items.index(item) + 1:] if item in items else []
+    report_rest(config, item, message, later, f"not run: the run ended after {item.nodeid} timed out")
+    # The exit status is 1 whatever pytest counted: the watchdog exits with it.
+    config.hook.pytest_sessionfinish(session=session, exitstatus=1)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def report_rest(config: pytest.Config, running: pytest.Item | None, message: str, later, reason: str) -> None:
+    """Through pytest's public hooks (so the terminal, --junitxml and the ledger hear it):
+    `running` failed with `message`, each of `later` skipped with `reason` ("not run: ...")."""
+    if running is not None:
+        _report(config, running, "failed", message)
+    for other in later:
+        path, lineno, _ = other.location
+        config.hook.pytest_runtest_logstart(nodeid=other.nodeid, location=other.location)
+        _report(config, other, "skipped", (str(config.rootpath / path), (lineno or 0) + 1, reason), "setup")
+        config.hook.pytest_runtest_logfinish(nodeid=other.nodeid, location=other.location)
+
+
+def _report(config: pytest.Config, item: pytest.Item, outcome: str, longrepr, when: str = "call") -> None:
+    now = time.time()
+    config.hook.pytest_runtest_logreport(report=pytest.TestReport(
+        item.nodeid, item.location, {name: 1 for name in item.keywords}, outcome, longrepr, when,
+        start=now, stop=now))
+
+
+class InterruptHooks:
+    """An interrupted session (Ctrl-C, SIGINT or SIGTERM: signals.py) ends like one the
+    watchdog ends: the running item failed with the interrupt, every item not yet run reported
+    as skipped ("not run"), so that neither the JUnit file nor the JSON report reads as a pass
+    of fewer items. The session finish (summary, JUnit file, JSON report) is pytest's own."""
+
+    def __init__(self, cudaopt):
+        self.cudaopt = cudaopt
+        self.session: pytest.Session | None = None
+        self.started: str | None = None
+        self.finished: set[str] = set()
+        self.workers: dict[str, object] = {}  # node id -> the pytest-xdist worker that reported on it
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self.session = session
+
+    def pytest_runtest_logstart(self, nodeid: str, location) -> None:
+        self.started = nodeid
+
+    def pytest_runtest_logfinish(self, nodeid: str, location) -> None:
+        self.finished.add(nodeid)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.workers[report.nodeid] = getattr(report, "node", None)  # a pytest-xdist worker's
+
+    def _report_pending(self, config: pytest.Config, reason: str) -> None:
+        """On a pytest-xdist controller: each verdict item without an outcome failed (its
+        worker had set it up: it ran) or skipped as not run, as the worker's own report would
+        (the same worker, so that --junitxml keeps one test case per item)."""
+        for entry in self.cudaopt.ledger.pending():
+            path, name = entry.test.split("::")[0], entry.test.split("::")[-1]
+            now = time.time()
+            if entry.test in self.workers:
+                report = pytest.TestReport(entry.test, (path, None, name), {entry.kind: 1}, "failed",
+                                           f"INTERRUPTED: {reason} while this test ran", "call", start=now, stop=now)
+            else:
+                report = pytest.TestReport(entry.test, (path, None, name), {entry.kind: 1}, "skipped",
+                                           (str(config.rootpath / path), 1, f"not run: the run was {reason} before it"),
+                                           "setup", start=now, stop=now)
+            if self.workers.get(entry.test) is not None:
+                report.node = self.workers[entry.test]
+            config.hook.pytest_runtest_logreport(report=report)
+
+    def pytest_keyboard_interrupt(self, excinfo) -> None:
+        from pytest_cudaopt.results import ledger
+        from pytest_cudaopt.run import signals
+
+        if not self.cudaopt.ledger.entries:
+            return  # no verdict item in this run: pytest's interrupt as it always is
+        what = signals.reason() or (f"{excinfo.typename}: {excinfo.value}" if str(excinfo.value) else excinfo.typename)
+        reason = f"interrupted by {what}"
+        self.cudaopt.ledger.end(ledger.INTERRUPTED, reason)
+        session = self.session
+        if session is None or hasattr(session.config, "workerinput"):
+            return  # interrupted before the session, or a pytest-xdist worker (its controller reports)
+        if not session.items:  # a pytest-xdist controller knows the items by node id only
+            self._report_pending(session.config, reason)
+            return
+        items = [item for item in session.items if item.nodeid not in self.finished]
+        running = next((item for item in items if item.nodeid == self.started), None)
+        dog = watchdog.Watchdog.last
+        case = dog.case if dog is not None and running is not None and dog.test == running.nodeid else ""
+        message = f"INTERRUPTED: {reason} while this test ran" + (f" on case {case}" if case else "")
+        if case and dog.replay:
+            message += f"\nreplay: {dog.replay}"
+        report_rest(session.config, running, message, [i for i in items if i is not running],
+                    f"not run: the run was {reason} before it")
+
+
+class BlameHooks:
+    """The pytest hook that writes each failed report's blame into its user properties: the one
+    the item's code assigned (`blame.assign`), else `blame.classify`'s from the exception raised."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        report = yield
+        said = [value for name, value in item.user_properties if name == blame.PROPERTY]
+        item.user_properties[:] = [(n, v) for n, v in item.user_properties if n != blame.PROPERTY]
+        if report.failed:
+            exc = call.excinfo.value if call.excinfo is not None else None
+            found = said[-1] if said else blame.classify(exc, report.longreprtext)
+            report.user_properties = [*report.user_properties, (blame.PROPERTY, found)]
+        return report

@@ -1,0 +1,450 @@
+"""One object per pytest session: settings, built extensions, loaded workdirs, faults and results."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Any, Callable
+
+from pytest_cudaopt.results.ledger import Ledger
+from pytest_cudaopt.suite.settings import Settings
+
+
+class CudaoptSession:
+    def __init__(self, settings: Settings, rootpath: Path, seed: int | None = None, asked: str = ""):
+        self.settings = settings
+        self.rootpath = Path(rootpath)
+        # The seed from which every trial's secret seed is derived; a replay fixes it, and
+        # pytest-xdist workers receive the controller's (`seed`).
+        if seed is None:
+            seed = settings.seed if settings.seed is not None else secrets.randbits(32)
+        self.seed: int = seed
+        self.results: list[Any] = []
+        # The workdirs this run judges (set by the plugin from the command line).
+        self.workdir_paths: list[Path] = []
+        self._extensions: dict[Path, Any] = {}
+        self._workdirs: dict[Path, Any] = {}
+        self._workers: list[Any] = []
+        self._policy_workers: dict[tuple[Path, Any], Any] = {}  # (workdir, .so or None) -> worker
+        self._extension_workers: dict[Path, Any] = {}  # workdir -> the `cuda_extension` fixture's worker
+        self._launched: dict[Path, Any] = {}  # workdir -> its worker, launched ahead (prestart)
+        # Paths no worker's environment may name (the verdict files: set by the plugin).
+        self.secrets: list[str] = []
+        # What the workers' OS sandbox held (note_sandbox), once one started.
+        self.sandbox: dict | None = None
+        self._failures_reported: dict[tuple, str] = {}  # (workdir, error) → the item that reported it
+        # Where build progress goes (pytest's terminal, set by the plugin); None: nowhere.
+        self.emit: Callable[[str], None] | None = None
+        # Set by the first CUDA fault: (item id, message). Later GPU items report it.
+        self.fault: tuple[str, str] | None = None
+        # Workdir → (item id, message, in setup) of its first item that timed out: after a hang
+        # in its set-up (an import, the build, a constructor) its later items that would set it
+        # up again fail at once, after any other hang its later correctness and perf items do.
+        self.hung: dict[Path, tuple[str, str, bool]] = {}
+        # Every verdict item and how it ended (the plugin feeds it pytest's reports): what
+        # decides the JSON report's `passed` and `complete`.
+        self.ledger = Ledger(asked)
+        # Where `--cudaopt-report` goes (resolved at the start), and why it cannot be written,
+        # once known (said at the start and the end).
+        self.report_path: Path | None = Path(settings.report) if settings.report else None
+        self.report_error: str = ""
+
+    # -- the header -------------------------------------------------------------------------
+
+    def relaxations(self) -> list[str]:
+        from pytest_cudaopt.results import relaxations as trust
+
+        return trust.relaxations(self.settings, self.workdir_paths)
+
+    def header_lines(self) -> list[str]:
+        """The reproduce line, then every relaxation in force, loudly."""
+        relaxed = self.relaxations()
+        lines = [self.reproduce_line()]
+        if relaxed:
+            lines.append(f"cudaopt: RELAXED ({len(relaxed)}): " + "; ".join(relaxed))
+        return lines
+
+    def reproduce_line(self) -> str:
+        return (f"cudaopt: seed {self.seed} (replay with --cudaopt-seed={self.seed}), "
+                f"device {self.settings.device}, hypothesis profile {self.settings.profile}")
+
+    def gpu_unavailable_reason(self, workdir_item: bool = False, workdir: Path | None = None) -> str | None:
+        """Why a `gpu` item cannot run here, or None. Workdir items carry the marker only
+        when `cudaopt_device` is cuda (their reason names the CPU setting and the command); the
+        plugin's own GPU tests carry it always."""
+        from pytest_cudaopt.primitives.environment import cuda_device_name
+
+        if cuda_device_name() is None:
+            hint = (f"; kernels written as C++ for the CPU are judged here with --cudaopt-device=cpu (`pytest "
+                    f"{workdir} --cudaopt-device=cpu`, or cudaopt_device = \"cpu\" in the workdir's pyproject.toml, "
+                    f"as `cudaopt init --device cpu` writes)" if workdir_item else "")
+            return f"no CUDA device visible (torch.cuda.is_available() is False){hint}"
+        return None
+
+    # -- what decides a verdict ---------------------------------------------------------------
+
+    def verdict_hook(self, item, name: str, **kwargs: Any) -> Any:
+        """The result of hook `name` (hookspecs.VERDICT_HOOKS) for `item`, None when nothing
+        implements it. An implementation outside pytest_cudaopt (a conftest.py) fails the item
+        unless the run is a self-test: it would decide the verdict."""
+        import pytest
+
+        hook = getattr(item.ihook, name)
+        foreign = [impl for impl in hook.get_hookimpls()
+                   if not getattr(impl.function, "__module__", "").startswith("pytest_cudaopt.")]
+        if foreign and not self.settings.self_test:
+            code = getattr(foreign[0].function, "__code__", None)
+            place = f"{code.co_filename}:{code.co_firstlineno}" if code else foreign[0].plugin_name
+            pytest.fail(f"the hook {name} decides the verdict and is implemented in {place}; a workdir "
+                        "cannot replace it (the plugin's own tests allow it with --cudaopt-self-test or "
+                        "CUDAOPT_SELF_TEST=1)", pytrace=False)
+        return hook(config=item.config, **kwargs)
+
+    # -- builds and workdirs ------------------------------------------------------------------
+
+    def extension(self, workdir: Path):
+        """The workdir's build (build.BuildResult: the .so, not imported here), brought up to
+        date at most once per session."""
+        from pytest_cudaopt import extension as build
+
+        workdir = Path(workdir).resolve()
+        if workdir not in self._extensions:
+            try:
+                result = build.compile_extension(workdir, settings=self.settings, emit=self.emit)
+                if self.emit is not None and (result.compiled or result.linked or result.waited_s):
+                    self.emit(build.describe(result))
+                self._extensions[workdir] = result
+            except build.BuildError as exc:
+                # Every later item of this workdir reports the same failure without rebuilding.
+                self._extensions[workdir] = exc
+        found = self._extensions[workdir]
+        if isinstance(found, BaseException):
+            raise found.with_traceback(None)
+        return found
+
+    def extension_module(self, workdir: Path):
+        """The workdir's extension for the owner's own kernel tests (the `cuda_extension`
+        fixture): its functions called in a worker of its own (worker.RemoteExtension), never
+        loaded here: its static initialisers are candidate code too."""
+        from pytest_cudaopt.workdir import WorkdirError
+        from pytest_cudaopt.remote.model import RemoteExtension
+
+        workdir = Path(workdir).resolve()
+        result = self.extension(workdir)
+        worker = self._extension_workers.get(workdir)
+        if worker is None or not worker.alive():
+            try:
+                worker = self._extension_workers[workdir] = self.start_worker(workdir, result.so_path,
+                                                                              require_workdir=False)
+            except WorkdirError as exc:
+                raise RuntimeError(f"the extension of {workdir} could not be loaded in its worker: {exc}") from None
+        return RemoteExtension(worker)
+
+    def builds_later(self, workdir: Path) -> bool:
+        """Whether a correctness or perf item of `workdir` is still to run in this session (and
+        will build its extension)."""
+        from pytest_cudaopt.results.records import NOT_RUN
+
+        if self.settings.device == "cuda" and self.gpu_unavailable_reason():
+            return False  # its items skip, or fail in the CI gate, before any build
+        workdir = Path(workdir).resolve()
+        return any(entry.kind in ("correctness", "perf") and entry.status == NOT_RUN and not entry.reason
+                   and Path(entry.workdir).resolve() == workdir for entry in self.ledger.entries.values())
+
+    def built(self, workdir: Path):
+        """The workdir's build if this session has made it already, else None."""
+        found = self._extensions.get(Path(workdir).resolve())
+        return None if found is None or isinstance(found, BaseException) else found
+
+    def workdir(self, path: Path):
+        """The loaded workdir (`workdir.Workdir`: model.py here, model_new.py and the extension
+        in a worker process), loaded at most once per session. Raises build.BuildError or
+        workdir.WorkdirError (the same one again for every later item of the workdir)."""
+        from pytest_cudaopt.workdir import WorkdirError
+
+        path = Path(path).resolve()
+        if path not in self._workdirs:
+            try:
+                self._workdirs[path] = self._load(path)
+            except WorkdirError as exc:
+                self._workdirs[path] = exc
+        found = self._workdirs[path]
+        if isinstance(found, BaseException):
+            raise found.with_traceback(None)
+        if not found.worker.alive():  # a case crashed it (its item said so): a fresh one for the next
+            found.worker = self.start_worker(path, found.worker.extension)
+        return found
+
+    def _load(self, path: Path):
+        """Build the extension, import model.py here, start the workdir's worker (the extension
+        and model_new.py load there)."""
+        from pytest_cudaopt.workdir import load_reference
+
+        build = self.extension(path)
+        loaded = load_reference(path)
+        loaded.worker = self.start_worker(path, build.so_path)
+        return loaded
+
+    def prestart(self, path: Path) -> None:
+        """Launch the worker of the workdir at `path` now (client.Worker.launch): it confines
+        itself and imports torch while this process imports its own and builds; the workdir's
+        first judged item takes it over (start_worker). Its sandbox lets it read the build
+        root, the build being yet to run; one outside the workdir is made here, or there is no
+        launch."""
+        from pytest_cudaopt.extension.buildfile import build_root
+        from pytest_cudaopt.remote.worker import Worker, WorkerFailed  # not the package's names: they import torch
+
+        path = Path(path).resolve()
+        root = build_root(path, self.settings)
+        try:
+            if path not in root.parents:
+                root.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return  # the build says why it cannot write there
+        worker = Worker(path, None, self.settings.device, secrets=self.secrets, sandbox=self.settings.sandbox)
+        self._workers.append(worker)
+        try:
+            self._launched[path] = worker.launch(builds=root)
+        except (OSError, WorkerFailed):
+            worker.stop()
+
+    def _take_launched(self, path: Path, so_path: Path | None, device: str):
+        """The worker `prestart` launched for `path`, now holding `so_path`, when it is alive and
+        its sandbox reads `so_path` (else it is stopped); None, and kept, for another device (the
+        policy items' CPU worker)."""
+        worker = self._launched.get(path)
+        if worker is None or worker.device != device:
+            return None
+        del self._launched[path]
+        if worker.alive() and worker.reads(so_path):
+            worker.extension = Path(so_path).resolve() if so_path is not None else None
+            return worker
+        worker.stop()
+        return None
+
+    def start_worker(self, path: Path, so_path: Path | None, device: str | None = None,
+                     require_workdir: bool = True):
+        """A worker for the workdir at `path` with the extension `so_path` (None: MN010's
+        stand-in), stopped at the session's end. A workdir whose files do not import is a
+        WorkdirError, an extension that does not import a build.BuildError, a worker that
+        does not start a WorkdirError that says so."""
+        from pytest_cudaopt.extension import BuildError
+        from pytest_cudaopt.workdir import WorkdirError
+        from pytest_cudaopt.remote.worker import Worker, WorkerError, WorkerFailed
+
+        device = device or self.settings.device
+        worker = self._take_launched(Path(path).resolve(), so_path, device)
+        if worker is None:
+            worker = Worker(path, so_path, device, secrets=self.secrets, sandbox=self.settings.sandbox)
+            self._workers.append(worker)
+        try:
+            worker.start(require_workdir)
+            return worker
+        except WorkerError as exc:
+            worker.stop()
+            if exc.kind == "build":
+                raise BuildError(str(exc), [], Path(so_path).parent / "build.log" if so_path else None) from None
+            raise WorkdirError(str(exc), exc.file) from None
+        except WorkerFailed as exc:
+            worker.stop()
+            raise WorkdirError(str(exc), "model_new.py") from None
+        finally:
+            self.note_sandbox(worker.confined)
+
+    def note_sandbox(self, facts: dict) -> None:
+        """Keep what a worker's sandbox held: the report shows the weakest of the session's
+        workers (the restrictions every one held, each reason one did not)."""
+        if not facts:
+            return
+        if self.sandbox is None:
+            self.sandbox = {"mode": facts.get("mode"), "landlock": facts.get("landlock", 0),
+                            "held": {k: list(v) for k, v in facts.get("held", {}).items()},
+                            "missing": dict(facts.get("missing", {})), "workers": 0}
+        found = self.sandbox
+        found["workers"] += 1
+        for name, why in facts.get("missing", {}).items():
+            found["missing"].setdefault(name, why)
+        found["held"] = {k: v for k, v in found["held"].items()
+                         if k in facts.get("held", {}) and k not in found["missing"]}
+
+    def policy_facts(self, path: Path, mn010: bool, ex001: bool) -> list:
+        """MN010's and EX001's violations, found by a worker (this session's, or one started for
+        them with the last build on disk, or MN010's stand-in extension): data, not code run here."""
+        from pytest_cudaopt import extension as build_
+        from pytest_cudaopt.policy import worker_violations
+        from pytest_cudaopt.workdir import WorkdirError
+
+        path = Path(path).resolve()
+        if ex001 and path not in self._workdirs and self.builds_later(path):
+            try:  # the worker the correctness items will use
+                self.workdir(path)
+            except (build_.BuildError, WorkdirError):
+                pass
+        loaded = self._workdirs.get(path)
+        worker = loaded.worker if loaded is not None and not isinstance(loaded, BaseException) else None
+        if worker is None:  # one for the workdir's policy items, kept for the session (MN010 and EX001)
+            found = self.built(path)
+            so = found.so_path if found is not None else build_.existing_build(path, settings=self.settings)
+            worker = self._policy_workers.get((path, so))
+            if worker is None or not worker.alive():
+                worker = self._policy_workers[(path, so)] = self.start_worker(path, so, device="cpu",
+                                                                              require_workdir=False)
+            ex001 = ex001 and so is not None
+        reply = worker.request({"op": "policy", "mn010": mn010, "ex001": ex001}, what="checking MN010 and EX001")
+        return worker_violations(path, reply)
+
+    def stop_workers(self) -> None:
+        """Kill every worker of this session (before any verdict file is written)."""
+        for worker in self._workers:
+            worker.stop()
+        self._workers.clear()
+        self._policy_workers.clear()
+        self._extension_workers.clear()
+        self._launched.clear()
+
+    def loaded_or_fail(self, path: Path, test: str, verb: str = "run"):
+        """The loaded workdir for item `test`; the item fails ("not <verb>: ...") after an
+        earlier CUDA fault of this process, and with the build's or the load's report."""
+        import pytest
+
+        from pytest_cudaopt.extension import BuildError
+        from pytest_cudaopt.workdir import WorkdirError
+
+        if self.fault is not None:
+            where, message = self.fault
+            pytest.fail(f"not {verb}: the candidate's earlier CUDA fault in {where} left the CUDA context "
+                        f"unusable: {message}", pytrace=False)
+        try:
+            return self.workdir(path)
+        except (BuildError, WorkdirError) as exc:
+            failure = self.failure_report(path, test, exc)
+        pytest.fail(failure, pytrace=False)  # outside the except block: one report, no exception chain
+
+    def failure_report(self, path: Path, test: str, exc: BaseException) -> str:
+        """What an item says about its workdir's build or load error: the whole report for
+        the first item that meets it, a one-line reference to that item for the later ones."""
+        from pytest_cudaopt.extension import BuildError
+
+        key = (Path(path).resolve(), type(exc).__name__, str(exc))
+        first = self._failures_reported.setdefault(key, test)
+        if first == test:
+            return exc.report() if isinstance(exc, BuildError) else str(exc)
+        what = "the build" if isinstance(exc, BuildError) else "loading the workdir"
+        return f"not run: {what} failed; the report is under {first}"
+
+    def target_workdir(self):
+        """The loaded `baseline_workdir` (the target branch's checkout; its extension builds
+        and loads beside the candidate's), the error that loading it raised, or None."""
+        if not self.settings.baseline_workdir:
+            return None
+        from pytest_cudaopt.extension import BuildError
+        from pytest_cudaopt.workdir import WorkdirError
+
+        try:
+            return self.workdir(Path(self.settings.baseline_workdir))
+        except (BuildError, WorkdirError, OSError) as exc:
+            return exc
+
+    # -- faults and hangs ------------------------------------------------------------------------
+
+    def note_fault(self, test: str, error: BaseException | None, message: str | None = None) -> None:
+        """Keep the first error after which this process's CUDA context is unusable: later GPU
+        items report it instead of failing in its wake."""
+        if error is None or self.fault is not None:
+            return
+        from pytest_cudaopt.correctness.faults import context_lost
+
+        if context_lost(error):
+            text = str(error).strip()
+            self.fault = (test, message or (text.splitlines()[0] if text else repr(error)))
+
+    def record_hang(self, workdir: Path, test: str, case: str, message: str, correctness: bool,
+                    setup: bool = False) -> None:
+        """An item of `workdir` timed out (`setup`: while it set the workdir up: an import, the
+        build, a constructor); a correctness item's row says so."""
+        self.hung.setdefault(Path(workdir).resolve(), (test, message, setup))
+        if correctness:
+            from pytest_cudaopt.results.records import CorrectnessResult
+
+            self.results.append(CorrectnessResult(workdir=str(workdir), test=test, case=case or "?",
+                                                  passed=False, check="timeout", message=message))
+
+    def not_run_reason(self, workdir: Path, judged: bool = True) -> str | None:
+        """Why an item of `workdir` fails at once after a hang (None: it runs): after a hang in
+        the set-up every later item that would set the workdir up again (the caller leaves out
+        the rules that only read files), after any other hang the `judged` ones (correctness,
+        perf, memory safety). The reason names the item, the cause and where it hung."""
+        hung = self.hung.get(Path(workdir).resolve())
+        if hung is None or not (judged or hung[2]):
+            return None
+        test, message, _ = hung
+        where = message[message.index("where it was:"):] if "where it was:" in message else ""
+        return f"not run: {test} timed out ({message.splitlines()[0]})" + (f"\n{where}" if where else "")
+
+    # -- results ------------------------------------------------------------------------------
+
+    def account(self, running: str | None = None):
+        """The run's account now (ledger.Account); `running`: taken before that item ran."""
+        return self.ledger.account(self.results, running=running)
+
+    def terminal_summary(self, terminalreporter) -> None:
+        """The result tables and the account's lines, when this run had verdict items."""
+        if not self.results and not self.ledger.entries:
+            return
+        from pytest_cudaopt.results import ledger, report
+
+        account = self.account()
+        records = [report.record(r) for r in [*self.results, *ledger.policy_results(account.items)]]
+        lines = report.account_lines(account)
+        lines += report.gate_figure_lines(self.results, terminalreporter.config)
+        if self.sandbox is not None:
+            from pytest_cudaopt.candidate.sandbox import describe
+
+            lines.append(f"cudaopt: sandbox of the candidate's worker ({self.sandbox['workers']} started): "
+                         f"{describe(self.sandbox)}")
+        if self.report_error:
+            lines.append(f"cudaopt: ERROR: no JSON report: --cudaopt-report={self.settings.report}: {self.report_error}")
+        elif self.settings.report:
+            lines.append(f"cudaopt: report written to {self.settings.report}")
+        report.terminal_summary(terminalreporter, records, lines)
+
+    def records(self) -> list[dict]:
+        """The results as plain data (sent from pytest-xdist workers to the controller)."""
+        from pytest_cudaopt.results import report
+
+        return [report.record(r) for r in self.results]
+
+    def add_records(self, records: list[dict]) -> None:
+        from pytest_cudaopt.results.records import RecordedResult
+
+        self.results.extend(RecordedResult(r) for r in records)
+
+    def resolve_report(self, base: Path, others: dict[str, Any]) -> str:
+        """Where `--cudaopt-report` goes (relative to `base`); why it is refused ("" when not):
+        the file of another output (`others`: option -> path), a folder, a file that is no
+        report. A folder that cannot be written is kept in `report_error` instead."""
+        from pytest_cudaopt.results import jsonreport
+
+        path = Path(base, self.settings.report)
+        why, refused = jsonreport.unusable(path, {k: Path(base, str(v)) for k, v in others.items() if v})
+        if refused:
+            return why
+        self.report_path, self.report_error = path, why
+        return ""
+
+    def write_report(self, running: str | None = None) -> None:
+        """Write the JSON report to `--cudaopt-report` (if given); `running`: written before
+        that item, as an incomplete report that survives a hang nothing can interrupt. A
+        report that cannot be written is said once, and fails no item."""
+        if self.report_path is None or self.report_error:
+            return
+        from pytest_cudaopt.results import jsonreport, ledger
+
+        account = self.account(running)
+        doc = jsonreport.document(account, [*self.results, *ledger.policy_results(account.items)],
+                                  seed=self.seed, settings=self.settings.as_dict(),
+                                  relaxations=self.relaxations(), sandbox=self.sandbox)
+        try:
+            jsonreport.write_json(self.report_path, doc)
+        except OSError as exc:
+            self.report_error = f"writing it failed: {type(exc).__name__}: {exc}"
