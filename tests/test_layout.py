@@ -231,3 +231,9 @@ def test_every_test_that_needs_a_gpu_is_marked_gpu_so_that_minus_m_gpu_selects_i
                                                         for previous in lines[max(0, number - 3):number]):
                 unmarked.append(f"{path.name}:{number + 1}")
     assert not unmarked, f"skipped without a GPU but not marked gpu: {unmarked}"
+
+
+def test_the_docs_stay_short_enough_to_read():
+    docs = sum(len(p.read_text().splitlines()) for p in (PACKAGE.parent / "docs").glob("*.md"))
+    readme = len((PACKAGE.parent / "README.md").read_text().splitlines())
+    assert docs <= 1200 and readme <= 120, f"docs/ {docs} lines (at most 1,200), README {readme} (at most 120)"
