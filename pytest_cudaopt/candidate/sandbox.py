@@ -177,9 +177,6 @@ _SYSCALLS = {
     "kill": (62, 129), "tgkill": (234, 131), "rt_sigqueueinfo": (129, 138), "rt_tgsigqueueinfo": (297, 240),
     "clone": (56, 220), "clone3": (435, 435),
 }
-_PTRACE = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd")
-_SIGNALS = ("tkill", "pidfd_send_signal")
-_EXEC = ("execve", "execveat")
 # New namespaces from clone(): unshare and setns are refused outright.
 CLONE_NEW = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 
@@ -356,15 +353,4 @@ def confine(mode: str, workdir: str, build: str | None, scratch: str, *,
     if "privileges" in missing:
         held.pop("privileges", None)
     return {"mode": mode, "landlock": abi, "held": held, "missing": missing}
-
-
-def describe(facts: dict) -> str:
-    """One line: which restrictions held and by what, which did not and why."""
-    if not facts or facts.get("mode") == "off":
-        return "off (cudaopt_sandbox=off): the candidate's worker can reach every file and process of the user's"
-    held = ", ".join(f"{name} ({' + '.join(how)})" for name, how in facts.get("held", {}).items())
-    line = f"{facts['mode']}: held: {held or 'nothing'}"
-    if facts.get("missing"):
-        line += "; NOT held: " + "; ".join(f"{name} ({why})" for name, why in facts["missing"].items())
-    return line
 
