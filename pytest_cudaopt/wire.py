@@ -10,6 +10,7 @@ function the judging process would run.
 from __future__ import annotations
 
 import io
+import math
 import mmap
 import os
 import pickle
@@ -39,16 +40,14 @@ _PLAIN_ALLOWED = {"torch": {"Size", "device"}, "collections": {"OrderedDict"}}
 
 
 def setup_sharing() -> None:
-    """Tensors that do not fit the arena travel as named shared-memory files (torch's
-    file_system strategy): nothing but bytes crosses the socket."""
+    """Tensors that do not fit the arena travel as named shared-memory files: only bytes cross the socket."""
     import torch.multiprocessing as mp
 
     mp.set_sharing_strategy("file_system")
 
 
 class Arena:
-    """A shared-memory file mapped by both processes: the judging process writes the first
-    half, the worker the second."""
+    """A shared-memory file mapped by both processes: the judge writes the first half, the worker the second."""
 
     def __init__(self, path: str, size: int, create: bool):
         import torch
@@ -146,10 +145,7 @@ class _Unpacker(pickle.Unpickler):
             if not isinstance(dtype, torch.dtype) or not isinstance(start, int) or start % ALIGN \
                     or not all(isinstance(n, int) and n >= 0 for n in shape):
                 raise pickle.UnpicklingError("a malformed arena tensor")
-            count = 1
-            for n in shape:
-                count *= n
-            nbytes = count * torch.empty((), dtype=dtype).element_size()
+            nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
             if start < self.start or start + nbytes > self.end:
                 raise pickle.UnpicklingError("an arena tensor outside its sender's region")
             return self.arena.bytes[start:start + nbytes].view(dtype).view(shape)
@@ -163,8 +159,7 @@ class _Unpacker(pickle.Unpickler):
 
 def send(conn: Connection, message: Any, arena: Arena | None = None, writer: str = "judge",
          on_send: Callable[[], None] | None = None) -> list:
-    """Send `message` (`on_send` called once it is encoded, just before its bytes go out);
-    returns the (tensor, arena offset) pairs copied into the arena."""
+    """Send `message` (`on_send` called just before its bytes go out): the (tensor, offset) pairs in the arena."""
     buffer = io.BytesIO()
     packer = _Packer(buffer, arena, writer)
     packer.dump(message)
@@ -176,13 +171,12 @@ def send(conn: Connection, message: Any, arena: Arena | None = None, writer: str
 
 
 def receive(conn: Connection, arena: Arena | None = None, sender: str = "worker") -> Any:
-    """The next message, its tensors viewed in the sender's half of the arena (valid until the
-    sender's next message) or rebuilt through the allow-list."""
+    """The next message, its tensors viewed in the sender's half of the arena (valid until its next
+    message) or rebuilt through the allow-list."""
     return receive_bytes(conn.recv_bytes(), arena, sender)
 
 
 def receive_bytes(data: bytes, arena: Arena | None = None, sender: str = "worker", sync_events: bool = True) -> Any:
-    """`receive` on bytes already read; `sync_events=False`: CUDA tensors rebuilt without this
-    process's stream waiting on the sender's event."""
+    """`receive` on bytes read; `sync_events=False`: CUDA tensors without waiting on the sender's event."""
     return _Unpacker(io.BytesIO(data), arena, sender, _PLAIN_ALLOWED, sync_events).load()
 

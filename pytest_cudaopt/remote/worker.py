@@ -27,7 +27,7 @@ from pytest_cudaopt.run.signals import die_with_parent
 from pytest_cudaopt import wire as protocol
 from pytest_cudaopt.remote import timing
 from pytest_cudaopt.run import zygote
-from pytest_cudaopt.remote.candidate import WorkerError, WorkerFailed, describe  # noqa: F401 - raised here, imported from here
+from pytest_cudaopt.remote.candidate import WorkerError, WorkerFailed, describe  # noqa: F401 - imported from here
 
 POLL_S = 0.05          # how often a wait for a reply looks at the worker's process
 STACK_WAIT_S = 3.0     # after SIGUSR1, the most time for the worker to print its stacks
