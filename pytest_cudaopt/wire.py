@@ -1,18 +1,16 @@
-"""The messages between the judging process and a worker: plain data pickled with tensors out of band (CPU tensors copied through a shared-memory arena, CUDA tensors as IPC handles), read back through an allow-list; the worker's environment.
+"""The messages between the judging process and a worker: plain data pickled with tensors out of band (CPU tensors copied through a shared-memory arena, CUDA tensors as IPC handles), read back through an allow-list.
 
 A message is a pickle whose only globals are dtypes, devices and sizes; each tensor in it is a
-persistent id. On the CPU the sender copies the tensor into its half of the arena (a file in
-/dev/shm that both processes map, unlinked once both have it) and the receiver views it there;
-a tensor larger than the arena, and every CUDA tensor, goes through torch's own reduction
-(a named shared-memory file, a CUDA IPC handle), read back with an allow-list of torch's
-rebuild functions. Nothing the worker sends can name a function the judging process would run.
-What a reply can mean to the judging process: `WorkerError` (the workdir's code raised), `WorkerFailed`
-(the worker died, hung or sent what is not a reply).
+persistent id: a view of the sender's half of the arena (a /dev/shm file both processes map,
+unlinked once both have it), or, when larger than the arena or on CUDA, torch's own reduction
+read back with an allow-list of torch's rebuild functions. Nothing the worker sends can name a
+function the judging process would run.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import mmap
 import os
 import pickle
@@ -22,16 +20,8 @@ import tempfile
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable
 
-# What a worker keeps of the judging process's environment: what torch, CUDA and the compiler
-# toolchain need. PYTEST_*, CUDAOPT_* and everything else (report paths, tokens) stay behind.
-KEPT_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
-            "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX", "CUDA_HOME", "CUDA_PATH", "CUDA_ROOT",
-            "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_LAUNCH_BLOCKING",
-            "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-            "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING", "TORCH_CUDA_ARCH_LIST")
-KEPT_PREFIXES = ("LC_",)
 ARENA_BYTES = 64 << 20   # each direction's half; larger tensors take torch's shared-memory files
 LEAD_S = 500e-6  # the spin before a timed batch on CUDA (perf.clocks.GpuLead); client.HANDOFF_SLACK_S covers it
 ALIGN = 64
@@ -49,37 +39,15 @@ _TORCH_ALLOWED = {
 _PLAIN_ALLOWED = {"torch": {"Size", "device"}, "collections": {"OrderedDict"}}
 
 
-class WorkerError(Exception):
-    """The worker answered with an error raised by the workdir's code. `kind` is "candidate"
-    (ModelNew, its extension), "workdir" (loading a file; `file` names it) or "build" (the
-    .so does not import); `fault` a lost CUDA context, `oom` torch's out-of-memory line."""
-
-    def __init__(self, message: str, kind: str = "candidate", file: str | None = None,
-                 fault: bool = False, oom: str | None = None):
-        super().__init__(message)
-        self.kind, self.file, self.fault, self.oom = kind, file, fault, oom
-
-
-class WorkerFailed(Exception):
-    """The worker died, hung, or sent what is not a reply: nothing it said counts. `headline`
-    says what happened, `words` is the worker's last output (its own, for the reader only)."""
-
-    def __init__(self, headline: str, words: str = ""):
-        super().__init__(headline + (f"; its last output:\n{words}" if words else ""))
-        self.headline, self.words = headline, words
-
-
 def setup_sharing() -> None:
-    """Tensors that do not fit the arena travel as named shared-memory files (torch's
-    file_system strategy): nothing but bytes crosses the socket."""
+    """Tensors that do not fit the arena travel as named shared-memory files: only bytes cross the socket."""
     import torch.multiprocessing as mp
 
     mp.set_sharing_strategy("file_system")
 
 
 class Arena:
-    """A shared-memory file mapped by both processes: the judging process writes the first
-    half, the worker the second."""
+    """A shared-memory file mapped by both processes: the judge writes the first half, the worker the second."""
 
     def __init__(self, path: str, size: int, create: bool):
         import torch
@@ -177,10 +145,7 @@ class _Unpacker(pickle.Unpickler):
             if not isinstance(dtype, torch.dtype) or not isinstance(start, int) or start % ALIGN \
                     or not all(isinstance(n, int) and n >= 0 for n in shape):
                 raise pickle.UnpicklingError("a malformed arena tensor")
-            count = 1
-            for n in shape:
-                count *= n
-            nbytes = count * torch.empty((), dtype=dtype).element_size()
+            nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
             if start < self.start or start + nbytes > self.end:
                 raise pickle.UnpicklingError("an arena tensor outside its sender's region")
             return self.arena.bytes[start:start + nbytes].view(dtype).view(shape)
@@ -194,8 +159,7 @@ class _Unpacker(pickle.Unpickler):
 
 def send(conn: Connection, message: Any, arena: Arena | None = None, writer: str = "judge",
          on_send: Callable[[], None] | None = None) -> list:
-    """Send `message` (`on_send` called once it is encoded, just before its bytes go out);
-    returns the (tensor, arena offset) pairs copied into the arena."""
+    """Send `message` (`on_send` called just before its bytes go out): the (tensor, offset) pairs in the arena."""
     buffer = io.BytesIO()
     packer = _Packer(buffer, arena, writer)
     packer.dump(message)
@@ -207,24 +171,12 @@ def send(conn: Connection, message: Any, arena: Arena | None = None, writer: str
 
 
 def receive(conn: Connection, arena: Arena | None = None, sender: str = "worker") -> Any:
-    """The next message, its tensors viewed in the sender's half of the arena (valid until the
-    sender's next message) or rebuilt through the allow-list."""
+    """The next message, its tensors viewed in the sender's half of the arena (valid until its next
+    message) or rebuilt through the allow-list."""
     return receive_bytes(conn.recv_bytes(), arena, sender)
 
 
 def receive_bytes(data: bytes, arena: Arena | None = None, sender: str = "worker", sync_events: bool = True) -> Any:
-    """`receive` on bytes already read; `sync_events=False`: CUDA tensors rebuilt without this
-    process's stream waiting on the sender's event."""
+    """`receive` on bytes read; `sync_events=False`: CUDA tensors without waiting on the sender's event."""
     return _Unpacker(io.BytesIO(data), arena, sender, _PLAIN_ALLOWED, sync_events).load()
 
-
-def worker_env(base: Mapping[str, str], package_root: str, secrets: Iterable[str] = ()) -> dict[str, str]:
-    """The worker's environment: the KEPT_ENV names of `base`, none whose value names one of
-    `secrets` (the verdict files), and PYTHONPATH starting at `package_root` (where
-    pytest_cudaopt is, installed or not)."""
-    secrets = [s for s in secrets if s]
-    env = {k: v for k, v in base.items()
-           if (k in KEPT_ENV or k.startswith(KEPT_PREFIXES)) and not any(s in v for s in secrets)}
-    env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH", "")])])
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    return env

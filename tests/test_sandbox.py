@@ -257,7 +257,7 @@ def test_the_worker_serves_nothing_before_it_is_confined_and_confines_itself_sin
     from pytest_cudaopt import wire as protocol
 
     ours, theirs = socket.socketpair()
-    env = protocol.worker_env(os.environ, client.package_root())
+    env = client.worker_env(os.environ, client.package_root())
     proc = subprocess.Popen([sys.executable, "-m", "pytest_cudaopt.candidate", str(theirs.fileno())],
                             pass_fds=[theirs.fileno()], cwd=tmp_path, env=env, start_new_session=True)
     theirs.close()

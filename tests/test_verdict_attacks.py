@@ -190,11 +190,11 @@ def test_a_reply_that_names_a_function_is_refused():
 
 
 def test_the_workers_environment_names_no_verdict_file():
-    from pytest_cudaopt import wire as protocol
+    from pytest_cudaopt.remote.worker import worker_env
 
     base = {"PATH": "/usr/bin", "HOME": "/root", "CUDAOPT_REPORT": "/x/report.json", "PYTEST_ADDOPTS": "-q",
             "TMPDIR": "/x/report.json.d", "AWS_SECRET_ACCESS_KEY": "k", "OMP_NUM_THREADS": "2"}
-    env = protocol.worker_env(base, "/pkg", secrets=["/x/report.json"])
+    env = worker_env(base, "/pkg", secrets=["/x/report.json"])
     assert env["PATH"] == "/usr/bin" and env["OMP_NUM_THREADS"] == "2" and env["PYTHONPATH"].startswith("/pkg")
     assert not any(k.startswith(("CUDAOPT_", "PYTEST_")) for k in env)
     assert "TMPDIR" not in env and "AWS_SECRET_ACCESS_KEY" not in env

@@ -1,5 +1,4 @@
-"""`python -m pytest_cudaopt.candidate FD`: a worker serving requests on the socket FD (serve.py).
-Zygotes are started as `python -m pytest_cudaopt.run.zygote NAME` (run/zygote.py)."""
+"""`python -m pytest_cudaopt.candidate FD`: a worker serving requests on the socket FD (serve.py)."""
 
 import sys
 

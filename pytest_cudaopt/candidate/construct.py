@@ -24,8 +24,7 @@ class ExtensionNotBuilt(RuntimeError):
 
 
 class _Unbuilt:
-    """`cuda_extension.<name>` of the stand-in: may be stored (`self.op = cuda_extension.gelu`),
-    raises when called."""
+    """`cuda_extension.<name>` of the stand-in: may be stored, raises when called."""
 
     def __init__(self, name: str):
         self._name = name
@@ -46,8 +45,7 @@ class _Unbuilt:
 
 
 def stand_in_extension() -> types.ModuleType:
-    """A `cuda_extension` module for a workdir without a build: every function name exists,
-    calling one raises ExtensionNotBuilt."""
+    """A `cuda_extension` module for a workdir without a build: every function exists and raises."""
     module = types.ModuleType("cuda_extension", "stand-in for a cuda_extension that is not built")
 
     def __getattr__(name: str) -> _Unbuilt:  # PEP 562: only for names the module lacks
@@ -60,8 +58,7 @@ def stand_in_extension() -> types.ModuleType:
 
 
 def _model_new_line(workdir: Path) -> int | None:
-    """The line of `class ModelNew` in model_new.py, or None when it does not parse or has
-    none (MN001 reports that)."""
+    """The line of `class ModelNew` in model_new.py, or None (MN001 reports that)."""
     try:
         tree = ast.parse((workdir / "model_new.py").read_text(encoding="utf-8"))
     except (OSError, ValueError, SyntaxError):
@@ -71,8 +68,7 @@ def _model_new_line(workdir: Path) -> int | None:
 
 @contextlib.contextmanager
 def _modules_restored(prefix: str) -> Iterator[None]:
-    """The workdir's modules in sys.modules as they were before the check (a pytest session
-    that loads the workdir for its verdicts keeps its own)."""
+    """The workdir's modules in sys.modules as they were before the check."""
     saved = {k: v for k, v in sys.modules.items() if k == prefix or k.startswith(prefix + ".")}
     try:
         yield
@@ -96,8 +92,7 @@ def build_model(cls: type, init: list) -> Any:
 
 
 def _failure(stage: str, exc: BaseException, workdir: Path) -> dict:
-    """What an exception of `stage` says: its file (a WorkdirError's), its text, and the workdir's
-    frames of its cause (else of itself) as `user_traceback` writes them."""
+    """What an exception of `stage` says: its file, its text, the workdir's frames of its cause (or itself)."""
     cause = exc.__cause__
     return {"stage": stage, "file": getattr(exc, "file", None), "text": str(exc), "cause": cause is not None,
             "traceback": user_traceback(cause if cause is not None else exc, [workdir])}
@@ -134,10 +129,8 @@ def _construct(workdir: Path, extension: Any) -> dict:
 
 
 def construction(workdir: Path, extension: Any = None) -> dict | None:
-    """MN010's facts: {"line": class ModelNew's line, "failed": None or {"stage": import, exit, init,
-    model_new or model; "file", "text", "cause", "traceback"}, "model"/"model_new": {key: shape}}.
-    None when model_new.py has no class ModelNew or there is no model.py (other rules say so).
-    The workdir's modules in sys.modules are left as they were."""
+    """MN010's facts: {"line", "failed": None or {"stage", "file", "text", "cause", "traceback"}, "model"/
+    "model_new": {key: shape}}; None without class ModelNew or model.py (other rules say so)."""
     workdir = Path(workdir).resolve()
     line = _model_new_line(workdir)
     if line is None or not (workdir / "model.py").is_file():
@@ -149,26 +142,19 @@ def construction(workdir: Path, extension: Any = None) -> dict | None:
 def called_functions(model_new: Path) -> list[tuple[int, str]]:
     """(line, name) of every `cuda_extension.<name>` in model_new.py (import aliases followed)."""
     tree = ast.parse(model_new.read_text(encoding="utf-8"), str(model_new))
-    aliases = {"cuda_extension"}
-    imported: dict[str, str] = {}
+    aliases, found = {"cuda_extension"}, []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             aliases |= {a.asname or a.name for a in node.names if a.name == "cuda_extension"}
         elif isinstance(node, ast.ImportFrom) and node.module == "cuda_extension":
-            imported.update({a.asname or a.name: a.name for a in node.names})
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
-            found.append((node.lineno, node.attr))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module == "cuda_extension":
             found += [(node.lineno, a.name) for a in node.names]
+    found += [(node.lineno, node.attr) for node in ast.walk(tree)
+              if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases]
     return sorted(set(found))
 
 
 def missing_functions(workdir: Path, module: Any) -> list[tuple[int, str, str]]:
-    """EX001's facts: (line, name, why it is missing) for each function model_new.py calls that
-    the built `module` lacks."""
+    """EX001's facts: (line, name, why it is missing) for each function model_new.py calls that `module` lacks."""
     path = Path(workdir) / "model_new.py"
     if not path.is_file():
         return []

@@ -15,8 +15,7 @@ import types
 from pathlib import Path
 from typing import Any, Iterator
 
-# torch is imported where it is used: the judging process imports this module (build/loader.py) at
-# start, before it may import torch.
+# torch is imported where it is used: the judging process imports this module before it may import torch.
 
 EXTENSION = "cuda_extension"   # the name model_new.py imports the extension by
 
@@ -25,8 +24,7 @@ NONDETERMINISTIC = "CUDAOPT_NONDETERMINISTIC"  # model_new.py: kernels use atomi
 
 
 class WorkdirError(Exception):
-    """The workdir cannot be loaded or its models built; the message names the file and
-    shows the workdir's own traceback lines. `file` is that file's name, when known."""
+    """The workdir cannot be loaded or its models built; `file` names the file, when known."""
 
     def __init__(self, message: str, file: str | None = None):
         super().__init__(message)
@@ -34,10 +32,8 @@ class WorkdirError(Exception):
 
 
 def module_prefix(path: Path) -> str:
-    """`cudaopt_workdir_<hash>`: the package name under which a workdir's files are imported,
-    distinct for every workdir folder."""
-    digest = hashlib.sha1(str(Path(path).resolve()).encode()).hexdigest()[:12]
-    return MODULE_PREFIX + digest
+    """`cudaopt_workdir_<hash>`: the package name of a workdir's files, distinct for every folder."""
+    return MODULE_PREFIX + hashlib.sha1(str(Path(path).resolve()).encode()).hexdigest()[:12]
 
 
 def user_traceback(exc: BaseException, roots: list[Path]) -> str:
@@ -95,9 +91,8 @@ def temporary_modules(replacements: dict[str, types.ModuleType | None], path: Pa
 
 def import_file(name: str, file: Path, workdir: Path,
                 aliases: dict[str, types.ModuleType | None] | None = None) -> types.ModuleType:
-    """Import `file` as module `name`, with `workdir` first on sys.path and `aliases` (e.g.
-    `model` -> the workdir's reference module) in sys.modules for the duration. A file that
-    does not parse or raises is a WorkdirError naming the file, with the workdir's frames."""
+    """Import `file` as module `name`, with `workdir` first on sys.path and `aliases` in sys.modules for
+    the duration; a file that does not parse or raises is a WorkdirError."""
     spec = importlib.util.spec_from_file_location(name, file)
     if spec is None or spec.loader is None:
         raise WorkdirError(f"{file}: cannot be imported")
@@ -119,8 +114,7 @@ def import_file(name: str, file: Path, workdir: Path,
 
 
 def _syntax_error(exc: SyntaxError, file: Path) -> str:
-    """`model.py:3: SyntaxError: invalid syntax`, the offending line and a caret; no
-    import-machinery frames (the error is in the file, not in the loader)."""
+    """`model.py:3: SyntaxError: invalid syntax`, the offending line and a caret; no import frames."""
     where = Path(exc.filename).name if exc.filename else file.name
     lines = [f"{where}:{exc.lineno}: {type(exc).__name__}: {exc.msg}"]
     if exc.text:
@@ -135,8 +129,7 @@ def _syntax_error(exc: SyntaxError, file: Path) -> str:
 
 @contextlib.contextmanager
 def saved_rng() -> Iterator[None]:
-    """The global generators (torch's CPU one and the current CUDA device's, Python `random`,
-    NumPy) as they were before the block, whatever it seeds or draws."""
+    """The global generators (torch's, Python `random`, NumPy) as they were before the block."""
     import torch
 
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
@@ -164,8 +157,7 @@ def seed_all(seed: int) -> None:
 
 @contextlib.contextmanager
 def private_rng(seed: int) -> Iterator[None]:
-    """Torch (CPU and the current CUDA device), Python `random` and NumPy seeded with `seed`
-    for the duration; the global generators are left as they were."""
+    """Torch, Python `random` and NumPy seeded with `seed` for the duration, then as they were."""
     with saved_rng():
         seed_all(seed)
         yield
@@ -173,8 +165,7 @@ def private_rng(seed: int) -> Iterator[None]:
 
 def load_state(model_new: torch.nn.Module, state: dict, buffers: dict[str, torch.Tensor],
                model_file: str = "model.py", model_new_file: str = "model_new.py") -> None:
-    """Model's `state` into ModelNew, strict (keys named in a WorkdirError when they differ),
-    then Model's non-persistent `buffers` into ModelNew's buffers of the same names."""
+    """Model's `state` into ModelNew, strict (a WorkdirError names differing keys), then its `buffers`."""
     expected = set(state)
     present = set(model_new.state_dict())
     missing, unexpected = sorted(expected - present), sorted(present - expected)
@@ -195,9 +186,7 @@ def load_state(model_new: torch.nn.Module, state: dict, buffers: dict[str, torch
 
 def copy_buffers(ours: dict[str, torch.Tensor], model_new: torch.nn.Module,
                  model_file: str = "model.py", model_new_file: str = "model_new.py") -> None:
-    """Copy Model's non-persistent buffers (`ours`) into ModelNew's buffers of the same name, so
-    both start from the same state; a buffer one has and the other lacks, or of another shape,
-    is named in a WorkdirError."""
+    """Model's non-persistent buffers (`ours`) into ModelNew's of the same name, else a WorkdirError."""
     import torch
 
     if not ours:
@@ -217,8 +206,7 @@ def copy_buffers(ours: dict[str, torch.Tensor], model_new: torch.nn.Module,
 
 
 def import_reference(path: Path) -> tuple[Path, types.ModuleType, types.ModuleType]:
-    """model.py of the workdir at `path`, checked for the KernelBench names, under the
-    workdir's package name; (resolved path, package, module)."""
+    """model.py of the workdir at `path` under its package name: (resolved path, package, module)."""
     path = Path(path).resolve()
     for name in ("model.py", "model_new.py"):
         if not (path / name).is_file():
@@ -236,12 +224,9 @@ def import_reference(path: Path) -> tuple[Path, types.ModuleType, types.ModuleTy
     return path, package, reference
 
 
-
-
 def import_candidate(path: Path, extension: Any) -> tuple[types.ModuleType, types.ModuleType]:
-    """model.py and model_new.py of the workdir at `path`, as `cudaopt_workdir_<hash>.model` and
-    `.model_new`: (model, model_new). While model_new.py is imported, `import cuda_extension`
-    finds `extension` and `import model` finds this workdir's model.py; both names are restored."""
+    """(model, model_new) of the workdir at `path`; model_new.py's `import cuda_extension` finds `extension`
+    and `import model` this workdir's model.py."""
     path, package, reference = import_reference(path)
     candidate = import_file(f"{package.__name__}.model_new", path / "model_new.py", path,
                             {EXTENSION: extension, "model": reference})
@@ -251,18 +236,14 @@ def import_candidate(path: Path, extension: Any) -> tuple[types.ModuleType, type
     return reference, candidate
 
 
-# -- the extension -----------------------------------------------------------------------------
-
 # so path -> ((mtime, size, inode), module): an unchanged build is not imported twice.
 _LOADED: dict[Path, tuple[tuple[int, int, int], Any]] = {}
 _load_count = 0
 
 
 def import_extension(so: Path, build_dir: Path) -> Any:
-    """Import the built `cuda_extension` under a name unique to this build (several workdirs can
-    be loaded in one process). A rebuilt .so is loaded from a fresh copy in `build_dir`/loaded,
-    since the dynamic loader would hand back the already loaded file of the same path. An .so
-    that does not import raises ImportError."""
+    """Import the built `cuda_extension` under a name unique to this build; a rebuilt .so from a fresh
+    copy in `build_dir`/loaded (the dynamic loader would hand back the loaded file of the same path)."""
     global _load_count
     stat = so.stat()
     ident = (stat.st_mtime_ns, stat.st_size, stat.st_ino)

@@ -22,27 +22,21 @@ from torch.utils._python_dispatch import TorchDispatchMode
 _profile = torch.autograd.profiler.profile
 _record_function = torch.autograd.profiler.record_function
 
-# Ops ModelNew.forward may send to the dispatcher, besides views (ops whose schema says
-# they return an alias of an input: view, reshape, t, detach, ...; they move no data).
-ALLOCATION_OPS = frozenset({
+# Ops ModelNew.forward may send to the dispatcher, besides views (they move no data).
+ALLOWED_OPS = frozenset({
     "aten::empty.memory_format", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
     "aten::new_empty_strided", "aten::empty.names",
-})
-# Creation with a fill: the workdir rules allow tensor creation in model_new.py.
-CREATION_OPS = frozenset({
+    # creation with a fill: the workdir rules allow tensor creation in model_new.py
     "aten::zeros", "aten::zeros.names", "aten::zeros_like", "aten::new_zeros",
     "aten::ones", "aten::ones.names", "aten::ones_like", "aten::new_ones",
     "aten::full", "aten::full.names", "aten::full_like", "aten::new_full",
     "aten::zero_", "aten::fill_.Scalar",
-})
-# Metadata queries, for the rare tensors whose sizes/strides are answered by the dispatcher.
-METADATA_OPS = frozenset({
+    # metadata queries, for the rare tensors whose sizes/strides are answered by the dispatcher
     "aten::size.int", "aten::stride.int", "aten::sym_size.int", "aten::sym_stride.int",
     "aten::sym_size", "aten::sym_stride", "aten::sym_numel", "aten::sym_storage_offset",
     "aten::is_contiguous", "aten::is_contiguous.memory_format", "aten::dim", "aten::numel",
     "aten::is_same_size", "aten::is_nonzero",
 })
-ALLOWED_OPS = ALLOCATION_OPS | CREATION_OPS | METADATA_OPS
 
 
 @dataclass
@@ -61,13 +55,8 @@ class AuditedOp:
         return f"{self.where}: {self.op} from {self.caller}{via}"
 
 
+# Frames between an op's caller and the audit: dispatch machinery, not the caller.
 _INTERNAL = ("_dynamo", "_python_dispatch.py", "_ops.py", "_compile.py", "guards.py", "observe.py", "contextlib.py")
-
-
-def _internal(path: Path) -> bool:
-    """Frames between an op's caller and the audit: dispatch machinery, not the caller."""
-    text = str(path)
-    return any(part in text for part in _INTERNAL)
 
 
 def op_name(func: Any) -> str:
@@ -78,17 +67,12 @@ def op_name(func: Any) -> str:
 
 def is_allowed(func: Any, extra: frozenset[str] = frozenset()) -> bool:
     name = op_name(func)
-    packet = func._schema.name
-    if name in ALLOWED_OPS or name in extra or packet in extra:
-        return True
-    # Views move no data (view, reshape, t, transpose, detach, alias, ...).
-    return bool(getattr(func, "is_view", False))
+    return name in ALLOWED_OPS or name in extra or func._schema.name in extra or bool(getattr(func, "is_view", False))
 
 
 class OpAudit(TorchDispatchMode):
-    """Records every op that reaches the dispatcher while active, from Python and from C++
-    alike, with the Python line in the workdir that led to it and the builtin (torch
-    function, tensor method or extension function) that sent it."""
+    """Records every op that reaches the dispatcher while active, from Python and C++ alike, with the
+    workdir's line that led to it and the builtin (torch function, method, extension function) that sent it."""
 
     def __init__(self, workdir: Path, extension: Any = None, extra_allowed: frozenset[str] = frozenset()):
         super().__init__()
@@ -136,7 +120,7 @@ class OpAudit(TorchDispatchMode):
                     parts = callee.parts[callee.parts.index("torch"):]
                     via = f"{'/'.join(parts)}:{callee_line} {callee_name}"
                 return f"{path.relative_to(self.workdir)}:{frame.f_lineno}", via
-            if not _internal(path):
+            if not any(part in str(path) for part in _INTERNAL):
                 callee, callee_line, callee_name = path, frame.f_lineno, frame.f_code.co_name
             frame = frame.f_back
         return "(outside the workdir)", ""
@@ -166,16 +150,11 @@ class OpAudit(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
     def violations(self) -> list[AuditedOp]:
-        seen, unique = set(), []
+        unique: dict[tuple, AuditedOp] = {}
         for op in self.ops:
-            key = (op.op, op.where, op.caller)
-            if key not in seen:
-                seen.add(key)
-                unique.append(op)
-        return unique
+            unique.setdefault((op.op, op.where, op.caller), op)
+        return list(unique.values())
 
-
-# -- CUDA faults ------------------------------------------------------------------------------------
 
 class CudaFault(Exception):
     """A CUDA error (illegal memory access, launch failure): this process's context is unusable."""
@@ -189,18 +168,14 @@ FAULT_MARKERS = ("CUDA error", "illegal memory access", "unspecified launch fail
 def is_cuda_fault(exc: BaseException) -> bool:
     """True for errors that leave the CUDA context unusable (sticky errors)."""
     accel = getattr(torch, "AcceleratorError", None)
-    if accel is not None and isinstance(exc, accel):
+    if isinstance(exc, CudaFault) or accel is not None and isinstance(exc, accel):
         return True
-    if isinstance(exc, CudaFault):
-        return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and any(marker in text for marker in FAULT_MARKERS)
+    return isinstance(exc, RuntimeError) and any(marker in str(exc) for marker in FAULT_MARKERS)
 
 
 def context_alive(device: torch.device | str | None = None) -> bool:
-    """Probe the CUDA context after an error: synchronise and run a one-element kernel.
-    Errors such as "invalid device ordinal" leave the context usable; a sticky fault
-    (illegal address, device-side assert) makes the probe fail too."""
+    """Probe the CUDA context after an error: synchronise and run a one-element kernel (a sticky
+    fault, an illegal address or a device-side assert, makes the probe fail too)."""
     if not torch.cuda.is_available():
         return False
     try:
@@ -249,8 +224,7 @@ def input_label(index: int, names: list[str] | None) -> str:
 
 
 class OutputHistory:
-    """Weak references to what earlier candidate calls returned. A legitimate output is freed
-    when the caller drops it; one that is still alive and comes back is a cached output."""
+    """Weak references to what earlier calls returned: one still alive that comes back is a cached output."""
 
     def __init__(self) -> None:
         self._refs: list[weakref.ref] = []
@@ -301,9 +275,8 @@ def unfresh_output(output: Any, inputs: list, model_new: torch.nn.Module, earlie
 def call_locally(model: torch.nn.Module, inputs: list, device: torch.device, workdir: Path, extension: Any,
                  extra_allowed: frozenset[str], history: OutputHistory,
                  names: list[str] | None) -> tuple[Any, list[AuditedOp], tuple[str, str] | None]:
-    """One call of ModelNew where it lives: under poisoned memory and the op audit, the device
-    synchronised; (output, the audit's violations, (check, message) of an output that is no
-    fresh plain tensor, else None). What ModelNew raises propagates."""
+    """One call of ModelNew under poisoned memory and the op audit, the device synchronised: (output,
+    the audit's violations, (check, message) of an output that is no fresh plain tensor, else None)."""
     audit = OpAudit(workdir, extension, extra_allowed)
     with torch.no_grad(), poisoned_memory(device), audit:
         output = model(*inputs)
@@ -312,15 +285,11 @@ def call_locally(model: torch.nn.Module, inputs: list, device: torch.device, wor
     return output, audit.violations(), unfresh_output(output, inputs, model, history.alive(), names)
 
 
-# -- poisoned memory --------------------------------------------------------------------------------
-
 @contextlib.contextmanager
 def poisoned_memory(device: torch.device | str) -> Iterator[None]:
-    """For the duration, memory that torch allocates without initialising (torch.empty,
-    torch::empty in C++) is filled with NaN (integers: their maximum), on CPU and CUDA
-    alike; on CUDA the caching allocator's free memory is also overwritten with NaN first.
-    An output element the candidate never writes then reads as NaN, not as a stale copy
-    of the right answer."""
+    """For the duration, memory torch allocates without initialising (torch.empty, torch::empty) is
+    filled with NaN (integers: their maximum), and on CUDA the caching allocator's free memory first:
+    an output element the candidate never writes reads as NaN, not as a stale copy of the answer."""
     import torch.utils.deterministic as det
 
     device = torch.device(device)
@@ -341,9 +310,8 @@ def poisoned_memory(device: torch.device | str) -> Iterator[None]:
 
 
 def _deterministic(mode: bool, warn_only: bool) -> None:
-    """torch.use_deterministic_algorithms without the import of torch._inductor it makes only to
-    set Inductor's own flag (seconds of a correctness session on a CPU machine, for a flag no
-    eager call reads); where Inductor is loaded already, its flag follows as torch sets it."""
+    """torch.use_deterministic_algorithms without its import of torch._inductor (seconds, for a flag
+    no eager call reads); where Inductor is loaded already, its flag follows as torch sets it."""
     if "torch._inductor.config" in sys.modules:
         torch.use_deterministic_algorithms(mode, warn_only=warn_only)
     else:
@@ -351,18 +319,16 @@ def _deterministic(mode: bool, warn_only: bool) -> None:
 
 
 def poison_plan(snapshot: list[dict], device_index: int) -> list[int]:
-    """Sizes of the inactive (cached, unused) blocks that torch.cuda.memory_snapshot() lists
-    for one device, largest first: asking the caching allocator for exactly these sizes
-    hands those very blocks back (best fit), so filling them overwrites their old values."""
+    """Sizes of one device's inactive blocks in torch.cuda.memory_snapshot(), largest first: asking the
+    caching allocator for exactly these sizes hands those very blocks back (best fit)."""
     sizes = [block["size"] for segment in snapshot if segment.get("device") == device_index
              for block in segment.get("blocks", ()) if block.get("state") == "inactive" and block.get("size", 0) > 0]
     return sorted(sizes, reverse=True)
 
 
 def _poison_cuda_cache(device: torch.device) -> None:
-    """Fill every inactive caching-allocator block with 0xFF bytes (NaN in every floating
-    dtype): a block at a time, each request the block's exact size, all held until the
-    last is filled so that none is handed out twice."""
+    """Fill every inactive caching-allocator block with 0xFF bytes (NaN in every floating dtype), all
+    held until the last is filled so that none is handed out twice."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     held = []
     try:
@@ -384,9 +350,8 @@ LEAD, BEGIN, CALL, END = "cudaopt::lead", "cudaopt::begin", "cudaopt::call", "cu
 
 
 class GpuLead:
-    """Keeps the host ahead of the GPU: `enqueue(seconds)` puts a kernel that spins for about
-    that long on the current stream; `calibrate` measures the spin's cycles per second with CUDA
-    events (the SM clock varies by GPU and power state). Nothing on the CPU."""
+    """Keeps the host ahead of the GPU: `enqueue(seconds)` puts a kernel that spins for about that
+    long on the current stream, calibrated with CUDA events (the SM clock varies). Nothing on the CPU."""
 
     def __init__(self, device: Any):
         self.device = torch.device(device)
@@ -413,9 +378,8 @@ class GpuLead:
 
 
 def profiled_call(model: Any, inputs: list, lead: GpuLead, lead_s: float, flush: torch.Tensor) -> tuple[list, bool]:
-    """One call of `model` under torch's profiler (CUPTI on CUDA) behind a spin of `lead_s` and the
-    L2 flush (zeroing `flush`), between the BEGIN and END fills: the Chrome-trace events, and
-    whether the host enqueued the call before the spin ended."""
+    """One call of `model` under torch's profiler behind a spin of `lead_s` and the L2 flush, between the
+    BEGIN and END fills: the Chrome-trace events, and whether the host enqueued it before the spin ended."""
     device = lead.device
     marker = torch.zeros(1, dtype=torch.int32, device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

@@ -1,12 +1,8 @@
 """The worker's OS sandbox, applied by the worker to itself before any candidate code runs: Landlock (it reads its workdir, its build and the Python and CUDA environment, writes only its scratch folder, executes nothing, cannot ptrace, signal or reach abstract sockets outside itself, opens no TCP connection), a seccomp filter (no ptrace, no other process's memory, no signal outside its own process group, no exec, no kernel modules, mounts or namespaces), no capabilities, no new privileges, not dumpable.
 
-`confine(mode, workdir, build, scratch)` is the one entry, whichever way the worker was
-started; it returns what held as plain data (`held`: restriction -> the mechanisms that enforce
-it; `missing`: restriction -> why nothing does), which the judging process records. Landlock
-and seccomp are called through ctypes: the syscalls are three and one, the same numbers on
-x86_64 and aarch64 (docs/threat-model.md says why no package is used). Standard library only: this
-runs before torch is imported, while the worker has a single thread (Landlock confines the
-calling thread and the threads it starts, not those already running).
+Landlock and seccomp are called through ctypes (docs/threat-model.md says why no package is used).
+Standard library only: this runs before torch is imported, while the worker has a single thread
+(Landlock confines the calling thread and the threads it starts, not those already running).
 """
 
 from __future__ import annotations
@@ -118,11 +114,7 @@ def _landlock(abi: int, reads: list[tuple[str, int]]) -> None:
 
 
 def rules(workdir: str, build: str | None, scratch: str) -> list[tuple[str, int]]:
-    """(path, Landlock rights) of everything the worker may open: its workdir, `build` (the
-    folder its extension is read from), the interpreter's libraries, pytest_cudaopt, torch and
-    its wheels, the CUDA toolkit and driver, the system's shared libraries, the /proc and /sys
-    files torch and the driver read, a few device files; its scratch folder and /dev/shm to
-    write. Nothing else of the host."""
+    """(path, Landlock rights) of everything the worker may open; nothing else of the host."""
     import pytest_cudaopt
 
     reads = [workdir, str(Path(pytest_cudaopt.__file__).resolve().parent)]
@@ -145,10 +137,8 @@ def rules(workdir: str, build: str | None, scratch: str) -> list[tuple[str, int]
     devices = ["/dev/null", "/dev/zero", "/dev/full", "/dev/urandom", "/dev/random", *glob.glob("/dev/nvidia*")]
     found += [(p, DEVICE) for p in devices]
     found += [(scratch, SCRATCH), ("/dev/shm", SHARED_MEMORY)]
-    # Its own /proc entries, written too: the CUDA driver opens a file of its own there for
-    # writing with O_TRUNC at initialisation (found on the H200 by benchmarks/sandbox_probe.py;
-    # without it cudaGetDeviceCount fails). Other processes' entries stay out of reach (Landlock
-    # refuses ptrace access outside the worker's domain, and /proc/<pid> needs it).
+    # Its own /proc entries, written too: the CUDA driver opens one with O_TRUNC at initialisation
+    # (benchmarks/sandbox_probe.py). Other processes' entries need ptrace access, which Landlock refuses.
     found.append((f"/proc/{os.getpid()}", READ | WRITE_FILE | TRUNCATE))
     return found
 
@@ -177,9 +167,6 @@ _SYSCALLS = {
     "kill": (62, 129), "tgkill": (234, 131), "rt_sigqueueinfo": (129, 138), "rt_tgsigqueueinfo": (297, 240),
     "clone": (56, 220), "clone3": (435, 435),
 }
-_PTRACE = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd")
-_SIGNALS = ("tkill", "pidfd_send_signal")
-_EXEC = ("execve", "execveat")
 # New namespaces from clone(): unshare and setns are refused outright.
 CLONE_NEW = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 
@@ -251,8 +238,6 @@ def _seccomp(machine: str) -> None:
                     machine)
 
 
-# -- privileges -------------------------------------------------------------------------------
-
 class _CapHeader(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
@@ -285,19 +270,12 @@ def _prctl(option: int, value: int, what: str) -> None:
         raise OSError(code, f"{what}: {os.strerror(code)}")
 
 
-# -- the entry ----------------------------------------------------------------------------------
-
 def confine(mode: str, workdir: str, build: str | None, scratch: str, *,
             started_by: str | None = None) -> dict:
-    """Confine this process as far as `mode` and the kernel allow; returns {"mode", "landlock"
-    (the ABI, 0: none), "held": {restriction: [mechanism, ...]}, "missing": {restriction: why}}.
-    Nothing here raises: a mechanism that fails is a missing restriction, and the judging
-    process decides (cudaopt_sandbox=require refuses a worker without Landlock's).
-
-    Landlock confines the calling thread and what it starts, so a process with other threads is
-    not confined by it, unless `started_by` names who started them before any candidate code
-    could run (compute-sanitizer's injection in the sanitized child): then this thread, which
-    runs the candidate, is confined, and the description says which threads are not."""
+    """Confine this process as far as `mode` and the kernel allow: {"mode", "landlock" (the ABI, 0: none),
+    "held": {restriction: [mechanism, ...]}, "missing": {restriction: why}}; a failed mechanism raises nothing.
+    Landlock leaves a process with other threads unconfined, unless `started_by` names who started
+    them before any candidate code could run (compute-sanitizer): then it confines this thread."""
     if mode not in MODES:
         raise ValueError(f"sandbox mode {mode!r}: expected one of {', '.join(MODES)}")
     held: dict[str, list[str]] = {}
@@ -327,12 +305,10 @@ def confine(mode: str, workdir: str, build: str | None, scratch: str, *,
     last_capability = _last_capability()  # read while /proc/sys is open to it
     attempt("not dumpable", ("privileges",), lambda: _prctl(PR_SET_DUMPABLE, 0, "PR_SET_DUMPABLE"))
     attempt("no new privileges", ("privileges",), lambda: _prctl(PR_SET_NO_NEW_PRIVS, 1, "PR_SET_NO_NEW_PRIVS"))
-    if not abi:
+    if not abi or threads > 1 and not started_by:  # Landlock would leave the other threads free
+        why = why if not abi else f"not applied, the worker had {threads} threads"
         for name in ("files", "exec", "ptrace", "signals", "network", "sockets"):
             failed.setdefault(name, f"Landlock: {why}")
-    elif threads > 1 and not started_by:  # Landlock would leave the other threads free
-        for name in ("files", "exec", "ptrace", "signals", "network", "sockets"):
-            failed.setdefault(name, f"Landlock: not applied, the worker had {threads} threads")
     else:
         covered = ["files", "exec", "ptrace"] + (["network"] if abi >= 4 else []) + \
             (["signals", "sockets"] if abi >= 6 else [])
@@ -356,15 +332,4 @@ def confine(mode: str, workdir: str, build: str | None, scratch: str, *,
     if "privileges" in missing:
         held.pop("privileges", None)
     return {"mode": mode, "landlock": abi, "held": held, "missing": missing}
-
-
-def describe(facts: dict) -> str:
-    """One line: which restrictions held and by what, which did not and why."""
-    if not facts or facts.get("mode") == "off":
-        return "off (cudaopt_sandbox=off): the candidate's worker can reach every file and process of the user's"
-    held = ", ".join(f"{name} ({' + '.join(how)})" for name, how in facts.get("held", {}).items())
-    line = f"{facts['mode']}: held: {held or 'nothing'}"
-    if facts.get("missing"):
-        line += "; NOT held: " + "; ".join(f"{name} ({why})" for name, why in facts["missing"].items())
-    return line
 

@@ -1,14 +1,7 @@
 """The worker's side: load the workdir with its extension, construct ModelNew, call it on the inputs it is sent, and hand back outputs and raw observations; nothing here decides a verdict.
 
-Requests are dicts with an `op`; every reply is a dict of plain data and tensors (the judging
-process unpickles it with an allow-list: remote/worker.py). A request that raises in the candidate's
-code is answered with `error` (the workdir's traceback lines), `fault` (the CUDA context is
-lost) and `oom` (torch's out-of-memory message), and the worker goes on serving.
-
-The first request is `sandbox`: the worker confines itself (sandbox.confine) and only then
-imports torch; nothing else is served before it, so no start path reaches candidate code
-outside the sandbox.
-"""
+The first request is `sandbox`: the worker confines itself and only then imports torch; nothing
+else is served before it, so no start path reaches candidate code outside the sandbox."""
 
 from __future__ import annotations
 
@@ -24,7 +17,6 @@ from typing import Any
 
 from pytest_cudaopt import wire as protocol
 from pytest_cudaopt.candidate import sandbox
-
 
 
 class Server:
@@ -46,8 +38,6 @@ class Server:
         self.slots: dict = {}     # id -> input sets the judging process shared for gated batches
         self.pending: list = []   # the events of the gated batch whose figures `collect` answers
 
-    # -- the loop ----------------------------------------------------------------------------
-
     def serve(self) -> int:
         while True:
             try:
@@ -60,9 +50,7 @@ class Server:
             op = request.get("op")
             if op == "stop":
                 return 0
-            handler = getattr(self, "op_" + str(op), None)
-            if self.sandbox is None and op != "sandbox":
-                handler = None
+            handler = getattr(self, "op_" + str(op), None) if self.sandbox is not None or op == "sandbox" else None
             try:
                 reply = handler(request) if handler is not None else {"error": f"unknown request {op!r}" if
                                                                       self.sandbox is not None else
@@ -108,13 +96,8 @@ class Server:
                 "process may read only its workdir, its build and the Python and CUDA environment, write only its "
                 "scratch folder, and may not start programs, ptrace or signal other processes)")
 
-    # -- the sandbox ---------------------------------------------------------------------------
-
     def op_sandbox(self, request: dict) -> dict:
-        """Confine this process (once), then import torch inside the sandbox, and what loading
-        the workdir will use; on CUDA, make the device's context: {"sandbox": what held}. The
-        judging process may take this reply long after it was sent (client.Worker.launch): all
-        of it happens while that process does its own start."""
+        """Confine this process (once), then import torch; on CUDA, make the context: {"sandbox": what held}."""
         if self.sandbox is not None:
             return {"error": "the worker is confined already"}
         self.sandbox = sandbox.confine(str(request["mode"]), str(request["workdir"]), request.get("build"),
@@ -131,11 +114,8 @@ class Server:
             torch.empty(1, device=device)  # the context, made now rather than at the gate's request
         return {"sandbox": self.sandbox}
 
-    # -- loading -------------------------------------------------------------------------------
-
     def op_load(self, request: dict) -> dict:
-        """The extension (the build's .so, or MN010's stand-in when there is none) and the
-        workdir's two files; whether model_new.py declares itself non-deterministic."""
+        """The extension (or MN010's stand-in) and the workdir's two files; whether it is non-deterministic."""
         from pytest_cudaopt.candidate.construct import stand_in_extension
         from pytest_cudaopt.candidate.load import EXTENSION, WorkdirError, import_candidate, import_extension
         from pytest_cudaopt.candidate.observe import OutputHistory
@@ -177,23 +157,19 @@ class Server:
         return {"output": output}
 
     def op_policy(self, request: dict) -> dict:
-        """The facts of MN010 (whether ModelNew constructs, both state_dicts' shapes) and EX001 (the
-        functions model_new.py calls that the extension lacks): candidate/construct.py."""
+        """The facts of MN010 and EX001 (candidate/construct.py)."""
         from pytest_cudaopt.candidate.construct import construction, missing_functions
 
         return {"construction": construction(self.path, self.extension) if request.get("mn010") else None,
                 "missing": missing_functions(self.path, self.extension) if request.get("ex001") else []}
 
-    # -- models --------------------------------------------------------------------------------
-
     def op_make(self, request: dict) -> dict:
         """ModelNew(*init) under a private RNG, in eval mode on the device."""
         from pytest_cudaopt.candidate.load import WorkdirError, private_rng, user_traceback
 
-        init = list(request["init"])
         with private_rng(int(request.get("seed", 0))):
             try:
-                model = self.candidate.ModelNew(*init)
+                model = self.candidate.ModelNew(*list(request["init"]))
             except Exception as exc:
                 raise WorkdirError(f"model_new.py: ModelNew(*get_init_inputs()) raised:\n"
                                    f"{user_traceback(exc, [self.path])}", "model_new.py") from exc
@@ -214,35 +190,24 @@ class Server:
         return {"state": self._state(self.models[request["id"]])}
 
     def _state(self, model: Any) -> dict:
-        """A copy of ModelNew's state as it is now (the judging process compares it with what it
-        loaded: a forward that changes its parameters or buffers fails)."""
+        """A copy of ModelNew's state as it is now (a forward that changes it fails)."""
         return {k: v.detach().clone() for k, v in model.state_dict().items() if isinstance(v, self.torch.Tensor)}
 
-    # -- calls ---------------------------------------------------------------------------------
-
     def op_call(self, request: dict) -> dict:
-        """One correctness call: under poisoned memory and the op audit, the device
-        synchronised, the outputs' storage examined; ModelNew's state after it."""
+        """One correctness call (observe.call_locally), and ModelNew's state after it."""
         from pytest_cudaopt.candidate.observe import call_locally
 
         model = self.models[request["id"]]
         inputs = list(request["inputs"])
         device = self.torch.device(request.get("device", "cpu"))
-        found = call_locally(model, inputs, device, self.path, self.extension,
-                                    frozenset(request.get("allowed", ())), self.history,
-                                    request.get("names"))
-        output, audit, guard = found
+        output, audit, guard = call_locally(model, inputs, device, self.path, self.extension,
+                                            frozenset(request.get("allowed", ())), self.history, request.get("names"))
         self.history.add(output)
         return {"output": output, "audit": [op.describe() for op in audit], "guard": guard, "state": self._state(model)}
 
-    # -- timed batches -------------------------------------------------------------------------
-
     def op_time(self, request: dict) -> dict:
-        """A timed batch: ModelNew on each input set sent, back to back on the current stream
-        behind a spin that gets the host ahead, each call's figure the time between the events
-        before and after it (on the CPU its wall time); the device synchronised before the
-        reply. The judging process checks the figures against its own clock around the round
-        trip (remote.RemoteModel.time_batch)."""
+        """A timed batch: ModelNew on each input set, back to back behind a spin that gets the host ahead,
+        each call's figure the time between its events (on the CPU its wall time)."""
         torch = self.torch
         device = torch.device(request.get("device", "cpu"))
         model = self.models[request["id"]]
@@ -268,8 +233,7 @@ class Server:
         return self._figures(events, outputs)
 
     def _chained(self, model: Any, sets: list[list], stream: Any, events: list) -> tuple[list, list[float]]:
-        """ModelNew on each input set on `stream`, `events` chained through the calls (one before
-        the first, one after each): the outputs, and each call's host time to enqueue."""
+        """ModelNew on each input set, `events` chained through the calls: outputs, host times to enqueue."""
         torch = self.torch
         outputs, enqueued = [], []
         events[0].record(stream)
@@ -284,8 +248,6 @@ class Server:
                                        "launch on torch.cuda.current_stream() and do not change it")
                 end.record(stream)
         return outputs, enqueued
-
-    # -- gated batches (remote/window.py) ------------------------------------------------------------
 
     def op_gate(self, request: dict) -> dict:
         """Map and register the gate's page (before the workdir loads): {} or {"gate_error"}."""
@@ -303,9 +265,8 @@ class Server:
         return {}
 
     def op_slots(self, request: dict) -> dict:
-        """The input buffers of gated batches, shared once: one list per call of a batch, a
-        tensor where that input is one (the judging process writes each batch's values into
-        them once the batch is enqueued, before its gate opens), None elsewhere."""
+        """The input buffers of gated batches, shared once: one list per call of a batch, a tensor
+        where that input is one (filled by the judging process before the gate opens), None elsewhere."""
         while self.slots and len(self.slots) >= int(request.get("keep", 1)):
             self.slots.pop(next(iter(self.slots)))   # the oldest: the judging process dropped it too
         self.slots[request["slots"]] = [list(s) for s in request["sets"]]
@@ -322,12 +283,9 @@ class Server:
         return self.events[:count]
 
     def op_gated(self, request: dict) -> dict:
-        """A gated batch, enqueued: the current stream waits on the gate, runs ModelNew on each
-        slot set (the values in `values` where a slot has no tensor), the events chained through
-        it, and writes DONE; the reply (the outputs, their kernels not yet run) goes before any of
-        it ran, and each call's host time to enqueue (which call waited, where the enqueue stalled).
-        `collect` answers the figures. An empty `inputs` is the gate's calibration: `probe`'s
-        `count` outputs of `bytes` each, written behind the gate (after `cycles` of spin)."""
+        """A gated batch, enqueued: the current stream waits on the gate, runs ModelNew on each slot set
+        (`values` where a slot has no tensor) and writes DONE; the reply goes before any of it ran, `collect`
+        answers the figures. An empty `inputs` is the gate's calibration: `probe`'s outputs, written behind it."""
         torch = self.torch
         seq = int(request["seq"])
         values = [list(v) for v in request["inputs"]]
@@ -372,8 +330,7 @@ class Server:
         return {"seconds": seconds} if outputs is None else {"outputs": outputs, "seconds": seconds}
 
     def op_trace(self, request: dict) -> dict:
-        """One call under the profiler behind the lead and the L2 flush (observe.profiled_call): its
-        Chrome-trace events, parsed by the judging process (perf/trace.py)."""
+        """One call under the profiler behind the lead and the L2 flush: its Chrome-trace events."""
         from pytest_cudaopt.candidate.observe import GpuLead, profiled_call
 
         torch = self.torch
@@ -398,8 +355,7 @@ class Server:
 
 
 def main(argv: list[str]) -> int:
-    """Serve on the inherited socket `argv[0]`; SIGUSR1 prints every thread's stack to stderr
-    (the judging process asks for it when a request hangs)."""
+    """Serve on the inherited socket `argv[0]`; SIGUSR1 prints every thread's stack to stderr."""
     fd = int(argv[0])
     faulthandler.enable()
     if hasattr(signal, "SIGUSR1"):

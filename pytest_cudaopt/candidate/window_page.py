@@ -17,9 +17,8 @@ class WindowError(OSError):
 
 
 class WorkerWindow:
-    """The worker's side: the page mapped and registered with CUDA; `wait(seq)` and `done(seq)`
-    enqueue the stream memory operations on the current stream. WindowError where CUDA or the
-    driver cannot."""
+    """The page mapped and registered with CUDA; `wait(seq)` and `done(seq)` enqueue the stream memory
+    operations on the current stream."""
 
     def __init__(self, path: str, torch: Any):
         self.torch = torch
@@ -67,8 +66,7 @@ class WorkerWindow:
         self.write(DONE, seq)
 
     def write(self, at: int, seq: int) -> None:
-        """`seq` into the word at `at`, enqueued on the current stream (after its earlier work,
-        behind a memory fence: CU_STREAM_WRITE_VALUE_DEFAULT)."""
+        """`seq` into the word at `at`, enqueued on the current stream behind a memory fence."""
         got = self._write(self._stream(), self.device_address + at, seq, 0)
         if got:
             raise WindowError(f"cuStreamWriteValue32: CUresult {got}")

@@ -47,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from pytest_cudaopt.candidate.sandbox import confine, describe
+    from pytest_cudaopt.candidate.sandbox import confine
+    from pytest_cudaopt.remote.candidate import describe
 
     # compute-sanitizer's injection has started a thread of its own by now; the candidate's code
     # runs on this one (and on what it starts), which Landlock confines.

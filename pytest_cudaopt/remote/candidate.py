@@ -1,10 +1,40 @@
-"""ModelNew as the verdicts call it: the `Candidate` Protocol (worker.RemoteModel implements it; the verdict code in correctness/ and perf/ types against it) and the errors its calls raise."""
+"""ModelNew as the verdicts call it: the `Candidate` Protocol (worker.RemoteModel implements it; the verdict code in correctness/ and perf/ types against it) and the errors its calls raise; `describe`, its worker's sandbox in one line."""
 
 from __future__ import annotations
 
 from typing import Any, ContextManager, Protocol
 
-from pytest_cudaopt.wire import WorkerError, WorkerFailed  # noqa: F401 - what a Candidate's calls raise
+
+class WorkerError(Exception):
+    """The worker answered with an error raised by the workdir's code. `kind` is "candidate"
+    (ModelNew, its extension), "workdir" (loading a file; `file` names it) or "build" (the
+    .so does not import); `fault` a lost CUDA context, `oom` torch's out-of-memory line."""
+
+    def __init__(self, message: str, kind: str = "candidate", file: str | None = None,
+                 fault: bool = False, oom: str | None = None):
+        super().__init__(message)
+        self.kind, self.file, self.fault, self.oom = kind, file, fault, oom
+
+
+class WorkerFailed(Exception):
+    """The worker died, hung, or sent what is not a reply: nothing it said counts. `headline`
+    says what happened, `words` is the worker's last output (its own, for the reader only)."""
+
+    def __init__(self, headline: str, words: str = ""):
+        super().__init__(headline + (f"; its last output:\n{words}" if words else ""))
+        self.headline, self.words = headline, words
+
+
+def describe(facts: dict) -> str:
+    """The worker's sandbox facts (candidate/sandbox.confine) in one line: which restrictions held
+    and by what, which did not and why."""
+    if not facts or facts.get("mode") == "off":
+        return "off (cudaopt_sandbox=off): the candidate's worker can reach every file and process of the user's"
+    held = ", ".join(f"{name} ({' + '.join(how)})" for name, how in facts.get("held", {}).items())
+    line = f"{facts['mode']}: held: {held or 'nothing'}"
+    if facts.get("missing"):
+        line += "; NOT held: " + "; ".join(f"{name} ({why})" for name, why in facts["missing"].items())
+    return line
 
 
 class Candidate(Protocol):

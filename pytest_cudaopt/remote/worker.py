@@ -20,14 +20,14 @@ import tempfile
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from pytest_cudaopt.run import watchdog
 from pytest_cudaopt.run.signals import die_with_parent
 from pytest_cudaopt import wire as protocol
 from pytest_cudaopt.remote import timing
 from pytest_cudaopt.run import zygote
-from pytest_cudaopt.wire import WorkerError, WorkerFailed  # noqa: F401 - raised here, imported from here
+from pytest_cudaopt.remote.candidate import WorkerError, WorkerFailed, describe  # noqa: F401 - imported from here
 
 POLL_S = 0.05          # how often a wait for a reply looks at the worker's process
 STACK_WAIT_S = 3.0     # after SIGUSR1, the most time for the worker to print its stacks
@@ -36,6 +36,14 @@ LAST_WORDS = 4000      # characters of the worker's output quoted when it dies
 # How a worker refused by cudaopt_sandbox=require begins its report (the CI gate counts it as the
 # runner's fault, not the candidate's).
 REQUIRE_REFUSED = "cudaopt_sandbox=require: the candidate's worker could not be confined"
+# What a worker keeps of the judging process's environment: what torch, CUDA and the compiler
+# toolchain need. PYTEST_*, CUDAOPT_* and everything else (report paths, tokens) stay behind.
+KEPT_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
+            "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX", "CUDA_HOME", "CUDA_PATH", "CUDA_ROOT",
+            "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_LAUNCH_BLOCKING",
+            "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+            "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING", "TORCH_CUDA_ARCH_LIST")
+KEPT_PREFIXES = ("LC_",)
 
 _LIVE: set["Worker"] = set()
 
@@ -45,6 +53,18 @@ def _stop_all() -> None:
     """No worker outlives the judging process, however it ends."""
     for worker in list(_LIVE):
         worker.stop()
+
+
+def worker_env(base: Mapping[str, str], package_root: str, secrets: Iterable[str] = ()) -> dict[str, str]:
+    """The worker's environment: the KEPT_ENV names of `base`, none whose value names one of
+    `secrets` (the verdict files), and PYTHONPATH starting at `package_root` (where
+    pytest_cudaopt is, installed or not)."""
+    secrets = [s for s in secrets if s]
+    env = {k: v for k, v in base.items()
+           if (k in KEPT_ENV or k.startswith(KEPT_PREFIXES)) and not any(s in v for s in secrets)}
+    env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH", "")])])
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
 
 
 def package_root() -> str:
@@ -93,7 +113,7 @@ class Worker:
         ours, theirs = socket.socketpair()
         log = open(self.log_path, "wb")
         try:
-            env = protocol.worker_env(os.environ, package_root(), self.secrets)
+            env = worker_env(os.environ, package_root(), self.secrets)
             # Its temporary files and CUDA's JIT cache in its scratch folder, the one it may write.
             env.update(TMPDIR=str(self.scratch), CUDA_CACHE_PATH=str(self.scratch / "cuda-cache"))
             # Forked by a zygote where one is offered (the same process, without a torch import).
@@ -158,7 +178,6 @@ class Worker:
         Landlock does not keep the worker from ptracing this process, this process makes itself
         non-dumpable."""
         from pytest_cudaopt.run.signals import not_dumpable
-        from pytest_cudaopt.candidate.sandbox import describe
 
         self.confined = dict(reply.get("sandbox") or {})
         missing = self.confined.get("missing", {})

@@ -398,7 +398,7 @@ class CudaoptSession:
         lines = report.account_lines(account)
         lines += report.gate_figure_lines(self.results, terminalreporter.config)
         if self.sandbox is not None:
-            from pytest_cudaopt.candidate.sandbox import describe
+            from pytest_cudaopt.remote.candidate import describe
 
             lines.append(f"cudaopt: sandbox of the candidate's worker ({self.sandbox['workers']} started): "
                          f"{describe(self.sandbox)}")
