@@ -73,21 +73,21 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"cudaopt: {exc}") from None
     # A pytest-xdist worker uses the seed its controller drew (pytest_configure_node).
     seed = getattr(config, "workerinput", {}).get("cudaopt_seed")
-    config.stash[SESSION_KEY] = CudaoptSession(resolved, rootpath=config.rootpath, seed=seed,
-                                               asked=config.getoption("markexpr", default="") or "")
-    config.stash[SESSION_KEY].workdir_paths = workdirs_in(config.args, config.invocation_params.dir, config.rootpath)
+    session = config.stash[SESSION_KEY] = CudaoptSession(resolved, rootpath=config.rootpath, seed=seed,
+                                                         asked=config.getoption("markexpr", default="") or "")
+    session.workdir_paths = workdirs_in(config.args, config.invocation_params.dir, config.rootpath)
     _check_report_path(config)
-    config.stash[SESSION_KEY].secrets = _verdict_files(config)
-    if config.stash[SESSION_KEY].workdir_paths or _cudaopt_options_given(config):
+    session.secrets = _verdict_files(config)
+    if session.workdir_paths or _cudaopt_options_given(config):
         from pytest_cudaopt.run import signals
 
         signals.install()  # before torch is imported: an interrupt never lands inside an import
-    if config.stash[SESSION_KEY].workdir_paths:
+    if session.workdir_paths:
         named = workdirs_in(config.args, config.invocation_params.dir)
-        if named and worker_ahead(config, config.stash[SESSION_KEY].settings.device):
-            config.stash[SESSION_KEY].prestart(named[0])  # its torch import beside this process's, below
+        if named and worker_ahead(config, session.settings.device):
+            session.prestart(named[0])  # its torch import beside this process's, below
         bind_timing()
-    config.stash[SESSION_KEY].emit = _terminal_lines(config)
+    session.emit = _terminal_lines(config)
     if hasattr(config, "workerinput"):
         pin_worker_to_gpu(config.workerinput["workerid"])
     from pytest_cudaopt.run import watchdog
@@ -95,12 +95,11 @@ def pytest_configure(config: pytest.Config) -> None:
     watchdog.keep_stderr()  # the terminal's stderr, for the watchdog (fd 2 is captured during tests)
     from pytest_cudaopt.results.ledger import LedgerHooks
 
-    config.pluginmanager.register(LedgerHooks(config.stash[SESSION_KEY].ledger,
-                                              lambda nodeid: _item_workdir(config.stash[SESSION_KEY], nodeid)),
+    config.pluginmanager.register(LedgerHooks(session.ledger, lambda nodeid: _item_workdir(session, nodeid)),
                                   "cudaopt-ledger")
     from pytest_cudaopt.run.supervision import BlameHooks, InterruptHooks
 
-    config.pluginmanager.register(InterruptHooks(config.stash[SESSION_KEY]), "cudaopt-interrupt")
+    config.pluginmanager.register(InterruptHooks(session), "cudaopt-interrupt")
     config.pluginmanager.register(BlameHooks(), "cudaopt-blame")
     if config.pluginmanager.hasplugin("benchmark"):
         config.pluginmanager.register(_BenchmarkHooks(), "cudaopt-benchmark")
@@ -127,11 +126,8 @@ def _verdict_files(config: pytest.Config) -> list[str]:
     HTML), as absolute paths: no worker's environment may name them."""
     paths = [getattr(config.option, dest, None) for dest in ("xmlpath", "benchmark_json", "report_log", "htmlpath")]
     paths.append(config.stash[SESSION_KEY].settings.report)
-    found = []
-    for path in filter(None, paths):
-        name = getattr(path, "name", path)
-        found.append(str(Path(config.invocation_params.dir, str(name)).resolve()))
-    return found
+    return [str(Path(config.invocation_params.dir, str(getattr(path, "name", path))).resolve())
+            for path in filter(None, paths)]
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

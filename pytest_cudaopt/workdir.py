@@ -24,10 +24,8 @@ def _to_device(value: Any, device: torch.device | str) -> Any:
 
 @contextlib.contextmanager
 def _seeded(seed: int) -> Iterator[None]:
-    """The generators seeded with `seed`, their earlier state not kept (cheap: no state is
-    saved or restored; the caller keeps it with `saved_rng` around many draws). With CUDA
-    initialised only the CPU and CUDA generators are seeded directly, not through
-    torch.manual_seed's other backends."""
+    """The generators seeded with `seed`, their earlier state not kept (the caller keeps it with
+    `saved_rng` around many draws). With CUDA initialised only the CPU and CUDA generators are seeded."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.default_generator.manual_seed(seed)
         torch.cuda.manualseed_all(seed)
@@ -102,11 +100,9 @@ class Workdir:
         return _as_list(values, self.model_file, "get_init_inputs()", "the arguments of Model(...)")
 
     def inputs(self, seed: int, device: torch.device | str = "cpu", isolated: bool = True) -> list:
-        """model.py's get_inputs() under a private RNG seeded by `seed`, moved to `device`.
-        On CUDA, get_inputs() runs with that device as the default, so that torch.rand(...)
-        draws there: a 6 GiB input takes milliseconds, not seconds on the CPU and a copy.
-        `isolated=False` seeds the global generators without saving their state (a draw per
-        timed call: the caller keeps the state once, with `saved_rng`)."""
+        """model.py's get_inputs() under a private RNG seeded by `seed`, moved to `device`
+        (on CUDA with that device as the default: torch.rand(...) draws there, not on the CPU).
+        `isolated=False` seeds the global generators without saving their state (`saved_rng`)."""
         on_device = torch.device(device).type == "cuda"
         rng = private_rng(seed) if isolated else _seeded(seed)
         with rng, (torch.device(device) if on_device else contextlib.nullcontext()):

@@ -4,17 +4,12 @@ build.ninja wraps each compile in this script when the `object_cache` setting na
 
     python -I objcache.py --cache DIR --workdir REF --source $in --out $out --depfile $out.d -- COMPILE...
 
-The key of a compile hashes its command line (the workdir named by its path relative to the build
-folder, so two workdirs with the same layout share keys), the compiler binaries (path, size,
-mtime), the environment variables compilers read (CPATH, NVCC_APPEND_FLAGS, ...) and the
-source's bytes. Under a key the cache keeps a manifest of what each stored object was built
-from, read from the compiler's depfile: headers inside the workdir by their sha256, headers
-outside it (torch, CUDA, the C++ library) by path, size and mtime. A hit copies the object and
-writes the depfile this workdir's compile would have written, so ninja's incremental builds
-stay right; a miss compiles under a lock per key (parallel builds of the same source on one
-host compile it once) and stores the object. The cache never fails a build: any error of its
-own falls back to the plain compile. Every use appends `hit|miss|store <source> <seconds>` to
-objcache.log in the build folder.
+The key hashes the command line (the workdir by its path relative to the build folder, so two
+workdirs with the same layout share keys), the compiler binaries, the environment variables
+compilers read and the source's bytes; a manifest per key names the headers each object was built
+from (the workdir's by sha256, others by path, size and mtime). A hit copies the object and writes
+the depfile; a miss compiles under a lock per key. Any error of the cache's own falls back to the
+plain compile. Every use appends `hit|miss|store <source> <seconds>` to objcache.log in the build folder.
 
 Standard library only: ninja runs it as a script, outside any package (`python -I`).
 """

@@ -1,10 +1,7 @@
 """Device memory per process, as NVML tells it (libnvidia-ml.so.1 through ctypes): who holds a device's memory.
 
-`processes(index)` lists the compute processes on one device with the bytes each holds; [] where
-NVML is absent (a machine without the NVIDIA driver) or cannot answer. `used_by(pid, index)` is
-one process's figure, None where it cannot be told. Nothing here needs torch or a CUDA context.
-`TABLE`, when set (a list of {"pid", "used_bytes"} dicts), answers instead of NVML: a fixed
-table for a machine without one, or a test's."""
+Nothing here needs torch or a CUDA context. `TABLE`, when set (a list of {"pid", "used_bytes"}
+dicts), answers instead of NVML: a fixed table for a machine without one, or a test's."""
 
 from __future__ import annotations
 

@@ -18,8 +18,6 @@ from pytest_cudaopt.results.records import ACCEPTED, CorrectnessResult, PerfResu
 from pytest_cudaopt.results.tables import TABLE_WIDTH, render_rows  # noqa: F401 - report.render_rows is the API
 
 KIND_ORDER = ("correctness", "perf", "policy")
-PERF_COLUMNS = ("contender", "device time", "latency", "kernel sum", "IQR", "n", "vs eager", "vs compile",
-                "vs compile+TF32", "precision", "verdict")  # the gate's clock is marked "(gate)"
 TOP_KERNELS = 5
 
 
@@ -111,7 +109,7 @@ def describe_gate(gate: SpeedDecision, labels: Mapping[str, str]) -> str:
 
 
 def perf_rows(r: PerfResult) -> list[dict[str, str]]:
-    """One row per contender (PERF_COLUMNS): device time and latency (medians; the
+    """One row per contender: device time and latency (medians; the
     gate's clock marked "(gate)"; IQR and n are its), the summed kernel time of one
     traced call when there is a trace; 'vs compile+TF32' only when it was timed."""
     medians = r.medians()

@@ -1,18 +1,13 @@
 """The run's last words when the pytest process dies before its session finishes.
 
-The watchdog (watchdog.py) ends every hang that Python can still reach. Two ends leave Python
-no last word: a C/C++ loop that holds the GIL (faulthandler's C thread dumps the stacks and
-exits the process) and a crash (a segfault, an abort, the driver killing the process). The
-sentinel is a small process outside the interpreter, started by the plugin before the first
-item of a run with correctness or perf items. It hears each item's start and outcome through a
-pipe, and which case the running item is on. When the pipe closes without the word "done", or
-a judged item outlives its backstop, it writes the `--junitxml` file (the running item failed
-with its case and replay command, every later item not run), marks the JSON report written
-before that item as ended by the crash or the hang, and prints a summary on stderr. If the process is still alive 5 s past the backstop (pytest's own
-`faulthandler_timeout` owns faulthandler's timer and only dumps), it sends SIGABRT, which
-faulthandler turns into a stack dump, so the run always ends. A SIGTERM to the whole process
-group (a CI runner stopping a job) leaves it running until pytest, which turns SIGTERM into its
-interrupt, has finished writing (or `TERM_GRACE_S` has passed).
+Two ends leave Python no last word: a C/C++ loop that holds the GIL (faulthandler's C thread dumps
+the stacks and exits) and a crash. The sentinel is a small process outside the interpreter that
+hears each item's start, case and outcome through a pipe. When the pipe closes without "done", or
+a judged item outlives its backstop, it writes the `--junitxml` file, marks the JSON report as
+ended by the crash or the hang, and prints a summary on stderr. If the process is still alive
+KILL_AFTER_S past the backstop (pytest's own `faulthandler_timeout` owns faulthandler's timer and
+only dumps), it sends SIGABRT, so the run always ends. A SIGTERM to the process group leaves it
+running until pytest has finished writing (or `TERM_GRACE_S` has passed).
 
 Run as `python -m pytest_cudaopt.run.sentinel PID`, it imports only the standard library.
 """
@@ -28,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -213,9 +209,7 @@ def junit_xml(run: Run, rows: list[tuple[dict, Outcome]]) -> bytes:
 
 
 def summary(rows: list[tuple[dict, Outcome]], junit: str | None) -> str:
-    counts: dict[str, int] = {}
-    for _, outcome in rows:
-        counts[outcome.kind] = counts.get(outcome.kind, 0) + 1
+    counts = Counter(outcome.kind for _, outcome in rows)
     lines = ["\ncudaopt: the pytest process ended before its session finished; what remains, from the sentinel:"]
     for item, o in rows:
         if o.kind in ("failed", "error"):
@@ -235,7 +229,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 
@@ -272,17 +266,18 @@ def amend_report(run: Run, cause: str, kind: str) -> None:
     doc["not_passed"] = [f"the session did not complete: {reason}"] + [
         f"{item['test']}: {item['status']}: {item['reason']}" for item in doc.get("items", [])
         if item.get("status") not in ("passed", "disabled", "not applicable")]
-    doc["counts"] = {}
-    for item in doc.get("items", []):
-        doc["counts"][item["status"]] = doc["counts"].get(item["status"], 0) + 1
+    doc["counts"] = dict(Counter(item["status"] for item in doc.get("items", [])))
     try:
-        partial = f"{run.report}.{os.getpid()}.tmp"
-        with open(partial, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
-        os.replace(partial, run.report)
+        _replace(run.report, (json.dumps(doc, indent=2) + "\n").encode())
     except OSError as exc:
         sys.stderr.write(f"cudaopt: the sentinel could not amend {run.report}: {exc}\n")
+
+
+def _replace(path: str, data: bytes) -> None:
+    partial = f"{path}.{os.getpid()}.tmp"
+    with open(partial, "wb") as f:
+        f.write(data)
+    os.replace(partial, path)
 
 
 def _write_last_words(run: Run, cause: str, kind: str) -> None:
@@ -290,11 +285,7 @@ def _write_last_words(run: Run, cause: str, kind: str) -> None:
     rows = run.end(cause)
     if run.junit and rows:
         try:
-            path = run.junit
-            partial = f"{path}.{os.getpid()}.tmp"
-            with open(partial, "wb") as f:
-                f.write(junit_xml(run, rows))
-            os.replace(partial, path)
+            _replace(run.junit, junit_xml(run, rows))
         except OSError as exc:
             sys.stderr.write(f"cudaopt: the sentinel could not write {run.junit}: {exc}\n")
             run.junit = None

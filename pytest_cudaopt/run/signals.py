@@ -1,12 +1,10 @@
 """SIGINT and SIGTERM in the pytest process become pytest's interrupt (exit status 2; the summary, the JUnit file and the JSON report written), never in the middle of an import.
 
-Python raises KeyboardInterrupt for SIGINT wherever the main thread is; SIGTERM kills the process
-outright. Both lose results: SIGTERM leaves no summary, no JSON report and (sent to the process
-group, as CI runners do) no JUnit file; an interrupt inside an import leaves a half-made module
-that later code trips on (a half-imported Hypothesis breaks the terminal summary). The handler
-here raises KeyboardInterrupt (`Terminated` for SIGTERM) once no import is in progress, at most
-`DEFER_S` after the signal; a second Ctrl-C, and a workdir's own file, are interrupted at once.
-Installed only where cudaopt has work (plugin.py), and only over Python's default handlers.
+An interrupt inside an import leaves a half-made module that later code trips on, and SIGTERM
+would kill the process with no report. The handler raises KeyboardInterrupt (`Terminated` for
+SIGTERM) once no import is in progress, at most `DEFER_S` after the signal; a second Ctrl-C, and a
+workdir's own file, are interrupted at once. Installed only where cudaopt has work (plugin.py),
+and only over Python's default handlers.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """Items under supervision: the `cudaopt_timeout` watchdog, the sentinel beside pytest, CUDA faults kept, and what a hang leaves behind.
 
-Supervised are the workdir's items (correctness, perf, and policy items, some of which import
-the workdir's code) and any item marked correctness or perf, from their first line: the setup
-(building the extension, importing model.py and model_new.py) and the call each run under the
-watchdog. The plugin's hooks hand off here: `start_sentinel` when collection finishes,
-`run_supervised` around each such item's setup and call (a hook wrapper's body), and the
-watchdog's last resort, `end_session`, which reports the stuck item and the rest through
-pytest's public hooks."""
+Supervised are the workdir's items and any item marked correctness or perf, from their first line:
+setup (building the extension, importing model.py and model_new.py) and call each run under the watchdog."""
 
 from __future__ import annotations
 
@@ -148,17 +143,20 @@ def run_supervised(item: pytest.Item, session, workdir: Path, phase: str):
         pytest.fail(f"{message}\n{later}\nwhere it was:\n{where}", pytrace=False)
 
 
+def _relative(filename: str, root: Path) -> str | None:
+    path = Path(filename)
+    if path.is_absolute() and (root == path.resolve() or root in path.resolve().parents):
+        return str(path.resolve().relative_to(root))
+    return None
+
+
 def workdir_frames(exc: BaseException, workdir: Path) -> str:
     """The frames of `exc`'s traceback in the workdir's files, `  model.py:7 in <module>: ...`."""
     import traceback
 
     root = Path(workdir).resolve()
-    lines = []
-    for frame in traceback.extract_tb(exc.__traceback__):
-        path = Path(frame.filename)
-        if path.is_absolute() and (root == path.resolve() or root in path.resolve().parents):
-            code = f": {frame.line.strip()}" if frame.line else ""
-            lines.append(f"  {path.resolve().relative_to(root)}:{frame.lineno} in {frame.name}{code}")
+    lines = [f"  {rel}:{frame.lineno} in {frame.name}" + (f": {frame.line.strip()}" if frame.line else "")
+             for frame in traceback.extract_tb(exc.__traceback__) if (rel := _relative(frame.filename, root))]
     # A hang in the workdir's worker: its stacks, as faulthandler printed them, innermost first.
     for rel, line, func, code in worker_frames(getattr(exc, "worker_stacks", ""), root):
         lines.append(f"  {rel}:{line} in {func}" + (f": {code}" if code else "") + " (in the worker)")
@@ -172,14 +170,8 @@ def worker_frames(stacks: str, workdir: Path) -> list[tuple[str, int, str, str]]
     """(path relative to `workdir`, line, function, code) of each frame in the workdir's files
     of a worker's stacks as faulthandler printed them, innermost first."""
     root = Path(workdir).resolve()
-    found = []
-    for match in _FAULTHANDLER_FRAME.finditer(stacks or ""):
-        path = Path(match["file"])
-        if path.is_absolute() and (root == path.resolve() or root in path.resolve().parents):
-            line = int(match["line"])
-            found.append((str(path.resolve().relative_to(root)), line, match["func"],
-                          linecache.getline(str(path), line).strip()))
-    return found
+    return [(rel, int(m["line"]), m["func"], linecache.getline(str(Path(m["file"])), int(m["line"])).strip())
+            for m in _FAULTHANDLER_FRAME.finditer(stacks or "") if (rel := _relative(m["file"], root))]
 
 
 def end_session(item: pytest.Item, message: str) -> None:
@@ -262,13 +254,9 @@ class InterruptHooks:
         for entry in self.cudaopt.ledger.pending():
             path, name = entry.test.split("::")[0], entry.test.split("::")[-1]
             now = time.time()
-            if entry.test in self.workers:
-                report = pytest.TestReport(entry.test, (path, None, name), {entry.kind: 1}, "failed",
-                                           f"INTERRUPTED: {reason} while this test ran", "call", start=now, stop=now)
-            else:
-                report = pytest.TestReport(entry.test, (path, None, name), {entry.kind: 1}, "skipped",
-                                           (str(config.rootpath / path), 1, f"not run: the run was {reason} before it"),
-                                           "setup", start=now, stop=now)
+            outcome = ("failed", f"INTERRUPTED: {reason} while this test ran", "call") if entry.test in self.workers \
+                else ("skipped", (str(config.rootpath / path), 1, f"not run: the run was {reason} before it"), "setup")
+            report = pytest.TestReport(entry.test, (path, None, name), {entry.kind: 1}, *outcome, start=now, stop=now)
             if self.workers.get(entry.test) is not None:
                 report.node = self.workers[entry.test]
             config.hook.pytest_runtest_logreport(report=report)

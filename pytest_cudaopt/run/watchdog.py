@@ -2,29 +2,17 @@
 
 Three ways a test can hang, three answers (tested in tests/test_correctness_verdict.py):
 
-1. Python code, or a C call that releases the GIL and returns on EINTR (`time.sleep`, a
-   blocking read): the watchdog thread signals the main thread, whose Python handler raises
-   `HangTimeout` once no import is in progress. The test fails with its case, later correctness
-   and perf items of its workdir are reported as not run, and the session ends normally.
-2. A C call that releases the GIL but never returns (a CUDA kernel that never finishes, seen
-   by `torch.cuda.synchronize`): the handler cannot run. After `GRACE_S` the watchdog thread,
-   which can still run Python, calls `on_stuck`, through which the plugin ends the pytest
-   session (the hung test failed, the rest not run, summary, JSON report, JUnit file), and
-   exits with status 1.
-3. A C loop that holds the GIL: no Python thread runs again. The sentinel process
-   (sentinel.py) writes the JUnit file and a summary a second before faulthandler's C thread
-   dumps every stack and exits, `timeout + GRACE_S + BACKSTOP_S` after the start; with the JSON
-   report written before the item started (`"complete": false`, `"running"` names the item).
+1. Python code, or a C call that returns on EINTR: the watchdog thread signals the main thread,
+   whose handler raises `HangTimeout` once no import is in progress; the session ends normally.
+2. A C call that releases the GIL but never returns (a CUDA kernel that never finishes): after
+   `GRACE_S` the watchdog thread calls `on_stuck`, through which the plugin ends the session
+   (summary, JSON report, JUnit file), and exits with status 1.
+3. A C loop that holds the GIL: the sentinel process (sentinel.py) writes the JUnit file and a
+   summary a second before faulthandler dumps every stack and exits, at `timeout + GRACE_S + BACKSTOP_S`.
 
 GRACE_S and BACKSTOP_S can be shortened through the environment (CUDAOPT_WATCHDOG_GRACE_S,
-CUDAOPT_WATCHDOG_BACKSTOP_S): the plugin's own tests wait out dozens of hangs.
-
-The harness's own steps inside a test (`harness_step`: moving the state, get_inputs(), the
-references, the comparison) are timed apart; a limit met inside one says so, never "a kernel
-that never finishes".
-
-A debugging session (pdb, `--pdb`'s post-mortem, an IDE debugger) is never interrupted: the
-watchdog checks the main thread's frames before it acts (as pytest-timeout's is_debugging does).
+CUDAOPT_WATCHDOG_BACKSTOP_S): the plugin's own tests wait out dozens of hangs. A debugging
+session is never interrupted (as pytest-timeout's is_debugging).
 """
 
 from __future__ import annotations
@@ -56,8 +44,8 @@ RESIGNAL_S = 0.25
 BACKSTOP_S = _seconds("CUDAOPT_WATCHDOG_BACKSTOP_S", 10.0)
 SIGNAL = getattr(signal, "SIGUSR2", None)
 WORKDIR_MODULES = "cudaopt_workdir_"  # workdir.MODULE_PREFIX: the workdir's own files
-TIMEOUT_MARK = "TIMEOUT:"
-HARNESS_SHARE = 0.25  # a hang's message says how long the harness took once it took this share of the test  # how a timed-out test's failure begins (the judge reads it in the report's items)
+TIMEOUT_MARK = "TIMEOUT:"  # how a timed-out test's failure begins (the judge reads it in the report's items)
+HARNESS_SHARE = 0.25  # a hang's message says how long the harness took once it took this share of the test
 DEBUGGER_MODULES = ("pdb", "bdb", "pydevd", "_pydevd", "debugpy", "IPython.core.debugger", "ipdb")
 
 _STDERR_FD: int | None = None
@@ -73,10 +61,8 @@ def keep_stderr() -> None:
     output capturing swaps fd 2 out during tests), for the watchdog's last words."""
     global _STDERR_FD
     if _STDERR_FD is None:
-        try:
+        with contextlib.suppress(OSError):
             _STDERR_FD = os.dup(2)
-        except OSError:
-            _STDERR_FD = None
 
 
 def stderr_fd() -> int | None:
@@ -101,15 +87,15 @@ def is_debugging() -> bool:
     return False
 
 
-def in_import(frame, interruptible: tuple[str, ...] = (WORKDIR_MODULES,)) -> bool:
+def in_import(frame) -> bool:
     """The frame is inside an import (importlib's frames are on its stack), unless the module
-    the innermost import runs is one of `interruptible`: a workdir's model.py or model_new.py,
-    whose half-made module nothing else uses (workdir.import_file drops it)."""
+    the innermost import runs is a workdir's model.py or model_new.py, whose half-made module
+    nothing else uses (workdir.import_file drops it)."""
     module = None
     while frame is not None:
         if frame.f_code.co_filename.startswith("<frozen importlib"):
             name = (module.f_globals.get("__name__") or "") if module is not None else ""
-            return not name.startswith(interruptible)
+            return not name.startswith(WORKDIR_MODULES)
         if frame.f_code.co_name == "<module>":
             module = frame
         frame = frame.f_back
@@ -141,14 +127,12 @@ class Watchdog:
     """Watches one test (a context manager around its call). `on_stuck(message)` is called
     from the watchdog thread when the main thread does not leave the test after the signal;
     the process then exits with status 1. `backstop=False` leaves faulthandler's timer alone
-    (pytest's own `faulthandler_timeout` owns it). `on_debugging()` is called, from the
-    watchdog thread, each time the timeout passes with a debugger attached; `on_case(case,
-    replay)` each time the test says which case it runs (`set_case`)."""
+    (pytest's own `faulthandler_timeout` owns it)."""
 
     current: "Watchdog | None" = None
     last: "Watchdog | None" = None  # the latest one entered, still there after it ended
 
-    def __init__(self, timeout: float, test: str, stream=None,
+    def __init__(self, timeout: float, test: str,
                  on_stuck: Callable[[str], None] | None = None, backstop: bool = True,
                  on_debugging: Callable[[], None] | None = None,
                  on_case: Callable[[str, str], None] | None = None):
@@ -164,7 +148,6 @@ class Watchdog:
         self._fired_at: tuple[str, float, float] | None = None  # (step, harness seconds, elapsed) when it fired
         self._on_case = on_case
         self.fired = False
-        self._stream = stream
         self._on_stuck = on_stuck
         self._backstop = backstop
         self._on_debugging = on_debugging
@@ -198,15 +181,11 @@ class Watchdog:
                 f"a kernel that never finishes, a deadlock or an endless loop{more}{replay}")
 
     def _fd(self) -> int:
-        if self._stream is not None:
-            return self._stream.fileno()
         return _STDERR_FD if _STDERR_FD is not None else 2
 
     def _write(self, text: str) -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.write(self._fd(), text.encode(errors="replace"))
-        except OSError:
-            pass
 
     def _handler(self, signum, frame) -> None:
         # Resignalled until the frame is at a line (no import in progress, f_lineno set), and

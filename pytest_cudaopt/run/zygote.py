@@ -1,27 +1,12 @@
 """A process that has imported torch once and forks, on request, a worker (the candidate's process) or a judging child (`python -m MODULE ARGS`: a judge stage's pytest or build): each starts in a tenth of a second instead of a torch import (seconds of CPU on a small machine).
 
 `python -m pytest_cudaopt.run.zygote ADDRESS` listens on the abstract unix socket ADDRESS,
-imports what those processes import (torch, torch._dynamo and Inductor, NumPy, pytest;
-nothing of pytest_cudaopt's and nothing of a workdir's), freezes what the imports made out of
-the garbage collector's reach, and serves until its standard input closes.
-
-- A judging process that finds ADDRESS in `CUDAOPT_WORKER_ZYGOTE` asks it for a worker
-  (`spawn`) instead of executing a fresh Python: it sends the worker's end of the socket pair and
-  its log file as file descriptors, with the working directory and environment the worker would
-  have been started with. The fork becomes what `python -m pytest_cudaopt.candidate FD` in that
-  folder with that environment would be (a session of its own, stdin at end of file, stdout and
-  stderr on the log), then runs the same `server.main`.
-- `cudaopt judge` asks its pool's zygote for each stage's child (`spawn_module`): the fork
-  becomes `python -m MODULE ARGS` in a session of its own, with its log, niceness, environment
-  and working directory, and its CUDA devices as that environment names them (the zygote never
-  asks CUDA for its devices; a fork that finds CUDA's view taken starts afresh by exec).
-
-The zygote answers with the fork's pid, later with its exit status, and kills the fork's process
-group when the requester's connection closes: a fork never outlives the process that asked for
-it, as one started with PR_SET_PDEATHSIG does not. The plugin's own test suite starts one per
-test process (hundreds of pytest sessions, each with a worker); a user's `pytest` starts its
-worker the plain way. The zygote runs no candidate code: a worker fork is the only process that
-does, and it never returns into the zygote's loop.
+imports PRELOAD (nothing of pytest_cudaopt's or of a workdir's), freezes what the imports made out
+of the garbage collector's reach, and serves until its standard input closes. A request (`spawn`
+for a worker, `spawn_module` for a judging child) sends file descriptors, working directory and
+environment; the zygote answers with the fork's pid, later its exit status, and kills the fork's
+process group when the requester's connection closes, so a fork never outlives its requester. The
+zygote runs no candidate code: a worker fork never returns into the zygote's loop.
 """
 
 from __future__ import annotations
@@ -135,13 +120,10 @@ def _ask(name: str | None, request: dict, fds: list[int]) -> Forked | None:
             line += chunk
         reply = json.loads(line)
         conn.settimeout(None)
-    except (OSError, ValueError):
+        return Forked(conn, int(reply["pid"]))
+    except (OSError, ValueError, KeyError):
         conn.close()
         return None
-    if "pid" not in reply:
-        conn.close()
-        return None
-    return Forked(conn, int(reply["pid"]))
 
 
 def die_with_parent(signum: int = signal.SIGTERM) -> None:
@@ -274,9 +256,9 @@ def sees_given_devices(visible: str) -> bool:
 
 
 def _kill(pid: int) -> None:
-    for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+    for target in (os.killpg, os.kill):
         try:
-            target()
+            target(pid, signal.SIGKILL)
         except OSError:
             pass
 
@@ -351,6 +333,13 @@ def _become(request: dict, log: int, base_path: list[str]) -> None:
     sys.stderr = os.fdopen(2, "w", buffering=1)
 
 
+def _forget_package() -> None:
+    """The zygote's own modules go: the child imports pytest_cudaopt afresh, as `python -m` would
+    (pytest rewrites a plugin's package on import and warns of one imported before it)."""
+    for loaded in [m for m in sys.modules if m == "pytest_cudaopt" or m.startswith("pytest_cudaopt.")]:
+        del sys.modules[loaded]
+
+
 def _become_module(request: dict, log: int, base_path: list[str]) -> None:
     """`python -m MODULE ARGS`: its exit handlers run, then it exits with the module's status
     (the interpreter's teardown of the preloaded modules is skipped)."""
@@ -364,10 +353,7 @@ def _become_module(request: dict, log: int, base_path: list[str]) -> None:
     argv = [sys.executable, "-m", str(request["module"]), *request["args"]]
     if _cuda_poisoned() or not sees_given_devices(os.environ.get("CUDA_VISIBLE_DEVICES", "")):
         os.execv(sys.executable, argv)  # CUDA was touched, or took its view of the devices, before the fork
-    # The zygote's own modules go: the child imports pytest_cudaopt afresh, as `python -m` would
-    # (pytest rewrites a plugin's package on import and warns of one imported before it).
-    for loaded in [m for m in sys.modules if m == "pytest_cudaopt" or m.startswith("pytest_cudaopt.")]:
-        del sys.modules[loaded]
+    _forget_package()
     code = 1
     try:
         sys.argv = [str(request["module"]), *request["args"]]
@@ -394,9 +380,7 @@ def _become_worker(request: dict, fds: list[int], base_path: list[str]) -> None:
     if _cuda_poisoned():  # a fork cannot use CUDA here: the worker as `python -m pytest_cudaopt.candidate FD`
         os.set_inheritable(channel, True)
         os.execv(sys.executable, [sys.executable, "-m", "pytest_cudaopt.candidate", str(channel)])
-    # The zygote's own modules go: the worker imports what `python -m pytest_cudaopt.candidate` would.
-    for loaded in [m for m in sys.modules if m == "pytest_cudaopt" or m.startswith("pytest_cudaopt.")]:
-        del sys.modules[loaded]
+    _forget_package()
     from pytest_cudaopt.candidate.serve import main
 
     code = 1

@@ -59,14 +59,9 @@ class CudaoptSession:
     def header_lines(self) -> list[str]:
         """The reproduce line, then every relaxation in force, loudly."""
         relaxed = self.relaxations()
-        lines = [self.reproduce_line()]
-        if relaxed:
-            lines.append(f"cudaopt: RELAXED ({len(relaxed)}): " + "; ".join(relaxed))
-        return lines
-
-    def reproduce_line(self) -> str:
-        return (f"cudaopt: seed {self.seed} (replay with --cudaopt-seed={self.seed}), "
-                f"device {self.settings.device}, hypothesis profile {self.settings.profile}")
+        return [f"cudaopt: seed {self.seed} (replay with --cudaopt-seed={self.seed}), "
+                f"device {self.settings.device}, hypothesis profile {self.settings.profile}",
+                *([f"cudaopt: RELAXED ({len(relaxed)}): " + "; ".join(relaxed)] if relaxed else [])]
 
     def gpu_unavailable_reason(self, workdir_item: bool = False, workdir: Path | None = None) -> str | None:
         """Why a `gpu` item cannot run here, or None. Workdir items carry the marker only
@@ -118,9 +113,7 @@ class CudaoptSession:
                 # Every later item of this workdir reports the same failure without rebuilding.
                 self._extensions[workdir] = exc
         found = self._extensions[workdir]
-        if isinstance(found, BaseException):
-            raise found.with_traceback(None)
-        return found
+        return _raise_or_return(found)
 
     def extension_module(self, workdir: Path):
         """The workdir's extension for the owner's own kernel tests (the `cuda_extension`
@@ -168,9 +161,7 @@ class CudaoptSession:
                 self._workdirs[path] = self._load(path)
             except WorkdirError as exc:
                 self._workdirs[path] = exc
-        found = self._workdirs[path]
-        if isinstance(found, BaseException):
-            raise found.with_traceback(None)
+        found = _raise_or_return(self._workdirs[path])
         if not found.worker.alive():  # a case crashed it (its item said so): a fresh one for the next
             found.worker = self.start_worker(path, found.worker.extension)
         return found
@@ -448,3 +439,10 @@ class CudaoptSession:
             jsonreport.write_json(self.report_path, doc)
         except OSError as exc:
             self.report_error = f"writing it failed: {type(exc).__name__}: {exc}"
+
+
+def _raise_or_return(found):
+    """A session's cached outcome: the error again (every later item reports it), or the value."""
+    if isinstance(found, BaseException):
+        raise found.with_traceback(None)
+    return found
