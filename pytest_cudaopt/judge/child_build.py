@@ -1,16 +1,12 @@
 """The build stage's child: the workdir's extension compiled, not loaded, with the settings its pytest children will resolve.
 
 Run as `python -m pytest_cudaopt.judge.child_build WORKDIR [PYTEST_ARGS...]`: a pytest session
-that only collects (command line, environment and ini resolved as in the judging children, so
-their in-process build finds everything up to date), then compiles. No candidate code runs:
-model_new.py is not imported and the built module is not loaded. After a build, the reference
-runs on the meta device for the memory one check may take (`check_need`), which the scheduler
-uses before the problem's first check; its import runs under the `cudaopt_timeout` watchdog, so
-a model.py that never finishes importing ends the workdir here, once. Exit 0 built, 1 the build
+that only collects (so the judging children's in-process build finds everything up to date), then
+compiles; no candidate code runs. Then the reference runs on the meta device for the memory one
+check may take (`check_need`), under the `cudaopt_timeout` watchdog. Exit 0 built, 1 the build
 failed (the compiler's report on stderr), 2 pytest could not start, 3 (TIMEOUT_CODE) the
 reference's import or its run on meta did not end within cudaopt_timeout (the report says where).
 """
-
 from __future__ import annotations
 
 import os
@@ -29,12 +25,9 @@ TIMEOUT_CODE = 3
 
 def check_need(workdir: Path, max_elements: int | None = None) -> int | None:
     """The device memory one check of this workdir's problem may take, from its reference on
-    the meta device (model.py is the owner's locked code; nothing of the candidate runs): the
-    budget of the largest case the check may judge (memory.largest_case_budget: the canonical
-    case, or, where model.py has shapes to draw, a drawn shape at the size cap `max_elements`,
-    cudaopt_max_elements, by default twice the canonical inputs') plus three copies of Model's
-    parameters (the reference's, its float64 copy, ModelNew's). None when the reference does not run on meta: the scheduler then
-    learns the need from the first check. The watchdog's HangTimeout is not caught here."""
+    the meta device: the budget of the largest case the check may judge (at the size cap
+    `max_elements`) plus three copies of Model's parameters (the reference's, its float64 copy,
+    ModelNew's). None when the reference does not run on meta. HangTimeout is not caught here."""
     try:
         import torch
 
@@ -57,10 +50,8 @@ def check_need(workdir: Path, max_elements: int | None = None) -> int | None:
 
 
 def estimate_within(workdir: Path, settings) -> tuple[int | None, str]:
-    """`check_need` under the `cudaopt_timeout` watchdog: (need, "") or, when the reference's
-    import or its run on meta did not end in time, (None, the report: the limit and where in
-    the workdir's files it hung). A hang that no signal interrupts ends the process with
-    TIMEOUT_CODE after the report."""
+    """`check_need` under the `cudaopt_timeout` watchdog: (need, "") or, when it did not end in
+    time, (None, the report). A hang that no signal interrupts ends the process with TIMEOUT_CODE."""
     from pytest_cudaopt.run.supervision import workdir_frames
     from pytest_cudaopt.run.watchdog import HangTimeout, Watchdog, main_stack
 

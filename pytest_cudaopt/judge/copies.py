@@ -33,10 +33,6 @@ class CopyError(Exception):
 CANDIDATE_FILES = ("model_new.py", "kernels")
 
 
-def _candidates(rel: str) -> bool:
-    return rel in CANDIDATE_FILES or rel.startswith("kernels/")
-
-
 def workdir_files(workdir: Path) -> list[tuple[str, Path]]:
     """(relative posix path, file) of every file a copy holds, sorted. Symlinks among the
     owner's files are followed (the copy holds their content, never a link back out); in the
@@ -47,12 +43,13 @@ def workdir_files(workdir: Path) -> list[tuple[str, Path]]:
         dirs[:] = sorted(d for d in dirs if d not in SKIPPED)
         for name in sorted(files):
             path = Path(root, name)
-            if not path.is_file() or (path.is_symlink() and _candidates(path.relative_to(workdir).as_posix())):
+            rel = path.relative_to(workdir).as_posix()
+            if not path.is_file() or (path.is_symlink() and (rel in CANDIDATE_FILES or rel.startswith("kernels/"))):
                 continue
             total += path.stat().st_size
             if total > MAX_BYTES:
                 raise CopyError(f"{workdir} holds more than {MAX_BYTES >> 20} MiB of files; not judged")
-            found.append((path.relative_to(workdir).as_posix(), path))
+            found.append((rel, path))
     return found
 
 
@@ -100,16 +97,12 @@ def unpack(data: bytes, dest: Path) -> None:
             if not member.isfile() or dest.resolve() not in target.parents:
                 raise CopyError(f"refusing {member.name!r} in a shipped workdir: not a plain file inside it")
             target.parent.mkdir(parents=True, exist_ok=True)
-            source = tar.extractfile(member)
-            assert source is not None
-            target.write_bytes(source.read())
+            target.write_bytes(tar.extractfile(member).read())  # type: ignore[union-attr] - a file member
 
 
-def scrubbed_env(given: Mapping[str, str], base: Mapping[str, str] | None = None,
-                 keep: Iterable[str] = ()) -> dict[str, str]:
-    """A child's environment: the KEPT_ENV names (and `keep`) from `base` (os.environ), then `given`."""
-    base = os.environ if base is None else base
+def scrubbed_env(given: Mapping[str, str], keep: Iterable[str] = ()) -> dict[str, str]:
+    """A child's environment: the KEPT_ENV names (and `keep`) from os.environ, then `given`."""
     names = set(KEPT_ENV) | set(keep)
-    env = {k: v for k, v in base.items() if k in names or k.startswith(KEPT_PREFIXES)}
+    env = {k: v for k, v in os.environ.items() if k in names or k.startswith(KEPT_PREFIXES)}
     env.update(given)
     return env

@@ -18,10 +18,6 @@ class DeviceSet:
     memory: dict[str, int] = field(default_factory=dict)
     arch_list: str | None = None   # TORCH_CUDA_ARCH_LIST for every child: builds and judges agree
 
-    def visible(self, name: str) -> str:
-        """CUDA_VISIBLE_DEVICES of a child on `name` (nothing for a CPU slot)."""
-        return "" if self.cpu else name
-
 
 def _smi(query: str) -> list[list[str]] | None:
     if shutil.which("nvidia-smi") is None:
@@ -49,21 +45,13 @@ def gpus(requested: list[str] | None = None) -> DeviceSet:
         names = list(by_index)
     else:
         names = [str(i) for i in range(_torch_count())]
-    memory = {n: int(float(by_index[n][1])) << 20 for n in names if n in by_index and _number(by_index[n][1])}
-    caps = sorted({by_index[n][2] for n in names if n in by_index and _number(by_index[n][2])})
+    memory = {n: int(float(by_index[n][1])) << 20 for n in names if n in by_index and by_index[n][1].replace(".", "", 1).isdigit()}
+    caps = sorted({by_index[n][2] for n in names if n in by_index and by_index[n][2].replace(".", "", 1).isdigit()})
     return DeviceSet(names, memory=memory, arch_list=";".join(caps) or None)
 
 
 def cpu_slots(count: int) -> DeviceSet:
     return DeviceSet([f"cpu{i}" for i in range(max(1, count))], cpu=True)
-
-
-def _number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _torch_count() -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Sequence, TextIO
 
@@ -53,9 +54,7 @@ class Progress:
         if not self.tty:
             return
         filled = int(self.width * self.done / max(1, self.total))
-        stages = {}
-        for (_, stage), _device in self.running.items():
-            stages[stage] = stages.get(stage, 0) + 1
+        stages = Counter(stage for _, stage in self.running)
         doing = ", ".join(f"{n} {s}" for s, n in sorted(stages.items())) or "idle"
         self.stream.write(f"\r\033[Kcudaopt judge [{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} "
                           f"({self.passed} passed) {doing}, {time.monotonic() - self.start:.0f} s")
@@ -78,18 +77,15 @@ def summary(lines: Sequence[dict], *, wall_s: float, busy: dict[str, float], roo
     notes = [f"{len(lines)} workdirs in {wall_s:.1f} s: {passed} passed; {rate}"]
     if busy:
         notes.append("busy: " + ", ".join(f"{name} {fraction:.0%}" for name, fraction in busy.items()))
-    spent: dict[str, float] = {}
+    spent: Counter = Counter()
     for line in lines:
-        for key, value in line.get("time", {}).items():
-            spent[key] = spent.get(key, 0.0) + value
+        spent.update(line.get("time", {}))
     if any(spent.values()):
         notes.append("time by stage (summed over workdirs): " + ", ".join(f"{k} {v:.1f} s" for k, v in spent.items()))
     cached = sum(line.get("objects", {}).get("cached", 0) for line in lines)
     compiled = sum(line.get("objects", {}).get("compiled", 0) for line in lines)
     if cached or compiled:
         notes.append(f"objects: {cached} from the cache, {compiled} compiled")
-    statuses: dict[str, int] = {}
-    for line in lines:
-        statuses[line["status"]] = statuses.get(line["status"], 0) + 1
+    statuses = Counter(line["status"] for line in lines)
     notes.append("status: " + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())))
     return render_rows(table_rows(lines, root), title="cudaopt judge", notes=notes)

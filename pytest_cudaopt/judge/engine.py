@@ -14,7 +14,6 @@ from pytest_cudaopt.judge.options import Options, result_key
 # Exit codes of `cudaopt judge` (2, bad arguments, is argparse's); 75 and 70 (blame.py) where a
 # workdir's line blames the environment (after its retries) or the harness, and none is unjudged.
 PASSED, FAILED, UNJUDGED = 0, 1, 3
-ENVIRONMENT, HARNESS = "environment", "harness"
 
 
 class Judge:
@@ -23,17 +22,15 @@ class Judge:
     "ray://host:10001") for the Ray backend; `skip`: keys whose lines are already had (resume)."""
 
     def __init__(self, paths: Sequence[str | Path], options: Options | None = None, *, ray: str | None = None,
-                 on_event: Callable[..., None] | None = None, skip: frozenset[str] = frozenset(),
-                 ray_init: dict | None = None):
+                 on_event: Callable[..., None] | None = None, skip: frozenset[str] = frozenset()):
         self.options = options or Options()
         self.workdirs, self.problems = find_workdirs(paths)
         recorded = {_recorded_device(w) for w in self.workdirs}
         if len(recorded) == 1:  # each child reads its own; the devices to schedule on follow them
             self.options = replace(self.options, recorded_device=recorded.pop())
-        self.ray, self.on_event, self.skip, self.ray_init = ray, on_event, skip, ray_init
+        self.ray, self.on_event, self.skip = ray, on_event, skip
         self.busy: dict[str, float] = {}
         self.wall_s = 0.0
-        self.skipped = 0
 
     def __len__(self) -> int:
         return len(self.workdirs) + len(self.problems)
@@ -44,9 +41,6 @@ class Judge:
         for n, (raw, why) in enumerate(self.problems):
             yield line_module.unjudged(raw, result_key(raw, "", self.options), "error", why, id=len(order) + n)
         todo = [w for w in self.workdirs if not self.skip or _key(w, self.options) not in self.skip]
-        self.skipped = len(self.workdirs) - len(todo)
-        if not todo:
-            return
         named: set[str] = set()
         attempts = {str(w): 0 for w in todo}
         try:
@@ -55,7 +49,7 @@ class Judge:
                 for line in self._attempt(todo):
                     attempts[line["workdir"]] = attempts.get(line["workdir"], 0) + 1
                     line["attempts"] = attempts[line["workdir"]]
-                    if line.get("blame") == ENVIRONMENT and line["attempts"] <= self.options.environment_retries:
+                    if line.get("blame") == "environment" and line["attempts"] <= self.options.environment_retries:
                         again.append(Path(line["workdir"]))  # counted once: only its last attempt's line is yielded
                         continue
                     named.add(line["workdir"])
@@ -71,7 +65,14 @@ class Judge:
 
     def _attempt(self, todo: list[Path]) -> Iterator[dict]:
         """One line per workdir of `todo`, judged once; the busy fractions and wall time add up."""
-        backend = self._backend(todo)
+        if self.ray:
+            from pytest_cudaopt.judge.ray_backend import RayPool
+
+            backend = RayPool(todo, self.options, self.ray)
+        else:
+            from pytest_cudaopt.judge.pool import LocalPool
+
+            backend = LocalPool(todo, self.options, on_event=self.on_event)
         try:
             yield from backend.lines()
         finally:
@@ -79,14 +80,6 @@ class Judge:
             for device, busy in backend.busy.items():
                 self.busy[device] = busy if device not in self.busy else max(self.busy[device], busy)
 
-    def _backend(self, todo: list[Path]):
-        if self.ray:
-            from pytest_cudaopt.judge.ray_backend import RayPool
-
-            return RayPool(todo, self.options, self.ray, init=self.ray_init)
-        from pytest_cudaopt.judge.pool import LocalPool
-
-        return LocalPool(todo, self.options, on_event=self.on_event)
 
 
 def _recorded_device(workdir: Path) -> str | None:
@@ -159,7 +152,5 @@ def run(paths: Sequence[str | Path], options: Options, *, out: Path, ray: str | 
         finally:
             if progress is not None:
                 progress.close()
-    if progress is not None and job.skipped:
-        progress.total -= job.skipped
     written.code, written.wall_s, written.busy = exit_code(written.lines), job.wall_s, job.busy
     return written

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import socket
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -36,14 +37,13 @@ def merge_reports(results: Sequence[StageResult]) -> dict | None:
         "passed": all(bool(doc.get("passed")) for _, doc in docs),
         "blame": blame.worst(doc.get("blame") for _, doc in docs),
         "results": [rec for _, doc in docs for rec in doc.get("results", [])],
+        "items": [item for _, doc in docs for item in doc.get("items", [])],
+        "not_passed": [test for _, doc in docs for test in doc.get("not_passed", [])],
     }
-    merged["items"] = [item for _, doc in docs for item in doc.get("items", [])]
-    merged["not_passed"] = [test for _, doc in docs for test in doc.get("not_passed", [])]
-    counts: dict[str, int] = {}
+    counts: Counter = Counter()
     for _, doc in docs:
-        for status, n in (doc.get("counts") or {}).items():
-            counts[status] = counts.get(status, 0) + n
-    merged["counts"] = counts
+        counts.update(doc.get("counts") or {})
+    merged["counts"] = dict(counts)
     early = [doc for _, doc in docs if doc.get("complete") is False]
     merged["complete"] = not early
     if early:  # the first stage that did not finish says why
@@ -56,15 +56,9 @@ def verdicts(results: Sequence[StageResult]) -> dict[str, str]:
     cases = [c for r in results for c in r.cases]
     found = {}
     for kind in [*KINDS, *sorted({c["kind"] for c in cases} - set(KINDS))]:
-        mine = [c["outcome"] for c in cases if c["kind"] == kind]
-        if any(o in ("failure", "error") for o in mine):
-            found[kind] = "FAIL"
-        elif any(o == "passed" for o in mine):
-            found[kind] = "pass"
-        elif mine:
-            found[kind] = "skipped"
-        else:
-            found[kind] = "not run"
+        mine = {c["outcome"] for c in cases if c["kind"] == kind}
+        found[kind] = ("FAIL" if mine & {"failure", "error"} else "pass" if "passed" in mine
+                       else "skipped" if mine else "not run")
     return found
 
 
@@ -125,9 +119,8 @@ def assemble(*, workdir: str, key: str, content: str, results: Sequence[StageRes
 
 
 def blame_of(status: str, report: dict | None) -> str | None:
-    """Whose fault a line that did not pass is (blame.py): the reports' (the environment's or the
-    harness's before the candidate's), else the candidate's for a build failure, a crash or a hang,
-    None where the workdir was not judged (an error of the judge's, or cancelled)."""
+    """Whose fault a line that did not pass is (blame.py): the reports', else the candidate's for a
+    build failure, a crash or a hang, None where the workdir was not judged."""
     if report is not None and report.get("blame"):
         return report["blame"]
     return "candidate" if status in ("judged", "build-failed", "crashed", "timeout") else None
@@ -159,25 +152,17 @@ def _finite(value: Any) -> Any:
 
 def read_lines(path: Path) -> list[dict]:
     """The lines of a JSON-lines file (a torn last line, from a killed judge, is left out)."""
-    found = []
     try:
         text = Path(path).read_text()
     except OSError:
         return []
+    found = []
     for raw in text.splitlines():
         try:
             found.append(json.loads(raw))
         except ValueError:
             continue
     return found
-
-
-def speedup(line: dict) -> str:
-    """The perf record's `vs compile` figure, or -."""
-    for rec in (line.get("report") or {}).get("results", []):
-        if rec.get("kind") == "perf":
-            return str(rec.get("row", {}).get("vs compile", "-"))
-    return "-"
 
 
 def table_rows(lines: Iterable[dict], root: Path | None = None) -> list[dict[str, str]]:
@@ -192,9 +177,10 @@ def table_rows(lines: Iterable[dict], root: Path | None = None) -> list[dict[str
                 pass
         stages = line.get("stages", {})
         v = line.get("verdicts", {})
+        perf = [r.get("row", {}) for r in (line.get("report") or {}).get("results", []) if r.get("kind") == "perf"]
         rows.append({"workdir": name, "status": line["status"], "verdict": "PASS" if line["passed"] else "FAIL",
                      "policy": v.get("policy", "-"), "correctness": v.get("correctness", "-"),
-                     "perf": v.get("perf", "-"), "vs compile": speedup(line),
+                     "perf": v.get("perf", "-"), "vs compile": str(perf[0].get("vs compile", "-")) if perf else "-",
                      **{f"{s} s": f"{stages[s]['seconds']:.1f}" if stages.get(s, {}).get("status", "not-run") != "not-run"
                         else "-"
                         for s in ("build", "policy", "check", "perf")},

@@ -16,25 +16,15 @@ def default_cache_dir() -> Path:
     return user_cache_dir()
 
 
-def default_jobs() -> int:
-    """Concurrent builds and policy checks: half the cores (each build's ninja gets two)."""
-    return max(1, (os.cpu_count() or 2) // 2)
-
-
 @dataclass
 class Options:
     """How `judge` runs. gpus: GPU indices (None: every visible GPU); cpu_slots: slots for CPU
-    workdirs (used when pytest_args hold --cudaopt-device=cpu); jobs: concurrent CPU stages
-    (None: half the cores of the host that judges, each node's own under Ray; see `cpu_jobs`);
-    share: checks at once per device; timeout: seconds each child may run; pytest_args: passed
-    to every pytest child; all_stages: run check and perf even after an earlier stage failed
-    (as one pytest session would); seed: replay seed (else each child draws a secret one);
-    cache_dir: the host's object and torch.compile caches (None: no caches); scratch: where the
-    private copies go (None: a temporary folder); keep: leave the copies and logs there;
-    fork: fork each stage's child from the pool's zygote (torch imported there once) rather than
-    execute it; zygote: the address of that zygote, from which the children's workers are forked
-    too (run/zygote.py); backstop: a service's limit on one workdir's judging, whatever its
-    children do (None: `backstop_s`, what its stages' own limits add up to, and a minute more)."""
+    workdirs; jobs: concurrent CPU stages (None: `cpu_jobs`, each Ray node's own); share: checks
+    at once per device; all_stages: run check and perf even after an earlier stage failed; seed:
+    replay seed (else each child draws a secret one); cache_dir: the host's object and
+    torch.compile caches (None: none); scratch: where the private copies go (None: a temporary
+    folder); keep: leave the copies and logs there; fork: fork each stage's child from the pool's
+    zygote rather than execute it; backstop: a service's limit on one workdir's judging."""
 
     gpus: list[str] | None = None
     cpu_slots: int = 2
@@ -66,8 +56,8 @@ class Options:
 
     @property
     def cpu_jobs(self) -> int:
-        """Builds and policy checks at once on this host: `jobs`, else half its cores."""
-        return default_jobs() if self.jobs is None else self.jobs
+        """Builds and policy checks at once on this host: `jobs`, else half its cores (each build's ninja gets two)."""
+        return max(1, (os.cpu_count() or 2) // 2) if self.jobs is None else self.jobs
 
     @property
     def backstop_s(self) -> float:

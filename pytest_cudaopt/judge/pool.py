@@ -1,4 +1,4 @@
-"""The local engine: every workdir through its stages, each a fresh child on a CPU slot or a device the scheduler gives it; one line per workdir as it finishes. Workdirs may keep coming while it runs (`add`, then `close`): a Ray node's judge is fed so."""
+"""The local engine: every workdir through its stages, each a fresh child on a CPU slot or a device the scheduler gives it; one line per workdir as it finishes."""
 
 from __future__ import annotations
 
@@ -26,13 +26,6 @@ from pytest_cudaopt.run import zygote
 # The events of a fed pool besides a stage's end: a workdir added, no more to come, one workdir's
 # children to end (a service's backstop), everything to end now (a service stopped).
 _ADD, _CLOSE, _ABANDON, _STOP = object(), object(), object(), object()
-
-
-def resolve_devices(options: Options) -> DeviceSet:
-    """CPU slots for CPU workdirs, else the GPUs asked for (or all visible)."""
-    if options.cpu:
-        return cpu_slots(options.cpu_slots)
-    return gpus(options.gpus)
 
 
 @dataclass
@@ -65,8 +58,7 @@ class Job:
 
 
 def _problem(workdir: Path) -> str | None:
-    """The reference's content (candidates of one problem share a model.py): what the scheduler
-    learns memory needs by."""
+    """The reference's content (candidates of one problem share a model.py): what memory needs are learned by."""
     try:
         return hashlib.sha256((workdir / "model.py").read_bytes()).hexdigest()[:16]
     except OSError:
@@ -74,30 +66,27 @@ def _problem(workdir: Path) -> str | None:
 
 
 class LocalPool:
-    """Judges `workdirs` on this host. Iterate `lines()`; afterwards `busy` holds each device's
-    busy fraction and `wall_s` the wall time. `on_event(kind, job, task)` sees every start and end.
+    """Judges `workdirs` on this host. Iterate `lines()`; afterwards `busy` and `wall_s`.
     `fed`: more workdirs come while it runs (`add`, from any thread), and `lines()` ends only after
     `close()` once every workdir has its line. `run_stage` replaces the stages' children (tests)."""
 
     def __init__(self, workdirs: Sequence[Path], options: Options, devices: DeviceSet | None = None,
-                 on_event: Callable[..., None] | None = None, names: Sequence[str] | None = None,
-                 fed: bool = False, run_stage: Callable[..., StageResult] | None = None):
+                 on_event: Callable[..., None] | None = None, fed: bool = False, run_stage: Callable[..., StageResult] | None = None):
         self.workdirs = [Path(w) for w in workdirs]
-        self.names = list(names) if names is not None else [str(w) for w in self.workdirs]
+        self.names = [str(w) for w in self.workdirs]
         self.options = options
-        self.devices = devices or resolve_devices(options)
+        self.devices = devices or (cpu_slots(options.cpu_slots) if options.cpu else gpus(options.gpus))
         self.on_event = on_event or (lambda *args: None)
         self.busy: dict[str, float] = {}
         self.wall_s = 0.0
         self.children = runner.Children()
         self.fed = fed
         self._run_stage = run_stage
-        self._events: queue.Queue = queue.Queue()   # (task, result) of a stage, or a workdir added, or CLOSED
+        self._events: queue.Queue = queue.Queue()   # (task, result) of a stage, or (_ADD, ...) and the like
 
     def add(self, workdir: Path, name: str | None = None, key: str | None = None, id: object = None,
             submitted: float | None = None) -> None:
-        """One more workdir for a `fed` pool (`key`: its result key, where the caller computed it;
-        `id`: the line's id; `submitted`: the monotonic time its queue time counts from)."""
+        """One more workdir for a `fed` pool (`submitted`: the monotonic time its queue time counts from)."""
         if not self.fed:
             raise ValueError("workdirs are added only to a pool made with fed=True")
         self._events.put((_ADD, (Path(workdir), name if name is not None else str(workdir), key, id, submitted)))
@@ -111,8 +100,7 @@ class LocalPool:
         self._events.put((_ABANDON, id))
 
     def stop(self, why: str) -> None:
-        """End every child now; every workdir without its line gets a `cancelled` one (`why`: what
-        stopped it, e.g. "the service was stopped"), and `lines()` ends."""
+        """End every child now; every workdir without its line gets a `cancelled` one, and `lines()` ends."""
         self._events.put((_STOP, why))
 
     def lines(self) -> Iterator[dict]:
@@ -147,10 +135,9 @@ class LocalPool:
                 shutil.rmtree(scratch, ignore_errors=True)
 
     def _offer_zygote(self):
-        """A zygote for this pool: each stage's child is forked from it, and so is each child's
-        worker, instead of importing torch of its own. One offered already (`options.zygote`, or
-        this process's environment) is used instead; None then, where the stages are not real
-        children, or where it does not start (the children and workers start plainly)."""
+        """A zygote for this pool, each stage's child and its worker forked from it. One offered
+        already (`options.zygote`, or this process's environment) is used instead; None then, where
+        the stages are not real children, or where it does not start (the children start plainly)."""
         if self._run_stage is not None or self.options.zygote:
             return None
         if os.environ.get(zygote.ENV):
@@ -236,20 +223,24 @@ class LocalPool:
 
     def _finished(self, scheduler: Scheduler, job: Job, task: Task, result: StageResult) -> dict | None:
         self.on_event("end", job, task, result)
-        peak = _peak(result.report) if task.stage == "check" else None
+        peaks = [r.get("data", {}).get("peak_bytes") for r in (result.report or {}).get("results", [])]
+        peak = max((p for p in peaks if isinstance(p, int)), default=None) if task.stage == "check" else None
         short = shortfall(result)
+        job.seconds[task.stage] = job.seconds.get(task.stage, 0.0) + result.seconds
         if short is not None and scheduler.shared(task):   # not the candidate's: judged again, alone
-            job.seconds[task.stage] = job.seconds.get(task.stage, 0.0) + result.seconds
             job.note = (f"ran out of device memory on {task.device} beside other checks ({short.splitlines()[0]}); "
                         f"judged again alone on an idle device")
             scheduler.finish(task, peak_bytes=peak, retry_alone=True)
             return None
-        if short is not None:
-            result.reason = self._shortfall_reason(task.device, short)
+        if short is not None:   # with its device to itself: the shortfall is the workdir's own
+            total = self.devices.memory.get(task.device) if task.device is not None else None
+            size = f" ({total / (1 << 30):.2f} GiB in all)" if total else ""
+            where = task.device if self.devices.cpu else f"GPU {task.device}"
+            result.reason = (f"correctness ran out of device memory on {where}{size} with no other check beside it, "
+                             f"so the shortfall is this workdir's: {short.splitlines()[0]}")
         if task.stage == "check" and job.note:
             result.note = job.note
         job.results.append(result)
-        job.seconds[task.stage] = job.seconds.get(task.stage, 0.0) + result.seconds
         proceed = result.status == OK or (result.status == FAILED and self.options.all_stages)
         if result.need_bytes is not None:
             scheduler.expect(job.problem, result.need_bytes)
@@ -262,14 +253,6 @@ class LocalPool:
             shutil.rmtree(job.folder, ignore_errors=True)
         return line
 
-    def _shortfall_reason(self, device: str | None, message: str) -> str:
-        """A check that ran out of device memory with its device to itself: the workdir's own."""
-        total = self.devices.memory.get(device) if device is not None else None
-        size = f" ({total / (1 << 30):.2f} GiB in all)" if total else ""
-        where = device if self.devices.cpu else f"GPU {device}"
-        return (f"correctness ran out of device memory on {where}{size} with no other check beside it, so the "
-                f"shortfall is this workdir's: {message.splitlines()[0]}")
-
     def _line(self, job: Job, status: str | None = None, reason: str | None = None) -> dict:
         name, now = job.name, time.monotonic()
         # queued: from its submission to its first stage; judging: from there to this line
@@ -279,9 +262,3 @@ class LocalPool:
         return lines.assemble(workdir=name, key=key, content=job.content, id=job.id,
                               results=job.results, seconds=job.seconds, copy=str(job.copy), status=status,
                               reason=reason)
-
-
-def _peak(report: dict | None) -> int | None:
-    peaks = [rec.get("data", {}).get("peak_bytes") for rec in (report or {}).get("results", [])]
-    peaks = [p for p in peaks if isinstance(p, int)]
-    return max(peaks) if peaks else None

@@ -28,10 +28,8 @@ START_S = 600.0  # how long a node's judge may take to come up (Ray places it, i
 
 class NodeJudge:
     """One node's judge (a Ray actor holding every GPU of its node, or, for CPU workdirs, one CPU):
-    the local pool over those devices, its scheduler, children started ahead and object cache as
-    on a host of its own, fed workdirs as tar bytes by `judge` while it runs; `lines` hands back
-    what finished. `devices` and `run_stage` replace the node's devices and the stages' children
-    (tests)."""
+    the local pool over those devices, fed workdirs as tar bytes by `judge` while it runs; `lines`
+    hands back what finished. `devices` and `run_stage` replace the devices and the children (tests)."""
 
     def __init__(self, options_json: dict, devices: DeviceSet | None = None,
                  run_stage: Callable[..., Any] | None = None):
@@ -68,14 +66,12 @@ class NodeJudge:
             shutil.rmtree(self.shipped, ignore_errors=True)
 
     def describe(self) -> dict:
-        """Where this judge runs: its host, its devices, how many workdirs it keeps in hand."""
         import socket
 
         return {"host": socket.gethostname(), "devices": list(self.pool.devices.names), "capacity": self.capacity}
 
     def judge(self, packed: bytes, name: str, key: str) -> None:
-        """One more workdir, its files as `copies.pack` made them; its line keeps `name` and `key`
-        (files that cannot be unpacked here get a line saying so)."""
+        """One more workdir, its files as `copies.pack` made them; its line keeps `name` and `key`."""
         with self._lock:
             self._count += 1
             folder = self.shipped / f"{self._count:05d}"
@@ -93,18 +89,15 @@ class NodeJudge:
 
     def lines(self, wait_s: float = POLL_S) -> list[dict]:
         """The lines finished since the last call: waits up to `wait_s` for the first."""
+        found: list[dict] = []
         try:
-            found = [self._done.get(timeout=wait_s)]
-        except queue.Empty:
-            return []
-        while True:
-            try:
+            found.append(self._done.get(timeout=wait_s))
+            while True:
                 found.append(self._done.get_nowait())
-            except queue.Empty:
-                return found
+        except queue.Empty:
+            return found
 
     def stats(self) -> dict:
-        """After `close`: each device's busy fraction and the pool's wall time."""
         self._thread.join(timeout=60)
         return {"busy": dict(self.pool.busy), "wall_s": self.pool.wall_s}
 
@@ -130,18 +123,15 @@ class _Node:
 class RayPool:
     """Judges `workdirs` on the Ray cluster at `address` ("auto", "ray://...", or "local" for a
     cluster of this process's own): one `NodeJudge` per node that has a GPU (any node, for CPU
-    workdirs), each kept `capacity` workdirs ahead, so that every node judges at its local pool's
-    rate. A workdir whose node died is judged again on another (up to `retries` times); one line
-    per key whatever re-ran. `actor` replaces NodeJudge and `actor_args` are its extra arguments
-    (tests); `init` are extra ray.init arguments (tests: num_cpus)."""
+    workdirs), each kept `capacity` workdirs ahead. A workdir whose node died is judged again on
+    another (up to `retries` times); one line per key whatever re-ran. `actor` and `actor_args`: tests."""
 
     def __init__(self, workdirs: Sequence[Path], options: Options, address: str = "auto",
-                 names: Sequence[str] | None = None, retries: int = RETRIES, actor: type | None = None,
-                 actor_args: Sequence[Any] = (), init: dict[str, Any] | None = None):
+                 retries: int = RETRIES, actor: type | None = None, actor_args: Sequence[Any] = ()):
         self.workdirs = [Path(w) for w in workdirs]
-        self.names = list(names) if names is not None else [str(w) for w in self.workdirs]
+        self.names = [str(w) for w in self.workdirs]
         self.options, self.address, self.retries = options, address, retries
-        self.actor, self.actor_args, self.init = actor or NodeJudge, tuple(actor_args), dict(init or {})
+        self.actor, self.actor_args = actor or NodeJudge, tuple(actor_args)
         self.busy: dict[str, float] = {}
         self.wall_s = 0.0
         self.node_wall_s: dict[str, float] = {}   # each node's pool: wall seconds from its start to its last line
@@ -149,30 +139,15 @@ class RayPool:
         self.restarts = 0
         self._starting: dict[Any, tuple[Any, str, float]] = {}   # describe() call -> (judge, node, since)
 
-    def _connect(self) -> None:
-        import ray
-
-        if not ray.is_initialized():
-            probe(self.address)
-            ray.init(address=None if self.address == "local" else self.address,
-                     log_to_driver=False, **self.init)
-
-    def _nodes(self) -> list[dict]:
-        """The live nodes a judge may run on: those with a GPU, or with a CPU for CPU workdirs."""
-        import ray
-
-        kind = "CPU" if self.options.cpu else "GPU"
-        return [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(kind, 0) >= 1]
-
     def _start_missing(self, judges: list[_Node]) -> None:
-        """Start a judge on every live node that has none and starts none (at the start, and after
-        one died), holding the node's GPUs (or one CPU); each comes up while the others judge."""
+        """Start a judge on every live node that has none and starts none, holding the node's GPUs (or one CPU)."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         have = {j.node_id for j in judges} | {node_id for _, node_id, _ in self._starting.values()}
-        for node in self._nodes():
-            if node["NodeID"] in have:
+        kind = "CPU" if self.options.cpu else "GPU"
+        for node in ray.nodes():
+            if node["NodeID"] in have or not node.get("Alive") or node.get("Resources", {}).get(kind, 0) < 1:
                 continue
             gpus_there = 0 if self.options.cpu else int(node.get("Resources", {}).get("GPU", 0))
             handle = ray.remote(self.actor).options(
@@ -181,36 +156,21 @@ class RayPool:
             ).remote(self.options.to_json(), *self.actor_args)
             self._starting[handle.describe.remote()] = (handle, node["NodeID"], time.monotonic())
 
-    def _came_up(self, ray, ref, judges: list[_Node]) -> None:
-        handle, node_id, _ = self._starting.pop(ref)
-        try:
-            about = ray.get(ref)
-        except ray.exceptions.RayError:   # the node died or cannot hold a judge: the others go on
-            return
-        judges.append(_Node(handle, node_id, about["capacity"], about["host"]))
-
-    def _give_up_late(self, ray) -> None:
-        """A judge that did not come up within START_S (its node's resources held elsewhere) is ended."""
-        now = time.monotonic()
-        for ref, (handle, _, since) in list(self._starting.items()):
-            if now - since > START_S:
-                del self._starting[ref]
-                ray.kill(handle)
-
     def lines(self) -> Iterator[dict]:
         start = time.monotonic()
         try:
             import ray
 
-            self._connect()
+            if not ray.is_initialized():
+                probe(self.address)
+                ray.init(address=None if self.address == "local" else self.address, log_to_driver=False)
         except ImportError as exc:
             yield from self._unjudged(self.names, f"not judged: the Ray backend needs the ray extra "
                                                   f"(pip install -e '.[ray]'): {exc}")
             return
         except Exception as exc:  # noqa: BLE001 - ConnectionError, a refused address, Ray's own errors
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             yield from self._unjudged(self.names, f"not judged: no Ray cluster answered at --ray {self.address} "
-                                                  f"({type(exc).__name__}: {first}); start one (`ray start --head`) "
+                                                  f"({type(exc).__name__}: {_first(exc)}); start one (`ray start --head`) "
                                                   f"or name the address of one that runs")
             return
         judges: list[_Node] = []
@@ -238,11 +198,19 @@ class RayPool:
                 if judge.poll is None:
                     judge.poll = judge.handle.lines.remote(POLL_S)
             ready, _ = ray.wait([j.poll for j in judges] + list(self._starting), num_returns=1, timeout=2 * POLL_S)
-            if not ready:
-                self._give_up_late(ray)
+            if not ready:   # a judge not up within START_S (its node's resources held elsewhere) is ended
+                for ref, (handle, _, since) in list(self._starting.items()):
+                    if time.monotonic() - since > START_S:
+                        del self._starting[ref]
+                        ray.kill(handle)
                 continue
             if ready[0] in self._starting:
-                self._came_up(ray, ready[0], judges)
+                handle, node_id, _ = self._starting.pop(ready[0])
+                try:
+                    about = ray.get(ready[0])
+                except ray.exceptions.RayError:   # the node died or cannot hold a judge: the others go on
+                    continue
+                judges.append(_Node(handle, node_id, about["capacity"], about["host"]))
                 continue
             judge = next(j for j in judges if j.poll == ready[0])
             judge.poll = None
@@ -269,8 +237,7 @@ class RayPool:
                 yield line
 
     def _feed(self, judge: _Node, todo: collections.deque) -> Iterator[dict]:
-        """Give `judge` workdirs until it holds its capacity (what keeps its devices and its
-        builds busy); a workdir that cannot be packed gets its line instead."""
+        """Give `judge` workdirs until it holds its capacity; one that cannot be packed gets its line instead."""
         while todo and len(judge.holding) < judge.capacity:
             name, workdir = todo.popleft()
             try:
@@ -286,7 +253,7 @@ class RayPool:
     def _lost(self, judge: _Node, exc: BaseException, todo: collections.deque,
               tries: dict[str, int]) -> Iterator[dict]:
         """The workdirs a dead judge held: each judged again first, or its line once it died `retries` times."""
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = _first(exc)
         for key, (name, workdir) in reversed(list(judge.holding.items())):
             tries[key] = tries.get(key, 0) + 1
             if tries[key] > self.retries:
@@ -297,19 +264,12 @@ class RayPool:
         judge.holding.clear()
 
     def _wind_down(self, ray, judges: list[_Node], stats: bool) -> None:
-        """Each judge closes its pool; after a run to its end, their busy fractions and wall
-        times are kept; then they end (their children with them), and so do those still starting."""
+        """Each judge closes its pool (after a run to its end, its stats are kept), then all end."""
         for handle, _, _ in self._starting.values():
-            try:
-                ray.kill(handle)
-            except Exception:  # noqa: BLE001
-                pass
+            _quietly(ray.kill, handle)
         self._starting.clear()
         for judge in judges:
-            try:
-                judge.handle.close.remote()
-            except Exception:  # noqa: BLE001
-                pass
+            _quietly(judge.handle.close.remote)
         for judge in judges if stats else []:
             try:
                 kept = ray.get(judge.handle.stats.remote(), timeout=120)
@@ -318,14 +278,22 @@ class RayPool:
             self.node_wall_s[judge.host] = kept["wall_s"]
             self.busy.update({f"{judge.host}:{name}": share for name, share in kept["busy"].items()})
         for judge in judges:
-            try:
-                ray.kill(judge.handle)
-            except Exception:  # noqa: BLE001
-                pass
+            _quietly(ray.kill, judge.handle)
 
     def _unjudged(self, names: Sequence[str], reason: str) -> Iterator[dict]:
         for name in names:
             yield lines.unjudged(name, result_key(name, "", self.options), "error", reason)
+
+
+def _quietly(call: Callable[..., Any], *args: Any) -> None:
+    try:
+        call(*args)
+    except Exception:  # noqa: BLE001 - a judge already gone
+        pass
+
+
+def _first(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def probe(address: str, wait_s: float = PROBE_S) -> None:

@@ -14,7 +14,6 @@ from typing import Mapping, Sequence
 from pytest_cudaopt.run import zygote
 
 GRACE_S = 10.0   # after SIGTERM at the time limit (the plugin writes its reports), then SIGKILL
-TAIL_LINES = 40
 
 
 @dataclass
@@ -52,7 +51,7 @@ class Children:
         with self._lock:
             self._procs.add(proc)
             if self.stopping:
-                _end_group(proc, signal.SIGTERM)
+                _end_group(proc.pid, signal.SIGTERM)
         if self.parent is not None:
             self.parent.add(proc)
 
@@ -67,18 +66,18 @@ class Children:
             self.stopping = True
             procs = list(self._procs)
         for proc in procs:
-            _end_group(proc, signal.SIGTERM)
+            _end_group(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + GRACE_S
         for proc in procs:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _end_group(proc, signal.SIGKILL)
+                _end_group(proc.pid, signal.SIGKILL)
 
 
-def _end_group(proc: subprocess.Popen, sig: int) -> None:
+def _end_group(pgid: int, sig: int) -> None:
     try:
-        os.killpg(proc.pid, sig)
+        os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
 
@@ -93,19 +92,11 @@ def _reap_group(pgid: int, wait_s: float = 5.0) -> None:
         except (ProcessLookupError, PermissionError):
             return
         time.sleep(0.05)
-    _end_group_id(pgid, signal.SIGKILL)
-
-
-def _end_group_id(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+    _end_group(pgid, signal.SIGKILL)
 
 
 def _die_with_judge(nice: int = 0) -> None:
-    """In the child, before exec: SIGTERM when the thread that started it (the judge) dies;
-    `nice` added to its niceness."""
+    """In the child, before exec: SIGTERM when the thread that started it (the judge) dies."""
     from pytest_cudaopt.run.signals import die_with_parent
 
     if nice:
@@ -129,30 +120,6 @@ def _spawn(command: Sequence[str], env: Mapping[str, str], cwd: Path, log: Path,
                                 preexec_fn=lambda: _die_with_judge(nice))
 
 
-def _wait(proc: subprocess.Popen, start: float, timeout: float, log: Path, children: Children | None,
-          grace: float) -> Outcome:
-    """Wait for `proc` to its end or `timeout` seconds (SIGTERM to its group, SIGKILL after `grace`)."""
-    timed_out = False
-    try:
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _end_group(proc, signal.SIGTERM)
-            try:
-                proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                _end_group(proc, signal.SIGKILL)
-                proc.wait()
-        _reap_group(proc.pid)
-    finally:
-        if children is not None:
-            children.remove(proc)
-        if isinstance(proc, zygote.Forked):
-            proc.close()
-    return Outcome(proc.returncode, timed_out, time.monotonic() - start, tail(log), log)
-
-
 def run(command: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout: float, log: Path,
         children: Children | None = None, grace: float = GRACE_S, nice: int = 0,
         zygote_name: str | None = None) -> Outcome:
@@ -163,10 +130,28 @@ def run(command: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout: f
     proc = _spawn(command, env, cwd, log, nice, zygote_name)
     if children is not None:
         children.add(proc)
-    return _wait(proc, start, timeout, log, children, grace)
+    timed_out = False
+    try:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _end_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                _end_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+        _reap_group(proc.pid)
+    finally:
+        if children is not None:
+            children.remove(proc)
+        if isinstance(proc, zygote.Forked):
+            proc.close()
+    return Outcome(proc.returncode, timed_out, time.monotonic() - start, tail(log), log)
 
 
-def tail(path: Path, lines: int = TAIL_LINES) -> str:
+def tail(path: Path, lines: int = 40) -> str:
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)

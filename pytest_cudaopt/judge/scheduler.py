@@ -6,10 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-# The stages of a workdir, in order. build and policy run on the host's CPUs (no device); check
-# (correctness and the other non-perf items) may share its device with other checks; perf has
-# its device to itself: no other stage of any workdir runs there while it times. A check that ran
-# out of device memory beside other checks runs again alone, as a perf stage does.
+# The stages of a workdir, in order. A check that ran out of device memory beside other checks
+# runs again alone, as a perf stage does.
 STAGES = ("build", "policy", "check", "perf")
 CPU_STAGES = frozenset({"build", "policy"})
 OVERHEAD_BYTES = 2 << 30   # what a judging process holds besides its cases (the CUDA context, workspaces)
@@ -53,11 +51,10 @@ class _Job:
 class Scheduler:
     """Assigns stages to CPU slots (`jobs` at once) and devices. A device takes up to `share`
     checks at once while what each may take fits beside the others (a problem's need: the
-    build's estimate (`expect`: the largest case its check may draw), then the peak its first
-    complete check measured, never less than any check's; unknown needs count as memory/share),
-    or one stage alone: a perf stage, or a check retried alone (`finish(retry_alone=True)`).
-    Those go first; one that finds no idle device drains one (no new checks there) until it is
-    idle. `clock` is injectable so tests can account busy time without waiting."""
+    build's estimate, then the peak its first complete check measured, never less than any
+    check's; unknown needs count as memory/share), or one stage alone: a perf stage, or a check
+    retried alone. Those go first; one that finds no idle device drains one (no new checks there)
+    until it is idle. `clock` is injectable so tests can account busy time without waiting."""
 
     def __init__(self, devices: Sequence[str], *, jobs: int = 2, share: int = 2,
                  memory: dict[str, int] | None = None, clock: Callable[[], float] = time.monotonic):
@@ -75,8 +72,6 @@ class Scheduler:
         self._measured: set[str] = set()  # problems whose need a complete check measured
         self._shared: set[int] = set()    # jobs whose running check had another check beside it
 
-    # -- jobs -----------------------------------------------------------------------------
-
     def add(self, job: int, problem: str | None = None, stages: Sequence[str] = STAGES) -> None:
         if job in self._jobs:
             raise ValueError(f"job {job} was added twice")
@@ -89,13 +84,8 @@ class Scheduler:
     def done(self) -> bool:
         return all(j.waiting is None and j.running is None for j in self._jobs.values())
 
-    def running(self) -> list[Task]:
-        return [j.running for j in self._jobs.values() if j.running is not None]
-
     def waiting(self) -> list[tuple[int, str]]:
         return [(n, j.waiting) for n, j in self._jobs.items() if j.waiting is not None]
-
-    # -- assignment -----------------------------------------------------------------------
 
     def ready(self) -> list[Task]:
         """The tasks that may start now, marked running: the stages that run alone first (perf,
@@ -174,8 +164,7 @@ class Scheduler:
                 waiting -= 1
 
     def expect(self, problem: str | None, need_bytes: int) -> None:
-        """A problem's estimated check memory (the build's, from its reference on meta: the
-        largest case its check may draw), used until a complete check measures its peak."""
+        """A problem's estimated check memory (the build's), used until a complete check measures its peak."""
         if problem is not None and problem not in self.need:
             self.need[problem] = max(need_bytes, self._peaks.get(problem, 0))
 
@@ -183,15 +172,12 @@ class Scheduler:
         """Whether the running check `task` had another check beside it on its device at any time."""
         return task.job in self._shared
 
-    # -- completion -----------------------------------------------------------------------
-
     def finish(self, task: Task, *, proceed: bool = True, peak_bytes: int | None = None, complete: bool = False,
                retry_alone: bool = False) -> str | None:
         """Mark `task` done. `proceed`: go on to the job's next stage (False drops the rest);
         `retry_alone`: run the same stage again, alone on an idle device. A check's `peak_bytes`
-        teaches the scheduler its problem's memory: the first `complete` one (every case judged)
-        replaces the estimate, and no check's peak is ever exceeded. Returns the job's next
-        stage, or None when the job is over."""
+        teaches its problem's memory: the first `complete` one (every case judged) replaces the
+        estimate. Returns the job's next stage, or None when the job is over."""
         job = self._jobs[task.job]
         if job.running != task:
             raise ValueError(f"{task} is not running")
@@ -201,7 +187,7 @@ class Scheduler:
         if task.device is None:
             self._cpu_running -= 1
         else:
-            device = self._device(task.device)
+            device = next(d for d in self.devices if d.name == task.device)
             self._touch(device)
             device.checks.pop(task.job, None)
             if device.alone == task.job:
@@ -223,9 +209,6 @@ class Scheduler:
             self.need[problem] = self._peaks[problem]
         else:
             self.need[problem] = max(self.need.get(problem, 0), measured)
-
-    def _device(self, name: str) -> Device:
-        return next(d for d in self.devices if d.name == name)
 
     def _touch(self, device: Device) -> None:
         """Account busy time up to now (called before and after every change of a device)."""

@@ -34,15 +34,12 @@ class _Pending:
 
 
 class Service:
-    """Judges workdirs as they are submitted, on this host's devices, until `close` (every
-    workdir submitted gets its line) or `stop` (running children ended; each workdir without a
-    line gets a `cancelled` one). `submit` returns a Future of the line (LINE_SCHEMA, `id` set).
+    """Judges workdirs as they are submitted, on this host's devices, until `close` or `stop`.
     A workdir whose line has not come `options.backstop_s` seconds after its judging began gets
     a `timeout` line, and its children are ended. The devices are fixed at the start: for CPU
     workdirs, `--cudaopt-device=cpu` in `options.pytest_args`. `devices` and `run_stage` replace
-    the devices and the stages' children (tests); `on_event(kind, job, task, result=None)` sees
-    every stage start and end. Use it as a context manager: the block's end closes it (stops it
-    on an exception)."""
+    the devices and the stages' children (tests). As a context manager, the block's end closes
+    it (stops it on an exception)."""
 
     def __init__(self, options: Options | None = None, *, devices: DeviceSet | None = None,
                  run_stage: Callable[..., Any] | None = None, on_event: Callable[..., None] | None = None):
@@ -68,29 +65,23 @@ class Service:
     def __enter__(self) -> "Service":
         return self
 
-    def __exit__(self, kind, value, traceback) -> None:
-        if kind is not None:
-            self.stop()
-        else:
-            self.close()
+    def __exit__(self, kind, *_) -> None:
+        self.stop() if kind is not None else self.close()
 
     @property
     def devices(self) -> list[str]:
-        """What it judges on: GPU indices, or CPU slots."""
         return list(self._pool.devices.names)
 
     @property
     def in_flight(self) -> int:
-        """Submissions without their line yet."""
         with self._wake:
             return len(self._pending)
 
     def submit(self, workdir: str | Path | bytes, *, id: Any = None, name: str | None = None) -> Future:
         """Judge `workdir`: a folder (a workdir), a tar file of one, or the bytes of a tar
         (gzipped or not; the workdir at its top or in its one folder). The Future's result is
-        its line; `id` (default: the submission's number) is in it and must not be one still in
-        flight; `name` is its `workdir` (default: the path as given, or `tar:ID`). After `close`
-        or `stop` the line says `cancelled`; what cannot be unpacked or is no workdir, `error`."""
+        its line; `id` (default: the submission's number) must not be one still in flight;
+        `name` is its `workdir` (default: the path as given, or `tar:ID`)."""
         future: Future = Future()
         future.set_running_or_notify_cancel()   # stop() cancels, not the Future
         submitted = time.monotonic()
@@ -129,8 +120,8 @@ class Service:
                 raise ValueError(f"{workdir}: no such file or folder")
             workdir = path.read_bytes()
         pending.folder = Path(tempfile.mkdtemp(prefix="tar-", dir=self._shipped))
-        copies.unpack(bytes(workdir), pending.folder / "workdir")
         top = pending.folder / "workdir"
+        copies.unpack(bytes(workdir), top)
         inside = [p for p in top.iterdir() if p.is_dir()]
         if not is_workdir(top) and len(inside) == 1 and is_workdir(inside[0]):
             top = inside[0]
@@ -154,8 +145,7 @@ class Service:
         return not self._thread.is_alive()
 
     def stop(self) -> None:
-        """End every running child now; every submission without its line gets a `cancelled`
-        one, none lost and none twice. Returns once every line is out."""
+        """End every running child now; every submission without its line gets a `cancelled` one."""
         with self._wake:
             if self._state != STOPPED:
                 self._state = STOPPED
@@ -189,11 +179,8 @@ class Service:
                 self._abandoned.discard(id)
                 return
             pending = self._pending.pop(id, None)
-        if pending is None:
-            return
-        if pending.folder is not None:
-            shutil.rmtree(pending.folder, ignore_errors=True)
-        pending.future.set_result(line)
+        if pending is not None:
+            _deliver(pending, line)
 
     def _unjudged(self, id: Any, pending: _Pending, status: str, why: str) -> dict:
         now = time.monotonic()
@@ -231,6 +218,10 @@ class Service:
                 self._pool.abandon(id)
                 why = (f"no line within the backstop of {limit:.0f} s after its judging began; its children were "
                        f"ended and the service went on")
-                if pending.folder is not None:
-                    shutil.rmtree(pending.folder, ignore_errors=True)
-                pending.future.set_result(self._unjudged(id, pending, "timeout", why))
+                _deliver(pending, self._unjudged(id, pending, "timeout", why))
+
+
+def _deliver(pending: _Pending, line: dict) -> None:
+    if pending.folder is not None:
+        shutil.rmtree(pending.folder, ignore_errors=True)
+    pending.future.set_result(line)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
@@ -18,11 +19,9 @@ from pytest_cudaopt.run import zygote
 # The pytest children: which items each runs, and the verdict kinds it must have collected.
 MARKERS = {"policy": "policy", "check": "not perf and not policy", "perf": "perf"}
 EXPECTED = {"policy": ("policy",), "check": ("correctness",), "perf": ("perf",)}
-KIND_OF_CLASS = {"TestBuild": "build", "TestPolicy": "policy", "TestCorrectness": "correctness",
-                 "TestMemorySafety": "memsafety", "TestPerf": "perf"}
-# Stage statuses: ok (every item asked for ran and passed), failed (a verdict failed), then
-# what ended the child: build-failed, crashed (a signal, or no report), timeout, error (the
-# judge's or the setup's trouble: bad arguments, pytest's own error), not-run.
+KIND_OF_CLASS = {"TestMemorySafety": "memsafety"}   # the others: TestPerf -> perf
+# Stage statuses: ok, failed (a verdict failed), then what ended the child: build-failed,
+# crashed (a signal, or no report), timeout, error (the judge's or the setup's trouble), not-run.
 OK, FAILED = "ok", "failed"
 # Builds yield the CPUs to the children that hold a device (a perf child's set-up, a sanitized
 # check): a device waits on those, while a build has the time until its workdir's turn.
@@ -47,8 +46,7 @@ class StageResult:
     note: str = ""                  # what the judge did about the stage (a check retried alone)
 
     def to_json(self) -> dict[str, Any]:
-        """The stage in the line: its items counted by kind and outcome, the failed ones named
-        (the records themselves are in the line's report)."""
+        """The stage in the line: its items counted by kind and outcome, the failed ones named."""
         data = asdict(self)
         for key in ("report", "stage", "cases"):
             del data[key]
@@ -60,20 +58,17 @@ class StageResult:
             kind[case["outcome"]] = kind.get(case["outcome"], 0) + 1
         data["items"] = counts
         data["failed"] = [f"{c['kind']} {c['name']}" for c in self.cases if c["outcome"] in ("failure", "error")]
-        if not self.objects:
-            del data["objects"]
-        if self.need_bytes is None:
-            del data["need_bytes"]
-        if not self.note:
-            del data["note"]
+        for key in ("objects", "need_bytes", "note"):
+            if data[key] in (None, {}, ""):
+                del data[key]
         return data
 
 
 def environment(stage: str, devices: DeviceSet, device: str | None, options: Options) -> dict[str, str]:
     """A child's environment: the scrubbed base, its device, the host's shared caches."""
-    given = {"CUDA_VISIBLE_DEVICES": devices.visible(device) if device is not None else "",
+    given = {"CUDA_VISIBLE_DEVICES": "" if devices.cpu or device is None else device,
              "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
-    if devices.arch_list and not _env_has("TORCH_CUDA_ARCH_LIST"):
+    if devices.arch_list and not os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip():
         given["TORCH_CUDA_ARCH_LIST"] = devices.arch_list
     if options.cache_dir is not None:
         cache = Path(options.cache_dir).expanduser().resolve()
@@ -86,20 +81,8 @@ def environment(stage: str, devices: DeviceSet, device: str | None, options: Opt
     if options.zygote:
         given[zygote.ENV] = options.zygote
     if stage == "build":
-        given["MAX_JOBS"] = str(max(1, _cores() // max(1, options.cpu_jobs)))
+        given["MAX_JOBS"] = str(max(1, (os.cpu_count() or 2) // max(1, options.cpu_jobs)))
     return copies.scrubbed_env(given, keep=options.keep_env)
-
-
-def _env_has(name: str) -> bool:
-    import os
-
-    return bool(os.environ.get(name, "").strip())
-
-
-def _cores() -> int:
-    import os
-
-    return os.cpu_count() or 2
 
 
 def command(stage: str, copy: Path, out: Path, options: Options) -> list[str]:
@@ -120,8 +103,7 @@ def command(stage: str, copy: Path, out: Path, options: Options) -> list[str]:
 def run_stage(stage: str, copy: Path, out: Path, devices: DeviceSet, device: str | None, options: Options,
               children: runner.Children | None = None) -> StageResult:
     """Run one stage of the workdir at `copy` (outputs in `out`) and read what it left. Its child
-    is forked from the pool's zygote (`options.zygote`, unless `options.fork` is off): torch and
-    the other slow modules are imported there once, not in every child."""
+    is forked from the pool's zygote (`options.zygote`, unless `options.fork` is off)."""
     timeout = options.build_timeout if stage == "build" else options.timeout
     outcome = runner.run(command(stage, copy, out, options), env=environment(stage, devices, device, options),
                          cwd=out, timeout=timeout, log=out / f"{stage}.log", children=children,
@@ -164,22 +146,19 @@ def read_build(outcome: runner.Outcome) -> StageResult:
     from pytest_cudaopt.judge.child_build import NEED_MARK, REPORT_MARK, TIMEOUT_CODE
 
     if outcome.returncode == 0:
-        return StageResult("build", OK, outcome.seconds, exit_code=0, need_bytes=_need(outcome.log, NEED_MARK))
+        try:
+            found = [line[len(NEED_MARK):].strip() for line in outcome.log.read_text(errors="replace").splitlines()
+                     if line.startswith(NEED_MARK)]
+        except OSError:
+            found = []
+        need = int(found[-1]) if found and found[-1].isdigit() else None
+        return StageResult("build", OK, outcome.seconds, exit_code=0, need_bytes=need)
 
     status = {1: "build-failed", TIMEOUT_CODE: "timeout"}.get(outcome.returncode, "error")
     tail = outcome.tail
     report = tail[tail.rindex(REPORT_MARK) + len(REPORT_MARK):].strip() if REPORT_MARK in tail else tail
     return StageResult("build", status, outcome.seconds, exit_code=outcome.returncode, tail=tail,
                        reason=report[-4000:] or f"the build ended with status {outcome.returncode}")
-
-
-def _need(log: Path, mark: str) -> int | None:
-    try:
-        text = log.read_text(errors="replace")
-    except OSError:
-        return None
-    found = [line[len(mark):].strip() for line in text.splitlines() if line.startswith(mark)]
-    return int(found[-1]) if found and found[-1].isdigit() else None
 
 
 def read_junit(path: Path) -> list[dict]:
@@ -232,19 +211,6 @@ def read_pytest(stage: str, outcome: runner.Outcome, report_path: Path, junit_pa
     return result
 
 
-def _failed(cases: list[dict], report: dict) -> list[str]:
-    """`perf test_speedup (speedup 0.085x is below the required 1.05x)` for each failed case:
-    its kind, its name and the reason the report gives it."""
-    said = {(item.get("kind"), str(item.get("test", "")).split("::")[-1]): item.get("reason")
-            for item in report.get("items", []) if isinstance(item, dict)}
-    found = []
-    for case in cases:
-        if case["outcome"] in ("failure", "error"):
-            reason = said.get((case["kind"], case["name"]))
-            found.append(f"{case['kind']} {case['name']}" + (f" ({reason})" if reason else ""))
-    return found
-
-
 def _verdict(stage: str, returncode: int, report: dict, cases: list[dict]) -> tuple[str, str | None]:
     for kind in EXPECTED[stage]:
         mine = [c for c in cases if c["kind"] == kind]
@@ -252,7 +218,11 @@ def _verdict(stage: str, returncode: int, report: dict, cases: list[dict]) -> tu
             return FAILED, f"no {kind} items were collected"
         if all(c["outcome"] == "skipped" for c in mine):
             return FAILED, f"every {kind} item was skipped"
-    failed = _failed(cases, report)
+    said = {f"{item.get('kind')} {str(item.get('test', '')).split('::')[-1]}": item.get("reason")
+            for item in report.get("items", []) if isinstance(item, dict)}
+    # `perf test_speedup (speedup 0.085x is below the required 1.05x)`: kind, name, the report's reason
+    failed = [f"{c['kind']} {c['name']}" for c in cases if c["outcome"] in ("failure", "error")]
+    failed = [name + (f" ({said[name]})" if said.get(name) else "") for name in failed]
     if failed:
         return FAILED, "failed: " + ", ".join(failed[:5]) + (f" and {len(failed) - 5} more" if len(failed) > 5 else "")
     if returncode != 0 or not report.get("passed"):
