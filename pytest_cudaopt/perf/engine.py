@@ -18,9 +18,6 @@ from pytest_cudaopt.remote.candidate import Candidate
 
 CLOCKS = ("device", "latency")  # what the gate can compare: see Config.clock
 
-# ---------------------------------------------------------------------------------------
-# Contenders and settings
-
 
 @dataclass
 class Contender:
@@ -44,7 +41,6 @@ class Contender:
 
     def context(self) -> ContextManager:
         return self.scope() if self.scope is not None else nullcontext()
-
 
 
 @dataclass(frozen=True)
@@ -81,10 +77,6 @@ class Config:
             values["clock"] = settings.clock
         values.update(overrides)
         return cls(**values)
-
-
-# ---------------------------------------------------------------------------------------
-# The engine
 
 
 Compare = Callable[[Any, Any], "str | None"]  # (output, expected) -> None, or the failure table
@@ -176,12 +168,9 @@ class Engine:
         return None
 
     def queue(self, calls: Sequence[Call]) -> list[Any]:
-        """One queued pass (device time). Every call's output is kept until the pass is done, as
-        a worker's batch keeps its own: a call whose output went into the block the call before
-        it had just freed would find that block in L2 (from the third call of a batch on, ~10%
-        faster a call for a kernel whose call fits in L2: benchmarks/results/2026-12-03-gated-batches.md). Under
-        `one_check_per_pass` (memory-bound problems, batches of one) only the checked calls'
-        are kept, so a pass holds one unchecked output at a time."""
+        """One queued pass (device time). Every output is kept until the pass is done: one written into
+        the block the call before had just freed would find it in L2 (~10% faster a call that fits in L2:
+        benchmarks/results/2026-12-03-gated-batches.md); under `one_check_per_pass` only the checked ones."""
         def run(call: Call) -> Run:
             scope = self.by_key[call.key].context
             if call.checked or not self.config.one_check_per_pass:
@@ -203,10 +192,9 @@ class Engine:
     # -- warm-up ---------------------------------------------------------------------------
 
     def warm_up(self) -> None:
-        """Each contender in turn, called directly until it has run `min_warmup_runs` times
-        and for `warmup` seconds; then, for CUDA graphs, its graph is captured (only now,
-        once lazy initialisation and autotuning are done); then one untimed queued pass of
-        every contender, from which the clock learns the host's enqueue time."""
+        """Each contender called `min_warmup_runs` times and for `warmup` seconds, its CUDA graph captured
+        after that (lazy initialisation and autotuning done); then one untimed queued pass of every
+        contender, from which the clock learns the host's enqueue time."""
         for key in self.keys:
             start, runs = self.clock.now(), 0
             while runs < self.config.min_warmup_runs or self.clock.now() - start < self.config.warmup:
@@ -228,9 +216,8 @@ class Engine:
                 self.record_error(call.key, outcome)
 
     def choose_batch(self) -> int:
-        """Calls per contender in a queued pass: enough for the fastest contender's batch to
-        last `batch_window` (by the later half of its warm-up figures), at most `max_batch` and
-        the clock's own cap (CudaClock: one); a CUDA graph replays one slot of inputs: one call."""
+        """Calls per contender in a queued pass: enough for the fastest's batch to last `batch_window` (by
+        the later half of its warm-up figures), capped by `max_batch` and the clock's; one for CUDA graphs."""
         if self.fixed:
             return 1
         per_call = [median(self.warm[k][len(self.warm[k]) // 2:]) for k in self.alive() if self.warm.get(k)]
@@ -254,11 +241,8 @@ class Engine:
         return [list(order[i:i + size]) for i in range(0, len(order), size)]
 
     def round(self) -> None:
-        """Every live contender, in `round_order`: first queued with the host ahead of the GPU,
-        `batch` calls each back to back after one L2 flush (device time; a pass's inputs drawn
-        before it starts), then each once from an idle device (latency), every call on a fresh
-        input set. A checked round compares outputs with the reference's on the same inputs:
-        every call's of a contender checked every call (the candidate), the batch's first's else."""
+        """Every live contender, in `round_order`: `batch` queued calls each (device time), then one from an
+        idle device (latency). A checked round checks each batch's first output (the candidate's: all)."""
         checked_round = self.feed.reference is not None and (
             self.rounds < self.config.checked_rounds or self.rng.random() < self.config.check_fraction)
         order = [k for k in round_order(self.keys, self.rounds) if not self.failed(k)]
@@ -346,21 +330,8 @@ class Engine:
 
 def measure(contenders: Sequence[Contender], feed: Feed, *, clock: Clock, config: Config = Config(),
             compare: Compare | None = None) -> Measurement:
-    """Time `contenders` with `clock`, interleaved run by run (`Engine`), every call on an
-    input set of its own (`feed.next()`, drawn outside the timed region).
-
-    After the warm-up, rounds: all contenders in `round_order`, first queued back to back
-    with the host ahead of the GPU (`clock.queue`: device time; `config.queue_group`
-    contenders a pass), then each from an idle device (`clock.time`: latency). The clock
-    named by `config.clock` gives `samples`, which the stop rule and the gate use: until
-    every such median's relative standard error is at most `target_rse` (after `min_runs`
-    runs each) or `max_time` seconds of rounds have passed.
-
-    With `feed.reference`, the outputs of the first `checked_rounds` rounds and of a random
-    `check_fraction` of the others are compared with `compare` (output, expected) -> None or
-    the failure table, the expected output computed from a copy of the call's own inputs
-    before the call. A contender that raises, mismatches, or whose work escapes the measured
-    stream is marked failed (`failure`) and leaves the remaining rounds."""
+    """Time `contenders` with `clock`, interleaved run by run (`Engine`), every call on an input set of its
+    own; a contender that raises, mismatches or whose work escapes the measured stream is marked failed."""
     return Engine(contenders, feed, clock=clock, config=config, compare=compare).run()
 
 

@@ -76,10 +76,8 @@ def synchronize(device: Any) -> None:
 
 
 def fresh_caller(model: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """A new function `name(*args) -> model(*args)` with a code object of its own. Dynamo
-    caches compiled graphs per code object, each entry guarded on the global state (the
-    TF32 flags included); a function of its own per compiled baseline gives each baseline
-    its own cache, so timing one never runs the other's guards or recompiles it."""
+    """A new function `name(*args) -> model(*args)` with a code object of its own: Dynamo caches per code
+    object, guarded on the TF32 flags too, so each baseline gets its own cache and never recompiles the other's."""
     namespace: dict[str, Any] = {"model": model}
     code = compile(f"def {name}(*args):\n    return model(*args)\n", f"<cudaopt {name}>", "exec")
     exec(code, namespace)
@@ -156,9 +154,6 @@ class Lineup:
     compile_seconds: dict[str, float] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)   # key -> why it is not in the lineup
 
-    def keys(self) -> list[str]:
-        return [c.key for c in self.contenders]
-
 
 def compile_label(mode: str, backend: str) -> str:
     extra = [] if mode in ("", "default") else [mode]
@@ -189,23 +184,16 @@ def lineup(
     out = Lineup()
     out.contenders.append(Contender(EAGER, model, "Model (eager)", scope=fp32_strict))
     label = compile_label(compile_mode, compile_backend)
-    try:
-        compiled, seconds = compile_model(model, example_inputs, device, mode=compile_mode,
-                                          backend=compile_backend, name="compiled_fp32")
-        out.contenders.append(Contender(COMPILE, compiled, label, scope=fp32_strict))
-        out.compile_seconds[COMPILE] = seconds
-    except Exception as exc:
-        out.errors[COMPILE] = f"{label} failed: {type(exc).__name__}: {exc}"
-    if precision_matched:
+    compiles = [(COMPILE, "compiled_fp32", fp32_strict, "")]
+    compiles += [(PRECISION_MATCHED, "compiled_tf32", tf32_allowed, " + TF32")] if precision_matched else []
+    for key, name, scope, suffix in compiles:
         try:
             compiled, seconds = compile_model(model, example_inputs, device, mode=compile_mode,
-                                              backend=compile_backend, name="compiled_tf32",
-                                              scope=tf32_allowed)
-            out.contenders.append(Contender(PRECISION_MATCHED, compiled, label + " + TF32",
-                                                   scope=tf32_allowed))
-            out.compile_seconds[PRECISION_MATCHED] = seconds
+                                              backend=compile_backend, name=name, scope=scope)
+            out.contenders.append(Contender(key, compiled, label + suffix, scope=scope))
+            out.compile_seconds[key] = seconds
         except Exception as exc:
-            out.errors[PRECISION_MATCHED] = f"{label} + TF32 failed: {type(exc).__name__}: {exc}"
+            out.errors[key] = f"{label}{suffix} failed: {type(exc).__name__}: {exc}"
     if workdir is not None:
         try:
             factories = load_peer_factories(workdir, reference_module)

@@ -98,11 +98,8 @@ def _plan(feed: Feed, example: list, device: torch.device, contenders: int,
 
 
 def _traces(lineup_: lineup.Lineup, measurement: engine.Measurement, args: list, tracer: Any) -> dict:
-    """One traced call of every contender that was timed or failed a timed call's check, after
-    the timing (the profiler's first use in a process costs about a second and cannot touch the
-    medians); a trace that shows escaped work fails its contender, that reason first: work left
-    on another stream is what makes a worker's timed outputs differ, read as its calling
-    stream's work ends (remote/window.py)."""
+    """One traced call of every contender that was timed or failed a check, after the timing (the
+    profiler's first use costs about a second); escaped work fails its contender, that reason first."""
     if tracer is None:
         return {}
     results = measurement.results
@@ -120,11 +117,9 @@ def _traces(lineup_: lineup.Lineup, measurement: engine.Measurement, args: list,
 
 def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
           tracer: Any = None, target: Any = None, known: Sequence[tuple[str, Any]] = ()) -> tuple[PerfResult, dict]:
-    """Time every contender of `workdir`, trace one call of each (with `tracer`, if any)
-    and decide the gate. Returns the result and what the pytest-benchmark recording needs
-    (the custom model and the feed of fresh inputs). `target` is the loaded baseline workdir
-    (the target branch), or the error that loading it raised; `known` the (case, Precision)
-    of every correctness case this session judged of the workdir (the tier is the worst)."""
+    """Time every contender of `workdir`, trace one call of each (with `tracer`, if any) and decide the
+    gate; returns the result and what the pytest-benchmark recording needs. `target` is the loaded target
+    branch's workdir or the error loading it raised; `known` the session's (case, Precision) pairs."""
     device = torch.device(settings.device)
     with memory.Peak(device) as peak, saved_rng():
         model, model_new = workdir.make_models(device, seed=derive_seed(seed, "perf", "weights"))
