@@ -111,7 +111,7 @@ class Clock(Protocol):
 
 
 class CudaClock:
-    """CUDA events on the current stream, with a cold L2 before every batch of timed calls (docs/timing.md).
+    """CUDA events on the current stream, a cold L2 before every batch of timed calls (docs/timing.md).
 
     At most 16 calls a batch (`max_batch`): the stream gate's allowance is fixed per batch, and batches
     of 32 did not yet tighten it (benchmarks/results/2026-12-03-gated-batches.md)."""
@@ -322,17 +322,13 @@ class PerfCounterClock:
         return Sample(seconds=seconds, wall=seconds, escaped=0.0, output=output)
 
 
-class FakeClock:
+class FakeClock(PerfCounterClock):
     """Scripted durations per contender key, for tests: `durations[key]` (device time) and `latency[key]`
     (default: the durations) are a number, a sequence cycled or a function called per run; `escaped[key]`
     the latency runs' escape. Virtual time advances by each figure plus `overhead`; the calls are real
     and `calls` lists their keys in order."""
 
     name = "fake"
-    flush_bytes = 0
-    graphs = False
-    max_batch = None
-    queued_rounds = behind_rounds = 0
 
     def __init__(self, durations: Mapping[str, Any], *, escaped: Mapping[str, Any] | None = None,
                  latency: Mapping[str, Any] | None = None, default: float | None = None,
@@ -349,13 +345,6 @@ class FakeClock:
 
     def now(self) -> float:
         return self.virtual
-
-    def prepare(self) -> None:
-        pass
-
-    def runner(self, fn: Callable[..., Any], scope: Callable[[], ContextManager],
-               args: Sequence[Any]) -> Callable[[], Any]:
-        return lambda: fn(*args)
 
     def _next(self, table: Mapping[str, Any], key: str) -> float:
         if key in table:

@@ -21,9 +21,7 @@ CLOCKS = ("device", "latency")  # what the gate can compare: see Config.clock
 
 @dataclass
 class Contender:
-    """One thing to time. `key` is stable ("eager", "compile", "custom", "peer:sdpa",
-    "precision-matched") and `label` is what tables show. `scope` (if any) is entered around
-    every call but outside the measured region (e.g. TF32 allowed for one baseline only)."""
+    """One thing to time: a stable `key`, the tables' `label`, a `scope` entered around every call (e.g. TF32)."""
 
     key: str
     fn: Callable[..., Any]
@@ -83,23 +81,19 @@ Compare = Callable[[Any, Any], "str | None"]  # (output, expected) -> None, or t
 
 
 def precise_enough(samples: Sequence[Sequence[float]], config: Config) -> bool:
-    """The stop rule: every contender has at least `min_runs` samples and the relative
-    standard error of its median is at most `target_rse`."""
+    """The stop rule: every contender has `min_runs` samples and a median's relative standard error <= `target_rse`."""
     return all(len(values) >= config.min_runs
                and relative_standard_error(values) <= config.target_rse for values in samples)
 
 
 def round_order(keys: Sequence[str], round_index: int) -> list[str]:
-    """Contenders of one round: the list rotated by the round number (A B C, B C A, C A B,
-    ...), so that each runs first, and after each other one, equally often."""
+    """Contenders of one round, rotated by the round number: each runs first, and after each other, equally often."""
     k = round_index % len(keys)
     return list(keys[k:]) + list(keys[:k])
 
 
 class Engine:
-    """One timing run of `contenders` on the input sets of `feed` with `clock` (see
-    `measure`): the warm-up, the timed rounds and the stop rule, each contender's runs in
-    `results`."""
+    """One timing run (see `measure`): the warm-up, the timed rounds and the stop rule; the runs in `results`."""
 
     def __init__(self, contenders: Sequence[Contender], feed: Feed, *, clock: Clock, config: Config,
                  compare: Compare | None = None):
@@ -125,8 +119,6 @@ class Engine:
         self.batch = 1                           # chosen after the warm-up (choose_batch) ...
         self.warm: dict[str, list[float]] = {}   # ... from each contender's warm-up figures
 
-    # -- one call ------------------------------------------------------------------------
-
     def failed(self, key: str) -> bool:
         return self.results[key].failure is not None
 
@@ -141,8 +133,7 @@ class Engine:
             self.results[key].error = exc
 
     def call(self, key: str, check: bool = False) -> Call:
-        """A call of `key` on a fresh input set (and, when `check`, the reference's output
-        for it), prepared now: before, never inside, the timed region."""
+        """A call of `key` on a fresh input set (with `check`, its expected output), prepared outside the timing."""
         index, inputs = self.feed.next()
         expected = self.feed.expected(inputs) if check else None
         contender = self.by_key[key]
@@ -189,8 +180,6 @@ class Engine:
             result.fail(f"output of timed round {self.rounds + 1} ({which}, input set {call.index}) "
                         f"differs from the reference: {problem}")
 
-    # -- warm-up ---------------------------------------------------------------------------
-
     def warm_up(self) -> None:
         """Each contender called `min_warmup_runs` times and for `warmup` seconds, its CUDA graph captured
         after that (lazy initialisation and autotuning done); then one untimed queued pass of every
@@ -233,8 +222,6 @@ class Engine:
             self.results[key].fail(f"could not be prepared for timing ({type(exc).__name__}: {exc})")
             return
         self.run_once(self.call(key))  # the captured graph replays once before it is timed
-
-    # -- one timed round -------------------------------------------------------------------
 
     def _groups(self, order: Sequence[str]) -> list[list[str]]:
         size = self.config.queue_group or len(order)
@@ -290,11 +277,8 @@ class Engine:
         if call.checked:
             self.check_output(call, sample.output, "from an idle device")
 
-    # -- the whole run -----------------------------------------------------------------------
-
     def run(self) -> Measurement:
-        """Warm up, then rounds until the stop rule (checked every round up to 50 rounds, then
-        whenever the count grew by 5%), `max_time` seconds of rounds or `max_rounds`."""
+        """Warm up, then rounds until the stop rule (each round to 50, then each 5% more), `max_time`, `max_rounds`."""
         self.clock.prepare()
         self.warm_up()
         queued_before, behind_before = self.clock.queued_rounds, self.clock.behind_rounds
@@ -336,8 +320,7 @@ def measure(contenders: Sequence[Contender], feed: Feed, *, clock: Clock, config
 
 
 def escape_limit(median_seconds: float, floor: float, config: Config) -> float:
-    """Largest tolerated median escape time: the calibrated floor + escape_abs +
-    escape_rel x the contender's median."""
+    """Largest tolerated median escape time: floor + escape_abs + escape_rel x the contender's median."""
     return floor + config.escape_abs + config.escape_rel * median_seconds
 
 

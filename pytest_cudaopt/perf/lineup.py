@@ -49,8 +49,7 @@ def quiet_compile_log() -> Iterator[None]:
 
 @contextmanager
 def tf32(allowed: bool) -> Iterator[None]:
-    """TF32 for float32 matmuls (cuBLAS) and convolutions (cuDNN) on or off inside the block
-    only, whatever the process-wide flags say."""
+    """TF32 for float32 matmuls (cuBLAS) and convolutions (cuDNN) on or off inside the block only."""
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
     saved = (matmul.allow_tf32, cudnn.allow_tf32)
     matmul.allow_tf32 = cudnn.allow_tf32 = allowed
@@ -87,8 +86,7 @@ def fresh_caller(model: Callable[..., Any], name: str) -> Callable[..., Any]:
 def compile_model(model: Callable[..., Any], example_inputs: Sequence[Any], device: Any, *,
                   mode: str = "default", backend: str = "inductor", name: str = "compiled",
                   scope: Callable[[], Any] = fp32_strict) -> tuple[Callable[..., Any], float]:
-    """torch.compile(model) under `scope`, compiled by one call on `example_inputs`.
-    Returns the compiled callable and the seconds that first call took (the compile time)."""
+    """torch.compile(model) under `scope`, compiled by one call: (the callable, that call's seconds)."""
     kwargs: dict[str, Any] = {"backend": backend}
     if mode and mode != "default":
         kwargs["mode"] = mode
@@ -176,11 +174,8 @@ def lineup(
     init_inputs: Sequence[Any] = (),
     target: Candidate | str | None = None,
 ) -> Lineup:
-    """Eager Model, torch.compile(Model) (compiled now, on `example_inputs`), ModelNew, the
-    workdir's peers and, when `precision_matched`, torch.compile(Model) compiled and timed
-    with TF32 allowed. A baseline that cannot be prepared is left out with its reason in
-    `errors` (the gate reports it); the custom path is always in. `target` is the target
-    branch's ModelNew (timed for the regression check), or why it could not be built."""
+    """Eager Model, torch.compile(Model), with `precision_matched` its TF32 twin, the peers, `target` (the
+    target branch's ModelNew, or why not) and ModelNew; a baseline that cannot be prepared goes to `errors`."""
     out = Lineup()
     out.contenders.append(Contender(EAGER, model, "Model (eager)", scope=fp32_strict))
     label = compile_label(compile_mode, compile_backend)

@@ -28,8 +28,7 @@ def _compare(settings: Any):
 
 
 def _tier(model: torch.nn.Module, candidate: Any, inputs: list, scope: Any = None) -> tuple[str, str]:
-    """(tier, note) of a contender's precision, measured against a float64 reference
-    (the contender runs inside its scope, e.g. with TF32 allowed)."""
+    """(tier, note) of a contender's precision (inside its scope) against a float64 reference."""
     def call(*args: Any) -> Any:
         if scope is None:
             return candidate(*args)
@@ -61,9 +60,7 @@ def _target_model(target: Any, model: torch.nn.Module, device: torch.device, see
 
 
 def _workdir_tier(tier: str, note: str, known: Sequence[tuple[str, Any]]) -> tuple[str, str]:
-    """The workdir's one precision tier: the least precise of the timed inputs' (`tier`,
-    `note`) and of every case the correctness items of this session judged (`known`:
-    (case, Precision) pairs; failed cases' "wrong" is theirs to report, not a tier)."""
+    """The workdir's one precision tier: the least precise of the timed inputs' and of `known`'s (not "wrong")."""
     cases = [(case, p) for case, p in known if p is not None and p.tier in TIER_ORDER and p.tier != WRONG]
     if not cases:
         return tier, note
@@ -75,9 +72,7 @@ def _workdir_tier(tier: str, note: str, known: Sequence[tuple[str, Any]]) -> tup
 
 
 def _feed(workdir: Any, model: torch.nn.Module, candidate: Candidate, seed: int, device: torch.device) -> Feed:
-    """Input set n: get_inputs() under its own secret seed, derived from the session's (the
-    global generators' state is kept once around all the draws, by `judge`); the expected
-    output: Model in float32 (TF32 off)."""
+    """Input set n: get_inputs() under its own secret seed; the expected output: Model in float32 (TF32 off)."""
     def draw(n: int) -> list:
         # In the candidate's sharing scope (a worker's pool on CUDA: the segments it maps hold inputs only).
         with candidate.sharing():
