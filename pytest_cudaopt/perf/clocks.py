@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Mapping, Protocol, Sequence
 
 import torch
@@ -13,10 +12,8 @@ from pytest_cudaopt.perf.runs import CandidateCall, Run, Sample, batches, candid
 from pytest_cudaopt.perf.stats import median
 from pytest_cudaopt.remote.timing import TimingError  # noqa: F401 - raised here, imported from here
 
-# What measures a contender is bound here, when this module is first imported (the plugin's
-# bind_timing() imports it before any workdir code runs), so that model_new.py cannot replace
-# it (torch.cuda.synchronize = noop).
-# `tampered()` reports any of the public names that were replaced after this point.
+# Bound at first import (bind_timing(), before any workdir code runs), so that model_new.py cannot
+# replace what measures a contender (torch.cuda.synchronize = noop); `tampered()` reports replacements.
 _perf_counter = time.perf_counter
 _Event = torch.cuda.Event
 _event_record = torch.cuda.Event.record
@@ -62,13 +59,9 @@ def tampered() -> list[str]:
             if getattr(owner, attr, None) is not bound]
 
 
-
-
 class GpuLead:
-    """Keeps the host ahead of the GPU: `enqueue(seconds)` puts a kernel that spins for
-    about that long on the current stream, so whatever the host enqueues meanwhile runs back
-    to back once it ends. The spin is in clock cycles (torch.cuda._sleep); `calibrate`
-    measures cycles per second with CUDA events (the SM clock varies by GPU and power state)."""
+    """Keeps the host ahead of the GPU: `enqueue(seconds)` spins a kernel about that long on the current
+    stream; `calibrate` measures its cycles per second (the SM clock varies by GPU and power state)."""
 
     def __init__(self, device: Any):
         self.device = device
@@ -93,23 +86,10 @@ class GpuLead:
         _gpu_sleep(max(1, int(seconds * self.cycles_per_second)))
 
 
-
-# ---------------------------------------------------------------------------------------
-# Clocks: CUDA events (the real one), perf_counter (CPU contenders), fake (unit tests)
-#
-# A clock times one contender's call in two ways, and the engine uses both every round:
-#   queue(runs)      device time: the round's calls enqueued with the host ahead of the GPU,
-#                    each contender's consecutive calls a batch back to back after one L2 flush;
-#                    each figure is the time between two events on the GPU;
-#   time(key, run)   latency: one call from an idle device, the host's launches included, with
-#                    a device-wide synchronise after it (the wall-clock escape check).
-# `runs` are Runs: (key, run, scope, call) with `scope()` a context manager entered around the
-# call, `call` the CandidateCall of a candidate's run (timed by the candidate, `time_calls`).
-# queue returns, per run and in order, a Sample or the exception the call raised.
-
-
 class Clock(Protocol):
-    """What `measure` needs of a clock (CudaClock, PerfCounterClock, FakeClock)."""
+    """What `measure` needs of a clock: `queue(runs)` device time (per run, in order, a Sample or the
+    exception it raised), `time(key, run)` latency (one call from an idle device, then a device-wide
+    synchronise: the escape check)."""
 
     name: str
     flush_bytes: int
@@ -131,33 +111,19 @@ class Clock(Protocol):
 
 
 class CudaClock:
-    """CUDA events on the current stream, with a cold L2 before every batch of timed calls.
+    """CUDA events on the current stream, a cold L2 before every batch of timed calls (docs/timing.md).
 
-    Device time (`queue`): from an idle device, a spin kernel long enough for the host to
-    enqueue the whole round (GpuLead), then for each contender's batch: the L2 flush (a kernel
-    that zeroes a buffer twice the size of L2), an event, and each call followed by an event;
-    one synchronise at the end of the round. A call's figure is the time between the event
-    before it and the one after it. The GPU runs flush and calls back to back, so the events
-    bracket the kernels and the gaps between them, not the host's launch latency; the first
-    call of a batch finds L2 cold, the later ones find what the calls before left in it (the
-    weights), each on inputs of its own. The lead adapts to the host's enqueue time of the
-    previous rounds; a round where the host needed longer than the lead is counted
-    (`behind_rounds`) and shown in the notes. A worker's ModelNew is timed the same way in its
-    own process after this process flushed L2 (worker.RemoteModel.time_batch).
-
-    At most 16 calls a batch on a GPU (`max_batch`): a worker's batch goes behind its stream gate
-    (remote/window.py), whose allowance is fixed per batch, so the longer the batch the tighter
-    the bound a call; batches of 32 were not yet (benchmarks/results/2026-12-03-gated-batches.md)."""
+    At most 16 calls a batch (`max_batch`): the stream gate's allowance is fixed per batch, and batches
+    of 32 did not yet tighten it (benchmarks/results/2026-12-03-gated-batches.md)."""
 
     max_batch: int | None = 16
     name = "cuda-events"
     min_lead = 200e-6
     max_lead = 0.1
 
-    def __init__(self, device: Any = None, *, graphs: bool = False, flush_factor: int = 2):
+    def __init__(self, device: Any = None, *, graphs: bool = False):
         self.device = torch.device("cuda") if device is None else torch.device(device)
         self.graphs = graphs
-        self.flush_factor = flush_factor
         self._flush: torch.Tensor | None = None
         self._start = None
         self._end = None
@@ -178,7 +144,7 @@ class CudaClock:
     def prepare(self) -> None:
         l2 = int(getattr(_device_properties(self.device), "L2_cache_size", 0) or 0)
         # At least 2x L2 (at least 64 MiB if the property is missing), in int32 words.
-        nbytes = max(self.flush_factor * l2, 64 << 20)
+        nbytes = max(2 * l2, 64 << 20)
         self._flush = _torch_empty(nbytes // 4, dtype=torch.int32, device=self.device)
         self._start = _Event(enable_timing=True)
         self._end = _Event(enable_timing=True)
@@ -250,10 +216,7 @@ class CudaClock:
                 try:
                     with scope():
                         output = run()
-                    if not _current_stream(self.device) == stream:
-                        _set_stream(stream)
-                        raise TimingError(f"{key} left a different CUDA stream current after its call; "
-                                          "launch on torch.cuda.current_stream() and do not change it")
+                    self._check_stream(key, stream)
                     outcomes.append(output)
                 except Exception as exc:
                     outcomes.append(exc)
@@ -276,10 +239,9 @@ class CudaClock:
 
     def time(self, key: str, run: Callable[[], Any], call: CandidateCall | None = None) -> Sample:
         _device_synchronize()
-        if call is not None:  # a batch of one, timed by the candidate
-            self.flush()
-            return _first(time_calls([call]))
         self.flush()
+        if call is not None:  # a batch of one, timed by the candidate
+            return _first(time_calls([call]))
         _device_synchronize()
         stream = _current_stream(self.device)
         t0 = _perf_counter()
@@ -290,12 +252,15 @@ class CudaClock:
         t1 = _perf_counter()
         _device_synchronize()
         t2 = _perf_counter()
+        self._check_stream(key, stream)
+        seconds = _event_elapsed_ms(self._start, self._end) / 1e3
+        return Sample(seconds=seconds, wall=t2 - t0, escaped=t2 - t1, output=output)
+
+    def _check_stream(self, key: str, stream: Any) -> None:
         if not _current_stream(self.device) == stream:
             _set_stream(stream)
             raise TimingError(f"{key} left a different CUDA stream current after its call; "
                               "launch on torch.cuda.current_stream() and do not change it")
-        seconds = _event_elapsed_ms(self._start, self._end) / 1e3
-        return Sample(seconds=seconds, wall=t2 - t0, escaped=t2 - t1, output=output)
 
 
 def _first(samples: list[Any]) -> Sample:
@@ -323,9 +288,7 @@ def _queue_each(runs: Sequence[Run], time_one: Callable[[str, Callable[[], Any]]
 
 
 class PerfCounterClock:
-    """Host wall clock around each call, for CPU contenders (used to exercise the
-    machinery on CPU workdirs; nothing is flushed and nothing can escape). Device time and
-    latency are the same thing here, measured separately."""
+    """Host wall clock around each call, for CPU contenders (nothing is flushed, nothing can escape)."""
 
     name = "perf-counter"
     escape_floor = 0.0
@@ -359,20 +322,13 @@ class PerfCounterClock:
         return Sample(seconds=seconds, wall=seconds, escaped=0.0, output=output)
 
 
-class FakeClock:
-    """Scripted durations per contender key, for tests: `durations[key]` is the device time,
-    a number, a sequence cycled run by run, or a function called after each run for its
-    figure (one that charges less when a memo answered); `latency[key]` likewise (default: the
-    durations, cycled separately); `escaped[key]` the escape of the latency runs. Virtual
-    time advances by each figure (plus `overhead`), so warm-up and the time cap behave as
-    with a real clock. The calls are real (outputs are checked); `calls` lists the keys in
-    the order run."""
+class FakeClock(PerfCounterClock):
+    """Scripted durations per contender key, for tests: `durations[key]` (device time) and `latency[key]`
+    (default: the durations) are a number, a sequence cycled or a function called per run; `escaped[key]`
+    the latency runs' escape. Virtual time advances by each figure plus `overhead`; the calls are real
+    and `calls` lists their keys in order."""
 
     name = "fake"
-    flush_bytes = 0
-    graphs = False
-    max_batch = None
-    queued_rounds = behind_rounds = 0
 
     def __init__(self, durations: Mapping[str, Any], *, escaped: Mapping[str, Any] | None = None,
                  latency: Mapping[str, Any] | None = None, default: float | None = None,
@@ -389,13 +345,6 @@ class FakeClock:
 
     def now(self) -> float:
         return self.virtual
-
-    def prepare(self) -> None:
-        pass
-
-    def runner(self, fn: Callable[..., Any], scope: Callable[[], ContextManager],
-               args: Sequence[Any]) -> Callable[[], Any]:
-        return lambda: fn(*args)
 
     def _next(self, table: Mapping[str, Any], key: str) -> float:
         if key in table:

@@ -45,11 +45,7 @@ class SpeedDecision:
 
 def gate_verdict(medians: Mapping[str, float], failures: Mapping[str, str], *,
                  gate: str = "compile", min_speedup: float = 1.05) -> SpeedDecision:
-    """Decide the gate from the contenders' medians (seconds, by key) and their failures.
-
-    Passes iff the custom path and the baseline chosen by `gate` ("compile" or
-    "precision-matched") were both timed without failure and
-    `medians["custom"] <= medians[baseline] / min_speedup`."""
+    """Passes iff custom and `gate`'s baseline were timed without failure and custom <= baseline / min_speedup."""
     if gate not in GATES:
         raise ValueError(f"unknown gate {gate!r}; expected one of {', '.join(GATES)}")
     baseline = GATES[gate]
@@ -73,9 +69,7 @@ def gate_verdict(medians: Mapping[str, float], failures: Mapping[str, str], *,
 
 
 def regression_verdict(medians: Mapping[str, float], *, margin: float) -> dict[str, Any]:
-    """The candidate against the target branch's ModelNew timed in the same run: passes iff
-    `median(custom) <= median(target) * (1 + margin)`. {} when either was not timed (a
-    missing baseline never fails a run)."""
+    """Passes iff median(custom) <= median(target) * (1 + margin); {} when either was not timed."""
     custom, target = _finite(medians.get(CUSTOM)), _finite(medians.get(TARGET))
     if custom is None or target is None:
         return {}
@@ -96,11 +90,9 @@ def _finite(value: float | None) -> float | None:
 
 def figure_warnings(device: float | None, latency: float | None, kernel_sum: float | None,
                     margin: float = FIGURE_MARGIN) -> list[str]:
-    """Where device time, latency and summed kernel time (seconds; None when absent) of one
-    contender disagree by more than `margin`, with what it suggests."""
+    """Where device time, latency and summed kernel time of one contender disagree by more than `margin`."""
     out = []
-    device = _finite(device)
-    latency = _finite(latency)
+    device, latency = _finite(device), _finite(latency)
     if device and kernel_sum is not None:
         gap = (device - kernel_sum) / device
         if abs(gap) > margin:
@@ -121,8 +113,7 @@ def figure_warnings(device: float | None, latency: float | None, kernel_sum: flo
 
 
 def candidate_warnings(measurement: Any, kernel_sum: float | None) -> list[str]:
-    """`figure_warnings` of the custom path in a measurement (None: no measurement). On the
-    host clock (CPU workdirs) both figures are host time: their difference is noise."""
+    """`figure_warnings` of the custom path; none on the host clock, where both figures are host time."""
     custom = measurement.results.get(CUSTOM) if measurement is not None else None
     if custom is None or not custom.samples or measurement.clock == "perf-counter":
         return []

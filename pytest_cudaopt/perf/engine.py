@@ -18,15 +18,10 @@ from pytest_cudaopt.remote.candidate import Candidate
 
 CLOCKS = ("device", "latency")  # what the gate can compare: see Config.clock
 
-# ---------------------------------------------------------------------------------------
-# Contenders and settings
-
 
 @dataclass
 class Contender:
-    """One thing to time. `key` is stable ("eager", "compile", "custom", "peer:sdpa",
-    "precision-matched") and `label` is what tables show. `scope` (if any) is entered around
-    every call but outside the measured region (e.g. TF32 allowed for one baseline only)."""
+    """One thing to time: a stable `key`, the tables' `label`, a `scope` entered around every call (e.g. TF32)."""
 
     key: str
     fn: Callable[..., Any]
@@ -44,7 +39,6 @@ class Contender:
 
     def context(self) -> ContextManager:
         return self.scope() if self.scope is not None else nullcontext()
-
 
 
 @dataclass(frozen=True)
@@ -83,31 +77,23 @@ class Config:
         return cls(**values)
 
 
-# ---------------------------------------------------------------------------------------
-# The engine
-
-
 Compare = Callable[[Any, Any], "str | None"]  # (output, expected) -> None, or the failure table
 
 
 def precise_enough(samples: Sequence[Sequence[float]], config: Config) -> bool:
-    """The stop rule: every contender has at least `min_runs` samples and the relative
-    standard error of its median is at most `target_rse`."""
+    """The stop rule: every contender has `min_runs` samples and a median's relative standard error <= `target_rse`."""
     return all(len(values) >= config.min_runs
                and relative_standard_error(values) <= config.target_rse for values in samples)
 
 
 def round_order(keys: Sequence[str], round_index: int) -> list[str]:
-    """Contenders of one round: the list rotated by the round number (A B C, B C A, C A B,
-    ...), so that each runs first, and after each other one, equally often."""
+    """Contenders of one round, rotated by the round number: each runs first, and after each other, equally often."""
     k = round_index % len(keys)
     return list(keys[k:]) + list(keys[:k])
 
 
 class Engine:
-    """One timing run of `contenders` on the input sets of `feed` with `clock` (see
-    `measure`): the warm-up, the timed rounds and the stop rule, each contender's runs in
-    `results`."""
+    """One timing run (see `measure`): the warm-up, the timed rounds and the stop rule; the runs in `results`."""
 
     def __init__(self, contenders: Sequence[Contender], feed: Feed, *, clock: Clock, config: Config,
                  compare: Compare | None = None):
@@ -133,8 +119,6 @@ class Engine:
         self.batch = 1                           # chosen after the warm-up (choose_batch) ...
         self.warm: dict[str, list[float]] = {}   # ... from each contender's warm-up figures
 
-    # -- one call ------------------------------------------------------------------------
-
     def failed(self, key: str) -> bool:
         return self.results[key].failure is not None
 
@@ -149,8 +133,7 @@ class Engine:
             self.results[key].error = exc
 
     def call(self, key: str, check: bool = False) -> Call:
-        """A call of `key` on a fresh input set (and, when `check`, the reference's output
-        for it), prepared now: before, never inside, the timed region."""
+        """A call of `key` on a fresh input set (with `check`, its expected output), prepared outside the timing."""
         index, inputs = self.feed.next()
         expected = self.feed.expected(inputs) if check else None
         contender = self.by_key[key]
@@ -176,12 +159,9 @@ class Engine:
         return None
 
     def queue(self, calls: Sequence[Call]) -> list[Any]:
-        """One queued pass (device time). Every call's output is kept until the pass is done, as
-        a worker's batch keeps its own: a call whose output went into the block the call before
-        it had just freed would find that block in L2 (from the third call of a batch on, ~10%
-        faster a call for a kernel whose call fits in L2: benchmarks/results/2026-12-03-gated-batches.md). Under
-        `one_check_per_pass` (memory-bound problems, batches of one) only the checked calls'
-        are kept, so a pass holds one unchecked output at a time."""
+        """One queued pass (device time). Every output is kept until the pass is done: one written into
+        the block the call before had just freed would find it in L2 (~10% faster a call that fits in L2:
+        benchmarks/results/2026-12-03-gated-batches.md); under `one_check_per_pass` only the checked ones."""
         def run(call: Call) -> Run:
             scope = self.by_key[call.key].context
             if call.checked or not self.config.one_check_per_pass:
@@ -200,13 +180,10 @@ class Engine:
             result.fail(f"output of timed round {self.rounds + 1} ({which}, input set {call.index}) "
                         f"differs from the reference: {problem}")
 
-    # -- warm-up ---------------------------------------------------------------------------
-
     def warm_up(self) -> None:
-        """Each contender in turn, called directly until it has run `min_warmup_runs` times
-        and for `warmup` seconds; then, for CUDA graphs, its graph is captured (only now,
-        once lazy initialisation and autotuning are done); then one untimed queued pass of
-        every contender, from which the clock learns the host's enqueue time."""
+        """Each contender called `min_warmup_runs` times and for `warmup` seconds, its CUDA graph captured
+        after that (lazy initialisation and autotuning done); then one untimed queued pass of every
+        contender, from which the clock learns the host's enqueue time."""
         for key in self.keys:
             start, runs = self.clock.now(), 0
             while runs < self.config.min_warmup_runs or self.clock.now() - start < self.config.warmup:
@@ -228,9 +205,8 @@ class Engine:
                 self.record_error(call.key, outcome)
 
     def choose_batch(self) -> int:
-        """Calls per contender in a queued pass: enough for the fastest contender's batch to
-        last `batch_window` (by the later half of its warm-up figures), at most `max_batch` and
-        the clock's own cap (CudaClock: one); a CUDA graph replays one slot of inputs: one call."""
+        """Calls per contender in a queued pass: enough for the fastest's batch to last `batch_window` (by
+        the later half of its warm-up figures), capped by `max_batch` and the clock's; one for CUDA graphs."""
         if self.fixed:
             return 1
         per_call = [median(self.warm[k][len(self.warm[k]) // 2:]) for k in self.alive() if self.warm.get(k)]
@@ -247,18 +223,13 @@ class Engine:
             return
         self.run_once(self.call(key))  # the captured graph replays once before it is timed
 
-    # -- one timed round -------------------------------------------------------------------
-
     def _groups(self, order: Sequence[str]) -> list[list[str]]:
         size = self.config.queue_group or len(order)
         return [list(order[i:i + size]) for i in range(0, len(order), size)]
 
     def round(self) -> None:
-        """Every live contender, in `round_order`: first queued with the host ahead of the GPU,
-        `batch` calls each back to back after one L2 flush (device time; a pass's inputs drawn
-        before it starts), then each once from an idle device (latency), every call on a fresh
-        input set. A checked round compares outputs with the reference's on the same inputs:
-        every call's of a contender checked every call (the candidate), the batch's first's else."""
+        """Every live contender, in `round_order`: `batch` queued calls each (device time), then one from an
+        idle device (latency). A checked round checks each batch's first output (the candidate's: all)."""
         checked_round = self.feed.reference is not None and (
             self.rounds < self.config.checked_rounds or self.rng.random() < self.config.check_fraction)
         order = [k for k in round_order(self.keys, self.rounds) if not self.failed(k)]
@@ -306,11 +277,8 @@ class Engine:
         if call.checked:
             self.check_output(call, sample.output, "from an idle device")
 
-    # -- the whole run -----------------------------------------------------------------------
-
     def run(self) -> Measurement:
-        """Warm up, then rounds until the stop rule (checked every round up to 50 rounds, then
-        whenever the count grew by 5%), `max_time` seconds of rounds or `max_rounds`."""
+        """Warm up, then rounds until the stop rule (each round to 50, then each 5% more), `max_time`, `max_rounds`."""
         self.clock.prepare()
         self.warm_up()
         queued_before, behind_before = self.clock.queued_rounds, self.clock.behind_rounds
@@ -346,27 +314,13 @@ class Engine:
 
 def measure(contenders: Sequence[Contender], feed: Feed, *, clock: Clock, config: Config = Config(),
             compare: Compare | None = None) -> Measurement:
-    """Time `contenders` with `clock`, interleaved run by run (`Engine`), every call on an
-    input set of its own (`feed.next()`, drawn outside the timed region).
-
-    After the warm-up, rounds: all contenders in `round_order`, first queued back to back
-    with the host ahead of the GPU (`clock.queue`: device time; `config.queue_group`
-    contenders a pass), then each from an idle device (`clock.time`: latency). The clock
-    named by `config.clock` gives `samples`, which the stop rule and the gate use: until
-    every such median's relative standard error is at most `target_rse` (after `min_runs`
-    runs each) or `max_time` seconds of rounds have passed.
-
-    With `feed.reference`, the outputs of the first `checked_rounds` rounds and of a random
-    `check_fraction` of the others are compared with `compare` (output, expected) -> None or
-    the failure table, the expected output computed from a copy of the call's own inputs
-    before the call. A contender that raises, mismatches, or whose work escapes the measured
-    stream is marked failed (`failure`) and leaves the remaining rounds."""
+    """Time `contenders` with `clock`, interleaved run by run (`Engine`), every call on an input set of its
+    own; a contender that raises, mismatches or whose work escapes the measured stream is marked failed."""
     return Engine(contenders, feed, clock=clock, config=config, compare=compare).run()
 
 
 def escape_limit(median_seconds: float, floor: float, config: Config) -> float:
-    """Largest tolerated median escape time: the calibrated floor + escape_abs +
-    escape_rel x the contender's median."""
+    """Largest tolerated median escape time: floor + escape_abs + escape_rel x the contender's median."""
     return floor + config.escape_abs + config.escape_rel * median_seconds
 
 

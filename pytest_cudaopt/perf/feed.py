@@ -1,9 +1,6 @@
 """The inputs of the timed calls: a fresh input set for every call, drawn under its own secret seed outside the timed region, and the expected outputs of the calls that are checked.
 
-A memo keyed by input content, by address or by anything else gains nothing when no call ever
-sees inputs an earlier call saw: every call of every contender, warm-up included, gets an input
-set of its own (`Feed.next`). A CUDA graph needs its inputs at fixed addresses; the engine then
-copies each fresh set into the contender's slot in place (`tensors.refill_inputs`)."""
+A memo gains nothing when no call, warm-up included, ever sees inputs an earlier call saw."""
 
 from __future__ import annotations
 
@@ -17,11 +14,8 @@ from pytest_cudaopt.primitives.tensors import clone_inputs
 
 @dataclass
 class Feed:
-    """Where every call's inputs come from. `draw(n)` returns input set number n (fresh
-    tensors; the perf verdict's is get_inputs() under the n-th per-call secret seed), and
-    each n is drawn once; `reference(*inputs)` gives the expected output of a set (None:
-    no output is checked). `drawn` counts the sets drawn, `seconds` the host time spent
-    drawing them and computing expected outputs, all outside the timed region."""
+    """Where every call's inputs come from: `draw(n)` input set n (each n drawn once), `reference(*inputs)`
+    its expected output (None: nothing checked); `drawn` sets drawn, `seconds` the host time spent."""
 
     draw: Callable[[int], Sequence[Any]]
     reference: Callable[..., Any] | None = None
@@ -49,9 +43,8 @@ class Feed:
 
 @dataclass
 class Call:
-    """One prepared call: `run()` calls the contender on input set `index` (the inputs are
-    bound in it); a `checked` call's output is compared with `expected`, the reference's;
-    `candidate` is the call when the contender is the candidate (`run` is then this call)."""
+    """One prepared call: `run()` on input set `index`; a `checked` call's output is compared with
+    `expected`; `candidate` is the call when the contender is the candidate (`run` is then this call)."""
 
     key: str
     index: int

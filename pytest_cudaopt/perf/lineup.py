@@ -49,8 +49,7 @@ def quiet_compile_log() -> Iterator[None]:
 
 @contextmanager
 def tf32(allowed: bool) -> Iterator[None]:
-    """TF32 for float32 matmuls (cuBLAS) and convolutions (cuDNN) on or off inside the block
-    only, whatever the process-wide flags say."""
+    """TF32 for float32 matmuls (cuBLAS) and convolutions (cuDNN) on or off inside the block only."""
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
     saved = (matmul.allow_tf32, cudnn.allow_tf32)
     matmul.allow_tf32 = cudnn.allow_tf32 = allowed
@@ -76,10 +75,8 @@ def synchronize(device: Any) -> None:
 
 
 def fresh_caller(model: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """A new function `name(*args) -> model(*args)` with a code object of its own. Dynamo
-    caches compiled graphs per code object, each entry guarded on the global state (the
-    TF32 flags included); a function of its own per compiled baseline gives each baseline
-    its own cache, so timing one never runs the other's guards or recompiles it."""
+    """A new function `name(*args) -> model(*args)` with a code object of its own: Dynamo caches per code
+    object, guarded on the TF32 flags too, so each baseline gets its own cache and never recompiles the other's."""
     namespace: dict[str, Any] = {"model": model}
     code = compile(f"def {name}(*args):\n    return model(*args)\n", f"<cudaopt {name}>", "exec")
     exec(code, namespace)
@@ -89,8 +86,7 @@ def fresh_caller(model: Callable[..., Any], name: str) -> Callable[..., Any]:
 def compile_model(model: Callable[..., Any], example_inputs: Sequence[Any], device: Any, *,
                   mode: str = "default", backend: str = "inductor", name: str = "compiled",
                   scope: Callable[[], Any] = fp32_strict) -> tuple[Callable[..., Any], float]:
-    """torch.compile(model) under `scope`, compiled by one call on `example_inputs`.
-    Returns the compiled callable and the seconds that first call took (the compile time)."""
+    """torch.compile(model) under `scope`, compiled by one call: (the callable, that call's seconds)."""
     kwargs: dict[str, Any] = {"backend": backend}
     if mode and mode != "default":
         kwargs["mode"] = mode
@@ -156,9 +152,6 @@ class Lineup:
     compile_seconds: dict[str, float] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)   # key -> why it is not in the lineup
 
-    def keys(self) -> list[str]:
-        return [c.key for c in self.contenders]
-
 
 def compile_label(mode: str, backend: str) -> str:
     extra = [] if mode in ("", "default") else [mode]
@@ -181,31 +174,21 @@ def lineup(
     init_inputs: Sequence[Any] = (),
     target: Candidate | str | None = None,
 ) -> Lineup:
-    """Eager Model, torch.compile(Model) (compiled now, on `example_inputs`), ModelNew, the
-    workdir's peers and, when `precision_matched`, torch.compile(Model) compiled and timed
-    with TF32 allowed. A baseline that cannot be prepared is left out with its reason in
-    `errors` (the gate reports it); the custom path is always in. `target` is the target
-    branch's ModelNew (timed for the regression check), or why it could not be built."""
+    """Eager Model, torch.compile(Model), with `precision_matched` its TF32 twin, the peers, `target` (the
+    target branch's ModelNew, or why not) and ModelNew; a baseline that cannot be prepared goes to `errors`."""
     out = Lineup()
     out.contenders.append(Contender(EAGER, model, "Model (eager)", scope=fp32_strict))
     label = compile_label(compile_mode, compile_backend)
-    try:
-        compiled, seconds = compile_model(model, example_inputs, device, mode=compile_mode,
-                                          backend=compile_backend, name="compiled_fp32")
-        out.contenders.append(Contender(COMPILE, compiled, label, scope=fp32_strict))
-        out.compile_seconds[COMPILE] = seconds
-    except Exception as exc:
-        out.errors[COMPILE] = f"{label} failed: {type(exc).__name__}: {exc}"
-    if precision_matched:
+    compiles = [(COMPILE, "compiled_fp32", fp32_strict, "")]
+    compiles += [(PRECISION_MATCHED, "compiled_tf32", tf32_allowed, " + TF32")] if precision_matched else []
+    for key, name, scope, suffix in compiles:
         try:
             compiled, seconds = compile_model(model, example_inputs, device, mode=compile_mode,
-                                              backend=compile_backend, name="compiled_tf32",
-                                              scope=tf32_allowed)
-            out.contenders.append(Contender(PRECISION_MATCHED, compiled, label + " + TF32",
-                                                   scope=tf32_allowed))
-            out.compile_seconds[PRECISION_MATCHED] = seconds
+                                              backend=compile_backend, name=name, scope=scope)
+            out.contenders.append(Contender(key, compiled, label + suffix, scope=scope))
+            out.compile_seconds[key] = seconds
         except Exception as exc:
-            out.errors[PRECISION_MATCHED] = f"{label} + TF32 failed: {type(exc).__name__}: {exc}"
+            out.errors[key] = f"{label}{suffix} failed: {type(exc).__name__}: {exc}"
     if workdir is not None:
         try:
             factories = load_peer_factories(workdir, reference_module)

@@ -11,9 +11,7 @@ from pytest_cudaopt.perf.stats import Summary, median
 
 @dataclass
 class ContenderResult:
-    """One contender's runs: `device` per queued call, `latency` per round (a call from an
-    idle device), `samples` those of the clock that gates (Config.clock), `walls`/`escapes` of
-    the latency runs."""
+    """One contender's runs: `device` per queued call, `latency`/`walls`/`escapes` per round, `samples` the gate's."""
 
     key: str
     label: str

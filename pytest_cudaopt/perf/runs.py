@@ -10,9 +10,7 @@ from pytest_cudaopt.remote.candidate import Candidate
 
 @dataclass(frozen=True)
 class Sample:
-    """One timed run: `seconds` measured by the clock (CUDA events on device), `wall` the
-    host time from before the call to the end of a device-wide synchronise, `escaped` the
-    host time the device stayed busy after the measured stream had finished."""
+    """One timed run: the clock's `seconds`, `wall` to a device-wide synchronise's end, `escaped` after the stream."""
 
     seconds: float
     wall: float
@@ -22,9 +20,7 @@ class Sample:
 
 @dataclass(frozen=True)
 class CandidateCall:
-    """A call of the candidate (worker.candidate.Candidate): a clock times the consecutive calls
-    of one contender as a batch (`Candidate.time_batch`), the candidate's figures checked against
-    this process's clock around it. Called directly, an untimed call (a warm-up)."""
+    """A call of the candidate: consecutive ones are timed as a batch (`time_calls`); called directly, untimed."""
 
     candidate: Candidate
     args: Sequence[Any]
@@ -70,8 +66,7 @@ def candidate_batches(runs: Sequence[Run]) -> list[list[int]]:
 
 
 def time_calls(calls: Sequence[CandidateCall]) -> list[Any]:
-    """One batch of a candidate's calls (`Candidate.time_batch`): a Sample per call (its output
-    dropped where the call does not keep it), or the exception for every call of the batch."""
+    """One batch of a candidate's calls: a Sample per call, or the exception for every call of the batch."""
     try:
         timed = calls[0].candidate.time_batch([list(c.args) for c in calls])
     except Exception as exc:

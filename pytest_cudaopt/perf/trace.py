@@ -18,11 +18,8 @@ from pytest_cudaopt.perf.engine import Contender
 from pytest_cudaopt.perf.stats import format_seconds
 from pytest_cudaopt.primitives.tensors import clone_inputs
 
-# Bound at import, before any workdir code runs (see clocks.py): the profiler is how escapes
-# are found, so model_new.py must not be able to replace it.
-# The autograd profiler that torch.profiler.profile drives, used as it is: torch.profiler's start
-# asks `hasattr(torch, "_inductor")`, which imports Inductor and Dynamo (~900 modules: seconds in a
-# worker that has no cached bytecode, and nothing the trace needs).
+# Bound at import, before any workdir code runs (see clocks.py): escapes are found by it. The autograd
+# profiler, not torch.profiler's start, which imports Inductor and Dynamo (~900 modules: seconds in a worker).
 _profile = torch.autograd.profiler.profile
 _record_function = torch.profiler.record_function
 
@@ -156,24 +153,12 @@ def short_name(name: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-# ---------------------------------------------------------------------------------------
-# The escape rule (pure)
-
-
 def find_escapes(trace: Trace) -> list[Escape]:
-    """Device work of the call on a stream other than the calling one that the calling
-    stream does not bracket, at any duration.
+    """Device work of the call on another stream that the calling stream does not bracket, at any duration.
 
-    The tracer enqueues on the calling stream a marker right before the call (BEGIN) and
-    right after it (END), with the host ahead of the GPU so that timestamps reflect the
-    streams' ordering rather than the host's launch times. Work forked from the calling
-    stream (its stream waits on an event recorded there) starts after BEGIN ends; work
-    joined back (the calling stream waits on an event recorded after it) ends before END
-    starts, because END waits for it. So side-stream work that ends after END starts was
-    not joined back before the call returned (it outlives the calling stream's work), and
-    side-stream work that starts before BEGIN ends did not wait for the calling stream (it
-    can run before the inputs are ready, outside any timed window). Either fails. Joined
-    work passes. Not caught: an unjoined side-stream kernel that happens to start and end
+    With the host ahead, forked work starts after BEGIN ends and joined work ends before END starts
+    (END waits for it): side-stream work ending after END was not joined back, and work starting
+    before BEGIN did not wait for the inputs. Not caught: an unjoined kernel that happens to run
     inside the calling stream's own work (it is timed; its result races)."""
     if trace.error or trace.calling_stream is None or trace.window is None:
         return []
@@ -204,15 +189,9 @@ def escape_failure(trace: Trace, limit: int = 3) -> str | None:
             "event on the side stream and make the current stream wait on it)")
 
 
-# ---------------------------------------------------------------------------------------
-# Parsing a Chrome trace (torch.profiler's export_chrome_trace) (pure)
-
-
 def parse_chrome(events: Iterable[Mapping[str, Any]]) -> Trace:
-    """The call's device work from Chrome-trace events: every kernel, copy and memset in the
-    trace except those launched inside the tracer's own ranges (OWN_RANGES, matched through
-    the launch's correlation id). The BEGIN and END markers give the calling stream and the
-    window (see find_escapes)."""
+    """The call's device work from Chrome-trace events: every kernel, copy and memset but those launched
+    inside OWN_RANGES (by correlation id); BEGIN and END give the calling stream and the window."""
     events = [e for e in events if isinstance(e, Mapping) and e.get("ph", "X") == "X"]
     ranges: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for e in events:
@@ -262,23 +241,15 @@ def _dims(value: Any) -> tuple[int, ...] | None:
     return None
 
 
-# ---------------------------------------------------------------------------------------
-# Tracers: torch.profiler on a CUDA device, scripted traces for tests
-
-
 class ProfilerTracer:
-    """One call of a contender under torch.profiler with CUDA activity (CUPTI): on the
-    calling stream a spin kernel long enough for the host to enqueue the call (`lead`
-    seconds), the L2 flush, the BEGIN marker, the call, the END marker; then a device-wide
-    synchronise so that all of the call's work is in the trace."""
+    """One call of a contender under torch.profiler with CUDA activity (CUPTI): a `lead` spin, the L2
+    flush, BEGIN, the call, END on the calling stream, then a device-wide synchronise."""
 
-    def __init__(self, device: Any, *, flush_bytes: int | None = None):
+    def __init__(self, device: Any):
         self.device = torch.device(device)
         self.lead = GpuLead(self.device)
-        if flush_bytes is None:
-            l2 = int(getattr(torch.cuda.get_device_properties(self.device), "L2_cache_size", 0) or 0)
-            flush_bytes = max(2 * l2, 64 << 20)
-        self.flush_bytes = flush_bytes
+        l2 = int(getattr(torch.cuda.get_device_properties(self.device), "L2_cache_size", 0) or 0)
+        self.flush_bytes = max(2 * l2, 64 << 20)
         self._flush: torch.Tensor | None = None
         self._marker: torch.Tensor | None = None
 

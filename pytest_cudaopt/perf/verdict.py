@@ -28,8 +28,7 @@ def _compare(settings: Any):
 
 
 def _tier(model: torch.nn.Module, candidate: Any, inputs: list, scope: Any = None) -> tuple[str, str]:
-    """(tier, note) of a contender's precision, measured against a float64 reference
-    (the contender runs inside its scope, e.g. with TF32 allowed)."""
+    """(tier, note) of a contender's precision (inside its scope) against a float64 reference."""
     def call(*args: Any) -> Any:
         if scope is None:
             return candidate(*args)
@@ -61,9 +60,7 @@ def _target_model(target: Any, model: torch.nn.Module, device: torch.device, see
 
 
 def _workdir_tier(tier: str, note: str, known: Sequence[tuple[str, Any]]) -> tuple[str, str]:
-    """The workdir's one precision tier: the least precise of the timed inputs' (`tier`,
-    `note`) and of every case the correctness items of this session judged (`known`:
-    (case, Precision) pairs; failed cases' "wrong" is theirs to report, not a tier)."""
+    """The workdir's one precision tier: the least precise of the timed inputs' and of `known`'s (not "wrong")."""
     cases = [(case, p) for case, p in known if p is not None and p.tier in TIER_ORDER and p.tier != WRONG]
     if not cases:
         return tier, note
@@ -75,9 +72,7 @@ def _workdir_tier(tier: str, note: str, known: Sequence[tuple[str, Any]]) -> tup
 
 
 def _feed(workdir: Any, model: torch.nn.Module, candidate: Candidate, seed: int, device: torch.device) -> Feed:
-    """Input set n: get_inputs() under its own secret seed, derived from the session's (the
-    global generators' state is kept once around all the draws, by `judge`); the expected
-    output: Model in float32 (TF32 off)."""
+    """Input set n: get_inputs() under its own secret seed; the expected output: Model in float32 (TF32 off)."""
     def draw(n: int) -> list:
         # In the candidate's sharing scope (a worker's pool on CUDA: the segments it maps hold inputs only).
         with candidate.sharing():
@@ -98,11 +93,8 @@ def _plan(feed: Feed, example: list, device: torch.device, contenders: int,
 
 
 def _traces(lineup_: lineup.Lineup, measurement: engine.Measurement, args: list, tracer: Any) -> dict:
-    """One traced call of every contender that was timed or failed a timed call's check, after
-    the timing (the profiler's first use in a process costs about a second and cannot touch the
-    medians); a trace that shows escaped work fails its contender, that reason first: work left
-    on another stream is what makes a worker's timed outputs differ, read as its calling
-    stream's work ends (remote/window.py)."""
+    """One traced call of every contender that was timed or failed a check, after the timing (the
+    profiler's first use costs about a second); escaped work fails its contender, that reason first."""
     if tracer is None:
         return {}
     results = measurement.results
@@ -120,11 +112,9 @@ def _traces(lineup_: lineup.Lineup, measurement: engine.Measurement, args: list,
 
 def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
           tracer: Any = None, target: Any = None, known: Sequence[tuple[str, Any]] = ()) -> tuple[PerfResult, dict]:
-    """Time every contender of `workdir`, trace one call of each (with `tracer`, if any)
-    and decide the gate. Returns the result and what the pytest-benchmark recording needs
-    (the custom model and the feed of fresh inputs). `target` is the loaded baseline workdir
-    (the target branch), or the error that loading it raised; `known` the (case, Precision)
-    of every correctness case this session judged of the workdir (the tier is the worst)."""
+    """Time every contender of `workdir`, trace one call of each (with `tracer`, if any) and decide the
+    gate; returns the result and what the pytest-benchmark recording needs. `target` is the loaded target
+    branch's workdir or the error loading it raised; `known` the session's (case, Precision) pairs."""
     device = torch.device(settings.device)
     with memory.Peak(device) as peak, saved_rng():
         model, model_new = workdir.make_models(device, seed=derive_seed(seed, "perf", "weights"))

@@ -1,3 +1,1 @@
-"""The judging side of the wire: the candidate as the verdicts call it (`candidate.Candidate`,
-implemented by `model.RemoteModel`), its worker's life (`worker.Worker`), the timed window
-around a gated batch (window.py), and every timing allowance (timing.py)."""
+"""The judging side of the wire: the Candidate Protocol, RemoteModel, the worker's life, the timed window, timing."""

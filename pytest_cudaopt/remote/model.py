@@ -16,11 +16,8 @@ SLOT_SHAPES = 2   # input shapes whose gated buffers are kept at once (a pass's 
 
 
 class RemoteExtension:
-    """The built extension as the owner's own kernel tests call it (the `cuda_extension`
-    fixture): `ext.scale(x, w, b)` runs in the worker, on copies of the arguments made in the
-    worker's sharing pool; what the function wrote into them is copied back into the
-    arguments, and its outputs are copies in this process's memory. A name the extension does
-    not define is an AttributeError, as on the module."""
+    """The built extension as the owner's kernel tests call it (the `cuda_extension` fixture): each call
+    runs in the worker on copies of the arguments, whose writes are copied back."""
 
     def __init__(self, worker: Worker):
         self._worker = worker
@@ -63,10 +60,7 @@ class RemoteExtension:
 
 
 class RemoteModel(Candidate):
-    """ModelNew in the worker, as the verdict code calls it (candidate.Candidate): `time_batch`
-    (timed calls, their figures checked against this process's clock), `model(*inputs)` (one such
-    call, its output), `checked_call` (a correctness call with the worker's observations),
-    `state_dict`, `load_state`, `trace_events`."""
+    """ModelNew in the worker, as the verdict code calls it (candidate.Candidate)."""
 
     def __init__(self, worker: Worker, key: int, device: str, keys: list[str]):
         self.worker = worker
@@ -91,11 +85,9 @@ class RemoteModel(Candidate):
         return self.time_batch([list(inputs)])[0][0]
 
     def time_batch(self, sets: list[list]) -> list[tuple[Any, float]]:
-        """ModelNew on each input set, back to back in the worker: (output, seconds) per set.
-        On a GPU with a gate (remote/window.py), once the same inputs' shapes ran by the round
-        trip, behind the gate (`_time_gated`, at most `gate_calls` calls a gated batch); else by the
-        round trip (`_time_round_trip`), one call at a time on a GPU: a round trip's allowance is
-        one handoff, and a longer batch's IPC handles are opened and shared inside it."""
+        """ModelNew on each input set, back to back in the worker: (output, seconds) per set. On a GPU
+        behind the gate once the same shapes ran by the round trip, else by the round trip one call at a
+        time (its allowance is one handoff)."""
         self._state = None   # a forward that changes ModelNew's state: read again when asked
         if not self.device.startswith("cuda"):
             return self._time_round_trip(sets)
@@ -107,16 +99,8 @@ class RemoteModel(Candidate):
         return found
 
     def _time_round_trip(self, sets: list[list]) -> list[tuple[Any, float]]:
-        """ModelNew on each input set, back to back in the worker, timed by the round trip.
-
-        The worker times its own calls (CUDA events chained through the batch behind a spin that
-        gets its host ahead; on the CPU its wall time); this process times the round trip around
-        the batch (from its bytes going out to, on CUDA, this process's stream having waited for
-        the worker's outputs), and on the CPU the worker's CPU time over it (the kernel's count,
-        read from this process). timing.credit decides what counts: the allowance is a handoff
-        (`Worker.handoff_bound`, from a ping right after the batch: the worker's spin, the copies
-        through the CPU arena, the CUDA tensors' IPC handles), on the CPU + timing.CPU_WAKEUP_S
-        for the wall clock, and for the CPU time the handoff + timing.CPU_CALL_S a call."""
+        """ModelNew on each input set, back to back in the worker, its figures checked by timing.credit
+        against the round trip (and on the CPU the worker's CPU time over it)."""
         from pytest_cudaopt.perf.clocks import host_time
         from pytest_cudaopt.primitives.tensors import count_tensors, nbytes
 
@@ -137,14 +121,10 @@ class RemoteModel(Candidate):
         reply = worker.request(request, what="timing ModelNew", relay=False, on_send=lambda: sent.append(host_time()))
         cpu_after = None if cuda else worker.cpu_seconds()
         if cuda:
-            # Rebuilding the outputs made this process's stream wait on the events torch's sharing
-            # recorded behind them on the worker's calling stream: the clock stops once that work
-            # is done, so a worker that answers before its kernels finish (its synchronise patched
-            # out) is timed to their end, not to its answer. Work on another of its streams, or a
-            # forged sharing with no event, is outside this: docs/threat-model.md.
+            # The outputs' rebuild made this stream wait on the worker's calling stream: a worker that
+            # answers before its kernels finish is timed to their end (docs/threat-model.md).
             torch.cuda.synchronize()
         outer = host_time() - sent[0]
-        seconds = [float(x) for x in reply.get("seconds", ())]
         outputs = list(reply.get("outputs") or [])
         if len(outputs) != len(sets):
             raise WorkerFailed(f"the candidate's worker process answered {len(outputs)} outputs for a batch of "
@@ -161,20 +141,13 @@ class RemoteModel(Candidate):
                 # Its CPU time (no wakeups: time it waited is not counted), never more than the
                 # round trip (a kernel's threads, against the rules, add up faster).
                 bounds.append(Bound(min(cpu_after - cpu_before, outer), 0.0, handoff + len(sets) * timing.CPU_CALL_S))
-        if len(seconds) != len(sets):
-            raise timing.TimingError(f"the candidate's process answered {len(seconds)} figures for {len(sets)} "
-                                     "timed calls of ModelNew")
-        seconds = self.clock.add(timing.credit(seconds, bounds, gated=False))
+        seconds = self.clock.add(timing.credit(_figures(reply, len(sets)), bounds, gated=False))
         # CPU outputs are views of the arena, which the worker's next reply rewrites.
         return [(clone_nest(o) if not cuda else o, t) for o, t in zip(outputs, seconds)]
 
-    # -- behind the gate -------------------------------------------------------------------------
-
     def _gate_ready(self, sets: list[list]) -> bool:
-        """Whether this batch goes behind the gate: the worker has one, this model has not stalled
-        behind it, the inputs are flat and their tensors contiguous on this device with storages of
-        their own, and a batch of the same shapes ran by the round trip before (lazily loaded kernel
-        modules and the allocator's blocks are there before any gate is closed)."""
+        """Whether this batch goes behind the gate: there is one, the inputs are flat contiguous CUDA tensors
+        with storages of their own, and the same shapes ran by the round trip before (kernels loaded)."""
         import torch
 
         if self.worker.stream_gate is None or self.gate_off:
@@ -214,16 +187,10 @@ class RemoteModel(Candidate):
         return io[key]
 
     def _time_gated(self, sets: list[list]) -> list[tuple[Any, float]] | None:
-        """The batch behind the gate: the worker enqueues it on the shared input buffers and
-        answers with its outputs before any of it ran; this process then writes the batch's fresh
-        inputs into those buffers from its own stream, flushes L2, opens the gate once that is done,
-        spins on DONE, and copies every output out (the worker cannot have computed them before the
-        window, nor finish them after it). Its window: from opening to DONE, plus the time to the
-        copy's end less the copy's own GPU time (this process's events); timing.credit decides what
-        the worker's figures count against it (the allowance: the gate's calibrated fixed part + its
-        `extra` for the window's length + timing.MARGIN_S + timing.CALL_MARGIN_S a call). None when
-        the enqueue stalled (the forward waited on the device behind the gate): the batch is then
-        timed by the round trip, and so may later ones of this model be (`_stalled`)."""
+        """The batch behind the gate: the worker enqueues it on the shared input buffers, then this process
+        writes the fresh inputs, flushes L2, opens the gate, spins on DONE and copies every output out
+        (the worker cannot compute them before the window, nor finish them after it). None when the
+        enqueue stalled: the batch is then timed by the round trip (`_stalled`)."""
         import torch
         from pytest_cudaopt.perf.clocks import host_time
         from pytest_cudaopt.primitives.tensors import leaves
@@ -264,8 +231,7 @@ class RemoteModel(Candidate):
             excess, copy_s = work.excess(seen, pairs)
         finally:
             gate.open(seq)   # never left closed: the worker's stream would wait on it for ever
-        seconds = [float(x) for x in worker.request({"op": "collect"}, what="timing ModelNew behind the gate",
-                                                    relay=False).get("seconds", ())]
+        seconds = worker.request({"op": "collect"}, what="timing ModelNew behind the gate", relay=False)
         collected = host_time()
         # The worker's blocks, its to reuse, released once the collect's clock stopped: closing a
         # CUDA IPC handle waits on the device (16 of them added ~500 us to the collect's interval).
@@ -277,9 +243,7 @@ class RemoteModel(Candidate):
         ping = worker.calibrated_ping or worker.ping()
         extra = gate.extra(seen - opened)   # a longer batch's copy out costs more (window.SPUN_S)
         calls = len(sets)
-        if len(seconds) != calls:
-            raise timing.TimingError(f"the candidate's process answered {len(seconds)} figures for {calls} "
-                                     "timed calls of ModelNew")
+        seconds = _figures(seconds, calls)
         bounds = [Bound(seen - opened + excess, gate.median + extra + calls * timing.HONEST_CALL_S,
                         gate.fixed + extra + timing.MARGIN_S + calls * timing.CALL_MARGIN_S),
                   Bound(collected - opened - copy_s, gate.median + extra, gate.fixed + extra + worker.handoff_bound(ping))]
@@ -288,12 +252,8 @@ class RemoteModel(Candidate):
         return list(zip(copies, seconds))
 
     def _stalled(self, calls: int, enqueued: list[float]) -> None:
-        """A gated batch of `calls` whose enqueue did not come back within STALL_S (`enqueued`: the
-        worker's host time to enqueue each call). Where a later call than the first was the one
-        that waited, the calls before it fit in what CUDA queues on a waiting stream: later gated
-        batches hold no more. Where the first call waited, it waits for the device (a synchronise,
-        .item(), an allocation from the driver) or alone launches more than CUDA queues: this
-        model is timed by the round trip from now on."""
+        """A gated batch whose enqueue stalled (`enqueued`: each call's enqueue time): later batches hold no
+        more calls than came before the one that waited, or, where the first waited, go by the round trip."""
         waited = max(range(len(enqueued)), key=enqueued.__getitem__) if len(enqueued) == calls else 0
         if waited > 0 and enqueued[waited] >= STALL_S / 2:   # that call did wait, not the answer after it
             self.gate_calls = waited
@@ -306,9 +266,7 @@ class RemoteModel(Candidate):
                          "or it launches more kernels than CUDA queues on a stream that waits)")
 
     def timing_failure(self) -> str:
-        """Why the speed verdict cannot rest on this model's figures ("" when it can): its timer
-        under-reports (timing.ClockAudit.failure), or on a GPU its calls could not be checked
-        closely enough (the round trip alone)."""
+        """Why the speed verdict cannot rest on this model's figures ("" when it can)."""
         return self.clock.failure() or self.clock.unresolved(self.device)
 
     def timing_note(self) -> str:
@@ -342,8 +300,7 @@ class RemoteModel(Candidate):
         return self.worker.sharing()
 
     def checked_call(self, inputs: list, allowed: frozenset[str], names: list[str] | None) -> dict:
-        """A correctness call: the reply's `output`, `audit` (descriptions of ops outside the
-        allow-list) and `guard` ((check, message) of an output that is no fresh tensor)."""
+        """A correctness call: the reply's `output`, `audit` and `guard` (candidate.Candidate)."""
         self._state = None
         reply = self.worker.request({"op": "call", "id": self.key, "inputs": list(inputs), "device": self.device,
                                      "check": True,
@@ -353,9 +310,7 @@ class RemoteModel(Candidate):
         return reply
 
     def state_dict(self) -> dict:
-        """ModelNew's state after the last request that could change it (its reply carried it:
-        no round trip), else read now. Nothing of the workdir's runs in the worker between
-        requests but what a request runs."""
+        """ModelNew's state as the last request that could change it carried it, else read now."""
         if self._state is None:
             self._state = self.worker.request({"op": "state", "id": self.key}, what="reading ModelNew's state")["state"]
         return self._state
@@ -370,6 +325,14 @@ class RemoteModel(Candidate):
         reply = self.worker.request({"op": "trace", "id": self.key, "inputs": list(inputs), "device": self.device,
                                      "lead": lead, "flush_bytes": flush_bytes}, what="tracing ModelNew")
         return reply["events"], bool(reply["host_ahead"])
+
+
+def _figures(reply: dict, calls: int) -> list[float]:
+    seconds = [float(x) for x in reply.get("seconds", ())]
+    if len(seconds) != calls:
+        raise timing.TimingError(f"the candidate's process answered {len(seconds)} figures for {calls} "
+                                 "timed calls of ModelNew")
+    return seconds
 
 
 def _shapes(sets: list[list]) -> tuple:

@@ -1,23 +1,8 @@
 """What the judging process believes of the worker's clock: every allowance, its measured basis, and the rule that tells an honest worker's noise from a lie.
 
-The worker times its own calls (CUDA events, or its wall clock on the CPU) and this process times
-the same batch from outside: the stream gate's window on a GPU (remote/window.py), the round trip
-otherwise, and on the CPU the worker's CPU time as the kernel counts it. Each outside clock is a
-`Bound`: its time for the batch, what an honest worker's figures fall short of it by in the
-median (`honest`: behind the gate the calibrated fixed part, measured before any of the workdir's
-code ran), and the `allowance` past which a single batch's shortfall is not believed. `credit`
-decides one batch; `ClockAudit` the whole run:
-
-- figures that add up to more than the outside clock fail the batch (TimingError);
-- a batch short by more than the allowance counts the outside clock less the allowance;
-- a worker whose batches fall short past noise on more than SHORT_SHARE of its timed calls, or
-  whose shortfall behind the gate grows with the batch's length past SLOPE_FLOOR_S and
-  SLOPE_SHARE of the figures, under-reports: its perf item fails, naming the evidence;
-- a GPU batch that cannot go behind the gate is timed by the round trip, whose noise is
-  milliseconds: where that is more than RESOLUTION_SHARE of the figures, the figures cannot be
-  checked, and the speed verdict cannot pass on them.
-
-docs/timing.md gives each number's measured basis.
+The worker times its own calls and this process times the same batch from outside (the stream gate's
+window on a GPU, the round trip, on the CPU the worker's CPU time), each a `Bound`. `credit`
+decides one batch, `ClockAudit` the whole run; docs/timing.md gives the rules and each number's measured basis.
 """
 
 from __future__ import annotations
@@ -52,21 +37,12 @@ MARGIN_S = 20e-6
 CALL_MARGIN_S = 1.5e-6
 HONEST_CALL_S = 1.1e-6
 
-# -- the rule -------------------------------------------------------------------------------------
-# The calibrated fixed part is right for each worker only to a few tens of microseconds: on an H200,
-# the median shortfall of one honest worker's batches sat 17 us under it and another's 56 us over it,
-# the 99th percentile up to 125 us (benchmarks/results/2026-12-04-clock-shave.md). So one batch's
-# shortfall past the allowance is noise, counted at the window less the allowance; a lie shows in
-# the pattern of them:
-# - SHORT_SHARE: behind the gate, short past the allowance by more than SHORT_PAST_S (outside it, by
-#   anything) on more than this share of timed calls, over at least SHORT_MIN batches. A timer
-#   that hides more than about SHORT_PAST_S + 40 us a batch trips it; honest workers measured: 0%.
-# - SLOPE: a timer that reports a share of its time short hides more in a longer batch, whatever
-#   the worker's offset. Behind the gate, the median shortfall of the batches of the most calls less
-#   that of the fewest (at least SLOPE_MIN of each) must stay within SLOPE_FLOOR_S and SLOPE_SHARE of
-#   the longer batches' further calls' figures. Honest workers measured: at most 58 us (2.2%), and
-#   up to 17% of a 16 us kernel's figures where that was under 31 us; a 50% shave of the same
-#   kernel: 102-174 us, 83-150%.
+# -- the rule (a lie shows in the pattern of shortfalls; one is noise) -------------------------------
+# The fixed part is right per worker only to tens of us (honest H200 medians -17..+56 us, p99 125 us:
+# benchmarks/results/2026-12-04-clock-shave.md).
+# SHORT_*: short past the allowance (+SHORT_PAST_S behind the gate) on > SHORT_SHARE of calls; honest: 0%.
+# SLOPE_*: the shortfall's growth from the fewest to the most calls a batch; honest: <= 58 us (2.2%),
+# up to 17% of a 16 us kernel's figures under 31 us; a 50% shave: 102-174 us, 83-150%.
 SHORT_SHARE = 0.75
 SHORT_PAST_S = 100e-6
 SHORT_MIN = 3
@@ -85,9 +61,8 @@ class TimingError(RuntimeError):
 
 @dataclass(frozen=True)
 class Bound:
-    """One of this process's clocks around a batch: its time for the batch (`outer`), what an
-    honest worker's figures fall short of it by (`honest`), and the shortfall past which they are
-    not believed (`allowance`)."""
+    """One of this process's clocks around a batch: its time (`outer`), an honest worker's median
+    shortfall (`honest`), and the shortfall past which the figures are not believed (`allowance`)."""
 
     outer: float
     honest: float
@@ -96,9 +71,7 @@ class Bound:
 
 @dataclass
 class Batch:
-    """One timed batch as judged: the worker's figures, what was counted, whether it was behind
-    the gate, by how much it fell short past its allowance (0: it did not), and its first bound's
-    shift (outer - honest - figures)."""
+    """One timed batch as judged: `short` past its allowance (0: not), `shift` = outer - honest - figures."""
 
     figures: list[float]
     counted: list[float]
@@ -113,11 +86,8 @@ class Batch:
 
 
 def credit(figures: list[float], bounds: list[Bound], *, gated: bool) -> Batch:
-    """One batch's figures as far as `bounds` bear them out (the first is the batch's own clock,
-    the others looser ones): never above the first (TimingError), and where they fall short of a
-    bound by more than its allowance, that bound's outer less its allowance (the deficit spread
-    over the calls; a looser bound may count work the first missed, as work left past the gate's
-    DONE)."""
+    """One batch's figures as far as `bounds` bear them out: never above the first (TimingError); short
+    of a bound past its allowance, raised to its outer less the allowance (spread over the calls)."""
     calls, total = len(figures), sum(figures)
     if not calls or not all(x >= 0.0 for x in figures):
         raise TimingError(f"the candidate's process answered {calls} figures, some negative, for a timed batch")

@@ -1,22 +1,8 @@
 """The stream gate: a timed batch on a GPU bracketed by the judging process's own clock, with no pipe, wake-up or IPC inside the window.
 
-Two 32-bit words on one page of shared host memory. The worker's stream waits on OPEN
-(`cuStreamWaitValue32`), runs the batch, and writes DONE (`cuStreamWriteValue32`, behind a memory
-fence); the judging process writes OPEN from its host and spins on DONE. A gate alone bounds only
-what the worker put behind it: a worker that knows the inputs can compute before enqueueing the
-wait. So the gated batch (remote.RemoteModel) runs on input buffers shared once, into which the
-judging process writes the batch's fresh inputs only after the worker's enqueue has come back,
-and it copies every output out before its clock stops (docs/how-it-works.md).
-
-The window's fixed part (the GPU switching from the judging process's context to the worker's
-and back, the GPU polling host memory, the host polling DONE) is calibrated on empty batches
-before any of the workdir's code runs in the worker (`JudgeWindow.calibrate`), as the pings are: a
-worker cannot widen it later.
-
-Behind a closed gate the worker must neither synchronise nor load a kernel's module (lazy loading
-waits for the device), nor allocate from the driver: the judging process times a batch behind the
-gate only once the same calls ran ungated, and opens the gate anyway when the worker's enqueue does
-not come back within STALL_S (that batch is timed again by the round trip).
+Two 32-bit words on one page of shared host memory: the worker's stream waits on OPEN and writes
+DONE; the judging process writes OPEN and spins on DONE (docs/how-it-works.md). The window's fixed
+part is calibrated on empty batches before any of the workdir's code runs, so a worker cannot widen it.
 """
 
 from __future__ import annotations
@@ -51,13 +37,9 @@ def _word(view: mmap.mmap, at: int) -> int:
 
 
 class JudgeWindow:
-    """The judging side: `create()` makes and maps the page (its `path` goes to the worker,
-    then `unlink()`); `open(seq)` lets batch `seq` run; `wait_done(seq, alive)` spins until the
-    worker's stream wrote `seq` back. `parts` are the calibration batches' (opening to DONE, the
-    copy's excess), `windows` their sums, `fixed` their 90th percentile; `spun` (opening to DONE,
-    the copy's excess) of the batches that spun SPUN_S, medians by length, from which `extra`
-    reads what a longer batch adds; `work` the JudgeWork that framed them, which frames every
-    later batch too."""
+    """The judging side: `create()` maps the page, `open(seq)` lets batch `seq` run, `wait_done` spins until
+    the worker wrote it back. `parts`/`spun`: (opening to DONE, the copy's excess) of the calibration's
+    empty and spinning batches; `work` the JudgeWork that frames every batch."""
 
     def __init__(self, path: str, view: mmap.mmap):
         self.path, self.view = path, view
@@ -102,9 +84,8 @@ class JudgeWindow:
         return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))] if ordered else 0.0
 
     def extra(self, window: float) -> float:
-        """What a batch whose opening to DONE took `window` adds to the copy's excess beyond an
-        empty batch's: through the calibrated points (the empty batches' medians at 0, then
-        `spun`), never decreasing, linear between points and flat past the last."""
+        """What a batch whose opening to DONE took `window` adds to an empty batch's copy excess: linear
+        through the calibrated points, never decreasing, flat past the last."""
         if not self.spun or not self.parts:
             return 0.0
         points = [(median([a for a, _ in self.parts]), 0.0)]
@@ -129,9 +110,8 @@ class JudgeWindow:
         return now
 
     def wait_done(self, seq: int, alive: Callable[[], bool], limit: float = DONE_LIMIT_S) -> float:
-        """Spin until the worker's stream wrote `seq` into DONE: the host time it was seen.
-        ChildProcessError when the worker dies first, TimeoutError past `limit` seconds; a
-        signal's exception (the watchdog's timeout) propagates from the spin."""
+        """Spin until the worker wrote `seq` into DONE: the host time it was seen. ChildProcessError when
+        the worker dies first, TimeoutError past `limit` seconds."""
         view = self.view
         started = checked = _perf_counter()
         while _word(view, DONE) < seq:
@@ -145,11 +125,8 @@ class JudgeWindow:
         return _perf_counter()
 
     def calibrate(self, worker: Any, batches: int = CALIBRATION_BATCHES, work: "JudgeWork | None" = None) -> None:
-        """Empty gated batches through `worker` (before any of its workdir's code runs), each
-        framed as a real one by this process's `work` (its own GPU work before the gate opens, a
-        copy out after DONE: the GPU switches between the two processes' contexts at both ends,
-        ~150 us each on an H200): the window from opening to DONE plus the copy's time beyond its
-        own GPU time, each (`parts`: the two); then batches that spin SPUN_S on the GPU (`spun`).
+        """Empty gated batches through `worker`, framed as real ones by `work` (the GPU switches contexts
+        at both ends, ~150 us each on an H200): `parts`; then batches that spin SPUN_S: `spun`.
         WindowError when an enqueue stalls."""
         self.work = work
         for _ in range(batches):
@@ -160,9 +137,8 @@ class JudgeWindow:
             self.spun.append((median([a for a, _ in found]), median([b for _, b in found])))
 
     def probe(self, worker: Any, nbytes: int, count: int = 1, cycles: int = 0) -> tuple[float, float]:
-        """One empty gated batch whose worker writes `count` outputs of `nbytes` behind the gate
-        (after spinning `cycles`), copied out as a real batch's are: (opening to DONE, the copy's
-        excess). WindowError when its enqueue stalls."""
+        """One empty gated batch writing `count` outputs of `nbytes` (after spinning `cycles`), copied out
+        as a real batch's: (opening to DONE, the copy's excess). WindowError when its enqueue stalls."""
         work = self.work
         seq = self.next()
         stalled: list[float] = []
@@ -188,11 +164,8 @@ class JudgeWindow:
 
 
 class JudgeWork:
-    """The judging process's own GPU work around a gated batch, on a stream of its own, each step
-    waited for by a spin on an event: `fill` (the inputs written into the shared buffers, then L2
-    flushed, before the gate opens) and `excess` (the outputs copied out after DONE: the host time
-    from DONE to the copy's end less the copy's own GPU time, by this process's events; what is
-    left is the GPU switching back to this process's context, the launch and the spin)."""
+    """The judging process's own GPU work around a gated batch, on a stream of its own, each step waited
+    for by a spin on an event: `fill` (inputs written, L2 flushed) and `excess` (outputs copied out)."""
 
     def __init__(self, device: str):
         import torch

@@ -1,9 +1,6 @@
 """The judging side of a worker: start it, send requests, read replies through an allow-list, and turn a worker that dies, hangs or lies into a failure with its reason.
 
-A reply is read by protocol.receive, which resolves only dtypes, devices, sizes and torch's
-tensor rebuilds: a worker that writes a crafted pickle to its socket cannot run code in the
-judging process. `RemoteModel` stands in for ModelNew where the verdict code
-calls it (guards, the perf line-up, the trace): the same calls, answered by the worker.
+protocol.receive resolves only dtypes, devices, sizes and tensor rebuilds: a crafted pickle runs no code here.
 """
 
 from __future__ import annotations
@@ -74,11 +71,8 @@ def package_root() -> str:
 
 
 class Worker:
-    """One worker process for one workdir: `Worker(workdir, so_path, device).start()`, then
-    `request(...)`; `stop()` kills it and its process group. `secrets` are paths (the verdict
-    files) that no part of its environment may name; `sandbox` the cudaopt_sandbox mode it
-    confines itself in (`confined`: what held, as the worker reported it before any candidate
-    code ran)."""
+    """One worker process for one workdir: `start()`, `request(...)`, `stop()`. `secrets`: paths its
+    environment may not name; `sandbox`: the cudaopt_sandbox mode (`confined`: what held)."""
 
     def __init__(self, workdir: Path, extension: Path | None, device: str = "cpu", *,
                  secrets: Iterable[str] = (), sandbox: str = "auto"):
@@ -102,12 +96,9 @@ class Worker:
         self.stream_gate = None   # window.JudgeWindow on CUDA, calibrated before the workdir loaded
         self.stream_gate_error = ""  # ... else why not
 
-    # -- life --------------------------------------------------------------------------------
-
     def launch(self, builds: Path | None = None) -> "Worker":
-        """Start the process and send it the sandbox request, not waiting for the reply (`start`
-        takes it): it confines itself and imports torch while this process goes on. `builds`:
-        the folder to read the extension from (before the build, its root). Imports no torch."""
+        """Start the process and send the sandbox request, not waiting for the reply (`start` takes it).
+        `builds`: the folder to read the extension from. Imports no torch."""
         self.scratch = Path(tempfile.mkdtemp(prefix="cudaopt-worker-")).resolve()
         self.log_path = self.scratch / "worker.log"
         ours, theirs = socket.socketpair()
@@ -140,10 +131,8 @@ class Worker:
         return self.builds in Path(extension).resolve().parents
 
     def start(self, require_workdir: bool = True) -> "Worker":
-        """Launch the process unless `launch` did, take its sandbox reply, load the workdir; raises
-        WorkerError when the sandbox is required and did not hold (kind "sandbox"), when the
-        extension or (with `require_workdir`) the workdir's files do not load (their report),
-        WorkerFailed when the process does not come up."""
+        """Launch unless `launch` did, take the sandbox reply, load the workdir: WorkerError when a required sandbox
+        did not hold or (with `require_workdir`) the workdir does not load, WorkerFailed when it does not come up."""
         if self.proc is None:
             self.launch()
         protocol.setup_sharing()
@@ -173,10 +162,8 @@ class Worker:
         return self
 
     def confine(self, reply: dict) -> None:
-        """The `sandbox` request's reply, sent before anything of the workdir's was loaded: what
-        held. cudaopt_sandbox=require refuses a worker that Landlock does not confine; where
-        Landlock does not keep the worker from ptracing this process, this process makes itself
-        non-dumpable."""
+        """The `sandbox` reply: =require refuses a worker Landlock does not confine; where Landlock does not
+        keep it from ptracing this process, this process makes itself non-dumpable."""
         from pytest_cudaopt.run.signals import not_dumpable
 
         self.confined = dict(reply.get("sandbox") or {})
@@ -196,10 +183,8 @@ class Worker:
         self.calibrated_ping = pings[len(pings) // 2]
 
     def attach_stream_gate(self, work=None) -> None:
-        """The stream gate (remote/window.py) set up and calibrated with this process's `work`
-        (window.JudgeWork, made here if None), before anything of the workdir's is loaded:
-        `stream_gate`, or `stream_gate_error` saying why there is none (its timed batches then go
-        by the round trip alone)."""
+        """The stream gate set up and calibrated (with `work`, a JudgeWork) before the workdir loads:
+        `stream_gate`, or `stream_gate_error` saying why there is none."""
         from pytest_cudaopt.remote.window import WindowError, JudgeWindow, JudgeWork
 
         gate = JudgeWindow.create()
@@ -279,24 +264,15 @@ class Worker:
             how = f"exited with status {code}"
         return WorkerFailed(f"the candidate's worker process {how} while {what}", self.last_words())
 
-    # -- requests ----------------------------------------------------------------------------
-
     def request(self, message: dict, *, timeout: float | None = None, what: str = "",
                 copy_back: bool = False, relay: bool = True, on_send: Callable[[], None] | None = None,
                 stall: tuple[float, Callable[[], Any]] | None = None, sync_events: bool = True) -> dict:
-        """Send `message`, wait for the reply. A reply with `error` raises WorkerError; a dead
-        worker, a reply that is not one, or `timeout` seconds without one raise WorkerFailed.
-        An exception raised here while waiting (the watchdog's timeout, an interrupt) kills
-        the worker, after asking it for its stacks. `copy_back`: the CPU tensors sent are
-        overwritten with what the worker left in their arena copies (a write into an input
-        shows as it would in-process). `relay`: what the worker printed is passed on now (a
-        timed call leaves it to the next request: no file is read inside a timed round trip).
-        `on_send` is called once the message is encoded, just before its bytes go out (where a
-        timed round trip starts: this process's own pickling is none of the worker's time).
-        `stall` (seconds, callback): the callback runs once if no reply came within that long, and
-        the wait goes on (a gated batch's gate is opened: a worker blocked behind it answers).
-        `sync_events=False`: CUDA tensors in the reply come without this process's stream waiting
-        on the worker's events (protocol.receive_bytes)."""
+        """Send `message`, wait for the reply: WorkerError for a reply with `error`, WorkerFailed for a dead
+        worker, a non-reply or `timeout`; an exception while waiting kills the worker after reading its stacks.
+        `copy_back`: the CPU tensors sent get the worker's writes. `relay=False`: its prints wait for the next
+        request (no file read inside a timed round trip). `on_send`: called just before the bytes go out.
+        `stall` (seconds, callback): run once if no reply came by then (a gated batch's gate is opened).
+        `sync_events=False`: reply tensors without this stream waiting on the worker's events."""
         what = what or f"answering {message.get('op')}"
         placed = self.send(message, what=what, on_send=on_send)
         return self.receive(what=what, timeout=timeout, placed=placed if copy_back else (), relay=relay,
@@ -404,8 +380,6 @@ class Worker:
         except (OSError, TypeError):
             return 0
 
-    # -- timing ------------------------------------------------------------------------------
-
     def ping(self) -> float:
         """The round trip of a request that runs nothing of the workdir's."""
         started = time.perf_counter()
@@ -423,24 +397,16 @@ class Worker:
             return None
 
     def handoff_bound(self, ping: float, copied: int = 0, handles: int = 0) -> float:
-        """How much longer than the call itself its round trip may take (the allowance,
-        remote/timing.py): a few handoffs as the ping after it measured them (at most
-        PING_CAP_FACTOR times the calibrated one: a worker that slows its own pings gains no
-        more), the scheduler's slack, `copied` bytes through the arena at 1 GB/s (CPU tensors),
-        and for `handles` CUDA tensors (their bytes do not cross) CUDA_MESSAGE_S once and
-        CUDA_HANDLE_S each."""
+        """How much longer than the call itself its round trip may take (remote/timing.py): a few pings (at
+        most PING_CAP_FACTOR calibrated ones), the slack, `copied` bytes at 1 GB/s, and the IPC handles."""
         if self.calibrated_ping is not None:
             ping = min(ping, timing.PING_CAP_FACTOR * self.calibrated_ping)
         ipc = timing.CUDA_MESSAGE_S + handles * timing.CUDA_HANDLE_S if handles else 0.0
         return timing.HANDOFF_FACTOR * ping + timing.HANDOFF_SLACK_S + copied / 1e9 + ipc
 
-    # -- CUDA memory ---------------------------------------------------------------------------
-
     def sharing(self):
-        """A context for allocating what the worker is sent: on CUDA a memory pool of its own,
-        because a CUDA IPC handle maps the whole allocator segment a tensor lives in, and no
-        segment the worker maps may hold anything else of this process (an expected output);
-        on the CPU nothing (each storage is shared as a file of its own)."""
+        """A context for allocating what the worker is sent: on CUDA a pool of its own (an IPC handle maps
+        the whole segment, which may hold nothing else of this process's); on the CPU nothing."""
         if not self.device.startswith("cuda"):
             return contextlib.nullcontext()
         import torch
