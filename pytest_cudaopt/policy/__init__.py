@@ -8,33 +8,30 @@ from typing import Any
 
 from pytest_cudaopt.policy.construction import check_construction, check_construction_within, construction_violations
 from pytest_cudaopt.policy.cpp_checks import KernelScan, check_convolution, model_convolutions
-from pytest_cudaopt.policy.cpp_lexer import Include, Token, lex_cpp
+from pytest_cudaopt.policy.cpp_lexer import lex_cpp
 from pytest_cudaopt.policy.extension_names import extension_violations
 from pytest_cudaopt.policy.files import (
     PROTECTED_TEMPLATES, TEMPLATES, check_kernels_dir, check_protected, write_lock,
 )
 from pytest_cudaopt.policy.model_new_checks import check_model_new
 from pytest_cudaopt.policy.rules import (
-    BUILD_RULES, CONFIG_KEYS, IMPORTS_WORKDIR, LOCK_NAME, RULE_IDS, RULES, Config, Violation, format_violation,
-    iter_rule_lines, load_config, render, rule_count,
+    CONFIG_KEYS, IMPORTS_WORKDIR, RULE_IDS, RULES, Config, Violation, format_violation, iter_rule_lines, load_config,
+    render, rule_count,
 )
 
 __all__ = [
-    "BUILD_RULES", "CONFIG_KEYS", "IMPORTS_WORKDIR", "LOCK_NAME", "PROTECTED_TEMPLATES", "RULE_IDS", "RULES",
-    "TEMPLATES", "Config", "Include", "Token", "Violation", "check_construction", "check_workdir", "format_violation",
-    "worker_violations",
-    "iter_rule_lines", "lex_cpp", "load_config", "model_convolutions", "render", "rule_count",
-    "write_lock",
+    "CONFIG_KEYS", "IMPORTS_WORKDIR", "PROTECTED_TEMPLATES", "RULE_IDS", "RULES", "TEMPLATES", "Config", "Violation",
+    "check_workdir", "format_violation", "worker_violations", "iter_rule_lines", "lex_cpp", "load_config",
+    "model_convolutions", "render", "rule_count", "write_lock",
 ]
 
 
 def check_workdir(workdir: Path, config: Config | None = None, extension: Any = None,
                   construction_timeout: float | None = None, construct: bool = True) -> list[Violation]:
-    """Every violation of the workdir rules in `workdir`, sorted; rules disabled by the config are
-    left out. `extension` is the workdir's built `cuda_extension` for MN010, when there is one
-    (None: a stand-in whose functions raise if called). `construction_timeout`: MN010's limit in
-    seconds, for callers that have no watchdog of their own (`cudaopt check`). `construct=False`:
-    the rules that only read files, none of IMPORTS_WORKDIR (nothing of the workdir is imported)."""
+    """Every violation of the workdir rules in `workdir`, sorted, less the rules the config disables.
+
+    `extension`: the built `cuda_extension` for MN010 (None: a stand-in); `construction_timeout`: MN010's limit,
+    for callers without a watchdog (`cudaopt check`); `construct=False`: none of IMPORTS_WORKDIR."""
     workdir = Path(workdir).resolve()
     config = load_config(workdir) if config is None else config
     found: list[Violation] = list(config.problems)

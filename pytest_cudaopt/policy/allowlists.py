@@ -39,9 +39,8 @@ FRAME_CALLS = frozenset({
 })
 FRAME_ATTRIBUTES = frozenset({"f_back", "f_locals", "f_globals", "f_builtins", "tb_frame", "tb_next", "gi_frame",
                               "cr_frame", "ag_frame", "__traceback__"})
-# Ways from an object to code that is not the candidate's: every class's subclasses (the
-# reference's Model, the harness's classes), a function's module globals and closure cells, and
-# the parts of a function that can be replaced while it stays the same object.
+# Ways from an object to code that is not the candidate's (every class's subclasses, a function's globals and
+# closure cells) and the parts of a function that can be replaced while it stays the same object.
 OBJECT_GRAPH_ATTRIBUTES = frozenset({"__subclasses__", "__globals__", "__builtins__", "__closure__", "cell_contents",
                                      "__code__", "__defaults__", "__kwdefaults__"})
 FILE_READ_CALLS = frozenset({
@@ -55,7 +54,6 @@ GLOBAL_STATE_CALLS = frozenset({
     "torch.manual_seed", "torch.seed", "torch.use_deterministic_algorithms", "torch.cuda.manual_seed",
     "torch.cuda.manual_seed_all", "torch.random.manual_seed",
 })
-# torch.set_default_dtype, torch.set_float32_matmul_precision, torch.cuda.set_device, ...
 TORCH_SETTER = re.compile(r"torch\.(\w+\.)*set_\w+")
 # Builtins that, given a tensor, call its operators (__abs__, __gt__, __iter__, item(), ...).
 TENSOR_DISPATCHING_BUILTINS = frozenset({
@@ -76,18 +74,14 @@ TORCH_ROOTS = frozenset({"torch", "at", "c10", "caffe2", "aten"})
 # torch::/at::/c10:: names that are not operators. Types (CamelCase) and constants (kFloat) are
 # allowed by their spelling; functions and lower-case types must be listed here.
 ALLOWED_CPP_CALLS = frozenset({
-    # allocation
     "torch::empty", "torch::empty_like", "torch::empty_strided",
     "at::empty", "at::empty_like", "at::empty_strided",
-    # tensor options builders
     "torch::dtype", "torch::device", "torch::layout", "at::dtype", "at::device", "at::layout",
-    # the current stream and handles bound to it, device properties
     "at::cuda::getCurrentCUDAStream", "c10::cuda::getCurrentCUDAStream",
     "at::cuda::getCurrentCUDABlasHandle", "at::cuda::getCurrentCUDABlasLtHandle",
     "at::cuda::getCUDABlasLtWorkspace", "at::cuda::getCUDABlasLtWorkspaceSize",
     "at::cuda::getCurrentDeviceProperties", "at::cuda::getDeviceProperties",
     "at::cuda::current_device", "c10::cuda::current_device",
-    # metadata helpers and lower-case types
     "c10::toString", "at::toString", "c10::elementSize", "at::elementSize",
     "c10::isFloatingType", "at::isFloatingType", "c10::isReducedFloatingType", "at::isReducedFloatingType",
     "c10::optional", "c10::nullopt", "c10::irange", "c10::complex", "c10::string_view",
@@ -112,7 +106,6 @@ rsqrt cbrt sin cos tan asin acos atan atan2 sinh cosh tanh asinh acosh atanh erf
 remainder fmax fmin hypot copysign ldexp frexp min max sort swap fill clamp isnan isinf isfinite signbit
 nextafter lerp""".split())
 
-# Headers kernels/ may include: C/C++ standard, CUDA, cuBLAS, cuDNN, torch's binding headers.
 STD_HEADERS = frozenset("""algorithm any array atomic barrier bit bitset cassert ccomplex cctype cerrno cfenv
 cfloat charconv chrono cinttypes ciso646 climits clocale cmath codecvt compare complex concepts
 condition_variable coroutine csetjmp csignal cstdalign cstdarg cstdbool cstddef cstdint cstdio cstdlib

@@ -1,13 +1,8 @@
 """MN010: `ModelNew(*get_init_inputs())` constructs without a GPU and its state dict matches Model's.
 
-The other MN rules read model_new.py; this one runs its import and its constructor, so that a
-ModelNew that cannot be built (a helper method or class attribute it lacks, a name it never
-imports) fails `cudaopt check` and `pytest -m policy`, not only the correctness items. Each
-model is built on the meta device first (parameters are created, no memory is filled: a
-ResNet-101 takes milliseconds instead of seconds) and on the CPU when that fails (a
-constructor that reads a tensor's values, `.item()`, NumPy). No build is needed: without one,
-`import cuda_extension` finds a stand-in whose functions raise only when called. The facts come
-from candidate/construct.py (in the worker, or here for `cudaopt check` without one); the rule is here.
+It runs model_new.py's import and constructor, so that a ModelNew that cannot be built fails `cudaopt check`
+and `pytest -m policy`, not only the correctness items. The facts come from candidate/construct.py (in the
+worker, or here for `cudaopt check` without one); the rule is here.
 """
 
 from __future__ import annotations
@@ -64,13 +59,11 @@ def _load_failure(workdir: Path, failed: dict, lead: str, line: int) -> Violatio
 
 
 def _listed(keys: list[str]) -> str:
-    more = f" and {len(keys) - MAX_LISTED} more" if len(keys) > MAX_LISTED else ""
-    return ", ".join(keys[:MAX_LISTED]) + more
+    return ", ".join(keys[:MAX_LISTED]) + (f" and {len(keys) - MAX_LISTED} more" if len(keys) > MAX_LISTED else "")
 
 
 def _state_dict_difference(ours: dict, theirs: dict, line: int) -> list[Violation]:
-    """MN010 when ModelNew's state_dict has other keys or shapes than Model's (Model's weights
-    could not be loaded into it)."""
+    """MN010 when ModelNew's state_dict has other keys or shapes than Model's."""
     parts = []
     missing, unexpected = sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours))
     if missing:
@@ -109,16 +102,12 @@ def construction_violations(workdir: Path, facts: dict | None) -> list[Violation
 
 
 def check_construction(workdir: Path, extension: Any = None) -> list[Violation]:
-    """MN010 on the workdir, in this process: model_new.py imports, ModelNew(*get_init_inputs())
-    constructs and its state_dict has Model's keys and shapes. `extension` is the workdir's built
-    `cuda_extension` when there is one; None gives the stand-in."""
+    """MN010 on the workdir, in this process; `extension` is the built `cuda_extension`, None the stand-in."""
     return construction_violations(workdir, construction(workdir, extension))
 
 
 def check_construction_within(workdir: Path, extension: Any, timeout: float) -> list[Violation]:
-    """`check_construction` under the `cudaopt_timeout` watchdog (`cudaopt check`; the pytest
-    item has its own): an import or a constructor that never ends is an MN010 violation at the
-    workdir line it was stuck on."""
+    """`check_construction` under the `cudaopt_timeout` watchdog (`cudaopt check`; the pytest item has its own)."""
     from pytest_cudaopt.run.watchdog import HangTimeout, Watchdog
 
     dog = Watchdog(timeout, "MN010")

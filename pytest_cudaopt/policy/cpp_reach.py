@@ -66,10 +66,8 @@ def _python(parts: list[str], call: bool, prev: str) -> str:
 def _registration(parts: list[str]) -> str:
     """Why a name registers operator kernels with the dispatcher (KC007), or ""."""
     name = "::".join(parts)
-    if len(parts) == 1 and REGISTRATION_MACRO.fullmatch(name):
-        return f"{name} registers operator kernels with the dispatcher"
-    if (len(parts) > 1 and parts[0] in ("torch", "c10", "at") and REGISTRATION_TYPES & set(parts[1:])) \
-            or parts[-1] == "RegisterOperators":
+    if (len(parts) == 1 and REGISTRATION_MACRO.fullmatch(name)) or parts[-1] == "RegisterOperators" \
+            or (len(parts) > 1 and parts[0] in ("torch", "c10", "at") and REGISTRATION_TYPES & set(parts[1:])):
         return f"{name} registers operator kernels with the dispatcher"
     return ""
 

@@ -32,12 +32,9 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-# Files outside kernels/ and model_new.py that can move a verdict, locked when present.
-LOCKED_FILES = ("model.py", "conftest.py", "peers.py")
-
-
 def _locked_files(workdir: Path) -> list[str]:
-    names = [name for name in LOCKED_FILES if name == "model.py" or (workdir / name).is_file()]
+    """Files outside kernels/ and model_new.py that can move a verdict, locked when present."""
+    names = ["model.py"] + [name for name in ("conftest.py", "peers.py") if (workdir / name).is_file()]
     utils = workdir / "utils"
     if utils.is_dir():
         names += sorted(p.relative_to(workdir).as_posix() for p in utils.rglob("*")
@@ -50,9 +47,8 @@ def _canonical(value) -> str:
 
 
 def locked_settings(workdir: Path) -> dict[str, str]:
-    """The verdict-moving settings held in the workdir's own files, each rendered canonically
-    (so reformatting or unrelated edits of the file do not count): the `[tool.cudaopt]` table
-    and the `cudaopt_*` ini keys of pyproject.toml, and the `cudaopt_*` keys of pytest.ini."""
+    """The verdict-moving settings of pyproject.toml and pytest.ini, each rendered canonically
+    (so reformatting or unrelated edits of the file do not count)."""
     from pytest_cudaopt.policy.rules import load_toml
 
     found: dict[str, str] = {}
@@ -89,22 +85,21 @@ def locked_settings(workdir: Path) -> dict[str, str]:
     return found
 
 
+def _settings_sha256(workdir: Path) -> dict[str, str]:
+    return {key: hashlib.sha256(text.encode()).hexdigest() for key, text in sorted(locked_settings(workdir).items())}
+
+
 def write_lock(workdir: Path) -> Path:
-    """Record what the optimiser must not change in `<workdir>/cudaopt.lock`: the sha256 of
-    model.py, conftest.py, peers.py and every file of utils/, and of each verdict-moving
-    setting (`locked_settings`). The one writer of the lock (`cudaopt init`, `--lock-only`)."""
+    """Record the sha256 of what the optimiser must not change in `<workdir>/cudaopt.lock` (`cudaopt init`)."""
     workdir = Path(workdir).resolve()
     if not (workdir / "model.py").is_file():
         raise FileNotFoundError(f"{workdir} has no model.py to lock")
-    files = {name: _sha256(workdir / name) for name in _locked_files(workdir)}
-    settings = {key: hashlib.sha256(text.encode()).hexdigest()
-                for key, text in sorted(locked_settings(workdir).items())}
     lock = workdir / LOCK_NAME
     lock.write_text(json.dumps({
         "about": "sha256 of the files and settings the optimiser must not change; checked by "
                  "`cudaopt check` (PF003)",
-        "files": files,
-        "settings": settings,
+        "files": {name: _sha256(workdir / name) for name in _locked_files(workdir)},
+        "settings": _settings_sha256(workdir),
     }, indent=2) + "\n", encoding="utf-8")
     return lock
 
@@ -124,9 +119,7 @@ def fixed_file_origin(workdir: Path, name: str) -> str:
 
 
 def check_protected(workdir: Path) -> list[Violation]:
-    """PF001-PF003: the fixed binding files are the shipped or the published agent-workdir
-    versions; model.py, conftest.py, peers.py, utils/ and the cudaopt settings of
-    pyproject.toml/pytest.ini match the lock."""
+    """PF001-PF003: the fixed binding files are the shipped or published versions; the locked files match the lock."""
     found = []
     for name in PROTECTED_TEMPLATES:
         path, master = workdir / name, TEMPLATES / name
@@ -143,14 +136,13 @@ def check_protected(workdir: Path) -> list[Violation]:
                                    f"{name} is neither the copy shipped in pytest_cudaopt (first difference "
                                    f"at line {line}) nor the published agent-workdir version; restore it "
                                    f"from version control, or from {master} if the workdir uses the shipped files"))
-    lock_path = workdir / LOCK_NAME
-    hint = f"record the current files with `{LOCK_COMMAND.format(workdir=workdir)}`"
+    lock_path, relock = workdir / LOCK_NAME, LOCK_COMMAND.format(workdir=workdir)
+    hint = f"record the current files with `{relock}`"
     if not lock_path.is_file():
-        adopt = ADOPT_COMMAND.format(workdir=workdir)
         return found + [Violation(LOCK_NAME, 1, "PF002",
                                   f"no lock file: model.py and utils/ cannot be proven unchanged; record them "
-                                  f"with `{adopt}` (a workdir not made by `cudaopt init`) or `"
-                                  f"{LOCK_COMMAND.format(workdir=workdir)}`")]
+                                  f"with `{ADOPT_COMMAND.format(workdir=workdir)}` (a workdir not made by "
+                                  f"`cudaopt init`) or `{relock}`")]
     try:
         document = json.loads(lock_path.read_text(encoding="utf-8"))
         recorded = document["files"]
@@ -161,9 +153,8 @@ def check_protected(workdir: Path) -> list[Violation]:
         return found + [Violation(LOCK_NAME, 1, "PF002", f"lock file is not valid ({exc}); {hint}")]
     if "model.py" not in recorded:
         found.append(Violation(LOCK_NAME, 1, "PF002", f"lock file records no model.py; {hint}"))
-    current = _locked_files(workdir)
-    owner = f"; only the owner changes it (then `{LOCK_COMMAND.format(workdir=workdir)}`)"
-    for name in sorted(set(recorded) | set(current)):
+    owner = f"; only the owner changes it (then `{relock}`)"
+    for name in sorted(set(recorded) | set(_locked_files(workdir))):
         path = workdir / name
         if name not in recorded:
             found.append(Violation(name, 1, "PF003", f"{name} was added after the workdir was locked{owner}"))
@@ -174,8 +165,8 @@ def check_protected(workdir: Path) -> list[Violation]:
             found.append(Violation(name, 1, "PF003", f"{name} changed since it was recorded in {LOCK_NAME} "
                                                      f"(sha256 differs); restore it from version control, "
                                                      f"or, for an intended change, the owner records it with "
-                                                     f"`{LOCK_COMMAND.format(workdir=workdir)}`"))
-    settings = {key: hashlib.sha256(text.encode()).hexdigest() for key, text in locked_settings(workdir).items()}
+                                                     f"`{relock}`"))
+    settings = _settings_sha256(workdir)
     for key in sorted(set(recorded_settings) | set(settings)):
         source = key.split(" ", 1)[0]
         if key not in recorded_settings:

@@ -1,7 +1,6 @@
 """MN003/MN004 by name: what a call or attribute on the forward path gives, and which rule it breaks.
 
-Each function judges from the callee's name and the kinds of its receiver and arguments alone and returns
-a verdict `(kind, problem)`, problem being `(rule, message)` or None; forward_path reports it where it walks.
+Each returns a verdict `(kind, problem)`, problem being `(rule, message)` or None; forward_path reports it.
 """
 
 from __future__ import annotations

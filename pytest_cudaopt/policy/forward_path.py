@@ -9,7 +9,7 @@ from pytest_cudaopt.policy.forward_calls import (
     attribute, builtin_call, method_call, passed_function, qualified_call, tensorish,
 )
 from pytest_cudaopt.policy.python_ast import (
-    EXT, MODULE, NON, SHAPE, TENSOR, TENSORS, UNKNOWN, attribute_chain, const_str,
+    EXT, MODULE, NON, SHAPE, TENSOR, TENSORS, UNKNOWN, attribute_chain, const_str, is_module_class,
 )
 from pytest_cudaopt.policy.rules import Config
 from pytest_cudaopt.policy.symbols import Symbols, method, param_kinds
@@ -37,9 +37,8 @@ class ForwardPath:
         if key in self.analyzed:
             return self.analyzed[key]
         self.analyzed[key] = UNKNOWN  # recursion guard
-        result = ForwardChecker(self, fn, owner, arg_types).run()
-        self.analyzed[key] = result
-        return result
+        self.analyzed[key] = ForwardChecker(self, fn, owner, arg_types).run()
+        return self.analyzed[key]
 
 
 class ForwardChecker(ast.NodeVisitor):
@@ -70,7 +69,7 @@ class ForwardChecker(ast.NodeVisitor):
         self.bind(node.target, self.expr(node.value) if node.value is not None else UNKNOWN, node.value)
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
-        current, value = self.expr(_as_load(node.target)), self.expr(node.value)
+        current, value = self.expr(node.target), self.expr(node.value)
         if tensorish(current) or tensorish(value):
             self.add(node, "MN005", f"in-place `{_OPS.get(type(node.op), '?')}=` on a tensor dispatches a torch op")
         self.bind(node.target, _join(current, value), None)
@@ -156,7 +155,9 @@ class ForwardChecker(ast.NodeVisitor):
                 len(source.elts) == len(target.elts) else None
             for index, element in enumerate(target.elts):
                 if items is not None:
-                    element_type = self.env_type_of(items[index])
+                    item = items[index]
+                    element_type = self.env.get(item.id, UNKNOWN) if isinstance(item, ast.Name) \
+                        else NON if isinstance(item, ast.Constant) else UNKNOWN
                 elif value == SHAPE:
                     element_type = NON
                 elif value in (EXT, TENSORS):
@@ -173,13 +174,6 @@ class ForwardChecker(ast.NodeVisitor):
                 self.add(target, "MN005", "assigning into a tensor (`x[...] = ...`) dispatches a torch op")
         elif isinstance(target, ast.Attribute):
             self.expr(target.value)
-
-    def env_type_of(self, node: ast.AST) -> object:
-        if isinstance(node, ast.Name):
-            return self.env.get(node.id, UNKNOWN)
-        if isinstance(node, ast.Constant):
-            return NON
-        return UNKNOWN
 
     # -- expressions: visit_* return the kind of the value
     def expr(self, node: ast.AST | None) -> object:
@@ -331,9 +325,7 @@ class ForwardChecker(ast.NodeVisitor):
         return kind
 
     def check_passed(self, node: ast.AST, kind: object) -> None:
-        problem = passed_function(kind, self.path.config)
-        if problem is not None:
-            self.add(node, *problem)
+        self.judge(node, (None, passed_function(kind, self.path.config)))
 
     def call_kind(self, node: ast.Call, kind: object, text: str, arg_types: list) -> object:
         if isinstance(kind, tuple):
@@ -344,7 +336,8 @@ class ForwardChecker(ast.NodeVisitor):
             if kind[0] == "local":
                 return UNKNOWN
             if kind[0] == "class":
-                return MODULE if self.symbols.is_module(self.symbols.classes[kind[1]]) else ("obj", kind[1])
+                cls = self.symbols.classes[kind[1]]
+                return MODULE if is_module_class(cls, self.symbols.aliases) else ("obj", kind[1])
             if kind[0] == "bound":
                 return self.call_method(node, ("obj", kind[1]), kind[2], kind[1], arg_types)
             if kind[0] == "builtin":
@@ -385,12 +378,6 @@ class ForwardChecker(ast.NodeVisitor):
                 self.env[node.func.value.id] = TENSORS  # outs.append(y): outs now holds tensors
             return NON
         return UNKNOWN
-
-
-def _as_load(node: ast.AST) -> ast.AST:
-    if isinstance(node, ast.Name):
-        return ast.Name(id=node.id, ctx=ast.Load(), lineno=node.lineno)
-    return node
 
 
 def _is_range(node: ast.AST) -> bool:

@@ -12,7 +12,7 @@ from pytest_cudaopt.policy.allowlists import (
     GLOBAL_STATE_CALLS, TORCH_SETTER,
 )
 from pytest_cudaopt.policy.forward_path import ForwardPath
-from pytest_cudaopt.policy.python_ast import TRY_NODES
+from pytest_cudaopt.policy.python_ast import TRY_NODES, dotted, is_module_class
 from pytest_cudaopt.policy.rules import Config, Violation
 from pytest_cudaopt.policy.symbols import Symbols
 
@@ -36,7 +36,7 @@ class ModelNewCheck:
         if cls is None:
             self.add(1, "MN001", "model_new.py defines no class ModelNew")
             return self.found
-        if not self.symbols.is_module(cls):
+        if not is_module_class(cls, self.symbols.aliases):
             self.add(cls, "MN001", "ModelNew must subclass torch.nn.Module directly, got "
                                    f"({', '.join(ast.unparse(b) for b in cls.bases)})")
         methods = {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
@@ -145,7 +145,7 @@ class ModelNewCheck:
                 elif name == "setattr" and node.args and (self.callee(node.args[0]) or "").startswith("torch"):
                     self.add(node, "MN009", f"setattr on {self.callee(node.args[0])} patches torch")
             elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
-                name = self.symbols.dotted(node)
+                name = dotted(node, self.symbols.aliases)
                 if name in FILE_READ_ATTRIBUTES:
                     self.add(node, "MN008", f"{name} reads the environment")
                 elif name in ("sys.modules", "sys.path"):
@@ -155,7 +155,7 @@ class ModelNewCheck:
             elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
                 targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
                 for target in targets:
-                    name = self.symbols.dotted(target) if isinstance(target, ast.Attribute) else None
+                    name = dotted(target, self.symbols.aliases) if isinstance(target, ast.Attribute) else None
                     if name and name.split(".")[0] == "torch":
                         self.add(node, "MN009", f"assignment to {name} changes torch's global state")
                     elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
@@ -175,7 +175,7 @@ class ModelNewCheck:
                                     "reaches code that is not the candidate's")
 
     def callee(self, func: ast.AST) -> str | None:
-        name = self.symbols.dotted(func)
+        name = dotted(func, self.symbols.aliases)
         if name is None and isinstance(func, ast.Name) and self.symbols.lookup(func.id) == ("builtin", func.id):
             return func.id
         return name

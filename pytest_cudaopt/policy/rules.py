@@ -96,9 +96,6 @@ class Violation:
     def __str__(self) -> str:
         return f"{self.path}:{self.line}: {self.rule}: {self.message}"
 
-    def to_json(self) -> dict:
-        return {"rule": self.rule, "path": self.path, "line": self.line, "message": self.message}
-
 
 # --------------------------------------------------------------------------- configuration
 
@@ -176,32 +173,21 @@ def load_config(workdir: Path) -> Config:
     unknown_rules = [r for r in values.get("disable", ()) if r not in RULES]
     if unknown_rules:
         problems.append(f"[tool.cudaopt] disable names unknown rule ids {unknown_rules} (known: {', '.join(RULE_IDS)})")
-    return Config(
-        disable=frozenset(values.get("disable", ())),
-        allow_python_calls=frozenset(values.get("allow-python-calls", ())),
-        allow_tensor_methods=frozenset(values.get("allow-tensor-methods", ())),
-        allow_imports=frozenset(values.get("allow-imports", ())),
-        allow_cpp_calls=frozenset(values.get("allow-cpp-calls", ())),
-        allow_cpp_methods=frozenset(values.get("allow-cpp-methods", ())),
-        allow_includes=values.get("allow-includes", ()),
-        problems=tuple(Violation("pyproject.toml", line, "CF001", p) for p in problems),
-    )
+    return Config(**{key.replace("-", "_"): value if key == "allow-includes" else frozenset(value)
+                     for key, value in values.items()},
+                  problems=tuple(Violation("pyproject.toml", line, "CF001", p) for p in problems))
 
 
 # --------------------------------------------------------------------------- output
 
-def _display_path(workdir: Path, relative: str) -> str:
-    full = Path(workdir).resolve() / relative
+def format_violation(violation: Violation, workdir: Path) -> str:
+    """`path:line: RULE-ID: what was found`, the path shown relative to the current folder."""
+    full = Path(workdir).resolve() / violation.path
     try:
         shown = os.path.relpath(full)
     except ValueError:  # another drive on Windows
-        return str(full)
-    return str(full) if shown.startswith("..") else shown
-
-
-def format_violation(violation: Violation, workdir: Path) -> str:
-    """`path:line: RULE-ID: what was found`, the path shown relative to the current folder."""
-    return f"{_display_path(workdir, violation.path)}:{violation.line}: {violation.rule}: {violation.message}"
+        shown = ".."
+    return f"{full if shown.startswith('..') else shown}:{violation.line}: {violation.rule}: {violation.message}"
 
 
 def render(violations: list[Violation], workdir: Path, as_json: bool = False, built: bool = True,
@@ -216,7 +202,7 @@ def render(violations: list[Violation], workdir: Path, as_json: bool = False, bu
             "passed": not violations,
             "rules": {**RULES, **BUILD_RULES} if built else RULES,
             "disabled": disabled,
-            "violations": [v.to_json() for v in violations],
+            "violations": [{"rule": v.rule, "path": v.path, "line": v.line, "message": v.message} for v in violations],
         }, indent=2)
     lines = [format_violation(v, workdir) for v in violations]
     note = f"; disabled in pyproject.toml: {', '.join(disabled)}" if disabled else ""
@@ -232,6 +218,4 @@ def render(violations: list[Violation], workdir: Path, as_json: bool = False, bu
 
 def iter_rule_lines(violations: Iterable[Violation], rule: str, workdir: Path) -> Iterator[str]:
     """The `path:line: RULE-ID: what` lines of one rule (what a `pytest -m policy` item prints)."""
-    for violation in violations:
-        if violation.rule == rule:
-            yield format_violation(violation, workdir)
+    return (format_violation(v, workdir) for v in violations if v.rule == rule)

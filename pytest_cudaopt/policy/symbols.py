@@ -29,12 +29,6 @@ class Symbols:
         self.classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
         self.attr_types: dict[str, dict[str, object]] = {}
 
-    def dotted(self, node: ast.AST) -> str | None:
-        return dotted(node, self.aliases)
-
-    def is_module(self, cls: ast.ClassDef) -> bool:
-        return is_module_class(cls, self.aliases)
-
     def lookup(self, name: str) -> object:
         """The kind of a module-level name: a function, a class, an import alias, a builtin, or unknown."""
         if name in self.functions:
@@ -69,7 +63,7 @@ class Symbols:
 
     def init_value_type(self, value: ast.AST) -> object:
         if isinstance(value, ast.Call):
-            name = self.dotted(value.func) or ""
+            name = dotted(value.func, self.aliases) or ""
             if name.startswith("cuda_extension"):
                 return TENSOR
             if name in ("torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.Tensor") \
@@ -79,9 +73,9 @@ class Symbols:
                 return MODULE
             if isinstance(value.func, ast.Name) and value.func.id in self.classes:
                 cls = self.classes[value.func.id]
-                return MODULE if self.is_module(cls) else ("obj", cls.name)
+                return MODULE if is_module_class(cls, self.aliases) else ("obj", cls.name)
             return UNKNOWN
-        name = self.dotted(value)
+        name = dotted(value, self.aliases)
         if name is not None:
             return ("alias", name)
         return NON
