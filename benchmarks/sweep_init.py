@@ -130,11 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from pytest_cudaopt import policy  # noqa: F401  (imported once, before the children fork)
-    from pytest_cudaopt.policy import construction
+    from pytest_cudaopt.candidate import construct
 
     torch.set_num_threads(1)  # no thread pool to inherit across fork (a forked child could hang on it)
     if args.cpu_only:
-        construction.DEVICES = ("cpu",)
+        construct.DEVICES = ("cpu",)
     started = time.perf_counter()
     outcomes = {f"{p.parent.name}/{p.name}": in_child(p, args.limit) for p in paths}
     return report(outcomes, time.perf_counter() - started, args.cpu_only)

@@ -38,7 +38,7 @@ LEGEND = """pieces (medians, us): round_trip = client's send() start to its rece
   c_send  client send_bytes          hand_in  client send_bytes end -> worker recv_bytes return
   w_unpack worker unpickling (w_decode: of it, tensor rebuilds: cudaIpcOpenMemHandle, event wait / arena views)
   w_pre   worker between rebuild and the op (drops the previous reply, the "drop" list)
-  w_op    the op itself (op_call: guards.call_locally or _timed; bench_*: the trivial op)
+  w_op    the op itself (op_call: observe.call_locally or _timed; bench_*: the trivial op)
   w_post  op end -> reply pickling   w_pack / w_encode / w_send  as c_*, for the reply
   hand_out worker send_bytes end -> client recv_bytes return (incl. the client's _relay of the log)
   c_unpack client unpickling of the reply (c_decode: tensor rebuilds)"""
@@ -364,7 +364,8 @@ def run(args) -> dict:
 
     from pytest_cudaopt import extension as build
     from pytest_cudaopt.correctness import guards
-    from pytest_cudaopt.correctness.guards import OutputHistory, call_locally, own_outputs
+    from pytest_cudaopt.candidate.observe import OutputHistory, call_locally
+    from pytest_cudaopt.correctness.guards import own_outputs
     from pytest_cudaopt.primitives.tensors import clone_inputs, nbytes
     from pytest_cudaopt.workdir import load_reference, load_workdir
     from pytest_cudaopt.remote.worker import Worker
@@ -582,13 +583,12 @@ def run(args) -> dict:
         # 7. one whole correctness case (guards.run_case: 2 calls, 2 state_dicts, the references)
         def case(remote_side: bool):
             def one(i):
-                wd = remote_wd if remote_side else local
+                wd = remote_wd
                 t0 = pc()
                 ref, cand = wd.make_models(device, seed=3)
                 case_inputs = wd.inputs(11, device)
-                trial = guards.Trial(model=ref, model_new=cand, model64=None, workdir=path,
-                                     extension=None if remote_side else result.module, device=torch.device(device),
-                                     atol=1e-2, rtol=1e-2, history=OutputHistory(), input_names=names)
+                trial = guards.Trial(model=ref, model_new=cand, model64=None, workdir=path, device=torch.device(device),
+                                     atol=1e-2, rtol=1e-2, input_names=names)
                 t1 = pc()
                 try:
                     guards.run_case(trial, case_inputs)
@@ -599,8 +599,7 @@ def run(args) -> dict:
                 return {"make": t1 - t0, "run_case": t2 - t1, "total": t2 - t0}
             return one
         case_reps = max(3, args.reps // 5)
-        bench.series("whole case, worker", case(True), reps=case_reps)
-        bench.series("whole case, in-process", case(False), reps=case_reps)
+        bench.series("whole case, worker", case(True), reps=case_reps)  # in-process ModelNew is a test double now
     finally:
         worker.stop()
     return {"meta": meta, "results": bench.results}
