@@ -108,8 +108,8 @@ class Stages:
     """run_stage without pytest: every stage passes after `pause` seconds, except a workdir named
     hang*, whose check is a real child that sleeps for a minute (ended only by its children's end)."""
 
-    def __init__(self, pause: float = 0.05):
-        self.pause = pause
+    def __init__(self, pause: float = 0.05, busy: int = 0):
+        self.pause, self.busy = pause, busy   # busy: how many checks of a workdir named busy* find the device held
         self.sleeping = threading.Event()
 
     def __call__(self, stage, copy, out, devices, device, options, children=None):
@@ -122,6 +122,10 @@ class Stages:
         time.sleep(self.pause)
         cases = [{"kind": kind, "name": f"test_{stage}", "outcome": "passed", "seconds": 0.01}] if kind else []
         report = {"schema": "cudaopt-report/2", "passed": True, "complete": True, "items": [], "results": []}
+        if copy.name.startswith("busy") and stage == "check" and self.busy > 0:   # the device held by others
+            self.busy -= 1
+            report = {**report, "passed": False, "complete": False, "blame": "environment", "cause": "environment"}
+            return stages.StageResult(stage, "failed", self.pause, report=report, reason="device busy", cases=cases)
         return stages.StageResult(stage, stages.OK, self.pause, report=report if kind else None, cases=cases)
 
 
@@ -142,6 +146,18 @@ def test_a_workdir_past_its_backstop_gets_a_timeout_line_and_the_service_goes_on
     assert (after["status"], after["passed"]) == ("judged", True)
     service.close()
     assert time.monotonic() - started < 30   # the sleeping child was ended, not waited for
+    assert service.in_flight == 0
+
+
+@pytest.mark.parametrize("busy, retries, status, attempts", [(2, 2, "judged", 3), (3, 2, "failed", 3),
+                                                               (1, 0, "failed", 1)])
+def test_a_workdir_the_environment_failed_is_judged_again_and_counted_once(tmp_path, busy, retries, status,
+                                                                          attempts):
+    service = _service(Stages(busy=busy), environment_retries=retries)
+    line = service.submit(_workdir(tmp_path, "busy")).result(30)
+    service.close()
+    assert line["attempts"] == attempts and line["passed"] == (status == "judged"), line
+    assert line["blame"] == (None if status == "judged" else "environment"), line
     assert service.in_flight == 0
 
 

@@ -165,7 +165,8 @@ class LocalPool:
         done: set[int] = set()
         closed = not self.fed
         try:
-            while not (closed and scheduler.done):
+            # an add made while the last line was out (a judge-again) is taken before the loop ends
+            while not (closed and scheduler.done and self._events.empty()):
                 for task in scheduler.ready():
                     if jobs[task.job].began is None:
                         jobs[task.job].began = time.monotonic()

@@ -18,6 +18,7 @@ from pytest_cudaopt.judge.devices import DeviceSet
 from pytest_cudaopt.judge.discover import is_workdir
 from pytest_cudaopt.judge.options import Options, result_key
 from pytest_cudaopt.judge.pool import LocalPool
+from pytest_cudaopt.results.blame import ENVIRONMENT
 
 OPEN, CLOSED, STOPPED = "open", "closed", "stopped"
 
@@ -31,6 +32,8 @@ class _Pending:
     submitted: float
     folder: Path | None = None    # where its bytes were unpacked (removed with its line)
     began: float | None = None    # when its first stage started
+    path: Path | None = None      # what the pool copies (judged again while the environment is blamed)
+    attempts: int = 1
 
 
 class Service:
@@ -98,6 +101,7 @@ class Service:
         except (OSError, ValueError, copies.CopyError, tarfile.TarError) as exc:
             self._resolve(id, self._unjudged(id, pending, "error", f"not judged: {exc}"))
             return future
+        pending.path = path
         with self._wake:   # added before close() or stop() tells the pool, or not at all
             state = self._state
             if state == OPEN:
@@ -157,7 +161,8 @@ class Service:
         status, why = "cancelled", "the service was stopped before this workdir's judging began"
         try:
             for line in self._pool.lines():
-                self._resolve(line["id"], line)
+                if not self._again(line):
+                    self._resolve(line["id"], line)
         except BaseException as exc:  # noqa: BLE001 - the judge's own failure: every submission still gets its line
             status, why = "error", f"not judged: the judge failed: {type(exc).__name__}: {exc}"
             self._failure = why
@@ -171,6 +176,21 @@ class Service:
                 self._over = True
                 self._wake.notify_all()
             shutil.rmtree(self._shipped, ignore_errors=True)
+
+    def _again(self, line: dict) -> bool:
+        """Whether a line that blames the environment is judged again instead (counted once, as
+        `cudaopt judge --environment-retries` does); the line delivered at last has `attempts`."""
+        with self._wake:
+            pending = self._pending.get(line["id"])
+            if pending is None:
+                return False
+            line["attempts"] = pending.attempts
+            if (line.get("blame") != ENVIRONMENT or pending.attempts > self.options.environment_retries
+                    or self._state == STOPPED or line["id"] in self._abandoned):
+                return False
+            pending.attempts += 1
+            self._pool.add(pending.path, pending.name, None, line["id"], pending.submitted)
+            return True
 
     def _resolve(self, id: Any, line: dict) -> None:
         """The line of submission `id`, once: a second (an abandoned workdir's own, after its backstop line) is dropped."""
