@@ -18,14 +18,11 @@ from pytest_cudaopt.workdir import Workdir, WorkdirError
 
 
 class Abort(BaseException):
-    """A CUDA fault inside a Hypothesis run: not an Exception, so Hypothesis neither
-    shrinks nor replays it (the CUDA context is gone)."""
+    """A CUDA fault: not an Exception, so Hypothesis neither shrinks nor replays it."""
 
     def __init__(self, fault: CudaFault, case: str, replay: str = ""):
         super().__init__(str(fault))
-        self.fault = fault
-        self.case = case
-        self.replay = replay
+        self.fault, self.case, self.replay = fault, case, replay
 
 
 class CaseFailed(Exception):
@@ -34,18 +31,13 @@ class CaseFailed(Exception):
     def __init__(self, check: str, report: str, case: str = "", inputs: str = "",
                  comparison: compare.Comparison | None = None, precision: Precision | None = None):
         super().__init__(report)
-        self.precision = precision
-        self.check = check
-        self.report = report
-        self.case = case
-        self.inputs = inputs
-        self.comparison = comparison
+        self.check, self.report, self.case, self.inputs = check, report, case, inputs
+        self.comparison, self.precision = comparison, precision
         self.moved: tuple[dict[str, int], int] | None = None  # (constants, seed) of a case with moved state
         self.blame = blame.CANDIDATE  # whose failure it is (blame.py): a memory shortfall may be the environment's
 
     def diagnose(self, loaded: Workdir, settings) -> None:
-        """A mismatch or wrong answer with moved state: say which tensors the candidate
-        ignores (`state.diagnose`, a few extra calls, only now that the case failed)."""
+        """A mismatch or wrong answer with moved state: say which tensors the candidate ignores."""
         if self.moved is None or self.check not in ("mismatch", "wrong"):
             return
         moved, self.moved = self.moved, None  # once, however often the failure is handed on
@@ -81,15 +73,11 @@ def _extra_allowed(settings) -> frozenset[str]:
 def run_case(workdir: Workdir, settings, session, constants: dict[str, int], seed: int, label: str,
              replay: str = "", reference_decides: bool = False, moved: bool = False,
              family: str = values.MODEL) -> tuple[guards.CaseOutcome, list, list[str] | None]:
-    """One case: models and inputs built with `constants` applied to model.py (with `moved`,
-    Model's parameters and running statistics moved from their defaults: `state.perturb`;
-    the inputs' values changed as the value `family` says), then every guard. A family that
-    cannot be judged on the case (values.FamilySkipped) leaves it judged on model.py's values,
-    the outcome saying why. Raises CaseFailed with the whole report, Abort on a CUDA fault, and
-    guards.ReferenceError_ when `reference_decides` and the reference rejects the case."""
-    if family == values.MODEL:
-        return _run_case(workdir, settings, session, constants, seed, label, replay, reference_decides, moved)
-    try:
+    """One case: models and inputs built with `constants` applied to model.py (state `moved`, values
+    of `family`; a family skipped falls back to model.py's values), then every guard. Raises
+    CaseFailed, Abort on a CUDA fault, and guards.ReferenceError_ when `reference_decides` and the
+    reference rejects the case."""
+    try:  # model.py's own values are never skipped
         return _run_case(workdir, settings, session, constants, seed, label, replay, reference_decides, moved,
                          family)
     except values.FamilySkipped as exc:
@@ -158,9 +146,8 @@ def _run_case(workdir: Workdir, settings, session, constants: dict[str, int], se
 
 def _family_inputs(model: torch.nn.Module, inputs: list, family: str, seed: int,
                    names: list[str] | None) -> tuple[list, values.Applied]:
-    """The case's inputs with the family's values, and what changed; for the families that
-    rescale the output, the scale of the reference's output on model.py's values (one more
-    float32 reference call), to which the family's atol is proportioned."""
+    """The case's inputs with the family's values, and what changed, with the scale of the
+    reference's output on model.py's values (to which the family's atol is proportioned)."""
     changed, applied = values.apply(family, inputs, seed, names)
     if family != "spikes":
         try:
@@ -183,8 +170,7 @@ def _reference_accepts(model: torch.nn.Module, inputs: list) -> None:
 
 def _guarded(trial: guards.Trial, inputs: list, label: str, footer: str, short: str,
              described: str) -> guards.CaseOutcome:
-    """`guards.run_case`; torch's out-of-memory error, raised by the case's own work or inside
-    either model, fails the case as a memory shortfall (CaseFailed of check SHORTFALL)."""
+    """`guards.run_case`; torch's out-of-memory error fails the case as a memory shortfall."""
     try:
         return guards.run_case(trial, inputs)
     except (torch.OutOfMemoryError, guards.CandidateError, guards.ReferenceError_) as exc:
@@ -201,8 +187,7 @@ def _guarded(trial: guards.Trial, inputs: list, label: str, footer: str, short: 
 
 
 def _check_memory(workdir: Workdir, settings, constants: dict[str, int], label: str, replay: str) -> None:
-    """Fail the case at once, saying how much it needs and what is free, when its inputs
-    and outputs (measured on the meta device) cannot fit in free device memory."""
+    """Fail the case at once when its inputs and outputs cannot fit in free device memory."""
     free = free_bytes(settings.device)
     if free is None:
         return
@@ -225,8 +210,7 @@ def _check_memory(workdir: Workdir, settings, constants: dict[str, int], label: 
 
 
 def holder(workdir: Workdir, settings, need: int, budget: int) -> tuple[str, str]:
-    """Whose a memory shortfall is, (blame, why), from NVML's process table as the judging process
-    reads it: the candidate's worker holding more than the case's `budget`, or other processes."""
+    """Whose a memory shortfall is, (blame, why), from NVML's process table."""
     device = torch.device(settings.device)
     worker = workdir.worker
     pid = worker.proc.pid if worker is not None and worker.proc is not None else None

@@ -27,9 +27,7 @@ def _fmt_index(index: tuple[int, ...]) -> str:
 
 
 def _num(x: float) -> str:
-    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
-        return str(x)
-    return f"{x:.6g}"
+    return str(x) if isinstance(x, float) and (math.isnan(x) or math.isinf(x)) else f"{x:.6g}"
 
 
 @dataclass
@@ -66,9 +64,7 @@ class LeafReport:
 
 def _nan_max(values) -> float:
     values = list(values)
-    if any(math.isnan(v) for v in values):
-        return math.nan
-    return max(values, default=0.0)
+    return math.nan if any(math.isnan(v) for v in values) else max(values, default=0.0)
 
 
 @dataclass
@@ -108,11 +104,6 @@ class Comparison:
         return [leaf.path for leaf in self.leaves
                 if not leaf.exact and leaf.total and self.atol > 0 and self.atol >= leaf.max_expected]
 
-    @property
-    def exact(self) -> bool:
-        """Every tensor output is an integer/bool one (compared exactly)."""
-        return bool(self.leaves) and all(leaf.exact for leaf in self.leaves)
-
     def table(self) -> str:
         """The failure table: max abs/rel error, worst index with both values, fraction
         mismatched, the first few mismatching elements."""
@@ -147,11 +138,9 @@ CHUNK = 1 << 24  # elements compared at a time: the float64 temporaries stay ~12
 
 
 def _compare_tensor(path: str, actual: torch.Tensor, expected: torch.Tensor,
-                    atol: float, rtol: float, max_listed: int,
-                    allowance: torch.Tensor | None = None) -> LeafReport:
+                    atol: float, rtol: float, allowance: torch.Tensor | None = None) -> LeafReport:
     leaf = LeafReport(path=path, total=expected.numel())
-    if not (expected.is_floating_point() or expected.is_complex()):
-        # Integers and bools: a float tolerance never applies.
+    if not (expected.is_floating_point() or expected.is_complex()):  # integers and bools: no tolerance
         leaf.exact, atol, rtol = True, 0.0, 0.0
     if leaf.total == 0:
         return leaf
@@ -197,8 +186,8 @@ def _compare_tensor(path: str, actual: torch.Tensor, expected: torch.Tensor,
         at = int(torch.argmax(score))
         if float(score[at]) > worst_score:
             worst_score, worst_at = float(score[at]), start + at
-        if len(leaf.first) < max_listed and bool(bad.any()):
-            positions = torch.nonzero(bad).reshape(-1)[:max_listed - len(leaf.first)].tolist()
+        if len(leaf.first) < MAX_LISTED and bool(bad.any()):
+            positions = torch.nonzero(bad).reshape(-1)[:MAX_LISTED - len(leaf.first)].tolist()
             leaf.first += [Mismatch(unravel(start + p, expected.shape), float(a[p]), float(e[p]))
                            for p in positions]
     # Like torch.testing: a NaN (or Inf) where the other side differs makes the error NaN (Inf).
@@ -217,50 +206,40 @@ def _layout(t: torch.Tensor) -> tuple[int, ...]:
 
 
 def compare_outputs(actual: Any, expected: Any, *, atol: float = 1e-2, rtol: float = 1e-2,
-                    max_listed: int = MAX_LISTED, allowance: dict[str, torch.Tensor] | None = None) -> Comparison:
-    """Compare the candidate's output with the reference's: the same nest of tuples/lists/
-    dicts, tensors with the same shape, dtype and device (and contiguous where the reference's
-    output is), NaN and Inf in the same places, every other element within
-    `|a - e| <= atol + rtol*|e|`, plus, where `allowance` (leaf path -> tensor of the leaf's
-    shape) has one, its element. Never raises for a mismatch."""
+                    allowance: dict[str, torch.Tensor] | None = None) -> Comparison:
+    """Compare the candidate's output with the reference's: the same nest, tensors with the same
+    shape, dtype, device and layout, NaN and Inf in the same places, every other element within
+    `|a - e| <= atol + rtol*|e|` plus its `allowance` (leaf path -> tensor), if any."""
     result = Comparison(passed=True, atol=atol, rtol=rtol)
     a_leaves, e_leaves = list(leaves(actual)), list(leaves(expected))
-    r_leaves = allowance or {}
-    if [p for p, _ in a_leaves] != [p for p, _ in e_leaves]:
-        result.passed = False
-        result.reason = (f"output structure differs: candidate returned {structure(actual)}, "
-                         f"reference returned {structure(expected)}")
+
+    def fail(reason: str) -> Comparison:
+        result.passed, result.reason = False, reason
         return result
+
+    if [p for p, _ in a_leaves] != [p for p, _ in e_leaves]:
+        return fail(f"output structure differs: candidate returned {structure(actual)}, "
+                    f"reference returned {structure(expected)}")
     for (path, a), (_, e) in zip(a_leaves, e_leaves):
         if isinstance(e, torch.Tensor) != isinstance(a, torch.Tensor):
-            result.passed = False
-            result.reason = f"{path}: candidate returned {structure(a)}, reference returned {structure(e)}"
-            return result
+            return fail(f"{path}: candidate returned {structure(a)}, reference returned {structure(e)}")
         if not isinstance(e, torch.Tensor):
             if a != e and not (isinstance(a, float) and isinstance(e, float)
                                and abs(a - e) <= atol + rtol * abs(e)):  # ints: exact
-                result.passed = False
-                result.reason = f"{path}: candidate returned {a!r}, reference returned {e!r}"
-                return result
+                return fail(f"{path}: candidate returned {a!r}, reference returned {e!r}")
             continue
         for what, got, want in (("shape", tuple(a.shape), tuple(e.shape)),
                                 ("dtype", a.dtype, e.dtype),
                                 ("device", a.device, e.device)):
             if got != want:
-                result.passed = False
-                result.reason = (f"{path}: {what} differs: candidate {describe_tensor(a)}, "
-                                 f"reference {describe_tensor(e)}")
-                return result
+                return fail(f"{path}: {what} differs: candidate {describe_tensor(a)}, reference {describe_tensor(e)}")
         # A contiguous reference output asks for a contiguous one (a CPU worker's outputs come
         # back contiguous, so other layouts are compared by value only).
         if e.is_contiguous() and _layout(a) != _layout(e):
-            result.passed = False
-            result.reason = (f"{path}: strides differ: candidate {tuple(a.stride())}, reference {tuple(e.stride())} "
-                             f"(shape {tuple(e.shape)}); the output must have the reference's layout")
-            return result
-        r = r_leaves.get(path)
-        result.leaves.append(_compare_tensor(path, a, e, atol, rtol, max_listed,
-                                             r if isinstance(r, torch.Tensor) else None))
+            return fail(f"{path}: strides differ: candidate {tuple(a.stride())}, reference {tuple(e.stride())} "
+                        f"(shape {tuple(e.shape)}); the output must have the reference's layout")
+        r = (allowance or {}).get(path)
+        result.leaves.append(_compare_tensor(path, a, e, atol, rtol, r if isinstance(r, torch.Tensor) else None))
     if result.mismatched:
         result.passed = False
     return result
@@ -270,9 +249,7 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Same shape, dtype and bytes (NaN payloads included)."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    if a.numel() == 0:
-        return True
-    return torch.equal(as_bytes(a), as_bytes(b))
+    return a.numel() == 0 or torch.equal(as_bytes(a), as_bytes(b))
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:

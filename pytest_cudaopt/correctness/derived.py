@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import collections
 import operator
 import os
 import types
@@ -35,9 +36,8 @@ class Derived:
 
 
 def _plain(value: Any) -> bool:
-    if type(value) in (int, float):
-        return True
-    return isinstance(value, (tuple, list)) and len(value) <= LONGEST and all(_plain(v) for v in value)
+    return type(value) in (int, float) or (isinstance(value, (tuple, list)) and len(value) <= LONGEST
+                                           and all(_plain(v) for v in value))
 
 
 def evaluate(node: ast.expr, namespace: Mapping[str, Any]) -> Any:
@@ -86,9 +86,8 @@ def _names_read(node: ast.expr) -> set[str]:
 
 
 def _assignments(tree: ast.Module) -> list[tuple[str, ast.expr | None, bool]]:
-    """(name, value, assigned) of every top-level binding of a name, in order: value is None
-    for bindings that are not `name = value` (`depth, height = 32, 64`, augmented assignments,
-    loops, imports, definitions); `assigned` for assignments of any form (constants)."""
+    """(name, value, assigned) of every top-level binding of a name, in order: value None for
+    bindings other than `name = value`; `assigned` for assignments of any form."""
     found: list[tuple[str, ast.expr | None, bool]] = []
     for node in tree.body:
         if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets):
@@ -120,9 +119,7 @@ def _parsed(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, ast.expr, s
     except SyntaxError:
         return ()
     bindings = _assignments(tree)
-    counts: dict[str, int] = {}
-    for name, _, _ in bindings:
-        counts[name] = counts.get(name, 0) + 1
+    counts = collections.Counter(name for name, _, _ in bindings)
     above: set[str] = set()  # the constants assigned so far
     found = []
     for name, value, assigned in bindings:
@@ -140,25 +137,18 @@ def _candidates(module: types.ModuleType) -> tuple[tuple[str, ast.expr, str, fro
     path = getattr(module, "__file__", None)
     try:
         stat = os.stat(path) if path else None
-    except OSError:
-        stat = None
-    if stat is None:
-        return ()
-    try:
-        return _parsed(os.path.realpath(path), stat.st_mtime_ns, stat.st_size)
+        return _parsed(os.path.realpath(path), stat.st_mtime_ns, stat.st_size) if stat else ()
     except (OSError, UnicodeDecodeError):
         return ()
 
 
 def references(module: types.ModuleType) -> dict[str, str]:
-    """name -> expression of every top-level constant whose value model.py writes in terms of
-    the constants above it, whether `definitions` can recompute it or not."""
+    """name -> expression of every top-level constant written in terms of those above it."""
     return {name: text for name, _, text, _ in _candidates(module)}
 
 
 def definitions(module: types.ModuleType) -> list[Derived]:
-    """The derived constants of `module`, in source order: those whose expression `evaluate`
-    accepts and gives the value the module holds now."""
+    """The derived constants of `module`, in source order, whose expression gives the value it holds now."""
     found = []
     namespace = module.__dict__
     for name, expression, text, sources in _candidates(module):
@@ -173,10 +163,8 @@ def definitions(module: types.ModuleType) -> list[Derived]:
 
 
 def recompute(module: types.ModuleType, values: Mapping[str, Any], kept: Iterable[str] = ()) -> dict[str, Any]:
-    """The derived constants' values once `values` (name -> new value) are set, each computed
-    from the ones before it; those named in `kept` (given by the caller: the owner's
-    declaration, --cudaopt-case) keep their own. A derived constant the new values make
-    uncomputable (a zero divisor) keeps its value."""
+    """The derived constants' new values once `values` are set; those named in `kept`, and those
+    the new values make uncomputable (a zero divisor), keep their own."""
     kept = set(kept) | set(values)
     namespace = {**module.__dict__, **values}
     changed: dict[str, Any] = {}

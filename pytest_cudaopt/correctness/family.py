@@ -14,10 +14,9 @@ from pytest_cudaopt.primitives.tensors import clone_inputs, leaves
 
 def judge(applied: values.Applied, trial: guards.Trial, inputs: list, first: Any,
           expected: Any) -> tuple[compare.Comparison, Precision]:
-    """A value-family case, against a float64 run of the reference: skipped (values.FamilySkipped)
-    where that run is missing or not finite; else the comparison with atol scaled as the
-    reference's output grew and `FP32_FACTOR` times the float32 reference's own error added to
-    each element's tolerance, and the tier measured with the limits that grow with it."""
+    """A value-family case against a float64 run of the reference (values.FamilySkipped where that
+    run is missing or not finite): the comparison, atol scaled with the output and each element's
+    tolerance grown by `_allowance`, and the tier measured with limits that grow with it."""
     try:
         reference64, why = run_float64(trial.model, inputs, expected, trial.device, trial.model64)
     except Exception as exc:  # the float64 run lost the CUDA context
@@ -27,8 +26,7 @@ def judge(applied: values.Applied, trial: guards.Trial, inputs: list, first: Any
     why = values.not_finite(expected, reference64)
     if why:
         raise values.FamilySkipped(why)
-    # atol grows with the output (scaled inputs, scaled outputs), never shrinks: tiny outputs
-    # (softmax's tails) are left to rtol and the relative L2 bound, as on model.py's values.
+    # atol grows with the output, never shrinks: tiny outputs are left to rtol and the L2 bound.
     base = applied.base_scale  # None (spikes): the output's scale is model.py's
     scale = 1.0 if base is None else max(1.0, values.output_scale(reference64) / base)
     rounded64 = _rounded64(trial, inputs, expected)
@@ -52,9 +50,8 @@ def judge(applied: values.Applied, trial: guards.Trial, inputs: list, first: Any
 
 
 def _rounded64(trial: guards.Trial, inputs: list, expected: Any) -> Any:
-    """The float64 reference on the inputs rounded about as bfloat16 rounds them (each float
-    element times 1 +- values.ROUNDING), None when it cannot run: how much the output
-    moves when an honest lower-precision kernel rounds what it reads."""
+    """The float64 reference on the inputs rounded about as bfloat16 rounds them, None when it
+    cannot run."""
     def round_(x: Any) -> Any:
         if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
             return x
@@ -69,10 +66,9 @@ def _rounded64(trial: guards.Trial, inputs: list, expected: Any) -> Any:
 
 
 def _allowance(expected: Any, reference64: Any, rounded64: Any, ill: bool) -> dict[str, torch.Tensor]:
-    """Per output element, what an honest kernel may be off besides atol and rtol: FP32_FACTOR
-    times the float32 reference's own error there, and ROUNDED_FACTOR times how far the output's
-    row (last dimension) moves when the inputs are rounded (values.ROUNDING); anything finite where the values leave
-    the problem `ill` conditioned (NaN and Inf still count). Leaf path -> tensor."""
+    """Leaf path -> what each output element may be off besides atol and rtol: FP32_FACTOR times the
+    float32 reference's own error, and ROUNDED_FACTOR times how far its row moves when the inputs
+    are rounded; anything finite where the problem is `ill` conditioned."""
     found = {}
     rounded = dict(leaves(rounded64)) if rounded64 is not None else {}
     for (path, e), (_, r) in zip(leaves(expected), leaves(reference64)):
@@ -94,8 +90,8 @@ def _allowance(expected: Any, reference64: Any, rounded64: Any, ill: bool) -> di
 
 
 def _unmoved(applied: values.Applied, trial: guards.Trial, inputs: list, first: Any, expected: Any) -> str:
-    """After a spikes case failed: both models on the inputs without the spikes, and where the
-    reference's output moved most, how each moved ("" when that cannot be told)."""
+    """After a spikes case failed: how each model's output moved where the spikes moved the
+    reference's most ("" when that cannot be told)."""
     base = applied.restore(inputs)
     try:
         candidate = guards.run_candidate(trial, guards.for_candidate(trial, base))

@@ -6,9 +6,7 @@ from pytest_cudaopt.candidate.observe import FAULT_MARKERS, CudaFault, context_a
 
 
 class WorkerCrash(CudaFault):
-    """The candidate's worker process died during a call (a segfault in the extension, an
-    abort): the case that killed it is the one to report, never shrunk or replayed past.
-    `words` is the worker's last output."""
+    """The candidate's worker process died during a call; `words` is its last output."""
 
     def __init__(self, headline: str, words: str = ""):
         super().__init__(headline)
@@ -21,9 +19,7 @@ def context_lost(exc: BaseException) -> bool:
 
 
 def fault_line(text: str) -> str:
-    """The line of a fault's message that names the error. torch follows "CUDA error: an
-    illegal memory access was encountered" with advice lines ("Compile with
-    `TORCH_USE_CUDA_DSA` ..."), so neither the first nor the last line will do."""
+    """The line of a fault's message that names the error (torch follows it with advice lines)."""
     lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
     if not lines:
         return ""

@@ -1,7 +1,4 @@
-"""Runtime guards of the correctness verdict: secret inputs, clones, fresh outputs, poison, determinism, and one case through them all.
-
-`run_case` drives every guard in one order; each guard is the few lines it needs beside it
-(the op audit, the CUDA faults and the float64 run have their own modules)."""
+"""Runtime guards of the correctness verdict: secret inputs, clones, fresh outputs, poison, determinism, and one case through them all."""
 
 from __future__ import annotations
 
@@ -21,6 +18,8 @@ from pytest_cudaopt.run.watchdog import harness_step
 from pytest_cudaopt.remote.candidate import Candidate, WorkerError, WorkerFailed
 from pytest_cudaopt.candidate.observe import unfresh_output
 
+FILE = "model_new.py"  # named in the guards' messages
+
 
 class GuardFailure(AssertionError):
     """A guard caught the candidate; `check` names the guard, the message says what it saw."""
@@ -28,10 +27,7 @@ class GuardFailure(AssertionError):
     def __init__(self, check: str, message: str, comparison: "compare.Comparison | None" = None,
                  precision: "Precision | None" = None):
         super().__init__(message)
-        self.check = check
-        self.message = message
-        self.comparison = comparison
-        self.precision = precision
+        self.check, self.message, self.comparison, self.precision = check, message, comparison, precision
 
 
 class CandidateError(Exception):
@@ -42,43 +38,34 @@ class ReferenceError_(Exception):
     """model.py's Model raised on a case (for a drawn shape: the shape is not valid)."""
 
 
-# -- seeds -------------------------------------------------------------------------------------
-
 def derive_seed(session_seed: int, *parts: Any) -> int:
-    """A 63-bit seed for one trial, derived from the session's secret seed and the trial's
-    identity, so each trial gets fresh inputs and `--cudaopt-seed` replays them all."""
+    """A 63-bit seed for one trial from the session's secret seed and the trial's identity."""
     text = repr((int(session_seed), *parts)).encode()
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
 
 
-# -- inputs: clones and mutation ------------------------------------------------------------------
-
 def _label(index: int, names: list[str] | None) -> str:
-    if names and index < len(names):
-        return f"input {index} ({names[index]})"
-    return f"input {index}"
+    return f"input {index} ({names[index]})" if names and index < len(names) else f"input {index}"
 
 
-def check_inputs_unchanged(before: list, after: list, names: list[str] | None = None,
-                           file: str = "model_new.py") -> None:
+def check_inputs_unchanged(before: list, after: list, names: list[str] | None = None) -> None:
     """After the candidate's call its inputs must be bit-identical to their copies."""
     for i, (b, a) in enumerate(zip(before, after)):
         if not isinstance(b, torch.Tensor):
             continue
         if a.shape != b.shape or a.dtype != b.dtype:
             raise GuardFailure("input mutated", (
-                f"{file}: ModelNew.forward changed {_label(i, names)} from {describe_tensor(b)} "
+                f"{FILE}: ModelNew.forward changed {_label(i, names)} from {describe_tensor(b)} "
                 f"to {describe_tensor(a)} in place; a candidate must leave its inputs alone"))
         count, index, was, now = compare.first_difference(b, a)
         if count:
             raise GuardFailure("input mutated", (
-                f"{file}: ModelNew.forward wrote into {_label(i, names)} {describe_tensor(b)}: "
+                f"{FILE}: ModelNew.forward wrote into {_label(i, names)} {describe_tensor(b)}: "
                 f"{count} of {b.numel()} elements changed (first at {list(index)}: {was:.6g} -> {now:.6g}); "
                 f"a candidate must leave its inputs alone"))
 
 
-def check_state_unchanged(before: dict[str, torch.Tensor], model_new: Candidate,
-                          file: str = "model_new.py") -> None:
+def check_state_unchanged(before: dict[str, torch.Tensor], model_new: Candidate) -> None:
     """ModelNew's parameters and buffers must be as they were before the call."""
     for name, now in model_new.state_dict().items():
         was = before.get(name)
@@ -88,15 +75,9 @@ def check_state_unchanged(before: dict[str, torch.Tensor], model_new: Candidate,
             count, index, a, b = (compare.first_difference(was, now) if was.shape == now.shape
                                   else (now.numel(), (), 0.0, 0.0))
             raise GuardFailure("state mutated", (
-                f"{file}: ModelNew.forward changed its parameter/buffer '{name}' "
+                f"{FILE}: ModelNew.forward changed its parameter/buffer '{name}' "
                 f"({count} elements; first at {list(index)}: {a:.6g} -> {b:.6g})"))
 
-
-def state_snapshot(model: Candidate) -> dict[str, torch.Tensor]:
-    return {name: t.detach().clone() for name, t in model.state_dict().items() if isinstance(t, torch.Tensor)}
-
-
-# -- outputs: plain tensors with storage of their own ---------------------------------------------
 
 def _storage_span(t: torch.Tensor) -> tuple[torch.device, int, int] | None:
     storage = t.untyped_storage()
@@ -111,22 +92,18 @@ def _overlaps(a: tuple | None, b: tuple | None) -> bool:
 
 
 def check_fresh_outputs(output: Any, inputs: list, model_new: torch.nn.Module,
-                        earlier: list[torch.Tensor], names: list[str] | None = None,
-                        file: str = "model_new.py") -> None:
-    """Every output tensor is a plain torch.Tensor whose storage overlaps no input, no
-    parameter or buffer of ModelNew, and no output of an earlier call that is still alive
-    (worker.observe.unfresh_output)."""
-    found = unfresh_output(output, inputs, model_new, earlier, names, file)
+                        earlier: list[torch.Tensor], names: list[str] | None = None) -> None:
+    """Every output tensor is a plain torch.Tensor with storage of its own (`unfresh_output`)."""
+    found = unfresh_output(output, inputs, model_new, earlier, names, FILE)
     if found is not None:
         raise GuardFailure(*found)
 
 
-# -- the op audit -------------------------------------------------------------------------------
-def check_audit(found: list[str], file: str = "model_new.py") -> None:
+def check_audit(found: list[str]) -> None:
     """`found`: the descriptions of the ops outside the allow-list (audit.AuditedOp.describe)."""
     if not found:
         return
-    lines = [f"{file}: ModelNew.forward ran {len(found)} operator(s) outside the allow-list "
+    lines = [f"{FILE}: ModelNew.forward ran {len(found)} operator(s) outside the allow-list "
              f"(allocation, creation, views, metadata):"]
     lines += [f"  {op}" for op in found[:10]]
     if len(found) > 10:
@@ -136,17 +113,14 @@ def check_audit(found: list[str], file: str = "model_new.py") -> None:
     raise GuardFailure("op audit", "\n".join(lines))
 
 
-# -- determinism ------------------------------------------------------------------------------
-
-def check_deterministic(first: Any, second: Any, nondeterministic: bool, atol: float, rtol: float,
-                        file: str = "model_new.py") -> None:
+def check_deterministic(first: Any, second: Any, nondeterministic: bool, atol: float, rtol: float) -> None:
     """Two candidate runs on the same inputs must be bit-identical; within the tolerance
     when model_new.py declares CUDAOPT_NONDETERMINISTIC = True."""
     if nondeterministic:
         result = compare.compare_outputs(second, first, atol=atol, rtol=rtol)
         if not result.passed:
             raise GuardFailure("nondeterministic", (
-                f"{file}: two runs of ModelNew on the same inputs differ beyond the tolerance "
+                f"{FILE}: two runs of ModelNew on the same inputs differ beyond the tolerance "
                 f"(declared CUDAOPT_NONDETERMINISTIC, so bitwise differences are allowed):\n{result.table()}"))
         return
     for (path, a), (_, b) in zip(leaves(first), leaves(second)):
@@ -154,18 +128,16 @@ def check_deterministic(first: Any, second: Any, nondeterministic: bool, atol: f
             continue
         if a.shape != b.shape or a.dtype != b.dtype:
             raise GuardFailure("nondeterministic", (
-                f"{file}: two runs of ModelNew on the same inputs returned {describe_tensor(a)} "
+                f"{FILE}: two runs of ModelNew on the same inputs returned {describe_tensor(a)} "
                 f"and {describe_tensor(b)} as {path}"))
         count, index, va, vb = compare.first_difference(a, b)
         if count:
             raise GuardFailure("nondeterministic", (
-                f"{file}: two runs of ModelNew on the same inputs differ in {count} of {a.numel()} elements "
+                f"{FILE}: two runs of ModelNew on the same inputs differ in {count} of {a.numel()} elements "
                 f"of {path} (first at {list(index)}: {va!r} then {vb!r}); a race or a read of "
                 f"uninitialised memory? If the kernels are non-deterministic by design (atomics), declare "
-                f"CUDAOPT_NONDETERMINISTIC = True in {file} to compare the runs within the tolerance"))
+                f"CUDAOPT_NONDETERMINISTIC = True in {FILE} to compare the runs within the tolerance"))
 
-
-# -- one case through every guard ----------------------------------------------------------------
 
 @dataclass
 class CaseOutcome:
@@ -195,23 +167,22 @@ class Trial:
     judge_family: Callable[..., tuple[compare.Comparison, Precision]] | None = None
 
 
-def own_outputs(output: Any, inputs: list, names: list[str] | None = None, file: str = "model_new.py") -> Any:
-    """The worker's output, checked and copied into this process's memory: plain tensors
-    only, none sharing storage with an input it was sent; the copy is what is judged, whatever
-    the worker does with its memory later."""
+def own_outputs(output: Any, inputs: list, names: list[str] | None = None) -> Any:
+    """The worker's output, checked (plain tensors, none sharing an input's storage) and copied
+    into this process's memory: the copy is judged, whatever the worker does with its memory later."""
     input_spans = [(i, _storage_span(x)) for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
     for path, leaf in leaves(output):
         if not isinstance(leaf, torch.Tensor):
             continue
         if type(leaf) is not torch.Tensor:
             raise GuardFailure("output type", (
-                f"{file}: ModelNew.forward returned a {type(leaf).__module__}.{type(leaf).__qualname__} as {path}; "
+                f"{FILE}: ModelNew.forward returned a {type(leaf).__module__}.{type(leaf).__qualname__} as {path}; "
                 f"outputs must be plain torch.Tensor objects"))
         span = _storage_span(leaf)
         for i, other in input_spans:
             if _overlaps(span, other):
                 raise GuardFailure("output aliases input", (
-                    f"{file}: {path} {describe_tensor(leaf)} shares storage with (is or views) {_label(i, names)}; "
+                    f"{FILE}: {path} {describe_tensor(leaf)} shares storage with (is or views) {_label(i, names)}; "
                     f"outputs must own fresh storage, not return an input or a view of one"))
     return clone_nest(output)
 
@@ -223,8 +194,7 @@ def for_candidate(trial: Trial, inputs: list) -> list:
 
 
 def run_candidate(trial: Trial, inputs: list) -> Any:
-    """The candidate's call with its own checks (the op audit, fresh outputs, where it runs:
-    `Candidate.checked_call`), its output checked and copied into this process's memory."""
+    """The candidate's call (`Candidate.checked_call`), its output checked and owned here."""
     try:
         reply = trial.model_new.checked_call(inputs, trial.extra_allowed, trial.input_names)
     except WorkerError as exc:
@@ -245,11 +215,6 @@ def run_candidate(trial: Trial, inputs: list) -> Any:
     return owned
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _raise_user_error(exc: Exception, workdir: Path, what: str, kind: type) -> None:
     from pytest_cudaopt.workdir import user_traceback
 
@@ -260,35 +225,32 @@ def _raise_user_error(exc: Exception, workdir: Path, what: str, kind: type) -> N
 
 
 def run_case(trial: Trial, inputs: list) -> CaseOutcome:
-    """One case through every guard, in this order (the first that fails raises
-    GuardFailure): candidate on clones under poison and the op audit; its outputs are fresh
-    plain tensors; its inputs and state unchanged; the reference on its own copy; the
-    candidate again, fresh again and bit-identical to its first run; the comparison with
-    the reference; the precision against the float64 reference."""
+    """One case through every guard in order (the first that fails raises GuardFailure)."""
     started = time.perf_counter()
-    file = "model_new.py"
     names = trial.input_names
     pristine = clone_inputs(inputs)
-    state = state_snapshot(trial.model_new)
+    state = {name: t.detach().clone() for name, t in trial.model_new.state_dict().items()
+             if isinstance(t, torch.Tensor)}
 
     first_inputs = for_candidate(trial, inputs)
     first = run_candidate(trial, first_inputs)
-    check_inputs_unchanged(pristine, first_inputs, names, file)
-    check_state_unchanged(state, trial.model_new, file)
+    check_inputs_unchanged(pristine, first_inputs, names)
+    check_state_unchanged(state, trial.model_new)
     del first_inputs  # memory in proportion to the problem: one working copy at a time
 
     try:
         with torch.no_grad(), harness_step("running the reference (model.py)"):
             expected = trial.model(*clone_inputs(inputs))
-            _synchronize(trial.device)
+            if trial.device.type == "cuda":
+                torch.cuda.synchronize(trial.device)
     except Exception as exc:
         _raise_user_error(exc, trial.workdir, "Model.forward (model.py)", ReferenceError_)
 
     second_inputs = for_candidate(trial, inputs)
     second = run_candidate(trial, second_inputs)
-    check_inputs_unchanged(pristine, second_inputs, names, file)
+    check_inputs_unchanged(pristine, second_inputs, names)
     del second_inputs, pristine
-    check_deterministic(first, second, trial.nondeterministic, trial.atol, trial.rtol, file)
+    check_deterministic(first, second, trial.nondeterministic, trial.atol, trial.rtol)
     del second
 
     with harness_step("comparing the outputs"):
@@ -307,7 +269,7 @@ def run_case(trial: Trial, inputs: list) -> CaseOutcome:
         precision.vacuous = True
     if precision.wrong:
         raise GuardFailure("wrong", (
-            f"{file}: ModelNew's output is wrong: relative L2 error vs the float64 reference "
+            f"{FILE}: ModelNew's output is wrong: relative L2 error vs the float64 reference "
             f"{precision.candidate_error:.3g} > {precision.bound:.3g} (cudaopt_max_rel_error; "
             f"the float32 reference's own error is {precision.reference_error:.3g}), although every "
             f"element is within atol={comparison.atol:g}, rtol={trial.rtol:g}"
@@ -330,8 +292,7 @@ def check_comparison(comparison: compare.Comparison, extra: str = "") -> None:
 
 
 def _precision(trial: Trial, inputs: list, candidate_out: Any, expected: Any) -> Precision:
-    """The candidate's precision against a float64 run of the reference, held to the relative
-    L2 bound; without a float64 run, the bound is checked against the float32 reference."""
+    """The candidate's precision against a float64 run of the reference (else the float32 one)."""
     with harness_step("running the float64 reference and measuring the precision"):
         try:
             reference64, why = run_float64(trial.model, inputs, expected, trial.device, trial.model64)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -12,11 +13,8 @@ import torch
 from pytest_cudaopt.primitives import memory
 from pytest_cudaopt.primitives.tensors import clone_inputs, float64_inputs, float_elements, leaves, nbytes, to_float64
 
-# Tiers, from the candidate's relative L2 error against a float64 run of the reference (see
-# `precision_tier`). Float32 rounding leaves ~1e-7..1e-6; a 10-bit mantissa (TF32 tensor cores,
-# fp16 storage) ~3e-4..6e-4; an 8-bit one (bf16) ~2e-3..4e-3. EXACT: integer/bool outputs
-# compared bit for bit; WRONG: a float output whose relative L2 error against float64 exceeds
-# cudaopt_max_rel_error (whatever the element-wise tolerance said); UNKNOWN: no float64 run.
+# Tiers, from the candidate's relative L2 error against a float64 run of the reference. Float32
+# rounding leaves ~1e-7..1e-6; a 10-bit mantissa (TF32, fp16) ~3e-4..6e-4; bf16 ~2e-3..4e-3.
 FP32, TF32_LIKE, HALF_LIKE, UNKNOWN = "fp32", "tf32-like", "half-like", "unknown"
 EXACT, WRONG = "exact", "wrong"
 TIERS = (FP32, TF32_LIKE, HALF_LIKE)
@@ -25,15 +23,11 @@ FP32_FACTOR = 10.0     # within 10x the float32 reference's own error ...
 FP32_FLOOR = 1e-5      # ... or below this, whichever is larger: fp32
 TF32_LIMIT = 1e-3      # up to this: tf32-like; above it: half-like
 CHUNK = 1 << 24        # elements compared at a time: the float64 temporaries stay ~128 MiB each
-# Value families (values.py): the float32 reference's own error on model.py's values is about
-# 1e-7 and more. Where a family's values leave it larger (the problem is ill-conditioned there),
-# the limits of the tiers past fp32 and the bound grow in proportion (TF32 and half rounding
-# grow as float32's does), and with the output's sensitivity to rounded inputs, so that a TF32-
-# or half-precise kernel keeps its tier on every family.
+# Where a value family leaves the float32 reference's own error above this (ill-conditioned), the
+# limits past fp32 grow in proportion, so that a TF32- or half-precise kernel keeps its tier.
 TYPICAL_REFERENCE_ERROR = 1e-7
-# The bound grows with the conditioning at most this much: past it, the inputs' rounding (the
-# sensitivity term) says what a half-precise kernel moves. On an H200 the GPT-2 attention's spikes
-# left the float32 reference 74x its usual error, which uncapped allowed a relative L2 error of 0.74.
+# The bound grows with the conditioning at most this much (uncapped, GPT-2 attention's spikes
+# allowed a relative L2 error of 0.74); past it, the sensitivity term decides.
 BOUND_CONDITIONING_CAP = 10.0
 
 
@@ -45,16 +39,9 @@ def conditioning(reference_error: float) -> float:
 def precision_tier(candidate_error: float, reference_error: float, conditioned: bool = False,
                    sensitivity: float = 0.0) -> str:
     """The precision tier of a candidate from two relative L2 errors against a float64 run of
-    the reference: the candidate's, and the float32 reference's own.
-
-    "fp32":      candidate_error <= max(FP32_FACTOR * reference_error, FP32_FLOOR)
-    "tf32-like": candidate_error <= TF32_LIMIT (a ~10-bit mantissa: TF32 or fp16)
-    "half-like": anything larger (bf16-class rounding)
-    "unknown":   an error that is NaN (the float64 run was not possible).
-    ("exact" and "wrong" are named by `Precision.measure`.) `conditioned` (a value family): the
-    TF32_LIMIT grows with `conditioning(reference_error)`, and is at least half the
-    `sensitivity` (how far rounding the inputs at bfloat16's precision moves the output: TF32
-    rounds 8 times finer)."""
+    the reference: the candidate's, and the float32 reference's own. `conditioned` (a value
+    family): TF32_LIMIT grows with the conditioning, and is at least half the `sensitivity`
+    (how far bfloat16 rounding of the inputs moves the output: TF32 rounds 8 times finer)."""
     if math.isnan(candidate_error) or math.isnan(reference_error):
         return UNKNOWN
     if candidate_error <= max(FP32_FACTOR * reference_error, FP32_FLOOR):
@@ -67,10 +54,7 @@ def precision_tier(candidate_error: float, reference_error: float, conditioned: 
 
 def worst_tier(tiers: list[str]) -> str:
     """The least precise of several tiers ("unknown" only when all are unknown)."""
-    known = [t for t in tiers if t in TIER_ORDER]
-    if not known:
-        return UNKNOWN
-    return max(known, key=TIER_ORDER.index)
+    return max((t for t in tiers if t in TIER_ORDER), key=TIER_ORDER.index, default=UNKNOWN)
 
 
 def below_fp32(tier: str | None) -> bool:
@@ -79,11 +63,8 @@ def below_fp32(tier: str | None) -> bool:
 
 
 def relative_l2_error(actual: Any, reference64: Any) -> float:
-    """||actual - ref|| / ||ref|| over every floating-point element of the two nests,
-    computed in float64; elements where the float64 reference is not finite are left out.
-    When ||ref|| is 0 (an all-zero reference) the root mean square of the candidate's error
-    is returned instead: an all-zero answer is judged on the size of what the candidate
-    put there, element for element."""
+    """||actual - ref|| / ||ref|| over every floating-point element of the two nests, in float64,
+    where the reference is finite; for an all-zero reference, the RMS of the candidate's error."""
     num = den = 0.0
     count = 0
     for (_, a), (_, r) in zip(leaves(actual), leaves(reference64)):
@@ -110,11 +91,9 @@ def relative_l2_error(actual: Any, reference64: Any) -> float:
 def error_bound(max_rel_error: float, reference_error: float, conditioned: bool = False,
                 sensitivity: float = 0.0) -> float:
     """The largest relative L2 error a candidate may have: cudaopt_max_rel_error, or 10x the
-    float32 reference's own error when the problem is so ill-conditioned that the float32
-    reference itself is further than that from float64. `conditioned` (a value family):
-    cudaopt_max_rel_error grows with `conditioning(reference_error)` (at most
-    BOUND_CONDITIONING_CAP times), and the bound is at least twice the `sensitivity` (what
-    rounding the inputs at bfloat16's precision does)."""
+    float32 reference's own error where that is larger. `conditioned` (a value family):
+    cudaopt_max_rel_error grows with the conditioning (at most BOUND_CONDITIONING_CAP times),
+    and the bound is at least twice the `sensitivity`."""
     if math.isnan(reference_error):
         return max_rel_error
     if not conditioned:
@@ -183,8 +162,7 @@ class Precision:
         return text + (f"; {self.note}" if self.note else "")
 
     def to_json(self) -> dict[str, Any]:
-        return {"candidate_error": self.candidate_error, "reference_error": self.reference_error,
-                "tier": self.tier, "note": self.note, "bound": self.bound, "vacuous": self.vacuous}
+        return dataclasses.asdict(self)
 
 
 def float64_copy(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -198,9 +176,7 @@ def float64_copy(model: torch.nn.Module) -> torch.nn.Module | None:
 def run_float64(model: torch.nn.Module, inputs: list, expected: Any, device: torch.device | str | None,
                 model64: torch.nn.Module | None = None) -> tuple[Any, str]:
     """(outputs, "") of a float64 copy of the reference (`model64`, else one made here) on
-    float64 copies of `inputs`, or (None, why not): not enough memory inside the case's budget
-    (FACTOR x (inputs + outputs) + OVERHEAD) or free on the device, no float64 copy, or the
-    reference does not run in float64. A CUDA error that leaves the context unusable is raised."""
+    float64 copies of `inputs`, or (None, why not). A CUDA error that loses the context is raised."""
     from pytest_cudaopt.correctness.faults import context_lost
 
     free = memory.free_bytes(device) if device is not None else None
@@ -227,8 +203,7 @@ def run_float64(model: torch.nn.Module, inputs: list, expected: Any, device: tor
 
 def measure_precision(model: torch.nn.Module, candidate: Callable[..., Any], inputs: list,
                       max_rel_error: float | None = None) -> Precision:
-    """Run `candidate`, the float32 reference and a float64 copy of the reference on the same
-    inputs (each on its own copy) and name the candidate's precision tier."""
+    """The candidate's precision tier: it, the reference and a float64 copy of it on copies of `inputs`."""
     with torch.no_grad():
         candidate_out = candidate(*clone_inputs(inputs))
         reference_out = model(*clone_inputs(inputs))

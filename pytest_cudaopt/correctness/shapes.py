@@ -15,8 +15,7 @@ from pytest_cudaopt.correctness import derived
 
 DECLARATION = "CUDAOPT_SHAPES"
 ENTRY_POINTS = ("get_inputs", "get_init_inputs")
-# Edge sizes mixed into every inferred constant: 1, primes, and sizes just off the
-# multiples of 32 and 128 that kernels like to assume.
+# Edge sizes mixed into every inferred constant: 1, primes, sizes just off multiples of 32 and 128.
 EDGE_SIZES = (1, 2, 3, 5, 7, 13, 17, 31, 33, 61, 67, 97, 127, 129, 191, 251, 257, 509, 1021)
 # A drawn case may hold this many times the canonical inputs' elements (see max_elements).
 GROWTH = 2
@@ -30,9 +29,6 @@ HANDFUL = 5
 
 SUPPRESSED = (HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large,
               HealthCheck.large_base_example)
-# cudaopt's profiles, registered with Hypothesis as "cudaopt-ci" and "cudaopt-thorough". The
-# shapes are drawn from the session's secret seed (replayable with --cudaopt-seed); no deadline,
-# no example database; the explicit cases of `explicit_cases` run first.
 PROFILES = {"ci": 25, "thorough": 300}  # name -> drawn shapes
 for _name, _count in PROFILES.items():
     hsettings.register_profile(f"cudaopt-{_name}", max_examples=_count, derandomize=False, deadline=None,
@@ -50,26 +46,19 @@ class ShapeError(ValueError):
 _AUTOMATIC_PROFILES = ("default", "ci")
 
 
-def _chosen_profile() -> str:
-    return hsettings.get_current_profile_name()
-
-
 def hypothesis_settings(profile: str, max_examples: int | None = None) -> hsettings:
     """The Hypothesis settings of a cudaopt profile ("ci" or "thorough"); a profile the user
     loaded with Hypothesis's own --hypothesis-profile wins over it, and `max_examples`
     (--cudaopt-max-examples) over both."""
     parent = hsettings.get_profile(f"cudaopt-{profile}")
-    if _chosen_profile() not in _AUTOMATIC_PROFILES:  # --hypothesis-profile=NAME
+    if hsettings.get_current_profile_name() not in _AUTOMATIC_PROFILES:  # --hypothesis-profile=NAME
         parent = hsettings.default
-    # No explain phase, whatever the profile says: it traces the failing case (sys.settrace) to
-    # point at lines of the item's own code, which says nothing about a kernel, and it costs a run.
+    # No explain phase: it traces the item's own code, which says nothing about a kernel, and costs a run.
     phases = tuple(phase for phase in parent.phases if phase is not Phase.explain)
     if max_examples is not None:
         return hsettings(parent, max_examples=max_examples, phases=phases)
     return hsettings(parent, phases=phases)
 
-
-# -- finding the constants ---------------------------------------------------------------------
 
 def _names_read(func: Callable, module: types.ModuleType, seen: set[int]) -> set[str]:
     """Global names read by `func`, its nested code (comprehensions, lambdas) and the
@@ -92,10 +81,9 @@ def _names_read(func: Callable, module: types.ModuleType, seen: set[int]) -> set
 
 
 def infer_constants(module: types.ModuleType, follow_derived: bool = True) -> dict[str, int]:
-    """The module-level int constants (not bools) that get_inputs/get_init_inputs read,
-    with their current values, in the order the module defines them. A constant model.py
-    computes from others (`bias_shape = (out_features,)`, see derived.py) is not drawn: it
-    follows them, and reading it reads them (unless `follow_derived` is false)."""
+    """The module-level positive int constants (and tuples of them) that get_inputs/get_init_inputs
+    read, in the module's order. A derived constant (derived.py) is not drawn: reading it reads
+    its sources (unless `follow_derived` is false)."""
     read: set[str] = set()
     seen: set[int] = set()
     for entry in ENTRY_POINTS:
@@ -130,8 +118,7 @@ def _element(key: str) -> tuple[str, int | None]:
 
 @contextlib.contextmanager
 def applied(module: types.ModuleType, constants: Mapping[str, int]) -> Iterator[None]:
-    """Set the module's constants to `constants`, and those computed from them (derived.py),
-    for the duration, then restore them."""
+    """Set the module's constants to `constants`, and those derived from them, for the duration."""
     values: dict[str, Any] = {}
     missing = []
     for key, value in constants.items():
@@ -146,7 +133,6 @@ def applied(module: types.ModuleType, constants: Mapping[str, int]) -> Iterator[
             values[name] = current[:index] + (value,) + current[index + 1:]
     if missing:
         raise ShapeError(f"{_file(module)} defines no constant {', '.join(missing)}")
-    # Constants computed from the ones set here follow them, unless `constants` names them too.
     values.update(derived.recompute(module, values))
     saved = {name: module.__dict__[name] for name in values}
     module.__dict__.update(values)
@@ -160,8 +146,6 @@ def _file(module: types.ModuleType) -> str:
     return getattr(module, "__file__", None) or module.__name__
 
 
-# -- strategies --------------------------------------------------------------------------------
-
 def signed_constants(module: types.ModuleType, defaults: Mapping[str, int]) -> set[str]:
     """The inferred constants that may be dimension indices: at most SMALL, read by
     get_init_inputs and not by get_inputs (`dim = 1` handed to the constructor)."""
@@ -172,10 +156,8 @@ def signed_constants(module: types.ModuleType, defaults: Mapping[str, int]) -> s
 
 
 def around(default: int, signed: bool = False) -> SearchStrategy[int]:
-    """Sizes around a constant's default: the default itself (what failing cases shrink
-    towards), edge sizes (1, primes, non-multiples of 32 and 128, default +-1), and any
-    size from 1 to the default; with `signed` (a dimension index) also 0 and -1 down to
-    -(default + 1)."""
+    """Sizes around a constant's default: the default (what failing cases shrink towards), edge
+    sizes, and any size from 1 to the default; with `signed` (a dimension index) also -(default + 1)..0."""
     upper = max(2 * default, 8)
     edges = {e for e in EDGE_SIZES if e <= upper}
     edges |= {e for e in (default - 1, default + 1, default // 2 + 1, 2 * default - 1) if 1 <= e <= upper}
@@ -209,17 +191,8 @@ def _declared_values(name: str, spec: Any, where: str) -> SearchStrategy[int]:
 
 
 def declared_strategy(module: types.ModuleType) -> SearchStrategy[dict[str, int]] | None:
-    """The strategy of dicts {constant: value} that model.py declares in CUDAOPT_SHAPES,
-    None when it declares none. Forms:
-
-        CUDAOPT_SHAPES = {"batch_size": (1, 64),          # inclusive range
-                          "seq_len": [1, 7, 128, 1000],   # these values
-                          "n_embd": range(64, 1025, 64),  # a range with a step
-                          "n_head": st.sampled_from([4, 8])}  # any strategy of ints
-        def CUDAOPT_SHAPES():                               # dependent constants
-            return st.integers(1, 16).map(lambda h: {"n_head": h, "n_embd": 64 * h})
-
-    Constants not named keep their default; an empty dict turns the drawn shapes off."""
+    """The strategy of dicts {constant: value} that model.py declares in CUDAOPT_SHAPES (forms:
+    docs/verdicts.md), None when it declares none."""
     if DECLARATION not in module.__dict__:
         return None
     spec = module.__dict__[DECLARATION]
@@ -268,17 +241,15 @@ class ShapeSpace:
     derived: dict[str, str] = field(default_factory=dict)  # name -> expression: follows the drawn values
 
     def derived_note(self) -> str:
-        """'bias_shape = (out_features,) follows the drawn values', or ""."""
-        if not self.derived:
-            return ""
-        return "; ".join(f"{k} = {v}" for k, v in self.derived.items()) + " follow the drawn values"
+        """'bias_shape = (out_features,) follow the drawn values', or ""."""
+        derived = "; ".join(f"{k} = {v}" for k, v in self.derived.items())
+        return f"{derived} follow the drawn values" if derived else ""
 
 
 def shape_space(module: types.ModuleType, max_elements: int | None = None,
                 free_bytes: int | None = None) -> ShapeSpace:
-    """The drawn-shape space of a reference module. `strategy` is None (with `source`
-    saying why) when there is nothing to vary. With `free_bytes` (free device memory) the
-    size cap shrinks to what one case can hold (see memory.cap_max_elements)."""
+    """The drawn-shape space of a reference module (`strategy` None when there is nothing to
+    vary); with `free_bytes` the size cap shrinks to what one case can hold."""
     from pytest_cudaopt.primitives.memory import cap_max_elements
 
     declared = declared_strategy(module)
@@ -315,8 +286,6 @@ def shape_space(module: types.ModuleType, max_elements: int | None = None,
     return space
 
 
-# -- validity on the meta device ---------------------------------------------------------------
-
 @dataclass
 class MetaCheck:
     valid: bool
@@ -327,18 +296,8 @@ class MetaCheck:
     output_bytes: int = 0                            # bytes of the reference's tensor outputs
 
 
-def _numel_and_shapes(values: Any) -> tuple[int, list[tuple[int, ...]]]:
-    total, found = 0, []
-    for value in values if isinstance(values, (list, tuple)) else [values]:
-        if isinstance(value, torch.Tensor):
-            total += value.numel()
-            found.append(tuple(value.shape))
-    return total, found
-
-
 def check_on_meta(module: types.ModuleType, constants: Mapping[str, int]) -> MetaCheck:
-    """Run the reference with `constants` applied on the meta device (no memory, no compute):
-    valid when get_init_inputs, Model(...), get_inputs and forward all succeed."""
+    """Run the reference with `constants` applied on the meta device (no memory, no compute)."""
     try:
         with applied(module, constants), torch.device("meta"), torch.no_grad():
             init = module.get_init_inputs()
@@ -354,11 +313,10 @@ def check_on_meta(module: types.ModuleType, constants: Mapping[str, int]) -> Met
         return MetaCheck(False, f"{type(exc).__name__}: {first}"[:300])
     from pytest_cudaopt.primitives.tensors import nbytes
 
-    total, found = _numel_and_shapes(inputs)
-    return MetaCheck(True, "", total, found, nbytes(list(inputs)), nbytes(outputs))
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    return MetaCheck(True, "", sum(x.numel() for x in tensors), [tuple(x.shape) for x in tensors],
+                     nbytes(list(inputs)), nbytes(outputs))
 
-
-# -- explicit cases: past the canonical, and the smallest ------------------------------------------
 
 @dataclass
 class Explicit:
@@ -386,10 +344,8 @@ def _downward(default: int, signed: bool = False) -> list[int]:
 
 
 def explicit_cases(module: types.ModuleType, space: "ShapeSpace") -> Explicit:
-    """For each inferred constant: the first valid value above its default whose inputs
-    fit `space.max_elements`, and the smallest valid value (a few candidates each, checked
-    on the meta device); then as many of those values above as stay valid together.
-    Declared or meta-unusable spaces get none."""
+    """For each inferred constant: the first valid value above its default within
+    `space.max_elements`, and the smallest valid value; then as many values above as stay valid together."""
     found = Explicit()
     if space.declared or not space.meta_usable or not space.defaults:
         return found

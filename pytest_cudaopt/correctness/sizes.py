@@ -10,8 +10,7 @@ from pytest_cudaopt.correctness import shapes
 
 
 def shrink_hint(module: types.ModuleType, model_file: Path, workdir: Path) -> str:
-    """What to do when the canonical sizes do not fit: the constants of model.py that set
-    them, and the command that records the change (model.py is locked)."""
+    """What to do when the canonical sizes do not fit: model.py's constants and the lock command."""
     from pytest_cudaopt.policy.files import LOCK_COMMAND
 
     constants = shapes.infer_constants(module)
@@ -22,31 +21,24 @@ def shrink_hint(module: types.ModuleType, model_file: Path, workdir: Path) -> st
 
 
 def canonical_shortfall(module: types.ModuleType, model_file: Path, workdir: Path, device: str) -> str:
-    """"" when one correctness case at model.py's own sizes fits the free memory of `device`
-    (or either cannot be told); else a message with the figures and `shrink_hint`."""
-    free = memory.free_bytes(device) if device == "cpu" or _cuda() else None
+    """"" when one correctness case at model.py's own sizes fits the free memory of `device` (or
+    either cannot be told); else why not."""
+    import torch
+
+    free = memory.free_bytes(device) if device == "cpu" or torch.cuda.is_available() else None
     if free is None:
         return ""
     check = shapes.check_on_meta(module, {})
-    if not check.valid:
-        return ""
     need = memory.case_need(check.input_bytes, check.output_bytes)
-    if need <= free:
+    if not check.valid or need <= free:
         return ""
     return (f"one correctness case at {model_file.name}'s sizes (inputs {memory.gib(check.input_bytes)}, outputs "
             f"{memory.gib(check.output_bytes)}) needs about {memory.gib(need)} of {memory.where(device)}, "
             f"only {memory.gib(free)} is free; {shrink_hint(module, model_file, workdir)}")
 
 
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def check_new_workdir(workdir: Path, device: str) -> str:
-    """`canonical_shortfall` of a workdir `cudaopt init` just made ("" when it fits, or when
-    model.py cannot be imported here: its items will say why)."""
+    """`canonical_shortfall` of a workdir `cudaopt init` just made ("" when model.py does not import)."""
     import importlib.util
     import sys
 

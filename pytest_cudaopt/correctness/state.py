@@ -1,12 +1,8 @@
 """Model state away from its default initialisation: parameters and running statistics moved, structural buffers left alone, and which moved tensor a candidate ignores.
 
-At its default initialisation much of a model's state is trivial: LayerNorm's weight is 1 and
-its bias 0, BatchNorm's running mean 0 and variance 1. A kernel that drops such a tensor is
-exact there. `perturb` moves every floating-point `nn.Parameter` and the running statistics of
-normalisation modules (buffers named `running_mean` / `running_var`), each by a rule that keeps
-its scale and sign (see `moved`), under a secret seed; every other buffer (a causal mask, rotary
-tables, `num_batches_tracked`) is the model's structure and stays as it is. `diagnose` names the
-tensors whose change the reference sees and the candidate does not."""
+At its default initialisation much of a model's state is trivial (LayerNorm's weight 1, its bias
+0): a kernel that drops such a tensor is exact there. Every other buffer (a causal mask, rotary
+tables, `num_batches_tracked`) is the model's structure and stays as it is."""
 
 from __future__ import annotations
 
@@ -40,30 +36,18 @@ class Moved:
 
 
 def movable(model: torch.nn.Module) -> list[tuple[Moved, torch.Tensor]]:
-    """The tensors of `model` that `perturb` moves, in state-dict order, parameters first:
-    every floating-point parameter (tied ones once) and every floating-point buffer named
-    running_mean or running_var. Empty tensors are left out (nothing to move)."""
-    found: list[tuple[Moved, torch.Tensor]] = []
+    """The non-empty floating-point parameters (tied ones once) and running statistics of
+    `model`, in state-dict order, parameters first."""
     named = [(n, t, "parameter") for n, t in model.named_parameters()]
     named += [(n, t, "running statistic") for n, t in model.named_buffers()
               if n.rsplit(".", 1)[-1] in RUNNING_STATS]
-    for name, tensor, kind in named:
-        if tensor is None or not tensor.is_floating_point() or tensor.numel() == 0:
-            continue
-        flat = tensor.detach().reshape(-1)
-        found.append((Moved(name, kind, bool((flat == flat[0]).all())), tensor))
-    return found
+    return [(Moved(name, kind, bool((t.detach() == t.detach().reshape(-1)[0]).all())), t)
+            for name, t, kind in named if t is not None and t.is_floating_point() and t.numel()]
 
 
 def moved(tensor: torch.Tensor, constant: bool, seed: int) -> torch.Tensor:
-    """A new value for `tensor`, drawn from `seed` on its device, with its scale kept so
-    that a realistic model stays well conditioned:
-      - a constant c != 0 (LayerNorm's weight, BatchNorm's running variance): c times
-        U(0.7, 1.3) per element, so its sign is kept (a variance stays positive);
-      - a constant 0 (a bias, a running mean): U(-0.3, 0.3) per element;
-      - anything else (a randomly initialised weight): its own values in a random order,
-        each times U(0.8, 1.2): the same distribution, range and signs, other values. Past
-        SHUFFLE_LIMIT values the order is a rotation by a random offset instead (`_rotated`)."""
+    """A new value for `tensor`, drawn from `seed` on its device, with its scale and signs kept
+    (a variance stays positive) so that a realistic model stays well conditioned."""
     generator = torch.Generator(device=tensor.device).manual_seed(seed)
     if not constant and tensor.numel() > SHUFFLE_LIMIT:
         return _rotated(tensor, generator)
@@ -85,8 +69,7 @@ def moved(tensor: torch.Tensor, constant: bool, seed: int) -> torch.Tensor:
 
 def _rotated(tensor: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """A large tensor's values rotated by a random offset (one copy, no index tensor), then
-    each times U(0.8, 1.2), drawn and applied in place a chunk at a time: the guarantee of the
-    shuffle (every value another, same distribution, range and signs) at the cost of a copy."""
+    jittered in place a chunk at a time."""
     flat = tensor.detach().reshape(-1)
     offset = int(torch.randint(1, flat.numel(), (1,), generator=generator, device=tensor.device))
     new = torch.roll(flat, offset)
@@ -128,8 +111,6 @@ def describe(done: list[Moved]) -> str:
             f"({len(done)}: {names})")
 
 
-# -- which tensor the candidate ignores ---------------------------------------------------------
-
 def _call(module: torch.nn.Module, inputs: list) -> Any:
     with torch.no_grad():
         return module(*clone_inputs(inputs))
@@ -143,8 +124,7 @@ def diagnose(workdir: Any, device: torch.device, constants: dict[str, int], seed
              atol: float, rtol: float, cap: int = DIAGNOSED) -> str:
     """After a case with moved state failed: the same case at the default state, then with
     one tensor moved at a time (at most `cap`, the constant-initialised first). Returns the
-    lines that say which tensors change the reference's output and leave the candidate's
-    unchanged, or "" when nothing could be told. Raises CudaFault if the context is lost."""
+    lines that name the tensors the candidate ignores, or "" when nothing could be told."""
     try:
         with shapes.applied(workdir.reference, constants), harness_step("naming the state ModelNew ignores"):
             return _diagnose(workdir, device, seed, atol, rtol, cap)

@@ -1,19 +1,7 @@
 """Value families: input values beyond model.py's own (scaled, shifted, heavy-tailed, sparse spikes), drawn under a case's secret seed.
 
 A kernel can be right only for the distribution `get_inputs()` draws: a softmax without the row
-max is exact on `randn`, a loss computed on a strided subsample is within 1% of the mean of
-uniform values. Each correctness case takes its inputs from model.py, then (for every family but
-`model`) changes the floating-point ones; integer and bool inputs (indices, masks, targets) keep
-model.py's values. Which family a case takes is part of the case: the canonical seed1, seed2, ...
-take them in FAMILIES order, a drawn shape draws one (`--cudaopt-case=...,values=heavy` replays it).
-
-A family case is judged against a float64 run of the reference. It is skipped, and says so, where
-the float64 reference is not finite or the float32 one overflows (the values leave the function's
-domain in float32), and where the reference rejects the values; the case is then judged on
-model.py's own values. Where the family makes the problem ill-conditioned, an honest kernel gets
-the slack that the float32 reference's own error and rounded inputs show it needs (family.py), so
-that a TF32- or half-precise kernel keeps its tier; an error beyond that is a wrong function, and
-the failure names the family."""
+max is exact on `randn`. Integer and bool inputs (indices, masks, targets) keep model.py's values."""
 
 from __future__ import annotations
 
@@ -40,27 +28,21 @@ DESCRIBED = {
 SPIKES = 8              # elements changed in the spiked input
 PARETO_ALPHA = 1.5      # heavy tails: infinite variance, finite mean
 MOST_FACTOR = 1e6       # no heavy-tail factor or spike (in RMS) beyond this
-# An honest kernel of lower precision (TF32, bfloat16) rounds what it reads: a family case allows
-# each output element ROUNDED_FACTOR times how far the float64 reference moves when every input
-# element is off by up to ROUNDING (about bfloat16's rounding), so that it keeps its tier where the
-# family leaves the problem ill-conditioned (a spike of 1e4 in an attention's scores).
+# An honest lower-precision kernel rounds what it reads: each output element may be off by
+# ROUNDED_FACTOR times how far the float64 reference moves when the inputs are off by ROUNDING.
 ROUNDING = 2.0 ** -8
 ROUNDED_FACTOR = 2.0
-# Where that rounding moves the output by more than this (relative L2: ten times a well-conditioned
-# problem's), the values leave the function nearly discontinuous (a spike that makes an attention
-# row one-hot): the element-wise tolerance is left out and the relative L2 bound, grown as much,
-# decides; NaN and Inf still fail.
+# Where that rounding moves the output by more than this (relative L2), the function is nearly
+# discontinuous there: the element-wise tolerance is left out and the relative L2 bound decides.
 ILL_CONDITIONED = 1e-2
 
 
 class FamilySkipped(Exception):
-    """The family cannot be judged on this case (the message says why); the case is judged on
-    model.py's own values instead."""
+    """The family cannot be judged on this case (the message says why)."""
 
 
 def parse(text: str) -> tuple[str, ...]:
-    """The `cudaopt_values` setting: 'all', 'none' (model.py's values only) or a comma-separated
-    subset of FAMILIES. Raises ValueError naming the known families."""
+    """The `cudaopt_values` setting: 'all', 'none' or a comma-separated subset of FAMILIES."""
     text = str(text).strip().lower()
     if text in ("all", ""):
         return FAMILIES
@@ -74,21 +56,17 @@ def parse(text: str) -> tuple[str, ...]:
 
 
 def canonical_family(seed_index: int, allowed: tuple[str, ...]) -> str:
-    """seed0: model.py's values (with the state as initialised); seed k: the allowed families
-    in turn."""
+    """seed0: model.py's values; seed k: the allowed families in turn."""
     if seed_index == 0 or not allowed:
         return MODEL
     return allowed[(seed_index - 1) % len(allowed)]
 
 
 def strategy(allowed: tuple[str, ...]):
-    """A drawn shape's family: model.py's values about half the time, else one of `allowed`
-    (Hypothesis shrinks a failure towards model.py's values)."""
+    """A drawn shape's family: model.py's values about half the time, else one of `allowed`."""
     from hypothesis import strategies as st
 
-    if not allowed:
-        return st.just(MODEL)
-    return st.one_of(st.just(MODEL), st.sampled_from(allowed))
+    return st.one_of(st.just(MODEL), st.sampled_from(allowed)) if allowed else st.just(MODEL)
 
 
 def split_case(text: str) -> tuple[str, str]:
@@ -104,8 +82,6 @@ def split_case(text: str) -> tuple[str, str]:
             parts.append(part)
     return ",".join(parts), family
 
-
-# -- drawing a family's values ----------------------------------------------------------------
 
 @dataclass
 class Applied:
@@ -160,8 +136,7 @@ def _limit(x: torch.Tensor) -> float:
 
 def apply(family: str, inputs: list, seed: int, names: list[str] | None = None) -> tuple[list, Applied]:
     """(new inputs, what changed): the floating-point inputs changed as `family` says, drawn
-    from `seed` (the case's, derived for the family: small draws on the CPU, element-wise
-    factors on the inputs' device)."""
+    from `seed` (small draws on the CPU, element-wise factors on the inputs' device)."""
     import torch
 
     from pytest_cudaopt.correctness.compare import unravel
@@ -221,27 +196,15 @@ def apply(family: str, inputs: list, seed: int, names: list[str] | None = None) 
     return out, applied
 
 
-# -- judging a family ------------------------------------------------------------------------------
-
-def _float_leaves(nest: Any) -> list[torch.Tensor]:
+def output_scale(nest: Any, sample: int = 1 << 20) -> float:
+    """The 0.75 quantile of |x| over (a sample of) a nest's finite float elements, else their
+    mean |x|, else 1: robust, so that a few spikes or heavy tails do not set it."""
     import torch
 
     from pytest_cudaopt.primitives.tensors import leaves
 
-    return [t for _, t in leaves(nest) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()]
-
-
-def output_scale(nest: Any, sample: int = 1 << 20) -> float:
-    """A robust size of a nest's float outputs: the 0.75 quantile of |x| over (a sample of)
-    the finite elements, else their mean |x|, else 1. Robust, so that a few spikes or heavy
-    tails do not set it."""
-    import torch
-
-    parts = []
-    for t in _float_leaves(nest):
-        flat = t.detach().reshape(-1)
-        step = max(1, flat.numel() // sample)
-        parts.append(flat[::step].double().abs())
+    parts = [t.detach().reshape(-1)[::max(1, t.numel() // sample)].double().abs() for _, t in leaves(nest)
+             if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()]
     if not parts:
         return 1.0
     values = torch.cat([p.cpu() for p in parts])
@@ -255,8 +218,7 @@ def output_scale(nest: Any, sample: int = 1 << 20) -> float:
 
 
 def not_finite(expected: Any, reference64: Any) -> str:
-    """Why a family cannot be judged on this case ("" when it can): the float64 reference is
-    not finite, or the float32 one is not finite where the float64 one is."""
+    """Why a family cannot be judged on this case: a reference is not finite ("" when it can)."""
     import torch
 
     from pytest_cudaopt.primitives.tensors import leaves
@@ -274,8 +236,6 @@ def not_finite(expected: Any, reference64: Any) -> str:
                         f"(the float64 one is finite)")
     return ""
 
-
-# -- the tier per family, and an error that grows with the values ------------------------------------
 
 GROWTH = 100.0  # a family's error, over the float32 reference's own, this many times model.py's: wrong
 
@@ -316,9 +276,8 @@ def record(seen: dict[str, Seen], family: str, precision: Any, where: str, skipp
         family = MODEL  # judged on model.py's values instead
     entry = seen.setdefault(family, Seen())
     entry.cases += 1
-    worst = entry.worst
-    rank = TIER_ORDER.index if precision is not None and precision.tier in TIER_ORDER else None
-    if precision is None or rank is None:
+    worst, rank = entry.worst, TIER_ORDER.index
+    if precision is None or precision.tier not in TIER_ORDER:
         return
     if worst is None or worst.tier not in TIER_ORDER or rank(precision.tier) > rank(worst.tier) or (
             precision.tier == worst.tier and precision.candidate_error > worst.candidate_error):
@@ -327,8 +286,8 @@ def record(seen: dict[str, Seen], family: str, precision: Any, where: str, skipp
 
 def grown(seen: dict[str, Seen]) -> str:
     """The failure for an error that grows with the values ("" when none does): a family whose
-    tier is below model.py's values' and whose error, over the float32 reference's own on the
-    same values, is GROWTH times what it is on model.py's values."""
+    tier is below model.py's values' and whose error, over the float32 reference's own, is
+    GROWTH times what it is on model.py's values."""
     from pytest_cudaopt.correctness.precision import TIER_ORDER
 
     base = seen.get(MODEL)

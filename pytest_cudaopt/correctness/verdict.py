@@ -1,10 +1,7 @@
 """The correctness verdict: the canonical inputs over secret seeds, then shapes past them and drawn by Hypothesis, every case through the guards.
 
-`judge_canonical` and `judge_drawn` each judge one item and record its result; both run their
-cases through `case.run_case` (models and inputs built for the case, the memory check, the
-guards). The canonical seed0 judges Model's state as initialised; the other seeds and every
-drawn shape judge it moved from there (`state.perturb`). The suite's items only end the way
-these say."""
+The canonical seed0 judges Model's state as initialised; the other seeds and every drawn shape
+judge it moved from there (`state.perturb`)."""
 
 from __future__ import annotations
 
@@ -37,13 +34,10 @@ class Verdict:
     skip: str = ""
 
 
-# -- recording an item's result ------------------------------------------------------------------
-
 @contextlib.contextmanager
 def recorded(result: CorrectnessResult, settings, session) -> Iterator[CorrectnessResult]:
-    """Time the item and measure its peak device memory; when the block ends normally the
-    result gets both and is appended to `session.results`. After a CUDA fault the peak is
-    not read (no CUDA call is made)."""
+    """Time the item and measure its peak device memory (not after a CUDA fault) into `result`,
+    appended to `session.results` when the block ends normally."""
     device = torch.device(settings.device)
     measured = device.type == "cuda" and torch.cuda.is_available()
     started = time.perf_counter()
@@ -67,8 +61,7 @@ def _fail(result: CorrectnessResult, check: str, message: str) -> str:
 
 def _fault(nodeid: str, session, result: CorrectnessResult, exc: Abort) -> str:
     """Mark a CUDA fault (later GPU items report it) and return the item's message. A crash of
-    the worker is the candidate's alone: the item fails with the case, the next item gets a
-    fresh worker."""
+    the worker is the candidate's alone: the next item gets a fresh worker."""
     if isinstance(exc.fault, WorkerCrash):
         replay = f"\nreplay: {exc.replay}" if exc.replay else ""
         words = f"\nits last output:\n{exc.fault.words}" if exc.fault.words else ""
@@ -83,15 +76,11 @@ def _fault(nodeid: str, session, result: CorrectnessResult, exc: Abort) -> str:
     return _fail(result, "CUDA fault", message)
 
 
-# -- the canonical inputs ---------------------------------------------------------------------------
-
 def judge_canonical(loaded: Workdir, settings, session, nodeid: str, seed_index: int) -> str:
-    """The canonical inputs of get_inputs() under the secret seed of `seed_index`, through
-    every guard; the result is recorded. Returns why the item fails ("" when it passes)."""
+    """The canonical inputs under the secret seed of `seed_index`; the result is recorded.
+    Returns why the item fails ("" when it passes)."""
     seed = guards.derive_seed(session.seed, "canonical", seed_index)
     replay = f"pytest {shlex.quote(nodeid)} --cudaopt-seed={session.seed}{replay_args(settings)}"
-    # seed0 judges model.py's values with the state as initialised; the others, moved from it,
-    # a value family each (values.py).
     family = values.canonical_family(seed_index, values.parse(settings.values))
     case = f"canonical seed{seed_index}" + (f" (values {family})" if family != values.MODEL else "")
     result = CorrectnessResult(workdir=str(loaded.path), test=nodeid, case=case, passed=False, seed=seed)
@@ -99,9 +88,13 @@ def judge_canonical(loaded: Workdir, settings, session, nodeid: str, seed_index:
     result.state = "moved" if moved else "default"
     with recorded(result, settings, session):
         try:
-            outcome, inputs, names = _diagnosed(lambda: run_case(
-                loaded, settings, session, {}, seed, replay=replay, moved=moved, family=family,
-                label=f"canonical inputs of get_inputs(), seed {seed}, values {family}"), loaded, settings)
+            try:
+                outcome, inputs, names = run_case(
+                    loaded, settings, session, {}, seed, replay=replay, moved=moved, family=family,
+                    label=f"canonical inputs of get_inputs(), seed {seed}, values {family}")
+            except CaseFailed as exc:
+                exc.diagnose(loaded, settings)  # may raise Abort
+                raise
         except Abort as exc:
             return _fault(nodeid, session, result, exc)
         except CaseFailed as exc:
@@ -119,8 +112,6 @@ def judge_canonical(loaded: Workdir, settings, session, nodeid: str, seed_index:
             result.case = f"canonical seed{seed_index} (values {family} skipped: model.py's)"
     return ""
 
-
-# -- drawn shapes ------------------------------------------------------------------------------------
 
 @dataclass
 class _Stats:
@@ -180,11 +171,10 @@ class _Stats:
 
 
 class _DrawnShapes:
-    """One drawn-shapes item: the explicit cases past the canonical one, then the shapes
-    Hypothesis draws from the session's secret seed (or one `--cudaopt-case`), each judged
-    once. A shape judged once keeps its outcome: Hypothesis maps several draws to one shape
-    and replays draws (shrinking, the final report), and must see the same result each time.
-    A failing shape runs again, so that a failure that does not repeat is called flaky."""
+    """One drawn-shapes item: the explicit cases, then the shapes Hypothesis draws from the
+    session's secret seed (or one `--cudaopt-case`). A shape judged once keeps its outcome:
+    Hypothesis replays draws and must see the same result each time. A failing shape runs
+    again, so that a failure that does not repeat is called flaky."""
 
     def __init__(self, loaded: Workdir, settings, session, nodeid: str, space: shapes.ShapeSpace):
         self.loaded, self.settings, self.session, self.nodeid, self.space = loaded, settings, session, nodeid, space
@@ -192,9 +182,8 @@ class _DrawnShapes:
         self.explicit = (shapes.explicit_cases(loaded.reference, space) if settings.case is None
                          else shapes.Explicit())
         self.judged: dict[tuple, str] = {}
-        # A shape passed on one value family is not judged again on another: the families spread
-        # over the drawn shapes, and a drawn shape costs one case. The canonical shape is judged
-        # by its own items, a family each.
+        # A shape passed on one value family is not judged again on another; the canonical
+        # shape is judged by its own items.
         self.passed_shapes: set[tuple] = {tuple(sorted(space.defaults.items()))}
 
     def replay(self, constants: dict[str, int], family: str = values.MODEL) -> str:
@@ -246,8 +235,7 @@ class _DrawnShapes:
         stats.add(outcome, inputs, constants)
 
     def run(self) -> tuple[str, str, CaseFailed | None]:
-        """Judge every case; (failure, check, the failed case) or ("", "", None). Raises Abort
-        on a CUDA fault."""
+        """Judge every case; (failure, check, the failed case) or ("", "", None)."""
         import hypothesis
 
         settings, space, stats = self.settings, self.space, self.stats
@@ -296,19 +284,14 @@ class _DrawnShapes:
         notes = [self.stats.shapes()]
         if self.stats.constants:
             notes.append("constants " + ", ".join(f"{k} {lo}..{hi}" for k, (lo, hi) in self.stats.constants.items()))
-        if self.space.derived_note():
-            notes.append(self.space.derived_note())
-        if self.space.cap_note:
-            notes.append(self.space.cap_note)
-
+        notes += [note for note in (self.space.derived_note(), self.space.cap_note) if note]
         if self.explicit.never_above:
             notes.append(f"no valid value above its default within cudaopt_max_elements {self.space.max_elements}: "
                          + ", ".join(self.explicit.never_above))
         return notes
 
     def few_shapes(self) -> str:
-        """Why too few shapes were judged, or "". No case at all always fails: an item that
-        judged nothing (every draw rejected, or the canonical shape again) proves nothing."""
+        """Why too few shapes were judged, or "". No case at all always fails: it proves nothing."""
         space, stats = self.space, self.stats
         if not stats.cases:
             why = (f"{stats.rejected} rejected; last: {stats.last_rejection}" if stats.rejected else
@@ -326,19 +309,8 @@ class _DrawnShapes:
                 f"{space.source}; so that more sizes are judged, {shapes.OWNER_DECLARES}")
 
 
-def _diagnosed(run, loaded: Workdir, settings):
-    """`run()`; a CaseFailed it raises gets the state diagnosis first (which may raise Abort)."""
-    try:
-        return run()
-    except CaseFailed as exc:
-        exc.diagnose(loaded, settings)
-        raise
-
-
 def _unrepeated(failed: CaseFailed, raised: BaseException) -> str:
-    """The note for a failure that Hypothesis did not see again when it replayed the case
-    ("" when it did). Free device memory depends on what else runs on the device: a memory
-    shortfall that the replay did not meet is no race of the candidate's."""
+    """The note for a failure that Hypothesis did not see again when it replayed the case ("" when it did)."""
     if failed is raised:
         return ""
     if failed.check == SHORTFALL:
@@ -350,16 +322,12 @@ def _unrepeated(failed: CaseFailed, raised: BaseException) -> str:
 def _case_failed(exc: BaseException) -> CaseFailed | None:
     if isinstance(exc, CaseFailed):
         return exc
-    for inner in getattr(exc, "exceptions", ()):  # FlakyFailure, ExceptionGroup
-        found = _case_failed(inner)
-        if found is not None:
-            return found
-    return None
+    found = (_case_failed(inner) for inner in getattr(exc, "exceptions", ()))  # FlakyFailure, ExceptionGroup
+    return next((f for f in found if f is not None), None)
 
 
 def judge_drawn(loaded: Workdir, settings, session, nodeid: str) -> Verdict:
-    """Shapes past the canonical (explicit cases first), then drawn by Hypothesis from the
-    session's seed (or as model.py declares), each through every guard; the result is
+    """Shapes past the canonical (explicit cases first), then drawn by Hypothesis; the result is
     recorded. Returns how the item ends."""
     try:
         space = shapes.shape_space(loaded.reference, settings.max_elements, free_bytes(settings.device))
