@@ -30,15 +30,15 @@ from pytest_cudaopt.remote.worker import Worker  # noqa: E402
 
 
 def describe_timing(worker: Worker, through) -> None:
-    """The stream gate's calibration, then per batch size: the worker's own figure a call, the
+    """The timed window's calibration, then per batch size: the worker's own figure a call, the
     window less the figures, the allowance, and (gated batches) the window's two parts."""
     mid = lambda xs: sorted(xs)[len(xs) // 2] * 1e6 if xs else float("nan")  # noqa: E731
     q = lambda xs, f: sorted(xs)[min(len(xs) - 1, int(f * len(xs)))] * 1e6 if xs else float("nan")  # noqa: E731
     gate = worker.stream_gate
     if gate is None:
-        print(f"  no stream gate: {worker.stream_gate_error}", flush=True)
+        print(f"  no timed window: {worker.stream_gate_error}", flush=True)
     else:
-        print(f"  stream gate: fixed part {gate.fixed * 1e6:.1f} us; calibration windows "
+        print(f"  timed window: fixed part {gate.fixed * 1e6:.1f} us; calibration windows "
               f"{', '.join('%.0f' % (w * 1e6) for w in sorted(gate.windows))} us; open->DONE median "
               f"{mid([a for a, _ in gate.parts]):.1f}, copy excess median {mid([b for _, b in gate.parts]):.1f} us; "
               f"spun (open->DONE, excess): {', '.join('%.0f/%.0f' % (a * 1e6, b * 1e6) for a, b in gate.spun)} us; "

@@ -1,4 +1,4 @@
-"""What the copy out of a gated batch costs beyond its own GPU time, by what the batch wrote: the stream gate's empty batches (window.JudgeWindow.probe) whose worker writes outputs of a given size and count behind the gate, after spinning a given time.
+"""What the copy out of a gated batch costs beyond its own GPU time, by what the batch wrote: the timed window's empty batches (window.JudgeWindow.probe) whose worker writes outputs of a given size and count behind the gate, after spinning a given time.
 
     python benchmarks/gate_excess.py [--reps 12] [--sizes 4K,16M,48M,144M,256M] [--counts 1,3,16] [--spins-us 0,2500]
 
@@ -45,7 +45,7 @@ def main() -> int:
         try:
             gate = worker.stream_gate
             if gate is None:
-                raise SystemExit(f"no stream gate: {worker.stream_gate_error}")
+                raise SystemExit(f"no timed window: {worker.stream_gate_error}")
             base = statistics.median(b for _, b in gate.parts)
             print(f"calibrated: fixed {gate.fixed * 1e6:.1f} us, 4 KB copy excess median {base * 1e6:.1f} us; after "
                   "spins (open->DONE: extra) " + ", ".join(f"{a * 1e6:.0f}: {gate.extra(a) * 1e6:.1f}"

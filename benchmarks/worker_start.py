@@ -73,7 +73,7 @@ def main() -> int:
     step("worker: sandbox reply taken (waited for)", lambda: worker.confine(worker.receive(what="confining itself")))
     step("pings calibrated", worker.calibrate)
     if cuda:
-        step("stream gate set up and calibrated", lambda: worker.attach_stream_gate(work))
+        step("timed window set up and calibrated", lambda: worker.attach_stream_gate(work))
     arena = protocol.Arena.create()
     step("worker: workdir loaded", lambda: worker.request(
         {"op": "load", "workdir": str(workdir), "device": args.device, "extension": str(build.so_path),

@@ -127,7 +127,7 @@ def test_the_gate_runs_the_three_verdicts_in_order_and_fails_on_a_regression(pyt
     assert "| ModelNew (target branch) | 1.02 ms |" in summary
     assert ("regression check: median(ModelNew (custom)) / median(ModelNew (target branch)) = "
             "1.00 ms / 1.02 ms = 0.980 <= 1 + 0.03: PASS") in summary
-    # 10% slower than the target branch: the speed gate passes, the regression check fails it.
+    # 10% slower than the target branch: the speed decision passes, the regression check fails it.
     clock(custom=1.1 * MS, target=1.0 * MS, compile=2 * MS, eager=3 * MS)
     result = run_gate(pytester, "wd", "--out", "out", "--baseline-workdir", "target")
     assert result.ret == ci_gate.FAILED

@@ -14,7 +14,7 @@ class _FakeWorker:
     the handoff bound."""
 
     dropped: list = []
-    stream_gate = None   # no stream gate: the round trip's bound
+    stream_gate = None   # no timed window: the round trip's bound
     stream_gate_error = "no gate in this test"
     handoff_bound = __import__("pytest_cudaopt.remote.worker", fromlist=["Worker"]).Worker.handoff_bound
 

@@ -1,4 +1,4 @@
-"""The worker's half of the stream gate (remote/window.py): the shared page mapped and registered with CUDA, and the stream memory operations that wait on OPEN and write DONE."""
+"""The worker's half of the timed window (remote/window.py): the shared page mapped and registered with CUDA, and the stream memory operations that wait on OPEN and write DONE."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from typing import Sequence
 # Exit codes of `cudaopt gate` (docs/results.md): a failed verdict is the candidate's; a broken
 # setup is the runner's.
 PASSED = 0        # every verdict passed (and no regression against the target branch)
-FAILED = 1        # a verdict failed: a rule, correctness, the speed gate or the regression check
+FAILED = 1        # a verdict failed: a rule, correctness, the speed decision or the regression check
 USAGE = 2         # bad arguments (argparse's, or pytest's usage error), or interrupted (Ctrl-C, SIGTERM)
 BROKEN = 3        # the setup is broken: no CUDA device, a verdict kind not collected, pytest error
 HARNESS = 70      # no verdict: a bug of the judge's (blame.py; EX_SOFTWARE)

@@ -113,7 +113,7 @@ class Clock(Protocol):
 class CudaClock:
     """CUDA events on the current stream, a cold L2 before every batch of timed calls (docs/timing.md).
 
-    At most 16 calls a batch (`max_batch`): the stream gate's allowance is fixed per batch, and batches
+    At most 16 calls a batch (`max_batch`): the timed window's allowance is fixed per batch, and batches
     of 32 did not yet tighten it (benchmarks/results/2026-12-03-gated-batches.md)."""
 
     max_batch: int | None = 16

@@ -1,6 +1,6 @@
 """What the judging process believes of the worker's clock: every allowance, its measured basis, and the rule that tells an honest worker's noise from a lie.
 
-The worker times its own calls and this process times the same batch from outside (the stream gate's
+The worker times its own calls and this process times the same batch from outside (the timed window's
 window on a GPU, the round trip, on the CPU the worker's CPU time), each a `Bound`. `credit`
 decides one batch, `ClockAudit` the whole run; docs/timing.md gives the rules and each number's measured basis.
 """
@@ -28,7 +28,7 @@ CPU_WAKEUP_S = 20e-3
 # (a 2-core host): the CPU-time bound allows a handoff and CPU_CALL_S a call.
 CPU_CALL_S = 100e-6
 
-# -- the stream gate (window.JudgeWindow) -----------------------------------------------------
+# -- the timed window (window.JudgeWindow) -----------------------------------------------------
 # A gated batch's allowance: the calibrated windows' 90th percentile (+ what a longer batch adds,
 # JudgeWindow.extra) + MARGIN_S + CALL_MARGIN_S a call. Its honest part: their median (+ extra) +
 # HONEST_CALL_S a call (an honest batch's window less its figures grew ~1.1-1.5 us a call from

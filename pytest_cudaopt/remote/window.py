@@ -1,4 +1,4 @@
-"""The stream gate: a timed batch on a GPU bracketed by the judging process's own clock, with no pipe, wake-up or IPC inside the window.
+"""The timed window: a timed batch on a GPU bracketed by the judging process's own clock, with no pipe, wake-up or IPC inside the window.
 
 Two 32-bit words on one page of shared host memory: the worker's stream waits on OPEN and writes
 DONE; the judging process writes OPEN and spins on DONE (docs/how-it-works.md). The window's fixed

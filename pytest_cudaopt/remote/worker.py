@@ -183,7 +183,7 @@ class Worker:
         self.calibrated_ping = pings[len(pings) // 2]
 
     def attach_stream_gate(self, work=None) -> None:
-        """The stream gate set up and calibrated (with `work`, a JudgeWork) before the workdir loads:
+        """The timed window set up and calibrated (with `work`, a JudgeWork) before the workdir loads:
         `stream_gate`, or `stream_gate_error` saying why there is none."""
         from pytest_cudaopt.remote.window import WindowError, JudgeWindow, JudgeWork
 

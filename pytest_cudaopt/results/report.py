@@ -226,7 +226,7 @@ def _clocks_note(m) -> str:
     return gated + ("device time: each contender's batch queued with the host ahead of the GPU after an L2 "
                     f"flush, a call's figure the time between the events before and after it{ahead}; ModelNew "
                     "in its worker process, its figures checked against this process's clock around its GPU work "
-                    "(the stream gate; the round trip where there is none); latency: each call from an idle device, "
+                    "(the timed window; the round trip where there is none); latency: each call from an idle device, "
                     "launches included")
 
 
