@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # pytest_cudaopt runs from the checkout, uninstalled
+if str(ROOT) not in sys.path:  # pytest_cudaopt runs from the checkout, uninstalled (its children too)
     sys.path.insert(0, str(ROOT))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
 CPU_ARGS = ["--cudaopt-device=cpu", "--cudaopt-compile-backend=eager", "--cudaopt-max-time=1", "--cudaopt-warmup=0.1",
             "--cudaopt-min-runs=5", "--cudaopt-max-examples=5"]

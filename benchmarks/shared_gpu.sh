@@ -14,6 +14,8 @@ if [[ $# -lt 1 ]]; then
   exit 2
 fi
 py=${PYTHON:-python3}
+# pytest_cudaopt from this checkout, uninstalled (as on the GPU image)
+export PYTHONPATH="$(cd "$(dirname "$0")/.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
 out=${OUT:-$(mktemp -d -t cudaopt-shared-gpu.XXXXXX)}
 mkdir -p "$out"
 read -r -a extra <<< "${PYTEST_ARGS:-}"
