@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# This round's GPU measurements in one device call, each step under a time limit, a summary last
+# (and in $OUT/summary.txt); logs packed into $OUT/logs.tgz after every step.
+#   git archive 87756e5 | tar -x -C .bench/before     # the tree before the round, once
+#   OUT=/tmp/out BEFORE=.bench/before bash benchmarks/round_run.sh [STEP ...]
+# Steps (default: all, in this order):
+#   verdicts  benchmarks/verdicts_vs.sh BEFORE . : the default workdir's verdicts and their time, ROUNDS rounds
+#   gallery   benchmarks/judge_gallery.py: the GPU gallery, pytest alone and `cudaopt judge`, verdicts side by side
+#   attacks   the attacks' GPU tests (tests/exploits -m gpu) and tests/test_gpu_verdicts.py
+#   shared    benchmarks/shared_gpu.sh over the gallery's workdirs at once: blame when they crowd one GPU
+#   service   benchmarks/judge_latency.py over the gallery at RATE workdirs an hour (p50/p95 latency)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+LOGS=$(mktemp -d)
+export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+summary="$OUT/summary.txt"; : > "$summary"
+step() {  # step NAME LIMIT_S COMMAND...
+  local name=$1 limit=$2; shift 2
+  local t0; t0=$(date +%s%N)
+  timeout "$limit" "$@" > "$LOGS/$name.log" 2>&1; local rc=$?
+  local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  printf '%-10s rc=%-3s %5d.%01d s\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000 / 100)) >> "$summary"
+  tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
+}
+nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv > "$LOGS/gpu.txt" 2>&1
+for name in ${@:-verdicts gallery attacks shared service}; do case $name in
+  verdicts) OUT="$LOGS/verdicts" ROUNDS="${ROUNDS:-2}" step verdicts 420 bash benchmarks/verdicts_vs.sh \
+              ${BEFORE:+"$BEFORE"} . ;;
+  gallery)  step gallery 420 python3 benchmarks/judge_gallery.py --out "$LOGS/gallery" ;;
+  attacks)  step attacks 300 python3 -m pytest tests/exploits tests/test_gpu_verdicts.py -m gpu -q \
+              -p no:cacheprovider -rA ;;
+  shared)   OUT="$LOGS/shared" step shared 300 bash benchmarks/shared_gpu.sh "$LOGS"/gallery/work/pytest/*/ ;;
+  service)  step service 420 python3 benchmarks/judge_latency.py "$LOGS/gallery/work/pytest" \
+              --per-hour "${RATE:-500}" --count "${COUNT:-36}" --out "$LOGS/service.json" ;;
+  *) echo "unknown step: $name" >&2; exit 2 ;;
+esac; done
+{ cat "$LOGS/gpu.txt"; echo; cat "$summary"; echo
+  tail -n 12 "$LOGS/verdicts/table.txt" 2>/dev/null; echo
+  cat "$LOGS/gallery/judge_gallery.txt" 2>/dev/null | tail -n 30; echo
+  tail -n 4 "$LOGS/attacks.log" 2>/dev/null; echo
+  tail -n 20 "$LOGS/shared.log" 2>/dev/null; echo
+  tail -n 25 "$LOGS/service.log" 2>/dev/null; } | tee "$OUT/report.txt"
+tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
