@@ -65,7 +65,8 @@ def test_without_a_device_the_gate_is_broken_not_passed_and_writes_its_summaries
     assert int(junit.find("testsuite").get("errors")) == 6  # 4 correctness + 1 memory safety + 1 perf, none skipped
     wd = (pytester.path / "wd").resolve()
     assert f"(a CPU workdir: `cudaopt gate {wd} -- --cudaopt-device=cpu`" in (pytester.path / "out" / "junit.xml").read_text()
-    assert json.loads((pytester.path / "out" / "report.json").read_text())["relaxations"]
+    report = json.loads((pytester.path / "out" / "report.json").read_text())
+    assert report["relaxations"] and report["blame"] == "environment", report["blame"]   # no GPU: not the candidate's
     # The same under pytest-xdist: the workers' reports reach the gate on the controller.
     result = run_gate(pytester, "wd", "--out", "out", "--", "-n", "2", "-p", "no:randomly")
     assert result.ret == ci_gate.BROKEN

@@ -17,7 +17,7 @@ EXIT_STATUS = {ENVIRONMENT: 75, HARNESS: 70}   # sysexits.h: EX_TEMPFAIL, EX_SOF
 PROPERTY = "cudaopt_blame"                     # item user property: (PROPERTY, blame)
 # The words of failures that no candidate causes: the device busy or gone, a driver that cannot
 # start, memory held by others before any of the candidate's code ran (`assign` says those).
-ENVIRONMENT_MARKERS = ("busy or unavailable", "no CUDA-capable device is detected", "CUDA driver version is insufficient",
+ENVIRONMENT_MARKERS = ("no CUDA device visible", "busy or unavailable", "no CUDA-capable device is detected", "CUDA driver version is insufficient",
                        "forward compatibility was attempted on non supported HW", "cudaErrorDevicesUnavailable",
                        "NVML_ERROR_GPU_IS_LOST", "GPU is lost", "cudaErrorSystemNotReady")
 # Exceptions our code raises for the candidate's failures (their names: this module imports none of them).
