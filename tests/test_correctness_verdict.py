@@ -67,7 +67,8 @@ def test_it_passes_an_honest_workdir_on_every_seed_and_drawn_shape(verdicts):
     for test in (*CANONICAL, DRAWN):
         assert verdicts.outcome("honest", test) == "passed", verdicts.text("honest", test)
     drawn = verdicts.result("honest", "drawn shapes")
-    assert drawn["passed"] and drawn["cases"] >= 20  # the ci profile's count
+    # the ci profile's 20 draws, less those of a shape already judged (on another value family)
+    assert drawn["passed"] and drawn["cases"] >= 15, drawn["cases"]
     assert drawn["precision"]["tier"] == "fp32"
     canonical = verdicts.result("honest", "canonical seed0")
     assert canonical["inputs"] == "x: float32[16, 64]" and canonical["max_abs"] == 0.0
