@@ -29,45 +29,34 @@ def _choice(*choices: str) -> Callable[[str], str]:
             raise ValueError(f"expected one of {', '.join(choices)}; got {text!r}")
         return text
 
-    parse.__name__ = "one of " + "|".join(choices)
     return parse
 
 
-def _number(kind: Callable[[str], Any], text: str, what: str) -> Any:
-    """`kind(text)` with Python's own complaint ("could not convert string to float") put in
-    the setting's words."""
-    try:
-        return kind(text)
-    except (TypeError, ValueError):
-        raise ValueError(f"expected {what}, got {text!r}") from None
+def _number(kind: Callable[[str], Any], what: str,
+            ok: Callable[[Any], bool] = lambda value: True) -> Callable[[str], Any]:
+    """A parser of `kind` whose complaint is in the setting's words ("expected a positive
+    number"), not Python's ("could not convert string to float")."""
 
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+            good = ok(value)
+        except (TypeError, ValueError):
+            good = False
+        if not good:
+            raise ValueError(f"expected {what}, got {text!r}") from None
+        return value
 
-def _integer(text: str) -> int:
-    return _number(int, text, "an integer")
+    return parse
 
 
 def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
-    what = "a positive integer" if kind is int else "a positive number"
-
-    def parse(text: str) -> Any:
-        value = _number(kind, text, what)
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"expected {what}, got {text!r}")
-        return value
-
-    parse.__name__ = f"positive {kind.__name__}"
-    return parse
+    return _number(kind, "a positive integer" if kind is int else "a positive number",
+                   lambda value: math.isfinite(value) and value > 0)
 
 
-def _non_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        value = _number(kind, text, "a finite number >= 0")
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"expected a finite number >= 0, got {text!r}")
-        return value
-
-    parse.__name__ = f"non-negative {kind.__name__}"
-    return parse
+_integer = _number(int, "an integer")
+_non_negative = _number(float, "a finite number >= 0", lambda value: math.isfinite(value) and value >= 0)
 
 
 def _families(text: str) -> str:
@@ -76,9 +65,6 @@ def _families(text: str) -> str:
 
     parse(text)
     return str(text).strip().lower()
-
-
-_families.__name__ = "value families"
 
 
 @dataclass(frozen=True)
@@ -127,9 +113,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("timeout", _positive(float), 600.0,
            "seconds one generated test may run before it is reported as hung"),
     # correctness
-    Option("atol", _non_negative(float), 1e-2,
+    Option("atol", _non_negative, 1e-2,
            "absolute tolerance of the correctness comparison (0: none; integer/bool outputs are always exact)"),
-    Option("rtol", _non_negative(float), 1e-2, "relative tolerance of the correctness comparison (0: none)"),
+    Option("rtol", _non_negative, 1e-2, "relative tolerance of the correctness comparison (0: none)"),
     Option("max_rel_error", _positive(float), 1e-2,
            "most relative L2 error vs a float64 run of the reference a candidate may have, whatever atol allows"),
     Option("seeds", _positive(int), 3, "number of secret seeds for the canonical inputs of get_inputs()"),
@@ -335,21 +321,12 @@ def unknown_flags(args: Iterable[str]) -> list[str]:
     """The `--cudaopt-*` arguments that name no option, each with the closest one."""
     known = [option.flag for option in OPTIONS if option.cli]
     known += [option.off_flag for option in OPTIONS if option.cli and option.is_flag]
-    found = []
-    for arg in args:
-        flag = str(arg).split("=", 1)[0]
-        if flag.startswith("--cudaopt-") and flag not in known:
-            found.append(f"{flag}{closest(flag, known, '--cudaopt-')}")
-    return found
+    flags = (str(arg).split("=", 1)[0] for arg in args)
+    return [f"{flag}{closest(flag, known, '--cudaopt-')}" for flag in flags
+            if flag.startswith("--cudaopt-") and flag not in known]
 
 
-def resolve(
-    name: str,
-    *,
-    cli: Any = None,
-    ini: Any = None,
-    env: Mapping[str, str] | None = None,
-) -> Any:
+def resolve(name: str, *, cli: Any = None, ini: Any = None, env: Mapping[str, str] | None = None) -> Any:
     """The value of setting `name`: command line, then environment, then ini, then default.
 
     `cli` and `ini` are the raw values pytest (or the `cudaopt` command) found, None when
@@ -391,18 +368,8 @@ class Settings:
         return dict(self._values)
 
     @classmethod
-    def resolve_all(
-        cls,
-        cli: Callable[[str], Any] = lambda name: None,
-        ini: Callable[[str], Any] = lambda name: None,
-        env: Mapping[str, str] | None = None,
-    ) -> "Settings":
-        return cls({
-            option.name: resolve(
-                option.name,
-                cli=cli(option.name) if option.cli else None,
-                ini=ini(option.name) if option.ini else None,
-                env=env,
-            )
-            for option in OPTIONS
-        })
+    def resolve_all(cls, cli: Callable[[str], Any] = lambda name: None, ini: Callable[[str], Any] = lambda name: None,
+                    env: Mapping[str, str] | None = None) -> "Settings":
+        return cls({option.name: resolve(option.name, cli=cli(option.name) if option.cli else None,
+                                         ini=ini(option.name) if option.ini else None, env=env)
+                    for option in OPTIONS})
