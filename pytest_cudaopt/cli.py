@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from pytest_cudaopt import __version__
+
 DESCRIPTION = (
     "Judge a workdir that accelerates a PyTorch model (model.py) with a hand-written CUDA C++ "
     "extension (model_new.py + kernels/): build it, verify it against model.py on many shapes, "
@@ -24,6 +26,12 @@ def _workdir(text: str) -> Path:
 # error and an interrupt are 2 everywhere, and a verdict none of whose items ran is 5.
 USAGE = INTERRUPTED = 2
 NOTHING_RAN = 5
+
+
+def _error(command: str, message: object, code: int) -> int:
+    """`cudaopt COMMAND: message` on stderr; returns the exit status `code`."""
+    print(f"cudaopt {command}: {message}", file=sys.stderr)
+    return code
 
 
 class _Ran:
@@ -68,25 +76,14 @@ def cmd_build(args: argparse.Namespace) -> int:
     try:
         result = build.build(args.workdir, verbose=True)
     except SettingError as exc:
-        print(f"cudaopt build: {exc}", file=sys.stderr)
-        return USAGE
+        return _error("build", exc, USAGE)
     except build.BuildError as exc:
         print(exc.report(), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        # ninja was stopped too and the lock is released.
-        print("cudaopt build: interrupted", file=sys.stderr)
-        return INTERRUPTED
+        return _error("build", "interrupted", INTERRUPTED)  # ninja was stopped too and the lock is released
     print(build.describe(result))
     return 0
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    return _run_pytest(args.workdir, "correctness", args.pytest_args)
-
-
-def cmd_profile(args: argparse.Namespace) -> int:
-    return _run_pytest(args.workdir, "perf", args.pytest_args)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -96,8 +93,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     try:
         limit = workdir_settings(args.workdir).timeout   # MN010 runs the workdir's code: cudaopt_timeout
     except SettingError as exc:
-        print(f"cudaopt check: {exc}", file=sys.stderr)
-        return USAGE
+        return _error("check", exc, USAGE)
     config = policy.load_config(Path(args.workdir).resolve())
     violations = policy.check_workdir(args.workdir, config, construct=False)
     # One build serves MN010 (ModelNew constructed with it; a stand-in without one) and EX001,
@@ -138,10 +134,10 @@ def _worker_findings(workdir: Path, so: Path | None, limit: float, mn010: bool) 
     from pytest_cudaopt.remote.worker import Worker, WorkerError, WorkerFailed
     from pytest_cudaopt.run.supervision import worker_frames
 
-    if not mn010 and so is None:
-        return []
     from pytest_cudaopt.suite.settings import SettingError, workdir_settings
 
+    if not mn010 and so is None:
+        return []
     try:
         mode = workdir_settings(workdir).sandbox
     except SettingError:
@@ -174,15 +170,13 @@ def cmd_init(args: argparse.Namespace) -> int:
                   f"{scaffold.lock_workdir(Path(args.dir))}")
             return 0
         if args.model is None:
-            print("cudaopt init: --model path/to/model.py is required (or --lock-only)", file=sys.stderr)
-            return 2
+            return _error("init", "--model path/to/model.py is required (or --lock-only)", USAGE)
         notes: list[str] = []
         created = scaffold.init_workdir(Path(args.dir), Path(args.model), notes, device=args.device)
         for note in notes:
             print(f"cudaopt init: warning: {note}", file=sys.stderr)
     except scaffold.ScaffoldError as exc:
-        print(f"cudaopt init: {exc}", file=sys.stderr)
-        return 1
+        return _error("init", exc, 1)
     remembered = f" (its device, {args.device}, is recorded in pyproject.toml)" if args.device != "cuda" else ""
     print(f"created workdir {created}{remembered}; its README.md says what to edit; next: write kernels/, then "
           f"`cudaopt check {created}` and `pytest {created} -m correctness`")
@@ -208,8 +202,7 @@ def cmd_adopt(args: argparse.Namespace) -> int:
     try:
         _, summary = scaffold.adopt_workdir(Path(args.dir))
     except scaffold.ScaffoldError as exc:
-        print(f"cudaopt adopt: {exc}", file=sys.stderr)
-        return 1
+        return _error("adopt", exc, 1)
     print(summary)
     return 0
 
@@ -220,8 +213,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         print(jsonreport.render_file(Path(args.json), fmt=args.format))
     except ValueError as exc:
-        print(f"cudaopt report: {exc}", file=sys.stderr)
-        return 2
+        return _error("report", exc, USAGE)
     return 0
 
 
@@ -241,21 +233,16 @@ def cmd_judge(args: argparse.Namespace) -> int:
 
         clash = [name for name, given in (("PATHS", args.paths), ("--ray", args.ray), ("--resume", args.resume)) if given]
         if clash:
-            print(f"cudaopt judge: --serve reads the workdirs from stdin and writes the lines to stdout; "
-                  f"drop {', '.join(clash)}", file=sys.stderr)
-            return 2
+            return _error("judge", f"--serve reads the workdirs from stdin and writes the lines to stdout; "
+                          f"drop {', '.join(clash)}", USAGE)
         return serve(options)
     if not args.paths:
-        print("cudaopt judge: name the workdirs (or folders holding them), or --serve to read them from stdin",
-              file=sys.stderr)
-        return 2
+        return _error("judge", "name the workdirs (or folders holding them), or --serve to read them from stdin", USAGE)
     out = Path(args.out).resolve()
     try:
         written = judge.run(args.paths, options, out=out, ray=args.ray, resume=args.resume, progress=Progress(0))
     except KeyboardInterrupt:
-        print(f"cudaopt judge: interrupted; the lines so far (unfinished workdirs as cancelled) are in {out}",
-              file=sys.stderr)
-        return 130
+        return _error("judge", f"interrupted; the lines so far (unfinished workdirs as cancelled) are in {out}", 130)
     print(summary(written.lines, wall_s=written.wall_s, busy=written.busy, root=Path.cwd()))
     kept = f" ({written.kept} kept from the earlier run)" if written.kept else ""
     print(f"cudaopt judge: {len(written.lines)} lines{kept} in {out}; exit {written.code}")
@@ -311,28 +298,26 @@ def _judge_parser(sub) -> None:
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="cudaopt", description=DESCRIPTION)
-    top.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    top.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = top.add_subparsers(dest="command", required=True)
 
-    def with_workdir(name: str, help: str) -> argparse.ArgumentParser:
+    def with_workdir(name: str, help: str, func, **defaults) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help)
         p.add_argument("workdir", nargs="?", default=".", type=_workdir,
                        help="the workdir (a folder with model.py); default: the current folder")
+        p.set_defaults(func=func, **defaults)
         return p
 
-    with_workdir("build", "compile the workdir's cuda_extension and print the build time"
-                 ).set_defaults(func=cmd_build)
-    for name, func, help in (
-        ("verify", cmd_verify, "run the correctness verdict (pytest -m correctness) and print its table"),
-        ("profile", cmd_profile, "run the speed verdict (pytest -m perf) and print its table"),
+    with_workdir("build", "compile the workdir's cuda_extension and print the build time", cmd_build)
+    for name, marker, help in (
+        ("verify", "correctness", "run the correctness verdict (pytest -m correctness) and print its table"),
+        ("profile", "perf", "run the speed verdict (pytest -m perf) and print its table"),
     ):
-        p = with_workdir(name, help)
+        p = with_workdir(name, help, lambda args, marker=marker: _run_pytest(args.workdir, marker, args.pytest_args))
         p.add_argument("pytest_args", nargs=argparse.REMAINDER,
                        help="further pytest arguments, e.g. --cudaopt-profile=thorough")
-        p.set_defaults(func=func)
-    p = with_workdir("check", "check the workdir rules statically; non-zero exit on any violation")
+    p = with_workdir("check", "check the workdir rules statically; non-zero exit on any violation", cmd_check)
     p.add_argument("--json", action="store_true", help="print the violations as JSON")
-    p.set_defaults(func=cmd_check)
     p = sub.add_parser("init", help="create a workdir around a model.py")
     p.add_argument("dir", help="the folder to create (must not exist or be empty)")
     p.add_argument("--model", help="path to the reference model.py (KernelBench format)")
@@ -344,7 +329,8 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_init)
     p = with_workdir("gate", "the CI gate: policy, correctness and perf in one pytest session; exit 0 passed, "
                              "1 a verdict failed, 2 bad arguments or interrupted, 3 broken setup (no GPU, nothing "
-                             "collected, a verdict not run)")
+                             "collected, a verdict not run)",
+                     cmd_gate, pytest_args=[])  # further arguments (after `--`) go to pytest
     p.add_argument("--out", default="cudaopt-gate", help="folder for report.json, junit.xml and summary.md "
                                                          "(default: ./cudaopt-gate)")
     p.add_argument("--baseline-workdir", type=_workdir, default=None,
@@ -353,7 +339,6 @@ def parser() -> argparse.ArgumentParser:
                    help="how much slower than the target branch the candidate may be (default 0.03)")
     p.add_argument("--allow-lock-change", action="store_true",
                    help="accept a cudaopt.lock that differs from the baseline workdir's (the owner's pull requests)")
-    p.set_defaults(func=cmd_gate, pytest_args=[])  # further arguments (after `--`) go to pytest
 
     p = sub.add_parser("adopt", help="record the lock of an existing workdir (not made by `cudaopt init`) "
                        "and say what its fixed files and bindings are; changes no other file")
@@ -365,12 +350,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("table", "markdown"), default="table")
     p.set_defaults(func=cmd_report)
     return top
-
-
-def _version() -> str:
-    from pytest_cudaopt import __version__
-
-    return __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:
