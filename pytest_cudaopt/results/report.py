@@ -29,10 +29,6 @@ def machine_info(info: dict[str, Any]) -> None:
                  "torch": env["torch"], "cuda": env["cuda"], "cudnn": env["cudnn"]})
 
 
-# ---------------------------------------------------------------------------------------
-# Correctness
-
-
 def _short_path(path: str) -> str:
     """A workdir as the user named it: relative to the current folder when inside it."""
     try:
@@ -81,10 +77,6 @@ def policy_row(r: PolicyResult) -> dict[str, str]:
             "verdict": "pass" if r.passed else "FAIL"}
 
 
-# ---------------------------------------------------------------------------------------
-# Perf
-
-
 def perf_title(r: PerfResult) -> str:
     return f"cudaopt perf: {r.workdir} ({r.test})"
 
@@ -125,24 +117,19 @@ def perf_rows(r: PerfResult) -> list[dict[str, str]]:
         s = result.summary if result is not None and result.samples else None
         mid = s.median if s else None
         timed = result is not None and result.samples
-        row = {
+        rows.append({
             "contender": r.label(key),
             gated["device"]: format_seconds(result.device_summary.median) if timed else "-",
             gated["latency"]: format_seconds(result.latency_summary.median) if timed else "-",
-            "kernel sum": format_seconds(r.kernel_sum(key)),
+            **({"kernel sum": format_seconds(r.kernel_sum(key))} if r.traces else {}),
             "IQR": format_seconds(s.iqr) if s else "-",
             "n": str(s.n) if s else "0",
             "vs eager": _ratio(medians.get(EAGER), mid),
             "vs compile": _ratio(medians.get(COMPILE), mid),
-            "vs compile+TF32": _ratio(medians.get(PRECISION_MATCHED), mid),
+            **({"vs compile+TF32": _ratio(medians.get(PRECISION_MATCHED), mid)} if with_tf32 else {}),
             "precision": r.tiers.get(key, "-"),
             "verdict": _perf_verdict(r, key, failures),
-        }
-        if not with_tf32:
-            del row["vs compile+TF32"]
-        if not r.traces:
-            del row["kernel sum"]
-        rows.append(row)
+        })
     return rows
 
 
@@ -152,19 +139,14 @@ def _perf_verdict(r: PerfResult, key: str, failures: Mapping[str, str]) -> str:
             return f"PASS (>= {r.gate.min_speedup:g}x)"
         if failures.get(CUSTOM) or r.gate.passed:
             return "FAIL (see below)"
-        speed = r.gate.speedup
-        return f"FAIL (< {r.gate.min_speedup:g}x)" if speed else "FAIL (see below)"
+        return f"FAIL (< {r.gate.min_speedup:g}x)" if r.gate.speedup else "FAIL (see below)"
     if failures.get(key):
         return "error (see below)"
     if key == r.gate.baseline:
         return "gate baseline"
-    if key == EAGER:
-        return "reference"
     if key.startswith(PEER_PREFIX):
         return "not gated"
-    if key == TARGET:
-        return "regression baseline"
-    return "baseline"
+    return {EAGER: "reference", TARGET: "regression baseline"}.get(key, "baseline")
 
 
 def perf_row(r: PerfResult) -> dict[str, str]:
@@ -295,12 +277,10 @@ def benchmark_extra_info(r: PerfResult) -> dict[str, Any]:
     for key, value in medians.items():
         info[f"{key.replace('peer:', 'peer_').replace('-', '_')}_median_s"] = value
     custom = medians.get(CUSTOM)
-    for key, name in ((EAGER, "eager"), (COMPILE, "compile"), (PRECISION_MATCHED, "precision_matched")):
-        if custom and key in medians:
-            info[f"speedup_vs_{name}"] = medians[key] / custom
-    for key in medians:
-        if key.startswith(PEER_PREFIX) and custom:
-            info[f"speedup_vs_peer_{key[5:]}"] = medians[key] / custom
+    names = {EAGER: "eager", COMPILE: "compile", PRECISION_MATCHED: "precision_matched"}
+    names.update({key: f"peer_{key[5:]}" for key in medians if key.startswith(PEER_PREFIX)})
+    info.update({f"speedup_vs_{name}": medians[key] / custom for key, name in names.items()
+                 if custom and key in medians})
     result = r.measurement.results.get(CUSTOM) if r.measurement is not None else None
     if result is not None and result.samples:
         info["custom_device_median_s"] = result.device_summary.median
@@ -319,10 +299,6 @@ def _ratio(numerator: float | None, denominator: float | None) -> str:
     if not numerator or not denominator or math.isnan(numerator) or math.isnan(denominator):
         return "-"
     return f"{numerator / denominator:.2f}x"
-
-
-# ---------------------------------------------------------------------------------------
-# Records, tables and the JSON report
 
 
 def record(result: Any) -> dict[str, Any]:
@@ -388,9 +364,7 @@ def terminal_summary(terminalreporter: Any, records: Sequence[Mapping[str, Any]]
     if not records and not last_lines:
         return
     terminalreporter.write_sep("=", "cudaopt summary")
-    for line in render_records(records, "table").splitlines() if records else []:
-        terminalreporter.write_line(line)
-    for line in last_lines:
+    for line in [*(render_records(records, "table").splitlines() if records else []), *last_lines]:
         terminalreporter.write_line(line)
 
 
