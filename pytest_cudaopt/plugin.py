@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_cudaopt.results import blame, ledger
+from pytest_cudaopt.results.ledger import LedgerHooks, kind_of
 from pytest_cudaopt.suite import settings as _settings
 from pytest_cudaopt.suite.collection import SUITE_MODULE, WorkdirModule, bind_timing, is_workdir_file, matches_python_files, worker_ahead, workdir_node, workdirs_in
 from pytest_cudaopt.primitives.environment import pin_worker_to_gpu
@@ -93,17 +95,13 @@ def pytest_configure(config: pytest.Config) -> None:
     from pytest_cudaopt.run import watchdog
 
     watchdog.keep_stderr()  # the terminal's stderr, for the watchdog (fd 2 is captured during tests)
-    from pytest_cudaopt.results.ledger import LedgerHooks
-
     config.pluginmanager.register(LedgerHooks(session.ledger, lambda nodeid: _item_workdir(session, nodeid)),
                                   "cudaopt-ledger")
     from pytest_cudaopt.run.supervision import BlameHooks, InterruptHooks
 
     config.pluginmanager.register(InterruptHooks(session), "cudaopt-interrupt")
     config.pluginmanager.register(BlameHooks(), "cudaopt-blame")
-    if config.pluginmanager.hasplugin("benchmark"):
-        config.pluginmanager.register(_BenchmarkHooks(), "cudaopt-benchmark")
-    else:
+    if not config.pluginmanager.hasplugin("benchmark"):
         config.pluginmanager.register(_NoBenchmark(), "cudaopt-no-benchmark")
 
 
@@ -159,14 +157,12 @@ def _item_workdir(session: CudaoptSession, nodeid: str) -> str:
     return str((session.rootpath / nodeid.split("::")[0]).parent)
 
 
-class _BenchmarkHooks:
-    """pytest-benchmark's hooks, registered only when pytest-benchmark is loaded."""
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_update_machine_info(config, machine_info) -> None:
+    """pytest-benchmark's hook (called only where pytest-benchmark is loaded)."""
+    from pytest_cudaopt.results import report
 
-    @staticmethod
-    def pytest_benchmark_update_machine_info(config, machine_info) -> None:
-        from pytest_cudaopt.results import report
-
-        report.machine_info(machine_info)
+    report.machine_info(machine_info)
 
 
 class _NoBenchmark:
@@ -243,11 +239,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     session = _session(config)
     for item in items:
-        node = workdir_node(item)
-        if node is None:
-            continue
-        needs_device = any(item.get_closest_marker(m) for m in JUDGED_KINDS)
-        if needs_device and session.settings.device == "cuda":
+        if session.settings.device == "cuda" and workdir_node(item) is not None \
+                and any(item.get_closest_marker(m) for m in JUDGED_KINDS):
             item.add_marker(pytest.mark.gpu)
     if session.settings.ci_gate:  # policy, then correctness, then perf (a stable sort)
         order = ("build", "policy", "correctness", "memsafety", "perf")
@@ -265,7 +258,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    from pytest_cudaopt.results.ledger import kind_of
     from pytest_cudaopt.run.supervision import start_sentinel
 
     cudaopt = _session(session.config)
@@ -279,8 +271,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_node_collection_finished(node, ids) -> None:
     """pytest-xdist controller: the items a worker collected, so that one never run is counted."""
-    from pytest_cudaopt.results.ledger import kind_of
-
     session = _session(node.config)
     for nodeid in ids:
         session.ledger.collect(nodeid, kind_of(nodeid), _item_workdir(session, nodeid))
@@ -320,25 +310,22 @@ def pytest_runtest_setup(item: pytest.Item):
         reason = None if static(item) else session.not_run_reason(node.workdir_path, judged=_judged(item))
         if reason:
             pytest.fail(reason, pytrace=False)
-    if not _supervised(item):
-        return (yield)
-    from pytest_cudaopt.run.supervision import run_supervised
-
-    workdir = node.workdir_path if node is not None else session.rootpath
-    return (yield from run_supervised(item, session, workdir, "setup"))
+    return (yield from _run_supervised(item, "setup"))
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
     """Supervised items run under the watchdog (supervision.py)."""
+    return (yield from _run_supervised(item, "call"))
+
+
+def _run_supervised(item: pytest.Item, when: str):
     if not _supervised(item):
         return (yield)
     from pytest_cudaopt.run.supervision import run_supervised
 
-    session = _session(item.config)
-    node = workdir_node(item)
-    workdir = node.workdir_path if node is not None else session.rootpath
-    return (yield from run_supervised(item, session, workdir, "call"))
+    session, node = _session(item.config), workdir_node(item)
+    return (yield from run_supervised(item, session, node.workdir_path if node is not None else session.rootpath, when))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
@@ -353,7 +340,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller reports
         config.workeroutput["cudaopt_records"] = cudaopt.records()
         return
-    from pytest_cudaopt.results import blame, ledger
     from pytest_cudaopt.run import signals
 
     if exitstatus == pytest.ExitCode.INTERRUPTED:  # before any verdict item was collected, say
