@@ -58,13 +58,9 @@ class ScaffoldError(Exception):
 
 
 def init_workdir(dest: Path, model_path: Path, notes: list[str] | None = None, device: str = "cuda") -> Path:
-    """Create the workdir `dest` around `model_path` and return its resolved path.
-
-    Writes the fixed binding files, utils/, model.py (a byte copy), model_new.py, kernels/
-    with a starting kernel for `device` ("cuda": a .cu, "cpu": a .cpp) and its binding (none
-    for a model with a convolution: see starter.py), a README.md, pyproject.toml, conftest.py, a .gitignore (build outputs, caches) and the lock
-    file. Refuses an existing non-empty `dest`; nothing is written when the model cannot be
-    read. Warnings (names model.py reads but never defines) are appended to `notes`."""
+    """Create the workdir `dest` around `model_path` (model.py a byte copy, kernels/ a starting kernel
+    for `device`) and return its resolved path. Refuses an existing non-empty `dest`; nothing is written
+    when the model cannot be read. Warnings (names model.py reads but never defines) go to `notes`."""
     if device not in starter.DEVICES:
         raise ScaffoldError(f"unknown device {device!r}: expected one of {', '.join(starter.DEVICES)}")
     dest, model_path = Path(dest).resolve(), Path(model_path).resolve()
@@ -103,12 +99,16 @@ def init_workdir(dest: Path, model_path: Path, notes: list[str] | None = None, d
     return dest
 
 
-def lock_workdir(workdir: Path) -> Path:
-    """(Re)write the lock file of an existing workdir; returns its path."""
+def _existing_workdir(workdir: Path) -> Path:
     workdir = Path(workdir).resolve()
     if not (workdir / "model.py").is_file():
         raise ScaffoldError(f"{workdir} is not a workdir: it has no model.py")
-    return policy.write_lock(workdir)
+    return workdir
+
+
+def lock_workdir(workdir: Path) -> Path:
+    """(Re)write the lock file of an existing workdir; returns its path."""
+    return policy.write_lock(_existing_workdir(workdir))
 
 
 # --------------------------------------------------------------------------- model_new.py
@@ -125,11 +125,7 @@ def _bound_names(node: ast.stmt) -> set[str]:
         return {node.name}
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         return {(a.asname or a.name).split(".")[0] for a in node.names}
-    names = set()
-    for child in ast.walk(node):
-        if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store):
-            names.add(child.id)
-    return names
+    return {child.id for child in ast.walk(node) if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store)}
 
 
 def _free_names(node: ast.AST) -> set[str]:
@@ -190,14 +186,9 @@ def _parse_model(source: str, model_path: Path) -> tuple[ast.Module, ast.ClassDe
 def _model_patches(tree: ast.Module) -> list[ast.stmt]:
     """Module-level assignments to Model's attributes (`Model.expansion = 4`): class attributes
     too. A replaced forward is not carried (ModelNew's forward is the one to write)."""
-    found = []
-    for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and all(
-                isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "Model"
-                and t.attr not in ("forward", "__call__") for t in targets):
-            found.append(node)
-    return found
+    return [node for node in tree.body if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and all(
+            isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "Model"
+            and t.attr not in ("forward", "__call__") for t in getattr(node, "targets", None) or [node.target])]
 
 
 def _class_needs(model: ast.ClassDef, forwards: list[ast.FunctionDef]) -> set[str]:
@@ -225,7 +216,6 @@ def _module_statements(tree: ast.Module, skip: list[ast.stmt], todo: set[str]) -
         for name in _bound_names(node):
             definitions.setdefault(name, node)
     needed: list[ast.stmt] = []
-    seen: set[str] = set()
     unresolved: set[str] = set()
     while todo:
         name = todo.pop()
@@ -233,9 +223,6 @@ def _module_statements(tree: ast.Module, skip: list[ast.stmt], todo: set[str]) -
             if not hasattr(builtins, name) and name not in ("Model", "ModelNew"):
                 unresolved.add(name)
             continue
-        if name in seen:
-            continue
-        seen.add(name)
         node = definitions[name]
         if node not in needed:
             needed.append(node)
@@ -398,9 +385,7 @@ def adopt_workdir(workdir: Path) -> tuple[Path, str]:
     upstream agent-workdir, modified, missing) and the bindings found, with their form."""
     from pytest_cudaopt.policy.files import UPSTREAM_SHA256, fixed_file_origin
 
-    workdir = Path(workdir).resolve()
-    if not (workdir / "model.py").is_file():
-        raise ScaffoldError(f"{workdir} is not a workdir: it has no model.py")
+    workdir = _existing_workdir(workdir)
     lock = policy.write_lock(workdir)
     lines = [f"adopted {workdir}: recorded model.py and utils/ in {lock.name}", "fixed files:"]
     fixed = [*policy.PROTECTED_TEMPLATES,
