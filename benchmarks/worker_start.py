@@ -45,8 +45,8 @@ def main() -> int:
     replied: list[float] = []
 
     def launch():
-        session.prestart(workdir)
-        worker = session._launched[workdir]
+        session.workers.launch(workdir)
+        worker = session.workers.launched[workdir]
         # The reply's arrival, seen without reading it (the main thread takes it later).
         threading.Thread(target=lambda: worker.conn.poll(None) and replied.append(time.perf_counter() - T0),
                          daemon=True).start()
@@ -63,7 +63,7 @@ def main() -> int:
         step("launch the worker (sandbox request sent)", launch)
     from pytest_cudaopt import wire as protocol
 
-    worker = session._take_launched(workdir, build.so_path, args.device)
+    worker = session.workers.take_launched(workdir, build.so_path, args.device)
     protocol.setup_sharing()
     cuda = args.device.startswith("cuda")
     if cuda:
@@ -79,7 +79,7 @@ def main() -> int:
         {"op": "load", "workdir": str(workdir), "device": args.device, "extension": str(build.so_path),
          "arena": arena.path, "arena_bytes": arena.size}, what="loading the workdir"))
     arena.unlink()
-    session.stop_workers()
+    session.workers.stop()
     print(f"{'step':48s} {'ends at':>8s} {'took':>7s}")
     for name, at, took in STEPS:
         print(f"{name:48s} {at:7.2f}s {took:6.2f}s")

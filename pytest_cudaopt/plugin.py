@@ -79,7 +79,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                                          asked=config.getoption("markexpr", default="") or "")
     session.workdir_paths = workdirs_in(config.args, config.invocation_params.dir, config.rootpath)
     _check_report_path(config)
-    session.secrets = _verdict_files(config)
+    session.workers.secrets = _verdict_files(config)
     if session.workdir_paths or _cudaopt_options_given(config):
         from pytest_cudaopt.run import signals
 
@@ -87,7 +87,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if session.workdir_paths:
         named = workdirs_in(config.args, config.invocation_params.dir)
         if named and worker_ahead(config, session.settings.device):
-            session.prestart(named[0])  # its torch import beside this process's, below
+            session.workers.launch(named[0])  # its torch import beside this process's, below
         bind_timing()
     session.emit = _terminal_lines(config)
     if hasattr(config, "workerinput"):
@@ -336,7 +336,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
 def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     config = session.config
     cudaopt = _session(config)
-    cudaopt.stop_workers()
+    cudaopt.workers.stop()
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller reports
         config.workeroutput["cudaopt_records"] = cudaopt.records()
         return
@@ -401,7 +401,7 @@ def _built_extension(session: CudaoptSession, workdir: Path, test: str):
     from pytest_cudaopt.extension import BuildError
 
     try:
-        return session.extension_module(workdir)
+        return session.workers.extension_module(workdir, session.extension(workdir).so_path)
     except BuildError as exc:
         failure = session.failure_report(workdir, test, exc)
     pytest.fail(failure, pytrace=False)

@@ -218,7 +218,7 @@ def test_a_zygote_whose_imports_touched_cuda_executes_its_forks_afresh(workdir, 
         proc.wait(timeout=30)
 
 
-# -- launched ahead (session.prestart): the worker's start beside the judging process's own ----
+# -- launched ahead (session.workers.launch): the worker's start beside the judging process's own --
 
 def _session(tmp_path: Path, **values):
     from pytest_cudaopt.suite.session import CudaoptSession
@@ -230,46 +230,46 @@ def _session(tmp_path: Path, **values):
 def test_a_worker_launched_ahead_is_the_one_the_workdir_then_loads_in(workdir, tmp_path, monkeypatch):
     monkeypatch.delenv(zygote.ENV, raising=False)
     session = _session(tmp_path)
-    session.prestart(workdir)
+    session.workers.launch(workdir)
     try:
-        [launched] = session._workers
+        [launched] = session.workers.all
         assert launched.alive() and launched.builds == workdir / "build" / "cudaopt"
-        taken = session.start_worker(workdir, None)
-        assert taken is launched and session._workers == [launched]  # no second process
+        taken = session.workers.start(workdir, None)
+        assert taken is launched and session.workers.all == [launched]  # no second process
         assert "model_new.py imported" in taken.last_words() and taken.confined.get("mode") == "auto"
         # Only once: a second start of the workdir is a fresh worker.
-        again = session.start_worker(workdir, None)
+        again = session.workers.start(workdir, None)
         assert again is not launched and again.alive()
     finally:
-        session.stop_workers()
+        session.workers.stop()
     assert not launched.alive()
 
 
 def test_a_launched_worker_is_kept_from_a_request_it_does_not_fit(workdir, tmp_path):
     session = _session(tmp_path)
-    session.prestart(workdir)
-    [launched] = session._workers
+    session.workers.launch(workdir)
+    [launched] = session.workers.all
     try:
         assert launched.reads(workdir / "build" / "cudaopt" / "key" / "cuda_extension.so")
         assert not launched.reads(tmp_path / "elsewhere" / "cuda_extension.so")
-        assert session._take_launched(workdir, tmp_path / "elsewhere" / "cuda_extension.so", "cpu") is None
+        assert session.workers.take_launched(workdir, tmp_path / "elsewhere" / "cuda_extension.so", "cpu") is None
         assert not launched.alive()  # stopped, not left running
-        session.prestart(workdir)
+        session.workers.launch(workdir)
         # The policy items' worker on another device leaves it to the workdir's own.
-        assert session._take_launched(workdir, None, "cuda") is None and session._launched[workdir].alive()
-        assert session._take_launched(workdir, None, "cpu") is session._workers[-1]
+        assert session.workers.take_launched(workdir, None, "cuda") is None and session.workers.launched[workdir].alive()
+        assert session.workers.take_launched(workdir, None, "cpu") is session.workers.all[-1]
     finally:
-        session.stop_workers()
+        session.workers.stop()
 
 
 def test_a_build_root_outside_the_workdir_is_made_before_the_launch_that_reads_it(workdir, tmp_path):
     session = _session(tmp_path, build_dir=str(tmp_path / "builds"))
-    session.prestart(workdir)
+    session.workers.launch(workdir)
     try:
-        [launched] = session._workers
+        [launched] = session.workers.all
         assert (tmp_path / "builds").is_dir() and launched.builds == (tmp_path / "builds").resolve()
     finally:
-        session.stop_workers()
+        session.workers.stop()
 
 
 def test_launching_a_worker_imports_no_torch_in_the_judging_process(workdir, tmp_path):
@@ -280,9 +280,9 @@ def test_launching_a_worker_imports_no_torch_in_the_judging_process(workdir, tmp
         from pytest_cudaopt.suite.session import CudaoptSession
         from pytest_cudaopt.suite.settings import Settings
         session = CudaoptSession(Settings({{"device": "cpu"}}), rootpath=Path({str(tmp_path)!r}))
-        session.prestart(Path({str(workdir)!r}))
-        print("launched", len(session._workers), session._workers[0].alive(), "torch" in sys.modules)
-        session.stop_workers()
+        session.workers.launch(Path({str(workdir)!r}))
+        print("launched", len(session.workers.all), session.workers.all[0].alive(), "torch" in sys.modules)
+        session.workers.stop()
     """)
     env = {k: v for k, v in subprocess_env().items() if k != zygote.ENV}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
@@ -344,13 +344,13 @@ def test_pytest_launches_the_named_workdirs_worker_at_configure_and_its_first_it
             return config.stash[SESSION_KEY]
 
         def pytest_collection_finish(session):
-            launched = _session(session.config)._launched
+            launched = _session(session.config).workers.launched
             print("launched:", sorted(path.name for path, w in launched.items() if w.alive()), flush=True)
 
         @pytest.hookimpl(tryfirst=True)
         def pytest_sessionfinish(session):
             found = _session(session.config)
-            print("workers:", len(found._workers), "not taken:", len(found._launched), flush=True)
+            print("workers:", len(found.workers.all), "not taken:", len(found.workers.launched), flush=True)
     """)
     result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness", "-s")
     result.assert_outcomes(passed=4)

@@ -26,7 +26,7 @@ def bind_timing() -> None:
 
 
 def worker_ahead(config: pytest.Config, device: str) -> bool:
-    """Whether to launch the first named workdir's worker at configure time (session.prestart):
+    """Whether to launch the first named workdir's worker at configure time (session.workers.launch):
     this process runs items itself (not under pytest-xdist, not --collect-only or --help), the
     mark expression keeps correctness or perf items, and the device is there to run them (a CUDA
     driver's device file; an unused worker is only stopped at the end)."""

@@ -6,6 +6,7 @@ import secrets
 from pathlib import Path
 from typing import Any, Callable
 
+from pytest_cudaopt.remote.workers import Workers
 from pytest_cudaopt.results.ledger import Ledger
 from pytest_cudaopt.suite.settings import Settings
 
@@ -24,14 +25,7 @@ class CudaoptSession:
         self.workdir_paths: list[Path] = []
         self._extensions: dict[Path, Any] = {}
         self._workdirs: dict[Path, Any] = {}
-        self._workers: list[Any] = []
-        self._policy_workers: dict[tuple[Path, Any], Any] = {}  # (workdir, .so or None) -> worker
-        self._extension_workers: dict[Path, Any] = {}  # workdir -> the `cuda_extension` fixture's worker
-        self._launched: dict[Path, Any] = {}  # workdir -> its worker, launched ahead (prestart)
-        # Paths no worker's environment may name (the verdict files: set by the plugin).
-        self.secrets: list[str] = []
-        # What the workers' OS sandbox held (note_sandbox), once one started.
-        self.sandbox: dict | None = None
+        self.workers = Workers(settings)
         self._failures_reported: dict[tuple, str] = {}  # (workdir, error) → the item that reported it
         # Where build progress goes (pytest's terminal, set by the plugin); None: nowhere.
         self.emit: Callable[[str], None] | None = None
@@ -115,24 +109,6 @@ class CudaoptSession:
         found = self._extensions[workdir]
         return _raise_or_return(found)
 
-    def extension_module(self, workdir: Path):
-        """The workdir's extension for the owner's own kernel tests (the `cuda_extension`
-        fixture): its functions called in a worker of its own (worker.RemoteExtension), never
-        loaded here: its static initialisers are candidate code too."""
-        from pytest_cudaopt.workdir import WorkdirError
-        from pytest_cudaopt.remote.model import RemoteExtension
-
-        workdir = Path(workdir).resolve()
-        result = self.extension(workdir)
-        worker = self._extension_workers.get(workdir)
-        if worker is None or not worker.alive():
-            try:
-                worker = self._extension_workers[workdir] = self.start_worker(workdir, result.so_path,
-                                                                              require_workdir=False)
-            except WorkdirError as exc:
-                raise RuntimeError(f"the extension of {workdir} could not be loaded in its worker: {exc}") from None
-        return RemoteExtension(worker)
-
     def builds_later(self, workdir: Path) -> bool:
         """Whether a correctness or perf item of `workdir` is still to run in this session (and
         will build its extension)."""
@@ -163,7 +139,7 @@ class CudaoptSession:
                 self._workdirs[path] = exc
         found = _raise_or_return(self._workdirs[path])
         if not found.worker.alive():  # a case crashed it (its item said so): a fresh one for the next
-            found.worker = self.start_worker(path, found.worker.extension)
+            found.worker = self.workers.start(path, found.worker.extension)
         return found
 
     def _load(self, path: Path):
@@ -173,90 +149,8 @@ class CudaoptSession:
 
         build = self.extension(path)
         loaded = load_reference(path)
-        loaded.worker = self.start_worker(path, build.so_path)
+        loaded.worker = self.workers.start(path, build.so_path)
         return loaded
-
-    def prestart(self, path: Path) -> None:
-        """Launch the worker of the workdir at `path` now (client.Worker.launch): it confines
-        itself and imports torch while this process imports its own and builds; the workdir's
-        first judged item takes it over (start_worker). Its sandbox lets it read the build
-        root, the build being yet to run; one outside the workdir is made here, or there is no
-        launch."""
-        from pytest_cudaopt.extension.buildfile import build_root
-        from pytest_cudaopt.remote.worker import Worker, WorkerFailed  # not the package's names: they import torch
-
-        path = Path(path).resolve()
-        root = build_root(path, self.settings)
-        try:
-            if path not in root.parents:
-                root.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            return  # the build says why it cannot write there
-        worker = Worker(path, None, self.settings.device, secrets=self.secrets, sandbox=self.settings.sandbox)
-        self._workers.append(worker)
-        try:
-            self._launched[path] = worker.launch(builds=root)
-        except (OSError, WorkerFailed):
-            worker.stop()
-
-    def _take_launched(self, path: Path, so_path: Path | None, device: str):
-        """The worker `prestart` launched for `path`, now holding `so_path`, when it is alive and
-        its sandbox reads `so_path` (else it is stopped); None, and kept, for another device (the
-        policy items' CPU worker)."""
-        worker = self._launched.get(path)
-        if worker is None or worker.device != device:
-            return None
-        del self._launched[path]
-        if worker.alive() and worker.reads(so_path):
-            worker.extension = Path(so_path).resolve() if so_path is not None else None
-            return worker
-        worker.stop()
-        return None
-
-    def start_worker(self, path: Path, so_path: Path | None, device: str | None = None,
-                     require_workdir: bool = True):
-        """A worker for the workdir at `path` with the extension `so_path` (None: MN010's
-        stand-in), stopped at the session's end. A workdir whose files do not import is a
-        WorkdirError, an extension that does not import a build.BuildError, a worker that
-        does not start a WorkdirError that says so."""
-        from pytest_cudaopt.extension import BuildError
-        from pytest_cudaopt.workdir import WorkdirError
-        from pytest_cudaopt.remote.worker import Worker, WorkerError, WorkerFailed
-
-        device = device or self.settings.device
-        worker = self._take_launched(Path(path).resolve(), so_path, device)
-        if worker is None:
-            worker = Worker(path, so_path, device, secrets=self.secrets, sandbox=self.settings.sandbox)
-            self._workers.append(worker)
-        try:
-            worker.start(require_workdir)
-            return worker
-        except WorkerError as exc:
-            worker.stop()
-            if exc.kind == "build":
-                raise BuildError(str(exc), [], Path(so_path).parent / "build.log" if so_path else None) from None
-            raise WorkdirError(str(exc), exc.file) from None
-        except WorkerFailed as exc:
-            worker.stop()
-            raise WorkdirError(str(exc), "model_new.py") from None
-        finally:
-            self.note_sandbox(worker.confined)
-
-    def note_sandbox(self, facts: dict) -> None:
-        """Keep what a worker's sandbox held: the report shows the weakest of the session's
-        workers (the restrictions every one held, each reason one did not)."""
-        if not facts:
-            return
-        if self.sandbox is None:
-            self.sandbox = {"mode": facts.get("mode"), "landlock": facts.get("landlock", 0),
-                            "held": {k: list(v) for k, v in facts.get("held", {}).items()},
-                            "missing": dict(facts.get("missing", {})), "workers": 0}
-        found = self.sandbox
-        found["workers"] += 1
-        for name, why in facts.get("missing", {}).items():
-            found["missing"].setdefault(name, why)
-        found["held"] = {k: v for k, v in found["held"].items()
-                         if k in facts.get("held", {}) and k not in found["missing"]}
 
     def policy_facts(self, path: Path, mn010: bool, ex001: bool) -> list:
         """MN010's and EX001's violations, found by a worker (this session's, or one started for
@@ -276,22 +170,10 @@ class CudaoptSession:
         if worker is None:  # one for the workdir's policy items, kept for the session (MN010 and EX001)
             found = self.built(path)
             so = found.so_path if found is not None else build_.existing_build(path, settings=self.settings)
-            worker = self._policy_workers.get((path, so))
-            if worker is None or not worker.alive():
-                worker = self._policy_workers[(path, so)] = self.start_worker(path, so, device="cpu",
-                                                                              require_workdir=False)
+            worker = self.workers.policy_worker(path, so)
             ex001 = ex001 and so is not None
         reply = worker.request({"op": "policy", "mn010": mn010, "ex001": ex001}, what="checking MN010 and EX001")
         return worker_violations(path, reply)
-
-    def stop_workers(self) -> None:
-        """Kill every worker of this session (before any verdict file is written)."""
-        for worker in self._workers:
-            worker.stop()
-        self._workers.clear()
-        self._policy_workers.clear()
-        self._extension_workers.clear()
-        self._launched.clear()
 
     def loaded_or_fail(self, path: Path, test: str, verb: str = "run"):
         """The loaded workdir for item `test`; the item fails ("not <verb>: ...") after an
@@ -388,11 +270,11 @@ class CudaoptSession:
         records = [report.record(r) for r in [*self.results, *ledger.policy_results(account.items)]]
         lines = report.account_lines(account)
         lines += report.gate_figure_lines(self.results, terminalreporter.config)
-        if self.sandbox is not None:
+        sandbox = self.workers.sandbox
+        if sandbox is not None:
             from pytest_cudaopt.remote.candidate import describe
 
-            lines.append(f"cudaopt: sandbox of the candidate's worker ({self.sandbox['workers']} started): "
-                         f"{describe(self.sandbox)}")
+            lines.append(f"cudaopt: sandbox of the candidate's worker ({sandbox['workers']} started): {describe(sandbox)}")
         if self.report_error:
             lines.append(f"cudaopt: ERROR: no JSON report: --cudaopt-report={self.settings.report}: {self.report_error}")
         elif self.settings.report:
@@ -434,7 +316,7 @@ class CudaoptSession:
         account = self.account(running)
         doc = jsonreport.document(account, [*self.results, *ledger.policy_results(account.items)],
                                   seed=self.seed, settings=self.settings.as_dict(),
-                                  relaxations=self.relaxations(), sandbox=self.sandbox)
+                                  relaxations=self.relaxations(), sandbox=self.workers.sandbox)
         try:
             jsonreport.write_json(self.report_path, doc)
         except OSError as exc:

@@ -1,0 +1,122 @@
+"""The session's workers, keyed by workdir: launched ahead, started, stopped; what their sandbox held."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class Workers:
+    def __init__(self, settings):
+        self.settings = settings
+        self.secrets: list[str] = []  # paths no worker's environment may name (the verdict files)
+        self.sandbox: dict | None = None  # what the workers' OS sandbox held (note_sandbox), once one started
+        self.all: list = []
+        self.launched: dict = {}  # workdir -> its worker, launched ahead (launch)
+        self._policy: dict = {}  # (workdir, .so or None) -> the policy items' worker
+        self._extension: dict = {}  # workdir -> the `cuda_extension` fixture's worker
+
+    def launch(self, path: Path) -> None:
+        """Launch the workdir's worker now (Worker.launch): it confines itself and imports torch
+        while this process imports its own and builds; its first judged item takes it over (start).
+        Its sandbox reads the build root, yet to be built: made here if outside the workdir, or no launch."""
+        from pytest_cudaopt.extension.buildfile import build_root
+        from pytest_cudaopt.remote.worker import Worker, WorkerFailed  # not the package's names: they import torch
+
+        path = Path(path).resolve()
+        root = build_root(path, self.settings)
+        try:
+            if path not in root.parents:
+                root.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return  # the build says why it cannot write there
+        worker = Worker(path, None, self.settings.device, secrets=self.secrets, sandbox=self.settings.sandbox)
+        self.all.append(worker)
+        try:
+            self.launched[path] = worker.launch(builds=root)
+        except (OSError, WorkerFailed):
+            worker.stop()
+
+    def take_launched(self, path: Path, so_path: Path | None, device: str):
+        """The worker launched for `path`, now holding `so_path`, when it is alive and its sandbox
+        reads `so_path` (else it is stopped); None, and kept, for another device (the policy items')."""
+        worker = self.launched.get(path)
+        if worker is None or worker.device != device:
+            return None
+        del self.launched[path]
+        if worker.alive() and worker.reads(so_path):
+            worker.extension = Path(so_path).resolve() if so_path is not None else None
+            return worker
+        worker.stop()
+        return None
+
+    def start(self, path: Path, so_path: Path | None, device: str | None = None, require_workdir: bool = True):
+        """A worker for the workdir at `path` with the extension `so_path` (None: MN010's stand-in),
+        stopped at the session's end. Raises WorkdirError (its files do not import, or it does not
+        start) or BuildError (the extension does not import)."""
+        from pytest_cudaopt.extension import BuildError
+        from pytest_cudaopt.workdir import WorkdirError
+        from pytest_cudaopt.remote.worker import Worker, WorkerError, WorkerFailed
+
+        device = device or self.settings.device
+        worker = self.take_launched(Path(path).resolve(), so_path, device)
+        if worker is None:
+            worker = Worker(path, so_path, device, secrets=self.secrets, sandbox=self.settings.sandbox)
+            self.all.append(worker)
+        try:
+            worker.start(require_workdir)
+            return worker
+        except WorkerError as exc:
+            worker.stop()
+            if exc.kind == "build":
+                raise BuildError(str(exc), [], Path(so_path).parent / "build.log" if so_path else None) from None
+            raise WorkdirError(str(exc), exc.file) from None
+        except WorkerFailed as exc:
+            worker.stop()
+            raise WorkdirError(str(exc), "model_new.py") from None
+        finally:
+            self.note_sandbox(worker.confined)
+
+    def note_sandbox(self, facts: dict) -> None:
+        """Keep what a worker's sandbox held: the report shows the weakest of the session's
+        workers (the restrictions every one held, each reason one did not)."""
+        if not facts:
+            return
+        if self.sandbox is None:
+            self.sandbox = {"mode": facts.get("mode"), "landlock": facts.get("landlock", 0),
+                            "held": {k: list(v) for k, v in facts.get("held", {}).items()},
+                            "missing": dict(facts.get("missing", {})), "workers": 0}
+        found = self.sandbox
+        found["workers"] += 1
+        for name, why in facts.get("missing", {}).items():
+            found["missing"].setdefault(name, why)
+        found["held"] = {k: v for k, v in found["held"].items()
+                         if k in facts.get("held", {}) and k not in found["missing"]}
+
+    def policy_worker(self, path: Path, so: Path | None):
+        """The CPU worker of the workdir's policy items with the build `so`, kept for the session."""
+        worker = self._policy.get((path, so))
+        if worker is None or not worker.alive():
+            worker = self._policy[(path, so)] = self.start(path, so, device="cpu", require_workdir=False)
+        return worker
+
+    def extension_module(self, workdir: Path, so_path: Path):
+        """The `cuda_extension` fixture's extension (the build `so_path`): called in a worker of its
+        own (RemoteExtension), never loaded here: its static initialisers are candidate code too."""
+        from pytest_cudaopt.workdir import WorkdirError
+        from pytest_cudaopt.remote.model import RemoteExtension
+
+        workdir = Path(workdir).resolve()
+        worker = self._extension.get(workdir)
+        if worker is None or not worker.alive():
+            try:
+                worker = self._extension[workdir] = self.start(workdir, so_path, require_workdir=False)
+            except WorkdirError as exc:
+                raise RuntimeError(f"the extension of {workdir} could not be loaded in its worker: {exc}") from None
+        return RemoteExtension(worker)
+
+    def stop(self) -> None:
+        """Kill every worker of this session (before any verdict file is written)."""
+        for worker in self.all:
+            worker.stop()
+        for held in (self.all, self._policy, self._extension, self.launched):
+            held.clear()
