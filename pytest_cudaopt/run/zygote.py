@@ -50,10 +50,13 @@ class Forked:
     def _read(self, timeout: float | None) -> None:
         if self.returncode is not None:
             return
-        ready, _, _ = select.select([self.conn], [], [], timeout)
-        if not ready:
+        try:
+            ready, _, _ = select.select([self.conn], [], [], timeout)
+            chunk = self.conn.recv(4096) if ready else None
+        except (OSError, ValueError):  # closed by another thread meanwhile (`close`): the fork is ended
+            chunk = b""
+        if chunk is None:
             return
-        chunk = self.conn.recv(4096)
         if not chunk:  # the zygote is gone, and with it (it kills them) the worker
             self.returncode = -signal.SIGKILL
             return
@@ -81,9 +84,9 @@ class Forked:
             pass
 
     def close(self) -> None:
-        self.conn.close()
         if self.returncode is None:  # the zygote kills a fork once its requester's connection closes
             self.returncode = -signal.SIGKILL
+        self.conn.close()
 
 
 def spawn(channel: int, log: int, cwd: str, env: dict[str, str]) -> Forked | None:
