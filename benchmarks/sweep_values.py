@@ -91,7 +91,7 @@ def judge(path: Path, limit: int = 1 << 22) -> dict:
                     raise values.FamilySkipped(f"the reference rejects these values: {type(exc).__name__}: {first}")
                 if family != values.MODEL and family != "spikes":
                     applied.base_scale = values.output_scale(model(*base))
-                trial = guards.Trial(model=model, model_new=None, model64=None, workdir=path.parent, extension=None,
+                trial = guards.Trial(model=model, model_new=None, model64=None, workdir=path.parent,
                                      device=torch.device("cpu"), atol=1e-2, rtol=1e-2, input_names=names)
                 candidate = clone_nest(expected)
                 comparison, precision = family_case.judge(applied, trial, inputs, candidate, expected)
