@@ -398,6 +398,11 @@ def profiled_call(model: Any, inputs: list, lead: GpuLead, lead_s: float, flush:
             marker.fill_(2)
         sync()
     del output
+    return export_events(prof), host < lead_s
+
+
+def export_events(prof: Any) -> list[dict[str, Any]]:
+    """The Chrome-trace events of a finished torch profiler session."""
     fd, path = tempfile.mkstemp(prefix="cudaopt-trace-", suffix=".json")
     os.close(fd)
     try:
@@ -406,4 +411,4 @@ def profiled_call(model: Any, inputs: list, lead: GpuLead, lead_s: float, flush:
             doc = json.load(f)
     finally:
         os.unlink(path)
-    return (doc.get("traceEvents", []) if isinstance(doc, dict) else list(doc)), host < lead_s
+    return doc.get("traceEvents", []) if isinstance(doc, dict) else list(doc)

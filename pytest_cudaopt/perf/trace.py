@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
@@ -13,6 +10,8 @@ import torch
 import torch.autograd.profiler
 import torch.profiler
 
+# The ranges and the export are the candidate's process's too (it traces ModelNew): one copy, there.
+from pytest_cudaopt.candidate.observe import BEGIN, CALL, END, LEAD, export_events
 from pytest_cudaopt.perf.clocks import GpuLead, host_time, synchronize_device
 from pytest_cudaopt.perf.engine import Contender
 from pytest_cudaopt.perf.stats import format_seconds
@@ -28,7 +27,6 @@ _record_function = torch.profiler.record_function
 #   BEGIN  a one-element fill: where the calling stream reaches the call
 #   CALL   the contender's call
 #   END    a one-element fill: where the calling stream's work continues after the call
-LEAD, BEGIN, CALL, END = "cudaopt::lead", "cudaopt::begin", "cudaopt::call", "cudaopt::end"
 OWN_RANGES = (LEAD, BEGIN, END)
 # Chrome-trace categories of device activity, and of the host calls that launch it.
 DEVICE_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
@@ -291,19 +289,6 @@ class ProfilerTracer:
 def profiling(device: torch.device):
     """torch's profiler (Kineto) recording host activity and `device`'s (CUPTI on CUDA)."""
     return _profile(use_kineto=True, use_cpu=True, use_device=None if device.type == "cpu" else device.type)
-
-
-def export_events(prof: Any) -> list[dict[str, Any]]:
-    """The Chrome-trace events of a finished torch.profiler session."""
-    fd, path = tempfile.mkstemp(prefix="cudaopt-trace-", suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            doc = json.load(f)
-    finally:
-        os.unlink(path)
-    return doc.get("traceEvents", []) if isinstance(doc, dict) else list(doc)
 
 
 class FakeTracer:
