@@ -181,6 +181,7 @@ def test_a_signal_leaves_the_junit_file_the_report_and_the_summary_and_exits_2(t
     doc = ended.report()
     assert (doc["passed"], doc["complete"], doc["cause"], doc["reason"]) == (False, False, "interrupted",
                                                                              f"interrupted by {name}")
+    assert doc["blame"] is None and all(item["blame"] is None for item in doc["items"])   # no one's fault
     assert doc["running"] == running
     statuses = {item["test"]: item["status"] for item in doc["items"]}
     assert statuses.pop(running) == "failed" and set(statuses.values()) == {"not run"}
@@ -324,7 +325,7 @@ def test_a_sigterm_to_a_pytest_xdist_group_leaves_every_item_in_the_junit_file(t
                       signum=signal.SIGTERM)
     assert ended.ret == 2, ended.stdout + ended.stderr
     doc = ended.report()
-    assert (doc["passed"], doc["complete"], doc["cause"]) == (False, False, "interrupted")
+    assert (doc["passed"], doc["complete"], doc["cause"], doc["blame"]) == (False, False, "interrupted", None)
     statuses = sorted(item["status"] for item in doc["items"])
     assert len(statuses) == 4 and set(statuses) <= {"failed", "not run"} and "failed" in statuses
     cases = ended.cases()

@@ -131,7 +131,9 @@ class Ledger:
                 line = line or f"failed at {when}"
                 entry.status = NOT_RUN if line.startswith("not run") else FAILED
                 entry.reason, entry.text = line, _cut(text)
-                entry.blame = properties.get(blame_.PROPERTY) or blame_.CANDIDATE
+                # A failure recorded once the run was interrupted (the item that was running) is nobody's.
+                interrupted = self.ended is not None and self.ended[0] == INTERRUPTED
+                entry.blame = None if interrupted else properties.get(blame_.PROPERTY) or blame_.CANDIDATE
         elif outcome == "skipped":
             if entry.status in (PASSED, NOT_RUN):
                 entry.reason = text.strip() or "skipped"
