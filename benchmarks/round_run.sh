@@ -4,6 +4,8 @@
 #   git archive 87756e5 | tar -x -C .bench/before     # the tree before the round, once
 #   OUT=/tmp/out BEFORE=.bench/before bash benchmarks/round_run.sh [STEP ...]
 # Steps (default: all, in this order):
+#   correct   benchmarks/values_timing_run.sh: the default workdir's correctness items in CORRECT_BEFORE's tree
+#             and in this one, then the honest gallery kernels' correctness with value families
 #   verdicts  benchmarks/verdicts_vs.sh BEFORE . : the default workdir's verdicts and their time, ROUNDS rounds
 #   gallery   benchmarks/judge_gallery.py: the GPU gallery, pytest alone and `cudaopt judge`, verdicts side by side
 #   attacks   the attacks' GPU tests (tests/exploits -m gpu) and tests/test_gpu_verdicts.py
@@ -25,7 +27,9 @@ step() {  # step NAME LIMIT_S COMMAND...
   tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
 }
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv > "$LOGS/gpu.txt" 2>&1
-for name in ${@:-verdicts gallery attacks shared service}; do case $name in
+for name in ${@:-correct verdicts gallery attacks shared service}; do case $name in
+  correct)  OUT="$LOGS/correct" BEFORE="${CORRECT_BEFORE:-}" SKIP_SHAVE=1 SKIP_TESTS=1 step correct 420 \
+              bash benchmarks/values_timing_run.sh ;;
   verdicts) OUT="$LOGS/verdicts" ROUNDS="${ROUNDS:-2}" step verdicts 420 bash benchmarks/verdicts_vs.sh \
               ${BEFORE:+"$BEFORE"} . ;;
   gallery)  step gallery 420 python3 benchmarks/judge_gallery.py --out "$LOGS/gallery" ;;
@@ -37,6 +41,7 @@ for name in ${@:-verdicts gallery attacks shared service}; do case $name in
   *) echo "unknown step: $name" >&2; exit 2 ;;
 esac; done
 { cat "$LOGS/gpu.txt"; echo; cat "$summary"; echo
+  cat "$LOGS/correct/summary.txt" 2>/dev/null; echo
   tail -n 12 "$LOGS/verdicts/table.txt" 2>/dev/null; echo
   cat "$LOGS/gallery/judge_gallery.txt" 2>/dev/null | tail -n 30; echo
   tail -n 4 "$LOGS/attacks.log" 2>/dev/null; echo
