@@ -3,8 +3,8 @@
     python3 benchmarks/judge_gallery.py [--out DIR] [--arm both|pytest|judge] [--gpus 0,1]   # GPU
     python3 benchmarks/judge_gallery.py --smoke --out DIR                                   # CPU
 
-GPU (default): 12 workdirs built from benchmarks/gallery/gpu/<problem>/ (model.py, model_new.py,
-one binding, and one workdir per `<op>.<variant>.cu`: honest, wrong, slow, a CUDA fault, a build
+GPU (default): 13 workdirs built from benchmarks/gallery/gpu/<problem>/ (model.py, model_new.py,
+one binding, and one workdir per `<op>.<variant>.cu`: honest, wrong, slow, a CUDA fault, a memory hog, a build
 error), each with the fixed binding files and a lock. --smoke: 3 CPU workdirs from the repo's
 tests/workdirs (cpu_scale honest, wrong, failing to build) with --cudaopt-device=cpu. Both arms
 get the same short timing settings, cold caches of their own (a fresh torch.compile cache each;
