@@ -135,9 +135,8 @@ class LocalPool:
                 shutil.rmtree(scratch, ignore_errors=True)
 
     def _offer_zygote(self):
-        """A zygote for this pool, each stage's child and its worker forked from it. One offered
-        already (`options.zygote`, or this process's environment) is used instead; None then, where
-        the stages are not real children, or where it does not start (the children start plainly)."""
+        """A zygote that forks each stage's child and its worker; None where one is offered already
+        (`options.zygote`, the environment), the stages are not real children, or it does not start."""
         if self._run_stage is not None or self.options.zygote:
             return None
         if os.environ.get(zygote.ENV):

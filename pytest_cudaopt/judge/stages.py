@@ -186,8 +186,8 @@ def _read_report(path: Path) -> dict | None:
 
 
 def read_pytest(stage: str, outcome: runner.Outcome, report_path: Path, junit_path: Path) -> StageResult:
-    """A pytest child's status: ok only when it exited 0, its report says passed and complete,
-    and it collected the verdict kinds the stage exists for, none of them all skipped."""
+    """A pytest child's status: ok only when it exited 0, its report says passed and complete, and
+    it collected the stage's verdict kinds, none all skipped."""
     report, cases = _read_report(report_path), read_junit(junit_path)
     result = _ended(stage, outcome) or StageResult(stage, OK, outcome.seconds, exit_code=outcome.returncode)
     result.report, result.cases = report, cases
@@ -231,8 +231,7 @@ def _verdict(stage: str, returncode: int, report: dict, cases: list[dict]) -> tu
 
 
 def _timed_out(report: dict) -> bool:
-    """Whether an item of the child timed out (the watchdog's TIMEOUT: a correctness row, or an
-    item's reason), though the session went on to its end."""
+    """Whether an item timed out (a correctness row, or an item's reason), though the session went on."""
     from pytest_cudaopt.run.watchdog import TIMEOUT_MARK
 
     return (any(r.get("data", {}).get("check") == "timeout" for r in report.get("results", []))
@@ -241,8 +240,7 @@ def _timed_out(report: dict) -> bool:
 
 
 def shortfall(result: StageResult) -> str | None:
-    """The message of a check that failed only for want of device memory (its failed
-    correctness records all of check SHORTFALL, nothing else failed), or None."""
+    """The message of a check that failed only for want of device memory (every failure a SHORTFALL), or None."""
     from pytest_cudaopt.results.records import SHORTFALL
 
     if result.stage != "check" or result.status != FAILED or not result.report:
