@@ -185,7 +185,6 @@ class LocalPool:
                             threading.Thread(target=job.children.stop_all, daemon=True).start()
                     continue
                 if task is _STOP:
-                    self.children.stop_all()
                     yield from self._cancelled(jobs, done, result)
                     return
                 line = self._finished(scheduler, jobs[task.job], task, result)
@@ -193,12 +192,12 @@ class LocalPool:
                     done.add(task.job)
                     yield line
         except KeyboardInterrupt:
-            self.children.stop_all()
             yield from self._cancelled(jobs, done, "the judge was interrupted")
             raise
 
     def _cancelled(self, jobs: dict[int, Job], done: set[int], why: str) -> Iterator[dict]:
-        """A `cancelled` line for every workdir that has none yet, saying whether it was being judged."""
+        """Every child ended, and a `cancelled` line for each workdir without one (judged yet or not)."""
+        self.children.stop_all()
         for job in jobs.values():
             if job.index not in done:
                 done.add(job.index)

@@ -47,20 +47,15 @@ class StageResult:
 
     def to_json(self) -> dict[str, Any]:
         """The stage in the line: its items counted by kind and outcome, the failed ones named."""
-        data = asdict(self)
-        for key in ("report", "stage", "cases"):
-            del data[key]
-        if self.status == OK:
-            del data["tail"]
+        left_out = {"report", "stage", "cases", *(["tail"] if self.status == OK else [])}
+        data = {k: v for k, v in asdict(self).items()
+                if k not in left_out and not (k in ("objects", "need_bytes", "note") and v in (None, {}, ""))}
         counts: dict[str, dict[str, int]] = {}
         for case in self.cases:
             kind = counts.setdefault(case["kind"], {})
             kind[case["outcome"]] = kind.get(case["outcome"], 0) + 1
         data["items"] = counts
         data["failed"] = [f"{c['kind']} {c['name']}" for c in self.cases if c["outcome"] in ("failure", "error")]
-        for key in ("objects", "need_bytes", "note"):
-            if data[key] in (None, {}, ""):
-                del data[key]
         return data
 
 
