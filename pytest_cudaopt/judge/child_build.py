@@ -1,11 +1,8 @@
 """The build stage's child: the workdir's extension compiled, not loaded, with the settings its pytest children will resolve.
 
-Run as `python -m pytest_cudaopt.judge.child_build WORKDIR [PYTEST_ARGS...]`: a pytest session
-that only collects (so the judging children's in-process build finds everything up to date), then
-compiles; no candidate code runs. Then the reference runs on the meta device for the memory one
-check may take (`check_need`), under the `cudaopt_timeout` watchdog. Exit 0 built, 1 the build
-failed (the compiler's report on stderr), 2 pytest could not start, 3 (TIMEOUT_CODE) the
-reference's import or its run on meta did not end within cudaopt_timeout (the report says where).
+`python -m pytest_cudaopt.judge.child_build WORKDIR [PYTEST_ARGS...]`: collect only, compile, then
+`check_need` under the `cudaopt_timeout` watchdog; no candidate code runs. Exit 0 built, 1 the
+build failed, 2 pytest could not start, 3 (TIMEOUT_CODE) the memory estimate did not end in time.
 """
 from __future__ import annotations
 
@@ -24,10 +21,9 @@ TIMEOUT_CODE = 3
 
 
 def check_need(workdir: Path, max_elements: int | None = None) -> int | None:
-    """The device memory one check of this workdir's problem may take, from its reference on
-    the meta device: the budget of the largest case the check may judge (at the size cap
-    `max_elements`) plus three copies of Model's parameters (the reference's, its float64 copy,
-    ModelNew's). None when the reference does not run on meta. HangTimeout is not caught here."""
+    """The device memory one check of this problem may take, from its reference on meta: the largest
+    case's budget plus three copies of Model's parameters (the reference, float64, ModelNew); None
+    when the reference does not run on meta. HangTimeout is not caught here."""
     try:
         import torch
 
@@ -50,8 +46,7 @@ def check_need(workdir: Path, max_elements: int | None = None) -> int | None:
 
 
 def estimate_within(workdir: Path, settings) -> tuple[int | None, str]:
-    """`check_need` under the `cudaopt_timeout` watchdog: (need, "") or, when it did not end in
-    time, (None, the report). A hang that no signal interrupts ends the process with TIMEOUT_CODE."""
+    """`check_need` under the watchdog: (need, "") or (None, the report); an uninterruptible hang exits TIMEOUT_CODE."""
     from pytest_cudaopt.run.supervision import workdir_frames
     from pytest_cudaopt.run.watchdog import HangTimeout, Watchdog, main_stack
 

@@ -34,9 +34,8 @@ CANDIDATE_FILES = ("model_new.py", "kernels")
 
 
 def workdir_files(workdir: Path) -> list[tuple[str, Path]]:
-    """(relative posix path, file) of every file a copy holds, sorted. Symlinks among the
-    owner's files are followed (the copy holds their content, never a link back out); in the
-    candidate's (model_new.py, kernels/) they are left out; dangling ones are skipped."""
+    """(relative posix path, file) of every file a copy holds, sorted: symlinks followed among the
+    owner's files, left out among the candidate's (CANDIDATE_FILES); dangling ones skipped."""
     workdir = Path(workdir)
     found, total = [], 0
     for root, dirs, files in os.walk(workdir, followlinks=False):
@@ -86,8 +85,7 @@ def pack(workdir: Path) -> tuple[bytes, str]:
 
 
 def unpack(data: bytes, dest: Path) -> None:
-    """Unpack tar bytes (`pack`'s, or any tar, compressed or not) into `dest`: regular files
-    only (folders are made as needed), no path leaving `dest`."""
+    """Unpack tar bytes (any tar, compressed or not) into `dest`: regular files only, none outside it."""
     dest.mkdir(parents=True)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
         for member in tar.getmembers():

@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class DeviceSet:
-    """What the judge schedules on: device names (GPU indices as CUDA_VISIBLE_DEVICES takes
-    them, or cpu0, cpu1, ... slots), their memory where known, and the arch list to build for."""
+    """What the judge schedules on: GPU indices (or cpu0, cpu1, ... slots), their memory, the arch list."""
 
     names: list[str]
     cpu: bool = False
@@ -33,8 +32,7 @@ def _smi(query: str) -> list[list[str]] | None:
 
 
 def gpus(requested: list[str] | None = None) -> DeviceSet:
-    """The GPUs to use: `requested` (any list of indices), else CUDA_VISIBLE_DEVICES, else every
-    GPU nvidia-smi lists, else torch's count. Empty when there is none."""
+    """The GPUs to use: `requested`, else CUDA_VISIBLE_DEVICES, else nvidia-smi's, else torch's count."""
     rows = _smi("index,memory.total,compute_cap") or []
     by_index = {r[0]: r for r in rows if len(r) >= 3}
     if requested:

@@ -128,9 +128,8 @@ def exit_code(found: Sequence[dict]) -> int:
 
 def run(paths: Sequence[str | Path], options: Options, *, out: Path, ray: str | None = None, resume: bool = False,
         progress=None) -> Written:
-    """Judge and write each line to `out` (JSON lines) as it comes. With `resume`, the lines of
-    `out` that judged a workdir (any status but error and cancelled) are kept, and those workdirs,
-    unchanged, are not judged again."""
+    """Judge and write each line to `out` (JSON lines) as it comes. `resume`: the lines of `out` that
+    judged a workdir (not error or cancelled) are kept, and those workdirs, unchanged, skipped."""
     kept = [line for line in line_module.read_lines(out) if line.get("status") not in ("error", "cancelled")] if resume else []
     job = Judge(paths, options, ray=ray, skip=frozenset(line["key"] for line in kept),
                 on_event=progress.event if progress is not None else None)

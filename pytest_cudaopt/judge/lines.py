@@ -21,8 +21,7 @@ KINDS = ("policy", "correctness", "perf")
 
 
 def merge_reports(results: Sequence[StageResult]) -> dict | None:
-    """The children's JSON reports as one document: results in stage order, passed only when
-    every one says so, complete only when every one was, each stage's seed kept."""
+    """The children's JSON reports as one document: passed and complete only when every one is."""
     docs = [(r.stage, r.report) for r in results if r.report is not None]
     if not docs:
         return None
@@ -63,9 +62,8 @@ def verdicts(results: Sequence[StageResult]) -> dict[str, str]:
 
 
 def where_time_goes(results: Sequence[StageResult], report: dict | None) -> dict[str, float]:
-    """Seconds of: build, startup (process start, imports, collection, load: the pytest
-    children's wall time less their items), policy, correctness, perf items, and of them the
-    torch.compile baseline's first call."""
+    """Seconds of: build, startup (the pytest children's wall time less their items), each kind's
+    items, and the torch.compile baseline's first call."""
     spent = {"build": 0.0, "startup": 0.0}
     for r in results:
         if r.stage == "build":
@@ -93,9 +91,8 @@ def status_of(results: Sequence[StageResult]) -> tuple[str, str | None]:
 def assemble(*, workdir: str, key: str, content: str, results: Sequence[StageResult],
              seconds: dict[str, float], copy: str | None = None, status: str | None = None,
              reason: str | None = None, id: Any = None) -> dict[str, Any]:
-    """The line of one workdir. `passed` is true only when every stage ran, ended normally and
-    its report said passed; `copy`: the private copy's path, replaced by `workdir` in the reports;
-    `id`: the submission's id (the caller's, else its number in the run)."""
+    """The line of one workdir: `passed` only when every stage ran, ended normally and its report
+    said passed; `copy`: the private copy's path, replaced by `workdir` in the reports."""
     found_status, found_reason = status_of(results)
     status = status or found_status
     reason = reason if reason is not None else found_reason
@@ -128,8 +125,7 @@ def blame_of(status: str, report: dict | None) -> str | None:
 
 def unjudged(workdir: str, key: str, status: str, reason: str, seconds: float = 0.0, id: Any = None,
              queued: float | None = None) -> dict[str, Any]:
-    """The line of a workdir that could not be judged (or whose judging was cancelled): `seconds`
-    from its submission to this line, `queued` of them before its judging began (default: all)."""
+    """The line of a workdir not judged (or cancelled): `seconds` since its submission, `queued` of them."""
     queued = seconds if queued is None else queued
     return assemble(workdir=workdir, key=key, content="", results=[], id=id, status=status, reason=reason,
                     seconds={"queued": queued, "judging": seconds - queued, "total": seconds})

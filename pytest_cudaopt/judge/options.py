@@ -8,12 +8,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-
-def default_cache_dir() -> Path:
-    """Where a host's shared caches live: $XDG_CACHE_HOME/cudaopt, else ~/.cache/cudaopt."""
-    from pytest_cudaopt.suite.settings import user_cache_dir
-
-    return user_cache_dir()
+from pytest_cudaopt.suite.settings import user_cache_dir
 
 
 @dataclass
@@ -35,7 +30,7 @@ class Options:
     pytest_args: list[str] = field(default_factory=list)
     all_stages: bool = False
     seed: int | None = None
-    cache_dir: Path | None = field(default_factory=default_cache_dir)
+    cache_dir: Path | None = field(default_factory=user_cache_dir)
     scratch: Path | None = None
     keep: bool = False
     keep_env: list[str] = field(default_factory=list)
@@ -73,17 +68,12 @@ class Options:
         return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_json(self) -> dict:
-        data = asdict(self)
-        for key in ("cache_dir", "scratch"):
-            data[key] = None if data[key] is None else str(data[key])
-        return data
+        return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
 
     @classmethod
     def from_json(cls, data: dict) -> "Options":
-        data = dict(data)
-        for key in ("cache_dir", "scratch"):
-            data[key] = None if data.get(key) is None else Path(data[key])
-        return cls(**data)
+        paths = {k: None if data.get(k) is None else Path(data[k]) for k in ("cache_dir", "scratch")}
+        return cls(**{**data, **paths})
 
 
 def result_key(workdir: str, content: str, options: Options) -> str:

@@ -135,9 +135,8 @@ class LocalPool:
                 shutil.rmtree(scratch, ignore_errors=True)
 
     def _offer_zygote(self):
-        """A zygote for this pool, each stage's child and its worker forked from it. One offered
-        already (`options.zygote`, or this process's environment) is used instead; None then, where
-        the stages are not real children, or where it does not start (the children start plainly)."""
+        """A zygote that forks each stage's child and its worker; None where one is offered already
+        (`options.zygote`, the environment), the stages are not real children, or it does not start."""
         if self._run_stage is not None or self.options.zygote:
             return None
         if os.environ.get(zygote.ENV):
@@ -186,7 +185,6 @@ class LocalPool:
                             threading.Thread(target=job.children.stop_all, daemon=True).start()
                     continue
                 if task is _STOP:
-                    self.children.stop_all()
                     yield from self._cancelled(jobs, done, result)
                     return
                 line = self._finished(scheduler, jobs[task.job], task, result)
@@ -194,12 +192,12 @@ class LocalPool:
                     done.add(task.job)
                     yield line
         except KeyboardInterrupt:
-            self.children.stop_all()
             yield from self._cancelled(jobs, done, "the judge was interrupted")
             raise
 
     def _cancelled(self, jobs: dict[int, Job], done: set[int], why: str) -> Iterator[dict]:
-        """A `cancelled` line for every workdir that has none yet, saying whether it was being judged."""
+        """Every child ended, and a `cancelled` line for each workdir without one (judged yet or not)."""
+        self.children.stop_all()
         for job in jobs.values():
             if job.index not in done:
                 done.add(job.index)

@@ -27,9 +27,8 @@ START_S = 600.0  # how long a node's judge may take to come up (Ray places it, i
 
 
 class NodeJudge:
-    """One node's judge (a Ray actor holding every GPU of its node, or, for CPU workdirs, one CPU):
-    the local pool over those devices, fed workdirs as tar bytes by `judge` while it runs; `lines`
-    hands back what finished. `devices` and `run_stage` replace the devices and the children (tests)."""
+    """One node's judge (a Ray actor holding its node's GPUs, or one CPU): the local pool, fed tar
+    bytes by `judge`; `lines` hands back what finished. `devices` and `run_stage`: tests."""
 
     def __init__(self, options_json: dict, devices: DeviceSet | None = None,
                  run_stage: Callable[..., Any] | None = None):
@@ -45,7 +44,6 @@ class NodeJudge:
         # device and a perf stage waiting for each: what keeps the pipeline full between feeds.
         self.capacity = 2 * options.cpu_jobs + len(devices.names) * (options.share + 2)
         self._done: queue.Queue = queue.Queue()
-        self._count = 0
         self._lock = threading.Lock()   # judge() runs on several of the actor's threads
         self._folders: dict[str, Path] = {}   # key -> where its shipped files were unpacked
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -72,9 +70,8 @@ class NodeJudge:
 
     def judge(self, packed: bytes, name: str, key: str) -> None:
         """One more workdir, its files as `copies.pack` made them; its line keeps `name` and `key`."""
+        folder = Path(tempfile.mkdtemp(dir=self.shipped))
         with self._lock:
-            self._count += 1
-            folder = self.shipped / f"{self._count:05d}"
             self._folders[key] = folder
         copy = folder / (Path(name).name or "workdir")
         try:
@@ -121,10 +118,9 @@ class _Node:
 
 
 class RayPool:
-    """Judges `workdirs` on the Ray cluster at `address` ("auto", "ray://...", or "local" for a
-    cluster of this process's own): one `NodeJudge` per node that has a GPU (any node, for CPU
-    workdirs), each kept `capacity` workdirs ahead. A workdir whose node died is judged again on
-    another (up to `retries` times); one line per key whatever re-ran. `actor` and `actor_args`: tests."""
+    """Judges `workdirs` on the Ray cluster at `address` ("auto", "ray://...", "local"): one `NodeJudge`
+    per node with a GPU (any, for CPU workdirs), each kept `capacity` workdirs ahead; a dead node's
+    workdirs judged again elsewhere (up to `retries` times), one line per key. `actor`, `actor_args`: tests."""
 
     def __init__(self, workdirs: Sequence[Path], options: Options, address: str = "auto",
                  retries: int = RETRIES, actor: type | None = None, actor_args: Sequence[Any] = ()):
@@ -298,8 +294,7 @@ def _first(exc: BaseException) -> str:
 
 def probe(address: str, wait_s: float = PROBE_S) -> None:
     """Raise ConnectionError at once when nothing accepts connections at the cluster's address
-    (`host:port` or `ray://host:port`; "auto" and "local" are Ray's to find or start), instead
-    of Ray's own retries for minutes."""
+    (`host:port` or `ray://host:port`), instead of Ray's own retries for minutes."""
     import socket
 
     if address in ("auto", "local"):

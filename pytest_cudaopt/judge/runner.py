@@ -18,8 +18,7 @@ GRACE_S = 10.0   # after SIGTERM at the time limit (the plugin writes its report
 
 @dataclass
 class Outcome:
-    """How a child ended: its exit status (negative: the signal that ended it), whether the
-    time limit ended it, its wall time and the last lines of its output."""
+    """How a child ended (`returncode` negative: the signal that ended it)."""
 
     returncode: int
     timed_out: bool
@@ -38,8 +37,7 @@ class Outcome:
 
 
 class Children:
-    """The running children, so that an interrupted judge ends them all (by their groups).
-    `parent`: a wider set that each child joins too (one workdir's children within the pool's)."""
+    """The running children, ended by their groups; `parent`: a wider set each joins too (the pool's)."""
 
     def __init__(self, parent: "Children | None" = None) -> None:
         self._lock = threading.Lock()
@@ -106,8 +104,7 @@ def _die_with_judge(nice: int = 0) -> None:
 
 def _spawn(command: Sequence[str], env: Mapping[str, str], cwd: Path, log: Path, nice: int = 0,
            zygote_name: str | None = None) -> "subprocess.Popen | zygote.Forked":
-    """`command` (`python -m MODULE ARGS`) forked by the zygote at `zygote_name` where there is
-    one (no torch import of its own), else executed."""
+    """`command` (`python -m MODULE ARGS`) forked by the zygote `zygote_name` where there is one, else executed."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
         if zygote_name and len(command) >= 3 and command[1] == "-m":
@@ -124,8 +121,7 @@ def run(command: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout: f
         children: Children | None = None, grace: float = GRACE_S, nice: int = 0,
         zygote_name: str | None = None) -> Outcome:
     """Run `command` to its end or its time limit (SIGTERM to its process group, SIGKILL after
-    `grace`); stdout and stderr go to `log`; `nice`: added to the child's niceness; `zygote_name`:
-    the zygote that forks it (run/zygote.py), where the pool started one."""
+    `grace`); stdout and stderr go to `log`."""
     start = time.monotonic()
     proc = _spawn(command, env, cwd, log, nice, zygote_name)
     if children is not None:

@@ -50,11 +50,9 @@ class _Job:
 
 class Scheduler:
     """Assigns stages to CPU slots (`jobs` at once) and devices. A device takes up to `share`
-    checks at once while what each may take fits beside the others (a problem's need: the
-    build's estimate, then the peak its first complete check measured, never less than any
-    check's; unknown needs count as memory/share), or one stage alone: a perf stage, or a check
-    retried alone. Those go first; one that finds no idle device drains one (no new checks there)
-    until it is idle. `clock` is injectable so tests can account busy time without waiting."""
+    checks while their needs fit (the build's estimate, then the peak the first complete check
+    measured; unknown: memory/share), or one stage alone (perf, a check retried alone), which goes
+    first and drains a device (no new checks) when none is idle. `clock`: tests."""
 
     def __init__(self, devices: Sequence[str], *, jobs: int = 2, share: int = 2,
                  memory: dict[str, int] | None = None, clock: Callable[[], float] = time.monotonic):
@@ -88,8 +86,7 @@ class Scheduler:
         return [(n, j.waiting) for n, j in self._jobs.items() if j.waiting is not None]
 
     def ready(self) -> list[Task]:
-        """The tasks that may start now, marked running: the stages that run alone first (perf,
-        a check retried alone), then checks, then CPU stages."""
+        """The tasks that may start now, marked running: the stages that run alone, checks, CPU stages."""
         started: list[Task] = []
         waiting = sorted(self.waiting())
         for job, stage in [w for w in waiting if self._sole(*w)]:
@@ -145,10 +142,8 @@ class Scheduler:
         return min(fits, key=lambda d: len(d.checks)) if fits else None
 
     def _drain(self) -> None:
-        """One more device stops taking checks, for a stage waiting to run alone (as many
-        draining devices as such stages wait, the one with the fewest checks first)."""
-        waiting = sum(1 for w in self.waiting() if self._sole(*w))
-        if sum(d.draining for d in self.devices) >= waiting:
+        """One more device (the fewest checks first) stops taking checks, while fewer drain than stages wait alone."""
+        if sum(d.draining for d in self.devices) >= sum(1 for w in self.waiting() if self._sole(*w)):
             return
         candidates = [d for d in self.devices if not d.draining and d.alone is None and not d.idle]
         if candidates:
@@ -174,10 +169,8 @@ class Scheduler:
 
     def finish(self, task: Task, *, proceed: bool = True, peak_bytes: int | None = None, complete: bool = False,
                retry_alone: bool = False) -> str | None:
-        """Mark `task` done. `proceed`: go on to the job's next stage (False drops the rest);
-        `retry_alone`: run the same stage again, alone on an idle device. A check's `peak_bytes`
-        teaches its problem's memory: the first `complete` one (every case judged) replaces the
-        estimate. Returns the job's next stage, or None when the job is over."""
+        """Mark `task` done; the job's next stage, or None when it is over. `proceed`: False drops the rest;
+        `retry_alone`: the same stage again, alone. The first `complete` check's `peak_bytes` replaces the estimate."""
         job = self._jobs[task.job]
         if job.running != task:
             raise ValueError(f"{task} is not running")

@@ -38,11 +38,8 @@ class _Pending:
 
 class Service:
     """Judges workdirs as they are submitted, on this host's devices, until `close` or `stop`.
-    A workdir whose line has not come `options.backstop_s` seconds after its judging began gets
-    a `timeout` line, and its children are ended. The devices are fixed at the start: for CPU
-    workdirs, `--cudaopt-device=cpu` in `options.pytest_args`. `devices` and `run_stage` replace
-    the devices and the stages' children (tests). As a context manager, the block's end closes
-    it (stops it on an exception)."""
+    A workdir without its line `options.backstop_s` after its judging began gets a `timeout`
+    line and its children are ended. `devices` and `run_stage`: tests. A context manager."""
 
     def __init__(self, options: Options | None = None, *, devices: DeviceSet | None = None,
                  run_stage: Callable[..., Any] | None = None, on_event: Callable[..., None] | None = None):
@@ -178,8 +175,7 @@ class Service:
             shutil.rmtree(self._shipped, ignore_errors=True)
 
     def _again(self, line: dict) -> bool:
-        """Whether a line that blames the environment is judged again instead (counted once, as
-        `cudaopt judge --environment-retries` does); the line delivered at last has `attempts`."""
+        """Whether a line that blames the environment is judged again (as `cudaopt judge` does)."""
         with self._wake:
             pending = self._pending.get(line["id"])
             if pending is None:

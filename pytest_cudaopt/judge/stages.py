@@ -47,20 +47,15 @@ class StageResult:
 
     def to_json(self) -> dict[str, Any]:
         """The stage in the line: its items counted by kind and outcome, the failed ones named."""
-        data = asdict(self)
-        for key in ("report", "stage", "cases"):
-            del data[key]
-        if self.status == OK:
-            del data["tail"]
+        left_out = {"report", "stage", "cases", *(["tail"] if self.status == OK else [])}
+        data = {k: v for k, v in asdict(self).items()
+                if k not in left_out and not (k in ("objects", "need_bytes", "note") and v in (None, {}, ""))}
         counts: dict[str, dict[str, int]] = {}
         for case in self.cases:
             kind = counts.setdefault(case["kind"], {})
             kind[case["outcome"]] = kind.get(case["outcome"], 0) + 1
         data["items"] = counts
         data["failed"] = [f"{c['kind']} {c['name']}" for c in self.cases if c["outcome"] in ("failure", "error")]
-        for key in ("objects", "need_bytes", "note"):
-            if data[key] in (None, {}, ""):
-                del data[key]
         return data
 
 
@@ -186,8 +181,8 @@ def _read_report(path: Path) -> dict | None:
 
 
 def read_pytest(stage: str, outcome: runner.Outcome, report_path: Path, junit_path: Path) -> StageResult:
-    """A pytest child's status: ok only when it exited 0, its report says passed and complete,
-    and it collected the verdict kinds the stage exists for, none of them all skipped."""
+    """A pytest child's status: ok only when it exited 0, its report says passed and complete, and
+    it collected the stage's verdict kinds, none all skipped."""
     report, cases = _read_report(report_path), read_junit(junit_path)
     result = _ended(stage, outcome) or StageResult(stage, OK, outcome.seconds, exit_code=outcome.returncode)
     result.report, result.cases = report, cases
@@ -231,8 +226,7 @@ def _verdict(stage: str, returncode: int, report: dict, cases: list[dict]) -> tu
 
 
 def _timed_out(report: dict) -> bool:
-    """Whether an item of the child timed out (the watchdog's TIMEOUT: a correctness row, or an
-    item's reason), though the session went on to its end."""
+    """Whether an item timed out (a correctness row, or an item's reason), though the session went on."""
     from pytest_cudaopt.run.watchdog import TIMEOUT_MARK
 
     return (any(r.get("data", {}).get("check") == "timeout" for r in report.get("results", []))
@@ -241,8 +235,7 @@ def _timed_out(report: dict) -> bool:
 
 
 def shortfall(result: StageResult) -> str | None:
-    """The message of a check that failed only for want of device memory (its failed
-    correctness records all of check SHORTFALL, nothing else failed), or None."""
+    """The message of a check that failed only for want of device memory (every failure a SHORTFALL), or None."""
     from pytest_cudaopt.results.records import SHORTFALL
 
     if result.stage != "check" or result.status != FAILED or not result.report:
