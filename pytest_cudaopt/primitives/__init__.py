@@ -1,2 +1,1 @@
-"""Judging-side primitives: tensors described and compared for storage, device memory
-budgets, the environment's facts, NVML per process."""
+"""Judging-side primitives: tensors, device memory budgets, the environment's facts, NVML."""

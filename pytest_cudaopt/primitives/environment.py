@@ -15,8 +15,7 @@ def cuda_device_name() -> str | None:
 
 
 def device_summary(device: str = "cuda") -> str:
-    """Report-header line: torch, CUDA, GPU name and compute capability, and the build arch
-    when the workdir runs on cuda."""
+    """Report-header line: torch, CUDA, the GPU, and the build arch on cuda."""
     import torch
 
     from pytest_cudaopt.extension import resolve_arch
@@ -54,8 +53,7 @@ def environment() -> dict[str, Any]:
 
 
 def pin_worker_to_gpu(worker_id: str) -> int | None:
-    """One GPU per pytest-xdist worker (`pytest -n <gpus>`): worker gwN uses device N modulo
-    the visible devices. Returns the device index, or None with fewer than two devices."""
+    """One GPU per pytest-xdist worker: gwN uses device N modulo the visible ones (None: fewer than two)."""
     import torch
 
     if not worker_id.startswith("gw") or not worker_id[2:].isdigit():

@@ -13,8 +13,7 @@ OVERHEAD = 2 * GiB    # ... plus this (the CUDA context, workspaces, the extensi
 
 
 class DoesNotFit(Exception):
-    """A problem needs more device memory than is free; the message says how much, and the
-    setting that lowers it."""
+    """A problem needs more device memory than is free."""
 
 
 def gib(n: int | float) -> str:
@@ -27,18 +26,14 @@ def case_budget(input_bytes: int, output_bytes: int) -> int:
 
 
 def largest_case_budget(canonical_bytes: int, canonical_elements: int, max_elements: int | None) -> int:
-    """The budget of the largest case a correctness run may judge: the canonical case's, or that
-    of a drawn shape of `max_elements` input elements (the drawn-shape size cap) at the canonical
-    case's bytes per element (inputs + outputs), whichever is larger."""
+    """The budget of the largest case a correctness run may judge (canonical or drawn)."""
     if canonical_elements <= 0 or not max_elements or max_elements <= canonical_elements:
         return FACTOR * canonical_bytes + OVERHEAD
     return FACTOR * canonical_bytes * max_elements // canonical_elements + OVERHEAD
 
 
 def free_bytes(device: torch.device | str) -> int | None:
-    """Free memory on `device` as the process can use it: on CUDA the driver's free memory
-    plus what torch's caching allocator holds unused; on the CPU the host's (`host_free_bytes`).
-    None where it cannot be told (no limit is checked)."""
+    """Free memory on `device` as the process can use it; None where it cannot be told."""
     device = torch.device(device)
     if device.type == "cpu":
         return host_free_bytes()
@@ -64,9 +59,7 @@ CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
 
 
 def host_free_bytes(meminfo: str = "/proc/meminfo", cgroups=CGROUP_FILES) -> int | None:
-    """Host memory a new allocation can still get without swapping or the OOM killer:
-    MemAvailable of /proc/meminfo, or less where a cgroup limit leaves less (its limit minus
-    its usage). None where neither can be read (no limit is checked)."""
+    """Host memory a new allocation can still get (MemAvailable, or a cgroup's limit); None: unknown."""
     free = None
     try:
         with open(meminfo, encoding="ascii") as handle:
@@ -97,9 +90,8 @@ def allocated(device: torch.device | str | None) -> int:
     return torch.cuda.memory_allocated(device)
 
 
-# Peaks being measured now. torch has one peak counter per device; resetting it (a Peak that
-# starts inside another, or the NaN poisoning of the cache, which asks for every cached block
-# for a moment and is not the case's working set) first folds the counter into every active Peak.
+# Peaks being measured now. torch has one peak counter per device: resetting it first folds the
+# counter into every active Peak.
 _active: list["Peak"] = []
 
 
@@ -115,8 +107,7 @@ def _fold(device: torch.device, also: "Peak | None" = None) -> None:
 
 
 def exclude_from_peak(device: torch.device) -> None:
-    """Fold the peak so far into every active `Peak`: what runs until `resume_peak` (the
-    cache poisoning) does not count."""
+    """Fold the peak so far into every active `Peak`: what runs until `resume_peak` does not count."""
     _fold(device)
 
 
@@ -128,8 +119,7 @@ def resume_peak(device: torch.device) -> None:
 @dataclass
 class Peak:
     """torch's max allocated device memory over a `with` block (None off CUDA), without the
-    moments `exclude_from_peak` left out; nested Peaks each keep their own figure. After a
-    CUDA fault, `abandon()` inside the block ends it without reading the device."""
+    moments `exclude_from_peak` left out; nested Peaks each keep their own figure."""
 
     device: torch.device
 
@@ -156,17 +146,14 @@ class Peak:
 
 
 def check_fits(what: str, need: int, free: int | None, lower: str, memory: str = "device memory") -> None:
-    """Raise DoesNotFit when `need` bytes exceed `free` (None: not checked); `memory` says
-    which ("host memory" on the CPU: `where`)."""
+    """Raise DoesNotFit when `need` bytes exceed `free` (None: not checked)."""
     if free is not None and need > free:
         raise DoesNotFit(f"{what} needs about {gib(need)} of {memory}, only {gib(free)} is free; "
                          f"{lower}")
 
 
 def case_need(input_bytes: int, output_bytes: int) -> int:
-    """What one correctness case holds at its peak: the inputs, their pristine copy and the
-    candidate's copy, the candidate's and the reference's outputs (the float64 run is
-    optional and planned separately), plus OVERHEAD."""
+    """What one correctness case holds at its peak: three input sets, two outputs, OVERHEAD."""
     return 3 * input_bytes + 2 * output_bytes + OVERHEAD
 
 
@@ -176,9 +163,7 @@ def float64_need(input_bytes: int, output_bytes: int) -> int:
 
 
 def float64_fits(input_bytes: int, output_bytes: int, held: int, free: int | None) -> bool:
-    """Whether a float64 run of the reference fits in free memory and, with the `held` bytes
-    the case has allocated already, inside the case's budget (FACTOR x (inputs + outputs) +
-    OVERHEAD). Where it does not, the precision is judged against the float32 reference."""
+    """Whether a float64 run of the reference fits in free memory and, with `held`, the case's budget."""
     need = float64_need(input_bytes, output_bytes)
     if free is not None and need > free:
         return False
@@ -187,9 +172,7 @@ def float64_fits(input_bytes: int, output_bytes: int, held: int, free: int | Non
 
 def cap_max_elements(max_elements: int | None, canonical_elements: int, canonical_bytes: int,
                      free: int | None) -> tuple[int | None, str]:
-    """The drawn-shape size cap (total input elements), shrunk to what `free` device memory
-    allows for one case; (cap, note) where note says when it shrank. Bytes per element
-    (inputs and outputs) are taken from the canonical case."""
+    """The drawn-shape size cap, shrunk to what `free` memory allows for one case: (cap, note)."""
     if free is None or max_elements is None or canonical_elements <= 0:
         return max_elements, ""
     per_element = canonical_bytes / canonical_elements
@@ -201,27 +184,14 @@ def cap_max_elements(max_elements: int | None, canonical_elements: int, canonica
                  f"{gib(free)} free")
 
 
-# What batches of timed calls may hold beyond the case budget (perf/engine.py: the longer a
-# worker's batch, the tighter the judging process's clock bounds its figures).
+# What batches of timed calls may hold beyond the case budget (perf/engine.py).
 BATCH_EXTRA = 8 << 30
 
 
 def perf_input_plan(input_bytes: int, output_bytes: int, free: int | None, contenders: int,
                     max_batch: int = 1) -> tuple[int, bool, int, str]:
     """(contenders per queued pass, one checked output per pass, calls per batch, note) for the
-    perf item, inside the case budget (FACTOR x (inputs + outputs) + OVERHEAD; batches longer
-    than one call may take BATCH_EXTRA more) and the free memory.
-
-    Every timed call gets an input set of its own, so a queued pass (each contender's batch of
-    calls enqueued back to back behind one spin kernel) holds the inputs and the outputs of all
-    its calls at once, the expected output of each checked call (every call of the candidate's
-    batch, the first of each other contender's) and the output being made; the
-    verdict holds one example input set besides, and an expected output is computed on a copy
-    of the inputs. The batch is the longest up to `max_batch` that fits; where a pass of every
-    contender with every output checked does not fit with batches of one, one output a pass is
-    checked (each contender's in turn); where even that does not fit, the contenders are queued
-    in smaller passes. A batch of the candidate's holds b more input sets and b more outputs:
-    the gated batch's input buffers shared with its worker, and the worker's own outputs."""
+    perf item, inside the case budget (longer batches may take BATCH_EXTRA more) and free memory."""
     if free is None or input_bytes + output_bytes <= 0:
         return contenders, False, max_batch, ""
     limit = min(case_budget(input_bytes, output_bytes), free - OVERHEAD)

@@ -1,7 +1,6 @@
 """Device memory per process, as NVML tells it (libnvidia-ml.so.1 through ctypes): who holds a device's memory.
 
-Nothing here needs torch or a CUDA context. `TABLE`, when set (a list of {"pid", "used_bytes"}
-dicts), answers instead of NVML: a fixed table for a machine without one, or a test's."""
+`TABLE`, when set (a list of {"pid", "used_bytes"} dicts), answers instead of NVML (a test's)."""
 
 from __future__ import annotations
 
@@ -99,8 +98,7 @@ def _query(lib: Any, handle: Any, name: str, layout: type) -> list[dict[str, int
 
 
 def processes(index: int = 0) -> list[dict[str, int]]:
-    """The compute processes on device `index` (NVML's numbering, which CUDA_VISIBLE_DEVICES does
-    not remap), each {"pid", "used_bytes"}; [] where NVML is absent or does not answer."""
+    """The compute processes on device `index` (NVML's numbering); [] where NVML does not answer."""
     table = _table()
     if table is not None:
         return table
@@ -119,8 +117,7 @@ def processes(index: int = 0) -> list[dict[str, int]]:
 
 
 def index_of(cuda_index: int) -> int:
-    """NVML's index of the device CUDA numbers `cuda_index` in this process (CUDA_VISIBLE_DEVICES
-    renumbers CUDA's devices, not NVML's); the same number where the variable lists no indices."""
+    """NVML's index of the device CUDA numbers `cuda_index` (CUDA_VISIBLE_DEVICES renumbers only CUDA's)."""
     listed = [part.strip() for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if part.strip()]
     if listed and all(part.isdigit() for part in listed) and cuda_index < len(listed):
         return int(listed[cuda_index])
@@ -128,8 +125,7 @@ def index_of(cuda_index: int) -> int:
 
 
 def used_by(pid: int | None, index: int = 0) -> int | None:
-    """Bytes of device `index` that process `pid` holds (0 when it holds none); None where NVML
-    cannot tell."""
+    """Bytes of device `index` that process `pid` holds; None where NVML cannot tell."""
     if pid is None or not available():
         return None
     return sum(p["used_bytes"] for p in processes(index) if p["pid"] == pid)

@@ -23,8 +23,7 @@ def structure(value: Any) -> str:
 
 
 def clone_inputs(inputs: Sequence[Any]) -> list[Any]:
-    """A deep copy of the inputs: every tensor cloned (same strides), other values copied
-    (a candidate that mutates a list argument cannot reach the reference's)."""
+    """A deep copy of the inputs: every tensor cloned (same strides), other values copied."""
     return [x.clone() if isinstance(x, torch.Tensor) else copy.deepcopy(x) for x in inputs]
 
 
@@ -59,8 +58,7 @@ def to_float64(value: Any) -> Any:
 
 
 def float64_inputs(inputs: Sequence[Any]) -> list[Any]:
-    """Fresh float64 copies of the inputs (one copy each, not a clone and then a conversion);
-    complex tensors become complex128, other values are passed as they are."""
+    """Fresh float64 copies of the inputs (complex128 for complex), other values as they are."""
     out = []
     for x in inputs:
         if isinstance(x, torch.Tensor):

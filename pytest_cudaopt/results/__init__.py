@@ -1,2 +1,1 @@
-"""What a run says: result records, the ledger of items, the terminal report and its tables,
-the JSON report, the relaxations, and blame."""
+"""What a run says: result records, the ledger of items, the reports, relaxations and blame."""

@@ -1,11 +1,7 @@
 """Whose fault a failure is: the candidate's, the environment's or the harness's, and the exit status each gives.
 
-Only the candidate's failures decide a verdict (`passed: false`, `complete: true`). A failure of
-the environment (the device or host could not hold or run the case for reasons outside the
-candidate) or of the harness (an unexpected exception in the judging code) leaves the run
-incomplete, with exit status 75 (EX_TEMPFAIL: run it again) or 70 (EX_SOFTWARE: a bug of ours).
-An item's code says whose a failure is through the item's user property PROPERTY (`assign`);
-otherwise `supervision.BlameHooks` decides it from the exception and its text (`classify`)."""
+Only the candidate's failures decide a verdict; a failure of the environment or of the harness
+leaves the run incomplete, with exit status 75 (run it again) or 70 (a bug of ours)."""
 
 from __future__ import annotations
 
@@ -15,8 +11,7 @@ CANDIDATE, ENVIRONMENT, HARNESS = "candidate", "environment", "harness"
 BLAMES = (CANDIDATE, ENVIRONMENT, HARNESS)
 EXIT_STATUS = {ENVIRONMENT: 75, HARNESS: 70}   # sysexits.h: EX_TEMPFAIL, EX_SOFTWARE
 PROPERTY = "cudaopt_blame"                     # item user property: (PROPERTY, blame)
-# The words of failures that no candidate causes: the device busy or gone, a driver that cannot
-# start, memory held by others before any of the candidate's code ran (`assign` says those).
+# The words of failures that no candidate causes: the device busy or gone, a driver that cannot start.
 ENVIRONMENT_MARKERS = ("no CUDA device visible", "busy or unavailable", "no CUDA-capable device is detected", "CUDA driver version is insufficient",
                        "forward compatibility was attempted on non supported HW", "cudaErrorDevicesUnavailable",
                        "NVML_ERROR_GPU_IS_LOST", "GPU is lost", "cudaErrorSystemNotReady")
@@ -32,9 +27,7 @@ def environmental(text: str) -> bool:
 
 
 def classify(exc: BaseException | None, text: str = "") -> str:
-    """Whose a failure is, from its exception (None: a failure text alone) and text: a device
-    busy or gone is the environment's; an exception our code raises for the candidate's code
-    (pytest.fail included) is the candidate's; any other exception is the harness's."""
+    """Whose a failure is, from its exception (None: a failure text alone) and text."""
     if environmental(text) or (exc is not None and environmental(str(exc))):
         return ENVIRONMENT
     if exc is None or any(cls.__name__ in CANDIDATE_ERRORS for cls in type(exc).__mro__):
@@ -43,16 +36,14 @@ def classify(exc: BaseException | None, text: str = "") -> str:
 
 
 def assign(item: Any, blame: str) -> None:
-    """Say whose the item's coming failure is (`item`: a pytest item, or anything with
-    `user_properties`)."""
+    """Say whose the item's coming failure is."""
     if blame not in BLAMES:
         raise ValueError(f"blame {blame!r} is none of {', '.join(BLAMES)}")
     item.user_properties.append((PROPERTY, blame))
 
 
 def worst(blames: Iterable[str | None]) -> str | None:
-    """The blame that decides a run: the environment's (nothing else can be believed on a machine
-    that could not run the case), then the harness's, then the candidate's; None for none."""
+    """The blame that decides a run: the environment's, then the harness's, then the candidate's."""
     found = set(blames)
     return next((b for b in (ENVIRONMENT, HARNESS, CANDIDATE) if b in found), None)
 
@@ -64,9 +55,7 @@ def exit_status(blame: str | None) -> int | None:
 
 def memory_blame(need: int, budget: int, worker_pid: int | None, processes: Sequence[Mapping[str, int]],
                  what: str = "this case") -> tuple[str, str]:
-    """Who holds the device memory a case could not get: (blame, why). `processes` are NVML's
-    ({"pid", "used_bytes"}); the candidate's worker (`worker_pid`) holding more than the case's
-    `budget` is the candidate's fault, anything else the environment's (with the other holders)."""
+    """Who holds the device memory a case could not get: (blame, why)."""
     from pytest_cudaopt.primitives.memory import gib
 
     mine = sum(p["used_bytes"] for p in processes if worker_pid is not None and p["pid"] == worker_pid)

@@ -21,10 +21,7 @@ READABLE = (SCHEMA_V1, SCHEMA)
 def document(account: Any, results: Sequence[Any], *, seed: int | None = None,
              settings: Mapping[str, Any] | None = None, relaxations: Sequence[str] = (),
              sandbox: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The JSON report: schema, time, environment, seed, settings, the relaxations in force,
-    what the workers' OS sandbox enforced (`sandbox`: worker.sandbox.confine's facts, the
-    weakest over the session's workers; `workers` 0 when none started), the run's account (`ledger.Account`: passed, complete and why, every item's status) and
-    every result's record (correctness and perf items, one policy record per workdir)."""
+    """The JSON report: the run's facts and settings, its account (`ledger.Account`) and records."""
     return {"schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "environment": environment(),
             "seed": seed, "settings": dict(settings or {}), "relaxations": list(relaxations),
             "sandbox": dict(sandbox) if sandbox else {"mode": (settings or {}).get("sandbox"), "workers": 0},
@@ -35,8 +32,7 @@ def document(account: Any, results: Sequence[Any], *, seed: int | None = None,
 
 
 def write_json(path: str | Path, doc: Mapping[str, Any]) -> Path:
-    """Write `doc` to `path`: aside, then renamed over it, so that a process killed mid-write
-    leaves the previous report whole."""
+    """Write `doc` to `path` aside, then rename it over: a kill mid-write leaves the previous one whole."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -46,9 +42,7 @@ def write_json(path: str | Path, doc: Mapping[str, Any]) -> Path:
 
 
 def unusable(path: str | Path, others: Mapping[str, str | Path | None] = {}) -> tuple[str, bool]:
-    """Why the report cannot go to `path` ("" when it can), and whether that refuses the run:
-    another output's file (`others`: option -> path) or a file that is no cudaopt report are
-    refused; a folder that cannot be written is an error the verdicts run past."""
+    """Why the report cannot go to `path` ("" when it can), and whether that refuses the run."""
     path = Path(path).resolve()
     for option, other in others.items():
         if other and Path(other).resolve() == path:

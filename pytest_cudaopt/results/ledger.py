@@ -1,11 +1,4 @@
-"""What the run was asked to judge and how each item ended: the account behind `passed` and `complete` in the JSON report.
-
-Every collected verdict item (build, correctness, perf, policy, memsafety) is entered when collection ends, and its
-status follows pytest's reports: passed, failed, skipped, not run, or, for a skip that is no missing
-verdict, disabled (a rule the owner turned off, shown as a relaxation) or not applicable (no drawn
-shapes for a model without shape constants). `Ledger.account` decides `passed`: true only when
-the session completed, at least one verdict item ran, every item asked for passed (or was disabled
-or not applicable) and every result passed. No pytest in here: the plugin feeds it plain values."""
+"""What the run was asked to judge and how each item ended: the account behind `passed` and `complete` in the JSON report."""
 
 from __future__ import annotations
 
@@ -52,8 +45,7 @@ def rule_of(nodeid: str, properties: dict[str, Any]) -> str:
 
 
 def first_line(text: str) -> str:
-    """The first line worth showing of a pytest failure text (xdist's `[gw0] ...` header skipped),
-    without the colon that introduced the lines after it."""
+    """The first line worth showing of a pytest failure text (xdist's `[gw0] ...` header skipped)."""
     lines = [line.strip() for line in text.strip().splitlines()
              if line.strip() and not re.match(r"\[gw\d+\] ", line.strip())]
     return lines[0].removesuffix(":") if lines else ""
@@ -114,8 +106,7 @@ class Ledger:
 
     def report(self, test: str, kind: str | None, workdir: str, when: str, outcome: str, text: str,
                properties: dict[str, Any] | None = None) -> None:
-        """One of pytest's reports on an item (setup, call, teardown; "???" for a crashed
-        pytest-xdist worker's item)."""
+        """One of pytest's reports on an item ("???" for a crashed pytest-xdist worker's item)."""
         properties = properties or {}
         self.collect(test, kind, workdir)
         entry = self.entries.get(test)
@@ -154,8 +145,7 @@ class Ledger:
             self.ended = (cause, reason)
 
     def account(self, results: Sequence[Any] = (), running: str | None = None) -> Account:
-        """The run's account now. `running`: taken before that item ran, while the session goes
-        on (the report a hang nothing can interrupt leaves behind)."""
+        """The run's account now. `running`: taken before that item ran, while the session goes on."""
         cause, reason = self.ended if self.ended is not None else (None, "")
         blamed = [e for e in self.entries.values() if e.status not in ACCEPTED and e.blame in (ENVIRONMENT, HARNESS)]
         if blamed and cause is None:  # not the candidate's: no verdict
@@ -205,8 +195,7 @@ class Ledger:
 
 
 def policy_results(items: Iterable[Entry]) -> list[PolicyResult]:
-    """One policy result per workdir, from its policy items: each rule's status, and the
-    violation lines of the rules that failed."""
+    """One policy result per workdir, from its policy items."""
     found: dict[str, PolicyResult] = {}
     for item in items:
         if item.kind != "policy":
@@ -227,8 +216,7 @@ def asked_kinds(expression: str) -> list[str]:
 
 
 def _grouped(items: Sequence[Entry]) -> list[str]:
-    """One line per item that did not pass; items that share a reason (the session ended
-    before them) share one line."""
+    """One line per item that did not pass; items that share a reason share one line."""
     groups: dict[tuple[str, str], list[str]] = {}
     for item in items:
         groups.setdefault((item.status, item.reason), []).append(item.test)
@@ -243,8 +231,7 @@ def _grouped(items: Sequence[Entry]) -> list[str]:
 
 
 def _violation(text: str) -> str:
-    """A policy failure's first violation (`path:line: RULE: ...`), after the rule's text; the
-    first line of any other failure (a timeout, a build error, "not run: ...")."""
+    """A policy failure's first violation (`path:line: RULE: ...`); the first line of any other failure."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     if len(lines) < 2 or not re.match(r".+?:\d+: [A-Z]{2}\d{3}: ", lines[1]):
         return first_line(text)
@@ -257,9 +244,7 @@ def _cut(text: str) -> str:
 
 
 class LedgerHooks:
-    """The pytest hooks that feed a ledger every verdict item's reports, also those run by
-    pytest-xdist workers (the controller sees their reports) or lost with a crashed worker.
-    `workdir_of(nodeid)`: the workdir of an item known by its node id."""
+    """The pytest hooks that feed a ledger every verdict item's reports (pytest-xdist workers' too)."""
 
     def __init__(self, ledger: Ledger, workdir_of):
         self.ledger = ledger
@@ -269,10 +254,7 @@ class LedgerHooks:
         self.ledger.start(nodeid)
 
     def pytest_runtest_logreport(self, report) -> None:
-        longrepr = report.longrepr
-        if report.skipped and isinstance(longrepr, tuple):  # (path, line, "Skipped: reason")
-            text = str(longrepr[2]).removeprefix("Skipped: ")
-        else:
-            text = report.longreprtext
+        skip = report.longrepr if report.skipped and isinstance(report.longrepr, tuple) else None
+        text = str(skip[2]).removeprefix("Skipped: ") if skip else report.longreprtext
         self.ledger.report(report.nodeid, kind_of(report.nodeid, report.keywords), self.workdir_of(report.nodeid),
                            report.when, report.outcome, text, dict(report.user_properties))

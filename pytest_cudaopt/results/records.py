@@ -1,7 +1,4 @@
-"""The result of each verdict as data: what the correctness, perf and memory-safety items found, and results read back from records.
-
-Each verdict is decided in its own package (correctness/, perf/, policy/); these classes carry
-what was decided, `report.py` renders them, and `to_json` is their part of the JSON report."""
+"""The result of each verdict as data: what the correctness, perf and memory-safety items found, and results read back from records."""
 
 from __future__ import annotations
 
@@ -20,8 +17,7 @@ PASSED, FAILED, SKIPPED, NOT_RUN = "passed", "failed", "skipped", "not run"
 DISABLED, NOT_APPLICABLE = "disabled", "not applicable"
 STATUSES = (PASSED, FAILED, SKIPPED, NOT_RUN, DISABLED, NOT_APPLICABLE)
 ACCEPTED = frozenset({PASSED, DISABLED, NOT_APPLICABLE})
-# The `check` of a correctness case that could not get the device memory it needs (the memory
-# check before it, or an out-of-memory error inside it): the judge retries such a check alone.
+# The `check` of a correctness case that could not get the device memory it needs (the judge retries it alone).
 SHORTFALL = "memory"
 
 
@@ -64,8 +60,7 @@ class CorrectnessResult:
 
 @dataclass
 class PerfResult:
-    """One perf item's verdict, appended to `cudaopt_session.results`: the measurement of
-    every contender, their precision tiers, the compile times and the gate."""
+    """One perf item's verdict, appended to `cudaopt_session.results`."""
 
     workdir: str
     test: str
@@ -91,8 +86,7 @@ class PerfResult:
 
     @property
     def reason(self) -> str:
-        """Why the item fails, in one line ("" when it passes): a failure outside the gate, else
-        the gate's (`speedup 0.085x is below the required 1.05x`)."""
+        """Why the item fails, in one line ("" when it passes)."""
         if self.passed:
             return ""
         lines = (self.failure or self.gate.reason or "the gate failed").strip().splitlines()
@@ -140,8 +134,7 @@ class PerfResult:
 
 @dataclass
 class PolicyResult:
-    """One workdir's policy verdict: the status of each rule's item and the lines of the
-    violations found (one record per workdir in the JSON report)."""
+    """One workdir's policy verdict: the status of each rule's item and the violations found."""
 
     workdir: str
     rules: dict[str, str] = field(default_factory=dict)      # rule id -> status
@@ -160,9 +153,7 @@ class PolicyResult:
 
 @dataclass
 class MemorySafetyResult:
-    """The memory-safety item's verdict: one small case under compute-sanitizer. `findings`
-    are `kernels/x.cu:44: memcheck: ...` lines in the workdir's own kernels, `failures` why
-    nothing could be vouched for, `notes` what was seen elsewhere or not run."""
+    """The memory-safety item's verdict (`failures`: why nothing could be vouched for)."""
 
     workdir: str
     test: str
@@ -192,8 +183,7 @@ class MemorySafetyResult:
 
 
 class RecordedResult:
-    """A result rebuilt from its record (`report.record`): results sent from pytest-xdist
-    workers, already rendered there."""
+    """A result rebuilt from its record (`report.record`), as pytest-xdist workers send them."""
 
     def __init__(self, rec: Mapping[str, Any]):
         self.record = dict(rec)

@@ -7,21 +7,16 @@ from typing import Any, Iterable
 
 from pytest_cudaopt.suite.settings import BY_NAME
 
-# Settings whose higher value loosens a verdict, and those whose lower value does.
-_LOOSER_WHEN_HIGHER = ("atol", "rtol")
-_LOOSER_WHEN_LOWER = ("min_speedup", "seeds")
+# Settings whose higher value loosens a verdict (1), and those whose lower value does (-1).
+_LOOSER = {"atol": 1, "rtol": 1, "min_speedup": -1, "seeds": -1}
 
 
 def setting_relaxations(settings: Any) -> list[str]:
     """Settings in force that are looser than their defaults, each as one line."""
     found = []
-    for name in _LOOSER_WHEN_HIGHER:
+    for name, sign in _LOOSER.items():
         value, default = getattr(settings, name), BY_NAME[name].default
-        if value > default:
-            found.append(f"{name} {value:g} (default {default:g})")
-    for name in _LOOSER_WHEN_LOWER:
-        value, default = getattr(settings, name), BY_NAME[name].default
-        if value < default:
+        if (value - default) * sign > 0:
             found.append(f"{name} {value:g} (default {default:g})")
     if settings.allow_ops:
         found.append(f"allow_ops {settings.allow_ops} (ATen ops the op audit lets through)")
@@ -48,8 +43,7 @@ def setting_relaxations(settings: Any) -> list[str]:
 
 
 def workdir_relaxations(workdir: Path) -> list[str]:
-    """The `[tool.cudaopt]` relaxations of one workdir (disabled rules, allowed calls,
-    imports, includes) and its own non-determinism declaration, each as one line."""
+    """The `[tool.cudaopt]` relaxations of one workdir and its non-determinism declaration."""
     from pytest_cudaopt import policy
 
     config = policy.load_config(Path(workdir))

@@ -1,6 +1,4 @@
-"""Rendering only: results as records and tables (terminal, Markdown), as pytest-benchmark's extra fields; the JSON report's file is jsonreport.py.
-
-The verdicts are decided in correctness/, perf/ and policy/ and carried by results.py."""
+"""Rendering only: results as records and tables (terminal, Markdown), as pytest-benchmark's extra fields; the JSON report's file is jsonreport.py."""
 
 from __future__ import annotations
 
@@ -22,8 +20,7 @@ TOP_KERNELS = 5
 
 
 def machine_info(info: dict[str, Any]) -> None:
-    """Add the GPU and the torch/CUDA versions to pytest-benchmark's machine info, so that
-    --benchmark-compare shows when two runs come from different GPUs."""
+    """Add the GPU and the torch/CUDA versions to pytest-benchmark's machine info."""
     env = environment()
     info.update({"gpu": env["gpu"] or "none", "gpu_capability": env["gpu_capability"],
                  "torch": env["torch"], "cuda": env["cuda"], "cudnn": env["cudnn"]})
@@ -101,9 +98,8 @@ def describe_gate(gate: SpeedDecision, labels: Mapping[str, str]) -> str:
 
 
 def perf_rows(r: PerfResult) -> list[dict[str, str]]:
-    """One row per contender: device time and latency (medians; the
-    gate's clock marked "(gate)"; IQR and n are its), the summed kernel time of one
-    traced call when there is a trace; 'vs compile+TF32' only when it was timed."""
+    """One row per contender: medians of device time and latency (the gate's clock marked "(gate)"),
+    the kernel sum where traced, the ratios."""
     medians = r.medians()
     failures = r.failures()
     with_tf32 = PRECISION_MATCHED in medians or PRECISION_MATCHED in r.errors
@@ -197,8 +193,7 @@ def perf_notes(r: PerfResult) -> list[str]:
 
 
 def _clocks_note(m) -> str:
-    """What the two figures measured: on a GPU, queued calls and calls from an idle device; on
-    the CPU (perf-counter) both are the host's wall time around one call, nothing flushed."""
+    """What the two figures measured."""
     gated = f"clocks: the gate compares {'device time' if m.gate_clock == 'device' else 'latency'}. "
     if m.clock == "perf-counter":
         return gated + ("on the CPU both figures are the host's wall time around one call (no GPU to queue "
@@ -213,8 +208,7 @@ def _clocks_note(m) -> str:
 
 
 def _figure_notes(r: PerfResult) -> list[str]:
-    """The kernel trace (the candidate's top kernels, the others' kernel counts, traces
-    that could not be taken) and where the candidate's three figures disagree."""
+    """The kernel trace's notes, and where the candidate's three figures disagree."""
     lines = []
     custom = r.traces.get(CUSTOM)
     if custom is not None and not custom.error:
@@ -250,8 +244,7 @@ def perf_table(r: PerfResult) -> str:
 
 
 def gate_figure_lines(results: Sequence[Any], config: Any = None) -> list[str]:
-    """Beside pytest-benchmark's table (where `config` has it on): which figure each perf gate
-    read (it is not that table's)."""
+    """Beside pytest-benchmark's table (where `config` has it on): which figure each perf gate read."""
     if config is not None and (not config.pluginmanager.hasplugin("benchmark")
                                or config.getoption("benchmark_disable", False)):
         return []
@@ -302,9 +295,7 @@ def _ratio(numerator: float | None, denominator: float | None) -> str:
 
 
 def record(result: Any) -> dict[str, Any]:
-    """A result as plain data: kind, passed, its summary row and, for perf, the rows, a title
-    and notes: what the JSON report holds and renders from. A result already recorded (from a
-    pytest-xdist worker) is returned as it was."""
+    """A result as plain data (kind, passed, its rows, title and notes): what the JSON report holds."""
     if isinstance(result, RecordedResult):
         return dict(result.record)
     rec: dict[str, Any] = {"kind": getattr(result, "kind", "other"), "passed": bool(result.passed),
@@ -323,8 +314,7 @@ def record(result: Any) -> dict[str, Any]:
 
 
 def render_records(records: Sequence[Mapping[str, Any]], fmt: str = "table") -> str:
-    """Every record: results with several rows as a table each, the others one table per
-    kind (correctness, perf, policy, then any other kind)."""
+    """Every record: results with several rows as a table each, the others one table per kind."""
     kinds = [k for k in KIND_ORDER if any(r["kind"] == k for r in records)]
     kinds += sorted({r["kind"] for r in records} - set(kinds))
     sections = []
@@ -359,8 +349,7 @@ def account_lines(account: Any, limit: int = 10) -> list[str]:
 
 
 def terminal_summary(terminalreporter: Any, records: Sequence[Mapping[str, Any]], last_lines: Sequence[str]) -> None:
-    """The cudaopt section of pytest's terminal summary: one table per kind (perf: one per
-    workdir with its notes), then `last_lines` (the account, where the report went)."""
+    """The cudaopt section of pytest's terminal summary: the tables, then `last_lines`."""
     if not records and not last_lines:
         return
     terminalreporter.write_sep("=", "cudaopt summary")
@@ -369,8 +358,7 @@ def terminal_summary(terminalreporter: Any, records: Sequence[Mapping[str, Any]]
 
 
 def strict_dumps(value: Any, **kwargs: Any) -> str:
-    """Strict JSON: a NaN or infinite float (a median of no samples, a ratio of zeros)
-    becomes null, a Path its text, anything else not JSON its repr."""
+    """Strict JSON: a NaN or infinite float becomes null, a Path its text, anything else its repr."""
     return json.dumps(_nan_to_none(value), allow_nan=False, default=_json_default, **kwargs)
 
 

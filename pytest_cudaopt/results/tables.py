@@ -8,8 +8,7 @@ from typing import Iterable, Mapping, Sequence
 
 def render_rows(rows: Sequence[Mapping[str, str]], *, title: str = "", notes: Iterable[str] = (),
                 fmt: str = "table") -> str:
-    """Rows (dicts with the same keys, in column order) as a fixed-width table or a
-    Markdown table, with a title line above and notes below."""
+    """Rows (dicts, in column order) as a fixed-width or Markdown table, with title and notes."""
     columns: list[str] = []
     for row in rows:
         columns += [c for c in row if c not in columns]
@@ -51,9 +50,8 @@ LONG_CELL = 40      # a text cell wider than this (the drawn shapes' inputs and 
 
 def _fitted(columns: Sequence[str], cells: Sequence[Sequence[str]], limit: int = TABLE_WIDTH,
             narrowest: int = 20) -> list[int]:
-    """Column widths within `limit` characters (2 between columns), where they are wider and a
-    text cell is longer than LONG_CELL: headers wrapped onto two lines first, then the widest
-    text column narrowed, none below `narrowest` (a table of many columns may stay wider)."""
+    """Column widths within `limit` characters where a text cell is longer than LONG_CELL: headers
+    wrapped first, then the widest text column narrowed, none below `narrowest`."""
     def over() -> int:
         return sum(widths) + 2 * (len(widths) - 1) - limit
 

@@ -1,2 +1,1 @@
-"""The run survives: supervision of children, the watchdog, the sentinel, signals, and the
-zygote that forks workers with torch imported."""
+"""The run survives: supervision, the watchdog, the sentinel, signals, and the zygote."""

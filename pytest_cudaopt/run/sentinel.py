@@ -1,15 +1,9 @@
 """The run's last words when the pytest process dies before its session finishes.
 
-Two ends leave Python no last word: a C/C++ loop that holds the GIL (faulthandler's C thread dumps
-the stacks and exits) and a crash. The sentinel is a small process outside the interpreter that
-hears each item's start, case and outcome through a pipe. When the pipe closes without "done", or
-a judged item outlives its backstop, it writes the `--junitxml` file, marks the JSON report as
-ended by the crash or the hang, and prints a summary on stderr. If the process is still alive
-KILL_AFTER_S past the backstop (pytest's own `faulthandler_timeout` owns faulthandler's timer and
-only dumps), it sends SIGABRT, so the run always ends. A SIGTERM to the process group leaves it
-running until pytest has finished writing (or `TERM_GRACE_S` has passed).
-
-Run as `python -m pytest_cudaopt.run.sentinel PID`, it imports only the standard library.
+A C/C++ loop that holds the GIL and a crash leave Python no last word. The sentinel, a process
+beside pytest that hears each item's start, case and outcome through a pipe, then writes the
+`--junitxml` file, amends the JSON report and prints a summary; past the backstop it ends a pytest
+still alive with SIGABRT. It imports only the standard library.
 """
 
 from __future__ import annotations
@@ -55,10 +49,10 @@ class Sentinel:
         except OSError:
             return None
         sentinel = cls(proc)
-        sentinel._send({"items": items, "junit": junit, "suite": suite, "report": report})
+        sentinel.send({"items": items, "junit": junit, "suite": suite, "report": report})
         return sentinel
 
-    def _send(self, message: dict) -> None:
+    def send(self, message: dict) -> None:
         with self._lock:
             if self._proc.stdin is None or self._proc.stdin.closed:
                 return
@@ -68,24 +62,16 @@ class Sentinel:
             except (OSError, ValueError):  # the sentinel is gone: nothing to tell
                 pass
 
-    def started(self, nodeid: str) -> None:
-        self._send({"start": nodeid})
-
     def case(self, text: str, replay: str = "") -> None:
-        """The running item is on this case now (named if the process dies)."""
-        self._send({"case": text, "replay": replay})
+        self.send({"case": text, "replay": replay})
 
     def backstop(self, seconds: float | None, why: str = "") -> None:
-        """The running item ends within `seconds` (None: no limit, e.g. a debugger is attached);
-        `why` says what it means in the failure ("ran longer than cudaopt_timeout=60s ...")."""
-        self._send({"backstop": seconds, "why": why})
-
-    def reported(self, nodeid: str, when: str, outcome: str, text: str, duration: float) -> None:
-        self._send({"report": nodeid, "when": when, "outcome": outcome, "text": text, "duration": duration})
+        """The running item ends within `seconds` (None: no limit); `why` says what it means."""
+        self.send({"backstop": seconds, "why": why})
 
     def finish(self) -> None:
         """The session finished: the sentinel exits without writing anything."""
-        self._send({"done": True})
+        self.send({"done": True})
         with self._lock:
             try:
                 if self._proc.stdin is not None:
@@ -99,8 +85,7 @@ class Sentinel:
 
 
 def junit_names(nodeid: str, prefix: str | None = None) -> dict:
-    """An item's classname and name as pytest's JUnit file writes them
-    ("wd/model_new.py::TestPerf::test_speedup" -> "wd.model_new.TestPerf", "test_speedup")."""
+    """An item's classname and name as pytest's JUnit file writes them."""
     path, bracket, params = nodeid.partition("[")
     names = path.split("::")
     names[0] = names[0].replace("/", ".").removesuffix(".py")
@@ -108,8 +93,6 @@ def junit_names(nodeid: str, prefix: str | None = None) -> dict:
     classname = ".".join(names[:-1])
     return {"nodeid": nodeid, "classname": f"{prefix}.{classname}" if prefix else classname, "name": names[-1]}
 
-
-# -- the sentinel process ----------------------------------------------------------------------
 
 @dataclass
 class Outcome:
@@ -237,9 +220,7 @@ _STATUS = {"passed": "passed", "failed": "failed", "error": "failed", "skipped":
 
 
 def amend_report(run: Run, cause: str, kind: str) -> None:
-    """Bring the JSON report written before the running item up to date after the process
-    ended for `cause` (`kind`: crash, timeout, interrupted): not complete, not passed, the
-    running item failed with its case, the items that ended since with their outcomes."""
+    """Bring the JSON report up to date after the process ended for `cause` (`kind`: crash, timeout, interrupted)."""
     if not run.report:
         return
     try:
@@ -297,8 +278,7 @@ _terminated_at: list[float] = []  # when SIGTERM reached the sentinel
 
 
 def watch(parent: int, stream: Any = None) -> int:
-    """Read the plugin's messages until "done" (exit 0), or until the pipe closes, a judged
-    item outlives its backstop or a SIGTERM its grace (write the last words, exit 1)."""
+    """Read the plugin's messages until "done" (0), else write the last words (1)."""
     fd = (stream or sys.stdin.buffer).fileno()
     run, buffer = Run(), b""
     while True:

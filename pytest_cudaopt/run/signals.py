@@ -1,10 +1,7 @@
 """SIGINT and SIGTERM in the pytest process become pytest's interrupt (exit status 2; the summary, the JUnit file and the JSON report written), never in the middle of an import.
 
 An interrupt inside an import leaves a half-made module that later code trips on, and SIGTERM
-would kill the process with no report. The handler raises KeyboardInterrupt (`Terminated` for
-SIGTERM) once no import is in progress, at most `DEFER_S` after the signal; a second Ctrl-C, and a
-workdir's own file, are interrupted at once. Installed only where cudaopt has work (plugin.py),
-and only over Python's default handlers.
+would kill the process with no report; a second Ctrl-C interrupts at once.
 """
 
 from __future__ import annotations
@@ -35,8 +32,7 @@ class Terminated(KeyboardInterrupt):
 
 
 def install() -> None:
-    """Our handler for SIGINT and SIGTERM, where the handler in place is Python's default
-    (an ignored signal, as for a background job, stays ignored; another handler is left alone)."""
+    """Our handler for SIGINT and SIGTERM, where the handler in place is Python's default."""
     if threading.current_thread() is not threading.main_thread():
         return
     defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
@@ -46,8 +42,7 @@ def install() -> None:
 
 
 def uninstall() -> None:
-    """Python's handlers again (pytest_unconfigure). A signal still deferred by an import at
-    this point came as the run ended; it is said, not raised outside pytest's reach."""
+    """Python's handlers again; a signal still deferred is said, not raised outside pytest's reach."""
     if threading.current_thread() is not threading.main_thread():
         return
     for timer in _timers:
@@ -108,10 +103,7 @@ def _deliver(thread_id: int, signum: int) -> None:
 
 
 def not_dumpable() -> bool:
-    """Make this process non-dumpable (Linux' PR_SET_DUMPABLE 0): a process of the same user
-    without CAP_SYS_PTRACE can then neither ptrace it nor open its /proc/PID/mem. The judging
-    process does this where the worker's sandbox lacks Landlock (which forbids both by itself);
-    True when it held."""
+    """Make this process non-dumpable (no ptrace or /proc/PID/mem by others); True when it held."""
     if not sys.platform.startswith("linux"):
         return False
     import ctypes

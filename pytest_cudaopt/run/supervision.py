@@ -1,7 +1,4 @@
-"""Items under supervision: the `cudaopt_timeout` watchdog, the sentinel beside pytest, CUDA faults kept, and what a hang leaves behind.
-
-Supervised are the workdir's items and any item marked correctness or perf, from their first line:
-setup (building the extension, importing model.py and model_new.py) and call each run under the watchdog."""
+"""Items under supervision: the `cudaopt_timeout` watchdog, the sentinel beside pytest, CUDA faults kept, and what a hang leaves behind."""
 
 from __future__ import annotations
 
@@ -25,9 +22,7 @@ def judged(item: pytest.Item) -> bool:
 
 
 def static(item: pytest.Item) -> bool:
-    """A policy item of a rule that only reads files (the Python AST, C++ tokens, the protected
-    files): it imports, builds and runs nothing of the workdir's, so it can neither hang in
-    its code nor be spared after a hang there."""
+    """A policy item of a rule that only reads files: it runs nothing of the workdir's."""
     from pytest_cudaopt.policy.rules import IMPORTS_WORKDIR, RULES
 
     callspec = getattr(item, "callspec", None)
@@ -36,11 +31,7 @@ def static(item: pytest.Item) -> bool:
 
 
 def start_sentinel(session: pytest.Session, supervised, report: str | None = None) -> None:
-    """A run that executes supervised items (`supervised(item)`) in this process gets a
-    sentinel (sentinel.py): if the process dies before its session finishes, it writes the
-    JUnit file and a summary and amends the JSON report at `report`. Not on pytest-xdist
-    workers or their controller (which reports a crashed worker itself), nor with
-    --collect-only."""
+    """A sentinel for a run that executes supervised items in this process (not under pytest-xdist)."""
     config = session.config
     if hasattr(config, "workerinput") or config.option.collectonly or not any(map(supervised, session.items)):
         return
@@ -62,38 +53,21 @@ class SentinelHooks:
         self.sentinel = sentinel
 
     def pytest_runtest_logstart(self, nodeid: str, location) -> None:
-        self.sentinel.started(nodeid)
+        self.sentinel.send({"start": nodeid})
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        longrepr = report.longrepr
-        if report.skipped and isinstance(longrepr, tuple):  # (path, line, "Skipped: reason")
-            text = str(longrepr[2])
-        else:
-            text = report.longreprtext
-        self.sentinel.reported(report.nodeid, report.when, report.outcome, text, report.duration)
+        skip = report.longrepr if report.skipped and isinstance(report.longrepr, tuple) else None
+        text = str(skip[2]) if skip else report.longreprtext
+        self.sentinel.send({"report": report.nodeid, "when": report.when, "outcome": report.outcome, "text": text,
+                            "duration": report.duration})
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         self.sentinel.finish()
 
 
-def _sentinel(config: pytest.Config):
-    hooks = config.pluginmanager.get_plugin(SENTINEL_PLUGIN)
-    return hooks.sentinel if hooks is not None else None
-
-
-def _faulthandler_timeout(config: pytest.Config) -> float:
-    try:
-        return float(config.getini("faulthandler_timeout") or 0)
-    except ValueError:  # `-p no:faulthandler`: the ini key is not registered
-        return 0.0
-
-
 def run_supervised(item: pytest.Item, session, workdir: Path, phase: str):
-    """The body of the plugin's `pytest_runtest_setup` and `pytest_runtest_call` wrappers for a
-    supervised item: the phase under the `cudaopt_timeout` watchdog (watchdog.py), the
-    sentinel's backstop set for it and told each case, and a CUDA fault it raises kept so
-    that later items report it instead of failing in its wake."""
+    """The body of the plugin's setup and call wrappers for a supervised item."""
     if phase == "setup" and not hasattr(item.config, "workerinput"):
         # What remains if nothing can interrupt a hang. A pytest-xdist worker writes none: its
         # controller survives a worker's death, reports the item as crashed and writes the report.
@@ -108,8 +82,12 @@ def run_supervised(item: pytest.Item, session, workdir: Path, phase: str):
         end_session(item, message)
 
     # pytest's faulthandler_timeout owns faulthandler's single timer when it is set.
-    backstop = not _faulthandler_timeout(item.config)
-    sentinel = _sentinel(item.config)
+    try:
+        backstop = not float(item.config.getini("faulthandler_timeout") or 0)
+    except ValueError:  # `-p no:faulthandler`: the ini key is not registered
+        backstop = True
+    hooks = item.config.pluginmanager.get_plugin(SENTINEL_PLUGIN)
+    sentinel = hooks.sentinel if hooks is not None else None
     on_debugging = on_case = None
     if sentinel is not None:  # its last words come a second before faulthandler's exit
         after = watchdog.GRACE_S + watchdog.BACKSTOP_S - 1
@@ -167,20 +145,16 @@ _FAULTHANDLER_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in
 
 
 def worker_frames(stacks: str, workdir: Path) -> list[tuple[str, int, str, str]]:
-    """(path relative to `workdir`, line, function, code) of each frame in the workdir's files
-    of a worker's stacks as faulthandler printed them, innermost first."""
+    """(path, line, function, code) of each frame in the workdir's files of a worker's faulthandler stacks."""
     root = Path(workdir).resolve()
     return [(rel, int(m["line"]), m["func"], linecache.getline(str(Path(m["file"])), int(m["line"])).strip())
             for m in _FAULTHANDLER_FRAME.finditer(stacks or "") if (rel := _relative(m["file"], root))]
 
 
 def end_session(item: pytest.Item, message: str) -> None:
-    """From the watchdog thread, while the main thread is stuck in `item` (C code that does not
-    return): report `item` as failed with `message` and every later item as skipped ("not
-    run"), then run pytest's session finish (terminal summary, --junitxml, --cudaopt-report).
-    The watchdog exits the process next. On a pytest-xdist worker only the failure is
-    reported: the controller owns the other items and the session's end, and reports the
-    worker's exit as a crash of `item`."""
+    """From the watchdog thread, while the main thread is stuck in `item`: report it failed and
+    every later item not run, then pytest's session finish (on a pytest-xdist worker only the
+    failure: the controller owns the rest)."""
     config, session = item.config, item.session
     capman = config.pluginmanager.getplugin("capturemanager")
     if capman is not None:
@@ -204,8 +178,7 @@ def end_session(item: pytest.Item, message: str) -> None:
 
 
 def report_rest(config: pytest.Config, running: pytest.Item | None, message: str, later, reason: str) -> None:
-    """Through pytest's public hooks (so the terminal, --junitxml and the ledger hear it):
-    `running` failed with `message`, each of `later` skipped with `reason` ("not run: ...")."""
+    """Through pytest's hooks: `running` failed with `message`, each of `later` skipped with `reason`."""
     if running is not None:
         _report(config, running, "failed", message)
     for other in later:
@@ -223,10 +196,8 @@ def _report(config: pytest.Config, item: pytest.Item, outcome: str, longrepr, wh
 
 
 class InterruptHooks:
-    """An interrupted session (Ctrl-C, SIGINT or SIGTERM: signals.py) ends like one the
-    watchdog ends: the running item failed with the interrupt, every item not yet run reported
-    as skipped ("not run"), so that neither the JUnit file nor the JSON report reads as a pass
-    of fewer items. The session finish (summary, JUnit file, JSON report) is pytest's own."""
+    """An interrupted session ends like one the watchdog ends: the running item failed, every item
+    not yet run reported as "not run", so that no report reads as a pass of fewer items."""
 
     def __init__(self, cudaopt):
         self.cudaopt = cudaopt
@@ -248,9 +219,7 @@ class InterruptHooks:
         self.workers[report.nodeid] = getattr(report, "node", None)  # a pytest-xdist worker's
 
     def _report_pending(self, config: pytest.Config, reason: str) -> None:
-        """On a pytest-xdist controller: each verdict item without an outcome failed (its
-        worker had set it up: it ran) or skipped as not run, as the worker's own report would
-        (the same worker, so that --junitxml keeps one test case per item)."""
+        """On a pytest-xdist controller: each verdict item without an outcome failed or not run."""
         for entry in self.cudaopt.ledger.pending():
             path, name = entry.test.split("::")[0], entry.test.split("::")[-1]
             now = time.time()
@@ -288,8 +257,7 @@ class InterruptHooks:
 
 
 class BlameHooks:
-    """The pytest hook that writes each failed report's blame into its user properties: the one
-    the item's code assigned (`blame.assign`), else `blame.classify`'s from the exception raised."""
+    """Writes each failed report's blame into its user properties: `blame.assign`'s, else `blame.classify`'s."""
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):

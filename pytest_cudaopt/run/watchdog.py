@@ -1,18 +1,8 @@
 """The `cudaopt_timeout` watchdog: a hung test fails with its case, and the run still ends in a report.
 
-Three ways a test can hang, three answers (tested in tests/test_correctness_verdict.py):
-
-1. Python code, or a C call that returns on EINTR: the watchdog thread signals the main thread,
-   whose handler raises `HangTimeout` once no import is in progress; the session ends normally.
-2. A C call that releases the GIL but never returns (a CUDA kernel that never finishes): after
-   `GRACE_S` the watchdog thread calls `on_stuck`, through which the plugin ends the session
-   (summary, JSON report, JUnit file), and exits with status 1.
-3. A C loop that holds the GIL: the sentinel process (sentinel.py) writes the JUnit file and a
-   summary a second before faulthandler dumps every stack and exits, at `timeout + GRACE_S + BACKSTOP_S`.
-
-GRACE_S and BACKSTOP_S can be shortened through the environment (CUDAOPT_WATCHDOG_GRACE_S,
-CUDAOPT_WATCHDOG_BACKSTOP_S): the plugin's own tests wait out dozens of hangs. A debugging
-session is never interrupted (as pytest-timeout's is_debugging).
+Python code is interrupted by `HangTimeout` once no import is in progress; a C call that releases
+the GIL and never returns ends the session through `on_stuck` after GRACE_S; a C loop that holds
+the GIL is left to the sentinel (sentinel.py) and faulthandler. A debugger is never interrupted.
 """
 
 from __future__ import annotations
@@ -57,8 +47,7 @@ class HangTimeout(BaseException):
 
 
 def keep_stderr() -> None:
-    """Keep a duplicate of the process's stderr as it is now (pytest_configure, before
-    output capturing swaps fd 2 out during tests), for the watchdog's last words."""
+    """Keep a duplicate of fd 2 before output capturing swaps it out, for the watchdog's last words."""
     global _STDERR_FD
     if _STDERR_FD is None:
         with contextlib.suppress(OSError):
@@ -71,8 +60,7 @@ def stderr_fd() -> int | None:
 
 
 def is_debugging() -> bool:
-    """A debugger is attached to the main thread: a trace function on one of its frames, or a
-    debugger's module on its stack (pdb waiting at its prompt)."""
+    """A debugger is attached to the main thread (a trace function, or a debugger's frame on its stack)."""
     if threading.current_thread() is threading.main_thread():
         tracer = getattr(sys.gettrace(), "__module__", None) or ""
         if tracer.startswith(DEBUGGER_MODULES):
@@ -88,9 +76,7 @@ def is_debugging() -> bool:
 
 
 def in_import(frame) -> bool:
-    """The frame is inside an import (importlib's frames are on its stack), unless the module
-    the innermost import runs is a workdir's model.py or model_new.py, whose half-made module
-    nothing else uses (workdir.import_file drops it)."""
+    """The frame is inside an import, unless of a workdir's own file (workdir.import_file drops it)."""
     module = None
     while frame is not None:
         if frame.f_code.co_filename.startswith("<frozen importlib"):
@@ -107,8 +93,7 @@ _held: list[None] = []  # non-empty while held() is in force
 
 @contextlib.contextmanager
 def held():
-    """While the main thread handles a HangTimeout (asks a hung worker for its stacks, stops
-    it), the watchdog's resignal waits: it would otherwise raise again in the middle of it."""
+    """While the main thread handles a HangTimeout, the watchdog's resignal waits."""
     _held.append(None)
     try:
         yield
@@ -124,10 +109,8 @@ def main_stack(limit: int = 12) -> str:
 
 
 class Watchdog:
-    """Watches one test (a context manager around its call). `on_stuck(message)` is called
-    from the watchdog thread when the main thread does not leave the test after the signal;
-    the process then exits with status 1. `backstop=False` leaves faulthandler's timer alone
-    (pytest's own `faulthandler_timeout` owns it)."""
+    """Watches one test (a context manager around its call); `on_stuck(message)` is called from the
+    watchdog thread when the test does not leave after the signal, then the process exits with 1."""
 
     current: "Watchdog | None" = None
     last: "Watchdog | None" = None  # the latest one entered, still there after it ended
@@ -188,8 +171,7 @@ class Watchdog:
             os.write(self._fd(), text.encode(errors="replace"))
 
     def _handler(self, signum, frame) -> None:
-        # Resignalled until the frame is at a line (no import in progress, f_lineno set), and
-        # not while the harness is collecting what the hang left (held()). Always the same
+        # Resignalled until the frame is at a line outside an import and not held(). Always the same
         # exception: what was attached to it (a worker's stacks) stays if it is raised again.
         if self.fired and not self._done.is_set() and not _held and not in_import(frame) \
                 and getattr(frame, "f_lineno", None) is not None:
@@ -208,8 +190,7 @@ class Watchdog:
             return
         self._fired_at = self.harness_now()
         self.fired = True
-        # Signalled again until the test leaves: the handler lets a module finish importing
-        # (an exception inside an import leaves a half-made module that later code trips on).
+        # Signalled again until the test leaves: the handler lets a module finish importing.
         deadline = time.monotonic() + GRACE_S
         while time.monotonic() < deadline:
             if self._installed:
@@ -253,8 +234,7 @@ class Watchdog:
 
 
 def set_case(text: str, replay: str = "") -> None:
-    """Tell the running watchdog which case is running and how to replay it alone (printed if
-    it fires, and by the sentinel if the process dies)."""
+    """Tell the running watchdog which case is running and how to replay it alone."""
     dog = Watchdog.current
     if dog is not None:
         dog.case, dog.replay = text, replay
@@ -268,9 +248,8 @@ def _seconds_text(seconds: float) -> str:
 
 @contextlib.contextmanager
 def harness_step(text: str):
-    """The harness's own work inside a test (`text`: "moving Model's state", "running the
-    float64 reference"): timed apart from the candidate's, and a time limit met inside it says
-    so instead of calling it a hang. Nested steps count once, under the outer one's name."""
+    """The harness's own work inside a test, timed apart from the candidate's: a time limit met
+    inside it says so instead of calling it a hang. Nested steps count once."""
     dog = Watchdog.current
     if dog is None or dog.step:
         yield
@@ -290,9 +269,7 @@ def harness_seconds() -> float:
 
 
 def set_stage(text: str) -> None:
-    """Tell the running watchdog that the test sets its workdir up now (`text`: building the
-    extension, importing model.py and model_new.py, constructing the models): a hang there is
-    reported as one, and the workdir's later items that would set it up again fail at once."""
+    """Tell the running watchdog that the test sets its workdir up now."""
     dog = Watchdog.current
     if dog is not None:
         dog.stage = text

@@ -1,12 +1,7 @@
 """A process that has imported torch once and forks, on request, a worker (the candidate's process) or a judging child (`python -m MODULE ARGS`: a judge stage's pytest or build): each starts in a tenth of a second instead of a torch import (seconds of CPU on a small machine).
 
-`python -m pytest_cudaopt.run.zygote ADDRESS` listens on the abstract unix socket ADDRESS,
-imports PRELOAD (nothing of pytest_cudaopt's or of a workdir's), freezes what the imports made out
-of the garbage collector's reach, and serves until its standard input closes. A request (`spawn`
-for a worker, `spawn_module` for a judging child) sends file descriptors, working directory and
-environment; the zygote answers with the fork's pid, later its exit status, and kills the fork's
-process group when the requester's connection closes, so a fork never outlives its requester. The
-zygote runs no candidate code: a worker fork never returns into the zygote's loop.
+The zygote kills a fork's process group when its requester's connection closes, so a fork never
+outlives its requester. It runs no candidate code: a worker fork never returns into its loop.
 """
 
 from __future__ import annotations
@@ -23,12 +18,9 @@ from typing import Any
 
 ENV = "CUDAOPT_WORKER_ZYGOTE"
 CONNECT_TIMEOUT_S = 120.0  # the zygote accepts once its imports are done
-# What the forks import and none of them looks at: torch._dynamo too, which the op audit's
-# dispatch mode imports at a worker's first checked call (2.5 s of CPU on a small machine). Not
-# torch.utils.cpp_extension: its import asks for CUDA's devices, through the runtime wherever NVML
-# does not answer (a machine without a driver), after which torch calls every fork a bad one and
-# each would start afresh by exec (1.4 s a worker here). Nothing of pytest_cudaopt's: a judging
-# child imports the plugin as a fresh `python -m pytest` would, reading its own environment.
+# What the forks import. Not torch.utils.cpp_extension: its import may ask CUDA for its devices,
+# after which torch calls every fork a bad one. Nothing of pytest_cudaopt's: a judging child
+# imports the plugin as a fresh `python -m pytest` would, reading its own environment.
 PRELOAD = ("torch", "torch.multiprocessing", "torch._dynamo", "torch._inductor", "torch._inductor.config",
            "numpy", "pytest", "filelock")
 
@@ -37,11 +29,8 @@ def _address(name: str) -> str:
     return "\0" + name  # an abstract socket: no file to leave behind or for anyone to find on disk
 
 
-# ------------------------------------------------------------------------------- the judging side
-
 class Forked:
-    """A worker forked by a zygote, as much of subprocess.Popen as the client uses: `pid`,
-    `poll()`, `wait(timeout)`, `kill()`, `returncode`."""
+    """A worker forked by a zygote, as much of subprocess.Popen as the client uses."""
 
     def __init__(self, conn: socket.socket, pid: int):
         self.conn, self.pid, self.returncode = conn, pid, None
@@ -90,18 +79,13 @@ class Forked:
 
 
 def spawn(channel: int, log: int, cwd: str, env: dict[str, str]) -> Forked | None:
-    """A worker forked by the zygote `CUDAOPT_WORKER_ZYGOTE` names, serving on the inherited
-    socket `channel`; None when there is none or it does not answer (the caller starts one the
-    plain way: the zygote is a shortcut, never a requirement)."""
+    """A worker forked by the zygote `CUDAOPT_WORKER_ZYGOTE` names; None when none answers."""
     return _ask(os.environ.get(ENV), {"kind": "worker", "cwd": cwd, "env": env}, [channel, log])
 
 
 def spawn_module(name: str | None, module: str, args: list[str], *, cwd: str, env: dict[str, str], log: int,
                  nice: int = 0) -> Forked | None:
-    """`python -m MODULE ARGS`, forked by the zygote at `name`: in a session of its own, in
-    `cwd` with exactly `env`, stdin at end of file, stdout and stderr on the file descriptor
-    `log`, `nice` added to its niceness. None where there is no zygote or it does not answer
-    (the caller executes the command instead)."""
+    """`python -m MODULE ARGS`, forked by the zygote at `name`; None when none answers."""
     return _ask(name, {"kind": "module", "module": module, "args": [str(a) for a in args], "cwd": cwd,
                        "env": env, "nice": int(nice)}, [log])
 
@@ -130,8 +114,7 @@ def _ask(name: str | None, request: dict, fds: list[int]) -> Forked | None:
 
 
 def die_with_parent(signum: int = signal.SIGTERM) -> None:
-    """In a child, before exec (a subprocess's preexec_fn): `signum` when the process that
-    started it dies, even by SIGKILL (Linux' PR_SET_PDEATHSIG; elsewhere nothing)."""
+    """In a child (a preexec_fn): `signum` when its parent dies, even by SIGKILL (Linux only)."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes
@@ -148,11 +131,8 @@ def _package_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.realpath(pytest_cudaopt.__file__)))
 
 
-# ---------------------------------------------------------------------------------- the zygote
-
 def start(name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """A zygote listening at `name` when this returns, ending when the returned process's
-    stdin is closed (or the caller dies: its stdin is a pipe from the caller)."""
+    """A zygote listening at `name` when this returns, ending when its stdin is closed."""
     proc = subprocess.Popen([sys.executable, "-m", "pytest_cudaopt.run.zygote", name], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, env=env, start_new_session=True,
                             preexec_fn=lambda: die_with_parent(signal.SIGKILL))
@@ -212,10 +192,9 @@ def serve(name: str) -> int:
 
 
 def _preload() -> None:
-    """Import PRELOAD, asking NVML rather than CUDA where torch asks for devices (a fork then
-    takes CUDA's view of its devices from the environment it is given), then freeze what the
-    imports made: a fork's garbage collections never walk it (one over torch's objects took
-    0.18 s), and its pages stay shared."""
+    """Import PRELOAD, asking NVML rather than CUDA where torch asks for devices (a fork then takes
+    CUDA's view of its devices from its environment), then freeze what the imports made: a fork's
+    garbage collections never walk it, and its pages stay shared."""
     import gc
     import importlib
 
@@ -235,16 +214,13 @@ def _preload() -> None:
 
 
 def _cuda_poisoned() -> bool:
-    """Whether torch calls this fork a bad one: something before the fork touched CUDA (on a GPU
-    host an import may, whatever PRELOAD's NVML check), and CUDA cannot be used here."""
+    """Whether torch calls this fork a bad one: something before the fork touched CUDA."""
     torch = sys.modules.get("torch")
     return bool(torch is not None and getattr(torch.cuda, "_is_in_bad_fork", lambda: False)())
 
 
 def sees_given_devices(visible: str) -> bool:
-    """Whether CUDA, asked now, sees the devices given. False when CUDA took its view of the
-    devices before they were given (torch initialised, or the runtime's device count, which it
-    keeps for the process, taken while none was visible)."""
+    """Whether CUDA, asked now, sees the devices given (False: it took its view of them before)."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda._is_compiled():
         return True
@@ -305,9 +281,7 @@ def _fork(conn: socket.socket, root: str, base_path: list[str], listener: socket
 
 
 def _become(request: dict, log: int, base_path: list[str]) -> None:
-    """What a fresh `python -m ...` in the request's folder and environment would be: a session
-    of its own, stdin at end of file, stdout and stderr on `log`, Python's signal handlers, its
-    sys.path (the folder first, then PYTHONPATH)."""
+    """What a fresh `python -m ...` in the request's folder and environment would be."""
     os.setsid()
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -321,8 +295,7 @@ def _become(request: dict, log: int, base_path: list[str]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    # tempfile keeps the folder it chose first: the zygote's, which a worker in its sandbox may
-    # not write (its TMPDIR is its scratch folder; the kernel trace's file goes there).
+    # tempfile keeps the folder it chose first: the zygote's, which a sandboxed worker may not write.
     import tempfile
 
     tempfile.tempdir = None
@@ -344,8 +317,7 @@ def _forget_package() -> None:
 
 
 def _become_module(request: dict, log: int, base_path: list[str]) -> None:
-    """`python -m MODULE ARGS`: its exit handlers run, then it exits with the module's status
-    (the interpreter's teardown of the preloaded modules is skipped)."""
+    """`python -m MODULE ARGS`: its exit handlers run, the teardown of the preloaded modules does not."""
     import atexit
     import runpy
 
@@ -357,19 +329,28 @@ def _become_module(request: dict, log: int, base_path: list[str]) -> None:
     if _cuda_poisoned() or not sees_given_devices(os.environ.get("CUDA_VISIBLE_DEVICES", "")):
         os.execv(sys.executable, argv)  # CUDA was touched, or took its view of the devices, before the fork
     _forget_package()
-    code = 1
-    try:
+
+    def run() -> int:
         sys.argv = [str(request["module"]), *request["args"]]
         runpy.run_module(str(request["module"]), run_name="__main__", alter_sys=True)
-        code = 0
+        return 0
+
+    _exit_with(run, lambda code: 0 if code is None else 1, atexit._run_exitfuncs)
+
+
+def _exit_with(run, non_int_exit, at_exit=lambda: None) -> None:
+    """Exit with `run()`'s status as an executed interpreter would (`non_int_exit`: a SystemExit's non-int code)."""
+    code = 1
+    try:
+        code = run()
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        code = exc.code if isinstance(exc.code, int) else non_int_exit(exc.code)
     except BaseException:  # noqa: BLE001 - as an executed interpreter would: the traceback, status 1
         import traceback
 
         traceback.print_exc()
     finally:
-        atexit._run_exitfuncs()
+        at_exit()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
@@ -386,19 +367,7 @@ def _become_worker(request: dict, fds: list[int], base_path: list[str]) -> None:
     _forget_package()
     from pytest_cudaopt.candidate.serve import main
 
-    code = 1
-    try:
-        code = main([str(channel)])
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # noqa: BLE001 - as an executed interpreter would: the traceback, status 1
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    _exit_with(lambda: main([str(channel)]), lambda code: 1)
 
 
 if __name__ == "__main__":  # run through the imported module, whose globals the forked children share

@@ -11,8 +11,7 @@ from pytest_cudaopt.workdir import WorkdirError
 
 @pytest.mark.build
 class TestBuild:
-    """`pytest -m build`: the kernels compile. Built once per session; the correctness and perf
-    items reuse the module, and refer to this item's report when the build failed."""
+    """`pytest -m build`: the kernels compile (once per session; the other items reuse the module)."""
 
     def test_extension(self, request, cudaopt_session, cudaopt_workdir_path) -> None:
         set_stage("building the extension")

@@ -16,20 +16,14 @@ TIMING_MODULES = ("pytest_cudaopt.perf.clocks", "pytest_cudaopt.perf.trace")
 
 
 def bind_timing() -> None:
-    """Import the timing engine, which binds time.perf_counter, torch.cuda.synchronize, ...
-    as they are now. Called before any workdir code runs: in pytest_configure when the
-    command line names a workdir, else when collection finds the first one (a workdir's
-    model_new.py is imported only when its items run). Not at the plugin's import, so that
-    loading the plugin imports no torch."""
+    """Import the timing engine, which binds time.perf_counter, torch.cuda.synchronize, ... as
+    they are now: before any workdir code runs, not at the plugin's import (no torch there)."""
     for name in TIMING_MODULES:
         importlib.import_module(name)
 
 
 def worker_ahead(config: pytest.Config, device: str) -> bool:
-    """Whether to launch the first named workdir's worker at configure time (session.workers.launch):
-    this process runs items itself (not under pytest-xdist, not --collect-only or --help), the
-    mark expression keeps correctness or perf items, and the device is there to run them (a CUDA
-    driver's device file; an unused worker is only stopped at the end)."""
+    """Whether to launch the first named workdir's worker at configure time."""
     option = config.option
     if hasattr(config, "workerinput") or getattr(option, "numprocesses", None) or \
             any(getattr(option, name, False) for name in ("collectonly", "help", "version", "showfixtures",
@@ -43,8 +37,7 @@ def worker_ahead(config: pytest.Config, device: str) -> bool:
 
 
 def keeps(markexpr: str, marks: set[str]) -> bool | None:
-    """Whether `-m markexpr` keeps an item with `marks` (pytest's grammar: names, not, and, or,
-    parentheses; empty keeps all); None for an expression this does not read (a mark's arguments)."""
+    """Whether `-m markexpr` keeps an item with `marks`; None for an expression this does not read."""
     tokens = re.findall(r"[()]|[^\s()]+", markexpr)
     at = 0
 
@@ -91,8 +84,7 @@ def keeps(markexpr: str, marks: set[str]) -> bool | None:
 
 
 def workdirs_in(args, invocation_dir: Path, rootpath: Path | None = None) -> list[Path]:
-    """The workdirs a pytest command line names (a workdir folder, its model_new.py or an
-    item of it; relative to `invocation_dir`), and the rootdir when it is one."""
+    """The workdirs a pytest command line names, and the rootdir when it is one."""
     found = []
     for arg in [*args, *([str(rootpath)] if rootpath is not None else [])]:
         path = Path(invocation_dir, str(arg).split("::")[0])
@@ -107,8 +99,7 @@ def is_workdir_file(file_path: Path) -> bool:
 
 
 def matches_python_files(path: Path, patterns: list[str]) -> bool:
-    """Whether pytest's python plugin collects `path` (the `python_files` ini patterns): a
-    pattern without a slash matches the file name, one with a slash the end of the path."""
+    """Whether pytest's python plugin collects `path` (the `python_files` ini patterns)."""
     for pattern in patterns:
         if "/" not in pattern and os.sep not in pattern:
             matched = fnmatch.fnmatch(path.name, pattern)
@@ -121,8 +112,7 @@ def matches_python_files(path: Path, patterns: list[str]) -> bool:
 
 
 class WorkdirModule(pytest.Module):
-    """The suite in `pytest_cudaopt.suite.items`, collected once for each workdir under
-    the workdir's `model_new.py` (node ids like `model_new.py::TestCorrectness::...`)."""
+    """The suite in `pytest_cudaopt.suite.items`, collected under each workdir's `model_new.py`."""
 
     @classmethod
     def from_parent(cls, parent: pytest.Collector, **kwargs) -> "WorkdirModule":

@@ -16,14 +16,11 @@ from pytest_cudaopt.workdir import Workdir
 
 @pytest.mark.correctness
 class TestCorrectness:
-    """ModelNew computes Model's function, on the canonical inputs over `cudaopt_seeds`
-    secret seeds (`seed_index`, parametrized by the plugin) and on Hypothesis-drawn shapes,
-    through every guard."""
+    """ModelNew computes Model's function, on the canonical inputs and on Hypothesis-drawn shapes."""
 
     @pytest.fixture
     def loaded(self, request, cudaopt_session, cudaopt_workdir_path) -> Workdir:
-        """The workdir, loaded once per session; an earlier CUDA fault, a build or a load
-        error fails the item."""
+        """The workdir, loaded once per session."""
         return cudaopt_session.loaded_or_fail(cudaopt_workdir_path, request.node.nodeid, "run")
 
     def test_canonical(self, request, loaded, cudaopt_session, cudaopt_settings, seed_index):
@@ -45,8 +42,7 @@ class TestCorrectness:
 
 
 def _worker_memory(item: pytest.Item, session, loaded: Workdir, settings) -> None:
-    """The device memory the candidate's worker holds now (NVML, as the judging process reads it),
-    in the item's results beside the judging process's peak."""
+    """The device memory the candidate's worker holds now (NVML), in the item's results."""
     worker = loaded.worker
     if worker is None or worker.proc is None or settings.device == "cpu":
         return
@@ -58,8 +54,7 @@ def _worker_memory(item: pytest.Item, session, loaded: Workdir, settings) -> Non
 
 
 def _fail(item: pytest.Item, session, failure: str) -> None:
-    """Fail the item with `failure`, blamed as its result says (a memory shortfall may be the
-    environment's: blame.py)."""
+    """Fail the item with `failure`, blamed as its result says."""
     mine = [r for r in session.results if getattr(r, "test", None) == item.nodeid and getattr(r, "blame", None)]
     if mine:
         blame.assign(item, mine[-1].blame)

@@ -12,10 +12,7 @@ from pytest_cudaopt.results.records import NOT_APPLICABLE
 
 @pytest.mark.memsafety
 class TestMemorySafety:
-    """One small case of ModelNew in a child process under compute-sanitizer (memcheck; racecheck
-    and initcheck where cudaopt_memsafety_timeout leaves time), the caching allocator off: a
-    write past an output, a shared-memory race or a read of uninitialised memory in the
-    workdir's kernels fails, named by `kernels/x.cu:line`."""
+    """One small case of ModelNew in a child process under compute-sanitizer."""
 
     def test_memory_safety(self, request, cudaopt_session, cudaopt_settings, cudaopt_workdir_path):
         # The plugin's own tests run the plumbing on the CPU with a stand-in sanitizer they name.

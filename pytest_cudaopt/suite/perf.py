@@ -20,10 +20,8 @@ BENCHMARK_ROUNDS = (5, 200)
 
 def record_benchmark(benchmark: Any, result: PerfResult, clock: Any,
                      model_new: Any, feed: Feed, device: torch.device) -> None:
-    """Time the custom path once more through pytest-benchmark's `benchmark` fixture, for
-    --benchmark-autosave / --benchmark-compare. Each round: a fresh input set drawn, cache
-    flushed, device idle (setup, untimed); then the call and a device-wide synchronise
-    (timed), so the numbers are host time to completion. No-op without pytest-benchmark (None)."""
+    """Time the custom path once more through pytest-benchmark's `benchmark` fixture (None: no-op):
+    each round a fresh input set and a flushed cache untimed, then the call and a synchronise."""
     if benchmark is None:
         return
     benchmark.extra_info.update(report.benchmark_extra_info(result))
@@ -53,15 +51,13 @@ def record_benchmark(benchmark: Any, result: PerfResult, clock: Any,
 
 
 def judged_precisions(results: list, path: Any) -> list[tuple[str, Any]]:
-    """(case, Precision) of every correctness result of this session for the workdir at `path`
-    (results of other pytest-xdist workers are not here: they reach only the controller)."""
+    """(case, Precision) of every correctness result of this session for the workdir at `path`."""
     return [(r.case, r.precision) for r in results if getattr(r, "kind", "") == "correctness"
             and getattr(r, "workdir", None) == str(path) and getattr(r, "precision", None) is not None]
 
 
 def failed_correctness(results: list, path: Any) -> str:
-    """The first failed correctness item of this session for the workdir at `path`, as
-    "node id: first line", or "" (none ran here, or all passed)."""
+    """The first failed correctness item of this session for the workdir at `path`, or ""."""
     from pathlib import Path
 
     where = Path(path).resolve()

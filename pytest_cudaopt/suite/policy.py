@@ -16,8 +16,7 @@ _REPORTS = pytest.StashKey[dict]()
 
 
 def _report(config: pytest.Config, workdir: Path) -> tuple[policy.Config, list[policy.Violation]]:
-    """The workdir's configuration and the violations of the rules that only read its files,
-    computed once per session: nothing of the workdir is imported."""
+    """The workdir's configuration and the violations of the rules that only read its files."""
     reports = config.stash.setdefault(_REPORTS, {})
     key = Path(workdir).resolve()
     if key not in reports:
@@ -27,8 +26,7 @@ def _report(config: pytest.Config, workdir: Path) -> tuple[policy.Config, list[p
 
 
 def _construction(session, workdir: Path, settings: policy.Config, test: str) -> list[policy.Violation]:
-    """MN010's violations: model_new.py imported and ModelNew constructed, under the item's
-    watchdog (a hang there is one of the workdir's set-up)."""
+    """MN010's violations: model_new.py imported and ModelNew constructed, in a worker."""
     if "MN010" in settings.disable:
         return []
     set_stage("importing model.py and model_new.py and constructing Model and ModelNew (MN010, in a worker)")
@@ -36,8 +34,7 @@ def _construction(session, workdir: Path, settings: policy.Config, test: str) ->
 
 
 def _facts(session, workdir: Path, test: str, mn010: bool = False, ex001: bool = False) -> list[policy.Violation]:
-    """MN010's or EX001's violations from a worker (session.policy_facts); a worker that cannot
-    load the extension, or dies, fails the item with its report."""
+    """MN010's or EX001's violations from a worker; one that cannot load the extension, or dies, fails the item."""
     from pytest_cudaopt.extension import BuildError
     from pytest_cudaopt.workdir import WorkdirError
     from pytest_cudaopt.remote.worker import WorkerError, WorkerFailed
@@ -74,9 +71,7 @@ class TestPolicy:
             pytest.fail(f"{rule}: {policy.RULES[rule]}\n" + "\n".join(lines), pytrace=False)
 
     def test_extension_functions(self, cudaopt_workdir_path: Path, cudaopt_session, request) -> None:
-        """EX001: every cuda_extension function that model_new.py calls is defined by the built
-        module. Uses the session's build, builds now when this session's correctness or perf
-        items will build anyway, else the last build on disk."""
+        """EX001: every cuda_extension function that model_new.py calls is defined by the built module."""
         from pytest_cudaopt import extension as build
         from pytest_cudaopt.policy.extension_names import RULE, RULE_TEXT
 

@@ -15,35 +15,25 @@ class CudaoptSession:
     def __init__(self, settings: Settings, rootpath: Path, seed: int | None = None, asked: str = ""):
         self.settings = settings
         self.rootpath = Path(rootpath)
-        # The seed from which every trial's secret seed is derived; a replay fixes it, and
-        # pytest-xdist workers receive the controller's (`seed`).
+        # Every trial's secret seed derives from it; pytest-xdist workers receive the controller's.
         if seed is None:
             seed = settings.seed if settings.seed is not None else secrets.randbits(32)
         self.seed: int = seed
         self.results: list[Any] = []
-        # The workdirs this run judges (set by the plugin from the command line).
         self.workdir_paths: list[Path] = []
         self._extensions: dict[Path, Any] = {}
         self._workdirs: dict[Path, Any] = {}
         self.workers = Workers(settings)
         self._failures_reported: dict[tuple, str] = {}  # (workdir, error) → the item that reported it
-        # Where build progress goes (pytest's terminal, set by the plugin); None: nowhere.
         self.emit: Callable[[str], None] | None = None
         # Set by the first CUDA fault: (item id, message). Later GPU items report it.
         self.fault: tuple[str, str] | None = None
-        # Workdir → (item id, message, in setup) of its first item that timed out: after a hang
-        # in its set-up (an import, the build, a constructor) its later items that would set it
-        # up again fail at once, after any other hang its later correctness and perf items do.
+        # Workdir → (item id, message, in setup) of its first item that timed out (not_run_reason).
         self.hung: dict[Path, tuple[str, str, bool]] = {}
-        # Every verdict item and how it ended (the plugin feeds it pytest's reports): what
-        # decides the JSON report's `passed` and `complete`.
         self.ledger = Ledger(asked)
-        # Where `--cudaopt-report` goes (resolved at the start), and why it cannot be written,
-        # once known (said at the start and the end).
+        # Where `--cudaopt-report` goes, and why it cannot be written, once known.
         self.report_path: Path | None = Path(settings.report) if settings.report else None
         self.report_error: str = ""
-
-    # -- the header -------------------------------------------------------------------------
 
     def relaxations(self) -> list[str]:
         from pytest_cudaopt.results import relaxations as trust
@@ -58,9 +48,7 @@ class CudaoptSession:
                 *([f"cudaopt: RELAXED ({len(relaxed)}): " + "; ".join(relaxed)] if relaxed else [])]
 
     def gpu_unavailable_reason(self, workdir_item: bool = False, workdir: Path | None = None) -> str | None:
-        """Why a `gpu` item cannot run here, or None. Workdir items carry the marker only
-        when `cudaopt_device` is cuda (their reason names the CPU setting and the command); the
-        plugin's own GPU tests carry it always."""
+        """Why a `gpu` item cannot run here, or None (a workdir item's reason names the CPU setting)."""
         from pytest_cudaopt.primitives.environment import cuda_device_name
 
         if cuda_device_name() is None:
@@ -70,12 +58,8 @@ class CudaoptSession:
             return f"no CUDA device visible (torch.cuda.is_available() is False){hint}"
         return None
 
-    # -- what decides a verdict ---------------------------------------------------------------
-
     def verdict_hook(self, item, name: str, **kwargs: Any) -> Any:
-        """The result of hook `name` (hookspecs.VERDICT_HOOKS) for `item`, None when nothing
-        implements it. An implementation outside pytest_cudaopt (a conftest.py) fails the item
-        unless the run is a self-test: it would decide the verdict."""
+        """The result of hook `name` for `item`; one implemented outside pytest_cudaopt fails the item."""
         import pytest
 
         hook = getattr(item.ihook, name)
@@ -89,11 +73,8 @@ class CudaoptSession:
                         "CUDAOPT_SELF_TEST=1)", pytrace=False)
         return hook(config=item.config, **kwargs)
 
-    # -- builds and workdirs ------------------------------------------------------------------
-
     def extension(self, workdir: Path):
-        """The workdir's build (build.BuildResult: the .so, not imported here), brought up to
-        date at most once per session."""
+        """The workdir's build (build.BuildResult), brought up to date at most once per session."""
         from pytest_cudaopt import extension as build
 
         workdir = Path(workdir).resolve()
@@ -110,8 +91,7 @@ class CudaoptSession:
         return _raise_or_return(found)
 
     def builds_later(self, workdir: Path) -> bool:
-        """Whether a correctness or perf item of `workdir` is still to run in this session (and
-        will build its extension)."""
+        """Whether a correctness or perf item of `workdir` is still to run (and will build)."""
         from pytest_cudaopt.results.records import NOT_RUN
 
         if self.settings.device == "cuda" and self.gpu_unavailable_reason():
@@ -126,9 +106,7 @@ class CudaoptSession:
         return None if found is None or isinstance(found, BaseException) else found
 
     def workdir(self, path: Path):
-        """The loaded workdir (`workdir.Workdir`: model.py here, model_new.py and the extension
-        in a worker process), loaded at most once per session. Raises build.BuildError or
-        workdir.WorkdirError (the same one again for every later item of the workdir)."""
+        """The loaded workdir (`workdir.Workdir`), loaded at most once per session."""
         from pytest_cudaopt.workdir import WorkdirError
 
         path = Path(path).resolve()
@@ -143,8 +121,7 @@ class CudaoptSession:
         return found
 
     def _load(self, path: Path):
-        """Build the extension, import model.py here, start the workdir's worker (the extension
-        and model_new.py load there)."""
+        """Build the extension, import model.py here, start the workdir's worker."""
         from pytest_cudaopt.workdir import load_reference
 
         build = self.extension(path)
@@ -153,8 +130,7 @@ class CudaoptSession:
         return loaded
 
     def policy_facts(self, path: Path, mn010: bool, ex001: bool) -> list:
-        """MN010's and EX001's violations, found by a worker (this session's, or one started for
-        them with the last build on disk, or MN010's stand-in extension): data, not code run here."""
+        """MN010's and EX001's violations, found by a worker: data, not code run here."""
         from pytest_cudaopt import extension as build_
         from pytest_cudaopt.policy import worker_violations
         from pytest_cudaopt.workdir import WorkdirError
@@ -176,8 +152,7 @@ class CudaoptSession:
         return worker_violations(path, reply)
 
     def loaded_or_fail(self, path: Path, test: str, verb: str = "run"):
-        """The loaded workdir for item `test`; the item fails ("not <verb>: ...") after an
-        earlier CUDA fault of this process, and with the build's or the load's report."""
+        """The loaded workdir for item `test`; the item fails after an earlier CUDA fault or a build or load error."""
         import pytest
 
         from pytest_cudaopt.extension import BuildError
@@ -194,8 +169,7 @@ class CudaoptSession:
         pytest.fail(failure, pytrace=False)  # outside the except block: one report, no exception chain
 
     def failure_report(self, path: Path, test: str, exc: BaseException) -> str:
-        """What an item says about its workdir's build or load error: the whole report for
-        the first item that meets it, a one-line reference to that item for the later ones."""
+        """A build or load error's whole report for the first item that meets it, a reference for later ones."""
         from pytest_cudaopt.extension import BuildError
 
         key = (Path(path).resolve(), type(exc).__name__, str(exc))
@@ -206,8 +180,7 @@ class CudaoptSession:
         return f"not run: {what} failed; the report is under {first}"
 
     def target_workdir(self):
-        """The loaded `baseline_workdir` (the target branch's checkout; its extension builds
-        and loads beside the candidate's), the error that loading it raised, or None."""
+        """The loaded `baseline_workdir`, the error that loading it raised, or None."""
         if not self.settings.baseline_workdir:
             return None
         from pytest_cudaopt.extension import BuildError
@@ -218,11 +191,8 @@ class CudaoptSession:
         except (BuildError, WorkdirError, OSError) as exc:
             return exc
 
-    # -- faults and hangs ------------------------------------------------------------------------
-
     def note_fault(self, test: str, error: BaseException | None, message: str | None = None) -> None:
-        """Keep the first error after which this process's CUDA context is unusable: later GPU
-        items report it instead of failing in its wake."""
+        """Keep the first error after which this process's CUDA context is unusable."""
         if error is None or self.fault is not None:
             return
         from pytest_cudaopt.correctness.faults import context_lost
@@ -233,8 +203,7 @@ class CudaoptSession:
 
     def record_hang(self, workdir: Path, test: str, case: str, message: str, correctness: bool,
                     setup: bool = False) -> None:
-        """An item of `workdir` timed out (`setup`: while it set the workdir up: an import, the
-        build, a constructor); a correctness item's row says so."""
+        """An item of `workdir` timed out (`setup`: while it set the workdir up)."""
         self.hung.setdefault(Path(workdir).resolve(), (test, message, setup))
         if correctness:
             from pytest_cudaopt.results.records import CorrectnessResult
@@ -243,18 +212,13 @@ class CudaoptSession:
                                                   passed=False, check="timeout", message=message))
 
     def not_run_reason(self, workdir: Path, judged: bool = True) -> str | None:
-        """Why an item of `workdir` fails at once after a hang (None: it runs): after a hang in
-        the set-up every later item that would set the workdir up again (the caller leaves out
-        the rules that only read files), after any other hang the `judged` ones (correctness,
-        perf, memory safety). The reason names the item, the cause and where it hung."""
+        """Why an item of `workdir` fails at once after a hang (None: it runs)."""
         hung = self.hung.get(Path(workdir).resolve())
         if hung is None or not (judged or hung[2]):
             return None
         test, message, _ = hung
         where = message[message.index("where it was:"):] if "where it was:" in message else ""
         return f"not run: {test} timed out ({message.splitlines()[0]})" + (f"\n{where}" if where else "")
-
-    # -- results ------------------------------------------------------------------------------
 
     def account(self, running: str | None = None):
         """The run's account now (ledger.Account); `running`: taken before that item ran."""
@@ -293,9 +257,7 @@ class CudaoptSession:
         self.results.extend(RecordedResult(r) for r in records)
 
     def resolve_report(self, base: Path, others: dict[str, Any]) -> str:
-        """Where `--cudaopt-report` goes (relative to `base`); why it is refused ("" when not):
-        the file of another output (`others`: option -> path), a folder, a file that is no
-        report. A folder that cannot be written is kept in `report_error` instead."""
+        """Where `--cudaopt-report` goes (relative to `base`); why it is refused ("" when not)."""
         from pytest_cudaopt.results import jsonreport
 
         path = Path(base, self.settings.report)
@@ -306,9 +268,7 @@ class CudaoptSession:
         return ""
 
     def write_report(self, running: str | None = None) -> None:
-        """Write the JSON report to `--cudaopt-report` (if given); `running`: written before
-        that item, as an incomplete report that survives a hang nothing can interrupt. A
-        report that cannot be written is said once, and fails no item."""
+        """Write the JSON report (if asked); `running`: before that item, as an incomplete report."""
         if self.report_path is None or self.report_error:
             return
         from pytest_cudaopt.results import jsonreport, ledger

@@ -34,8 +34,7 @@ def _choice(*choices: str) -> Callable[[str], str]:
 
 def _number(kind: Callable[[str], Any], what: str,
             ok: Callable[[Any], bool] = lambda value: True) -> Callable[[str], Any]:
-    """A parser of `kind` whose complaint is in the setting's words ("expected a positive
-    number"), not Python's ("could not convert string to float")."""
+    """A parser of `kind` whose complaint is in the setting's words, not Python's."""
 
     def parse(text: str) -> Any:
         try:
@@ -69,8 +68,7 @@ def _families(text: str) -> str:
 
 @dataclass(frozen=True)
 class Option:
-    """One setting: `--cudaopt-<name>` on the command line, `CUDAOPT_<NAME>` in the
-    environment, `cudaopt_<name>` in the ini file."""
+    """One setting: `--cudaopt-<name>`, `CUDAOPT_<NAME>`, `cudaopt_<name>` in the ini file."""
 
     name: str
     parse: Callable[[str], Any]
@@ -85,8 +83,7 @@ class Option:
 
     @property
     def is_flag(self) -> bool:
-        """A true/false setting: a plain flag on the command line (`--cudaopt-trace`), turned
-        off with `--cudaopt-no-trace`; true/false values in the environment and the ini file."""
+        """A true/false setting: a flag on the command line, turned off with `--cudaopt-no-<name>`."""
         return self.parse is _bool
 
     @property
@@ -241,16 +238,14 @@ def replay_args(settings: Any) -> str:
 
 
 def closest(name: str, known: Iterable[str], prefix: str = "") -> str:
-    """" (did you mean X?)" for the known name closest to a misspelled one, or "". Names are
-    compared without their shared `prefix` (it would make every pair look alike)."""
+    """" (did you mean X?)" for the known name closest to a misspelled one (without `prefix`), or ""."""
     stems = {k.removeprefix(prefix): k for k in known}
     found = difflib.get_close_matches(name.removeprefix(prefix), list(stems), n=1, cutoff=0.6)
     return f" (did you mean {stems[found[0]]}?)" if found else ""
 
 
 def ini_table(path: Path) -> dict[str, Any] | None:
-    """The pytest options of an ini file (pytest.ini, tox.ini, setup.cfg or pyproject.toml's
-    [tool.pytest.ini_options]), None when the file holds no pytest section."""
+    """The pytest options of an ini file, None when the file holds no pytest section."""
     import configparser
 
     if path.suffix == ".toml":
@@ -287,8 +282,7 @@ _INI_NAMES = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.c
 
 
 def workdir_ini(workdir: Path) -> tuple[Path | None, dict[str, Any]]:
-    """The ini file `pytest WORKDIR/model_new.py` reads, and its options: the first file with
-    a pytest section in the workdir or a folder above it."""
+    """The ini file `pytest WORKDIR/model_new.py` reads, and its options."""
     for folder in (Path(workdir).resolve(), *Path(workdir).resolve().parents):
         for name in _INI_NAMES:
             path = folder / name
@@ -299,9 +293,7 @@ def workdir_ini(workdir: Path) -> tuple[Path | None, dict[str, Any]]:
 
 
 def workdir_settings(workdir: Path) -> "Settings":
-    """The settings a command outside pytest (`cudaopt build`) uses for `workdir`: the
-    environment, then the workdir's ini file, then the defaults, as pytest would resolve them
-    without command-line options. An unknown cudaopt_* key raises SettingError."""
+    """The settings a command outside pytest (`cudaopt build`) uses for `workdir`."""
     path, table = workdir_ini(workdir)
     unknown = unknown_ini_keys(table)
     if unknown:
@@ -310,8 +302,7 @@ def workdir_settings(workdir: Path) -> "Settings":
 
 
 def unknown_ini_keys(keys: Iterable[str]) -> list[str]:
-    """The `cudaopt_*` keys of an ini file that name no setting, each with the closest one:
-    a misspelled key would leave its setting at the default without a word."""
+    """The `cudaopt_*` keys of an ini file that name no setting, each with the closest one."""
     known = [option.ini_key for option in OPTIONS if option.ini]
     return [f"{key}{closest(key, known, 'cudaopt_')}" for key in keys
             if key.startswith("cudaopt_") and key not in known]
@@ -327,10 +318,7 @@ def unknown_flags(args: Iterable[str]) -> list[str]:
 
 
 def resolve(name: str, *, cli: Any = None, ini: Any = None, env: Mapping[str, str] | None = None) -> Any:
-    """The value of setting `name`: command line, then environment, then ini, then default.
-
-    `cli` and `ini` are the raw values pytest (or the `cudaopt` command) found, None when
-    absent. A value that does not parse raises SettingError naming its source."""
+    """The value of setting `name`: command line, then environment, then ini, then default."""
     option = BY_NAME[name]
     env = os.environ if env is None else env
     for source, raw in (
