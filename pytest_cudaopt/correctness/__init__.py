@@ -1,3 +1,1 @@
-"""The correctness verdict: is ModelNew the same function as Model, on many shapes, through every guard.
-
-Nothing here imports the speed verdict (perf/)."""
+"""The correctness verdict: is ModelNew the same function as Model, on many shapes, through every guard."""

@@ -66,30 +66,24 @@ def free_bytes(device: str) -> int | None:
         return None
 
 
-def _extra_allowed(settings) -> frozenset[str]:
-    return frozenset(op.strip() for op in (settings.allow_ops or "").split(",") if op.strip())
-
-
-def run_case(workdir: Workdir, settings, session, constants: dict[str, int], seed: int, label: str,
+def run_case(workdir: Workdir, settings, constants: dict[str, int], seed: int, label: str,
              replay: str = "", reference_decides: bool = False, moved: bool = False,
              family: str = values.MODEL) -> tuple[guards.CaseOutcome, list, list[str] | None]:
     """One case: models and inputs built with `constants` applied to model.py (state `moved`, values
     of `family`; a family skipped falls back to model.py's values), then every guard. Raises
     CaseFailed, Abort on a CUDA fault, and guards.ReferenceError_ when `reference_decides` and the
     reference rejects the case."""
+    args = (workdir, settings, constants, seed, label, replay, reference_decides, moved)
     try:  # model.py's own values are never skipped
-        return _run_case(workdir, settings, session, constants, seed, label, replay, reference_decides, moved,
-                         family)
+        return _run_case(*args, family)
     except values.FamilySkipped as exc:
-        outcome, inputs, names = _run_case(workdir, settings, session, constants, seed, label, replay,
-                                           reference_decides, moved)
+        outcome, inputs, names = _run_case(*args, values.MODEL)
         outcome.family, outcome.skipped = family, str(exc)
         return outcome, inputs, names
 
 
-def _run_case(workdir: Workdir, settings, session, constants: dict[str, int], seed: int, label: str,
-              replay: str = "", reference_decides: bool = False, moved: bool = False,
-              family: str = values.MODEL) -> tuple[guards.CaseOutcome, list, list[str] | None]:
+def _run_case(workdir: Workdir, settings, constants: dict[str, int], seed: int, label: str, replay: str,
+              reference_decides: bool, moved: bool, family: str) -> tuple[guards.CaseOutcome, list, list[str] | None]:
     device = torch.device(settings.device)
     set_case(label, replay)
     _check_memory(workdir, settings, constants, label, replay)
@@ -113,7 +107,8 @@ def _run_case(workdir: Workdir, settings, session, constants: dict[str, int], se
             device=device, atol=settings.atol, rtol=settings.rtol,
             max_rel_error=settings.max_rel_error,
             nondeterministic=workdir.nondeterministic or settings.nondeterministic,
-            extra_allowed=_extra_allowed(settings), input_names=names,
+            extra_allowed=frozenset(op.strip() for op in (settings.allow_ops or "").split(",") if op.strip()),
+            input_names=names,
             judge_family=functools.partial(family_case.judge, applied) if applied else None)
         described = describe_inputs(inputs, names)
         footer = (f"\ncase: {label}; inputs {described}" + (f"\n{applied.describe()}" if applied else "")
@@ -146,8 +141,8 @@ def _run_case(workdir: Workdir, settings, session, constants: dict[str, int], se
 
 def _family_inputs(model: torch.nn.Module, inputs: list, family: str, seed: int,
                    names: list[str] | None) -> tuple[list, values.Applied]:
-    """The case's inputs with the family's values, and what changed, with the scale of the
-    reference's output on model.py's values (to which the family's atol is proportioned)."""
+    """The case's inputs with the family's values, and what changed, with the scale of the reference's
+    output on model.py's values (to which the family's atol is proportioned)."""
     changed, applied = values.apply(family, inputs, seed, names)
     if family != "spikes":
         try:

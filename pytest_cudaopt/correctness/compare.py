@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from pytest_cudaopt.correctness.precision import CHUNK
 from pytest_cudaopt.primitives.tensors import describe_tensor, leaves, structure
 
 MAX_LISTED = 5  # mismatching elements listed in a failure table
@@ -105,8 +106,7 @@ class Comparison:
                 if not leaf.exact and leaf.total and self.atol > 0 and self.atol >= leaf.max_expected]
 
     def table(self) -> str:
-        """The failure table: max abs/rel error, worst index with both values, fraction
-        mismatched, the first few mismatching elements."""
+        """The failure table: per output, the errors, the worst element and the first mismatches."""
         if self.reason and not self.leaves:
             return self.reason
         lines = [self.reason] if self.reason else []
@@ -132,9 +132,6 @@ class Comparison:
                 lines.append(f"  first {len(leaf.first)} mismatches:")
                 lines.extend("  " + m.line() for m in leaf.first)
         return "\n".join(lines)
-
-
-CHUNK = 1 << 24  # elements compared at a time: the float64 temporaries stay ~128 MiB each
 
 
 def _compare_tensor(path: str, actual: torch.Tensor, expected: torch.Tensor,

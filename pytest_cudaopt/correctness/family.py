@@ -7,7 +7,6 @@ from typing import Any
 import torch
 
 from pytest_cudaopt.correctness import compare, guards, values
-from pytest_cudaopt.correctness.faults import CudaFault
 from pytest_cudaopt.correctness.precision import FP32_FACTOR, Precision, relative_l2_error, run_float64
 from pytest_cudaopt.primitives.tensors import clone_inputs, leaves
 
@@ -17,13 +16,8 @@ def judge(applied: values.Applied, trial: guards.Trial, inputs: list, first: Any
     """A value-family case against a float64 run of the reference (values.FamilySkipped where that
     run is missing or not finite): the comparison, atol scaled with the output and each element's
     tolerance grown by `_allowance`, and the tier measured with limits that grow with it."""
-    try:
-        reference64, why = run_float64(trial.model, inputs, expected, trial.device, trial.model64)
-    except Exception as exc:  # the float64 run lost the CUDA context
-        raise CudaFault(f"Model.forward in float64 raised: {exc}") from exc
-    if reference64 is None:
-        raise values.FamilySkipped(why)
-    why = values.not_finite(expected, reference64)
+    reference64, why = guards.float64_reference(trial, inputs, expected)
+    why = why if reference64 is None else values.not_finite(expected, reference64)
     if why:
         raise values.FamilySkipped(why)
     # atol grows with the output, never shrinks: tiny outputs are left to rtol and the L2 bound.
@@ -113,9 +107,8 @@ def _unmoved(applied: values.Applied, trial: guards.Trial, inputs: list, first: 
     index = compare.unravel(at, e.shape)
     flat = [t.reshape(-1)[at].item() for t in (r, e, c, a)]
     how = "did not move" if flat[2] == flat[3] else "moved differently"
-    i = applied.spiked
-    name = (trial.input_names[i] if trial.input_names and i < len(trial.input_names) else "")
     where = ", ".join(str(list(index_)) for index_, _, _ in applied.spikes)
-    return (f"\nevery input element must be able to move the output: changing input {i}"
-            f"{f' ({name})' if name else ''} at {where} moved the reference's {path}{list(index)} from "
-            f"{flat[0]:.6g} to {flat[1]:.6g}; ModelNew's {how}: from {flat[2]:.6g} to {flat[3]:.6g}")
+    return (f"\nevery input element must be able to move the output: changing "
+            f"{values.input_label(applied.spiked, trial.input_names)} at {where} moved the reference's "
+            f"{path}{list(index)} from {flat[0]:.6g} to {flat[1]:.6g}; ModelNew's {how}: from {flat[2]:.6g} to "
+            f"{flat[3]:.6g}")

@@ -13,10 +13,10 @@ import torch
 from pytest_cudaopt.correctness import compare
 from pytest_cudaopt.correctness.faults import CudaFault, WorkerCrash, context_alive, is_cuda_fault
 from pytest_cudaopt.correctness.precision import Precision, run_float64
+from pytest_cudaopt.correctness.values import input_label
 from pytest_cudaopt.primitives.tensors import clone_inputs, clone_nest, describe_tensor, leaves
 from pytest_cudaopt.run.watchdog import harness_step
 from pytest_cudaopt.remote.candidate import Candidate, WorkerError, WorkerFailed
-from pytest_cudaopt.candidate.observe import unfresh_output
 
 FILE = "model_new.py"  # named in the guards' messages
 
@@ -44,10 +44,6 @@ def derive_seed(session_seed: int, *parts: Any) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
 
 
-def _label(index: int, names: list[str] | None) -> str:
-    return f"input {index} ({names[index]})" if names and index < len(names) else f"input {index}"
-
-
 def check_inputs_unchanged(before: list, after: list, names: list[str] | None = None) -> None:
     """After the candidate's call its inputs must be bit-identical to their copies."""
     for i, (b, a) in enumerate(zip(before, after)):
@@ -55,12 +51,12 @@ def check_inputs_unchanged(before: list, after: list, names: list[str] | None = 
             continue
         if a.shape != b.shape or a.dtype != b.dtype:
             raise GuardFailure("input mutated", (
-                f"{FILE}: ModelNew.forward changed {_label(i, names)} from {describe_tensor(b)} "
+                f"{FILE}: ModelNew.forward changed {input_label(i, names)} from {describe_tensor(b)} "
                 f"to {describe_tensor(a)} in place; a candidate must leave its inputs alone"))
         count, index, was, now = compare.first_difference(b, a)
         if count:
             raise GuardFailure("input mutated", (
-                f"{FILE}: ModelNew.forward wrote into {_label(i, names)} {describe_tensor(b)}: "
+                f"{FILE}: ModelNew.forward wrote into {input_label(i, names)} {describe_tensor(b)}: "
                 f"{count} of {b.numel()} elements changed (first at {list(index)}: {was:.6g} -> {now:.6g}); "
                 f"a candidate must leave its inputs alone"))
 
@@ -89,14 +85,6 @@ def _storage_span(t: torch.Tensor) -> tuple[torch.device, int, int] | None:
 
 def _overlaps(a: tuple | None, b: tuple | None) -> bool:
     return a is not None and b is not None and a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
-
-
-def check_fresh_outputs(output: Any, inputs: list, model_new: torch.nn.Module,
-                        earlier: list[torch.Tensor], names: list[str] | None = None) -> None:
-    """Every output tensor is a plain torch.Tensor with storage of its own (`unfresh_output`)."""
-    found = unfresh_output(output, inputs, model_new, earlier, names, FILE)
-    if found is not None:
-        raise GuardFailure(*found)
 
 
 def check_audit(found: list[str]) -> None:
@@ -182,8 +170,8 @@ def own_outputs(output: Any, inputs: list, names: list[str] | None = None) -> An
         for i, other in input_spans:
             if _overlaps(span, other):
                 raise GuardFailure("output aliases input", (
-                    f"{FILE}: {path} {describe_tensor(leaf)} shares storage with (is or views) {_label(i, names)}; "
-                    f"outputs must own fresh storage, not return an input or a view of one"))
+                    f"{FILE}: {path} {describe_tensor(leaf)} shares storage with (is or views) "
+                    f"{input_label(i, names)}; outputs must own fresh storage, not return an input or a view of one"))
     return clone_nest(output)
 
 
@@ -291,13 +279,18 @@ def check_comparison(comparison: compare.Comparison, extra: str = "") -> None:
                                    f"{comparison.table()}{hint}{extra}", comparison)
 
 
+def float64_reference(trial: Trial, inputs: list, expected: Any) -> tuple[Any, str]:
+    """`run_float64` of the trial's reference; a CUDA error that loses the context is a CudaFault."""
+    try:
+        return run_float64(trial.model, inputs, expected, trial.device, trial.model64)
+    except Exception as exc:  # the float64 run lost the CUDA context
+        raise CudaFault(f"Model.forward in float64 raised: {exc}") from exc
+
+
 def _precision(trial: Trial, inputs: list, candidate_out: Any, expected: Any) -> Precision:
     """The candidate's precision against a float64 run of the reference (else the float32 one)."""
     with harness_step("running the float64 reference and measuring the precision"):
-        try:
-            reference64, why = run_float64(trial.model, inputs, expected, trial.device, trial.model64)
-        except Exception as exc:  # the float64 run lost the CUDA context
-            raise CudaFault(f"Model.forward in float64 raised: {exc}") from exc
+        reference64, why = float64_reference(trial, inputs, expected)
         if reference64 is None:
             return Precision.against_float32(candidate_out, expected,
                                              f"{why}; relative L2 error judged against the float32 reference",

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import torch
 
+from pytest_cudaopt.correctness.faults import context_lost
 from pytest_cudaopt.primitives import memory
 from pytest_cudaopt.primitives.tensors import clone_inputs, float64_inputs, float_elements, leaves, nbytes, to_float64
 
@@ -38,10 +39,9 @@ def conditioning(reference_error: float) -> float:
 
 def precision_tier(candidate_error: float, reference_error: float, conditioned: bool = False,
                    sensitivity: float = 0.0) -> str:
-    """The precision tier of a candidate from two relative L2 errors against a float64 run of
-    the reference: the candidate's, and the float32 reference's own. `conditioned` (a value
-    family): TF32_LIMIT grows with the conditioning, and is at least half the `sensitivity`
-    (how far bfloat16 rounding of the inputs moves the output: TF32 rounds 8 times finer)."""
+    """The tier of the candidate's relative L2 error against float64, given the float32 reference's own.
+    `conditioned` (a value family): TF32_LIMIT grows with the conditioning, and is at least half the
+    `sensitivity` (how far bfloat16 rounding of the inputs moves the output: TF32 rounds 8 times finer)."""
     if math.isnan(candidate_error) or math.isnan(reference_error):
         return UNKNOWN
     if candidate_error <= max(FP32_FACTOR * reference_error, FP32_FLOOR):
@@ -90,10 +90,9 @@ def relative_l2_error(actual: Any, reference64: Any) -> float:
 
 def error_bound(max_rel_error: float, reference_error: float, conditioned: bool = False,
                 sensitivity: float = 0.0) -> float:
-    """The largest relative L2 error a candidate may have: cudaopt_max_rel_error, or 10x the
-    float32 reference's own error where that is larger. `conditioned` (a value family):
-    cudaopt_max_rel_error grows with the conditioning (at most BOUND_CONDITIONING_CAP times),
-    and the bound is at least twice the `sensitivity`."""
+    """The largest relative L2 error a candidate may have: cudaopt_max_rel_error, or 10x the float32
+    reference's own error where that is larger; `conditioned`: grown with the conditioning, and at least
+    twice the `sensitivity`."""
     if math.isnan(reference_error):
         return max_rel_error
     if not conditioned:
@@ -129,17 +128,12 @@ class Precision:
         return p
 
     @classmethod
-    def unknown(cls, note: str) -> "Precision":
-        return cls(math.nan, math.nan, UNKNOWN, note)
-
-    @classmethod
     def against_float32(cls, candidate_out: Any, expected: Any, why: str,
                         max_rel_error: float | None = None) -> "Precision":
-        """No float64 run (`why`): the tier is unknown, but the relative L2 bound still holds
-        the candidate to the float32 reference's output."""
+        """No float64 run (`why`): the tier is unknown, but the relative L2 bound still holds."""
         if float_elements(expected) == 0:
             return cls(0.0, 0.0, EXACT)
-        precision = cls.unknown(why)
+        precision = cls(math.nan, math.nan, UNKNOWN, why)
         if max_rel_error is not None:
             error = relative_l2_error(candidate_out, to_float64(expected))
             if not error <= max_rel_error:
@@ -177,8 +171,6 @@ def run_float64(model: torch.nn.Module, inputs: list, expected: Any, device: tor
                 model64: torch.nn.Module | None = None) -> tuple[Any, str]:
     """(outputs, "") of a float64 copy of the reference (`model64`, else one made here) on
     float64 copies of `inputs`, or (None, why not). A CUDA error that loses the context is raised."""
-    from pytest_cudaopt.correctness.faults import context_lost
-
     free = memory.free_bytes(device) if device is not None else None
     in_bytes, out_bytes = nbytes(list(inputs)), nbytes(expected)
     if not memory.float64_fits(in_bytes, out_bytes, memory.allocated(device), free):

@@ -20,27 +20,13 @@ def shrink_hint(module: types.ModuleType, model_file: Path, workdir: Path) -> st
             f"with more memory")
 
 
-def canonical_shortfall(module: types.ModuleType, model_file: Path, workdir: Path, device: str) -> str:
-    """"" when one correctness case at model.py's own sizes fits the free memory of `device` (or
-    either cannot be told); else why not."""
-    import torch
-
-    free = memory.free_bytes(device) if device == "cpu" or torch.cuda.is_available() else None
-    if free is None:
-        return ""
-    check = shapes.check_on_meta(module, {})
-    need = memory.case_need(check.input_bytes, check.output_bytes)
-    if not check.valid or need <= free:
-        return ""
-    return (f"one correctness case at {model_file.name}'s sizes (inputs {memory.gib(check.input_bytes)}, outputs "
-            f"{memory.gib(check.output_bytes)}) needs about {memory.gib(need)} of {memory.where(device)}, "
-            f"only {memory.gib(free)} is free; {shrink_hint(module, model_file, workdir)}")
-
-
 def check_new_workdir(workdir: Path, device: str) -> str:
-    """`canonical_shortfall` of a workdir `cudaopt init` just made ("" when model.py does not import)."""
+    """Why one correctness case at model.py's own sizes does not fit the free memory of `device`, for a
+    workdir `cudaopt init` just made ("" when it fits, or either cannot be told, or model.py does not import)."""
     import importlib.util
     import sys
+
+    import torch
 
     model_file = Path(workdir) / "model.py"
     name = "cudaopt_init_model"
@@ -49,7 +35,17 @@ def check_new_workdir(workdir: Path, device: str) -> str:
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
-        return canonical_shortfall(module, model_file, Path(workdir), device)
+        free = memory.free_bytes(device) if device == "cpu" or torch.cuda.is_available() else None
+        if free is None:
+            return ""
+        check = shapes.check_on_meta(module, {})
+        need = memory.case_need(check.input_bytes, check.output_bytes)
+        if not check.valid or need <= free:
+            return ""
+        return (f"one correctness case at {model_file.name}'s sizes (inputs {memory.gib(check.input_bytes)}, "
+                f"outputs {memory.gib(check.output_bytes)}) needs about {memory.gib(need)} of "
+                f"{memory.where(device)}, only {memory.gib(free)} is free; "
+                f"{shrink_hint(module, model_file, Path(workdir))}")
     except Exception:  # noqa: BLE001 - a model that does not import here is the items' to report
         return ""
     finally:

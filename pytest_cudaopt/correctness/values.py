@@ -123,7 +123,7 @@ def _rms(x: torch.Tensor, sample: int = 1 << 20) -> float:
     return value if math.isfinite(value) and value > 0 else 1.0
 
 
-def _label(i: int, names: list[str] | None) -> str:
+def input_label(i: int, names: list[str] | None) -> str:
     return f"input {i} ({names[i]})" if names and i < len(names) else f"input {i}"
 
 
@@ -169,7 +169,7 @@ def apply(family: str, inputs: list, seed: int, names: list[str] | None = None) 
         out[i], applied.spiked = x, i
         shown = ", ".join(f"{list(index)} {before:.4g} -> {after:.4g}" for index, before, after in applied.spikes[:4])
         more = f" (+{len(applied.spikes) - 4} more)" if len(applied.spikes) > 4 else ""
-        applied.lines.append(f"{_label(i, names)} at {shown}{more}")
+        applied.lines.append(f"{input_label(i, names)} at {shown}{more}")
         return out, applied
     for i in floats:
         x = inputs[i]
@@ -177,19 +177,19 @@ def apply(family: str, inputs: list, seed: int, names: list[str] | None = None) 
             low, high = (20.0, 200.0) if family == "large" else (1e-3, 1e-2)
             factor = math.exp(uniform(math.log(low), math.log(high)))
             new = x * factor
-            applied.lines.append(f"{_label(i, names)} x {factor:.4g}")
+            applied.lines.append(f"{input_label(i, names)} x {factor:.4g}")
         elif family == "shifted":
             nonneg, nonpos = bool((x >= 0).all()), bool((x <= 0).all())
             sign = 1.0 if nonneg else -1.0 if nonpos else (1.0 if uniform(0, 1) < 0.5 else -1.0)
             shift = sign * uniform(8.0, 32.0) * _rms(x)
             new = x + shift
-            applied.lines.append(f"{_label(i, names)} {'+' if shift >= 0 else '-'} {abs(shift):.4g}")
+            applied.lines.append(f"{input_label(i, names)} {'+' if shift >= 0 else '-'} {abs(shift):.4g}")
         elif family == "heavy":
             generator = torch.Generator(device=x.device).manual_seed(int(torch.randint(1 << 62, (), generator=host)))
             u = torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32)
             factors = u.clamp_min(1e-30).pow(-1.0 / PARETO_ALPHA).clamp_max(MOST_FACTOR)
             new = x * factors.to(x.dtype)
-            applied.lines.append(f"{_label(i, names)} max |x| {float(new.abs().max()):.4g}")
+            applied.lines.append(f"{input_label(i, names)} max |x| {float(new.abs().max()):.4g}")
         else:
             raise ValueError(f"unknown value family {family!r}")
         out[i] = new.clamp(-_limit(x), _limit(x))

@@ -1,7 +1,4 @@
-"""The correctness verdict: the canonical inputs over secret seeds, then shapes past them and drawn by Hypothesis, every case through the guards.
-
-The canonical seed0 judges Model's state as initialised; the other seeds and every drawn shape
-judge it moved from there (`state.perturb`)."""
+"""The correctness verdict: the canonical inputs over secret seeds, then shapes past them and drawn by Hypothesis, every case through the guards."""
 
 from __future__ import annotations
 
@@ -54,6 +51,11 @@ def recorded(result: CorrectnessResult, settings, session) -> Iterator[Correctne
     session.results.append(result)
 
 
+def _replay(nodeid: str, session, settings, case: str = "") -> str:
+    """The command that replays an item (`case`: its --cudaopt-case option, if any)."""
+    return f"pytest {shlex.quote(nodeid)} --cudaopt-seed={session.seed}{case}{replay_args(settings)}"
+
+
 def _fail(result: CorrectnessResult, check: str, message: str) -> str:
     result.passed, result.check, result.message = False, check, message
     return message
@@ -77,10 +79,9 @@ def _fault(nodeid: str, session, result: CorrectnessResult, exc: Abort) -> str:
 
 
 def judge_canonical(loaded: Workdir, settings, session, nodeid: str, seed_index: int) -> str:
-    """The canonical inputs under the secret seed of `seed_index`; the result is recorded.
-    Returns why the item fails ("" when it passes)."""
+    """The canonical inputs under the secret seed of `seed_index`, recorded; why the item fails, or ""."""
     seed = guards.derive_seed(session.seed, "canonical", seed_index)
-    replay = f"pytest {shlex.quote(nodeid)} --cudaopt-seed={session.seed}{replay_args(settings)}"
+    replay = _replay(nodeid, session, settings)
     family = values.canonical_family(seed_index, values.parse(settings.values))
     case = f"canonical seed{seed_index}" + (f" (values {family})" if family != values.MODEL else "")
     result = CorrectnessResult(workdir=str(loaded.path), test=nodeid, case=case, passed=False, seed=seed)
@@ -90,7 +91,7 @@ def judge_canonical(loaded: Workdir, settings, session, nodeid: str, seed_index:
         try:
             try:
                 outcome, inputs, names = run_case(
-                    loaded, settings, session, {}, seed, replay=replay, moved=moved, family=family,
+                    loaded, settings, {}, seed, replay=replay, moved=moved, family=family,
                     label=f"canonical inputs of get_inputs(), seed {seed}, values {family}")
             except CaseFailed as exc:
                 exc.diagnose(loaded, settings)  # may raise Abort
@@ -188,8 +189,7 @@ class _DrawnShapes:
 
     def replay(self, constants: dict[str, int], family: str = values.MODEL) -> str:
         case = shapes.format_case(constants) + (f",values={family}" if family != values.MODEL else "")
-        return (f"pytest {shlex.quote(self.nodeid)} --cudaopt-seed={self.session.seed} "
-                f"--cudaopt-case={shlex.quote(case.lstrip(','))}{replay_args(self.settings)}")
+        return _replay(self.nodeid, self.session, self.settings, f" --cudaopt-case={shlex.quote(case.lstrip(','))}")
 
     def judge(self, constants: dict[str, int], family: str = values.MODEL) -> None:
         """One shape and value family, at most once (see the class); raises what `_judge` raises."""
@@ -226,7 +226,7 @@ class _DrawnShapes:
         canonical = {k: v for k, v in space.defaults.items() if k in constants}
         label = f"drawn shape {case} (canonical: {shapes.format_case(canonical)}), seed {seed}, values {family}"
         try:
-            outcome, inputs, names = run_case(self.loaded, self.settings, self.session, constants, seed, label,
+            outcome, inputs, names = run_case(self.loaded, self.settings, constants, seed, label,
                                               replay=self.replay(constants, family),
                                               reference_decides=not space.meta_usable, moved=True, family=family)
         except guards.ReferenceError_ as exc:
@@ -327,8 +327,7 @@ def _case_failed(exc: BaseException) -> CaseFailed | None:
 
 
 def judge_drawn(loaded: Workdir, settings, session, nodeid: str) -> Verdict:
-    """Shapes past the canonical (explicit cases first), then drawn by Hypothesis; the result is
-    recorded. Returns how the item ends."""
+    """Shapes past the canonical (explicit cases first), then drawn by Hypothesis, recorded; how the item ends."""
     try:
         space = shapes.shape_space(loaded.reference, settings.max_elements, free_bytes(settings.device))
     except shapes.ShapeError as exc:
@@ -359,8 +358,7 @@ def judge_drawn(loaded: Workdir, settings, session, nodeid: str) -> Verdict:
         grown = values.grown(drawn.stats.seen)
         if grown:
             result.precision = drawn.stats.worst
-            replay = f"pytest {shlex.quote(nodeid)} --cudaopt-seed={session.seed}{replay_args(settings)}"
-            return Verdict(failure=_fail(result, "values", f"{grown}\nreplay: {replay}"))
+            return Verdict(failure=_fail(result, "values", f"{grown}\nreplay: {_replay(nodeid, session, settings)}"))
         result.passed = True
         result.case = f"drawn shapes ({drawn.stats.cases} cases)"
         result.max_abs, result.max_rel = drawn.stats.max_abs, drawn.stats.max_rel

@@ -1,2 +1,1 @@
-"""The memory-safety verdict: compute-sanitizer over the candidate (verdict.py), the child it
-runs (child.py) and its log reader (log.py)."""
+"""The memory-safety verdict: compute-sanitizer over the candidate, the child it runs and its log reader."""

@@ -1,8 +1,6 @@
 """The memory-safety verdict: one small case of the candidate in a child process under compute-sanitizer (memcheck, then racecheck and initcheck where time is left), the caching allocator off.
 
-`judge_memory_safety` plans the case and the tools, runs each child (`child.py`),
-reads its log (`sanitizer_log.py`) and records a `MemorySafetyResult`. Only the workdir's own
-kernels are judged (a report whose source line is in the workdir); anything else is a note."""
+Only the workdir's own kernels are judged (a report whose source line is in the workdir); anything else is a note."""
 
 from __future__ import annotations
 
@@ -127,8 +125,8 @@ def _tail(text: str, lines: int = 12) -> str:
 
 
 def judge_run(run: Run, workdir: Path, build_dir: Path | None, result: MemorySafetyResult) -> None:
-    """Fold one tool's run into `result`: its findings, its notes, and a failure where the
-    run shows nothing it can vouch for (the case did not run, errors that could not be read)."""
+    """Fold one tool's run into `result`: its findings, its notes, and a failure where the run shows
+    nothing it can vouch for (the case did not run, errors that could not be read)."""
     report = sanitizer_log.read(run.tool, run.log, workdir, build_dir)
     result.findings += [f.line() for f in report.findings]
     result.notes += report.notes
@@ -162,16 +160,10 @@ def failure_text(result: MemorySafetyResult) -> str:
     return "\n".join(lines)
 
 
-def plan_limit(settings: Any) -> float:
-    """Seconds all children may take: cudaopt_memsafety_timeout, within the item's cudaopt_timeout."""
-    return max(10.0, min(settings.memsafety_timeout, settings.timeout - WATCHDOG_MARGIN_S))
-
-
 def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str,
                         sanitizer: str) -> MemorySafetyResult:
-    """Run the tools on one small case of the loaded `workdir` (its extension as built) and
-    decide. memcheck always runs; racecheck and initcheck run while the time left is at
-    least what memcheck took (each is about as slow), and are noted where they do not."""
+    """Run the tools on one small case of the loaded `workdir` (its extension as built) and decide.
+    racecheck and initcheck run while the time left is at least what memcheck took (each is about as slow)."""
     case = small_case(workdir.reference, settings)
     so = workdir.worker.extension if workdir.worker is not None else workdir.extension.__file__
     extension = str(Path(so).resolve())
@@ -180,7 +172,9 @@ def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str,
         build_dir = build_dir.parent
     result = MemorySafetyResult(workdir=str(workdir.path), test=test, case=shapes.format_case(case) or "canonical",
                                 passed=False)
-    limit, started = plan_limit(settings), time.perf_counter()
+    # All children together: cudaopt_memsafety_timeout, within the item's cudaopt_timeout.
+    limit = max(10.0, min(settings.memsafety_timeout, settings.timeout - WATCHDOG_MARGIN_S))
+    started = time.perf_counter()
     env = child_environment()
     # The logs in a folder the child cannot write; the child's own scratch beside it.
     with tempfile.TemporaryDirectory(prefix="cudaopt-memsafety-") as scratch, \
