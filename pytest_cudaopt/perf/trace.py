@@ -291,19 +291,6 @@ def profiling(device: torch.device):
     return _profile(use_kineto=True, use_cpu=True, use_device=None if device.type == "cpu" else device.type)
 
 
-class FakeTracer:
-    """Scripted traces per contender key, for tests (keys without one get no trace)."""
-
-    def __init__(self, traces: Mapping[str, Trace]):
-        self.traces = dict(traces)
-        self.calls: list[str] = []
-
-    def trace(self, contender: Contender, args: Sequence[Any], *, lead: float = 2e-3) -> Trace | None:
-        self.calls.append(contender.key)
-        contender.fn(*args)
-        return self.traces.get(contender.key)
-
-
 def trace_lineup(contenders: Sequence[Contender], args: Sequence[Any], tracer: Any,
                  leads: Mapping[str, float] | None = None) -> dict[str, Trace]:
     """One traced call of each contender on clones of `args`. A contender whose trace

@@ -12,10 +12,10 @@ VERDICT_HOOKS = ("pytest_cudaopt_perf_clock", "pytest_cudaopt_perf_tracer")
 class CudaoptHooks:
     @pytest.hookspec(firstresult=True)
     def pytest_cudaopt_perf_clock(self, config: pytest.Config, device: str):
-        """The clock of the perf items, e.g. a `pytest_cudaopt.perf.clocks.FakeClock` that
+        """The clock of the perf items, e.g. tests/doubles.py's `FakeClock` that
         scripts each contender's times; None: CUDA events on a GPU, perf_counter on the CPU."""
 
     @pytest.hookspec(firstresult=True)
     def pytest_cudaopt_perf_tracer(self, config: pytest.Config, device: str):
-        """The kernel tracer of the perf items, e.g. a `pytest_cudaopt.perf.trace.FakeTracer`;
+        """The kernel tracer of the perf items, e.g. tests/doubles.py's `FakeTracer`;
         None: torch.profiler on a GPU (when the `trace` setting is on), no trace on the CPU."""
