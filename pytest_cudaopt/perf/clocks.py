@@ -30,17 +30,11 @@ _torch_empty = torch.empty
 _gpu_sleep = getattr(torch.cuda, "_sleep", None)  # a kernel that spins for a number of clock cycles
 
 _WATCHED: dict[str, tuple[Any, str, Any]] = {
-    "time.perf_counter": (time, "perf_counter", time.perf_counter),
-    "torch.cuda.synchronize": (torch.cuda, "synchronize", torch.cuda.synchronize),
-    "torch.cuda.Event": (torch.cuda, "Event", torch.cuda.Event),
-    "torch.cuda.Event.record": (torch.cuda.Event, "record", torch.cuda.Event.record),
-    "torch.cuda.Event.elapsed_time": (torch.cuda.Event, "elapsed_time", torch.cuda.Event.elapsed_time),
-    "torch.cuda.Event.synchronize": (torch.cuda.Event, "synchronize", torch.cuda.Event.synchronize),
-    "torch.cuda.current_stream": (torch.cuda, "current_stream", torch.cuda.current_stream),
-    "torch.cuda.graph": (torch.cuda, "graph", torch.cuda.graph),
-    "torch.cuda._sleep": (torch.cuda, "_sleep", _gpu_sleep),
-    "torch.autograd.profiler.profile": (torch.autograd.profiler, "profile", torch.autograd.profiler.profile),
-}
+    f"{prefix}.{attr}": (owner, attr, getattr(owner, attr, None)) for prefix, owner, attrs in (
+        ("time", time, ["perf_counter"]), ("torch.cuda", torch.cuda, ["synchronize", "Event"]),
+        ("torch.cuda.Event", torch.cuda.Event, ["record", "elapsed_time", "synchronize"]),
+        ("torch.cuda", torch.cuda, ["current_stream", "graph", "_sleep"]),
+        ("torch.autograd.profiler", torch.autograd.profiler, ["profile"])) for attr in attrs}
 
 
 def host_time() -> float:
@@ -269,24 +263,6 @@ def _first(samples: list[Any]) -> Sample:
     return samples[0]
 
 
-def _queue_each(runs: Sequence[Run], time_one: Callable[[str, Callable[[], Any]], Sample]) -> list[Any]:
-    """`queue` for clocks without a device: each run timed alone, a candidate's as batches."""
-    grouped = {i: batch for batch in candidate_batches(runs) for i in batch}
-    samples: dict[int, Any] = {}
-    for i, (key, run, scope, _) in enumerate(runs):
-        if i in samples:
-            continue
-        if i in grouped:
-            samples.update(zip(grouped[i], time_calls([runs[j].call for j in grouped[i]])))
-            continue
-        try:
-            with scope():
-                samples[i] = time_one(key, run)
-        except Exception as exc:
-            samples[i] = exc
-    return [samples[i] for i in range(len(runs))]
-
-
 class PerfCounterClock:
     """Host wall clock around each call, for CPU contenders (nothing is flushed, nothing can escape)."""
 
@@ -303,15 +279,25 @@ class PerfCounterClock:
     def prepare(self) -> None:
         pass
 
-    def flush(self) -> None:
-        pass
-
     def runner(self, fn: Callable[..., Any], scope: Callable[[], ContextManager],
                args: Sequence[Any]) -> Callable[[], Any]:
         return lambda: fn(*args)
 
     def queue(self, runs: Sequence[Run]) -> list[Any]:
-        return _queue_each(runs, self.time)
+        """Each run timed alone, a candidate's as batches."""
+        grouped = {i: batch for batch in candidate_batches(runs) for i in batch}
+        samples: dict[int, Any] = {}
+        for i, (key, run, scope, _) in enumerate(runs):
+            if i in grouped:
+                if i not in samples:
+                    samples.update(zip(grouped[i], time_calls([runs[j].call for j in grouped[i]])))
+                continue
+            try:
+                with scope():
+                    samples[i] = self.time(key, run)
+            except Exception as exc:
+                samples[i] = exc
+        return [samples[i] for i in range(len(runs))]
 
     def time(self, key: str, run: Callable[[], Any], call: CandidateCall | None = None) -> Sample:
         if call is not None:  # the candidate's figure, checked against this process's clock
