@@ -11,6 +11,7 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 
+from doubles import DOUBLES_PATH
 from support import copy_workdir, run_python, subprocess_env
 from pytest_cudaopt.commands import gate as ci_gate
 from pytest_cudaopt import policy
@@ -23,8 +24,8 @@ cudaopt_compile_backend = eager
 cudaopt_warmup = 0.01
 cudaopt_max_time = 0.5
 """
-FAKE_CLOCK = """\
-from pytest_cudaopt.perf.clocks import FakeClock
+FAKE_CLOCK = DOUBLES_PATH + """\
+from doubles import FakeClock
 
 
 def pytest_cudaopt_perf_clock(config, device):

@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 
+from doubles import DOUBLES_PATH
 from support import run_pytest, subprocess_env
 
 MS = 1e-3
@@ -18,8 +19,8 @@ cudaopt_max_time = 1.0
 """
 # The perf items take their clock from the `pytest_cudaopt_perf_clock` hook; this one returns
 # scripted durations per contender, so the verdict does not depend on this machine's speed.
-FAKE_CLOCK = """\
-from pytest_cudaopt.perf.clocks import FakeClock
+FAKE_CLOCK = DOUBLES_PATH + """\
+from doubles import FakeClock
 
 
 def pytest_cudaopt_perf_clock(config, device):
@@ -27,7 +28,8 @@ def pytest_cudaopt_perf_clock(config, device):
 """
 # A scripted kernel trace per contender (the perf items' `pytest_cudaopt_perf_tracer` hook).
 FAKE_TRACER = """
-from pytest_cudaopt.perf.trace import FakeTracer, Kernel, Trace
+from doubles import FakeTracer
+from pytest_cudaopt.perf.trace import Kernel, Trace
 
 
 def _trace(kernels, calling=7, window=(0.0, 1e-3)):
@@ -356,11 +358,10 @@ def test_a_timing_function_replaced_by_model_new_moves_no_verdict(pytester, work
 
 # -- every timed call on inputs no earlier call saw -----------------------------------------------
 
-MEMO_CLOCK = """\
-import sys
+MEMO_CLOCK = DOUBLES_PATH + """\
 from pathlib import Path
 
-from pytest_cudaopt.perf.clocks import FakeClock
+from doubles import FakeClock
 
 
 def _hits():

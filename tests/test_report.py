@@ -10,12 +10,12 @@ from pytest_cudaopt.results import jsonreport, report, records as results
 from pytest_cudaopt.results.ledger import Ledger
 from pytest_cudaopt.cli import main as cli_main
 from pytest_cudaopt.perf import clocks, decision as gate
-from pytest_cudaopt.perf.clocks import FakeClock
 from pytest_cudaopt.perf.engine import Config, Contender, measure
 from pytest_cudaopt.perf.feed import Feed
 from pytest_cudaopt.perf.decision import gate_verdict
 from pytest_cudaopt.perf.trace import Kernel, Trace
 from pytest_cudaopt.results.records import PerfResult
+from doubles import FakeClock
 
 MS = 1e-3
 

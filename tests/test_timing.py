@@ -8,9 +8,10 @@ import torch
 from pytest_cudaopt.primitives import tensors
 from pytest_cudaopt.correctness.compare import compare_outputs
 from pytest_cudaopt.perf import clocks, engine
-from pytest_cudaopt.perf.clocks import FakeClock, PerfCounterClock
+from pytest_cudaopt.perf.clocks import PerfCounterClock
 from pytest_cudaopt.perf.engine import Config, Contender, measure
 from pytest_cudaopt.perf.feed import Feed
+from doubles import FakeClock
 
 MS = 1e-3
 

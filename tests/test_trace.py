@@ -8,7 +8,8 @@ import torch
 
 from pytest_cudaopt.perf import trace
 from pytest_cudaopt.perf.engine import Contender
-from pytest_cudaopt.perf.trace import BEGIN, CALL, END, LEAD, FakeTracer, Kernel, Trace
+from pytest_cudaopt.perf.trace import BEGIN, CALL, END, LEAD, Kernel, Trace
+from doubles import FakeTracer
 from support import subprocess_env
 
 CALLING, SIDE = 7, 13

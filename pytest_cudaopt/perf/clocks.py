@@ -1,9 +1,9 @@
-"""The clocks of the timing engine: CUDA events (device time and latency), the host's perf_counter, a fake for tests; and the timing functions bound before any workdir code runs."""
+"""The clocks of the timing engine: CUDA events (device time and latency), the host's perf_counter; and the timing functions bound before any workdir code runs."""
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, ContextManager, Mapping, Protocol, Sequence
+from typing import Any, Callable, ContextManager, Protocol, Sequence
 
 import torch
 import torch.autograd.profiler
@@ -30,17 +30,11 @@ _torch_empty = torch.empty
 _gpu_sleep = getattr(torch.cuda, "_sleep", None)  # a kernel that spins for a number of clock cycles
 
 _WATCHED: dict[str, tuple[Any, str, Any]] = {
-    "time.perf_counter": (time, "perf_counter", time.perf_counter),
-    "torch.cuda.synchronize": (torch.cuda, "synchronize", torch.cuda.synchronize),
-    "torch.cuda.Event": (torch.cuda, "Event", torch.cuda.Event),
-    "torch.cuda.Event.record": (torch.cuda.Event, "record", torch.cuda.Event.record),
-    "torch.cuda.Event.elapsed_time": (torch.cuda.Event, "elapsed_time", torch.cuda.Event.elapsed_time),
-    "torch.cuda.Event.synchronize": (torch.cuda.Event, "synchronize", torch.cuda.Event.synchronize),
-    "torch.cuda.current_stream": (torch.cuda, "current_stream", torch.cuda.current_stream),
-    "torch.cuda.graph": (torch.cuda, "graph", torch.cuda.graph),
-    "torch.cuda._sleep": (torch.cuda, "_sleep", _gpu_sleep),
-    "torch.autograd.profiler.profile": (torch.autograd.profiler, "profile", torch.autograd.profiler.profile),
-}
+    f"{prefix}.{attr}": (owner, attr, getattr(owner, attr, None)) for prefix, owner, attrs in (
+        ("time", time, ["perf_counter"]), ("torch.cuda", torch.cuda, ["synchronize", "Event"]),
+        ("torch.cuda.Event", torch.cuda.Event, ["record", "elapsed_time", "synchronize"]),
+        ("torch.cuda", torch.cuda, ["current_stream", "graph", "_sleep"]),
+        ("torch.autograd.profiler", torch.autograd.profiler, ["profile"])) for attr in attrs}
 
 
 def host_time() -> float:
@@ -269,24 +263,6 @@ def _first(samples: list[Any]) -> Sample:
     return samples[0]
 
 
-def _queue_each(runs: Sequence[Run], time_one: Callable[[str, Callable[[], Any]], Sample]) -> list[Any]:
-    """`queue` for clocks without a device: each run timed alone, a candidate's as batches."""
-    grouped = {i: batch for batch in candidate_batches(runs) for i in batch}
-    samples: dict[int, Any] = {}
-    for i, (key, run, scope, _) in enumerate(runs):
-        if i in samples:
-            continue
-        if i in grouped:
-            samples.update(zip(grouped[i], time_calls([runs[j].call for j in grouped[i]])))
-            continue
-        try:
-            with scope():
-                samples[i] = time_one(key, run)
-        except Exception as exc:
-            samples[i] = exc
-    return [samples[i] for i in range(len(runs))]
-
-
 class PerfCounterClock:
     """Host wall clock around each call, for CPU contenders (nothing is flushed, nothing can escape)."""
 
@@ -303,15 +279,25 @@ class PerfCounterClock:
     def prepare(self) -> None:
         pass
 
-    def flush(self) -> None:
-        pass
-
     def runner(self, fn: Callable[..., Any], scope: Callable[[], ContextManager],
                args: Sequence[Any]) -> Callable[[], Any]:
         return lambda: fn(*args)
 
     def queue(self, runs: Sequence[Run]) -> list[Any]:
-        return _queue_each(runs, self.time)
+        """Each run timed alone, a candidate's as batches."""
+        grouped = {i: batch for batch in candidate_batches(runs) for i in batch}
+        samples: dict[int, Any] = {}
+        for i, (key, run, scope, _) in enumerate(runs):
+            if i in grouped:
+                if i not in samples:
+                    samples.update(zip(grouped[i], time_calls([runs[j].call for j in grouped[i]])))
+                continue
+            try:
+                with scope():
+                    samples[i] = self.time(key, run)
+            except Exception as exc:
+                samples[i] = exc
+        return [samples[i] for i in range(len(runs))]
 
     def time(self, key: str, run: Callable[[], Any], call: CandidateCall | None = None) -> Sample:
         if call is not None:  # the candidate's figure, checked against this process's clock
@@ -320,65 +306,6 @@ class PerfCounterClock:
         output = run()
         seconds = _perf_counter() - t0
         return Sample(seconds=seconds, wall=seconds, escaped=0.0, output=output)
-
-
-class FakeClock(PerfCounterClock):
-    """Scripted durations per contender key, for tests: `durations[key]` (device time) and `latency[key]`
-    (default: the durations) are a number, a sequence cycled or a function called per run; `escaped[key]`
-    the latency runs' escape. Virtual time advances by each figure plus `overhead`; the calls are real
-    and `calls` lists their keys in order."""
-
-    name = "fake"
-
-    def __init__(self, durations: Mapping[str, Any], *, escaped: Mapping[str, Any] | None = None,
-                 latency: Mapping[str, Any] | None = None, default: float | None = None,
-                 overhead: float = 0.0, escape_floor: float = 0.0):
-        self.durations = {key: _cycle(value) for key, value in durations.items()}
-        latency = {**durations, **(latency or {})}
-        self.latencies = {key: _cycle(value) for key, value in latency.items()}
-        self.escapes = {key: _cycle(value) for key, value in (escaped or {}).items()}
-        self.default = default
-        self.overhead = overhead
-        self.escape_floor = escape_floor
-        self.virtual = 0.0
-        self.calls: list[str] = []
-
-    def now(self) -> float:
-        return self.virtual
-
-    def _next(self, table: Mapping[str, Any], key: str) -> float:
-        if key in table:
-            return next(table[key])
-        if self.default is not None:
-            return self.default
-        raise KeyError(f"FakeClock has no duration for contender {key!r}")
-
-    def queue(self, runs: Sequence[Run]) -> list[Any]:
-        def one(key: str, run: Callable[[], Any]) -> Sample:
-            output = run()
-            self.calls.append(key)
-            seconds = self._next(self.durations, key)
-            self.virtual += seconds + self.overhead
-            return Sample(seconds=seconds, wall=seconds, escaped=0.0, output=output)
-
-        return _queue_each([Run(r.key, r.run, r.scope) for r in runs], one)   # every figure scripted
-
-    def time(self, key: str, run: Callable[[], Any], call: CandidateCall | None = None) -> Sample:
-        output = run()
-        self.calls.append(key)
-        seconds = self._next(self.latencies, key)
-        escaped = next(self.escapes[key]) if key in self.escapes else 0.0
-        self.virtual += seconds + escaped + self.overhead
-        return Sample(seconds=seconds, wall=seconds + escaped, escaped=escaped, output=output)
-
-
-def _cycle(value: Any):
-    if callable(value):
-        while True:
-            yield value()
-    values = list(value) if isinstance(value, (list, tuple)) else [value]
-    while True:
-        yield from values
 
 
 def default_clock(device: Any, *, cuda_graph: bool = False):

@@ -6,8 +6,9 @@ import logging
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -59,14 +60,8 @@ def tf32(allowed: bool) -> Iterator[None]:
         matmul.allow_tf32, cudnn.allow_tf32 = saved
 
 
-def tf32_allowed() -> ContextManager[None]:
-    """TF32 on: the precision-matched baseline is compiled and timed so."""
-    return tf32(True)
-
-
-def fp32_strict() -> ContextManager[None]:
-    """TF32 off: the fp32 baselines are compiled and timed so."""
-    return tf32(False)
+tf32_allowed = partial(tf32, True)   # the precision-matched baseline is compiled and timed so
+fp32_strict = partial(tf32, False)   # the fp32 baselines are compiled and timed so
 
 
 def synchronize(device: Any) -> None:
@@ -101,13 +96,7 @@ def compile_model(model: Callable[..., Any], example_inputs: Sequence[Any], devi
 
 
 def load_peer_factories(workdir: Path, reference_module: Any = None) -> dict[str, Callable[..., Any]]:
-    """`PEERS` of the workdir's peers.py ({} when there is no peers.py).
-
-    peers.py format: a module-level dict `PEERS = {"name": factory, ...}`; each factory (a
-    class or a function) takes Model's init arguments (`*get_init_inputs()`) and returns an
-    nn.Module with the same state-dict keys as Model (Model's weights are loaded into it,
-    strict) or any callable taking get_inputs()'s inputs. `import model` inside peers.py
-    gives the workdir's reference module."""
+    """`PEERS` of the workdir's peers.py ({} when there is no peers.py; its format: docs/workdir.md)."""
     path = Path(workdir) / PEERS_FILE
     if not path.is_file():
         return {}
@@ -153,13 +142,6 @@ class Lineup:
     errors: dict[str, str] = field(default_factory=dict)   # key -> why it is not in the lineup
 
 
-def compile_label(mode: str, backend: str) -> str:
-    extra = [] if mode in ("", "default") else [mode]
-    if backend != "inductor":
-        extra.append(f"backend={backend}")
-    return "torch.compile" + (f" ({', '.join(extra)})" if extra else "")
-
-
 def lineup(
     model: torch.nn.Module,
     model_new: Candidate,
@@ -178,7 +160,9 @@ def lineup(
     target branch's ModelNew, or why not) and ModelNew; a baseline that cannot be prepared goes to `errors`."""
     out = Lineup()
     out.contenders.append(Contender(EAGER, model, "Model (eager)", scope=fp32_strict))
-    label = compile_label(compile_mode, compile_backend)
+    extra = [] if compile_mode in ("", "default") else [compile_mode]
+    extra += [f"backend={compile_backend}"] if compile_backend != "inductor" else []
+    label = "torch.compile" + (f" ({', '.join(extra)})" if extra else "")
     compiles = [(COMPILE, "compiled_fp32", fp32_strict, "")]
     compiles += [(PRECISION_MATCHED, "compiled_tf32", tf32_allowed, " + TF32")] if precision_matched else []
     for key, name, scope, suffix in compiles:

@@ -39,10 +39,6 @@ class ContenderResult:
         return Summary.of(self.latency)
 
     @property
-    def wall_median(self) -> float:
-        return median(self.walls) if self.walls else math.nan
-
-    @property
     def escape_median(self) -> float:
         return median(self.escapes) if self.escapes else math.nan
 
@@ -57,7 +53,7 @@ class ContenderResult:
                 "q1_s": s.q1, "q3_s": s.q3, "iqr_s": s.iqr, "rse": s.rse, "min_s": s.minimum,
                 "device_median_s": self.device_summary.median, "device_iqr_s": self.device_summary.iqr,
                 "latency_median_s": self.latency_summary.median, "latency_iqr_s": self.latency_summary.iqr,
-                "wall_median_s": self.wall_median,
+                "wall_median_s": median(self.walls) if self.walls else math.nan,
                 "escape_median_s": self.escape_median, "warmup_runs": self.warmup_runs,
                 "warmup_s": self.warmup_seconds, "outputs_checked": self.checked,
                 "failure": self.failure}

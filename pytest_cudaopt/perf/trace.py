@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -22,11 +22,6 @@ from pytest_cudaopt.primitives.tensors import clone_inputs
 _profile = torch.autograd.profiler.profile
 _record_function = torch.profiler.record_function
 
-# Ranges the tracer puts around its own work on the calling stream, in this order:
-#   LEAD   a spin kernel (the host gets ahead) and the L2 flush
-#   BEGIN  a one-element fill: where the calling stream reaches the call
-#   CALL   the contender's call
-#   END    a one-element fill: where the calling stream's work continues after the call
 OWN_RANGES = (LEAD, BEGIN, END)
 # Chrome-trace categories of device activity, and of the host calls that launch it.
 DEVICE_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
@@ -111,16 +106,34 @@ class Trace:
         return [(name, len(ks), sum(k.duration for k in ks), ks[0]) for name, ks in ranked[:n]]
 
     def escapes(self) -> list[Escape]:
-        return find_escapes(self)
+        """Device work of the call on another stream that the calling stream does not bracket, at any duration.
+
+        With the host ahead, forked work starts after BEGIN ends and joined work ends before END starts
+        (END waits for it): side-stream work ending after END was not joined back, and work starting
+        before BEGIN did not wait for the inputs. Not caught: an unjoined kernel that happens to run
+        inside the calling stream's own work (it is timed; its result races)."""
+        if self.error or self.calling_stream is None or self.window is None:
+            return []
+        begin, end = self.window
+        found = []
+        for k in self.kernels:
+            if k.stream == self.calling_stream:
+                continue
+            if k.end > end + TIE:
+                found.append(Escape(k, f"ended {format_seconds(k.end - end)} after the calling stream's "
+                                       "work had continued past the call: it was not joined back before "
+                                       "the call returned"))
+            elif k.start < begin - TIE:
+                found.append(Escape(k, f"started {format_seconds(begin - k.start)} before the calling "
+                                       "stream reached the call: it does not wait for the calling stream"))
+        return found
 
     def escape_message(self) -> str | None:
         return escape_failure(self)
 
     def summary(self) -> str:
         """'3 kernels, 1 copy on 1 stream' style count."""
-        kinds = defaultdict(int)
-        for k in self.kernels:
-            kinds[k.kind] += 1
+        kinds = Counter(k.kind for k in self.kernels)
         parts = [f"{kinds[kind]} {kind}{'s' if kinds[kind] != 1 else ''}"
                  for kind in ("kernel", "memcpy", "memset") if kinds[kind] or kind == "kernel"]
         triton = sum(1 for k in self.kernels if k.kind == "kernel" and k.short_name.startswith("triton"))
@@ -149,30 +162,6 @@ def short_name(name: str, limit: int = 60) -> str:
             text = text[:text.index(stop)]
     text = text.rsplit("::", 1)[-1] if "::" in text and len(text) > limit else text
     return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def find_escapes(trace: Trace) -> list[Escape]:
-    """Device work of the call on another stream that the calling stream does not bracket, at any duration.
-
-    With the host ahead, forked work starts after BEGIN ends and joined work ends before END starts
-    (END waits for it): side-stream work ending after END was not joined back, and work starting
-    before BEGIN did not wait for the inputs. Not caught: an unjoined kernel that happens to run
-    inside the calling stream's own work (it is timed; its result races)."""
-    if trace.error or trace.calling_stream is None or trace.window is None:
-        return []
-    begin, end = trace.window
-    found = []
-    for k in trace.kernels:
-        if k.stream == trace.calling_stream:
-            continue
-        if k.end > end + TIE:
-            found.append(Escape(k, f"ended {format_seconds(k.end - end)} after the calling stream's "
-                                   "work had continued past the call: it was not joined back before "
-                                   "the call returned"))
-        elif k.start < begin - TIE:
-            found.append(Escape(k, f"started {format_seconds(begin - k.start)} before the calling "
-                                   "stream reached the call: it does not wait for the calling stream"))
-    return found
 
 
 def escape_failure(trace: Trace, limit: int = 3) -> str | None:
@@ -289,19 +278,6 @@ class ProfilerTracer:
 def profiling(device: torch.device):
     """torch's profiler (Kineto) recording host activity and `device`'s (CUPTI on CUDA)."""
     return _profile(use_kineto=True, use_cpu=True, use_device=None if device.type == "cpu" else device.type)
-
-
-class FakeTracer:
-    """Scripted traces per contender key, for tests (keys without one get no trace)."""
-
-    def __init__(self, traces: Mapping[str, Trace]):
-        self.traces = dict(traces)
-        self.calls: list[str] = []
-
-    def trace(self, contender: Contender, args: Sequence[Any], *, lead: float = 2e-3) -> Trace | None:
-        self.calls.append(contender.key)
-        contender.fn(*args)
-        return self.traces.get(contender.key)
 
 
 def trace_lineup(contenders: Sequence[Contender], args: Sequence[Any], tracer: Any,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, Sequence
 
 import torch
@@ -30,9 +31,7 @@ def _compare(settings: Any):
 def _tier(model: torch.nn.Module, candidate: Any, inputs: list, scope: Any = None) -> tuple[str, str]:
     """(tier, note) of a contender's precision (inside its scope) against a float64 reference."""
     def call(*args: Any) -> Any:
-        if scope is None:
-            return candidate(*args)
-        with scope():
+        with (scope or nullcontext)():
             return candidate(*args)
 
     try:
@@ -85,13 +84,6 @@ def _feed(workdir: Any, model: torch.nn.Module, candidate: Candidate, seed: int,
     return Feed(draw, reference)
 
 
-def _plan(feed: Feed, example: list, device: torch.device, contenders: int,
-          max_batch: int) -> tuple[int, bool, int, str]:
-    """`memory.perf_input_plan` for inputs and outputs the size of `example`'s."""
-    output_bytes = nbytes(feed.expected(example))
-    return memory.perf_input_plan(nbytes(example), output_bytes, memory.free_bytes(device), contenders, max_batch)
-
-
 def _traces(lineup_: lineup.Lineup, measurement: engine.Measurement, args: list, tracer: Any) -> dict:
     """One traced call of every contender that was timed or failed a check, after the timing (the
     profiler's first use costs about a second); escaped work fails its contender, that reason first."""
@@ -134,8 +126,10 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
         for contender in line.contenders:
             if contender.key not in tiers:
                 tiers[contender.key] = _tier(model, contender.fn, example, contender.scope)[0]
-        group, one_check, batch, plan_note = _plan(feed, example, device, len(line.contenders),
-                                                   engine.Config.max_batch)
+        # The memory plan for inputs and outputs the size of `example`'s.
+        group, one_check, batch, plan_note = memory.perf_input_plan(
+            nbytes(example), nbytes(feed.expected(example)), memory.free_bytes(device), len(line.contenders),
+            engine.Config.max_batch)
         del example  # every timed call draws its own
         config = engine.Config.from_settings(settings, seed=derive_seed(seed, "perf", "checks"),
                                              queue_group=group, one_check_per_pass=one_check, max_batch=batch)

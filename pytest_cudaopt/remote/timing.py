@@ -1,9 +1,6 @@
 """What the judging process believes of the worker's clock: every allowance, its measured basis, and the rule that tells an honest worker's noise from a lie.
 
-The worker times its own calls and this process times the same batch from outside (the timed window's
-window on a GPU, the round trip, on the CPU the worker's CPU time), each a `Bound`. `credit`
-decides one batch, `ClockAudit` the whole run; docs/timing.md gives the rules and each number's measured basis.
-"""
+docs/timing.md gives the rules and each number's measured basis."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """The timed window: a timed batch on a GPU bracketed by the judging process's own clock, with no pipe, wake-up or IPC inside the window.
 
-Two 32-bit words on one page of shared host memory: the worker's stream waits on OPEN and writes
-DONE; the judging process writes OPEN and spins on DONE (docs/how-it-works.md). The window's fixed
-part is calibrated on empty batches before any of the workdir's code runs, so a worker cannot widen it.
-"""
+The window's fixed part is calibrated on empty batches before any of the workdir's code runs, so a
+worker cannot widen it (docs/how-it-works.md)."""
 
 from __future__ import annotations
 

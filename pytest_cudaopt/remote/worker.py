@@ -1,7 +1,6 @@
 """The judging side of a worker: start it, send requests, read replies through an allow-list, and turn a worker that dies, hangs or lies into a failure with its reason.
 
-protocol.receive resolves only dtypes, devices, sizes and tensor rebuilds: a crafted pickle runs no code here.
-"""
+protocol.receive resolves only dtypes, devices, sizes and tensor rebuilds: a crafted pickle runs no code here."""
 
 from __future__ import annotations
 
@@ -228,22 +227,22 @@ class Worker:
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.scratch = None
 
-    def last_words(self, limit: int = LAST_WORDS) -> str:
+    def _log(self, start: int = 0, size: int = -1) -> bytes:
+        """Up to `size` bytes of the worker's log from `start` (b"" where there is none)."""
         try:
-            text = self.log_path.read_bytes().decode(errors="replace") if self.log_path else ""
-        except OSError:
-            return ""
-        return text[-limit:].strip()
+            with open(self.log_path, "rb") as f:
+                f.seek(start)
+                return f.read(size)
+        except (OSError, TypeError):
+            return b""
+
+    def last_words(self, limit: int = LAST_WORDS) -> str:
+        return self._log().decode(errors="replace")[-limit:].strip()
 
     def _relay(self) -> None:
         """What the worker printed since the last reply, onto this process's stdout (pytest
         captures it for the item, as it would the candidate's prints in-process)."""
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(self._relayed)
-                chunk = f.read(1 << 16)
-        except (OSError, TypeError):
-            return
+        chunk = self._log(self._relayed, 1 << 16)
         if chunk:
             self._relayed += len(chunk)
             sys.stdout.write(chunk.decode(errors="replace"))
@@ -367,12 +366,7 @@ class Worker:
                 size, still_since = now, time.monotonic()
             elif still_since is not None and time.monotonic() - still_since >= STACK_QUIET_S:
                 break
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(before)
-                return f.read(1 << 20).decode(errors="replace").strip()
-        except (OSError, TypeError):
-            return ""
+        return self._log(before, 1 << 20).decode(errors="replace").strip()
 
     def _log_size(self) -> int:
         try:

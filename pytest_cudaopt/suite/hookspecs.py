@@ -12,8 +12,8 @@ VERDICT_HOOKS = ("pytest_cudaopt_perf_clock", "pytest_cudaopt_perf_tracer")
 class CudaoptHooks:
     @pytest.hookspec(firstresult=True)
     def pytest_cudaopt_perf_clock(self, config: pytest.Config, device: str):
-        """The clock of the perf items (e.g. `perf.clocks.FakeClock`); None: the default clock."""
+        """The clock of the perf items (e.g. tests/doubles.py's `FakeClock`); None: the default clock."""
 
     @pytest.hookspec(firstresult=True)
     def pytest_cudaopt_perf_tracer(self, config: pytest.Config, device: str):
-        """The kernel tracer of the perf items (e.g. `perf.trace.FakeTracer`); None: the default tracer."""
+        """The kernel tracer of the perf items (e.g. tests/doubles.py's `FakeTracer`); None: the default tracer."""
