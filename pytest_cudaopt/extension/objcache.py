@@ -17,6 +17,7 @@ Standard library only: ninja runs it as a script, outside any package (`python -
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -148,19 +149,15 @@ class Cache:
         os.replace(manifest, self.folder / "manifest.json")
 
 
-class _Locked:
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.handle = open(self.path, "a")
-        fcntl.flock(self.handle, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        fcntl.flock(self.handle, fcntl.LOCK_UN)
-        self.handle.close()
+@contextlib.contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _hit(cache: Cache, args, cwd: Path, workdir: Path) -> bool:
@@ -188,7 +185,7 @@ def run(argv: list[str]) -> int:
     workdir = Path(os.path.normpath(cwd / args.workdir))
     try:
         cache = Cache(Path(args.cache).expanduser(), compile_key(command, cwd / args.source, args.out, args.depfile))
-        with _Locked(cache.lock_path):
+        with _locked(cache.lock_path):
             if _hit(cache, args, cwd, workdir):
                 _log(cwd, "hit", args.source, start)
                 return 0
