@@ -1,17 +1,14 @@
-"""The content-keyed object cache: a compile whose command, toolchain, source bytes and headers match an earlier one is copied from the cache instead of run.
-
-build.ninja wraps each compile in this script when the `object_cache` setting names a folder:
+"""The content-keyed object cache: a compile whose command, toolchain, source bytes and headers match an earlier one
+is copied from the cache instead of run. build.ninja wraps each compile in this script when `object_cache` is set:
 
     python -I objcache.py --cache DIR --workdir REF --source $in --out $out --depfile $out.d -- COMPILE...
 
-The key hashes the command line (the workdir by its path relative to the build folder, so two
-workdirs with the same layout share keys), the compiler binaries, the environment variables
-compilers read and the source's bytes; a manifest per key names the headers each object was built
-from (the workdir's by sha256, others by path, size and mtime). A hit copies the object and writes
-the depfile; a miss compiles under a lock per key. Any error of the cache's own falls back to the
-plain compile. Every use appends `hit|miss|store <source> <seconds>` to objcache.log in the build folder.
-
-Standard library only: ninja runs it as a script, outside any package (`python -I`).
+The key hashes the command line (the workdir by its path relative to the build folder, so two workdirs with the same
+layout share keys), the compiler binaries, the environment variables compilers read and the source's bytes; a
+manifest per key names the headers each object was built from (the workdir's by sha256, others by path, size and
+mtime). A hit copies the object and writes the depfile; a miss compiles under a lock per key. Any error of the cache's
+own falls back to the plain compile. Every use appends `hit|miss|store <source> <seconds>` to objcache.log in the
+build folder. Standard library only: ninja runs it as a script, outside any package (`python -I`).
 """
 
 from __future__ import annotations

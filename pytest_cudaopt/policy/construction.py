@@ -1,9 +1,7 @@
 """MN010: `ModelNew(*get_init_inputs())` constructs without a GPU and its state dict matches Model's.
 
-It runs model_new.py's import and constructor, so that a ModelNew that cannot be built fails `cudaopt check`
-and `pytest -m policy`, not only the correctness items. The facts come from candidate/construct.py (in the
-worker, or here for `cudaopt check` without one); the rule is here.
-"""
+A ModelNew that cannot be built fails `cudaopt check` and `pytest -m policy`, not only the correctness items. The
+facts come from candidate/construct.py (in the worker, or in process for `cudaopt check`); the rule is here."""
 
 from __future__ import annotations
 
