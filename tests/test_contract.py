@@ -10,7 +10,8 @@ import pytest
 from support import REPO_ROOT, run_python, subprocess_env, TEMPLATES
 from pytest_cudaopt import extension as build, classic, policy
 from pytest_cudaopt.commands import scaffold
-from pytest_cudaopt.policy.extension_names import called_functions, check_extension_names
+from pytest_cudaopt.candidate.construct import called_functions, missing_functions
+from pytest_cudaopt.policy.extension_names import extension_violations
 from pytest_cudaopt.policy.files import UPSTREAM_SHA256, fixed_file_origin
 
 INI = "[pytest]\ncudaopt_device = cpu\ncudaopt_compile_backend = eager\n"
@@ -120,7 +121,7 @@ def test_both_registration_forms_work_in_one_module(prebuilt_workdir):
 def test_a_missing_function_is_named_with_what_the_module_defines_and_the_wrong_form(prebuilt_workdir):
     workdir = prebuilt_workdir("registry_forms")
     ext = build.build_extension(workdir)
-    (found,) = check_extension_names(workdir, ext)
+    (found,) = extension_violations(missing_functions(workdir, ext))
     assert (found.path, found.rule) == ("model_new.py", "EX001")
     assert "cuda_extension has no function 'scale_forward'; it defines scale, scale_setup, scale_short" in found.message
     assert "scale_setup takes a pybind11 module: that looks like a registration function passed in the wrong form" \

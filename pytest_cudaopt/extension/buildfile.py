@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_cudaopt.extension import objcache
 from pytest_cudaopt.extension.diagnostics import BuildError
 from pytest_cudaopt.extension.toolchain import arch_list, cpp_extension_module, cuda_lib_dirs, cuda_version, find_cuda_home, find_library, gencode_flags, resolve_arch
 
@@ -45,12 +46,6 @@ def _includes(workdir: Path, sources: list[Path]) -> set[str]:
         except OSError:
             pass
     return names
-
-
-def _needs_cuda(sources: list[Path], includes: set[str]) -> bool:
-    return any(s.suffix == ".cu" for s in sources) or any(
-        re.search(r"cuda|cublas|cudnn|cufft|curand|cusparse|nvtx", name, re.IGNORECASE)
-        for name in includes)
 
 
 # --------------------------------------------------------------------------- config
@@ -162,7 +157,8 @@ def configure(workdir: Path, settings) -> Config:
     cpp_extension = cpp_extension_module()
     sources = discover_sources(workdir)
     includes = _includes(workdir, sources)
-    cuda = _needs_cuda(sources, includes)
+    cuda = any(s.suffix == ".cu" for s in sources) or any(
+        re.search(r"cuda|cublas|cudnn|cufft|curand|cusparse|nvtx", name, re.IGNORECASE) for name in includes)
     cxx = os.environ.get("CXX") or "c++"
     extra_cxx = shlex.split(settings.cxx_flags or "")
     extra_nvcc = shlex.split(settings.nvcc_flags or "")
@@ -237,26 +233,18 @@ def _wrapped(cfg: Config, command: str) -> str:
     return "$objcache --source $in --out $out --depfile $out.d -- " + command
 
 
-def _objcache_line(cfg: Config) -> list[str]:
-    if cfg.object_cache is None:
-        return []
-    from pytest_cudaopt.extension import objcache
-
-    # -I: the script's folder is not put on sys.path (it imports only the standard library).
-    command = [sys.executable, "-I", objcache.__file__, "--cache", str(cfg.object_cache),
-               "--workdir", cfg.ref(cfg.workdir)]
-    return [f"objcache = {_ninja_value(command)}"]
-
-
 def ninja_file(cfg: Config) -> str:
     ref = cfg.ref
+    # -I: the script's folder is not put on sys.path (it imports only the standard library).
+    wrapper = [sys.executable, "-I", objcache.__file__, "--cache", str(cfg.object_cache), "--workdir", ref(cfg.workdir)]
+    objcache_line = [] if cfg.object_cache is None else [f"objcache = {_ninja_value(wrapper)}"]
     lines = [
         "# Written by pytest_cudaopt.extension; regenerated on every build.",
         "ninja_required_version = 1.3",
         f"cxx = {shlex.quote(cfg.cxx)}",
         f"cflags = {_ninja_value(cfg.cflags)}",
         f"ldflags = {_ninja_value(cfg.ldflags)}",
-        *_objcache_line(cfg),
+        *objcache_line,
         "",
         "rule cxx",
         "  command = " + _wrapped(cfg, "$cxx -MMD -MF $out.d $cflags -c $in -o $out"),

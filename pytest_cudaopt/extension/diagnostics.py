@@ -48,10 +48,6 @@ _FAILED = re.compile(r"^FAILED: (?:\[code=\d+\] )?(?P<target>\S+)")
 _INCLUDED_FROM = re.compile(r"^(?:In file included from|\s+from) (?P<file>[^:]+):(?P<line>\d+)[:,]")
 
 
-def _inside(rel: str) -> bool:
-    return not Path(rel).is_absolute()
-
-
 def diagnostics(output: str, workdir: Path, build_dir: Path,
                 sources: dict[str, str]) -> tuple[list[str], dict[str, int]]:
     """The error lines of a failed ninja run as `file:line: error: msg` (paths relative to
@@ -74,7 +70,7 @@ def diagnostics(output: str, workdir: Path, build_dir: Path,
         inc = _INCLUDED_FROM.match(line)
         if inc:
             rel = _workdir_path(workdir, build_dir, inc.group("file"))
-            if _inside(rel):
+            if not Path(rel).is_absolute():
                 included_from = f"{rel}:{inc.group('line')}"
             continue
         match = _GCC_DIAG.match(line) or _NVCC_DIAG.match(line)
@@ -92,7 +88,7 @@ def diagnostics(output: str, workdir: Path, build_dir: Path,
         rel = _workdir_path(workdir, build_dir, match.group("file"))
         col = f"{match.group('col')}:" if match.groupdict().get("col") else ""
         text = f"{rel}:{match.group('line')}:{col} {match.group('kind')}: {match.group('msg')}"
-        if not _inside(rel) and included_from:
+        if Path(rel).is_absolute() and included_from:
             text += f"  [included from {included_from}]"
         shown.append(text)
         # The compiler's snippet and caret (gcc: "  5 |   foo();", nvcc: indented lines).
@@ -105,22 +101,3 @@ def diagnostics(output: str, workdir: Path, build_dir: Path,
         shown = link_errors[:MAX_REPORTED_ERRORS]
     return shown, per_source
 
-
-def failure(output: str, log_path: Path, workdir: Path, build_dir: Path, sources: dict[str, str],
-            module_name: str) -> BuildError:
-    """The BuildError of a failed ninja run: the diagnostics and a one-line summary."""
-    shown, per_source = diagnostics(output, workdir, build_dir, sources)
-    if per_source:
-        total = sum(per_source.values())
-        where = ", ".join(per_source)
-        many = max(per_source.values()) > MAX_REPORTED_ERRORS
-        more = f" (first {MAX_REPORTED_ERRORS} per file shown)" if many else ""
-        summary = (f"cudaopt build: {total} error{'s' if total != 1 else ''} in {where}{more}; "
-                   f"build log: {log_path}")
-    elif shown:
-        summary = f"cudaopt build: linking {module_name} failed; build log: {log_path}"
-    else:
-        # Neither compiler nor linker said why: show the end of what ninja printed.
-        shown = [ln for ln in output.splitlines() if ln.strip()][-15:]
-        summary = f"cudaopt build: failed; build log: {log_path}"
-    return BuildError(summary, shown, log_path)

@@ -1,22 +1,20 @@
-"""The content-keyed object cache: a compile whose command, toolchain, source bytes and headers match an earlier one is copied from the cache instead of run.
-
-build.ninja wraps each compile in this script when the `object_cache` setting names a folder:
+"""The content-keyed object cache: a compile whose command, toolchain, source bytes and headers match an earlier one
+is copied from the cache instead of run. build.ninja wraps each compile in this script when `object_cache` is set:
 
     python -I objcache.py --cache DIR --workdir REF --source $in --out $out --depfile $out.d -- COMPILE...
 
-The key hashes the command line (the workdir by its path relative to the build folder, so two
-workdirs with the same layout share keys), the compiler binaries, the environment variables
-compilers read and the source's bytes; a manifest per key names the headers each object was built
-from (the workdir's by sha256, others by path, size and mtime). A hit copies the object and writes
-the depfile; a miss compiles under a lock per key. Any error of the cache's own falls back to the
-plain compile. Every use appends `hit|miss|store <source> <seconds>` to objcache.log in the build folder.
-
-Standard library only: ninja runs it as a script, outside any package (`python -I`).
+The key hashes the command line (the workdir by its path relative to the build folder, so two workdirs with the same
+layout share keys), the compiler binaries, the environment variables compilers read and the source's bytes; a
+manifest per key names the headers each object was built from (the workdir's by sha256, others by path, size and
+mtime). A hit copies the object and writes the depfile; a miss compiles under a lock per key. Any error of the cache's
+own falls back to the plain compile. Every use appends `hit|miss|store <source> <seconds>` to objcache.log in the
+build folder. Standard library only: ninja runs it as a script, outside any package (`python -I`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -148,19 +146,15 @@ class Cache:
         os.replace(manifest, self.folder / "manifest.json")
 
 
-class _Locked:
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.handle = open(self.path, "a")
-        fcntl.flock(self.handle, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        fcntl.flock(self.handle, fcntl.LOCK_UN)
-        self.handle.close()
+@contextlib.contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _hit(cache: Cache, args, cwd: Path, workdir: Path) -> bool:
@@ -188,7 +182,7 @@ def run(argv: list[str]) -> int:
     workdir = Path(os.path.normpath(cwd / args.workdir))
     try:
         cache = Cache(Path(args.cache).expanduser(), compile_key(command, cwd / args.source, args.out, args.depfile))
-        with _Locked(cache.lock_path):
+        with _locked(cache.lock_path):
             if _hit(cache, args, cwd, workdir):
                 _log(cwd, "hit", args.source, start)
                 return 0

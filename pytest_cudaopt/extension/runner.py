@@ -7,15 +7,14 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from pytest_cudaopt.extension.buildfile import MODULE_NAME, Config, configure, ninja_file, object_name, settings_or_default
-from pytest_cudaopt.extension.diagnostics import BuildError, diagnostics, failure
-from pytest_cudaopt.extension.loader import load_extension
+from pytest_cudaopt.extension.diagnostics import MAX_REPORTED_ERRORS, BuildError, diagnostics
+from pytest_cudaopt.candidate.load import import_extension
 from pytest_cudaopt.run.signals import die_with_parent
 
 LOCK_TIMEOUT_S = 3600.0
@@ -76,8 +75,23 @@ def _write_if_changed(path: Path, text: str) -> None:
 
 
 def failure_of(cfg: Config, output: str, log_path: Path) -> BuildError:
+    """The BuildError of a failed ninja run: the diagnostics and a one-line summary."""
     sources = {object_name(s): s.as_posix() for s in cfg.sources}
-    return failure(output, log_path, cfg.workdir, cfg.build_dir, sources, MODULE_NAME)
+    shown, per_source = diagnostics(output, cfg.workdir, cfg.build_dir, sources)
+    if per_source:
+        total = sum(per_source.values())
+        where = ", ".join(per_source)
+        many = max(per_source.values()) > MAX_REPORTED_ERRORS
+        more = f" (first {MAX_REPORTED_ERRORS} per file shown)" if many else ""
+        summary = (f"cudaopt build: {total} error{'s' if total != 1 else ''} in {where}{more}; "
+                   f"build log: {log_path}")
+    elif shown:
+        summary = f"cudaopt build: linking {MODULE_NAME} failed; build log: {log_path}"
+    else:
+        # Neither compiler nor linker said why: show the end of what ninja printed.
+        shown = [ln for ln in output.splitlines() if ln.strip()][-15:]
+        summary = f"cudaopt build: failed; build log: {log_path}"
+    return BuildError(summary, shown, log_path)
 
 
 class _Progress:
@@ -265,29 +279,31 @@ def existing_build(workdir: Path, *, settings=None) -> Path | None:
     return so if so.is_file() else None
 
 
-def existing_extension(workdir: Path, *, settings=None):
-    """The loaded extension of the workdir's last build for the current configuration, or
-    None when there is none. Compiles nothing (the build may predate the latest edits)."""
-    workdir = Path(workdir).resolve()
+def _demangle(text: str) -> str:
+    names = re.findall(r"_Z\w+", text)
+    if not names or not shutil.which("c++filt"):
+        return text
     try:
-        cfg = configure(workdir, settings_or_default(settings, workdir))
-    except (BuildError, ValueError):  # ValueError: a setting of the workdir's ini that does not parse
-        return None
-    so = cfg.build_dir / f"{MODULE_NAME}.so"
-    if not so.is_file():
-        return None
-    result = BuildResult(workdir=workdir, build_dir=cfg.build_dir, so_path=so, seconds=0.0, compiled=[],
-                         objects=len(cfg.sources), linked=False, waited_s=0.0, cuda=cfg.cuda, arch=cfg.arch,
-                         log_path=cfg.build_dir / "build.log")
-    return load_extension(result)
+        out = subprocess.run(["c++filt", *names], capture_output=True, text=True).stdout.split("\n")
+    except OSError:  # in the worker's sandbox no program starts: the names stay mangled
+        return text
+    for raw, nice in zip(names, out):
+        text = text.replace(raw, f"{nice} ({raw})" if nice and nice != raw else raw)
+    return text
 
 
 def build(workdir: Path, *, settings=None, verbose: bool = False,
           emit: Callable[[str], None] | None = None) -> BuildResult:
     """Build and import; the result's `module` is the loaded extension. `emit` receives the
-    progress lines (steps with the elapsed time, waiting for another process's lock)."""
+    progress lines (steps with the elapsed time, waiting for another process's lock). The module is
+    imported under a name unique to this build (a fresh copy of a rebuilt .so); one that does not import
+    is a BuildError."""
     result = compile_extension(workdir, settings=settings, verbose=verbose, emit=emit)
-    load_extension(result)
+    try:
+        result.module = import_extension(result.so_path, result.build_dir)
+    except ImportError as exc:
+        raise BuildError(f"cudaopt build: {MODULE_NAME} of {result.workdir} was built but does "
+                         f"not import: {_demangle(str(exc))}", [], result.log_path) from None
     return result
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pytest_cudaopt.policy.construction import check_construction, check_construction_within, construction_violations
+from pytest_cudaopt.candidate.construct import construction as construction_facts
+from pytest_cudaopt.policy.construction import construction_violations
 from pytest_cudaopt.policy.cpp_checks import KernelScan, check_convolution, model_convolutions
 from pytest_cudaopt.policy.cpp_lexer import lex_cpp
 from pytest_cudaopt.policy.extension_names import extension_violations
@@ -27,18 +28,16 @@ __all__ = [
 
 
 def check_workdir(workdir: Path, config: Config | None = None, extension: Any = None,
-                  construction_timeout: float | None = None, construct: bool = True) -> list[Violation]:
+                  construct: bool = True) -> list[Violation]:
     """Every violation of the workdir rules in `workdir`, sorted, less the rules the config disables.
 
-    `extension`: the built `cuda_extension` for MN010 (None: a stand-in); `construction_timeout`: MN010's limit,
-    for callers without a watchdog (`cudaopt check`); `construct=False`: none of IMPORTS_WORKDIR."""
+    `extension`: the built `cuda_extension` for MN010 (None: a stand-in); `construct=False`: none of IMPORTS_WORKDIR."""
     workdir = Path(workdir).resolve()
     config = load_config(workdir) if config is None else config
     found: list[Violation] = list(config.problems)
     found += check_model_new(workdir, config)
     if construct and "MN010" not in config.disable:  # the one rule that imports torch and runs the workdir's code
-        found += (check_construction(workdir, extension) if construction_timeout is None
-                  else check_construction_within(workdir, extension, construction_timeout))
+        found += construction_violations(workdir, construction_facts(workdir, extension))
     scan = KernelScan(workdir, config)
     found += scan.violations
     found += check_convolution(workdir, scan)

@@ -1,19 +1,14 @@
 """MN010: `ModelNew(*get_init_inputs())` constructs without a GPU and its state dict matches Model's.
 
-It runs model_new.py's import and constructor, so that a ModelNew that cannot be built fails `cudaopt check`
-and `pytest -m policy`, not only the correctness items. The facts come from candidate/construct.py (in the
-worker, or here for `cudaopt check` without one); the rule is here.
-"""
+A ModelNew that cannot be built fails `cudaopt check` and `pytest -m policy`, not only the correctness items. The
+facts come from candidate/construct.py (in the worker, or in process for `cudaopt check`); the rule is here."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 from pytest_cudaopt.policy.rules import Violation
-from pytest_cudaopt.candidate.construct import construction
-from pytest_cudaopt.candidate.load import user_traceback
 
 RULE = "MN010"
 MAX_LISTED = 6
@@ -100,22 +95,3 @@ def construction_violations(workdir: Path, facts: dict | None) -> list[Violation
     return [_violation(traceback, "Model(*get_init_inputs()) fails on the CPU, so ModelNew's state_dict "
                                   "cannot be compared with it", "model.py", 1)]
 
-
-def check_construction(workdir: Path, extension: Any = None) -> list[Violation]:
-    """MN010 on the workdir, in this process; `extension` is the built `cuda_extension`, None the stand-in."""
-    return construction_violations(workdir, construction(workdir, extension))
-
-
-def check_construction_within(workdir: Path, extension: Any, timeout: float) -> list[Violation]:
-    """`check_construction` under the `cudaopt_timeout` watchdog (`cudaopt check`; the pytest item has its own)."""
-    from pytest_cudaopt.run.watchdog import HangTimeout, Watchdog
-
-    dog = Watchdog(timeout, "MN010")
-    dog.stage = "importing model_new.py and constructing ModelNew"
-    try:
-        with dog:
-            return check_construction(workdir, extension)
-    except HangTimeout as exc:
-        return [_violation(user_traceback(exc, [Path(workdir).resolve()]), f"model_new.py's import and ModelNew(*get_init_inputs()) "
-                                                         f"did not end within cudaopt_timeout={timeout:g}s",
-                           "model_new.py", 1)]

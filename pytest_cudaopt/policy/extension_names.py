@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 from pytest_cudaopt.policy.rules import BUILD_RULES, Violation
-from pytest_cudaopt.candidate.construct import called_functions, missing_functions  # noqa: F401
 
 RULE = "EX001"
 RULE_TEXT = BUILD_RULES[RULE]
-
-
-def check_extension_names(workdir: Path, module: Any) -> list[Violation]:
-    """EX001 for every function that model_new.py calls and the built `module` lacks."""
-    return extension_violations(missing_functions(workdir, module))
 
 
 def extension_violations(missing: list) -> list[Violation]:

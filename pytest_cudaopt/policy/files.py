@@ -196,16 +196,12 @@ def kernel_files(workdir: Path) -> list[Path]:
     return sorted(p for p in kernels.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
 
 
-def _is_intermediate(path: Path) -> bool:
-    return any(fnmatch.fnmatchcase(path.name, pattern) for pattern in INTERMEDIATE_PATTERNS)
-
-
 def check_kernels_dir(workdir: Path, reached: set[Path]) -> list[Violation]:
     """KD001-KD003; `reached` holds the (resolved) files that a kernels/ source includes."""
     found, final = [], []
     for path in kernel_files(workdir):
         rel = path.relative_to(workdir).as_posix()
-        if _is_intermediate(path):
+        if any(fnmatch.fnmatchcase(path.name, pattern) for pattern in INTERMEDIATE_PATTERNS):
             found.append(Violation(rel, 1, "KD001", f"{path.name} looks like an intermediate version; "
                                                     "kernels/ holds only the final one (delete it, git keeps history)"))
         else:

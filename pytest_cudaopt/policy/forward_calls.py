@@ -15,7 +15,7 @@ from pytest_cudaopt.policy.allowlists import (
     FILE_READ_CALLS, FILE_READ_METHODS, GLOBAL_STATE_CALLS, HOOK_METHODS, REDUCING_BUILTINS, SAFE_CALL_MODULES,
     TENSOR_CREATING_METHODS, TENSOR_DISPATCHING_BUILTINS, TENSOR_OP_ATTRIBUTES, TORCH_SETTER,
 )
-from pytest_cudaopt.policy.python_ast import EXT, MODULE, NON, SHAPE, SUPER, TENSOR, TENSORS, UNKNOWN, const_str
+from pytest_cudaopt.policy.symbols import EXT, MODULE, NON, SHAPE, SUPER, TENSOR, TENSORS, UNKNOWN, const_str
 from pytest_cudaopt.policy.rules import Config
 
 Verdict = tuple[object, "tuple[str, str] | None"]

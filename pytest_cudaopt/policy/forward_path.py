@@ -8,11 +8,11 @@ from typing import Callable
 from pytest_cudaopt.policy.forward_calls import (
     attribute, builtin_call, method_call, passed_function, qualified_call, tensorish,
 )
-from pytest_cudaopt.policy.python_ast import (
-    EXT, MODULE, NON, SHAPE, TENSOR, TENSORS, UNKNOWN, attribute_chain, const_str, is_module_class,
-)
 from pytest_cudaopt.policy.rules import Config
-from pytest_cudaopt.policy.symbols import Symbols, method, param_kinds
+from pytest_cudaopt.policy.symbols import (
+    EXT, MODULE, NON, SHAPE, TENSOR, TENSORS, UNKNOWN, Symbols, attribute_chain, const_str, is_module_class, method,
+    param_kinds,
+)
 
 
 def _join(*types: object) -> object:
@@ -141,7 +141,8 @@ class ForwardChecker(ast.NodeVisitor):
             self.add(iterable, "MN005", "iterating over a tensor dispatches torch ops (unbind/select)")
         if kind in (TENSOR, EXT, TENSORS):
             return TENSOR
-        return NON if _is_range(iterable) or kind == SHAPE else UNKNOWN
+        is_range = isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name) and iterable.func.id == "range"
+        return NON if is_range or kind == SHAPE else UNKNOWN
 
     def test(self, node: ast.expr) -> None:
         if tensorish(self.expr(node)):
@@ -378,10 +379,6 @@ class ForwardChecker(ast.NodeVisitor):
                 self.env[node.func.value.id] = TENSORS  # outs.append(y): outs now holds tensors
             return NON
         return UNKNOWN
-
-
-def _is_range(node: ast.AST) -> bool:
-    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range"
 
 
 _OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.MatMult: "@", ast.Div: "/", ast.FloorDiv: "//",

@@ -8,13 +8,11 @@ from pathlib import Path
 
 from pytest_cudaopt.policy.allowlists import (
     FILE_READ_ATTRIBUTES, FILE_READ_CALLS, FILE_READ_METHODS, FORBIDDEN_METHODS_OF_SELF, FORBIDDEN_STDLIB,
-    FRAME_ATTRIBUTES, FRAME_CALLS, OBJECT_GRAPH_ATTRIBUTES,
-    GLOBAL_STATE_CALLS, TORCH_SETTER,
+    FRAME_ATTRIBUTES, FRAME_CALLS, GLOBAL_STATE_CALLS, OBJECT_GRAPH_ATTRIBUTES, TORCH_SETTER,
 )
 from pytest_cudaopt.policy.forward_path import ForwardPath
-from pytest_cudaopt.policy.python_ast import TRY_NODES, dotted, is_module_class
 from pytest_cudaopt.policy.rules import Config, Violation
-from pytest_cudaopt.policy.symbols import Symbols
+from pytest_cudaopt.policy.symbols import TRY_NODES, Symbols, dotted, is_module_class
 
 
 class ModelNewCheck:
