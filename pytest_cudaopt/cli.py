@@ -52,9 +52,8 @@ class _Ran:
 
 
 def _run_pytest(workdir: Path, marker: str, extra: Sequence[str]) -> int:
-    """verify and profile are the plugin's own verdicts, run through pytest so that the
-    command line and `pytest -m ...` can never disagree. pytest's status, but 2 for its usage
-    error (4) and 5 when no item of the verdict ran (all skipped: pytest says 0)."""
+    """verify and profile run through pytest, so they and `pytest -m ...` never disagree: pytest's status,
+    but 2 for its usage error (4) and 5 when no item of the verdict ran (all skipped: pytest says 0)."""
     from pytest_cudaopt.launch import run_pytest
 
     ran = _Ran(marker)
@@ -127,13 +126,11 @@ def _current_build(workdir: Path) -> tuple[Path | None, str]:
 
 
 def _worker_findings(workdir: Path, so: Path | None, limit: float, mn010: bool) -> list:
-    """MN010's and EX001's violations from a worker; a worker that hangs past `limit` seconds or
-    dies is an MN010 violation that says so."""
+    """MN010's and EX001's violations from a worker; one that hangs past `limit` seconds or dies is an MN010."""
     from pytest_cudaopt.policy import worker_violations
     from pytest_cudaopt.policy.rules import Violation
     from pytest_cudaopt.remote.worker import Worker, WorkerError, WorkerFailed
     from pytest_cudaopt.run.supervision import worker_frames
-
     from pytest_cudaopt.suite.settings import SettingError, workdir_settings
 
     if not mn010 and so is None:

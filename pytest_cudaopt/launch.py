@@ -18,14 +18,12 @@ def entry_point_installed() -> bool:
 
 
 def plugin_args() -> list[str]:
-    """The arguments that load the plugin into a new pytest session: `-p pytest_cudaopt.plugin`
-    unless the entry point does (naming it both ways would register it twice)."""
+    """`-p pytest_cudaopt.plugin`, unless the entry point loads it (naming it both ways registers it twice)."""
     return [] if entry_point_installed() else ["-p", PLUGIN]
 
 
 def conftest_plugins() -> list[str]:
-    """`pytest_plugins` of a workdir's conftest.py: the plugin, unless the entry point (or an
-    earlier conftest) imported it already when pytest started."""
+    """`pytest_plugins` of a workdir's conftest.py: the plugin, unless something imported it already."""
     return [] if PLUGIN in sys.modules else [PLUGIN]
 
 

@@ -65,11 +65,6 @@ def op_name(func: Any) -> str:
     return f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
 
 
-def is_allowed(func: Any, extra: frozenset[str] = frozenset()) -> bool:
-    name = op_name(func)
-    return name in ALLOWED_OPS or name in extra or func._schema.name in extra or bool(getattr(func, "is_view", False))
-
-
 class OpAudit(TorchDispatchMode):
     """Records every op that reaches the dispatcher while active, from Python and C++ alike, with the
     workdir's line that led to it and the builtin (torch function, method, extension function) that sent it."""
@@ -143,10 +138,12 @@ class OpAudit(TorchDispatchMode):
         return "a Python operator on tensors (+, *, @, ...)", False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not is_allowed(func, self.extra):
+        name = op_name(func)
+        if not (name in ALLOWED_OPS or name in self.extra or func._schema.name in self.extra
+                or getattr(func, "is_view", False)):
             caller, from_cpp = self._caller()
             where, via = self._where()
-            self.ops.append(AuditedOp(op_name(func), caller, from_cpp, where, "" if from_cpp else via))
+            self.ops.append(AuditedOp(name, caller, from_cpp, where, "" if from_cpp else via))
         return func(*args, **(kwargs or {}))
 
     def violations(self) -> list[AuditedOp]:
@@ -219,10 +216,6 @@ def overlaps(a: tuple | None, b: tuple | None) -> bool:
     return a is not None and b is not None and a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
 
 
-def input_label(index: int, names: list[str] | None) -> str:
-    return f"input {index} ({names[index]})" if names and index < len(names) else f"input {index}"
-
-
 class OutputHistory:
     """Weak references to what earlier calls returned: one still alive that comes back is a cached output."""
 
@@ -262,9 +255,9 @@ def unfresh_output(output: Any, inputs: list, model_new: torch.nn.Module, earlie
         for i, other in input_spans:
             if overlaps(span, other):
                 what = "is" if leaf is inputs[i] else "shares storage with (a view of)"
-                return "output aliases input", (f"{file}: {path} {describe_tensor(leaf)} {what} "
-                                                f"{input_label(i, names)}; outputs must own fresh storage, not "
-                                                f"return an input or a view of one")
+                label = f"input {i} ({names[i]})" if names and i < len(names) else f"input {i}"
+                return "output aliases input", (f"{file}: {path} {describe_tensor(leaf)} {what} {label}; outputs "
+                                                f"must own fresh storage, not return an input or a view of one")
         for name, other in state_spans:
             if overlaps(span, other):
                 return "output aliases state", (f"{file}: {path} {describe_tensor(leaf)} shares storage with "

@@ -1,9 +1,7 @@
 """The worker's OS sandbox, applied by the worker to itself before any candidate code runs: Landlock (it reads its workdir, its build and the Python and CUDA environment, writes only its scratch folder, executes nothing, cannot ptrace, signal or reach abstract sockets outside itself, opens no TCP connection), a seccomp filter (no ptrace, no other process's memory, no signal outside its own process group, no exec, no kernel modules, mounts or namespaces), no capabilities, no new privileges, not dumpable.
 
-Landlock and seccomp are called through ctypes (docs/threat-model.md says why no package is used).
-Standard library only: this runs before torch is imported, while the worker has a single thread
-(Landlock confines the calling thread and the threads it starts, not those already running).
-"""
+Standard library only (ctypes; docs/threat-model.md says why): this runs before torch is imported, while the
+worker has a single thread (Landlock confines the calling thread and those it starts, not those already running)."""
 
 from __future__ import annotations
 
@@ -58,6 +56,14 @@ SCRATCH = READ | WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_DIR | MAKE_REG | M
 SHARED_MEMORY = READ_FILE | WRITE_FILE | MAKE_REG | REMOVE_FILE | TRUNCATE
 
 
+def _check(result: int, what: str) -> int:
+    """`result` of a libc call, or the OSError its errno names (`what: strerror`)."""
+    if result < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{what}: {os.strerror(code)}")
+    return result
+
+
 class _RulesetAttr(ctypes.Structure):
     _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
                 ("scoped", ctypes.c_uint64)]
@@ -86,10 +92,8 @@ def _landlock(abi: int, reads: list[tuple[str, int]]) -> None:
     attr = _RulesetAttr(fs, NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 else 0,
                         SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0)
     size = ctypes.sizeof(attr) if abi >= 6 else (16 if abi >= 4 else 8)
-    ruleset = _LIBC.syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(size),
-                            ctypes.c_uint32(0))
-    if ruleset < 0:
-        raise OSError(ctypes.get_errno(), f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
+    ruleset = _check(_LIBC.syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), ctypes.byref(attr),
+                                   ctypes.c_size_t(size), ctypes.c_uint32(0)), "landlock_create_ruleset")
     try:
         for path, rights in reads:
             try:
@@ -100,15 +104,13 @@ def _landlock(abi: int, reads: list[tuple[str, int]]) -> None:
                 if not os.path.isdir(path):
                     rights &= FILE_RIGHTS
                 rule = _PathBeneath(rights & fs, fd)
-                if _LIBC.syscall(ctypes.c_long(SYS_LANDLOCK_ADD_RULE), ctypes.c_int(ruleset),
-                                 ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0)) < 0:
-                    code = ctypes.get_errno()
-                    raise OSError(code, f"landlock_add_rule {path}: {os.strerror(code)}")
+                _check(_LIBC.syscall(ctypes.c_long(SYS_LANDLOCK_ADD_RULE), ctypes.c_int(ruleset),
+                                     ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0)),
+                       f"landlock_add_rule {path}")
             finally:
                 os.close(fd)
-        if _LIBC.syscall(ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_int(ruleset), ctypes.c_uint32(0)) < 0:
-            code = ctypes.get_errno()
-            raise OSError(code, f"landlock_restrict_self: {os.strerror(code)}")
+        _check(_LIBC.syscall(ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_int(ruleset), ctypes.c_uint32(0)),
+               "landlock_restrict_self")
     finally:
         os.close(ruleset)
 
@@ -217,9 +219,8 @@ def install_seccomp(prog: list[tuple], machine: str) -> None:
     filters = (_SockFilter * len(prog))(*[_SockFilter(*op) for op in prog])
     fprog = _SockFprog(len(prog), filters)
     if _LIBC.syscall(ctypes.c_long(_SYS_SECCOMP[machine]), ctypes.c_uint(SECCOMP_SET_MODE_FILTER),
-                     ctypes.c_uint(SECCOMP_FILTER_FLAG_TSYNC), ctypes.byref(fprog)) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, f"seccomp: {os.strerror(code)}")
+                     ctypes.c_uint(SECCOMP_FILTER_FLAG_TSYNC), ctypes.byref(fprog)) != 0:  # TSYNC: >0 names a thread
+        _check(-1, "seccomp")
 
 
 def _syscalls(machine: str, names) -> list[int]:
@@ -259,15 +260,11 @@ def _drop_capabilities(last: int) -> None:
         _LIBC.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)   # refused without CAP_SETPCAP: then there is nothing to drop
     _LIBC.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     data = (_CapData * 2)()
-    if _LIBC.capset(ctypes.byref(_CapHeader(0x20080522, 0)), data) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, f"capset: {os.strerror(code)}")
+    _check(_LIBC.capset(ctypes.byref(_CapHeader(0x20080522, 0)), data), "capset")
 
 
 def _prctl(option: int, value: int, what: str) -> None:
-    if _LIBC.prctl(option, value, 0, 0, 0) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, f"{what}: {os.strerror(code)}")
+    _check(_LIBC.prctl(option, value, 0, 0, 0), what)
 
 
 def confine(mode: str, workdir: str, build: str | None, scratch: str, *,

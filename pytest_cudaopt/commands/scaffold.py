@@ -58,9 +58,8 @@ class ScaffoldError(Exception):
 
 
 def init_workdir(dest: Path, model_path: Path, notes: list[str] | None = None, device: str = "cuda") -> Path:
-    """Create the workdir `dest` around `model_path` (model.py a byte copy, kernels/ a starting kernel
-    for `device`) and return its resolved path. Refuses an existing non-empty `dest`; nothing is written
-    when the model cannot be read. Warnings (names model.py reads but never defines) go to `notes`."""
+    """Create the workdir `dest` around `model_path` (model.py a byte copy, kernels/ a starting kernel for
+    `device`); its resolved path. Warnings (names model.py reads but never defines) go to `notes`."""
     if device not in starter.DEVICES:
         raise ScaffoldError(f"unknown device {device!r}: expected one of {', '.join(starter.DEVICES)}")
     dest, model_path = Path(dest).resolve(), Path(model_path).resolve()
@@ -207,8 +206,7 @@ def _class_needs(model: ast.ClassDef, forwards: list[ast.FunctionDef]) -> set[st
 
 
 def _module_statements(tree: ast.Module, skip: list[ast.stmt], todo: set[str]) -> tuple[list[ast.stmt], set[str]]:
-    """The module-level statements that define the names in `todo`, transitively (in source
-    order), and the names that nothing at module level defines."""
+    """The module-level statements that define the names in `todo`, transitively, and the names nothing defines."""
     definitions: dict[str, ast.stmt] = {}
     for node in tree.body:
         if node in skip or (isinstance(node, ast.FunctionDef) and node.name in ("get_inputs", "get_init_inputs")):
@@ -237,8 +235,7 @@ def _module_statements(tree: ast.Module, skip: list[ast.stmt], todo: set[str]) -
 
 
 def _direct_super_calls(model: ast.ClassDef) -> list[ast.Call]:
-    """`super(Model, self)` calls in the bodies of Model's own methods (not in nested
-    functions, lambdas or comprehensions, where `super()` would not find the method's class)."""
+    """`super(Model, self)` calls in the bodies of Model's own methods, not in nested scopes (_NESTED_SCOPES)."""
     found = []
     for method in (n for n in model.body if isinstance(n, _FUNCTIONS)):
         params = [*method.args.posonlyargs, *method.args.args]
@@ -257,10 +254,8 @@ def _direct_super_calls(model: ast.ClassDef) -> list[ast.Call]:
 
 
 def _renamed_lines(source: str, tree: ast.Module, model: ast.ClassDef) -> list[str]:
-    """`source`'s lines for model_new.py, where the class is ModelNew: `super(Model, self)` in
-    Model's methods becomes `super()`, every other read of the name Model (`Model.expansion`,
-    `isinstance(m, Model)`, `super(Model, self)` in a nested function) becomes ModelNew. The
-    line numbers stay those of the AST."""
+    """`source`'s lines for model_new.py: `super(Model, self)` in Model's methods becomes `super()`, every other
+    read of the name Model becomes ModelNew. The line numbers stay those of the AST."""
     supers = _direct_super_calls(model)
     inside = {id(call.args[0]) for call in supers}
     edits: list[tuple[ast.expr, str]] = [(call, "super()") for call in supers]
@@ -287,8 +282,7 @@ def _forward_stub(forward: ast.FunctionDef, indent: str) -> str:
 
 
 def _model_new_class(lines: list[str], source: str, model: ast.ClassDef, forwards: list[ast.FunctionDef]) -> str:
-    """class ModelNew: Model's decorators, bases and body as written (class attributes,
-    methods, nested classes, comments), forward's body replaced by the stub."""
+    """class ModelNew: Model's decorators, bases and body as written, forward's body replaced by the stub."""
     decorators = "".join(lines[_first_line(model) - 1:model.lineno - 1])
     bases = ", ".join(ast.get_source_segment(source, b) for b in (*model.bases, *model.keywords)) or "nn.Module"
     body, at = [], _first_line(model.body[0])
@@ -303,10 +297,8 @@ def _model_new_class(lines: list[str], source: str, model: ast.ClassDef, forward
 
 
 def render_model_new(source: str, model_path: Path, notes: list[str] | None = None) -> str:
-    """model_new.py for the model in `source`: ModelNew is Model's class (constructor, other
-    methods, class attributes, nested classes: so the constructor runs and the state dict
-    matches) with what it needs from model.py copied along (helper classes, functions,
-    constants, imports); forward keeps its parameters and raises NotImplementedError."""
+    """model_new.py for the model in `source`: ModelNew is Model's class (so the constructor runs and the state
+    dict matches) with what it needs from model.py copied along; forward keeps its parameters and raises."""
     tree, model, forwards = _parse_model(source, model_path)
     patches = _model_patches(tree)
     needs = _class_needs(model, forwards).union(*(_free_names(p) for p in patches))
@@ -349,9 +341,8 @@ def render_model_new(source: str, model_path: Path, notes: list[str] | None = No
 # --------------------------------------------------------------------------- cudaopt adopt
 
 def find_registrations(workdir: Path) -> list[tuple[str, int, str, str]]:
-    """(file, line, name, form) of every REGISTER_BINDING under kernels/: form "contract" for
-    `REGISTER_BINDING(name, register_fn)` where the file defines `register_fn(pybind11::module&)`,
-    "short" for `REGISTER_BINDING(py_name, cpp_fn, ...)`."""
+    """(file, line, name, form) of every REGISTER_BINDING under kernels/: "contract" for `REGISTER_BINDING(name,
+    register_fn)` where the file defines `register_fn(pybind11::module&)`, else "short"."""
     found = []
     kernels = Path(workdir) / "kernels"
     for path in sorted(kernels.rglob("*.c*")) if kernels.is_dir() else []:
@@ -380,9 +371,8 @@ def find_registrations(workdir: Path) -> list[tuple[str, int, str, str]]:
 
 
 def adopt_workdir(workdir: Path) -> tuple[Path, str]:
-    """Record the lock of a workdir that `cudaopt init` did not make, leaving its files alone.
-    Returns the lock's path and a summary: where each fixed file comes from (shipped,
-    upstream agent-workdir, modified, missing) and the bindings found, with their form."""
+    """Record the lock of a workdir that `cudaopt init` did not make, leaving its files alone: the lock's path
+    and a summary (where each fixed file comes from, the bindings found and their form)."""
     from pytest_cudaopt.policy.files import UPSTREAM_SHA256, fixed_file_origin
 
     workdir = _existing_workdir(workdir)
