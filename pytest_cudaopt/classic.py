@@ -4,8 +4,7 @@
 #   [PASS] check 1/5 ... / [FAIL] check 2/5 ...    one line per correctness case
 #   [PASS] verify success / [FAIL] verify failed ...
 #   Torch Baseline: <t>us, Torch Compile: <t>us, CUDA Extension: <t>us
-# The verdicts themselves come from pytest (the same items as `pytest -m correctness|perf`);
-# the lines are read back from its JSON report, so they are the table's own numbers.
+# The verdicts come from pytest (`pytest -m correctness|perf`); the lines are read back from its JSON report.
 
 from __future__ import annotations
 

@@ -40,9 +40,8 @@ def pytest_command(args: Sequence[str], python: str | None = None) -> list[str]:
 
 
 def strict_sandbox(pytest_args: Sequence[str], env: dict | None = None, ini: dict | None = None) -> list[str]:
-    """`--cudaopt-sandbox=require` for a run on a GPU runner (`cudaopt gate`, `cudaopt judge`)
-    where neither its pytest arguments, the environment (`env`) nor the workdir's ini file
-    (`ini`) set the sandbox or put the workdir on the CPU; else nothing."""
+    """`--cudaopt-sandbox=require` for a run on a GPU runner (`cudaopt gate`, `cudaopt judge`) where neither its
+    pytest arguments, `env` nor the workdir's ini (`ini`) set the sandbox or put the workdir on the CPU."""
     import os
 
     env = os.environ if env is None else env

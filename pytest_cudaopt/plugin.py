@@ -268,8 +268,7 @@ def pytest_xdist_node_collection_finished(node, ids) -> None:
 
 
 def _supervised(item: pytest.Item) -> bool:
-    """Under the watchdog from the first line: the workdir's items (some policy items import its
-    code) and any correctness or perf item."""
+    """Under the watchdog from the first line: the workdir's items and any correctness or perf item."""
     from pytest_cudaopt.run.supervision import judged
 
     return workdir_node(item) is not None or judged(item)

@@ -164,8 +164,7 @@ def send(conn: Connection, message: Any, arena: Arena | None = None, writer: str
 
 
 def receive(conn: Connection, arena: Arena | None = None, sender: str = "worker") -> Any:
-    """The next message, its tensors viewed in the sender's half of the arena (valid until its next
-    message) or rebuilt through the allow-list."""
+    """The next message, its tensors in the sender's half of the arena (until its next message) or rebuilt."""
     return receive_bytes(conn.recv_bytes(), arena, sender)
 
 

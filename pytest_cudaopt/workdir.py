@@ -76,8 +76,7 @@ class Workdir:
 
     @property
     def nondeterministic(self) -> bool:
-        """model_new.py declares `CUDAOPT_NONDETERMINISTIC = True`: two runs on the same
-        inputs may differ within the tolerance (atomics) instead of bit for bit."""
+        """model_new.py declares `CUDAOPT_NONDETERMINISTIC = True`: two runs may differ within the tolerance."""
         if self.worker is not None:
             return bool(self.worker.facts.get("nondeterministic"))
         return bool(getattr(self.candidate, NONDETERMINISTIC, False))
@@ -97,8 +96,7 @@ class Workdir:
         return _as_list(values, self.model_file, "get_init_inputs()", "the arguments of Model(...)")
 
     def inputs(self, seed: int, device: torch.device | str = "cpu", isolated: bool = True) -> list:
-        """model.py's get_inputs() under a private RNG seeded by `seed`, moved to `device`
-        (on CUDA with that device as the default: torch.rand(...) draws there, not on the CPU).
+        """model.py's get_inputs() under a private RNG seeded by `seed`, drawn on `device` when it is CUDA;
         `isolated=False` seeds the global generators without saving their state (`saved_rng`)."""
         on_device = torch.device(device).type == "cuda"
         rng = private_rng(seed) if isolated else _seeded(seed)
@@ -137,8 +135,7 @@ class Workdir:
             raise WorkdirError(str(exc), exc.file or self.model_new_file.name) from exc
 
     def copy_state(self, model: torch.nn.Module, model_new: Any) -> None:
-        """Load Model's state dict into ModelNew, strict: the same keys, the same shapes; its
-        non-persistent buffers too (a worker.RemoteModel checks and loads them in the worker)."""
+        """Load Model's state dict and non-persistent buffers into ModelNew, strict: the same keys and shapes."""
         state, buffers = model.state_dict(), non_persistent_buffers(model)
         if self.worker is None:
             load_state(model_new, state, buffers)
@@ -158,14 +155,12 @@ def non_persistent_buffers(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def load_reference(path: Path, worker: Any = None) -> Workdir:
-    """The judging process's view of a workdir: model.py imported as `cudaopt_workdir_<hash>.model`,
-    the candidate in `worker` (worker.Worker, started by the caller); model_new.py is not imported here."""
+    """The judging process's view of a workdir: model.py, the candidate in `worker` (model_new.py not imported)."""
     path, _, reference = import_reference(path)
     return Workdir(path=path, reference=reference, worker=worker)
 
 
 def load_workdir(path: Path, extension: Any) -> Workdir:
-    """The worker's view of a workdir (and a tool's that runs the candidate in-process, such as
-    the memory-safety child): model.py and model_new.py imported by candidate.load.import_candidate."""
+    """The worker's view of a workdir (and the memory-safety child's): model.py and model_new.py imported."""
     reference, candidate = import_candidate(path, extension)
     return Workdir(path=Path(path).resolve(), reference=reference, candidate=candidate, extension=extension)

@@ -77,8 +77,7 @@ def _modules_restored(prefix: str) -> Iterator[None]:
 
 
 def build_model(cls: type, init: list) -> Any:
-    """`cls(*init)` on each of DEVICES until one succeeds; the last one's exception is raised
-    (a constructor that needs real values fails on meta: the CPU decides)."""
+    """`cls(*init)` on each of DEVICES until one succeeds (a constructor that needs real values fails on meta)."""
     for device in DEVICES:
         try:
             with private_rng(0), torch.device(device):

@@ -259,8 +259,7 @@ def defined_functions(module) -> list[str]:
 
 
 def takes_module(func) -> bool:
-    """True for a binding whose pybind11 signature takes a module: a registration function
-    (`void register_op(pybind11::module&)`) that was bound as if it were the op."""
+    """True for a binding whose pybind11 signature takes a module: a registration function bound as the op."""
     first = (getattr(func, "__doc__", None) or "").split("\n", 1)[0]
     return re.search(r"\((?:\w+: )?(?:module|types\.ModuleType)\)", first) is not None
 

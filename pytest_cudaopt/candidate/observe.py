@@ -66,8 +66,7 @@ def op_name(func: Any) -> str:
 
 
 class OpAudit(TorchDispatchMode):
-    """Records every op that reaches the dispatcher while active, from Python and C++ alike, with the
-    workdir's line that led to it and the builtin (torch function, method, extension function) that sent it."""
+    """Records every op that reaches the dispatcher, from Python and C++, with the workdir line and its sender."""
 
     def __init__(self, workdir: Path, extension: Any = None, extra_allowed: frozenset[str] = frozenset()):
         super().__init__()
@@ -81,12 +80,10 @@ class OpAudit(TorchDispatchMode):
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        # Else torch wraps __torch_dispatch__ in torch._disable_dynamo, which imports torch._dynamo:
-        # seconds (benchmarks/results/2026-12-03-copy-excess.md).
+        # Else torch wraps __torch_dispatch__ in torch._disable_dynamo, which imports torch._dynamo (seconds).
         return False
 
-    # sys.setprofile sees calls of builtins (c_call/c_return): the innermost one running when
-    # an op arrives is what sent it.
+    # sys.setprofile sees calls of builtins: the innermost one running when an op arrives is what sent it.
     def _profile(self, frame, event, arg):
         if event == "c_call":
             self._builtins.append(arg)
@@ -186,8 +183,6 @@ def context_alive(device: torch.device | str | None = None) -> bool:
         return False
 
 
-# -- outputs: plain tensors with storage of their own ---------------------------------------------
-
 def leaves(value: Any, path: str = "output") -> Iterator[tuple[str, Any]]:
     """(path, leaf) for every leaf of a nest of tuples, lists and dicts: `output[1]['y']`."""
     if isinstance(value, (tuple, list)):
@@ -268,8 +263,7 @@ def unfresh_output(output: Any, inputs: list, model_new: torch.nn.Module, earlie
 def call_locally(model: torch.nn.Module, inputs: list, device: torch.device, workdir: Path, extension: Any,
                  extra_allowed: frozenset[str], history: OutputHistory,
                  names: list[str] | None) -> tuple[Any, list[AuditedOp], tuple[str, str] | None]:
-    """One call of ModelNew under poisoned memory and the op audit, the device synchronised: (output,
-    the audit's violations, (check, message) of an output that is no fresh plain tensor, else None)."""
+    """One call of ModelNew under poisoned memory and the op audit: (output, violations, unfresh_output's finding)."""
     audit = OpAudit(workdir, extension, extra_allowed)
     with torch.no_grad(), poisoned_memory(device), audit:
         output = model(*inputs)
@@ -320,8 +314,7 @@ def poison_plan(snapshot: list[dict], device_index: int) -> list[int]:
 
 
 def _poison_cuda_cache(device: torch.device) -> None:
-    """Fill every inactive caching-allocator block with 0xFF bytes (NaN in every floating dtype), all
-    held until the last is filled so that none is handed out twice."""
+    """Fill every inactive caching-allocator block with 0xFF (NaN), all held till the last so none comes twice."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     held = []
     try:
@@ -334,8 +327,6 @@ def _poison_cuda_cache(device: torch.device) -> None:
     finally:
         del held
 
-
-# -- the kernel trace's events (parsed and judged by perf/trace.py) ----------------------------------
 
 # The tracer's ranges on the calling stream (perf/trace.py reads them back): the lead and the L2
 # flush, a one-element fill where the stream reaches the call, the call, a fill after it.

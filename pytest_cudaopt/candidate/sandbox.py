@@ -5,6 +5,7 @@ worker has a single thread (Landlock confines the calling thread and those it st
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import glob
@@ -51,8 +52,7 @@ DEVICE = READ_FILE | WRITE_FILE | IOCTL_DEV
 # The scratch folder: everything but executing, device nodes and ioctls.
 SCRATCH = READ | WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_DIR | MAKE_REG | MAKE_SOCK | MAKE_FIFO | MAKE_SYM \
     | REFER | TRUNCATE
-# /dev/shm (the arena, torch's shared CPU tensors, CUDA's IPC reference counts): files created,
-# written, removed, but the folder is not listed (other workers' files there have random names).
+# /dev/shm (the arena, torch's shared tensors, CUDA's IPC counts): files made and removed, the folder not listed.
 SHARED_MEMORY = READ_FILE | WRITE_FILE | MAKE_REG | REMOVE_FILE | TRUNCATE
 
 
@@ -192,10 +192,9 @@ def _op(code: int, k: int, jt: int = 0, jf: int = 0) -> tuple:
 
 def seccomp_program(machine: str, refused: dict[int, int], own: list[int] = (), clone: int | None = None,
                     signalling: tuple[int, ...] = (), group_kill: int | None = None) -> list[tuple]:
-    """A BPF program: `refused` syscall -> errno; `signalling` calls (kill, tgkill, ...) allowed
-    only when their first argument is one of `own` (kill also with 0, its own group, when
-    `group_kill` is that group's negative id); `clone` refused with EPERM when it asks for a new
-    namespace; a call of another architecture ends the process; everything else allowed."""
+    """A BPF program: `refused` syscall -> errno; `signalling` calls (kill, tgkill, ...) allowed only when their
+    first argument is one of `own` (kill also 0 and `group_kill`, its group's negative id); `clone` refused with
+    EPERM for a new namespace; a call of another architecture ends the process; everything else allowed."""
     prog = [_op(_LD_ABS, 4), _op(_JEQ, _ARCH[machine], 1, 0), _op(_RET, KILL), _op(_LD_ABS, 0)]
     if machine == "x86_64":  # x32 calls: the same numbers with bit 30 set
         prog += [_op(_JGE, 0x40000000, 0, 1), _op(_RET, ERRNO | errno.EPERM)]
@@ -271,17 +270,14 @@ def confine(mode: str, workdir: str, build: str | None, scratch: str, *,
             started_by: str | None = None) -> dict:
     """Confine this process as far as `mode` and the kernel allow: {"mode", "landlock" (the ABI, 0: none),
     "held": {restriction: [mechanism, ...]}, "missing": {restriction: why}}; a failed mechanism raises nothing.
-    Landlock leaves a process with other threads unconfined, unless `started_by` names who started
-    them before any candidate code could run (compute-sanitizer): then it confines this thread."""
+    With other threads Landlock is not applied, unless `started_by` (compute-sanitizer) started them."""
     if mode not in MODES:
         raise ValueError(f"sandbox mode {mode!r}: expected one of {', '.join(MODES)}")
     held: dict[str, list[str]] = {}
     failed: dict[str, str] = {}
     if os.getpgrp() != os.getpid():
-        try:
+        with contextlib.suppress(OSError):
             os.setpgid(0, 0)  # its own process group, the one it may signal
-        except OSError:
-            pass
     if mode == "off":
         return {"mode": mode, "landlock": 0, "held": {}, "missing": {name: "cudaopt_sandbox=off" for name in RESTRICTIONS}}
 

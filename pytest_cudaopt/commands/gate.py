@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-# Exit codes of `cudaopt gate` (docs/results.md): a failed verdict is the candidate's; a broken
-# setup is the runner's.
+# Exit codes of `cudaopt gate` (docs/results.md): a failed verdict is the candidate's; a broken setup the runner's.
 PASSED = 0        # every verdict passed (and no regression against the target branch)
 FAILED = 1        # a verdict failed: a rule, correctness, the speed decision or the regression check
 USAGE = 2         # bad arguments (argparse's, or pytest's usage error), or interrupted (Ctrl-C, SIGTERM)
@@ -146,13 +145,10 @@ def run(workdir: Path, *, out: Path, baseline_workdir: Path | None = None,
         reasons = report_disagrees(report_path)
         code = BROKEN if reasons else PASSED
     changed = None if allow_lock_change else lock_change(workdir, baseline_workdir)
-    if changed and code == PASSED:
-        code = FAILED
     if changed:
+        code = FAILED if code == PASSED else code
         reasons.append(changed)
-    relaxations = []
-    if report_path.is_file():
-        relaxations = json.loads(report_path.read_text()).get("relaxations", [])
+    relaxations = json.loads(report_path.read_text()).get("relaxations", []) if report_path.is_file() else []
     text = summary_markdown(code, reasons, observer, report_path, relaxations)
     (out / "summary.md").write_text(text)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")

@@ -85,8 +85,7 @@ def init_workdir(dest: Path, model_path: Path, notes: list[str] | None = None, d
         # Remembered: pytest, `cudaopt check`, `judge` and `gate` read it (a flag overrides it).
         pyproject = pyproject.replace('addopts = "-ra"\n', f'addopts = "-ra"\ncudaopt_device = "{device}"\n')
     if third_party:
-        # model_new.py carries model.py's imports that the constructor needs; allow them so
-        # that the new workdir passes its own `cudaopt check`.
+        # model_new.py carries the imports the constructor needs: allowed, so the workdir passes `cudaopt check`.
         listed = ", ".join(f'"{name}"' for name in third_party)
         pyproject = pyproject.replace('# allow-imports = ["numpy"]\n',
                                       f"# model.py's constructor needs these (copied into model_new.py)\n"
@@ -109,8 +108,6 @@ def lock_workdir(workdir: Path) -> Path:
     """(Re)write the lock file of an existing workdir; returns its path."""
     return policy.write_lock(_existing_workdir(workdir))
 
-
-# --------------------------------------------------------------------------- model_new.py
 
 # Scopes in which a zero-argument super() would not see the method's class and first argument.
 _NESTED_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.ListComp, ast.SetComp,
@@ -162,8 +159,7 @@ def third_party_imports(source: str) -> list[str]:
 
 
 def _parse_model(source: str, model_path: Path) -> tuple[ast.Module, ast.ClassDef, list[ast.FunctionDef]]:
-    """model.py's tree, its class Model and Model's forward definitions (the last one is the
-    method), or a ScaffoldError saying what the KernelBench format misses."""
+    """model.py's tree, its class Model and Model's forward definitions (the last one is the method)."""
     try:
         tree = ast.parse(source, filename=str(model_path))
     except SyntaxError as exc:
@@ -183,16 +179,14 @@ def _parse_model(source: str, model_path: Path) -> tuple[ast.Module, ast.ClassDe
 
 
 def _model_patches(tree: ast.Module) -> list[ast.stmt]:
-    """Module-level assignments to Model's attributes (`Model.expansion = 4`): class attributes
-    too. A replaced forward is not carried (ModelNew's forward is the one to write)."""
+    """Module-level assignments to Model's attributes (`Model.expansion = 4`), but for a replaced forward."""
     return [node for node in tree.body if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and all(
             isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "Model"
             and t.attr not in ("forward", "__call__") for t in getattr(node, "targets", None) or [node.target])]
 
 
 def _class_needs(model: ast.ClassDef, forwards: list[ast.FunctionDef]) -> set[str]:
-    """Module-level names that ModelNew's class reads: its bases, keywords and decorators, its
-    class attributes, methods and nested classes; of forward only the signature."""
+    """Module-level names that ModelNew's class reads (of forward only the signature)."""
     names = set().union(*(_free_names(n) for n in (*model.bases, *model.keywords, *model.decorator_list)))
     in_class = set().union(*(_bound_names(s) for s in model.body))
     for stmt in model.body:
@@ -226,8 +220,7 @@ def _module_statements(tree: ast.Module, skip: list[ast.stmt], todo: set[str]) -
             needed.append(node)
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 todo |= _free_names(node)
-    # A star import may define anything the class reads, and a __future__ import changes
-    # how the file compiles: keep them.
+    # A star import may define anything the class reads, and a __future__ import changes how the file compiles.
     kept = [n for n in tree.body if isinstance(n, ast.ImportFrom)
             and (n.module == "__future__" or any(a.name == "*" for a in n.names))]
     needed += [n for n in kept if n not in needed]
@@ -330,15 +323,12 @@ def render_model_new(source: str, model_path: Path, notes: list[str] | None = No
         raise ScaffoldError(f"could not generate model_new.py from {model_path}: line {exc.lineno}: "
                             f"{exc.msg}") from None
     if unresolved and not any(any(a.name == "*" for a in n.names) for n in imports) and notes is not None:
-        # Only a warning: the name may sit in a branch that never runs (Python fails only
-        # when the line is executed), and the verdict imports model.py for real anyway.
+        # Only a warning: the name may sit in a branch that never runs, and the verdict imports model.py anyway.
         notes.append(f"{model_path.name}: Model's constructor or methods may use {', '.join(sorted(unresolved))} "
                      "(directly or through what they call), which model.py does not define at module level; "
                      "model_new.py fails the same way if that code runs")
     return text
 
-
-# --------------------------------------------------------------------------- cudaopt adopt
 
 def find_registrations(workdir: Path) -> list[tuple[str, int, str, str]]:
     """(file, line, name, form) of every REGISTER_BINDING under kernels/: "contract" for `REGISTER_BINDING(name,
