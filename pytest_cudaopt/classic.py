@@ -104,13 +104,6 @@ def _single_run_failed(message: str) -> int:
     return 1
 
 
-def _build_failure(exc) -> str:
-    """A BuildError in one line: its first compiler error, if any, and its summary."""
-    first = exc.diagnostics[0].splitlines()[0] if exc.diagnostics else ""
-    return f"cuda_extension does not build: {first + '; ' if first else ''}{exc.summary}" + (
-        " (`cudaopt build` prints the compiler's errors)" if first else "")
-
-
 def single_run(workdir: Path, names: Sequence[str]) -> int:
     """Run each named contender once on get_inputs() (seed 0), on CUDA when there is one. A build that fails,
     a CUDA build with no CUDA device, or a contender that raises is one line on stderr and exit code 1."""
@@ -126,7 +119,9 @@ def single_run(workdir: Path, names: Sequence[str]) -> int:
     except SettingError as exc:
         return _single_run_failed(str(exc))
     except build.BuildError as exc:
-        return _single_run_failed(_build_failure(exc))
+        first = exc.diagnostics[0].splitlines()[0] if exc.diagnostics else ""  # the first compiler error
+        return _single_run_failed(f"cuda_extension does not build: {first + '; ' if first else ''}{exc.summary}"
+                                  + (" (`cudaopt build` prints the compiler's errors)" if first else ""))
     if result.cuda and device == "cpu" and "cuda_extension" in names:
         return _single_run_failed("no CUDA device is visible and cuda_extension is a CUDA build (kernels/*.cu): "
                                   "run --single-run cuda_extension on a machine with a GPU")

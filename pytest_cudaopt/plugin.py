@@ -78,7 +78,10 @@ def pytest_configure(config: pytest.Config) -> None:
                                                          asked=config.getoption("markexpr", default="") or "")
     session.workdir_paths = workdirs_in(config.args, config.invocation_params.dir, config.rootpath)
     _check_report_path(config)
-    session.workers.secrets = _verdict_files(config)
+    # The files a verdict is written to, as absolute paths: no worker's environment may name them.
+    paths = [getattr(config.option, dest, None) for dest in ("xmlpath", "benchmark_json", "report_log", "htmlpath")]
+    session.workers.secrets = [str(Path(config.invocation_params.dir, str(getattr(path, "name", path))).resolve())
+                               for path in filter(None, [*paths, session.settings.report])]
     if session.workdir_paths or _cudaopt_options_given(config):
         from pytest_cudaopt.run import signals
 
@@ -115,14 +118,6 @@ def _check_report_path(config: pytest.Config) -> None:
     refused = session.resolve_report(config.invocation_params.dir, others)
     if refused:
         raise pytest.UsageError(f"cudaopt: --cudaopt-report={session.settings.report}: {refused}")
-
-
-def _verdict_files(config: pytest.Config) -> list[str]:
-    """The files a verdict is written to, as absolute paths: no worker's environment may name them."""
-    paths = [getattr(config.option, dest, None) for dest in ("xmlpath", "benchmark_json", "report_log", "htmlpath")]
-    paths.append(config.stash[SESSION_KEY].settings.report)
-    return [str(Path(config.invocation_params.dir, str(getattr(path, "name", path))).resolve())
-            for path in filter(None, paths)]
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

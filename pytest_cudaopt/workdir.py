@@ -38,19 +38,16 @@ def _seeded(seed: int) -> Iterator[None]:
     yield
 
 
-def _describe(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        dtype = str(value.dtype).removeprefix("torch.")
-        return f"a bare tensor {dtype}[{', '.join(map(str, value.shape))}]"
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
-
-
 def _as_list(values: Any, file: Path, function: str, role: str) -> list:
     """A KernelBench helper's result as a list; anything else is model.py's mistake, said in one line."""
     if isinstance(values, (list, tuple)):
         return list(values)
-    raise WorkdirError(f"{file.name}: {function} returned {_describe(values)}; it must return a list "
+    if isinstance(values, torch.Tensor):
+        what = f"a bare tensor {str(values.dtype).removeprefix('torch.')}[{', '.join(map(str, values.shape))}]"
+    else:
+        text = repr(values)
+        what = f"{type(values).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+    raise WorkdirError(f"{file.name}: {function} returned {what}; it must return a list "
                        f"of {role}, e.g. `return [x]`", file.name)
 
 

@@ -55,15 +55,6 @@ def stand_in_extension() -> types.ModuleType:
     return module
 
 
-def _model_new_line(workdir: Path) -> int | None:
-    """The line of `class ModelNew` in model_new.py, or None (MN001 reports that)."""
-    try:
-        tree = ast.parse((workdir / "model_new.py").read_text(encoding="utf-8"))
-    except (OSError, ValueError, SyntaxError):
-        return None
-    return next((n.lineno for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelNew"), None)
-
-
 @contextlib.contextmanager
 def _modules_restored(prefix: str) -> Iterator[None]:
     """The workdir's modules in sys.modules as they were before the check."""
@@ -123,7 +114,11 @@ def construction(workdir: Path, extension: Any = None) -> dict | None:
     """MN010's facts: {"line", "failed": None or {"stage", "file", "text", "cause", "traceback"}, "model"/
     "model_new": {key: shape}}; None without class ModelNew or model.py (other rules say so)."""
     workdir = Path(workdir).resolve()
-    line = _model_new_line(workdir)
+    try:  # the line of `class ModelNew`, else None (MN001 reports that)
+        tree = ast.parse((workdir / "model_new.py").read_text(encoding="utf-8"))
+    except (OSError, ValueError, SyntaxError):
+        return None
+    line = next((n.lineno for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelNew"), None)
     if line is None or not (workdir / "model.py").is_file():
         return None
     with _modules_restored(module_prefix(workdir)):

@@ -247,7 +247,13 @@ def import_extension(so: Path, build_dir: Path) -> Any:
         raise ImportError(f"{path} cannot be imported")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.__getattr__ = _missing_function(module)  # PEP 562: only for names the module lacks
+
+    def __getattr__(attribute: str):  # PEP 562: only for names the module lacks
+        if attribute.startswith("__"):
+            raise AttributeError(f"module 'cuda_extension' has no attribute '{attribute}'")
+        raise AttributeError(missing_function_message(module, attribute))
+
+    module.__getattr__ = __getattr__
     sys.modules[name] = module
     _LOADED[so] = (ident, module)
     return module
@@ -279,11 +285,3 @@ def missing_function_message(module, name: str) -> str:
                  "published agent-workdir binding_registry.h or the shipped one, register_op(pybind11::module& m) "
                  f"calls m.def(\"{name}\", ...))")
     return text
-
-
-def _missing_function(module):
-    def __getattr__(name: str):
-        if name.startswith("__"):
-            raise AttributeError(f"module 'cuda_extension' has no attribute '{name}'")
-        raise AttributeError(missing_function_message(module, name))
-    return __getattr__

@@ -266,14 +266,6 @@ def _renamed_lines(source: str, tree: ast.Module, model: ast.ClassDef) -> list[s
     return lines
 
 
-def _forward_stub(forward: ast.FunctionDef, indent: str) -> str:
-    """`def forward(<Model.forward's parameters>)` raising NOT_IMPLEMENTED, at `indent`."""
-    returns = f" -> {ast.unparse(forward.returns)}" if forward.returns is not None else ""
-    inner = indent * 2 if indent else "    "
-    return (f"{indent}def forward({ast.unparse(forward.args)}){returns}:\n"
-            f"{inner}raise NotImplementedError(\n{inner}    \"{NOT_IMPLEMENTED}\"\n{inner})\n")
-
-
 def _model_new_class(lines: list[str], source: str, model: ast.ClassDef, forwards: list[ast.FunctionDef]) -> str:
     """class ModelNew: Model's decorators, bases and body as written, forward's body replaced by the stub."""
     decorators = "".join(lines[_first_line(model) - 1:model.lineno - 1])
@@ -284,7 +276,12 @@ def _model_new_class(lines: list[str], source: str, model: ast.ClassDef, forward
         at = forward.end_lineno + 1
     last = forwards[-1]
     indent = re.match(r"[ \t]*", lines[last.lineno - 1]).group()
-    body += [_forward_stub(last, indent), *lines[at - 1:model.end_lineno]]
+    # `def forward(<Model.forward's parameters>)` raising NOT_IMPLEMENTED
+    returns = f" -> {ast.unparse(last.returns)}" if last.returns is not None else ""
+    inner = indent * 2 if indent else "    "
+    body += [f"{indent}def forward({ast.unparse(last.args)}){returns}:\n"
+             f"{inner}raise NotImplementedError(\n{inner}    \"{NOT_IMPLEMENTED}\"\n{inner})\n",
+             *lines[at - 1:model.end_lineno]]
     text = "".join(body)
     return f"{decorators}class ModelNew({bases}):\n{text}" + ("" if text.endswith("\n") else "\n")
 
