@@ -4,12 +4,7 @@
 #   [PASS] check 1/5 ... / [FAIL] check 2/5 ...    one line per correctness case
 #   [PASS] verify success / [FAIL] verify failed ...
 #   Torch Baseline: <t>us, Torch Compile: <t>us, CUDA Extension: <t>us
-# The verdicts themselves come from pytest (the same items as `pytest -m correctness|perf`);
-# the lines are read back from its JSON report, so they are the table's own numbers.
-# `--single-run a,b` runs the named contenders once each on the canonical inputs, untimed and
-# unguarded, for a profiler in front (`ncu ... python -m utils.profiling --single-run cuda_extension`);
-# a build that fails, a CUDA build with no CUDA device or a contender that raises is one line on
-# stderr and exit code 1.
+# The verdicts come from pytest (`pytest -m correctness|perf`); the lines are read back from its JSON report.
 
 from __future__ import annotations
 
@@ -85,8 +80,7 @@ def _us(seconds: float | None) -> str:
 
 
 def profiling_lines(doc: dict[str, Any]) -> list[str]:
-    """One `Torch Baseline: ..us, Torch Compile: ..us, CUDA Extension: ..us` line per perf
-    result, from the medians of its table."""
+    """One `Torch Baseline: ..us, Torch Compile: ..us, CUDA Extension: ..us` line per perf result (medians)."""
     lines = []
     for rec in doc.get("results", []):
         if rec.get("kind") != "perf":
@@ -98,8 +92,7 @@ def profiling_lines(doc: dict[str, Any]) -> list[str]:
 
 
 def _one_line(text: str) -> str:
-    """A `user_traceback` text (or a WorkdirError's message) as one line: the error, then
-    where in the workdir it was raised."""
+    """A `user_traceback` text as one line: the error, then where in the workdir it was raised."""
     lines = [ln for ln in text.splitlines() if ln.strip()]
     frames = [ln.strip() for ln in lines if ln.startswith("  ")]
     error = " ".join(ln.strip() for ln in lines if not ln.startswith("  "))
@@ -111,31 +104,24 @@ def _single_run_failed(message: str) -> int:
     return 1
 
 
-def _build_failure(exc) -> str:
-    """A BuildError in one line: its first compiler error, if any, and its summary."""
-    first = exc.diagnostics[0].splitlines()[0] if exc.diagnostics else ""
-    return f"cuda_extension does not build: {first + '; ' if first else ''}{exc.summary}" + (
-        " (`cudaopt build` prints the compiler's errors)" if first else "")
-
-
 def single_run(workdir: Path, names: Sequence[str]) -> int:
-    """Run each named contender once on get_inputs() (seed 0), on CUDA when there is one. A
-    build that fails, a CUDA build with no CUDA device, or a contender that raises is one
-    line on stderr and exit code 1."""
+    """Run each named contender once on get_inputs() (seed 0), on CUDA when there is one. A build that fails,
+    a CUDA build with no CUDA device, or a contender that raises is one line on stderr and exit code 1."""
     import torch
 
     from pytest_cudaopt import extension as build, workdir as wd
     from pytest_cudaopt.perf import lineup
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     from pytest_cudaopt.suite.settings import SettingError
 
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         result = build.build(workdir)
     except SettingError as exc:
         return _single_run_failed(str(exc))
     except build.BuildError as exc:
-        return _single_run_failed(_build_failure(exc))
+        first = exc.diagnostics[0].splitlines()[0] if exc.diagnostics else ""  # the first compiler error
+        return _single_run_failed(f"cuda_extension does not build: {first + '; ' if first else ''}{exc.summary}"
+                                  + (" (`cudaopt build` prints the compiler's errors)" if first else ""))
     if result.cuda and device == "cpu" and "cuda_extension" in names:
         return _single_run_failed("no CUDA device is visible and cuda_extension is a CUDA build (kernels/*.cu): "
                                   "run --single-run cuda_extension on a machine with a GPU")
@@ -163,8 +149,7 @@ def single_run(workdir: Path, names: Sequence[str]) -> int:
 
 
 def exit_status(code: int, lines: Sequence[str]) -> int:
-    """The command's status: `code` (`cudaopt verify|profile`'s), never 0 when the lines say
-    a check failed (1) or that nothing ran (5, as `cudaopt verify` says for no item run)."""
+    """`code` (`cudaopt verify|profile`'s), but never 0 when the lines say a check failed (1) or nothing ran (5)."""
     if code != 0:
         return code
     if any(line.startswith("[FAIL]") for line in lines):

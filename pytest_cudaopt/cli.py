@@ -43,18 +43,15 @@ class _Ran:
     def pytest_runtest_logreport(self, report) -> None:
         if self.marker not in report.keywords:
             return
-        if report.when == "call":
-            self.ran += 1
-        elif report.when == "setup" and report.skipped:
+        if report.when == "setup" and report.skipped:
             self.skipped.append(str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else "skipped")
-        elif report.when == "setup" and report.failed:
+        elif report.when == "call" or (report.when == "setup" and report.failed):
             self.ran += 1
 
 
 def _run_pytest(workdir: Path, marker: str, extra: Sequence[str]) -> int:
-    """verify and profile are the plugin's own verdicts, run through pytest so that the
-    command line and `pytest -m ...` can never disagree. pytest's status, but 2 for its usage
-    error (4) and 5 when no item of the verdict ran (all skipped: pytest says 0)."""
+    """verify and profile run through pytest, so they and `pytest -m ...` never disagree: pytest's status,
+    but 2 for its usage error (4) and 5 when no item of the verdict ran (all skipped: pytest says 0)."""
     from pytest_cudaopt.launch import run_pytest
 
     ran = _Ran(marker)
@@ -96,8 +93,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         return _error("check", exc, USAGE)
     config = policy.load_config(Path(args.workdir).resolve())
     violations = policy.check_workdir(args.workdir, config, construct=False)
-    # One build serves MN010 (ModelNew constructed with it; a stand-in without one) and EX001,
-    # both run in a worker process: this one imports nothing of the workdir's.
+    # MN010 and EX001 run in a worker, with the one build (a stand-in without): this process imports no workdir code.
     so, unbuilt = _current_build(args.workdir)
     violations = sorted(set(violations) | set(_worker_findings(Path(args.workdir), so, limit,
                                                                 "MN010" not in config.disable)))
@@ -106,9 +102,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _current_build(workdir: Path) -> tuple[Path | None, str]:
-    """(the .so EX001 reads, "") or (None, why there is none). A workdir built before is built
-    again first, compiled only where its tree changed: EX001 must read what kernels/ defines
-    now, not what an earlier build did. One never built is not built here (EX001 waits)."""
+    """(the .so EX001 reads, "") or (None, why there is none). A workdir built before is rebuilt where its tree
+    changed (EX001 reads what kernels/ defines now); one never built is not built here."""
     from pytest_cudaopt import extension as build
 
     try:
@@ -127,13 +122,11 @@ def _current_build(workdir: Path) -> tuple[Path | None, str]:
 
 
 def _worker_findings(workdir: Path, so: Path | None, limit: float, mn010: bool) -> list:
-    """MN010's and EX001's violations from a worker; a worker that hangs past `limit` seconds or
-    dies is an MN010 violation that says so."""
+    """MN010's and EX001's violations from a worker; one that hangs past `limit` seconds or dies is an MN010."""
     from pytest_cudaopt.policy import worker_violations
     from pytest_cudaopt.policy.rules import Violation
     from pytest_cudaopt.remote.worker import Worker, WorkerError, WorkerFailed
     from pytest_cudaopt.run.supervision import worker_frames
-
     from pytest_cudaopt.suite.settings import SettingError, workdir_settings
 
     if not mn010 and so is None:
@@ -368,8 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.pytest_args = passed_on or []
     elif unknown:
         if hasattr(args, "pytest_args"):
-            # `cudaopt verify --cudaopt-device=cpu` (workdir omitted): options before the
-            # workdir that argparse does not know are pytest's.
+            # `cudaopt verify --cudaopt-device=cpu` (workdir omitted): unknown options before it are pytest's.
             args.pytest_args = unknown + list(args.pytest_args)
         else:
             top.error(f"unrecognized arguments: {' '.join(unknown)}")

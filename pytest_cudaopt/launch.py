@@ -18,14 +18,12 @@ def entry_point_installed() -> bool:
 
 
 def plugin_args() -> list[str]:
-    """The arguments that load the plugin into a new pytest session: `-p pytest_cudaopt.plugin`
-    unless the entry point does (naming it both ways would register it twice)."""
+    """`-p pytest_cudaopt.plugin`, unless the entry point loads it (naming it both ways registers it twice)."""
     return [] if entry_point_installed() else ["-p", PLUGIN]
 
 
 def conftest_plugins() -> list[str]:
-    """`pytest_plugins` of a workdir's conftest.py: the plugin, unless the entry point (or an
-    earlier conftest) imported it already when pytest started."""
+    """`pytest_plugins` of a workdir's conftest.py: the plugin, unless something imported it already."""
     return [] if PLUGIN in sys.modules else [PLUGIN]
 
 
@@ -42,9 +40,8 @@ def pytest_command(args: Sequence[str], python: str | None = None) -> list[str]:
 
 
 def strict_sandbox(pytest_args: Sequence[str], env: dict | None = None, ini: dict | None = None) -> list[str]:
-    """`--cudaopt-sandbox=require` for a run on a GPU runner (`cudaopt gate`, `cudaopt judge`)
-    where neither its pytest arguments, the environment (`env`) nor the workdir's ini file
-    (`ini`) set the sandbox or put the workdir on the CPU; else nothing."""
+    """`--cudaopt-sandbox=require` for a run on a GPU runner (`cudaopt gate`, `cudaopt judge`) where neither its
+    pytest arguments, `env` nor the workdir's ini (`ini`) set the sandbox or put the workdir on the CPU."""
     import os
 
     env = os.environ if env is None else env

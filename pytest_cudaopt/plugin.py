@@ -52,8 +52,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
-    """A misspelled `--cudaopt-*` option is a usage error that names the closest one (argparse
-    would only say "unrecognized arguments")."""
+    """A misspelled `--cudaopt-*` option: a usage error naming the closest one (argparse says only "unrecognized")."""
     unknown = _settings.unknown_flags(args)
     if unknown:
         raise pytest.UsageError(f"cudaopt: unknown option {'; '.join(unknown)}")
@@ -79,7 +78,10 @@ def pytest_configure(config: pytest.Config) -> None:
                                                          asked=config.getoption("markexpr", default="") or "")
     session.workdir_paths = workdirs_in(config.args, config.invocation_params.dir, config.rootpath)
     _check_report_path(config)
-    session.workers.secrets = _verdict_files(config)
+    # The files a verdict is written to, as absolute paths: no worker's environment may name them.
+    paths = [getattr(config.option, dest, None) for dest in ("xmlpath", "benchmark_json", "report_log", "htmlpath")]
+    session.workers.secrets = [str(Path(config.invocation_params.dir, str(getattr(path, "name", path))).resolve())
+                               for path in filter(None, [*paths, session.settings.report])]
     if session.workdir_paths or _cudaopt_options_given(config):
         from pytest_cudaopt.run import signals
 
@@ -106,8 +108,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _check_report_path(config: pytest.Config) -> None:
-    """`--cudaopt-report` on another output's file, a folder or a file that is no report is
-    refused at once; one that cannot be written is said at the start and the end."""
+    """Refuse at once a `--cudaopt-report` on another output's file, a folder or a file that is no report."""
     session = config.stash[SESSION_KEY]
     if not session.settings.report or hasattr(config, "workerinput"):
         return
@@ -117,15 +118,6 @@ def _check_report_path(config: pytest.Config) -> None:
     refused = session.resolve_report(config.invocation_params.dir, others)
     if refused:
         raise pytest.UsageError(f"cudaopt: --cudaopt-report={session.settings.report}: {refused}")
-
-
-def _verdict_files(config: pytest.Config) -> list[str]:
-    """The files a verdict is written to (JUnit, the JSON report, pytest-benchmark's, report-log,
-    HTML), as absolute paths: no worker's environment may name them."""
-    paths = [getattr(config.option, dest, None) for dest in ("xmlpath", "benchmark_json", "report_log", "htmlpath")]
-    paths.append(config.stash[SESSION_KEY].settings.report)
-    return [str(Path(config.invocation_params.dir, str(getattr(path, "name", path))).resolve())
-            for path in filter(None, paths)]
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -138,8 +130,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def _terminal_lines(config: pytest.Config):
-    """Build progress on pytest's terminal, past output capturing (a build runs inside an
-    item's setup): one `cudaopt build: ...` line per step. Silent with -qq and on xdist workers."""
+    """Build progress on pytest's terminal, past output capturing (a build runs inside an item's setup)."""
 
     def emit(text: str) -> None:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
@@ -166,8 +157,7 @@ def pytest_benchmark_update_machine_info(config, machine_info) -> None:
 
 
 class _NoBenchmark:
-    """Without pytest-benchmark (absent, or `-p no:benchmark`) the perf items' `benchmark`
-    argument is None and only the gate runs."""
+    """Without pytest-benchmark the perf items' `benchmark` argument is None and only the gate runs."""
 
     @pytest.fixture
     def benchmark(self):
@@ -194,10 +184,8 @@ def _cudaopt_options_given(config: pytest.Config) -> bool:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    """torch, CUDA, GPU, arch, the seed and the relaxations, where cudaopt has work: the command
-    line names a workdir (or the rootdir is one), or sets a --cudaopt option. Elsewhere the
-    lines wait for collection to find a workdir, so that other projects' pytest runs in the
-    same environment print nothing of cudaopt and import no torch."""
+    """torch, CUDA, GPU, arch, the seed and the relaxations, where the command line names a workdir or a
+    --cudaopt option; elsewhere they wait for collection to find a workdir (other projects import no torch)."""
     if _session(config).workdir_paths or _cudaopt_options_given(config):
         config.stash[HEADER_SHOWN] = True
         return _header_lines(config)
@@ -211,9 +199,8 @@ def pytest_report_collectionfinish(config: pytest.Config, start_path: Path, item
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):
-    """A `model_new.py` next to a `model.py` is a workdir: collect the verdict suite for it.
-    Where pytest's python plugin collects the file itself (a path named on the command
-    line, or one matching python_files), it asks pytest_pycollect_makemodule below."""
+    """A `model_new.py` next to a `model.py` is a workdir: collect the verdict suite for it (where pytest's
+    python plugin collects the file itself, it asks pytest_pycollect_makemodule below)."""
     if is_workdir_file(file_path) and not (
             parent.session.isinitpath(file_path)
             or matches_python_files(file_path, parent.config.getini("python_files"))):
@@ -245,8 +232,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if session.settings.ci_gate:  # policy, then correctness, then perf (a stable sort)
         order = ("build", "policy", "correctness", "memsafety", "perf")
         items.sort(key=lambda i: next((n for n, m in enumerate(order) if i.get_closest_marker(m)), len(order)))
-    # A skip mark (not pytest.skip in a hook) so that `-rs` shows the item's own location. The
-    # CI gate never skips them: pytest_runtest_setup fails them instead.
+    # A skip mark (not pytest.skip in a hook): `-rs` shows the item's own location. The CI gate fails them instead.
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     reason = session.gpu_unavailable_reason() if gpu_items else None
     if reason and not session.settings.ci_gate:
@@ -277,21 +263,15 @@ def pytest_xdist_node_collection_finished(node, ids) -> None:
 
 
 def _supervised(item: pytest.Item) -> bool:
-    """Under the watchdog from the first line: the workdir's items (some policy items import its
-    code) and any correctness or perf item."""
-    return workdir_node(item) is not None or _judged(item)
-
-
-def _judged(item: pytest.Item) -> bool:
+    """Under the watchdog from the first line: the workdir's items and any correctness or perf item."""
     from pytest_cudaopt.run.supervision import judged
 
-    return judged(item)
+    return workdir_node(item) is not None or judged(item)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item):
-    """GPU items without a device fail in the CI gate; a workdir's items after its hang fail at
-    once (session.not_run_reason); supervised items set up under the watchdog (supervision.py)."""
+    """GPU items without a device fail in the CI gate; a workdir's items after its hang fail at once."""
     session = _session(item.config)
     if item.get_closest_marker("gpu") and session.settings.ci_gate:
         reason = session.gpu_unavailable_reason()
@@ -305,9 +285,9 @@ def pytest_runtest_setup(item: pytest.Item):
             pytest.fail(f"{reason}: the CI gate never passes without the device{cpu}", pytrace=False)
     node = workdir_node(item)
     if node is not None and session.hung:
-        from pytest_cudaopt.run.supervision import static
+        from pytest_cudaopt.run.supervision import judged, static
 
-        reason = None if static(item) else session.not_run_reason(node.workdir_path, judged=_judged(item))
+        reason = None if static(item) else session.not_run_reason(node.workdir_path, judged=judged(item))
         if reason:
             pytest.fail(reason, pytrace=False)
     return (yield from _run_supervised(item, "setup"))
@@ -364,8 +344,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:
-    """pytest-xdist controller: every worker gets the controller's seed, so the seed in the
-    header replays a failure of any worker."""
+    """pytest-xdist controller: every worker gets the controller's seed (the header's seed replays any failure)."""
     node.workerinput["cudaopt_seed"] = _session(node.config).seed
 
 
@@ -396,8 +375,7 @@ def cudaopt_workdir_path(request: pytest.FixtureRequest, cudaopt_session: Cudaop
 
 
 def _built_extension(session: CudaoptSession, workdir: Path, test: str):
-    """A build that fails fails the item with the compiler's report, not a traceback (the
-    first item of the workdir; later ones refer to it)."""
+    """A build that fails fails the item with the compiler's report, not a traceback."""
     from pytest_cudaopt.extension import BuildError
 
     try:
@@ -416,8 +394,7 @@ def cudaopt_root_extension(request: pytest.FixtureRequest, cudaopt_session: Cuda
 @pytest.fixture
 def cuda_extension(request: pytest.FixtureRequest, cudaopt_session: CudaoptSession,
                    cudaopt_workdir_path: Path):
-    """The item's workdir's built `cuda_extension` module (the rootdir's outside workdir
-    items); built once per workdir per session."""
+    """The item's workdir's built `cuda_extension` module (the rootdir's outside workdir items)."""
     if cudaopt_workdir_path.resolve() == cudaopt_session.rootpath.resolve():
         return request.getfixturevalue("cudaopt_root_extension")
     return _built_extension(cudaopt_session, cudaopt_workdir_path, request.node.nodeid)

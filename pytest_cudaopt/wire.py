@@ -1,11 +1,4 @@
-"""The messages between the judging process and a worker: plain data pickled with tensors out of band (CPU tensors copied through a shared-memory arena, CUDA tensors as IPC handles), read back through an allow-list.
-
-A message is a pickle whose only globals are dtypes, devices and sizes; each tensor in it is a
-persistent id: a view of the sender's half of the arena (a /dev/shm file both processes map,
-unlinked once both have it), or, when larger than the arena or on CUDA, torch's own reduction
-read back with an allow-list of torch's rebuild functions. Nothing the worker sends can name a
-function the judging process would run.
-"""
+"""The messages between the judging process and a worker: plain data pickled with tensors out of band (CPU tensors copied through a shared-memory arena, CUDA tensors as IPC handles), read back through an allow-list."""
 
 from __future__ import annotations
 
@@ -171,8 +164,7 @@ def send(conn: Connection, message: Any, arena: Arena | None = None, writer: str
 
 
 def receive(conn: Connection, arena: Arena | None = None, sender: str = "worker") -> Any:
-    """The next message, its tensors viewed in the sender's half of the arena (valid until its next
-    message) or rebuilt through the allow-list."""
+    """The next message, its tensors in the sender's half of the arena (until its next message) or rebuilt."""
     return receive_bytes(conn.recv_bytes(), arena, sender)
 
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from pytest_cudaopt.candidate.load import NONDETERMINISTIC, WorkdirError, copy_buffers, import_candidate, import_file, import_reference, load_state, module_prefix, private_rng, saved_rng, seed_all, temporary_modules, user_traceback
+from pytest_cudaopt.candidate.load import NONDETERMINISTIC, WorkdirError, import_candidate, import_file, import_reference, load_state, module_prefix, private_rng, saved_rng, seed_all, temporary_modules, user_traceback
 
 def _to_device(value: Any, device: torch.device | str) -> Any:
     if isinstance(value, torch.Tensor):
@@ -38,30 +38,24 @@ def _seeded(seed: int) -> Iterator[None]:
     yield
 
 
-def _describe(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        dtype = str(value.dtype).removeprefix("torch.")
-        return f"a bare tensor {dtype}[{', '.join(map(str, value.shape))}]"
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
-
-
 def _as_list(values: Any, file: Path, function: str, role: str) -> list:
-    """A KernelBench helper's result as a list; anything but a list or tuple is model.py's
-    mistake, reported in one line that names the file and the function."""
+    """A KernelBench helper's result as a list; anything else is model.py's mistake, said in one line."""
     if isinstance(values, (list, tuple)):
         return list(values)
-    raise WorkdirError(f"{file.name}: {function} returned {_describe(values)}; it must return a list "
+    if isinstance(values, torch.Tensor):
+        what = f"a bare tensor {str(values.dtype).removeprefix('torch.')}[{', '.join(map(str, values.shape))}]"
+    else:
+        text = repr(values)
+        what = f"{type(values).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+    raise WorkdirError(f"{file.name}: {function} returned {what}; it must return a list "
                        f"of {role}, e.g. `return [x]`", file.name)
 
 
 @dataclass
 class Workdir:
-    """A loaded workdir. `reference` is model.py. In the judging process the candidate is
-    `worker` (worker.Worker: model_new.py and the extension loaded in a process of their own)
-    and `candidate`/`extension` are None; in that worker they are model_new.py and the
-    extension. Each file is imported under its own module name, so that several workdirs can
-    share a process."""
+    """A loaded workdir: `reference` is model.py; the candidate is `worker` (worker.Worker) in the judging
+    process, else `candidate` and `extension` (model_new.py and the extension, in this process). Each file is
+    imported under a module name of its own, so that several workdirs can share a process."""
 
     path: Path
     reference: types.ModuleType
@@ -79,8 +73,7 @@ class Workdir:
 
     @property
     def nondeterministic(self) -> bool:
-        """model_new.py declares `CUDAOPT_NONDETERMINISTIC = True`: two runs on the same
-        inputs may differ within the tolerance (atomics) instead of bit for bit."""
+        """model_new.py declares `CUDAOPT_NONDETERMINISTIC = True`: two runs may differ within the tolerance."""
         if self.worker is not None:
             return bool(self.worker.facts.get("nondeterministic"))
         return bool(getattr(self.candidate, NONDETERMINISTIC, False))
@@ -100,8 +93,7 @@ class Workdir:
         return _as_list(values, self.model_file, "get_init_inputs()", "the arguments of Model(...)")
 
     def inputs(self, seed: int, device: torch.device | str = "cpu", isolated: bool = True) -> list:
-        """model.py's get_inputs() under a private RNG seeded by `seed`, moved to `device`
-        (on CUDA with that device as the default: torch.rand(...) draws there, not on the CPU).
+        """model.py's get_inputs() under a private RNG seeded by `seed`, drawn on `device` when it is CUDA;
         `isolated=False` seeds the global generators without saving their state (`saved_rng`)."""
         on_device = torch.device(device).type == "cuda"
         rng = private_rng(seed) if isolated else _seeded(seed)
@@ -110,54 +102,45 @@ class Workdir:
         values = _as_list(values, self.model_file, "get_inputs()", "the arguments of forward(...)")
         return [_to_device(v, device) for v in values]
 
-    def construct_candidate(self, init: list) -> torch.nn.Module:
-        """ModelNew(*init), in the worker."""
-        return self._call(self.model_new_file, "ModelNew(*get_init_inputs())", self.candidate.ModelNew, *init)
-
     def make_models(self, device: torch.device | str = "cpu", seed: int = 0) -> tuple[torch.nn.Module, Any]:
-        """(Model, ModelNew) built from get_init_inputs(); Model's parameters initialised
-        under a private RNG seeded by `seed` and copied into ModelNew (strict); both in eval
-        mode on `device`. ModelNew is a worker.RemoteModel where the workdir has a worker."""
+        """(Model, ModelNew) from get_init_inputs(), in eval mode on `device`: Model's parameters drawn under a private
+        RNG seeded by `seed`, copied into ModelNew (a worker.RemoteModel where the workdir has a worker)."""
         init = self.init_inputs()
         with private_rng(seed):
             model = self._call(self.model_file, "Model(*get_init_inputs())", self.reference.Model, *init)
-            model_new = self.make_candidate(init, device, seed) if self.worker is not None else \
-                self.construct_candidate(init)
+            if self.worker is not None:
+                from pytest_cudaopt.remote.model import RemoteModel
+
+                reply = self._remote(lambda: self.worker.request(
+                    {"op": "make", "init": init, "seed": seed, "device": str(device),
+                     "what": "ModelNew(*get_init_inputs())"}, what="constructing ModelNew"))
+                model_new = RemoteModel(self.worker, reply["id"], str(device), list(reply["keys"]))
+            else:
+                model_new = self._call(self.model_new_file, "ModelNew(*get_init_inputs())", self.candidate.ModelNew,
+                                       *init).eval().to(device)
         model = model.eval().to(device)
-        if self.worker is None:
-            model_new = model_new.eval().to(device)
         self.copy_state(model, model_new)
         return model, model_new
 
-    def make_candidate(self, init: list, device: torch.device | str, seed: int) -> Any:
-        """ModelNew(*init) in the worker, on `device`: a worker.RemoteModel."""
-        from pytest_cudaopt.remote.model import RemoteModel
+    def _remote(self, func: Callable[[], Any]) -> Any:
+        """`func()`, a worker's error turned into a WorkdirError (of model_new.py unless it names a file)."""
         from pytest_cudaopt.remote.worker import WorkerError
 
         try:
-            reply = self.worker.request({"op": "make", "init": init, "seed": seed, "device": str(device),
-                                         "what": "ModelNew(*get_init_inputs())"},
-                                        what="constructing ModelNew")
+            return func()
         except WorkerError as exc:
             raise WorkdirError(str(exc), exc.file or self.model_new_file.name) from exc
-        return RemoteModel(self.worker, reply["id"], str(device), list(reply["keys"]))
 
     def copy_state(self, model: torch.nn.Module, model_new: Any) -> None:
-        """Load Model's state dict into ModelNew, strict: the same keys, the same shapes; its
-        non-persistent buffers too."""
-        if self.worker is not None:  # ModelNew is a worker.RemoteModel: checked and loaded there
-            from pytest_cudaopt.remote.worker import WorkerError
-
-            try:
-                model_new.load_state(model.state_dict(), _non_persistent(model), self.model_file.name)
-            except WorkerError as exc:
-                raise WorkdirError(str(exc), exc.file or self.model_new_file.name) from exc
-            return
-        load_state(model_new, model.state_dict(), _non_persistent(model), self.model_file.name,
-                   self.model_new_file.name)
+        """Load Model's state dict and non-persistent buffers into ModelNew, strict: the same keys and shapes."""
+        state, buffers = model.state_dict(), non_persistent_buffers(model)
+        if self.worker is None:
+            load_state(model_new, state, buffers)
+        else:
+            self._remote(lambda: model_new.load_state(state, buffers, self.model_file.name))
 
 
-def _non_persistent(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+def non_persistent_buffers(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The buffers that state_dict() leaves out (register_buffer(..., persistent=False))."""
     found = {}
     for prefix, sub in module.named_modules():
@@ -168,35 +151,13 @@ def _non_persistent(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return found
 
 
-
-
-def copy_non_persistent_buffers(model: torch.nn.Module, model_new: torch.nn.Module,
-                                model_file: str = "model.py", model_new_file: str = "model_new.py") -> None:
-    """Model's non-persistent buffers into ModelNew's (`copy_buffers`), both in this process."""
-    copy_buffers(_non_persistent(model), model_new, model_file, model_new_file)
-
-
 def load_reference(path: Path, worker: Any = None) -> Workdir:
-    """The judging process's view of a workdir: model.py imported as
-    `cudaopt_workdir_<hash>.model`, the candidate in `worker` (worker.Worker, started by the
-    caller); model_new.py is not imported here."""
+    """The judging process's view of a workdir: model.py, the candidate in `worker` (model_new.py not imported)."""
     path, _, reference = import_reference(path)
     return Workdir(path=path, reference=reference, worker=worker)
 
 
-def load_workdir(path: Path, extension: Any, after_reference: Callable[[Any], Any] | None = None) -> Workdir:
-    """The worker's view of a workdir (and a tool's that runs the candidate in-process, such as
-    the memory-safety child): model.py and model_new.py imported by worker.load.import_candidate.
-    `after_reference(reference_module)` is called between the two imports (the session trusts
-    what model.py did, and watches its classes from then on)."""
-    if after_reference is None:
-        reference, candidate = import_candidate(path, extension)
-    else:
-        path, package, reference = import_reference(path)
-        after_reference(reference)
-        candidate = import_file(f"{package.__name__}.model_new", path / "model_new.py", path,
-                                {"cuda_extension": extension, "model": reference})
-        if not hasattr(candidate, "ModelNew"):
-            raise WorkdirError(f"{path / 'model_new.py'} defines no class ModelNew")
-        package.model, package.model_new = reference, candidate
+def load_workdir(path: Path, extension: Any) -> Workdir:
+    """The worker's view of a workdir (and the memory-safety child's): model.py and model_new.py imported."""
+    reference, candidate = import_candidate(path, extension)
     return Workdir(path=Path(path).resolve(), reference=reference, candidate=candidate, extension=extension)

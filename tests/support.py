@@ -295,3 +295,11 @@ def attack_case(verdicts: dict, workdir: str, prefix: str) -> tuple[str, str]:
     assert len(found) == 1, f"{workdir}: no single case {prefix!r} in {sorted(verdicts['cases'])}\n" + \
         verdicts["output"][-3000:]
     return found[0]
+
+
+def copy_non_persistent_buffers(model, model_new) -> None:
+    """Model's non-persistent buffers into ModelNew's (`copy_buffers`), both in this process."""
+    from pytest_cudaopt.candidate.load import copy_buffers
+    from pytest_cudaopt.workdir import non_persistent_buffers
+
+    copy_buffers(non_persistent_buffers(model), model_new)

@@ -207,7 +207,7 @@ class _WithOffset(torch.nn.Module):
 
 
 def test_non_persistent_buffers_are_copied_like_the_state_dict():
-    from pytest_cudaopt.workdir import copy_non_persistent_buffers
+    from support import copy_non_persistent_buffers
 
     model, model_new = _WithOffset(), _WithOffset()
     assert not torch.equal(model.offset, model_new.offset)
@@ -217,7 +217,7 @@ def test_non_persistent_buffers_are_copied_like_the_state_dict():
 
 
 def test_a_non_persistent_buffer_missing_from_modelnew_is_named():
-    from pytest_cudaopt.workdir import copy_non_persistent_buffers
+    from support import copy_non_persistent_buffers
 
     with pytest.raises(WorkdirError, match="non-persistent buffer 'offset'.*ModelNew has no buffer"):
         copy_non_persistent_buffers(_WithOffset(), _WithOffset(name="other"))

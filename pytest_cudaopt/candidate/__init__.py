@@ -1,4 +1,3 @@
 """RUNS IN THE CANDIDATE'S PROCESS: the worker that loads model_new.py and the extension.
 
-It imports the standard library, torch, `pytest_cudaopt.wire` and its own modules only: what the
-judging side believes of the candidate is decided there, from the plain facts these modules return."""
+It imports the standard library, torch, `pytest_cudaopt.wire` and its own modules only: the judging side decides."""

@@ -1,6 +1,4 @@
-"""The facts of MN010 and EX001, as plain data: whether model_new.py imports and ModelNew(*get_init_inputs()) constructs (each model built on the meta device, else the CPU), the state_dict shapes of both models, and the extension functions model_new.py calls that the module lacks; policy/construction.py decides from them.
-
-No build is needed: without one, `import cuda_extension` finds a stand-in whose functions raise only when called."""
+"""The facts of MN010 and EX001, as plain data: whether model_new.py imports and ModelNew(*get_init_inputs()) constructs (each model built on the meta device, else the CPU), the state_dict shapes of both models, and the extension functions model_new.py calls that the module lacks; policy/construction.py decides from them."""
 
 from __future__ import annotations
 
@@ -57,15 +55,6 @@ def stand_in_extension() -> types.ModuleType:
     return module
 
 
-def _model_new_line(workdir: Path) -> int | None:
-    """The line of `class ModelNew` in model_new.py, or None (MN001 reports that)."""
-    try:
-        tree = ast.parse((workdir / "model_new.py").read_text(encoding="utf-8"))
-    except (OSError, ValueError, SyntaxError):
-        return None
-    return next((n.lineno for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelNew"), None)
-
-
 @contextlib.contextmanager
 def _modules_restored(prefix: str) -> Iterator[None]:
     """The workdir's modules in sys.modules as they were before the check."""
@@ -79,16 +68,14 @@ def _modules_restored(prefix: str) -> Iterator[None]:
 
 
 def build_model(cls: type, init: list) -> Any:
-    """`cls(*init)` on each of DEVICES until one succeeds; the last one's exception is raised
-    (a constructor that needs real values fails on meta: the CPU decides)."""
-    for device in DEVICES[:-1]:
+    """`cls(*init)` on each of DEVICES until one succeeds (a constructor that needs real values fails on meta)."""
+    for device in DEVICES:
         try:
             with private_rng(0), torch.device(device):
                 return cls(*init)
         except (Exception, SystemExit):  # noqa: BLE001
-            pass
-    with private_rng(0), torch.device(DEVICES[-1]):
-        return cls(*init)
+            if device == DEVICES[-1]:
+                raise
 
 
 def _failure(stage: str, exc: BaseException, workdir: Path) -> dict:
@@ -96,10 +83,6 @@ def _failure(stage: str, exc: BaseException, workdir: Path) -> dict:
     cause = exc.__cause__
     return {"stage": stage, "file": getattr(exc, "file", None), "text": str(exc), "cause": cause is not None,
             "traceback": user_traceback(cause if cause is not None else exc, [workdir])}
-
-
-def _shapes(model: Any) -> dict[str, tuple]:
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
 def _construct(workdir: Path, extension: Any) -> dict:
@@ -117,22 +100,25 @@ def _construct(workdir: Path, extension: Any) -> dict:
         return {"failed": {"stage": "init", "file": "model.py", "cause": False, "traceback": "",
                            "text": f"model.py: get_init_inputs() returned {type(init).__name__}; it must return a "
                                    f"list of the arguments of Model(...), e.g. `return [x]`"}}
-    try:
-        model_new = build_model(candidate.ModelNew, list(init))
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - whatever the constructor raises is the finding
-        return {"failed": _failure("model_new", exc, workdir)}
-    try:
-        model = build_model(reference.Model, list(init))
-    except (Exception, SystemExit) as exc:  # noqa: BLE001
-        return {"failed": _failure("model", exc, workdir)}
-    return {"failed": None, "model": _shapes(model), "model_new": _shapes(model_new)}
+    built = {}
+    for stage, cls in (("model_new", candidate.ModelNew), ("model", reference.Model)):
+        try:
+            built[stage] = build_model(cls, list(init))
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - whatever the constructor raises is the finding
+            return {"failed": _failure(stage, exc, workdir)}
+    return {"failed": None, **{stage: {k: tuple(v.shape) for k, v in built[stage].state_dict().items()}
+                               for stage in ("model", "model_new")}}
 
 
 def construction(workdir: Path, extension: Any = None) -> dict | None:
     """MN010's facts: {"line", "failed": None or {"stage", "file", "text", "cause", "traceback"}, "model"/
     "model_new": {key: shape}}; None without class ModelNew or model.py (other rules say so)."""
     workdir = Path(workdir).resolve()
-    line = _model_new_line(workdir)
+    try:  # the line of `class ModelNew`, else None (MN001 reports that)
+        tree = ast.parse((workdir / "model_new.py").read_text(encoding="utf-8"))
+    except (OSError, ValueError, SyntaxError):
+        return None
+    line = next((n.lineno for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelNew"), None)
     if line is None or not (workdir / "model.py").is_file():
         return None
     with _modules_restored(module_prefix(workdir)):

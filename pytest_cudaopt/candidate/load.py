@@ -37,8 +37,7 @@ def module_prefix(path: Path) -> str:
 
 
 def user_traceback(exc: BaseException, roots: list[Path]) -> str:
-    """The exception with only the traceback frames inside `roots` (the workdir's files):
-    `  model.py:12 in get_inputs: return torch.randn(n)` lines, then `Type: message`."""
+    """The exception with only its frames inside `roots`: `  model.py:12 in get_inputs: return ...`, `Type: message`."""
     roots = [Path(r).resolve() for r in roots]
     lines = []
     for frame in traceback.extract_tb(exc.__traceback__):
@@ -48,7 +47,7 @@ def user_traceback(exc: BaseException, roots: list[Path]) -> str:
         except OSError:
             continue
         if any(resolved == r or r in resolved.parents for r in roots):
-            rel = _short(resolved, roots)
+            rel = next((resolved.relative_to(r) for r in roots if r.is_dir() and r in resolved.parents), resolved.name)
             code = f": {frame.line.strip()}" if frame.line else ""
             lines.append(f"  {rel}:{frame.lineno} in {frame.name}{code}")
     message = str(exc).strip()
@@ -58,13 +57,6 @@ def user_traceback(exc: BaseException, roots: list[Path]) -> str:
     kept = kept[:min(cut, 12)]
     lines.append(f"{type(exc).__name__}: " + "\n".join(kept))
     return "\n".join(lines)
-
-
-def _short(path: Path, roots: list[Path]) -> str:
-    for root in roots:
-        if root.is_dir() and root in path.parents:
-            return str(path.relative_to(root))
-    return path.name
 
 
 @contextlib.contextmanager
@@ -91,8 +83,7 @@ def temporary_modules(replacements: dict[str, types.ModuleType | None], path: Pa
 
 def import_file(name: str, file: Path, workdir: Path,
                 aliases: dict[str, types.ModuleType | None] | None = None) -> types.ModuleType:
-    """Import `file` as module `name`, with `workdir` first on sys.path and `aliases` in sys.modules for
-    the duration; a file that does not parse or raises is a WorkdirError."""
+    """Import `file` as module `name`, `workdir` first on sys.path and `aliases` in sys.modules; else a WorkdirError."""
     spec = importlib.util.spec_from_file_location(name, file)
     if spec is None or spec.loader is None:
         raise WorkdirError(f"{file}: cannot be imported")
@@ -164,42 +155,35 @@ def private_rng(seed: int) -> Iterator[None]:
 
 
 def load_state(model_new: torch.nn.Module, state: dict, buffers: dict[str, torch.Tensor],
-               model_file: str = "model.py", model_new_file: str = "model_new.py") -> None:
+               model_file: str = "model.py") -> None:
     """Model's `state` into ModelNew, strict (a WorkdirError names differing keys), then its `buffers`."""
-    expected = set(state)
-    present = set(model_new.state_dict())
-    missing, unexpected = sorted(expected - present), sorted(present - expected)
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"missing (in Model, not in ModelNew): {', '.join(missing)}")
-        if unexpected:
-            parts.append(f"unexpected (in ModelNew, not in Model): {', '.join(unexpected)}")
-        raise WorkdirError(f"{model_new_file}: ModelNew's state_dict keys differ from Model's "
-                           f"({model_file}): " + "; ".join(parts))
+    expected, present = set(state), set(model_new.state_dict())
+    parts = [f"{what}: {', '.join(names)}" for what, names in (
+        ("missing (in Model, not in ModelNew)", sorted(expected - present)),
+        ("unexpected (in ModelNew, not in Model)", sorted(present - expected))) if names]
+    if parts:
+        raise WorkdirError(f"model_new.py: ModelNew's state_dict keys differ from Model's ({model_file}): "
+                           + "; ".join(parts))
     try:
         model_new.load_state_dict(state, strict=True)
     except RuntimeError as exc:
-        raise WorkdirError(f"{model_new_file}: loading Model's state_dict into ModelNew failed: {exc}") from exc
-    copy_buffers(buffers, model_new, model_file, model_new_file)
+        raise WorkdirError(f"model_new.py: loading Model's state_dict into ModelNew failed: {exc}") from exc
+    copy_buffers(buffers, model_new, model_file)
 
 
-def copy_buffers(ours: dict[str, torch.Tensor], model_new: torch.nn.Module,
-                 model_file: str = "model.py", model_new_file: str = "model_new.py") -> None:
+def copy_buffers(ours: dict[str, torch.Tensor], model_new: torch.nn.Module, model_file: str = "model.py") -> None:
     """Model's non-persistent buffers (`ours`) into ModelNew's of the same name, else a WorkdirError."""
     import torch
 
-    if not ours:
-        return
     theirs = dict(model_new.named_buffers())
     for name, buffer in ours.items():
         target = theirs.get(name)
         if target is None:
-            raise WorkdirError(f"{model_new_file}: Model ({model_file}) has the non-persistent buffer "
+            raise WorkdirError(f"model_new.py: Model ({model_file}) has the non-persistent buffer "
                                f"'{name}' {tuple(buffer.shape)}, ModelNew has no buffer of that name; "
                                f"register it in ModelNew too so both start from the same values")
         if target.shape != buffer.shape:
-            raise WorkdirError(f"{model_new_file}: non-persistent buffer '{name}': Model ({model_file}) has "
+            raise WorkdirError(f"model_new.py: non-persistent buffer '{name}': Model ({model_file}) has "
                                f"shape {tuple(buffer.shape)}, ModelNew {tuple(target.shape)}")
         with torch.no_grad():
             target.copy_(buffer)
@@ -225,8 +209,7 @@ def import_reference(path: Path) -> tuple[Path, types.ModuleType, types.ModuleTy
 
 
 def import_candidate(path: Path, extension: Any) -> tuple[types.ModuleType, types.ModuleType]:
-    """(model, model_new) of the workdir at `path`; model_new.py's `import cuda_extension` finds `extension`
-    and `import model` this workdir's model.py."""
+    """(model, model_new) of the workdir at `path`; model_new.py's `import cuda_extension` finds `extension`."""
     path, package, reference = import_reference(path)
     candidate = import_file(f"{package.__name__}.model_new", path / "model_new.py", path,
                             {EXTENSION: extension, "model": reference})
@@ -264,7 +247,13 @@ def import_extension(so: Path, build_dir: Path) -> Any:
         raise ImportError(f"{path} cannot be imported")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.__getattr__ = _missing_function(module)  # PEP 562: only for names the module lacks
+
+    def __getattr__(attribute: str):  # PEP 562: only for names the module lacks
+        if attribute.startswith("__"):
+            raise AttributeError(f"module 'cuda_extension' has no attribute '{attribute}'")
+        raise AttributeError(missing_function_message(module, attribute))
+
+    module.__getattr__ = __getattr__
     sys.modules[name] = module
     _LOADED[so] = (ident, module)
     return module
@@ -276,8 +265,7 @@ def defined_functions(module) -> list[str]:
 
 
 def takes_module(func) -> bool:
-    """True for a binding whose pybind11 signature takes a module: a registration function
-    (`void register_op(pybind11::module&)`) that was bound as if it were the op."""
+    """True for a binding whose pybind11 signature takes a module: a registration function bound as the op."""
     first = (getattr(func, "__doc__", None) or "").split("\n", 1)[0]
     return re.search(r"\((?:\w+: )?(?:module|types\.ModuleType)\)", first) is not None
 
@@ -297,11 +285,3 @@ def missing_function_message(module, name: str) -> str:
                  "published agent-workdir binding_registry.h or the shipped one, register_op(pybind11::module& m) "
                  f"calls m.def(\"{name}\", ...))")
     return text
-
-
-def _missing_function(module):
-    def __getattr__(name: str):
-        if name.startswith("__"):
-            raise AttributeError(f"module 'cuda_extension' has no attribute '{name}'")
-        raise AttributeError(missing_function_message(module, name))
-    return __getattr__

@@ -65,14 +65,8 @@ def op_name(func: Any) -> str:
     return f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
 
 
-def is_allowed(func: Any, extra: frozenset[str] = frozenset()) -> bool:
-    name = op_name(func)
-    return name in ALLOWED_OPS or name in extra or func._schema.name in extra or bool(getattr(func, "is_view", False))
-
-
 class OpAudit(TorchDispatchMode):
-    """Records every op that reaches the dispatcher while active, from Python and C++ alike, with the
-    workdir's line that led to it and the builtin (torch function, method, extension function) that sent it."""
+    """Records every op that reaches the dispatcher, from Python and C++, with the workdir line and its sender."""
 
     def __init__(self, workdir: Path, extension: Any = None, extra_allowed: frozenset[str] = frozenset()):
         super().__init__()
@@ -86,12 +80,10 @@ class OpAudit(TorchDispatchMode):
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        # Else torch wraps __torch_dispatch__ in torch._disable_dynamo, which imports torch._dynamo:
-        # seconds (benchmarks/results/2026-12-03-copy-excess.md).
+        # Else torch wraps __torch_dispatch__ in torch._disable_dynamo, which imports torch._dynamo (seconds).
         return False
 
-    # sys.setprofile sees calls of builtins (c_call/c_return): the innermost one running when
-    # an op arrives is what sent it.
+    # sys.setprofile sees calls of builtins: the innermost one running when an op arrives is what sent it.
     def _profile(self, frame, event, arg):
         if event == "c_call":
             self._builtins.append(arg)
@@ -143,10 +135,12 @@ class OpAudit(TorchDispatchMode):
         return "a Python operator on tensors (+, *, @, ...)", False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not is_allowed(func, self.extra):
+        name = op_name(func)
+        if not (name in ALLOWED_OPS or name in self.extra or func._schema.name in self.extra
+                or getattr(func, "is_view", False)):
             caller, from_cpp = self._caller()
             where, via = self._where()
-            self.ops.append(AuditedOp(op_name(func), caller, from_cpp, where, "" if from_cpp else via))
+            self.ops.append(AuditedOp(name, caller, from_cpp, where, "" if from_cpp else via))
         return func(*args, **(kwargs or {}))
 
     def violations(self) -> list[AuditedOp]:
@@ -189,8 +183,6 @@ def context_alive(device: torch.device | str | None = None) -> bool:
         return False
 
 
-# -- outputs: plain tensors with storage of their own ---------------------------------------------
-
 def leaves(value: Any, path: str = "output") -> Iterator[tuple[str, Any]]:
     """(path, leaf) for every leaf of a nest of tuples, lists and dicts: `output[1]['y']`."""
     if isinstance(value, (tuple, list)):
@@ -217,10 +209,6 @@ def storage_span(t: torch.Tensor) -> tuple[torch.device, int, int] | None:
 
 def overlaps(a: tuple | None, b: tuple | None) -> bool:
     return a is not None and b is not None and a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
-
-
-def input_label(index: int, names: list[str] | None) -> str:
-    return f"input {index} ({names[index]})" if names and index < len(names) else f"input {index}"
 
 
 class OutputHistory:
@@ -262,9 +250,9 @@ def unfresh_output(output: Any, inputs: list, model_new: torch.nn.Module, earlie
         for i, other in input_spans:
             if overlaps(span, other):
                 what = "is" if leaf is inputs[i] else "shares storage with (a view of)"
-                return "output aliases input", (f"{file}: {path} {describe_tensor(leaf)} {what} "
-                                                f"{input_label(i, names)}; outputs must own fresh storage, not "
-                                                f"return an input or a view of one")
+                label = f"input {i} ({names[i]})" if names and i < len(names) else f"input {i}"
+                return "output aliases input", (f"{file}: {path} {describe_tensor(leaf)} {what} {label}; outputs "
+                                                f"must own fresh storage, not return an input or a view of one")
         for name, other in state_spans:
             if overlaps(span, other):
                 return "output aliases state", (f"{file}: {path} {describe_tensor(leaf)} shares storage with "
@@ -275,8 +263,7 @@ def unfresh_output(output: Any, inputs: list, model_new: torch.nn.Module, earlie
 def call_locally(model: torch.nn.Module, inputs: list, device: torch.device, workdir: Path, extension: Any,
                  extra_allowed: frozenset[str], history: OutputHistory,
                  names: list[str] | None) -> tuple[Any, list[AuditedOp], tuple[str, str] | None]:
-    """One call of ModelNew under poisoned memory and the op audit, the device synchronised: (output,
-    the audit's violations, (check, message) of an output that is no fresh plain tensor, else None)."""
+    """One call of ModelNew under poisoned memory and the op audit: (output, violations, unfresh_output's finding)."""
     audit = OpAudit(workdir, extension, extra_allowed)
     with torch.no_grad(), poisoned_memory(device), audit:
         output = model(*inputs)
@@ -327,8 +314,7 @@ def poison_plan(snapshot: list[dict], device_index: int) -> list[int]:
 
 
 def _poison_cuda_cache(device: torch.device) -> None:
-    """Fill every inactive caching-allocator block with 0xFF bytes (NaN in every floating dtype), all
-    held until the last is filled so that none is handed out twice."""
+    """Fill every inactive caching-allocator block with 0xFF (NaN), all held till the last so none comes twice."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     held = []
     try:
@@ -341,8 +327,6 @@ def _poison_cuda_cache(device: torch.device) -> None:
     finally:
         del held
 
-
-# -- the kernel trace's events (parsed and judged by perf/trace.py) ----------------------------------
 
 # The tracer's ranges on the calling stream (perf/trace.py reads them back): the lead and the L2
 # flush, a one-element fill where the stream reaches the call, the call, a fill after it.

@@ -1,12 +1,11 @@
 """The worker's OS sandbox, applied by the worker to itself before any candidate code runs: Landlock (it reads its workdir, its build and the Python and CUDA environment, writes only its scratch folder, executes nothing, cannot ptrace, signal or reach abstract sockets outside itself, opens no TCP connection), a seccomp filter (no ptrace, no other process's memory, no signal outside its own process group, no exec, no kernel modules, mounts or namespaces), no capabilities, no new privileges, not dumpable.
 
-Landlock and seccomp are called through ctypes (docs/threat-model.md says why no package is used).
-Standard library only: this runs before torch is imported, while the worker has a single thread
-(Landlock confines the calling thread and the threads it starts, not those already running).
-"""
+Standard library only (ctypes; docs/threat-model.md says why): this runs before torch is imported, while the
+worker has a single thread (Landlock confines the calling thread and those it starts, not those already running)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import glob
@@ -53,9 +52,16 @@ DEVICE = READ_FILE | WRITE_FILE | IOCTL_DEV
 # The scratch folder: everything but executing, device nodes and ioctls.
 SCRATCH = READ | WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_DIR | MAKE_REG | MAKE_SOCK | MAKE_FIFO | MAKE_SYM \
     | REFER | TRUNCATE
-# /dev/shm (the arena, torch's shared CPU tensors, CUDA's IPC reference counts): files created,
-# written, removed, but the folder is not listed (other workers' files there have random names).
+# /dev/shm (the arena, torch's shared tensors, CUDA's IPC counts): files made and removed, the folder not listed.
 SHARED_MEMORY = READ_FILE | WRITE_FILE | MAKE_REG | REMOVE_FILE | TRUNCATE
+
+
+def _check(result: int, what: str) -> int:
+    """`result` of a libc call, or the OSError its errno names (`what: strerror`)."""
+    if result < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{what}: {os.strerror(code)}")
+    return result
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -86,10 +92,8 @@ def _landlock(abi: int, reads: list[tuple[str, int]]) -> None:
     attr = _RulesetAttr(fs, NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 else 0,
                         SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0)
     size = ctypes.sizeof(attr) if abi >= 6 else (16 if abi >= 4 else 8)
-    ruleset = _LIBC.syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(size),
-                            ctypes.c_uint32(0))
-    if ruleset < 0:
-        raise OSError(ctypes.get_errno(), f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
+    ruleset = _check(_LIBC.syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), ctypes.byref(attr),
+                                   ctypes.c_size_t(size), ctypes.c_uint32(0)), "landlock_create_ruleset")
     try:
         for path, rights in reads:
             try:
@@ -100,15 +104,13 @@ def _landlock(abi: int, reads: list[tuple[str, int]]) -> None:
                 if not os.path.isdir(path):
                     rights &= FILE_RIGHTS
                 rule = _PathBeneath(rights & fs, fd)
-                if _LIBC.syscall(ctypes.c_long(SYS_LANDLOCK_ADD_RULE), ctypes.c_int(ruleset),
-                                 ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0)) < 0:
-                    code = ctypes.get_errno()
-                    raise OSError(code, f"landlock_add_rule {path}: {os.strerror(code)}")
+                _check(_LIBC.syscall(ctypes.c_long(SYS_LANDLOCK_ADD_RULE), ctypes.c_int(ruleset),
+                                     ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0)),
+                       f"landlock_add_rule {path}")
             finally:
                 os.close(fd)
-        if _LIBC.syscall(ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_int(ruleset), ctypes.c_uint32(0)) < 0:
-            code = ctypes.get_errno()
-            raise OSError(code, f"landlock_restrict_self: {os.strerror(code)}")
+        _check(_LIBC.syscall(ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_int(ruleset), ctypes.c_uint32(0)),
+               "landlock_restrict_self")
     finally:
         os.close(ruleset)
 
@@ -190,10 +192,9 @@ def _op(code: int, k: int, jt: int = 0, jf: int = 0) -> tuple:
 
 def seccomp_program(machine: str, refused: dict[int, int], own: list[int] = (), clone: int | None = None,
                     signalling: tuple[int, ...] = (), group_kill: int | None = None) -> list[tuple]:
-    """A BPF program: `refused` syscall -> errno; `signalling` calls (kill, tgkill, ...) allowed
-    only when their first argument is one of `own` (kill also with 0, its own group, when
-    `group_kill` is that group's negative id); `clone` refused with EPERM when it asks for a new
-    namespace; a call of another architecture ends the process; everything else allowed."""
+    """A BPF program: `refused` syscall -> errno; `signalling` calls (kill, tgkill, ...) allowed only when their
+    first argument is one of `own` (kill also 0 and `group_kill`, its group's negative id); `clone` refused with
+    EPERM for a new namespace; a call of another architecture ends the process; everything else allowed."""
     prog = [_op(_LD_ABS, 4), _op(_JEQ, _ARCH[machine], 1, 0), _op(_RET, KILL), _op(_LD_ABS, 0)]
     if machine == "x86_64":  # x32 calls: the same numbers with bit 30 set
         prog += [_op(_JGE, 0x40000000, 0, 1), _op(_RET, ERRNO | errno.EPERM)]
@@ -217,9 +218,8 @@ def install_seccomp(prog: list[tuple], machine: str) -> None:
     filters = (_SockFilter * len(prog))(*[_SockFilter(*op) for op in prog])
     fprog = _SockFprog(len(prog), filters)
     if _LIBC.syscall(ctypes.c_long(_SYS_SECCOMP[machine]), ctypes.c_uint(SECCOMP_SET_MODE_FILTER),
-                     ctypes.c_uint(SECCOMP_FILTER_FLAG_TSYNC), ctypes.byref(fprog)) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, f"seccomp: {os.strerror(code)}")
+                     ctypes.c_uint(SECCOMP_FILTER_FLAG_TSYNC), ctypes.byref(fprog)) != 0:  # TSYNC: >0 names a thread
+        _check(-1, "seccomp")
 
 
 def _syscalls(machine: str, names) -> list[int]:
@@ -259,32 +259,25 @@ def _drop_capabilities(last: int) -> None:
         _LIBC.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)   # refused without CAP_SETPCAP: then there is nothing to drop
     _LIBC.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     data = (_CapData * 2)()
-    if _LIBC.capset(ctypes.byref(_CapHeader(0x20080522, 0)), data) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, f"capset: {os.strerror(code)}")
+    _check(_LIBC.capset(ctypes.byref(_CapHeader(0x20080522, 0)), data), "capset")
 
 
 def _prctl(option: int, value: int, what: str) -> None:
-    if _LIBC.prctl(option, value, 0, 0, 0) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, f"{what}: {os.strerror(code)}")
+    _check(_LIBC.prctl(option, value, 0, 0, 0), what)
 
 
 def confine(mode: str, workdir: str, build: str | None, scratch: str, *,
             started_by: str | None = None) -> dict:
     """Confine this process as far as `mode` and the kernel allow: {"mode", "landlock" (the ABI, 0: none),
     "held": {restriction: [mechanism, ...]}, "missing": {restriction: why}}; a failed mechanism raises nothing.
-    Landlock leaves a process with other threads unconfined, unless `started_by` names who started
-    them before any candidate code could run (compute-sanitizer): then it confines this thread."""
+    With other threads Landlock is not applied, unless `started_by` (compute-sanitizer) started them."""
     if mode not in MODES:
         raise ValueError(f"sandbox mode {mode!r}: expected one of {', '.join(MODES)}")
     held: dict[str, list[str]] = {}
     failed: dict[str, str] = {}
     if os.getpgrp() != os.getpid():
-        try:
+        with contextlib.suppress(OSError):
             os.setpgid(0, 0)  # its own process group, the one it may signal
-        except OSError:
-            pass
     if mode == "off":
         return {"mode": mode, "landlock": 0, "held": {}, "missing": {name: "cudaopt_sandbox=off" for name in RESTRICTIONS}}
 

@@ -117,7 +117,8 @@ class Server:
     def op_load(self, request: dict) -> dict:
         """The extension (or MN010's stand-in) and the workdir's two files; whether it is non-deterministic."""
         from pytest_cudaopt.candidate.construct import stand_in_extension
-        from pytest_cudaopt.candidate.load import EXTENSION, WorkdirError, import_candidate, import_extension
+        from pytest_cudaopt.candidate.load import (EXTENSION, WorkdirError, defined_functions, import_candidate,
+                                                   import_extension)
         from pytest_cudaopt.candidate.observe import OutputHistory
 
         if self.sandbox.get("mode") == "require" and "files" in self.sandbox.get("missing", {}):
@@ -140,8 +141,7 @@ class Server:
             self.torch.cuda.set_device(self.torch.device(device))
         self.path = path
         self.history = OutputHistory()
-        functions = sorted(name for name in dir(self.extension) if not name.startswith("_")
-                           and callable(getattr(self.extension, name, None)))
+        functions = defined_functions(self.extension)
         try:
             _, self.candidate = import_candidate(path, self.extension)
         except WorkdirError as exc:  # the policy rules still run (MN010 imports on its own)
@@ -182,8 +182,7 @@ class Server:
         from pytest_cudaopt.candidate.load import load_state
 
         model = self.models[request["id"]]
-        load_state(model, request["state"], request.get("buffers") or {},
-                   request.get("model_file", "model.py"), "model_new.py")
+        load_state(model, request["state"], request.get("buffers") or {}, request.get("model_file", "model.py"))
         return {"state": self._state(model)}
 
     def op_state(self, request: dict) -> dict:
@@ -230,7 +229,7 @@ class Server:
         self.lead.enqueue(protocol.LEAD_S)  # the host gets ahead: the events bracket the kernels, not the launches
         outputs, _ = self._chained(model, sets, stream, events)
         torch.cuda.synchronize()
-        return self._figures(events, outputs)
+        return {"outputs": outputs, "seconds": self._seconds(events)}
 
     def _chained(self, model: Any, sets: list[list], stream: Any, events: list) -> tuple[list, list[float]]:
         """ModelNew on each input set, `events` chained through the calls: outputs, host times to enqueue."""
@@ -321,13 +320,12 @@ class Server:
         """The figures of the last gated batch, once its work is done."""
         self.torch.cuda.synchronize()
         events, self.pending = self.pending, []
-        return self._figures(events, None)
+        return {"seconds": self._seconds(events)}
 
     @staticmethod
-    def _figures(events: list, outputs: list | None) -> dict:
-        """Each call's figure: the time between the events before and after it (and the outputs)."""
-        seconds = [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]
-        return {"seconds": seconds} if outputs is None else {"outputs": outputs, "seconds": seconds}
+    def _seconds(events: list) -> list[float]:
+        """Each call's figure: the time between the events before and after it."""
+        return [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]
 
     def op_trace(self, request: dict) -> dict:
         """One call under the profiler behind the lead and the L2 flush: its Chrome-trace events."""

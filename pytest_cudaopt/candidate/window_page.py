@@ -17,8 +17,7 @@ class WindowError(OSError):
 
 
 class WorkerWindow:
-    """The page mapped and registered with CUDA; `wait(seq)` and `done(seq)` enqueue the stream memory
-    operations on the current stream."""
+    """The page mapped and registered with CUDA; `wait` and `done` enqueue stream memory operations."""
 
     def __init__(self, path: str, torch: Any):
         self.torch = torch

@@ -1,2 +1,1 @@
-"""The `cudaopt` subcommands that are more than a call into a package: the CI gate, the
-scaffold of `cudaopt init`, the starter kernels."""
+"""The `cudaopt` subcommands that are more than a call into a package: the CI gate, init, the starter kernels."""

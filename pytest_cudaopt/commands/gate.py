@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-# Exit codes of `cudaopt gate` (docs/results.md): a failed verdict is the candidate's; a broken
-# setup is the runner's.
+# Exit codes of `cudaopt gate` (docs/results.md): a failed verdict is the candidate's; a broken setup the runner's.
 PASSED = 0        # every verdict passed (and no regression against the target branch)
 FAILED = 1        # a verdict failed: a rule, correctness, the speed decision or the regression check
 USAGE = 2         # bad arguments (argparse's, or pytest's usage error), or interrupted (Ctrl-C, SIGTERM)
@@ -35,8 +34,10 @@ class Observer:
             for kind in KINDS:
                 if kind in report.keywords:
                     self.kinds[kind] = self.kinds.get(kind, 0) + 1
+        from pytest_cudaopt.remote.worker import REQUIRE_REFUSED
+
         broken = dict(report.user_properties).get(SETUP_PROPERTY)
-        if report.failed and not broken and _sandbox_refused(report.longreprtext):
+        if report.failed and not broken and REQUIRE_REFUSED in report.longreprtext:
             broken = "this runner's kernel cannot confine the candidate (cudaopt_sandbox=require: no Landlock)"
         if broken and report.failed:
             self.broken.append((report.nodeid, broken))
@@ -47,16 +48,9 @@ class Observer:
             self.counts[outcome] = self.counts.get(outcome, 0) + 1
 
 
-def _sandbox_refused(text: str) -> bool:
-    from pytest_cudaopt.remote.worker import REQUIRE_REFUSED
-
-    return REQUIRE_REFUSED in text
-
-
 def lock_change(workdir: Path, baseline_workdir: Path | None) -> str | None:
-    """Why the candidate's cudaopt.lock cannot be trusted, or None. The candidate could
-    rewrite its own lock after editing a locked file, so with a target branch the lock must
-    be the target branch's, byte for byte."""
+    """Why the candidate's cudaopt.lock cannot be trusted, or None: the candidate could rewrite its own lock,
+    so with a target branch the lock must be the target branch's, byte for byte."""
     if baseline_workdir is None:
         return None
     mine, theirs = Path(workdir) / "cudaopt.lock", Path(baseline_workdir) / "cudaopt.lock"
@@ -93,8 +87,7 @@ def exit_code(pytest_status: int, observer: Observer) -> tuple[int, list[str]]:
 
 
 def report_disagrees(report_path: Path) -> list[str]:
-    """Why the JSON report does not say passed (a verdict skipped or not run that pytest's
-    status lets through), or that there is none: the gate never passes against it."""
+    """Why the JSON report does not say passed, or that there is none: the gate never passes against it."""
     from pytest_cudaopt.results import jsonreport
 
     try:
@@ -106,8 +99,7 @@ def report_disagrees(report_path: Path) -> list[str]:
 
 def summary_markdown(code: int, reasons: Sequence[str], observer: Observer, report_path: Path,
                      relaxations: Sequence[str]) -> str:
-    """The job summary: the outcome, why, the relaxations in force, the verdict tables and
-    the first lines of each failure."""
+    """The job summary: the outcome, why, the relaxations, the verdict tables and each failure's first lines."""
     from pytest_cudaopt.results import jsonreport
 
     title = {PASSED: "PASSED", FAILED: "FAILED (a verdict failed)", BROKEN: "BROKEN (the setup, not the candidate)",
@@ -130,8 +122,7 @@ def summary_markdown(code: int, reasons: Sequence[str], observer: Observer, repo
 def run(workdir: Path, *, out: Path, baseline_workdir: Path | None = None,
         regression_margin: float | None = None, pytest_args: Sequence[str] = (),
         allow_lock_change: bool = False) -> int:
-    """Run the gate on `workdir`; write report.json, junit.xml and summary.md to `out` (and
-    the summary to $GITHUB_STEP_SUMMARY when set). Returns the gate's exit code."""
+    """The gate's exit code on `workdir`; report.json, junit.xml and summary.md in `out` ($GITHUB_STEP_SUMMARY)."""
     from pytest_cudaopt.launch import run_pytest, strict_sandbox
     from pytest_cudaopt.suite.settings import workdir_ini
 
@@ -154,13 +145,10 @@ def run(workdir: Path, *, out: Path, baseline_workdir: Path | None = None,
         reasons = report_disagrees(report_path)
         code = BROKEN if reasons else PASSED
     changed = None if allow_lock_change else lock_change(workdir, baseline_workdir)
-    if changed and code == PASSED:
-        code = FAILED
     if changed:
+        code = FAILED if code == PASSED else code
         reasons.append(changed)
-    relaxations = []
-    if report_path.is_file():
-        relaxations = json.loads(report_path.read_text()).get("relaxations", [])
+    relaxations = json.loads(report_path.read_text()).get("relaxations", []) if report_path.is_file() else []
     text = summary_markdown(code, reasons, observer, report_path, relaxations)
     (out / "summary.md").write_text(text)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")

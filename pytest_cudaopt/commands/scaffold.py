@@ -58,9 +58,8 @@ class ScaffoldError(Exception):
 
 
 def init_workdir(dest: Path, model_path: Path, notes: list[str] | None = None, device: str = "cuda") -> Path:
-    """Create the workdir `dest` around `model_path` (model.py a byte copy, kernels/ a starting kernel
-    for `device`) and return its resolved path. Refuses an existing non-empty `dest`; nothing is written
-    when the model cannot be read. Warnings (names model.py reads but never defines) go to `notes`."""
+    """Create the workdir `dest` around `model_path` (model.py a byte copy, kernels/ a starting kernel for
+    `device`); its resolved path. Warnings (names model.py reads but never defines) go to `notes`."""
     if device not in starter.DEVICES:
         raise ScaffoldError(f"unknown device {device!r}: expected one of {', '.join(starter.DEVICES)}")
     dest, model_path = Path(dest).resolve(), Path(model_path).resolve()
@@ -86,8 +85,7 @@ def init_workdir(dest: Path, model_path: Path, notes: list[str] | None = None, d
         # Remembered: pytest, `cudaopt check`, `judge` and `gate` read it (a flag overrides it).
         pyproject = pyproject.replace('addopts = "-ra"\n', f'addopts = "-ra"\ncudaopt_device = "{device}"\n')
     if third_party:
-        # model_new.py carries model.py's imports that the constructor needs; allow them so
-        # that the new workdir passes its own `cudaopt check`.
+        # model_new.py carries the imports the constructor needs: allowed, so the workdir passes `cudaopt check`.
         listed = ", ".join(f'"{name}"' for name in third_party)
         pyproject = pyproject.replace('# allow-imports = ["numpy"]\n',
                                       f"# model.py's constructor needs these (copied into model_new.py)\n"
@@ -110,8 +108,6 @@ def lock_workdir(workdir: Path) -> Path:
     """(Re)write the lock file of an existing workdir; returns its path."""
     return policy.write_lock(_existing_workdir(workdir))
 
-
-# --------------------------------------------------------------------------- model_new.py
 
 # Scopes in which a zero-argument super() would not see the method's class and first argument.
 _NESTED_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.ListComp, ast.SetComp,
@@ -163,8 +159,7 @@ def third_party_imports(source: str) -> list[str]:
 
 
 def _parse_model(source: str, model_path: Path) -> tuple[ast.Module, ast.ClassDef, list[ast.FunctionDef]]:
-    """model.py's tree, its class Model and Model's forward definitions (the last one is the
-    method), or a ScaffoldError saying what the KernelBench format misses."""
+    """model.py's tree, its class Model and Model's forward definitions (the last one is the method)."""
     try:
         tree = ast.parse(source, filename=str(model_path))
     except SyntaxError as exc:
@@ -184,16 +179,14 @@ def _parse_model(source: str, model_path: Path) -> tuple[ast.Module, ast.ClassDe
 
 
 def _model_patches(tree: ast.Module) -> list[ast.stmt]:
-    """Module-level assignments to Model's attributes (`Model.expansion = 4`): class attributes
-    too. A replaced forward is not carried (ModelNew's forward is the one to write)."""
+    """Module-level assignments to Model's attributes (`Model.expansion = 4`), but for a replaced forward."""
     return [node for node in tree.body if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and all(
             isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "Model"
             and t.attr not in ("forward", "__call__") for t in getattr(node, "targets", None) or [node.target])]
 
 
 def _class_needs(model: ast.ClassDef, forwards: list[ast.FunctionDef]) -> set[str]:
-    """Module-level names that ModelNew's class reads: its bases, keywords and decorators, its
-    class attributes, methods and nested classes; of forward only the signature."""
+    """Module-level names that ModelNew's class reads (of forward only the signature)."""
     names = set().union(*(_free_names(n) for n in (*model.bases, *model.keywords, *model.decorator_list)))
     in_class = set().union(*(_bound_names(s) for s in model.body))
     for stmt in model.body:
@@ -207,8 +200,7 @@ def _class_needs(model: ast.ClassDef, forwards: list[ast.FunctionDef]) -> set[st
 
 
 def _module_statements(tree: ast.Module, skip: list[ast.stmt], todo: set[str]) -> tuple[list[ast.stmt], set[str]]:
-    """The module-level statements that define the names in `todo`, transitively (in source
-    order), and the names that nothing at module level defines."""
+    """The module-level statements that define the names in `todo`, transitively, and the names nothing defines."""
     definitions: dict[str, ast.stmt] = {}
     for node in tree.body:
         if node in skip or (isinstance(node, ast.FunctionDef) and node.name in ("get_inputs", "get_init_inputs")):
@@ -228,8 +220,7 @@ def _module_statements(tree: ast.Module, skip: list[ast.stmt], todo: set[str]) -
             needed.append(node)
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 todo |= _free_names(node)
-    # A star import may define anything the class reads, and a __future__ import changes
-    # how the file compiles: keep them.
+    # A star import may define anything the class reads, and a __future__ import changes how the file compiles.
     kept = [n for n in tree.body if isinstance(n, ast.ImportFrom)
             and (n.module == "__future__" or any(a.name == "*" for a in n.names))]
     needed += [n for n in kept if n not in needed]
@@ -237,8 +228,7 @@ def _module_statements(tree: ast.Module, skip: list[ast.stmt], todo: set[str]) -
 
 
 def _direct_super_calls(model: ast.ClassDef) -> list[ast.Call]:
-    """`super(Model, self)` calls in the bodies of Model's own methods (not in nested
-    functions, lambdas or comprehensions, where `super()` would not find the method's class)."""
+    """`super(Model, self)` calls in the bodies of Model's own methods, not in nested scopes (_NESTED_SCOPES)."""
     found = []
     for method in (n for n in model.body if isinstance(n, _FUNCTIONS)):
         params = [*method.args.posonlyargs, *method.args.args]
@@ -257,10 +247,8 @@ def _direct_super_calls(model: ast.ClassDef) -> list[ast.Call]:
 
 
 def _renamed_lines(source: str, tree: ast.Module, model: ast.ClassDef) -> list[str]:
-    """`source`'s lines for model_new.py, where the class is ModelNew: `super(Model, self)` in
-    Model's methods becomes `super()`, every other read of the name Model (`Model.expansion`,
-    `isinstance(m, Model)`, `super(Model, self)` in a nested function) becomes ModelNew. The
-    line numbers stay those of the AST."""
+    """`source`'s lines for model_new.py: `super(Model, self)` in Model's methods becomes `super()`, every other
+    read of the name Model becomes ModelNew. The line numbers stay those of the AST."""
     supers = _direct_super_calls(model)
     inside = {id(call.args[0]) for call in supers}
     edits: list[tuple[ast.expr, str]] = [(call, "super()") for call in supers]
@@ -278,17 +266,8 @@ def _renamed_lines(source: str, tree: ast.Module, model: ast.ClassDef) -> list[s
     return lines
 
 
-def _forward_stub(forward: ast.FunctionDef, indent: str) -> str:
-    """`def forward(<Model.forward's parameters>)` raising NOT_IMPLEMENTED, at `indent`."""
-    returns = f" -> {ast.unparse(forward.returns)}" if forward.returns is not None else ""
-    inner = indent * 2 if indent else "    "
-    return (f"{indent}def forward({ast.unparse(forward.args)}){returns}:\n"
-            f"{inner}raise NotImplementedError(\n{inner}    \"{NOT_IMPLEMENTED}\"\n{inner})\n")
-
-
 def _model_new_class(lines: list[str], source: str, model: ast.ClassDef, forwards: list[ast.FunctionDef]) -> str:
-    """class ModelNew: Model's decorators, bases and body as written (class attributes,
-    methods, nested classes, comments), forward's body replaced by the stub."""
+    """class ModelNew: Model's decorators, bases and body as written, forward's body replaced by the stub."""
     decorators = "".join(lines[_first_line(model) - 1:model.lineno - 1])
     bases = ", ".join(ast.get_source_segment(source, b) for b in (*model.bases, *model.keywords)) or "nn.Module"
     body, at = [], _first_line(model.body[0])
@@ -297,16 +276,19 @@ def _model_new_class(lines: list[str], source: str, model: ast.ClassDef, forward
         at = forward.end_lineno + 1
     last = forwards[-1]
     indent = re.match(r"[ \t]*", lines[last.lineno - 1]).group()
-    body += [_forward_stub(last, indent), *lines[at - 1:model.end_lineno]]
+    # `def forward(<Model.forward's parameters>)` raising NOT_IMPLEMENTED
+    returns = f" -> {ast.unparse(last.returns)}" if last.returns is not None else ""
+    inner = indent * 2 if indent else "    "
+    body += [f"{indent}def forward({ast.unparse(last.args)}){returns}:\n"
+             f"{inner}raise NotImplementedError(\n{inner}    \"{NOT_IMPLEMENTED}\"\n{inner})\n",
+             *lines[at - 1:model.end_lineno]]
     text = "".join(body)
     return f"{decorators}class ModelNew({bases}):\n{text}" + ("" if text.endswith("\n") else "\n")
 
 
 def render_model_new(source: str, model_path: Path, notes: list[str] | None = None) -> str:
-    """model_new.py for the model in `source`: ModelNew is Model's class (constructor, other
-    methods, class attributes, nested classes: so the constructor runs and the state dict
-    matches) with what it needs from model.py copied along (helper classes, functions,
-    constants, imports); forward keeps its parameters and raises NotImplementedError."""
+    """model_new.py for the model in `source`: ModelNew is Model's class (so the constructor runs and the state
+    dict matches) with what it needs from model.py copied along; forward keeps its parameters and raises."""
     tree, model, forwards = _parse_model(source, model_path)
     patches = _model_patches(tree)
     needs = _class_needs(model, forwards).union(*(_free_names(p) for p in patches))
@@ -338,20 +320,16 @@ def render_model_new(source: str, model_path: Path, notes: list[str] | None = No
         raise ScaffoldError(f"could not generate model_new.py from {model_path}: line {exc.lineno}: "
                             f"{exc.msg}") from None
     if unresolved and not any(any(a.name == "*" for a in n.names) for n in imports) and notes is not None:
-        # Only a warning: the name may sit in a branch that never runs (Python fails only
-        # when the line is executed), and the verdict imports model.py for real anyway.
+        # Only a warning: the name may sit in a branch that never runs, and the verdict imports model.py anyway.
         notes.append(f"{model_path.name}: Model's constructor or methods may use {', '.join(sorted(unresolved))} "
                      "(directly or through what they call), which model.py does not define at module level; "
                      "model_new.py fails the same way if that code runs")
     return text
 
 
-# --------------------------------------------------------------------------- cudaopt adopt
-
 def find_registrations(workdir: Path) -> list[tuple[str, int, str, str]]:
-    """(file, line, name, form) of every REGISTER_BINDING under kernels/: form "contract" for
-    `REGISTER_BINDING(name, register_fn)` where the file defines `register_fn(pybind11::module&)`,
-    "short" for `REGISTER_BINDING(py_name, cpp_fn, ...)`."""
+    """(file, line, name, form) of every REGISTER_BINDING under kernels/: "contract" for `REGISTER_BINDING(name,
+    register_fn)` where the file defines `register_fn(pybind11::module&)`, else "short"."""
     found = []
     kernels = Path(workdir) / "kernels"
     for path in sorted(kernels.rglob("*.c*")) if kernels.is_dir() else []:
@@ -380,9 +358,8 @@ def find_registrations(workdir: Path) -> list[tuple[str, int, str, str]]:
 
 
 def adopt_workdir(workdir: Path) -> tuple[Path, str]:
-    """Record the lock of a workdir that `cudaopt init` did not make, leaving its files alone.
-    Returns the lock's path and a summary: where each fixed file comes from (shipped,
-    upstream agent-workdir, modified, missing) and the bindings found, with their form."""
+    """Record the lock of a workdir that `cudaopt init` did not make, leaving its files alone: the lock's path
+    and a summary (where each fixed file comes from, the bindings found and their form)."""
     from pytest_cudaopt.policy.files import UPSTREAM_SHA256, fixed_file_origin
 
     workdir = _existing_workdir(workdir)

@@ -10,8 +10,7 @@ from pytest_cudaopt.policy import TEMPLATES
 
 DEVICES = ("cuda", "cpu")
 STARTER = TEMPLATES / "starter"
-# The README's kernels/ item: the starting kernel, or (a model with a convolution, rule CV001:
-# its kernels must call cuDNN) no kernel yet.
+# The README's kernels/ item: the starting kernel, or none for a model with a convolution (CV001: cuDNN).
 KERNELS_ITEM = """\
 - `kernels/starter$ext` and `kernels/starter_binding.cpp`: the starting kernel,
   `cuda_extension.starter(x)`, a copy of `x`$where. Write the model's kernels in their place:
@@ -38,8 +37,7 @@ TEXT = {
 
 
 def write(dest: Path, device: str, convolution: bool = False) -> None:
-    """kernels/starter.cu (starter.cpp for the CPU) and starter_binding.cpp, or an empty
-    kernels/ for a model with a convolution; and README.md (not locked: editing it moves no verdict)."""
+    """kernels/starter.cu (.cpp for the CPU) and starter_binding.cpp, or none for a convolution; and README.md."""
     kernels = Path(dest) / "kernels"
     if convolution:
         kernels.mkdir(parents=True, exist_ok=True)
