@@ -9,7 +9,8 @@
 #   verdicts  benchmarks/verdicts_vs.sh BEFORE . : the default workdir's verdicts and their time, ROUNDS rounds
 #   gallery   benchmarks/judge_gallery.py: the GPU gallery, pytest alone and `cudaopt judge`, verdicts side by side
 #   attacks   the attacks' GPU tests (tests/exploits -m gpu) and tests/test_gpu_verdicts.py
-#   shared    benchmarks/shared_gpu.sh over the gallery's workdirs at once: blame when they crowd one GPU
+#   shared    benchmarks/shared_gpu.sh over the gallery's workdirs at once (made here when the gallery step
+#             did not run): blame when they crowd one GPU, the memory hog among them
 #   service   benchmarks/judge_latency.py over the gallery at RATE workdirs an hour (p50/p95 latency)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +36,9 @@ for name in ${@:-correct verdicts gallery attacks shared service}; do case $name
   gallery)  step gallery 420 python3 benchmarks/judge_gallery.py --out "$LOGS/gallery" ;;
   attacks)  step attacks 300 python3 -m pytest tests/exploits tests/test_gpu_verdicts.py -m gpu -q \
               -p no:cacheprovider -rA ;;
-  shared)   OUT="$LOGS/shared" step shared 300 bash benchmarks/shared_gpu.sh "$LOGS"/gallery/work/pytest/*/ ;;
+  shared)   [ -d "$LOGS/gallery/work/pytest" ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks')
+from pathlib import Path; import judge_gallery; judge_gallery.gpu_gallery(Path(sys.argv[1]))" "$LOGS/gallery/work/pytest"
+            OUT="$LOGS/shared" step shared 300 bash benchmarks/shared_gpu.sh "$LOGS"/gallery/work/pytest/*/ ;;
   service)  step service 420 python3 benchmarks/judge_latency.py "$LOGS/gallery/work/pytest" \
               --per-hour "${RATE:-500}" --count "${COUNT:-36}" --out "$LOGS/service.json" ;;
   *) echo "unknown step: $name" >&2; exit 2 ;;

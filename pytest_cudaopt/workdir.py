@@ -28,7 +28,7 @@ def _seeded(seed: int) -> Iterator[None]:
     `saved_rng` around many draws). With CUDA initialised only the CPU and CUDA generators are seeded."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.default_generator.manual_seed(seed)
-        torch.cuda.manualseed_all(seed)
+        torch.cuda.manual_seed_all(seed)
         random.seed(seed)
         np = sys.modules.get("numpy")
         if np is not None:

@@ -233,3 +233,19 @@ def test_zero_tolerances_are_accepted_settings():
     with pytest.raises(settings.SettingError):
         settings.resolve("atol", cli="-1")
     assert settings.resolve("max_rel_error") == 1e-2
+
+
+def test_a_draw_with_cuda_initialised_seeds_the_cuda_generators(monkeypatch):
+    # The GPU branch of the input draw (perf draws its inputs with CUDA already initialised): every
+    # call it makes must exist on torch and receive the seed.
+    from pytest_cudaopt import workdir
+
+    seeded = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", seeded.append)
+    with workdir._seeded(1234):
+        first = torch.rand(3)
+    with workdir._seeded(1234):
+        assert torch.equal(torch.rand(3), first)
+    assert seeded == [1234, 1234]
