@@ -133,6 +133,16 @@ def test_memory_held_by_other_processes_names_them_and_is_the_environments():
     assert who == blame.CANDIDATE and why == "ModelNew's process (pid 7) holds 3.00 GiB; this case allows 2.00 GiB"
 
 
+def test_the_candidates_own_out_of_memory_is_the_environments_only_where_others_hold_more_than_its_budget():
+    crowded = [{"pid": 41, "used_bytes": 70 * GiB}, {"pid": 7, "used_bytes": 1 * GiB}]
+    who, why = blame.memory_blame(4 * GiB, 6 * GiB, 7, crowded, own=True)
+    assert who == blame.ENVIRONMENT and "pid 41 70.00 GiB" in why, why
+    quiet = [{"pid": 41, "used_bytes": 1 * GiB}, {"pid": 7, "used_bytes": 1 * GiB}]
+    assert blame.memory_blame(4 * GiB, 6 * GiB, 7, quiet, own=True) == (blame.CANDIDATE, "")
+    assert blame.memory_blame(4 * GiB, 6 * GiB, 7, [], own=True) == (blame.CANDIDATE, "")
+    assert blame.memory_blame(4 * GiB, 6 * GiB, 7, quiet)[0] == blame.ENVIRONMENT  # the judging side's own
+
+
 def test_nvml_answers_with_nothing_where_it_is_absent_and_with_a_given_table(monkeypatch):
     monkeypatch.setattr(nvml, "TABLE", None)
     monkeypatch.delenv(nvml.TABLE_ENV, raising=False)
