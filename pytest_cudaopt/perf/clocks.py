@@ -54,8 +54,7 @@ def tampered() -> list[str]:
 
 
 class GpuLead:
-    """Keeps the host ahead of the GPU: `enqueue(seconds)` spins a kernel about that long on the current
-    stream; `calibrate` measures its cycles per second (the SM clock varies by GPU and power state)."""
+    """Keeps the host ahead of the GPU: `enqueue(seconds)` spins a kernel about that long on the current stream."""
 
     def __init__(self, device: Any):
         self.device = device
@@ -81,9 +80,7 @@ class GpuLead:
 
 
 class Clock(Protocol):
-    """What `measure` needs of a clock: `queue(runs)` device time (per run, in order, a Sample or the
-    exception it raised), `time(key, run)` latency (one call from an idle device, then a device-wide
-    synchronise: the escape check)."""
+    """What `measure` needs of a clock: `queue(runs)` device time, `time(key, run)` latency (and the escape check)."""
 
     name: str
     flush_bytes: int
@@ -106,9 +103,7 @@ class Clock(Protocol):
 
 class CudaClock:
     """CUDA events on the current stream, a cold L2 before every batch of timed calls (docs/timing.md).
-
-    At most 16 calls a batch (`max_batch`): the timed window's allowance is fixed per batch, and batches
-    of 32 did not yet tighten it (benchmarks/results/2026-12-03-gated-batches.md)."""
+    At most 16 calls a batch: batches of 32 did not tighten the timed window's allowance."""
 
     max_batch: int | None = 16
     name = "cuda-events"
@@ -150,11 +145,9 @@ class CudaClock:
         self._flush.zero_()
 
     def _calibrate_escape(self, runs: int = 30) -> float:
-        """The escape time of a call that does one tiny kernel on the current stream: what
-        a device-wide synchronise costs on a device that is already idle."""
+        """What a device-wide synchronise costs on an idle device (the escape time of one tiny kernel)."""
         probe = self._flush[:1]
-        values = [self.time("escape-probe", lambda: probe.add_(1)).escaped for _ in range(runs)]
-        return median(values)
+        return median([self.time("escape-probe", lambda: probe.add_(1)).escaped for _ in range(runs)])
 
     def runner(self, fn: Callable[..., Any], scope: Callable[[], ContextManager],
                args: Sequence[Any]) -> Callable[[], Any]:
@@ -180,8 +173,7 @@ class CudaClock:
         return min(self.max_lead, max(self.min_lead, 1.5 * max(self._hosts) + 100e-6))
 
     def queue(self, runs: Sequence[Run]) -> list[Any]:
-        """Device time of each run; the candidate's runs are timed as a batch by the candidate
-        (`time_calls`), after this process's runs of the pass and an L2 flush of this process's."""
+        """Device time of each run; the candidate's runs are timed as batches by the candidate, after the others."""
         local = [i for i, r in enumerate(runs) if r.call is None]
         found = dict(zip(local, self._queue_local([runs[i] for i in local]))) if local else {}
         for indices in candidate_batches(runs):

@@ -28,9 +28,7 @@ class SpeedDecision:
 
     @property
     def speedup(self) -> float | None:
-        if self.custom_median and self.baseline_median:
-            return self.baseline_median / self.custom_median
-        return None
+        return self.baseline_median / self.custom_median if self.custom_median and self.baseline_median else None
 
     @property
     def limit(self) -> float | None:
@@ -83,9 +81,7 @@ def regression_verdict(medians: Mapping[str, float], *, margin: float) -> dict[s
 
 
 def _finite(value: float | None) -> float | None:
-    if value is None or math.isnan(value) or math.isinf(value) or value <= 0:
-        return None
-    return float(value)
+    return None if value is None or not math.isfinite(value) or value <= 0 else float(value)
 
 
 def figure_warnings(device: float | None, latency: float | None, kernel_sum: float | None,

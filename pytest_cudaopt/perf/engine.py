@@ -28,9 +28,7 @@ class Contender:
     label: str = ""
     scope: Callable[[], ContextManager] | None = None
     check: bool = True
-    # Checked on every timed call rather than on a sample: the candidate, whose code may replay
-    # an earlier output once the first rounds are past (the baselines are trusted code).
-    every_call: bool = False
+    every_call: bool = False   # checked on every timed call: the candidate may replay an earlier output
     # ModelNew (this workdir's or the target branch's): its calls are timed by it, in batches.
     candidate: Candidate | None = None
 
@@ -111,8 +109,7 @@ class Engine:
         self.rng = random.Random(config.seed)
         self.schedule: list[tuple[int, str, int]] = []
         self.rounds = 0
-        # A CUDA graph replays on the addresses it was captured with: each contender then has
-        # one slot of inputs and one runner, and every call's fresh inputs are copied into it.
+        # A CUDA graph replays on its captured addresses: every call's inputs are copied into one slot.
         self.fixed = clock.graphs
         self.slots: dict[str, list] = {}
         self.runners: dict[str, Callable[[], Any]] = {}
@@ -159,9 +156,8 @@ class Engine:
         return None
 
     def queue(self, calls: Sequence[Call]) -> list[Any]:
-        """One queued pass (device time). Every output is kept until the pass is done: one written into
-        the block the call before had just freed would find it in L2 (~10% faster a call that fits in L2:
-        benchmarks/results/2026-12-03-gated-batches.md); under `one_check_per_pass` only the checked ones."""
+        """One queued pass (device time). Every output is kept until the pass is done (one written into the
+        block just freed would find it in L2); under `one_check_per_pass` only the checked ones."""
         def run(call: Call) -> Run:
             scope = self.by_key[call.key].context
             if call.checked or not self.config.one_check_per_pass:
@@ -182,8 +178,7 @@ class Engine:
 
     def warm_up(self) -> None:
         """Each contender called `min_warmup_runs` times and for `warmup` seconds, its CUDA graph captured
-        after that (lazy initialisation and autotuning done); then one untimed queued pass of every
-        contender, from which the clock learns the host's enqueue time."""
+        after that; then one untimed queued pass (the clock learns the host's enqueue time)."""
         for key in self.keys:
             start, runs = self.clock.now(), 0
             while runs < self.config.min_warmup_runs or self.clock.now() - start < self.config.warmup:
@@ -205,8 +200,7 @@ class Engine:
                 self.record_error(call.key, outcome)
 
     def choose_batch(self) -> int:
-        """Calls per contender in a queued pass: enough for the fastest's batch to last `batch_window` (by
-        the later half of its warm-up figures), capped by `max_batch` and the clock's; one for CUDA graphs."""
+        """Calls per contender in a queued pass: the fastest's batch lasts `batch_window`; one for CUDA graphs."""
         if self.fixed:
             return 1
         per_call = [median(self.warm[k][len(self.warm[k]) // 2:]) for k in self.alive() if self.warm.get(k)]
@@ -223,25 +217,19 @@ class Engine:
             return
         self.run_once(self.call(key))  # the captured graph replays once before it is timed
 
-    def _groups(self, order: Sequence[str]) -> list[list[str]]:
-        size = self.config.queue_group or len(order)
-        return [list(order[i:i + size]) for i in range(0, len(order), size)]
-
     def round(self) -> None:
-        """Every live contender, in `round_order`: `batch` queued calls each (device time), then one from an
-        idle device (latency). A checked round checks each batch's first output (the candidate's: all)."""
+        """Every live contender: `batch` queued calls each (device time), then one from an idle device (latency)."""
         checked_round = self.feed.reference is not None and (
             self.rounds < self.config.checked_rounds or self.rng.random() < self.config.check_fraction)
         order = [k for k in round_order(self.keys, self.rounds) if not self.failed(k)]
         checks = {key: self.feed.reference is not None and self.by_key[key].check
                   and (checked_round or self.by_key[key].every_call) for key in order}
         device: dict[str, list[float]] = {}
-        for group in self._groups(order):
+        size = self.config.queue_group or len(order)
+        for group in [order[i:i + size] for i in range(0, len(order), size)]:
             kept = [k for k in group if checks[k]]
             if self.config.one_check_per_pass and kept:
-                # Memory-bound problems: a queued pass keeps one output (the candidate's when it is
-                # checked every call, else each contender's in turn); every checked contender's
-                # latency run is still checked.
+                # Memory-bound problems: a queued pass keeps one output (the candidate's, else each in turn).
                 every = [k for k in kept if self.by_key[k].every_call]
                 kept = every[:1] or [kept[self.rounds % len(kept)]]
             calls = [self.call(key, key in kept and (i == 0 or self.by_key[key].every_call))
@@ -314,8 +302,7 @@ class Engine:
 
 def measure(contenders: Sequence[Contender], feed: Feed, *, clock: Clock, config: Config = Config(),
             compare: Compare | None = None) -> Measurement:
-    """Time `contenders` with `clock`, interleaved run by run (`Engine`), every call on an input set of its
-    own; a contender that raises, mismatches or whose work escapes the measured stream is marked failed."""
+    """Time `contenders` with `clock`, interleaved run by run (`Engine`), every call on an input set of its own."""
     return Engine(contenders, feed, clock=clock, config=config, compare=compare).run()
 
 

@@ -1,6 +1,4 @@
-"""The inputs of the timed calls: a fresh input set for every call, drawn under its own secret seed outside the timed region, and the expected outputs of the calls that are checked.
-
-A memo gains nothing when no call, warm-up included, ever sees inputs an earlier call saw."""
+"""The inputs of the timed calls: a fresh input set for every call, drawn under its own secret seed outside the timed region, and the expected outputs of the calls that are checked."""
 
 from __future__ import annotations
 
@@ -14,8 +12,7 @@ from pytest_cudaopt.primitives.tensors import clone_inputs
 
 @dataclass
 class Feed:
-    """Where every call's inputs come from: `draw(n)` input set n (each n drawn once), `reference(*inputs)`
-    its expected output (None: nothing checked); `drawn` sets drawn, `seconds` the host time spent."""
+    """Where every call's inputs come from: `draw(n)` input set n, `reference(*inputs)` its expected output."""
 
     draw: Callable[[int], Sequence[Any]]
     reference: Callable[..., Any] | None = None
@@ -32,8 +29,7 @@ class Feed:
         return index, inputs
 
     def expected(self, inputs: Sequence[Any]) -> Any:
-        """The reference's output on a copy of `inputs` (the reference may write into its
-        inputs; the contender gets the pristine ones)."""
+        """The reference's output on a copy of `inputs` (the reference may write into its inputs)."""
         started = host_time()
         try:
             return self.reference(*clone_inputs(inputs))
@@ -43,8 +39,7 @@ class Feed:
 
 @dataclass
 class Call:
-    """One prepared call: `run()` on input set `index`; a `checked` call's output is compared with
-    `expected`; `candidate` is the call when the contender is the candidate (`run` is then this call)."""
+    """One prepared call: `run()` on input set `index`; a `checked` call's output is compared with `expected`."""
 
     key: str
     index: int

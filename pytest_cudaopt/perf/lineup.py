@@ -34,8 +34,7 @@ TRACE_LOGGER = "torch.__trace"
 
 @contextmanager
 def quiet_compile_log() -> Iterator[None]:
-    """torch's structured-trace logger silenced inside the block, unless TORCH_TRACE asks for
-    the trace (then its records go to torch's own handler as usual)."""
+    """torch's structured-trace logger silenced inside the block, unless TORCH_TRACE asks for the trace."""
     log = logging.getLogger(TRACE_LOGGER)
     if os.environ.get("TORCH_TRACE"):
         yield
@@ -156,8 +155,7 @@ def lineup(
     init_inputs: Sequence[Any] = (),
     target: Candidate | str | None = None,
 ) -> Lineup:
-    """Eager Model, torch.compile(Model), with `precision_matched` its TF32 twin, the peers, `target` (the
-    target branch's ModelNew, or why not) and ModelNew; a baseline that cannot be prepared goes to `errors`."""
+    """Eager Model, torch.compile(Model) (and its TF32 twin), the peers, `target` and ModelNew; failures to `errors`."""
     out = Lineup()
     out.contenders.append(Contender(EAGER, model, "Model (eager)", scope=fp32_strict))
     extra = [] if compile_mode in ("", "default") else [compile_mode]

@@ -72,8 +72,8 @@ class Measurement:
     config: Any                # the engine's Config
     queued_rounds: int = 0     # rounds timed with the host ahead of the GPU (device time) ...
     behind_rounds: int = 0     # ... and among them, rounds where the host needed longer than the lead
-    inputs_drawn: int = 0      # input sets drawn (one per call), and the host time drawing them and
-    draw_seconds: float = 0.0  # computing the checked calls' expected outputs took (outside the timing)
+    inputs_drawn: int = 0      # input sets drawn (one per call) ...
+    draw_seconds: float = 0.0  # ... and the host time they and the expected outputs took
     batch: int = 1             # calls of each contender per queued pass
 
     @property

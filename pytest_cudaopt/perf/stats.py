@@ -15,8 +15,7 @@ MEDIAN_SE_FACTOR = 1.2533
 
 
 def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
-    """(q1, median, q3), interpolated linearly between order statistics (numpy's default, which
-    is `statistics.quantiles(..., method="inclusive")`)."""
+    """(q1, median, q3), interpolated linearly between order statistics (numpy's default)."""
     if not values:
         raise ValueError("quartiles of no values")
     if len(values) == 1:  # statistics.quantiles needs two points before Python 3.13
@@ -40,19 +39,13 @@ def iqr(values: Sequence[float]) -> float:
 def median_standard_error(values: Sequence[float]) -> float:
     """1.2533 * (IQR / 1.349) / sqrt(n); infinite below two values."""
     n = len(values)
-    if n < 2:
-        return math.inf
-    return MEDIAN_SE_FACTOR * (iqr(values) / IQR_PER_SIGMA) / math.sqrt(n)
+    return MEDIAN_SE_FACTOR * (iqr(values) / IQR_PER_SIGMA) / math.sqrt(n) if n >= 2 else math.inf
 
 
 def relative_standard_error(values: Sequence[float]) -> float:
     """The median's standard error over the median; infinite when it cannot be estimated."""
-    if len(values) < 2:
-        return math.inf
-    mid = median(values)
-    if mid <= 0:
-        return math.inf
-    return median_standard_error(values) / mid
+    mid = median(values) if len(values) >= 2 else 0.0
+    return median_standard_error(values) / mid if mid > 0 else math.inf
 
 
 @dataclass(frozen=True)

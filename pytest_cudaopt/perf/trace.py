@@ -32,8 +32,7 @@ TIE = 50e-9
 
 @dataclass(frozen=True)
 class Kernel:
-    """One piece of device work: a kernel, a copy or a memset (`kind`), with its stream,
-    start and duration in seconds (the trace's clock), and grid/block for kernels."""
+    """One piece of device work: a kernel, a copy or a memset (`kind`), times in seconds (the trace's clock)."""
 
     name: str
     stream: int
@@ -75,8 +74,7 @@ class Escape:
 
 @dataclass
 class Trace:
-    """The device work of one profiled call. `window` is (where the calling stream reached
-    the call, where its work continued after the call), in the trace's clock."""
+    """The device work of one profiled call. `window`: where the calling stream reached and left the call."""
 
     kernels: list[Kernel] = field(default_factory=list)
     calling_stream: int | None = None
@@ -108,10 +106,9 @@ class Trace:
     def escapes(self) -> list[Escape]:
         """Device work of the call on another stream that the calling stream does not bracket, at any duration.
 
-        With the host ahead, forked work starts after BEGIN ends and joined work ends before END starts
-        (END waits for it): side-stream work ending after END was not joined back, and work starting
-        before BEGIN did not wait for the inputs. Not caught: an unjoined kernel that happens to run
-        inside the calling stream's own work (it is timed; its result races)."""
+        With the host ahead, side-stream work ending after END was not joined back, and work starting
+        before BEGIN did not wait for the inputs. Not caught: an unjoined kernel inside the calling
+        stream's own work (it is timed; its result races)."""
         if self.error or self.calling_stream is None or self.window is None:
             return []
         begin, end = self.window
@@ -177,8 +174,7 @@ def escape_failure(trace: Trace, limit: int = 3) -> str | None:
 
 
 def parse_chrome(events: Iterable[Mapping[str, Any]]) -> Trace:
-    """The call's device work from Chrome-trace events: every kernel, copy and memset but those launched
-    inside OWN_RANGES (by correlation id); BEGIN and END give the calling stream and the window."""
+    """The call's device work from Chrome-trace events, but OWN_RANGES'; BEGIN and END give stream and window."""
     events = [e for e in events if isinstance(e, Mapping) and e.get("ph", "X") == "X"]
     ranges: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for e in events:
@@ -229,8 +225,7 @@ def _dims(value: Any) -> tuple[int, ...] | None:
 
 
 class ProfilerTracer:
-    """One call of a contender under torch.profiler with CUDA activity (CUPTI): a `lead` spin, the L2
-    flush, BEGIN, the call, END on the calling stream, then a device-wide synchronise."""
+    """One call of a contender under torch.profiler (CUPTI): a lead spin, the L2 flush, BEGIN, the call, END."""
 
     def __init__(self, device: Any):
         self.device = torch.device(device)
@@ -241,8 +236,7 @@ class ProfilerTracer:
         self._marker: torch.Tensor | None = None
 
     def trace(self, contender: Contender, args: Sequence[Any], *, lead: float = 2e-3) -> Trace:
-        """The call's trace; the candidate (ModelNew) is traced where it runs, which sends the
-        profiler's events back as data (`Candidate.trace_events`)."""
+        """The call's trace; the candidate is traced where it runs, which sends the events back as data."""
         if contender.candidate is not None:
             events, ahead = contender.candidate.trace_events(list(args), lead, self.flush_bytes)
         else:
@@ -282,8 +276,7 @@ def profiling(device: torch.device):
 
 def trace_lineup(contenders: Sequence[Contender], args: Sequence[Any], tracer: Any,
                  leads: Mapping[str, float] | None = None) -> dict[str, Trace]:
-    """One traced call of each contender on clones of `args`. A contender whose trace
-    cannot be taken gets a Trace with `error` (the verdict does not depend on it)."""
+    """One traced call of each contender on clones of `args` (a failed trace: a Trace with `error`)."""
     out: dict[str, Trace] = {}
     for contender in contenders:
         lead = min(0.1, max(2e-3, 2 * (leads or {}).get(contender.key, 0.0) + 1e-3))

@@ -43,8 +43,7 @@ def _tier(model: torch.nn.Module, candidate: Any, inputs: list, scope: Any = Non
 
 
 def _target_model(target: Any, model: torch.nn.Module, device: torch.device, seed: int) -> Candidate | str | None:
-    """The target branch's ModelNew with Model's weights, or why it cannot be built (a
-    broken target branch is reported, not held against the candidate)."""
+    """The target branch's ModelNew with Model's weights, or why it cannot be built (reported, not held against)."""
     if target is None:
         return None
     if isinstance(target, BaseException):
@@ -85,8 +84,7 @@ def _feed(workdir: Any, model: torch.nn.Module, candidate: Candidate, seed: int,
 
 
 def _traces(lineup_: lineup.Lineup, measurement: engine.Measurement, args: list, tracer: Any) -> dict:
-    """One traced call of every contender that was timed or failed a check, after the timing (the
-    profiler's first use costs about a second); escaped work fails its contender, that reason first."""
+    """One traced call of every contender timed or failed, after the timing; escaped work fails its contender."""
     if tracer is None:
         return {}
     results = measurement.results
@@ -104,9 +102,8 @@ def _traces(lineup_: lineup.Lineup, measurement: engine.Measurement, args: list,
 
 def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
           tracer: Any = None, target: Any = None, known: Sequence[tuple[str, Any]] = ()) -> tuple[PerfResult, dict]:
-    """Time every contender of `workdir`, trace one call of each (with `tracer`, if any) and decide the
-    gate; returns the result and what the pytest-benchmark recording needs. `target` is the loaded target
-    branch's workdir or the error loading it raised; `known` the session's (case, Precision) pairs."""
+    """Time every contender of `workdir`, trace one call of each and decide the gate: the result and what
+    the pytest-benchmark recording needs. `target`: the target branch's workdir or the error loading it."""
     device = torch.device(settings.device)
     with memory.Peak(device) as peak, saved_rng():
         model, model_new = workdir.make_models(device, seed=derive_seed(seed, "perf", "weights"))
@@ -136,8 +133,7 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
         measurement = engine.measure(line.contenders, feed, clock=clock, config=config,
                                      compare=_compare(settings))
         traces = _traces(line, measurement, feed.next()[1], tracer)
-    # ModelNew's clock was checked batch by batch: figures its timer under-reported, or that
-    # could not be checked, fail the custom path, whatever they were.
+    # Figures ModelNew's timer under-reported, or that could not be checked, fail the custom path.
     untrusted = model_new.timing_failure()
     custom = measurement.results.get(lineup.CUSTOM)
     if untrusted and custom is not None:

@@ -6,9 +6,7 @@ from typing import Any, ContextManager, Protocol
 
 
 class WorkerError(Exception):
-    """The worker answered with an error raised by the workdir's code. `kind` is "candidate"
-    (ModelNew, its extension), "workdir" (loading a file; `file` names it) or "build" (the
-    .so does not import); `fault` a lost CUDA context, `oom` torch's out-of-memory line."""
+    """The worker answered with an error raised by the workdir's code. `kind`: "candidate", "workdir" or "build"."""
 
     def __init__(self, message: str, kind: str = "candidate", file: str | None = None,
                  fault: bool = False, oom: str | None = None):
@@ -17,8 +15,7 @@ class WorkerError(Exception):
 
 
 class WorkerFailed(Exception):
-    """The worker died, hung, or sent what is not a reply: nothing it said counts. `headline`
-    says what happened, `words` is the worker's last output (its own, for the reader only)."""
+    """The worker died, hung, or sent what is not a reply: nothing it said counts."""
 
     def __init__(self, headline: str, words: str = ""):
         super().__init__(headline + (f"; its last output:\n{words}" if words else ""))
@@ -26,8 +23,7 @@ class WorkerFailed(Exception):
 
 
 def describe(facts: dict) -> str:
-    """The worker's sandbox facts (candidate/sandbox.confine) in one line: which restrictions held
-    and by what, which did not and why."""
+    """The worker's sandbox facts in one line: which restrictions held and by what, which did not and why."""
     if not facts or facts.get("mode") == "off":
         return "off (cudaopt_sandbox=off): the candidate's worker can reach every file and process of the user's"
     held = ", ".join(f"{name} ({' + '.join(how)})" for name, how in facts.get("held", {}).items())
@@ -38,9 +34,7 @@ def describe(facts: dict) -> str:
 
 
 class Candidate(Protocol):
-    """ModelNew, wherever it runs. Every call may raise WorkerError (the workdir's code raised:
-    `fault` a lost CUDA context, `oom` torch's out-of-memory line) or WorkerFailed (its process
-    died or hung: nothing it said counts)."""
+    """ModelNew, wherever it runs. Every call may raise WorkerError or WorkerFailed."""
 
     device: str
 
@@ -51,8 +45,7 @@ class Candidate(Protocol):
         """The scope in which this process allocates the tensors it hands the candidate."""
 
     def checked_call(self, inputs: list, allowed: frozenset[str], names: list[str] | None) -> dict:
-        """A correctness call: `output`, `audit` (the ops it ran outside the allow-list and
-        `allowed`), `guard` ((check, message) of an output that is no fresh tensor, else None)."""
+        """A correctness call: `output`, `audit` (the ops outside the allow-list), `guard` (or None)."""
 
     def state_dict(self) -> dict:
         """ModelNew's parameters and buffers, in this process's memory."""

@@ -16,8 +16,7 @@ SLOT_SHAPES = 2   # input shapes whose gated buffers are kept at once (a pass's 
 
 
 class RemoteExtension:
-    """The built extension as the owner's kernel tests call it (the `cuda_extension` fixture): each call
-    runs in the worker on copies of the arguments, whose writes are copied back."""
+    """The built extension as the `cuda_extension` fixture: each call runs in the worker on copies of the arguments."""
 
     def __init__(self, worker: Worker):
         self._worker = worker
@@ -77,17 +76,14 @@ class RemoteModel(Candidate):
         self._gated_io: dict = {}  # the gated path's input buffers by shape: (id, sets), shared with the worker once
         self._slot_ids = 0
         self.windows: list[tuple[int, float, float]] = []  # per gated batch: (calls, opening to DONE, copy excess)
-        # ModelNew's state as the worker reported it with the last request that could change it
-        # (loading Model's state, a checked call): what `state_dict` answers without a round trip.
-        self._state: dict | None = None
+        self._state: dict | None = None   # ModelNew's state as the last request that could change it carried it
 
     def __call__(self, *inputs: Any) -> Any:
         return self.time_batch([list(inputs)])[0][0]
 
     def time_batch(self, sets: list[list]) -> list[tuple[Any, float]]:
         """ModelNew on each input set, back to back in the worker: (output, seconds) per set. On a GPU
-        behind the gate once the same shapes ran by the round trip, else by the round trip one call at a
-        time (its allowance is one handoff)."""
+        behind the gate once the same shapes ran by the round trip, else by the round trip one call at a time."""
         self._state = None   # a forward that changes ModelNew's state: read again when asked
         if not self.device.startswith("cuda"):
             return self._time_round_trip(sets)
@@ -99,8 +95,7 @@ class RemoteModel(Candidate):
         return found
 
     def _time_round_trip(self, sets: list[list]) -> list[tuple[Any, float]]:
-        """ModelNew on each input set, back to back in the worker, its figures checked by timing.credit
-        against the round trip (and on the CPU the worker's CPU time over it)."""
+        """ModelNew on each input set, its figures checked against the round trip (on the CPU, its CPU time too)."""
         from pytest_cudaopt.perf.clocks import host_time
         from pytest_cudaopt.primitives.tensors import count_tensors, nbytes
 
@@ -115,8 +110,7 @@ class RemoteModel(Candidate):
         request = {"op": "time", "id": self.key, "inputs": [list(s) for s in sets], "device": self.device,
                    "what": "ModelNew.forward"}
         sent: list[float] = []
-        # The worker's CPU time, as the kernel counts it, from before the inputs go into the arena
-        # (a thread of its watching there is counted too) to its answer.
+        # The worker's CPU time from before the inputs go into the arena (a watching thread counts too).
         cpu_before = None if cuda else worker.cpu_seconds()
         reply = worker.request(request, what="timing ModelNew", relay=False, on_send=lambda: sent.append(host_time()))
         cpu_after = None if cuda else worker.cpu_seconds()
@@ -125,10 +119,7 @@ class RemoteModel(Candidate):
             # answers before its kernels finish is timed to their end (docs/threat-model.md).
             torch.cuda.synchronize()
         outer = host_time() - sent[0]
-        outputs = list(reply.get("outputs") or [])
-        if len(outputs) != len(sets):
-            raise WorkerFailed(f"the candidate's worker process answered {len(outputs)} outputs for a batch of "
-                               f"{len(sets)} timed calls")
+        outputs = _outputs(reply, len(sets), "batch")
         ping = worker.ping()
         if cuda:  # handles cross, not bytes
             handles = count_tensors(sets) + count_tensors(outputs)
@@ -138,16 +129,14 @@ class RemoteModel(Candidate):
             handoff = worker.handoff_bound(ping, copied=copied)
             bounds = [Bound(outer, 0.0, handoff + timing.CPU_WAKEUP_S)]
             if cpu_before is not None and cpu_after is not None:
-                # Its CPU time (no wakeups: time it waited is not counted), never more than the
-                # round trip (a kernel's threads, against the rules, add up faster).
+                # Its CPU time (no wakeups), never more than the round trip (a kernel's threads add up faster).
                 bounds.append(Bound(min(cpu_after - cpu_before, outer), 0.0, handoff + len(sets) * timing.CPU_CALL_S))
         seconds = self.clock.add(timing.credit(_figures(reply, len(sets)), bounds, gated=False))
         # CPU outputs are views of the arena, which the worker's next reply rewrites.
         return [(clone_nest(o) if not cuda else o, t) for o, t in zip(outputs, seconds)]
 
     def _gate_ready(self, sets: list[list]) -> bool:
-        """Whether this batch goes behind the gate: there is one, the inputs are flat contiguous CUDA tensors
-        with storages of their own, and the same shapes ran by the round trip before (kernels loaded)."""
+        """Whether this batch goes behind the gate: flat contiguous CUDA inputs, shapes warmed by the round trip."""
         import torch
 
         if self.worker.stream_gate is None or self.gate_off:
@@ -165,15 +154,12 @@ class RemoteModel(Candidate):
         return False
 
     def _slots(self, sets: list[list]) -> tuple[int, list[list]]:
-        """The input buffers of batches of this shape, shared with the worker once (their
-        contents are never this batch's: its values go in once the worker has enqueued it)."""
+        """The input buffers of batches of this shape, shared with the worker once (filled after its enqueue)."""
         import torch
 
         key = _shapes(sets)
         io = self._gated_io
         if key not in io:
-            # The last SLOT_SHAPES shapes' buffers are kept, here and in the worker: a queued pass's
-            # batch and the latency run's single call alternate.
             while len(io) >= SLOT_SHAPES:
                 io.pop(next(iter(io)))
             with self.worker.sharing():
@@ -187,10 +173,8 @@ class RemoteModel(Candidate):
         return io[key]
 
     def _time_gated(self, sets: list[list]) -> list[tuple[Any, float]] | None:
-        """The batch behind the gate: the worker enqueues it on the shared input buffers, then this process
-        writes the fresh inputs, flushes L2, opens the gate, spins on DONE and copies every output out
-        (the worker cannot compute them before the window, nor finish them after it). None when the
-        enqueue stalled: the batch is then timed by the round trip (`_stalled`)."""
+        """The batch behind the gate: the worker enqueues it, then this process writes the inputs, flushes L2,
+        opens the gate, spins on DONE and copies every output out. None when the enqueue stalled (`_stalled`)."""
         import torch
         from pytest_cudaopt.perf.clocks import host_time
         from pytest_cudaopt.primitives.tensors import leaves
@@ -206,15 +190,12 @@ class RemoteModel(Candidate):
             reply = worker.request({"op": "gated", "id": self.key, "seq": seq, "slots": sid, "inputs": values,
                                     "what": "ModelNew.forward"}, what="timing ModelNew behind the gate", relay=False,
                                    stall=(STALL_S, lambda: stalled.append(gate.open(seq))), sync_events=False)
-            outputs = list(reply.get("outputs") or [])
             if stalled:
                 self._stalled(len(sets), [float(x) for x in reply.get("enqueued", ())])
-                del reply, outputs
+                del reply
                 worker.request({"op": "collect"}, what="timing ModelNew behind the gate", relay=False)
                 return None
-            if len(outputs) != len(sets):
-                raise WorkerFailed(f"the candidate's worker process answered {len(outputs)} outputs for a gated batch "
-                                   f"of {len(sets)} timed calls")
+            outputs = _outputs(reply, len(sets), "gated batch")
             copies = [_empty_like(o) for o in outputs]
             pairs = [(d, o) for c, out in zip(copies, outputs) for (_, d), (_, o) in zip(leaves(c), leaves(out))
                      if isinstance(d, torch.Tensor)]
@@ -237,9 +218,8 @@ class RemoteModel(Candidate):
         # CUDA IPC handle waits on the device (16 of them added ~500 us to the collect's interval).
         del reply, outputs, pairs
         self.windows.append((len(sets), seen - opened, excess))
-        # The collect's round trip waits for the worker's whole device (its synchronise): work on
-        # another of its streams, past DONE, is counted there less a handoff (the calibrated ping's:
-        # it runs before any of the workdir's code).
+        # The collect's round trip waits for the worker's whole device: work on another of its streams,
+        # past DONE, is counted there less a handoff (the calibrated ping's: before any workdir code).
         ping = worker.calibrated_ping or worker.ping()
         extra = gate.extra(seen - opened)   # a longer batch's copy out costs more (window.SPUN_S)
         calls = len(sets)
@@ -252,8 +232,7 @@ class RemoteModel(Candidate):
         return list(zip(copies, seconds))
 
     def _stalled(self, calls: int, enqueued: list[float]) -> None:
-        """A gated batch whose enqueue stalled (`enqueued`: each call's enqueue time): later batches hold no
-        more calls than came before the one that waited, or, where the first waited, go by the round trip."""
+        """A gated batch whose enqueue stalled: later batches hold fewer calls, or go by the round trip."""
         waited = max(range(len(enqueued)), key=enqueued.__getitem__) if len(enqueued) == calls else 0
         if waited > 0 and enqueued[waited] >= STALL_S / 2:   # that call did wait, not the answer after it
             self.gate_calls = waited
@@ -327,6 +306,14 @@ class RemoteModel(Candidate):
         return reply["events"], bool(reply["host_ahead"])
 
 
+def _outputs(reply: dict, calls: int, batch: str) -> list:
+    outputs = list(reply.get("outputs") or [])
+    if len(outputs) != calls:
+        raise WorkerFailed(f"the candidate's worker process answered {len(outputs)} outputs for a {batch} of "
+                           f"{calls} timed calls")
+    return outputs
+
+
 def _figures(reply: dict, calls: int) -> list[float]:
     seconds = [float(x) for x in reply.get("seconds", ())]
     if len(seconds) != calls:
@@ -336,8 +323,7 @@ def _figures(reply: dict, calls: int) -> list[float]:
 
 
 def _shapes(sets: list[list]) -> tuple:
-    """What a batch's inputs look like (per set: shape, dtype and device of each tensor, None for
-    the rest): the key of its warm-up and of its shared input buffers."""
+    """A batch's shapes, dtypes and devices: the key of its warm-up and of its shared input buffers."""
     import torch
 
     return tuple(tuple((tuple(x.shape), x.dtype, str(x.device)) if isinstance(x, torch.Tensor) else None

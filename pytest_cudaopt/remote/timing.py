@@ -1,6 +1,4 @@
-"""What the judging process believes of the worker's clock: every allowance, its measured basis, and the rule that tells an honest worker's noise from a lie.
-
-docs/timing.md gives the rules and each number's measured basis."""
+"""What the judging process believes of the worker's clock: every allowance, its measured basis, and the rule that tells an honest worker's noise from a lie."""
 
 from __future__ import annotations
 
@@ -52,14 +50,12 @@ RESOLUTION_SHARE = 0.03
 
 
 class TimingError(RuntimeError):
-    """A timing could not be trusted: a worker's figures add up to more than the time this process
-    measured around them, or the timing functions were replaced while timing ran."""
+    """A timing could not be trusted."""
 
 
 @dataclass(frozen=True)
 class Bound:
-    """One of this process's clocks around a batch: its time (`outer`), an honest worker's median
-    shortfall (`honest`), and the shortfall past which the figures are not believed (`allowance`)."""
+    """One of this process's clocks around a batch: its time, honest shortfall, and allowance."""
 
     outer: float
     honest: float
@@ -83,8 +79,7 @@ class Batch:
 
 
 def credit(figures: list[float], bounds: list[Bound], *, gated: bool) -> Batch:
-    """One batch's figures as far as `bounds` bear them out: never above the first (TimingError); short
-    of a bound past its allowance, raised to its outer less the allowance (spread over the calls)."""
+    """One batch's figures as far as `bounds` bear them out: never above the first; raised where short past one."""
     calls, total = len(figures), sum(figures)
     if not calls or not all(x >= 0.0 for x in figures):
         raise TimingError(f"the candidate's process answered {calls} figures, some negative, for a timed batch")
@@ -127,8 +122,7 @@ class ClockAudit:
         return [b for b in self.batches if b.gated]
 
     def slope(self) -> tuple[int, float, int, float, float] | None:
-        """Behind the gate: (fewest calls, their median shift, most calls, their median shift, the
-        median figure a call in the longest batches), or None without SLOPE_MIN batches of each."""
+        """Behind the gate: (fewest calls, their median shift, most calls, theirs, the median figure a call)."""
         groups: dict[int, list[Batch]] = {}
         for b in self.gated:
             groups.setdefault(b.calls, []).append(b)
@@ -169,8 +163,7 @@ class ClockAudit:
                   "or work left running past the timed calls)")
 
     def unresolved(self, device: str) -> str:
-        """On a GPU: why the figures cannot be checked to RESOLUTION_SHARE ("" when they can): the
-        batches outside the gate, whose round trip allows milliseconds, are most of them."""
+        """On a GPU: why the figures cannot be checked to RESOLUTION_SHARE ("" when they can)."""
         if not device.startswith("cuda") or not self.batches:
             return ""
         outside = [b for b in self.batches if not b.gated]
@@ -195,7 +188,6 @@ class ClockAudit:
                 "raised_calls": len(self.raised()),
                 "slope": None if found is None else dict(zip(("fewest_calls", "fewest_shift_s", "most_calls",
                                                                "most_shift_s", "figure_s"), found)),
-                # per batch, for the record: calls, gated, the worker's figures' sum, shift, allowance and
-                # shortfall past it (us)
+                # per batch: calls, gated, the figures' sum, shift, allowance and shortfall past it (us)
                 "per_batch": [[b.calls, int(b.gated), round(sum(b.figures) * 1e6, 2), round(b.shift * 1e6, 1),
                                round(b.allowance * 1e6, 1), round(b.short * 1e6, 1)] for b in self.batches]}

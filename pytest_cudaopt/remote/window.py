@@ -1,10 +1,8 @@
-"""The timed window: a timed batch on a GPU bracketed by the judging process's own clock, with no pipe, wake-up or IPC inside the window.
-
-The window's fixed part is calibrated on empty batches before any of the workdir's code runs, so a
-worker cannot widen it (docs/how-it-works.md)."""
+"""The timed window: a timed batch on a GPU bracketed by the judging process's own clock, with no pipe, wake-up or IPC inside the window."""
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import secrets
@@ -35,9 +33,8 @@ def _word(view: mmap.mmap, at: int) -> int:
 
 
 class JudgeWindow:
-    """The judging side: `create()` maps the page, `open(seq)` lets batch `seq` run, `wait_done` spins until
-    the worker wrote it back. `parts`/`spun`: (opening to DONE, the copy's excess) of the calibration's
-    empty and spinning batches; `work` the JudgeWork that frames every batch."""
+    """The judging side: `create()` maps the page, `open(seq)` lets batch `seq` run, `wait_done` spins on DONE.
+    `parts`/`spun`: (opening to DONE, the copy's excess) of the calibration's empty and spinning batches."""
 
     def __init__(self, path: str, view: mmap.mmap):
         self.path, self.view = path, view
@@ -59,10 +56,8 @@ class JudgeWindow:
         return cls(path, view)
 
     def unlink(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(self.path)
-        except OSError:
-            pass
 
     @property
     def windows(self) -> list[float]:
@@ -70,20 +65,17 @@ class JudgeWindow:
 
     @property
     def median(self) -> float:
-        """The calibrated windows' median: what an honest batch's window exceeds its figures by
-        (remote/timing.py counts a batch that fell short past its allowance at that)."""
+        """The calibrated windows' median: what an honest batch's window exceeds its figures by."""
         return median(self.windows) if self.parts else 0.0
 
     @property
     def fixed(self) -> float:
-        """The 90th percentile of the calibrated windows (one slow calibration batch in 24 does not
-        widen the bound)."""
+        """The 90th percentile of the calibrated windows (one slow calibration batch does not widen the bound)."""
         ordered = sorted(self.windows)
         return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))] if ordered else 0.0
 
     def extra(self, window: float) -> float:
-        """What a batch whose opening to DONE took `window` adds to an empty batch's copy excess: linear
-        through the calibrated points, never decreasing, flat past the last."""
+        """What a batch of `window` adds to an empty batch's copy excess: linear through the calibrated points."""
         if not self.spun or not self.parts:
             return 0.0
         points = [(median([a for a, _ in self.parts]), 0.0)]
@@ -108,8 +100,7 @@ class JudgeWindow:
         return now
 
     def wait_done(self, seq: int, alive: Callable[[], bool], limit: float = DONE_LIMIT_S) -> float:
-        """Spin until the worker wrote `seq` into DONE: the host time it was seen. ChildProcessError when
-        the worker dies first, TimeoutError past `limit` seconds."""
+        """Spin until the worker wrote `seq` into DONE: the host time it was seen."""
         view = self.view
         started = checked = _perf_counter()
         while _word(view, DONE) < seq:
@@ -123,9 +114,8 @@ class JudgeWindow:
         return _perf_counter()
 
     def calibrate(self, worker: Any, batches: int = CALIBRATION_BATCHES, work: "JudgeWork | None" = None) -> None:
-        """Empty gated batches through `worker`, framed as real ones by `work` (the GPU switches contexts
-        at both ends, ~150 us each on an H200): `parts`; then batches that spin SPUN_S: `spun`.
-        WindowError when an enqueue stalls."""
+        """Empty gated batches framed as real ones by `work` (the GPU switches contexts at both ends, ~150 us
+        each on an H200): `parts`; then batches that spin SPUN_S: `spun`."""
         self.work = work
         for _ in range(batches):
             self.parts.append(self.probe(worker, PROBE_BYTES if work is not None else 0))
@@ -135,8 +125,7 @@ class JudgeWindow:
             self.spun.append((median([a for a, _ in found]), median([b for _, b in found])))
 
     def probe(self, worker: Any, nbytes: int, count: int = 1, cycles: int = 0) -> tuple[float, float]:
-        """One empty gated batch writing `count` outputs of `nbytes` (after spinning `cycles`), copied out
-        as a real batch's: (opening to DONE, the copy's excess). WindowError when its enqueue stalls."""
+        """One empty gated batch, copied out as a real batch's: (opening to DONE, the copy's excess)."""
         work = self.work
         seq = self.next()
         stalled: list[float] = []
@@ -162,8 +151,7 @@ class JudgeWindow:
 
 
 class JudgeWork:
-    """The judging process's own GPU work around a gated batch, on a stream of its own, each step waited
-    for by a spin on an event: `fill` (inputs written, L2 flushed) and `excess` (outputs copied out)."""
+    """The judging process's own GPU work around a gated batch, on a stream of its own: `fill` and `excess`."""
 
     def __init__(self, device: str):
         import torch
@@ -209,8 +197,7 @@ class JudgeWork:
         self._spin(self.filled)
 
     def excess(self, seen: float, pairs: list[tuple[Any, Any]]) -> tuple[float, float]:
-        """Copy `pairs` now (after DONE was seen at host time `seen`): (the host time to the copy's
-        end beyond the copy's own GPU time, that GPU time)."""
+        """Copy `pairs` now: (host time from `seen` to the copy's end beyond its GPU time, that GPU time)."""
         with self.torch.cuda.stream(self.stream):
             self.before.record(self.stream)
             if pairs:   # one launch for them all: a launch each adds its host time to the window (~7 us)

@@ -29,11 +29,9 @@ POLL_S = 0.05          # how often a wait for a reply looks at the worker's proc
 STACK_WAIT_S = 3.0     # after SIGUSR1, the most time for the worker to print its stacks
 STACK_QUIET_S = 0.3    # ... and how long its log must hold still for the dump to count as done
 LAST_WORDS = 4000      # characters of the worker's output quoted when it dies
-# How a worker refused by cudaopt_sandbox=require begins its report (the CI gate counts it as the
-# runner's fault, not the candidate's).
+# How a worker refused by cudaopt_sandbox=require begins its report (the CI gate blames the runner).
 REQUIRE_REFUSED = "cudaopt_sandbox=require: the candidate's worker could not be confined"
-# What a worker keeps of the judging process's environment: what torch, CUDA and the compiler
-# toolchain need. PYTEST_*, CUDAOPT_* and everything else (report paths, tokens) stay behind.
+# What a worker keeps of the judging process's environment: what torch, CUDA and the toolchain need.
 KEPT_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
             "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX", "CUDA_HOME", "CUDA_PATH", "CUDA_ROOT",
             "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_LAUNCH_BLOCKING",
@@ -52,9 +50,7 @@ def _stop_all() -> None:
 
 
 def worker_env(base: Mapping[str, str], package_root: str, secrets: Iterable[str] = ()) -> dict[str, str]:
-    """The worker's environment: the KEPT_ENV names of `base`, none whose value names one of
-    `secrets` (the verdict files), and PYTHONPATH starting at `package_root` (where
-    pytest_cudaopt is, installed or not)."""
+    """The KEPT_ENV names of `base`, none whose value names one of `secrets`, PYTHONPATH from `package_root`."""
     secrets = [s for s in secrets if s]
     env = {k: v for k, v in base.items()
            if (k in KEPT_ENV or k.startswith(KEPT_PREFIXES)) and not any(s in v for s in secrets)}
@@ -70,8 +66,7 @@ def package_root() -> str:
 
 
 class Worker:
-    """One worker process for one workdir: `start()`, `request(...)`, `stop()`. `secrets`: paths its
-    environment may not name; `sandbox`: the cudaopt_sandbox mode (`confined`: what held)."""
+    """One worker process for one workdir: `start()`, `request(...)`, `stop()`."""
 
     def __init__(self, workdir: Path, extension: Path | None, device: str = "cpu", *,
                  secrets: Iterable[str] = (), sandbox: str = "auto"):
@@ -96,8 +91,7 @@ class Worker:
         self.stream_gate_error = ""  # ... else why not
 
     def launch(self, builds: Path | None = None) -> "Worker":
-        """Start the process and send the sandbox request, not waiting for the reply (`start` takes it).
-        `builds`: the folder to read the extension from. Imports no torch."""
+        """Start the process and send the sandbox request, not waiting for the reply (`start` takes it)."""
         self.scratch = Path(tempfile.mkdtemp(prefix="cudaopt-worker-")).resolve()
         self.log_path = self.scratch / "worker.log"
         ours, theirs = socket.socketpair()
@@ -130,8 +124,7 @@ class Worker:
         return self.builds in Path(extension).resolve().parents
 
     def start(self, require_workdir: bool = True) -> "Worker":
-        """Launch unless `launch` did, take the sandbox reply, load the workdir: WorkerError when a required sandbox
-        did not hold or (with `require_workdir`) the workdir does not load, WorkerFailed when it does not come up."""
+        """Launch unless `launch` did, take the sandbox reply, load the workdir (WorkerError, WorkerFailed)."""
         if self.proc is None:
             self.launch()
         protocol.setup_sharing()
@@ -161,8 +154,7 @@ class Worker:
         return self
 
     def confine(self, reply: dict) -> None:
-        """The `sandbox` reply: =require refuses a worker Landlock does not confine; where Landlock does not
-        keep it from ptracing this process, this process makes itself non-dumpable."""
+        """The `sandbox` reply: =require refuses an unconfined worker; without Landlock's ptrace rule, no dumps."""
         from pytest_cudaopt.run.signals import not_dumpable
 
         self.confined = dict(reply.get("sandbox") or {})
@@ -176,14 +168,12 @@ class Worker:
             not_dumpable()
 
     def calibrate(self) -> None:
-        """The handoff as it is before the workdir's code runs in the worker (the median of a few
-        pings): what `handoff_bound` caps a later ping at."""
+        """The median ping before the workdir's code runs: what `handoff_bound` caps a later ping at."""
         pings = sorted(self.ping() for _ in range(timing.CALIBRATION_PINGS))
         self.calibrated_ping = pings[len(pings) // 2]
 
     def attach_stream_gate(self, work=None) -> None:
-        """The timed window set up and calibrated (with `work`, a JudgeWork) before the workdir loads:
-        `stream_gate`, or `stream_gate_error` saying why there is none."""
+        """`stream_gate` set up and calibrated before the workdir loads, or `stream_gate_error` saying why not."""
         from pytest_cudaopt.remote.window import WindowError, JudgeWindow, JudgeWork
 
         gate = JudgeWindow.create()
@@ -205,18 +195,13 @@ class Worker:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self) -> None:
-        """Kill the worker and everything in its process group, now: no handler of its
-        (atexit, a signal handler) runs after this returns."""
+        """Kill the worker and everything in its process group, now: no handler of its runs after this returns."""
         if self.proc is not None:
             for target in (lambda: os.killpg(self.proc.pid, signal.SIGKILL), lambda: self.proc.kill()):
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
                     target()
-                except (ProcessLookupError, PermissionError, OSError):
-                    pass
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
         _LIVE.discard(self)
         if isinstance(self.proc, zygote.Forked):
             self.proc.close()
@@ -240,8 +225,7 @@ class Worker:
         return self._log().decode(errors="replace")[-limit:].strip()
 
     def _relay(self) -> None:
-        """What the worker printed since the last reply, onto this process's stdout (pytest
-        captures it for the item, as it would the candidate's prints in-process)."""
+        """What the worker printed since the last reply, onto this process's stdout (pytest captures it)."""
         chunk = self._log(self._relayed, 1 << 16)
         if chunk:
             self._relayed += len(chunk)
@@ -249,11 +233,9 @@ class Worker:
 
     def _died(self, what: str) -> WorkerFailed:
         code = None
-        if self.proc is not None:
-            try:  # the socket closes a moment before the exit status is there
+        if self.proc is not None:  # the socket closes a moment before the exit status is there
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 code = self.proc.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                pass
         if code is None:
             how = "closed its socket"
         elif code < 0:
@@ -267,19 +249,16 @@ class Worker:
                 copy_back: bool = False, relay: bool = True, on_send: Callable[[], None] | None = None,
                 stall: tuple[float, Callable[[], Any]] | None = None, sync_events: bool = True) -> dict:
         """Send `message`, wait for the reply: WorkerError for a reply with `error`, WorkerFailed for a dead
-        worker, a non-reply or `timeout`; an exception while waiting kills the worker after reading its stacks.
-        `copy_back`: the CPU tensors sent get the worker's writes. `relay=False`: its prints wait for the next
-        request (no file read inside a timed round trip). `on_send`: called just before the bytes go out.
-        `stall` (seconds, callback): run once if no reply came by then (a gated batch's gate is opened).
-        `sync_events=False`: reply tensors without this stream waiting on the worker's events."""
+        worker, a non-reply or `timeout`. `copy_back`: the CPU tensors sent get the worker's writes.
+        `relay=False`: no file read inside a timed round trip. `stall` (seconds, callback): run once if no
+        reply came by then. `sync_events=False`: reply tensors without waiting on the worker's events."""
         what = what or f"answering {message.get('op')}"
         placed = self.send(message, what=what, on_send=on_send)
         return self.receive(what=what, timeout=timeout, placed=placed if copy_back else (), relay=relay,
                             stall=stall, sync_events=sync_events)
 
     def send(self, message: dict, *, what: str = "", on_send: Callable[[], None] | None = None) -> list:
-        """The first half of `request`: `message` sent, not waited on; the CPU tensors placed in
-        the arena (what `receive(placed=...)` copies back)."""
+        """The first half of `request`: `message` sent; the CPU tensors placed in the arena."""
         what = what or f"answering {message.get('op')}"
         if self.conn is None:
             raise WorkerFailed(f"the candidate's worker process is stopped ({what})")
@@ -381,8 +360,7 @@ class Worker:
         return time.perf_counter() - started
 
     def cpu_seconds(self) -> float | None:
-        """The worker's CPU time so far, every thread's, as the kernel counts it (its process CPU
-        clock, read from this process); None where it cannot be read."""
+        """The worker's CPU time so far, every thread's, as the kernel counts it; None where it cannot be read."""
         if self.proc is None:
             return None
         try:
@@ -391,8 +369,7 @@ class Worker:
             return None
 
     def handoff_bound(self, ping: float, copied: int = 0, handles: int = 0) -> float:
-        """How much longer than the call itself its round trip may take (remote/timing.py): a few pings (at
-        most PING_CAP_FACTOR calibrated ones), the slack, `copied` bytes at 1 GB/s, and the IPC handles."""
+        """How much longer than the call itself its round trip may take (remote/timing.py)."""
         if self.calibrated_ping is not None:
             ping = min(ping, timing.PING_CAP_FACTOR * self.calibrated_ping)
         ipc = timing.CUDA_MESSAGE_S + handles * timing.CUDA_HANDLE_S if handles else 0.0
@@ -400,7 +377,7 @@ class Worker:
 
     def sharing(self):
         """A context for allocating what the worker is sent: on CUDA a pool of its own (an IPC handle maps
-        the whole segment, which may hold nothing else of this process's); on the CPU nothing."""
+        the whole segment)."""
         if not self.device.startswith("cuda"):
             return contextlib.nullcontext()
         import torch

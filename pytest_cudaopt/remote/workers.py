@@ -16,8 +16,7 @@ class Workers:
         self._extension: dict = {}  # workdir -> the `cuda_extension` fixture's worker
 
     def launch(self, path: Path) -> None:
-        """Launch the workdir's worker now (Worker.launch): it confines itself and imports torch
-        while this process imports its own and builds; its first judged item takes it over (start).
+        """Launch the workdir's worker now, to import torch while this process builds (its first item takes it).
         Its sandbox reads the build root, yet to be built: made here if outside the workdir, or no launch."""
         from pytest_cudaopt.extension.buildfile import build_root
         from pytest_cudaopt.remote.worker import Worker, WorkerFailed  # not the package's names: they import torch
@@ -37,8 +36,7 @@ class Workers:
             worker.stop()
 
     def take_launched(self, path: Path, so_path: Path | None, device: str):
-        """The worker launched for `path`, now holding `so_path`, when it is alive and its sandbox
-        reads `so_path` (else it is stopped); None, and kept, for another device (the policy items')."""
+        """The worker launched for `path`, now holding `so_path`, when it is alive and reads it; else None."""
         worker = self.launched.get(path)
         if worker is None or worker.device != device:
             return None
@@ -50,9 +48,7 @@ class Workers:
         return None
 
     def start(self, path: Path, so_path: Path | None, device: str | None = None, require_workdir: bool = True):
-        """A worker for the workdir at `path` with the extension `so_path` (None: MN010's stand-in),
-        stopped at the session's end. Raises WorkdirError (its files do not import, or it does not
-        start) or BuildError (the extension does not import)."""
+        """A worker for the workdir at `path` with the extension `so_path`: WorkdirError or BuildError."""
         from pytest_cudaopt.extension import BuildError
         from pytest_cudaopt.workdir import WorkdirError
         from pytest_cudaopt.remote.worker import Worker, WorkerError, WorkerFailed
@@ -77,8 +73,7 @@ class Workers:
             self.note_sandbox(worker.confined)
 
     def note_sandbox(self, facts: dict) -> None:
-        """Keep what a worker's sandbox held: the report shows the weakest of the session's
-        workers (the restrictions every one held, each reason one did not)."""
+        """Keep what a worker's sandbox held: the report shows the weakest of the session's workers."""
         if not facts:
             return
         if self.sandbox is None:
@@ -100,8 +95,7 @@ class Workers:
         return worker
 
     def extension_module(self, workdir: Path, so_path: Path):
-        """The `cuda_extension` fixture's extension (the build `so_path`): called in a worker of its
-        own (RemoteExtension), never loaded here: its static initialisers are candidate code too."""
+        """The `cuda_extension` fixture's extension, called in a worker of its own: never loaded here."""
         from pytest_cudaopt.workdir import WorkdirError
         from pytest_cudaopt.remote.model import RemoteExtension
 
