@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import torch
 
@@ -86,7 +87,7 @@ def _run_case(workdir: Workdir, settings, constants: dict[str, int], seed: int, 
               reference_decides: bool, moved: bool, family: str) -> tuple[guards.CaseOutcome, list, list[str] | None]:
     device = torch.device(settings.device)
     set_case(label, replay)
-    _check_memory(workdir, settings, constants, label, replay)
+    planned = _check_memory(workdir, settings, constants, label, replay)
     with shapes.applied(workdir.reference, constants):
         try:
             model, model_new = workdir.make_models(device, seed=guards.derive_seed(seed, "weights"))
@@ -116,7 +117,8 @@ def _run_case(workdir: Workdir, settings, constants: dict[str, int], seed: int, 
                   + (f"\nreplay: {replay}" if replay else ""))
         short = shapes.format_case(constants) or "canonical"
         try:
-            outcome = _guarded(trial, inputs, label, footer, short, described)
+            outcome = _guarded(trial, inputs, label, footer, short, described,
+                               planned and functools.partial(holder, workdir, settings, *planned))
         except guards.GuardFailure as exc:
             failed = CaseFailed(exc.check, f"{exc.message}{footer}", short, described, exc.comparison, exc.precision)
             failed.moved = (dict(constants), seed) if done else None
@@ -163,9 +165,10 @@ def _reference_accepts(model: torch.nn.Module, inputs: list) -> None:
         raise values.FamilySkipped(f"the reference rejects these values: {type(exc).__name__}: {first}") from None
 
 
-def _guarded(trial: guards.Trial, inputs: list, label: str, footer: str, short: str,
-             described: str) -> guards.CaseOutcome:
-    """`guards.run_case`; torch's out-of-memory error fails the case as a memory shortfall."""
+def _guarded(trial: guards.Trial, inputs: list, label: str, footer: str, short: str, described: str,
+             holders: Callable[..., tuple[str, str]] | None) -> guards.CaseOutcome:
+    """`guards.run_case`; torch's out-of-memory error fails the case as a memory shortfall, blamed
+    as NVML's table says (`holders`, where the case's memory was planned), else on whose call it was."""
     try:
         return guards.run_case(trial, inputs)
     except (torch.OutOfMemoryError, guards.CandidateError, guards.ReferenceError_) as exc:
@@ -176,38 +179,44 @@ def _guarded(trial: guards.Trial, inputs: list, label: str, footer: str, short: 
         own = isinstance(exc, guards.CandidateError)  # else the reference's or the harness's own work
         del error  # its traceback holds the case's tensors
     why = lines[0] if lines else "torch.OutOfMemoryError"
-    failed = CaseFailed(SHORTFALL, f"{label} ran out of device memory: {why}{footer}", short, described)
-    failed.blame = blame.CANDIDATE if own else blame.ENVIRONMENT
+    who, held = holders(own=own) if holders else (blame.CANDIDATE if own else blame.ENVIRONMENT, "")
+    failed = CaseFailed(SHORTFALL, f"{label} ran out of device memory: {why}" + (f"\n{held}" if held else "") + footer,
+                        short, described)
+    failed.blame = who
     raise failed
 
 
-def _check_memory(workdir: Workdir, settings, constants: dict[str, int], label: str, replay: str) -> None:
-    """Fail the case at once when its inputs and outputs cannot fit in free device memory."""
+def _check_memory(workdir: Workdir, settings, constants: dict[str, int], label: str,
+                  replay: str) -> tuple[int, int] | None:
+    """Fail the case at once when its inputs and outputs cannot fit in free device memory; else
+    (what it needs, what it may take), None where that cannot be planned."""
     free = free_bytes(settings.device)
     if free is None:
-        return
+        return None
     check = shapes.check_on_meta(workdir.reference, constants)
     if not check.valid:
-        return
+        return None
     lower = ("lower --cudaopt-max-elements (cudaopt_max_elements) to draw smaller shapes" if constants else
              sizes.shrink_hint(workdir.reference, workdir.model_file, workdir.path))
     need = memory.case_need(check.input_bytes, check.output_bytes)
+    budget = memory.case_budget(check.input_bytes, check.output_bytes)
     try:
         memory.check_fits(f"{label} (inputs {memory.gib(check.input_bytes)}, outputs "
                           f"{memory.gib(check.output_bytes)})", need, free, lower, memory.where(settings.device))
     except memory.DoesNotFit as exc:
-        who, why = holder(workdir, settings, need, memory.case_budget(check.input_bytes, check.output_bytes))
+        who, why = holder(workdir, settings, need, budget)
         text = f"{why}\n{exc}" if who == blame.CANDIDATE else str(exc) + (f"\n{why}" if why else "")
         failed = CaseFailed(SHORTFALL, text + (f"\nreplay: {replay}" if replay else ""),
                             shapes.format_case(constants) or "canonical")
         failed.blame = who
         raise failed from None
+    return need, budget
 
 
-def holder(workdir: Workdir, settings, need: int, budget: int) -> tuple[str, str]:
+def holder(workdir: Workdir, settings, need: int, budget: int, own: bool = False) -> tuple[str, str]:
     """Whose a memory shortfall is, (blame, why), from NVML's process table."""
     device = torch.device(settings.device)
     worker = workdir.worker
     pid = worker.proc.pid if worker is not None and worker.proc is not None else None
     index = nvml.index_of(device.index or 0) if device.type == "cuda" else 0
-    return blame.memory_blame(need, budget, pid, nvml.processes(index))
+    return blame.memory_blame(need, budget, pid, nvml.processes(index), own=own)
