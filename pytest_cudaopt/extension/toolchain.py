@@ -23,8 +23,7 @@ NAMED_ARCHES = {
 # --------------------------------------------------------------------------- toolkit
 
 def _nvcc_behind(path: Path, depth: int = 0) -> Path | None:
-    """The real nvcc behind `path`: symlinks resolved, and a wrapper script followed to the
-    nvcc it execs (e.g. `exec /usr/local/cuda-13.0/bin/nvcc "$@"`)."""
+    """The real nvcc behind `path`: symlinks resolved, a wrapper script followed to the nvcc it execs."""
     path = path.resolve()
     try:
         head = path.read_bytes()[:4096]
@@ -42,8 +41,7 @@ def _nvcc_behind(path: Path, depth: int = 0) -> Path | None:
 
 
 def find_cuda_home(default: Path = Path("/usr/local/cuda")) -> Path | None:
-    """The CUDA toolkit: $CUDA_HOME or $CUDA_PATH, else /usr/local/cuda when it has
-    bin/nvcc, else the toolkit of the nvcc on PATH (through symlinks and wrapper scripts)."""
+    """The CUDA toolkit: $CUDA_HOME or $CUDA_PATH, else /usr/local/cuda, else the toolkit of the nvcc on PATH."""
     for var in ("CUDA_HOME", "CUDA_PATH"):
         value = os.environ.get(var)
         if value and (Path(value) / "bin" / "nvcc").is_file():
@@ -118,12 +116,11 @@ def _wheel_roots() -> list[Path]:
     except ImportError:
         pass
     roots += [Path(p) / "nvidia" for p in sys.path if p]
-    seen, found = set(), []
+    found: dict[Path, Path] = {}
     for root in roots:
-        if root.is_dir() and root.resolve() not in seen:
-            seen.add(root.resolve())
-            found.append(root)
-    return found
+        if root.is_dir():
+            found.setdefault(root.resolve(), root)
+    return list(found.values())
 
 
 def _so_version(path: Path) -> list[int]:
@@ -144,8 +141,8 @@ def _shared_object(dirs: list[Path], stem: str) -> Path | None:
 
 def find_library(name: str, header: str, stems: tuple[str, ...],
                  cuda_home: Path | None = None) -> Library | None:
-    """Headers and shared objects of a CUDA library (`cublas_v2.h`, `libcublas.so*`): in the
-    nvidia-* wheels next to torch (what a torch process loads at run time), then the toolkit."""
+    """Headers and shared objects of a CUDA library: in the nvidia-* wheels next to torch (what a torch process
+    loads at run time), then the toolkit."""
     places: list[tuple[Path, list[Path]]] = []
     for root in _wheel_roots():
         for include in sorted(root.glob("*/include")):
@@ -185,8 +182,7 @@ def _parse_arch_list(text: str) -> list[tuple[str, bool]]:
 
 
 def arch_list() -> tuple[list[tuple[str, bool]], str]:
-    """The arches to build for, [("90", with_ptx)], and why: TORCH_CUDA_ARCH_LIST, else the
-    visible GPU, else DEFAULT_ARCH."""
+    """The arches to build for, [("90", with_ptx)], and why: TORCH_CUDA_ARCH_LIST, else the GPU, else DEFAULT_ARCH."""
     env = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
     if env and env != "native":
         return _parse_arch_list(env), f"from TORCH_CUDA_ARCH_LIST={env}"

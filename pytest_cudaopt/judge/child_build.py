@@ -1,9 +1,5 @@
 """The build stage's child: the workdir's extension compiled, not loaded, with the settings its pytest children will resolve.
-
-`python -m pytest_cudaopt.judge.child_build WORKDIR [PYTEST_ARGS...]`: collect only, compile, then
-`check_need` under the `cudaopt_timeout` watchdog; no candidate code runs. Exit 0 built, 1 the
-build failed, 2 pytest could not start, 3 (TIMEOUT_CODE) the memory estimate did not end in time.
-"""
+Exit 0 built, 1 the build failed, 2 pytest could not start, 3 (TIMEOUT_CODE) the memory estimate did not end in time."""
 from __future__ import annotations
 
 import os
@@ -21,9 +17,8 @@ TIMEOUT_CODE = 3
 
 
 def check_need(workdir: Path, max_elements: int | None = None) -> int | None:
-    """The device memory one check of this problem may take, from its reference on meta: the largest
-    case's budget plus three copies of Model's parameters (the reference, float64, ModelNew); None
-    when the reference does not run on meta. HangTimeout is not caught here."""
+    """The device memory one check of this problem may take, from its reference on meta: the largest case's budget
+    plus three copies of Model's parameters (the reference, float64, ModelNew); None when it does not run on meta."""
     try:
         import torch
 

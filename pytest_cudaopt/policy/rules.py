@@ -79,8 +79,7 @@ BUILD_RULES = {"EX001": "every cuda_extension function that model_new.py calls i
 
 
 def rule_count(built: bool = True) -> int:
-    """How many rules a check runs: the static ones, and those of BUILD_RULES when `built`
-    (`pytest -m policy` always collects them: one item per rule)."""
+    """How many rules a check runs: the static ones, and those of BUILD_RULES when `built`."""
     return len(RULES) + (len(BUILD_RULES) if built else 0)
 
 
@@ -192,8 +191,8 @@ def format_violation(violation: Violation, workdir: Path) -> str:
 
 def render(violations: list[Violation], workdir: Path, as_json: bool = False, built: bool = True,
            unbuilt: str = "no build yet (`cudaopt build`)") -> str:
-    """The output of `cudaopt check`: one line per violation and a summary, or JSON; `built`:
-    the rules of BUILD_RULES were checked (against a build); `unbuilt`: why not."""
+    """The output of `cudaopt check`: one line per violation and a summary, or JSON; `built`: the rules of
+    BUILD_RULES were checked; `unbuilt`: why not."""
     workdir = Path(workdir).resolve()
     disabled = sorted(load_config(workdir).disable)
     if as_json:
