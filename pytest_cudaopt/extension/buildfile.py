@@ -21,8 +21,6 @@ MODULE_NAME = "cuda_extension"
 _INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
 
 
-# -------------------------------------------------------------------------- sources
-
 def discover_sources(workdir: Path) -> list[Path]:
     """binding.cpp and kernels/*.cu, kernels/*.cpp (workdir-relative, sorted)."""
     if not (workdir / "binding.cpp").is_file():
@@ -47,8 +45,6 @@ def _includes(workdir: Path, sources: list[Path]) -> set[str]:
             pass
     return names
 
-
-# --------------------------------------------------------------------------- config
 
 @dataclass
 class Config:
@@ -182,9 +178,8 @@ def _set_flags(cfg: Config, tools: _Toolchain, cpp_extension, extra_cxx: list[st
                f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
     incs = [f"-I{cfg.ref(cfg.workdir)}", f"-I{cfg.ref(cfg.workdir / 'kernels')}"]
     incs += [f"-I{d}" for d in dict.fromkeys(str(d) for d in tools.include_dirs)]
-    # -fno-gnu-unique: the binding registry's list is a static in an inline function; as a
-    # GNU-unique symbol it would be one list for every extension in the process, and a
-    # second workdir would see the first one's bindings.
+    # -fno-gnu-unique: the binding registry's list is a static in an inline function; as a GNU-unique symbol it
+    # would be one list for every extension in the process, and a second workdir would see the first one's bindings.
     cfg.cflags = [*incs, *defines, "-O3", f"-std={std}", "-fPIC", "-fno-gnu-unique", *extra_cxx]
     cfg.cuda_cflags = [*incs, *defines, "-O3", f"-std={std}", "--expt-relaxed-constexpr", "-lineinfo",
                        "-Xcompiler", "-fPIC", "-Xcompiler", "-fno-gnu-unique", *tools.gencode, *extra_nvcc]

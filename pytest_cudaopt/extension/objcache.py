@@ -57,8 +57,6 @@ def compile_key(command: list[str], source: Path, out: str, depfile: str) -> str
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-# ---------------------------------------------------------------------------- depfiles
-
 def parse_depfile(text: str) -> list[str]:
     """The prerequisites of a make-style depfile (gcc -MMD, nvcc --dependency-output), unescaped."""
     text = text.replace("\\\r\n", " ").replace("\\\n", " ")
@@ -106,8 +104,6 @@ def depfile_text(out: str, deps: list[list], cwd: Path, workdir: Path) -> str:
     paths = [os.path.relpath(workdir / d[1], cwd) if d[0] == "local" else d[1] for d in deps]
     return f"{_escape(out)}: " + " \\\n  ".join(_escape(p) for p in paths) + "\n"
 
-
-# ---------------------------------------------------------------------------- the cache
 
 class Cache:
     """One key's folder: manifest.json and the objects it names, under a lock file."""

@@ -51,8 +51,6 @@ def describe(result: BuildResult) -> str:
             f"{result.objects} objects compiled): {result.so_path}")
 
 
-# ----------------------------------------------------------------------------- build
-
 def _ninja() -> str:
     try:
         import ninja  # the wheel's binary matches the declared dependency
@@ -94,9 +92,8 @@ def failure_of(cfg: Config, output: str, log_path: Path) -> BuildError:
 
 
 class _Progress:
-    """ninja's output as progress lines. ninja prints a step when it finishes, failed or not,
-    and goes on with the other units after a failure: a step is shown once the next line says
-    whether it failed, and a failed unit's first errors at once, not when the build ends."""
+    """ninja's output as progress lines. ninja prints a step when it finishes, failed or not, and goes on after a
+    failure: a step is shown once the next line says whether it failed, a failed unit's first errors at once."""
 
     SHOWN = 6       # diagnostic lines of a failed unit shown at once (all of them end the build's report)
     QUIET_S = 0.2   # ninja prints a unit's status and output together: this long quiet ends them

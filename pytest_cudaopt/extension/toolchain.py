@@ -20,8 +20,6 @@ NAMED_ARCHES = {
 }
 
 
-# --------------------------------------------------------------------------- toolkit
-
 def _nvcc_behind(path: Path, depth: int = 0) -> Path | None:
     """The real nvcc behind `path`: symlinks resolved, a wrapper script followed to the nvcc it execs."""
     path = path.resolve()
@@ -95,8 +93,6 @@ def cuda_lib_dirs(home: Path) -> list[Path]:
     return [d for d in dirs if d.is_dir()]
 
 
-# ------------------------------------------------------------------ libraries (cuBLAS...)
-
 @dataclass(frozen=True)
 class Library:
     """A CUDA library found for the build: its include dir and the shared objects to link."""
@@ -160,8 +156,6 @@ def find_library(name: str, header: str, stems: tuple[str, ...],
     return None
 
 
-# ----------------------------------------------------------------------------- arch
-
 def _parse_arch_list(text: str) -> list[tuple[str, bool]]:
     """TORCH_CUDA_ARCH_LIST → [("90a", with_ptx)], e.g. "8.0;9.0a+PTX" or "Hopper"."""
     for named, value in NAMED_ARCHES.items():
@@ -197,10 +191,8 @@ def arch_list() -> tuple[list[tuple[str, bool]], str]:
     return _parse_arch_list(DEFAULT_ARCH), "default: no TORCH_CUDA_ARCH_LIST and no visible GPU"
 
 
-# Arches whose cubin is built for the arch-specific variant: every sm_90 GPU (Hopper) runs an
-# sm_90a cubin, which adds wgmma, setmaxnreg and the TMA multicast forms, so "9.0" costs nothing
-# and lets a workdir's Hopper kernels build from the standard command. PTX stays compute_90
-# (arch-specific PTX runs on no later arch).
+# Arches whose cubin is built for the arch-specific variant: every sm_90 GPU runs an sm_90a cubin (wgmma,
+# setmaxnreg, TMA multicast). PTX stays compute_90 (arch-specific PTX runs on no later arch).
 CUBIN_VARIANT = {"90": "90a"}
 
 

@@ -7,8 +7,7 @@ import sys
 from pathlib import Path
 
 
-# Before the compiler's report in the child's output: what the build stage's line shows as its
-# reason (the collected items and the progress lines above it are left out).
+# Before the compiler's report in the child's output: what the build stage's line shows as its reason.
 REPORT_MARK = "cudaopt judge: the build's report:"
 # Before the device bytes one check of this problem may take (read by stages.read_build).
 NEED_MARK = "cudaopt judge: one check may take bytes:"

@@ -38,8 +38,8 @@ class NodeJudge:
             devices = cpu_slots(options.cpu_slots) if options.cpu else gpus(_ray_gpu_ids())
         self.shipped = Path(tempfile.mkdtemp(prefix="cudaopt-ray-"))
         self.pool = LocalPool([], options, devices, fed=True, run_stage=run_stage)
-        # Workdirs in hand: builds and policy checks running and as many waiting, checks on every
-        # device and a perf stage waiting for each: what keeps the pipeline full between feeds.
+        # Workdirs in hand: builds and policy checks running and as many waiting, checks on every device and a
+        # perf stage waiting for each: what keeps the pipeline full between feeds.
         self.capacity = 2 * options.cpu_jobs + len(devices.names) * (options.share + 2)
         self._done: queue.Queue = queue.Queue()
         self._lock = threading.Lock()   # judge() runs on several of the actor's threads

@@ -23,8 +23,7 @@ KIND_OF_CLASS = {"TestMemorySafety": "memsafety"}   # the others: TestPerf -> pe
 # Stage statuses: ok, failed (a verdict failed), then what ended the child: build-failed,
 # crashed (a signal, or no report), timeout, error (the judge's or the setup's trouble), not-run.
 OK, FAILED = "ok", "failed"
-# Builds yield the CPUs to the children that hold a device (a perf child's set-up, a sanitized
-# check): a device waits on those, while a build has the time until its workdir's turn.
+# Builds yield the CPUs to the children that hold a device: a device waits on those, a build has time.
 BUILD_NICE = 10
 
 

@@ -70,11 +70,9 @@ RULES: dict[str, str] = {
     "CF001": "the `[tool.cudaopt]` table of the workdir's pyproject.toml is valid",
 }
 RULE_IDS: tuple[str, ...] = tuple(RULES)
-# The rules that run the workdir's code (import model.py and model_new.py, construct the
-# models); every other rule only reads files, and never imports them.
+# The rules that run the workdir's code; every other rule only reads files, and never imports them.
 IMPORTS_WORKDIR = frozenset({"MN010"})
-# The rule that needs the built extension (policy/extension_names.py): a pytest item of its own,
-# and in `cudaopt check` only once a build exists.
+# The rule that needs the built extension: in `cudaopt check` only once a build exists.
 BUILD_RULES = {"EX001": "every cuda_extension function that model_new.py calls is defined by the built extension"}
 
 
