@@ -21,8 +21,6 @@ MODULE_NAME = "cuda_extension"
 _INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
 
 
-# -------------------------------------------------------------------------- sources
-
 def discover_sources(workdir: Path) -> list[Path]:
     """binding.cpp and kernels/*.cu, kernels/*.cpp (workdir-relative, sorted)."""
     if not (workdir / "binding.cpp").is_file():
@@ -48,8 +46,6 @@ def _includes(workdir: Path, sources: list[Path]) -> set[str]:
     return names
 
 
-# --------------------------------------------------------------------------- config
-
 @dataclass
 class Config:
     """What a build needs: the sources, compilers and flags, and the keyed build folder."""
@@ -69,8 +65,7 @@ class Config:
     object_cache: Path | None = None   # build/objcache.py wraps every compile when set
 
     def ref(self, path: Path) -> str:
-        """How commands in build_dir name `path`: relative when both sit in the workdir (a
-        copied workdir keeps its build)."""
+        """How commands in build_dir name `path`: relative when both sit in the workdir (a copy keeps its build)."""
         path = Path(path)
         if self.inside and (path == self.workdir or self.workdir in path.parents):
             return os.path.relpath(path, self.build_dir)
@@ -78,8 +73,7 @@ class Config:
 
 
 def settings_or_default(settings, workdir: Path) -> Any:
-    """`settings`, else those pytest would resolve for `workdir` without command-line
-    options (the environment, the workdir's ini file, the defaults)."""
+    """`settings`, else those pytest would resolve for `workdir` without command-line options."""
     if settings is not None:
         return settings
     from pytest_cudaopt.suite.settings import workdir_settings
@@ -99,13 +93,6 @@ class _Toolchain:
     arch: str = "cpu"
     gencode: list[str] = field(default_factory=list)
     key_parts: dict[str, Any] = field(default_factory=dict)
-
-
-def _torch_toolchain(cpp_extension) -> _Toolchain:
-    include_dirs = [Path(p) for p in cpp_extension.include_paths("cpu")]
-    include_dirs.append(Path(sysconfig.get_paths()["include"]))
-    return _Toolchain(include_dirs, [Path(p) for p in cpp_extension.library_paths("cpu")],
-                      ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"])
 
 
 def _add_cuda(tools: _Toolchain, includes: set[str], extra_nvcc: list[str]) -> None:
@@ -140,8 +127,7 @@ def _add_cuda(tools: _Toolchain, includes: set[str], extra_nvcc: list[str]) -> N
 
 
 def build_root(workdir: Path, settings) -> Path:
-    """Where the keyed build folders go: cudaopt_build_dir (relative to the workdir), else
-    <workdir>/build/cudaopt."""
+    """Where the keyed build folders go: cudaopt_build_dir (relative to the workdir), else <workdir>/build/cudaopt."""
     root = settings.build_dir
     if not root:
         return (workdir / "build" / "cudaopt").resolve()
@@ -150,8 +136,7 @@ def build_root(workdir: Path, settings) -> Path:
 
 
 def configure(workdir: Path, settings) -> Config:
-    """The build of `workdir` under `settings`: sources, toolchain, flags and the build
-    folder, keyed by everything the objects depend on besides the sources."""
+    """The build of `workdir` under `settings`, its folder keyed by all the objects depend on besides the sources."""
     import torch
 
     cpp_extension = cpp_extension_module()
@@ -162,7 +147,9 @@ def configure(workdir: Path, settings) -> Config:
     cxx = os.environ.get("CXX") or "c++"
     extra_cxx = shlex.split(settings.cxx_flags or "")
     extra_nvcc = shlex.split(settings.nvcc_flags or "")
-    tools = _torch_toolchain(cpp_extension)
+    tools = _Toolchain([*map(Path, cpp_extension.include_paths("cpu")), Path(sysconfig.get_paths()["include"])],
+                       [Path(p) for p in cpp_extension.library_paths("cpu")],
+                       ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"])
     if cuda:
         _add_cuda(tools, includes, extra_nvcc)
     key_parts: dict[str, Any] = {"torch": torch.__version__, "python": sys.version.split()[0],
@@ -191,9 +178,8 @@ def _set_flags(cfg: Config, tools: _Toolchain, cpp_extension, extra_cxx: list[st
                f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
     incs = [f"-I{cfg.ref(cfg.workdir)}", f"-I{cfg.ref(cfg.workdir / 'kernels')}"]
     incs += [f"-I{d}" for d in dict.fromkeys(str(d) for d in tools.include_dirs)]
-    # -fno-gnu-unique: the binding registry's list is a static in an inline function; as a
-    # GNU-unique symbol it would be one list for every extension in the process, and a
-    # second workdir would see the first one's bindings.
+    # -fno-gnu-unique: the binding registry's list is a static in an inline function; as a GNU-unique symbol it
+    # would be one list for every extension in the process, and a second workdir would see the first one's bindings.
     cfg.cflags = [*incs, *defines, "-O3", f"-std={std}", "-fPIC", "-fno-gnu-unique", *extra_cxx]
     cfg.cuda_cflags = [*incs, *defines, "-O3", f"-std={std}", "--expt-relaxed-constexpr", "-lineinfo",
                        "-Xcompiler", "-fPIC", "-Xcompiler", "-fno-gnu-unique", *tools.gencode, *extra_nvcc]
@@ -205,8 +191,7 @@ def _set_flags(cfg: Config, tools: _Toolchain, cpp_extension, extra_cxx: list[st
 
 
 def _cxx_standard(cpp_extension) -> str:
-    """The C++ standard torch builds its own extensions with (its headers need C++20 since
-    2.10; older ones build with C++17)."""
+    """The C++ standard torch builds its own extensions with (its headers need C++20 since 2.10)."""
     try:
         text = Path(cpp_extension.__file__).read_text(errors="replace")
     except OSError:

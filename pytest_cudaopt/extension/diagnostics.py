@@ -13,8 +13,7 @@ class BuildError(Exception):
     """The extension did not build or load. `report()` is what a user should see: the
     compiler's own `file:line: error` lines and a one-line summary, no traceback."""
 
-    def __init__(self, summary: str, diagnostics: list[str] | None = None,
-                 log_path: Path | None = None):
+    def __init__(self, summary: str, diagnostics: list[str] | None = None, log_path: Path | None = None):
         super().__init__(summary)
         self.summary = summary
         self.diagnostics = list(diagnostics or [])
@@ -50,11 +49,9 @@ _INCLUDED_FROM = re.compile(r"^(?:In file included from|\s+from) (?P<file>[^:]+)
 
 def diagnostics(output: str, workdir: Path, build_dir: Path,
                 sources: dict[str, str]) -> tuple[list[str], dict[str, int]]:
-    """The error lines of a failed ninja run as `file:line: error: msg` (paths relative to
-    the workdir), each with the source snippet the compiler printed under it; an error in a
-    header outside the workdir names the workdir line that included it. Also the number
-    of errors per failed source (`kernels/x.cu`, or `link`). `sources` maps ninja's object
-    targets to the workdir-relative sources they compile."""
+    """The error lines of a failed ninja run as `file:line: error: msg` (relative to the workdir), each with the
+    compiler's snippet (an error in a header outside the workdir names the workdir line that included it), and the
+    number of errors per failed source. `sources`: ninja's object targets -> the workdir's sources they compile."""
     lines = output.splitlines()
     shown: list[str] = []
     per_source: dict[str, int] = {}

@@ -1,14 +1,9 @@
 """The content-keyed object cache: a compile whose command, toolchain, source bytes and headers match an earlier one
-is copied from the cache instead of run. build.ninja wraps each compile in this script when `object_cache` is set:
+is copied from the cache instead of run (build.ninja wraps each compile in this script when `object_cache` is set).
 
-    python -I objcache.py --cache DIR --workdir REF --source $in --out $out --depfile $out.d -- COMPILE...
-
-The key hashes the command line (the workdir by its path relative to the build folder, so two workdirs with the same
-layout share keys), the compiler binaries, the environment variables compilers read and the source's bytes; a
-manifest per key names the headers each object was built from (the workdir's by sha256, others by path, size and
-mtime). A hit copies the object and writes the depfile; a miss compiles under a lock per key. Any error of the cache's
-own falls back to the plain compile. Every use appends `hit|miss|store <source> <seconds>` to objcache.log in the
-build folder. Standard library only: ninja runs it as a script, outside any package (`python -I`).
+The workdir is named by its path relative to the build folder, so two workdirs with the same layout share keys; a
+manifest per key names the headers each object was built from. Any error of the cache's own falls back to the plain
+compile. Standard library only: ninja runs it as a script, outside any package (`python -I`).
 """
 
 from __future__ import annotations
@@ -62,8 +57,6 @@ def compile_key(command: list[str], source: Path, out: str, depfile: str) -> str
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-# ---------------------------------------------------------------------------- depfiles
-
 def parse_depfile(text: str) -> list[str]:
     """The prerequisites of a make-style depfile (gcc -MMD, nvcc --dependency-output), unescaped."""
     text = text.replace("\\\r\n", " ").replace("\\\n", " ")
@@ -84,8 +77,7 @@ def _escape(path: str) -> str:
 
 
 def describe_deps(deps: list[str], cwd: Path, workdir: Path) -> list[list]:
-    """Each dependency as the manifest keeps it: ["local", path in the workdir, sha256] or
-    ["system", absolute path, size, mtime_ns]."""
+    """Each dependency as the manifest keeps it: ["local", path, sha256] or ["system", path, size, mtime_ns]."""
     out = []
     for dep in deps:
         path = Path(os.path.normpath(cwd / dep))
@@ -112,8 +104,6 @@ def depfile_text(out: str, deps: list[list], cwd: Path, workdir: Path) -> str:
     paths = [os.path.relpath(workdir / d[1], cwd) if d[0] == "local" else d[1] for d in deps]
     return f"{_escape(out)}: " + " \\\n  ".join(_escape(p) for p in paths) + "\n"
 
-
-# ---------------------------------------------------------------------------- the cache
 
 class Cache:
     """One key's folder: manifest.json and the objects it names, under a lock file."""

@@ -23,8 +23,7 @@ _STATUS = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")
 
 @dataclass
 class BuildResult:
-    """What one build did. `compiled` lists the sources ninja compiled (workdir-relative);
-    empty and `linked` False means the tree was up to date."""
+    """What one build did. `compiled`: the sources ninja compiled (workdir-relative)."""
 
     workdir: Path
     build_dir: Path
@@ -51,8 +50,6 @@ def describe(result: BuildResult) -> str:
     return (f"built {MODULE_NAME} in {result.seconds:.1f} s ({len(result.compiled)} of "
             f"{result.objects} objects compiled): {result.so_path}")
 
-
-# ----------------------------------------------------------------------------- build
 
 def _ninja() -> str:
     try:
@@ -95,9 +92,8 @@ def failure_of(cfg: Config, output: str, log_path: Path) -> BuildError:
 
 
 class _Progress:
-    """ninja's output as progress lines. ninja prints a step when it finishes, failed or not,
-    and goes on with the other units after a failure: a step is shown once the next line says
-    whether it failed, and a failed unit's first errors at once, not when the build ends."""
+    """ninja's output as progress lines. ninja prints a step when it finishes, failed or not, and goes on after a
+    failure: a step is shown once the next line says whether it failed, a failed unit's first errors at once."""
 
     SHOWN = 6       # diagnostic lines of a failed unit shown at once (all of them end the build's report)
     QUIET_S = 0.2   # ninja prints a unit's status and output together: this long quiet ends them
@@ -126,23 +122,16 @@ class _Progress:
             self.emit(f"{self.pending}  FAILED" if failed else self.pending)
             self.pending = None
         if self.failed is not None:
-            self._show_errors("\n".join(self.failed))
+            sources = {object_name(s): s.as_posix() for s in self.cfg.sources}
+            shown, per_source = diagnostics("\n".join(self.failed), self.cfg.workdir, self.cfg.build_dir, sources)
             self.failed = None
-
-    def _show_errors(self, output: str) -> None:
-        cfg = self.cfg
-        if not hasattr(cfg, "sources"):
-            return
-        sources = {object_name(s): s.as_posix() for s in cfg.sources}
-        shown, per_source = diagnostics(output, cfg.workdir, cfg.build_dir, sources)
-        where = ", ".join(per_source) or "a build step"
-        errors = [s for s in shown if not s.startswith(" ")][:self.SHOWN]
-        self.emit(f"{where} failed: " + ("; ".join(errors) if errors else "see the report when the build ends"))
+            where = ", ".join(per_source) or "a build step"
+            errors = [s for s in shown if not s.startswith(" ")][:self.SHOWN]
+            self.emit(f"{where} failed: " + ("; ".join(errors) if errors else "see the report when the build ends"))
 
 
 def unwritable(cfg: Config, exc: OSError) -> BuildError:
-    """The build folder cannot be written (a read-only workdir): one line that says so and
-    which setting puts the build elsewhere."""
+    """The build folder cannot be written (a read-only workdir): one line that names the setting to build elsewhere."""
     what = f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)
     return BuildError(f"cudaopt build: the build folder {cfg.build_dir} cannot be written ({what}); a read-only "
                       f"workdir builds elsewhere with cudaopt_build_dir (--cudaopt-build-dir=/tmp/cudaopt-build, "
@@ -150,9 +139,8 @@ def unwritable(cfg: Config, exc: OSError) -> BuildError:
 
 
 def run_ninja(cfg: Config, emit: Callable[[str], None], start: float) -> tuple[list[str], int]:
-    """Run ninja in the build folder; return the step descriptions it reported and its exit code.
-    Its output is read by a thread, so that a failed unit's errors are shown once ninja has
-    been quiet for a moment rather than when its next unit ends."""
+    """Run ninja in the build folder; the step descriptions it reported and its exit code. A thread reads its
+    output, so that a failed unit's errors show once ninja is quiet rather than when its next unit ends."""
     import queue
     import threading
 
@@ -218,8 +206,8 @@ def _announce(cfg: Config, emit: Callable[[str], None]) -> None:
 
 def compile_extension(workdir: Path, *, settings=None, verbose: bool = False,
                       emit: Callable[[str], None] | None = None) -> BuildResult:
-    """Bring the workdir's build up to date (without importing it). Parallel callers on
-    the same workdir build once: one holds the lock, the others wait, then find it up to date."""
+    """Bring the workdir's build up to date (without importing it). Parallel callers on the same workdir build
+    once: one holds the lock, the others wait, then find it up to date."""
     from filelock import FileLock, Timeout
 
     announce = verbose or emit is not None
@@ -268,8 +256,7 @@ def compile_extension(workdir: Path, *, settings=None, verbose: bool = False,
 
 
 def existing_build(workdir: Path, *, settings=None) -> Path | None:
-    """The .so of the workdir's last build for the current configuration, or None when there
-    is none. Compiles and imports nothing (the build may predate the latest edits)."""
+    """The .so of the workdir's last build for the current configuration, or None; compiles and imports nothing."""
     workdir = Path(workdir).resolve()
     try:
         cfg = configure(workdir, settings_or_default(settings, workdir))
@@ -294,10 +281,8 @@ def _demangle(text: str) -> str:
 
 def build(workdir: Path, *, settings=None, verbose: bool = False,
           emit: Callable[[str], None] | None = None) -> BuildResult:
-    """Build and import; the result's `module` is the loaded extension. `emit` receives the
-    progress lines (steps with the elapsed time, waiting for another process's lock). The module is
-    imported under a name unique to this build (a fresh copy of a rebuilt .so); one that does not import
-    is a BuildError."""
+    """Build and import; the result's `module` is the loaded extension, under a name unique to this build (a fresh
+    copy of a rebuilt .so). `emit` receives the progress lines; a module that does not import is a BuildError."""
     result = compile_extension(workdir, settings=settings, verbose=verbose, emit=emit)
     try:
         result.module = import_extension(result.so_path, result.build_dir)

@@ -20,11 +20,8 @@ NAMED_ARCHES = {
 }
 
 
-# --------------------------------------------------------------------------- toolkit
-
 def _nvcc_behind(path: Path, depth: int = 0) -> Path | None:
-    """The real nvcc behind `path`: symlinks resolved, and a wrapper script followed to the
-    nvcc it execs (e.g. `exec /usr/local/cuda-13.0/bin/nvcc "$@"`)."""
+    """The real nvcc behind `path`: symlinks resolved, a wrapper script followed to the nvcc it execs."""
     path = path.resolve()
     try:
         head = path.read_bytes()[:4096]
@@ -42,8 +39,7 @@ def _nvcc_behind(path: Path, depth: int = 0) -> Path | None:
 
 
 def find_cuda_home(default: Path = Path("/usr/local/cuda")) -> Path | None:
-    """The CUDA toolkit: $CUDA_HOME or $CUDA_PATH, else /usr/local/cuda when it has
-    bin/nvcc, else the toolkit of the nvcc on PATH (through symlinks and wrapper scripts)."""
+    """The CUDA toolkit: $CUDA_HOME or $CUDA_PATH, else /usr/local/cuda, else the toolkit of the nvcc on PATH."""
     for var in ("CUDA_HOME", "CUDA_PATH"):
         value = os.environ.get(var)
         if value and (Path(value) / "bin" / "nvcc").is_file():
@@ -97,8 +93,6 @@ def cuda_lib_dirs(home: Path) -> list[Path]:
     return [d for d in dirs if d.is_dir()]
 
 
-# ------------------------------------------------------------------ libraries (cuBLAS...)
-
 @dataclass(frozen=True)
 class Library:
     """A CUDA library found for the build: its include dir and the shared objects to link."""
@@ -118,12 +112,11 @@ def _wheel_roots() -> list[Path]:
     except ImportError:
         pass
     roots += [Path(p) / "nvidia" for p in sys.path if p]
-    seen, found = set(), []
+    found: dict[Path, Path] = {}
     for root in roots:
-        if root.is_dir() and root.resolve() not in seen:
-            seen.add(root.resolve())
-            found.append(root)
-    return found
+        if root.is_dir():
+            found.setdefault(root.resolve(), root)
+    return list(found.values())
 
 
 def _so_version(path: Path) -> list[int]:
@@ -144,8 +137,8 @@ def _shared_object(dirs: list[Path], stem: str) -> Path | None:
 
 def find_library(name: str, header: str, stems: tuple[str, ...],
                  cuda_home: Path | None = None) -> Library | None:
-    """Headers and shared objects of a CUDA library (`cublas_v2.h`, `libcublas.so*`): in the
-    nvidia-* wheels next to torch (what a torch process loads at run time), then the toolkit."""
+    """Headers and shared objects of a CUDA library: in the nvidia-* wheels next to torch (what a torch process
+    loads at run time), then the toolkit."""
     places: list[tuple[Path, list[Path]]] = []
     for root in _wheel_roots():
         for include in sorted(root.glob("*/include")):
@@ -162,8 +155,6 @@ def find_library(name: str, header: str, stems: tuple[str, ...],
             return Library(name, include, tuple(libs))  # type: ignore[arg-type]
     return None
 
-
-# ----------------------------------------------------------------------------- arch
 
 def _parse_arch_list(text: str) -> list[tuple[str, bool]]:
     """TORCH_CUDA_ARCH_LIST → [("90a", with_ptx)], e.g. "8.0;9.0a+PTX" or "Hopper"."""
@@ -185,8 +176,7 @@ def _parse_arch_list(text: str) -> list[tuple[str, bool]]:
 
 
 def arch_list() -> tuple[list[tuple[str, bool]], str]:
-    """The arches to build for, [("90", with_ptx)], and why: TORCH_CUDA_ARCH_LIST, else the
-    visible GPU, else DEFAULT_ARCH."""
+    """The arches to build for, [("90", with_ptx)], and why: TORCH_CUDA_ARCH_LIST, else the GPU, else DEFAULT_ARCH."""
     env = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
     if env and env != "native":
         return _parse_arch_list(env), f"from TORCH_CUDA_ARCH_LIST={env}"
@@ -201,10 +191,8 @@ def arch_list() -> tuple[list[tuple[str, bool]], str]:
     return _parse_arch_list(DEFAULT_ARCH), "default: no TORCH_CUDA_ARCH_LIST and no visible GPU"
 
 
-# Arches whose cubin is built for the arch-specific variant: every sm_90 GPU (Hopper) runs an
-# sm_90a cubin, which adds wgmma, setmaxnreg and the TMA multicast forms, so "9.0" costs nothing
-# and lets a workdir's Hopper kernels build from the standard command. PTX stays compute_90
-# (arch-specific PTX runs on no later arch).
+# Arches whose cubin is built for the arch-specific variant: every sm_90 GPU runs an sm_90a cubin (wgmma,
+# setmaxnreg, TMA multicast). PTX stays compute_90 (arch-specific PTX runs on no later arch).
 CUBIN_VARIANT = {"90": "90a"}
 
 

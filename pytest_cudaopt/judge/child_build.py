@@ -1,9 +1,5 @@
 """The build stage's child: the workdir's extension compiled, not loaded, with the settings its pytest children will resolve.
-
-`python -m pytest_cudaopt.judge.child_build WORKDIR [PYTEST_ARGS...]`: collect only, compile, then
-`check_need` under the `cudaopt_timeout` watchdog; no candidate code runs. Exit 0 built, 1 the
-build failed, 2 pytest could not start, 3 (TIMEOUT_CODE) the memory estimate did not end in time.
-"""
+Exit 0 built, 1 the build failed, 2 pytest could not start, 3 (TIMEOUT_CODE) the memory estimate did not end in time."""
 from __future__ import annotations
 
 import os
@@ -11,8 +7,7 @@ import sys
 from pathlib import Path
 
 
-# Before the compiler's report in the child's output: what the build stage's line shows as its
-# reason (the collected items and the progress lines above it are left out).
+# Before the compiler's report in the child's output: what the build stage's line shows as its reason.
 REPORT_MARK = "cudaopt judge: the build's report:"
 # Before the device bytes one check of this problem may take (read by stages.read_build).
 NEED_MARK = "cudaopt judge: one check may take bytes:"
@@ -21,9 +16,8 @@ TIMEOUT_CODE = 3
 
 
 def check_need(workdir: Path, max_elements: int | None = None) -> int | None:
-    """The device memory one check of this problem may take, from its reference on meta: the largest
-    case's budget plus three copies of Model's parameters (the reference, float64, ModelNew); None
-    when the reference does not run on meta. HangTimeout is not caught here."""
+    """The device memory one check of this problem may take, from its reference on meta: the largest case's budget
+    plus three copies of Model's parameters (the reference, float64, ModelNew); None when it does not run on meta."""
     try:
         import torch
 

@@ -27,9 +27,8 @@ class CopyError(Exception):
     """A workdir that cannot be copied or shipped; the message names it and why."""
 
 
-# The candidate's own files: a symlink there could pull another workdir's kernels or results into
-# the copy, so it is left out (the owner's files, such as a model.py shared by the candidates of
-# one problem, may be links: the copy holds their content).
+# The candidate's own files: a symlink there could pull another workdir's kernels or results into the copy, so it
+# is left out (the owner's files, such as a model.py shared by one problem's candidates, may be links).
 CANDIDATE_FILES = ("model_new.py", "kernels")
 
 

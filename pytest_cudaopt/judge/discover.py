@@ -14,8 +14,7 @@ def is_workdir(path: Path) -> bool:
 
 
 def find_workdirs(paths: Iterable[str | Path]) -> tuple[list[Path], list[tuple[str, str]]]:
-    """(workdirs in the order named, each once; (path, why) for each path that names none).
-    A folder that is a workdir is not searched further."""
+    """(workdirs in the order named, each once; (path, why) for each path that names none)."""
     found: list[Path] = []
     problems: list[tuple[str, str]] = []
     for raw in paths:

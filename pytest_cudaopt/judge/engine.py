@@ -17,9 +17,8 @@ PASSED, FAILED, UNJUDGED = 0, 1, 3
 
 
 class Judge:
-    """Iterate for one line per workdir found under `paths`, as each finishes; afterwards
-    `busy` (each device's busy fraction) and `wall_s`. `ray`: an address ("auto", "local",
-    "ray://host:10001") for the Ray backend; `skip`: keys whose lines are already had (resume)."""
+    """Iterate for one line per workdir found under `paths`, as each finishes; afterwards `busy` and `wall_s`.
+    `ray`: an address for the Ray backend; `skip`: keys whose lines are already had (resume)."""
 
     def __init__(self, paths: Sequence[str | Path], options: Options | None = None, *, ray: str | None = None,
                  on_event: Callable[..., None] | None = None, skip: frozenset[str] = frozenset()):
@@ -81,7 +80,6 @@ class Judge:
                 self.busy[device] = busy if device not in self.busy else max(self.busy[device], busy)
 
 
-
 def _recorded_device(workdir: Path) -> str | None:
     """The device a workdir's settings name (`cudaopt init --device cpu` records it), None if unreadable."""
     from pytest_cudaopt.suite.settings import SettingError, workdir_settings
@@ -128,8 +126,8 @@ def exit_code(found: Sequence[dict]) -> int:
 
 def run(paths: Sequence[str | Path], options: Options, *, out: Path, ray: str | None = None, resume: bool = False,
         progress=None) -> Written:
-    """Judge and write each line to `out` (JSON lines) as it comes. `resume`: the lines of `out` that
-    judged a workdir (not error or cancelled) are kept, and those workdirs, unchanged, skipped."""
+    """Judge and write each line to `out` (JSON lines) as it comes. `resume`: the lines of `out` that judged a
+    workdir are kept, and those workdirs, unchanged, skipped."""
     kept = [line for line in line_module.read_lines(out) if line.get("status") not in ("error", "cancelled")] if resume else []
     job = Judge(paths, options, ray=ray, skip=frozenset(line["key"] for line in kept),
                 on_event=progress.event if progress is not None else None)

@@ -13,9 +13,8 @@ from pytest_cudaopt.results import blame
 from pytest_cudaopt.judge.stages import FAILED, OK, StageResult
 
 LINE_SCHEMA = "cudaopt-judge/1"
-# Line statuses: judged (every stage ran to its end; `passed` says the verdict), build-failed,
-# crashed, timeout, error (could not be judged: not a workdir, a copy failed, a Ray node died on every try),
-# cancelled (the judge was interrupted first).
+# Line statuses: judged (every stage ran to its end; `passed` says the verdict), build-failed, crashed, timeout,
+# error (could not be judged), cancelled (the judge was interrupted first).
 STATUSES = ("judged", "build-failed", "crashed", "timeout", "error", "cancelled")
 KINDS = ("policy", "correctness", "perf")
 
@@ -62,8 +61,8 @@ def verdicts(results: Sequence[StageResult]) -> dict[str, str]:
 
 
 def where_time_goes(results: Sequence[StageResult], report: dict | None) -> dict[str, float]:
-    """Seconds of: build, startup (the pytest children's wall time less their items), each kind's
-    items, and the torch.compile baseline's first call."""
+    """Seconds of: build, startup (the pytest children's wall time less their items), each kind's items, and the
+    torch.compile baseline's first call."""
     spent = {"build": 0.0, "startup": 0.0}
     for r in results:
         if r.stage == "build":
@@ -91,8 +90,7 @@ def status_of(results: Sequence[StageResult]) -> tuple[str, str | None]:
 def assemble(*, workdir: str, key: str, content: str, results: Sequence[StageResult],
              seconds: dict[str, float], copy: str | None = None, status: str | None = None,
              reason: str | None = None, id: Any = None) -> dict[str, Any]:
-    """The line of one workdir: `passed` only when every stage ran, ended normally and its report
-    said passed; `copy`: the private copy's path, replaced by `workdir` in the reports."""
+    """The line of one workdir; `copy`: the private copy's path, replaced by `workdir` in the reports."""
     found_status, found_reason = status_of(results)
     status = status or found_status
     reason = reason if reason is not None else found_reason
@@ -116,8 +114,7 @@ def assemble(*, workdir: str, key: str, content: str, results: Sequence[StageRes
 
 
 def blame_of(status: str, report: dict | None) -> str | None:
-    """Whose fault a line that did not pass is (blame.py): the reports', else the candidate's for a
-    build failure, a crash or a hang, None where the workdir was not judged."""
+    """Whose fault a line that did not pass is (blame.py): the reports', else the candidate's unless not judged."""
     if report is not None and report.get("blame"):
         return report["blame"]
     return "candidate" if status in ("judged", "build-failed", "crashed", "timeout") else None

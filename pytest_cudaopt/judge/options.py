@@ -13,13 +13,8 @@ from pytest_cudaopt.suite.settings import user_cache_dir
 
 @dataclass
 class Options:
-    """How `judge` runs. gpus: GPU indices (None: every visible GPU); cpu_slots: slots for CPU
-    workdirs; jobs: concurrent CPU stages (None: `cpu_jobs`, each Ray node's own); share: checks
-    at once per device; all_stages: run check and perf even after an earlier stage failed; seed:
-    replay seed (else each child draws a secret one); cache_dir: the host's object and
-    torch.compile caches (None: none); scratch: where the private copies go (None: a temporary
-    folder); keep: leave the copies and logs there; fork: fork each stage's child from the pool's
-    zygote rather than execute it; backstop: a service's limit on one workdir's judging."""
+    """How `judge` runs (the options of `cudaopt judge`, docs/judge.md). None: gpus every visible GPU; jobs
+    `cpu_jobs`, each Ray node's own; seed drawn by each child; cache_dir no cache; scratch a temporary folder."""
 
     gpus: list[str] | None = None
     cpu_slots: int = 2

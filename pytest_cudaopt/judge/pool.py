@@ -66,9 +66,8 @@ def _problem(workdir: Path) -> str | None:
 
 
 class LocalPool:
-    """Judges `workdirs` on this host. Iterate `lines()`; afterwards `busy` and `wall_s`.
-    `fed`: more workdirs come while it runs (`add`, from any thread), and `lines()` ends only after
-    `close()` once every workdir has its line. `run_stage` replaces the stages' children (tests)."""
+    """Judges `workdirs` on this host. Iterate `lines()`; afterwards `busy` and `wall_s`. `fed`: more workdirs come
+    while it runs (`add`, from any thread) until `close()`. `run_stage` replaces the stages' children (tests)."""
 
     def __init__(self, workdirs: Sequence[Path], options: Options, devices: DeviceSet | None = None,
                  on_event: Callable[..., None] | None = None, fed: bool = False, run_stage: Callable[..., StageResult] | None = None):
@@ -135,8 +134,7 @@ class LocalPool:
                 shutil.rmtree(scratch, ignore_errors=True)
 
     def _offer_zygote(self):
-        """A zygote that forks each stage's child and its worker; None where one is offered already
-        (`options.zygote`, the environment), the stages are not real children, or it does not start."""
+        """A zygote that forks each stage's child and its worker; None where one is offered already or none starts."""
         if self._run_stage is not None or self.options.zygote:
             return None
         if os.environ.get(zygote.ENV):

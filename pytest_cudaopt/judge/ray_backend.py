@@ -1,7 +1,5 @@
 """Many hosts through Ray: one actor per node runs the local pool over that node's GPUs, fed workdirs as bytes by the driver as it keeps up; lines streamed back as they finish; the workdirs of a node that died judged again elsewhere and counted once.
-
-Ray is an optional extra (`pip install -e ".[ray]"`); nothing here imports it before `lines()`.
-"""
+Ray is an optional extra (`pip install -e ".[ray]"`); nothing here imports it before `lines()`."""
 
 from __future__ import annotations
 
@@ -27,8 +25,8 @@ START_S = 600.0  # how long a node's judge may take to come up (Ray places it, i
 
 
 class NodeJudge:
-    """One node's judge (a Ray actor holding its node's GPUs, or one CPU): the local pool, fed tar
-    bytes by `judge`; `lines` hands back what finished. `devices` and `run_stage`: tests."""
+    """One node's judge (a Ray actor holding its node's GPUs, or one CPU): the local pool, fed tar bytes by `judge`.
+    `devices` and `run_stage`: tests."""
 
     def __init__(self, options_json: dict, devices: DeviceSet | None = None,
                  run_stage: Callable[..., Any] | None = None):
@@ -40,8 +38,8 @@ class NodeJudge:
             devices = cpu_slots(options.cpu_slots) if options.cpu else gpus(_ray_gpu_ids())
         self.shipped = Path(tempfile.mkdtemp(prefix="cudaopt-ray-"))
         self.pool = LocalPool([], options, devices, fed=True, run_stage=run_stage)
-        # Workdirs in hand: builds and policy checks running and as many waiting, checks on every
-        # device and a perf stage waiting for each: what keeps the pipeline full between feeds.
+        # Workdirs in hand: builds and policy checks running and as many waiting, checks on every device and a
+        # perf stage waiting for each: what keeps the pipeline full between feeds.
         self.capacity = 2 * options.cpu_jobs + len(devices.names) * (options.share + 2)
         self._done: queue.Queue = queue.Queue()
         self._lock = threading.Lock()   # judge() runs on several of the actor's threads
@@ -118,9 +116,8 @@ class _Node:
 
 
 class RayPool:
-    """Judges `workdirs` on the Ray cluster at `address` ("auto", "ray://...", "local"): one `NodeJudge`
-    per node with a GPU (any, for CPU workdirs), each kept `capacity` workdirs ahead; a dead node's
-    workdirs judged again elsewhere (up to `retries` times), one line per key. `actor`, `actor_args`: tests."""
+    """Judges `workdirs` on the Ray cluster at `address` ("auto", "ray://...", "local"): one `NodeJudge` per node
+    with a GPU (any, for CPU workdirs). `actor`, `actor_args`: tests."""
 
     def __init__(self, workdirs: Sequence[Path], options: Options, address: str = "auto",
                  retries: int = RETRIES, actor: type | None = None, actor_args: Sequence[Any] = ()):
@@ -239,8 +236,7 @@ class RayPool:
             try:
                 packed, content = copies.pack(workdir)
             except (OSError, copies.CopyError) as exc:
-                yield lines.unjudged(name, result_key(name, "", self.options), "error",
-                                     f"could not ship {workdir}: {exc}")
+                yield from self._unjudged([name], f"could not ship {workdir}: {exc}")
                 continue
             key = result_key(name, content, self.options)
             judge.holding[key] = (name, workdir)
@@ -293,8 +289,8 @@ def _first(exc: BaseException) -> str:
 
 
 def probe(address: str, wait_s: float = PROBE_S) -> None:
-    """Raise ConnectionError at once when nothing accepts connections at the cluster's address
-    (`host:port` or `ray://host:port`), instead of Ray's own retries for minutes."""
+    """Raise ConnectionError at once when nothing accepts connections at the cluster's address, instead of Ray's
+    own retries for minutes."""
     import socket
 
     if address in ("auto", "local"):

@@ -81,8 +81,7 @@ def _end_group(pgid: int, sig: int) -> None:
 
 
 def _reap_group(pgid: int, wait_s: float = 5.0) -> None:
-    """What the child left running in its group (the plugin's sentinel writes the JUnit file
-    after a crash) gets `wait_s` to end, then SIGKILL."""
+    """What the child left in its group (the plugin's sentinel writes the JUnit file after a crash) gets `wait_s`."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         try:
@@ -120,8 +119,7 @@ def _spawn(command: Sequence[str], env: Mapping[str, str], cwd: Path, log: Path,
 def run(command: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout: float, log: Path,
         children: Children | None = None, grace: float = GRACE_S, nice: int = 0,
         zygote_name: str | None = None) -> Outcome:
-    """Run `command` to its end or its time limit (SIGTERM to its process group, SIGKILL after
-    `grace`); stdout and stderr go to `log`."""
+    """Run `command` to its end or its time limit (SIGTERM to its group, SIGKILL after `grace`), output to `log`."""
     start = time.monotonic()
     proc = _spawn(command, env, cwd, log, nice, zygote_name)
     if children is not None:

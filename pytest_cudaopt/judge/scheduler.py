@@ -49,10 +49,8 @@ class _Job:
 
 
 class Scheduler:
-    """Assigns stages to CPU slots (`jobs` at once) and devices. A device takes up to `share`
-    checks while their needs fit (the build's estimate, then the peak the first complete check
-    measured; unknown: memory/share), or one stage alone (perf, a check retried alone), which goes
-    first and drains a device (no new checks) when none is idle. `clock`: tests."""
+    """Assigns stages to CPU slots (`jobs` at once) and devices. A device takes up to `share` checks while their
+    needs fit, or one stage alone, which goes first and drains a device when none is idle. `clock`: tests."""
 
     def __init__(self, devices: Sequence[str], *, jobs: int = 2, share: int = 2,
                  memory: dict[str, int] | None = None, clock: Callable[[], float] = time.monotonic):
@@ -169,8 +167,8 @@ class Scheduler:
 
     def finish(self, task: Task, *, proceed: bool = True, peak_bytes: int | None = None, complete: bool = False,
                retry_alone: bool = False) -> str | None:
-        """Mark `task` done; the job's next stage, or None when it is over. `proceed`: False drops the rest;
-        `retry_alone`: the same stage again, alone. The first `complete` check's `peak_bytes` replaces the estimate."""
+        """Mark `task` done; the job's next stage, or None when it is over. `retry_alone`: the same stage again, alone.
+        The first `complete` check's `peak_bytes` replaces the estimate."""
         job = self._jobs[task.job]
         if job.running != task:
             raise ValueError(f"{task} is not running")

@@ -37,9 +37,8 @@ class _Pending:
 
 
 class Service:
-    """Judges workdirs as they are submitted, on this host's devices, until `close` or `stop`.
-    A workdir without its line `options.backstop_s` after its judging began gets a `timeout`
-    line and its children are ended. `devices` and `run_stage`: tests. A context manager."""
+    """Judges workdirs as they are submitted, on this host's devices, until `close` or `stop`; a context manager.
+    `devices` and `run_stage`: tests."""
 
     def __init__(self, options: Options | None = None, *, devices: DeviceSet | None = None,
                  run_stage: Callable[..., Any] | None = None, on_event: Callable[..., None] | None = None):
@@ -78,10 +77,8 @@ class Service:
             return len(self._pending)
 
     def submit(self, workdir: str | Path | bytes, *, id: Any = None, name: str | None = None) -> Future:
-        """Judge `workdir`: a folder (a workdir), a tar file of one, or the bytes of a tar
-        (gzipped or not; the workdir at its top or in its one folder). The Future's result is
-        its line; `id` (default: the submission's number) must not be one still in flight;
-        `name` is its `workdir` (default: the path as given, or `tar:ID`)."""
+        """Judge `workdir`: a folder, a tar file of one, or the bytes of a tar; the Future's result is its line.
+        `id` (default: the submission's number) must not be one in flight; `name` defaults to the path or `tar:ID`."""
         future: Future = Future()
         future.set_running_or_notify_cancel()   # stop() cancels, not the Future
         submitted = time.monotonic()

@@ -23,8 +23,7 @@ KIND_OF_CLASS = {"TestMemorySafety": "memsafety"}   # the others: TestPerf -> pe
 # Stage statuses: ok, failed (a verdict failed), then what ended the child: build-failed,
 # crashed (a signal, or no report), timeout, error (the judge's or the setup's trouble), not-run.
 OK, FAILED = "ok", "failed"
-# Builds yield the CPUs to the children that hold a device (a perf child's set-up, a sanitized
-# check): a device waits on those, while a build has the time until its workdir's turn.
+# Builds yield the CPUs to the children that hold a device: a device waits on those, a build has time.
 BUILD_NICE = 10
 
 
@@ -97,8 +96,7 @@ def command(stage: str, copy: Path, out: Path, options: Options) -> list[str]:
 
 def run_stage(stage: str, copy: Path, out: Path, devices: DeviceSet, device: str | None, options: Options,
               children: runner.Children | None = None) -> StageResult:
-    """Run one stage of the workdir at `copy` (outputs in `out`) and read what it left. Its child
-    is forked from the pool's zygote (`options.zygote`, unless `options.fork` is off)."""
+    """Run one stage of the workdir at `copy` (outputs in `out`) and read what it left."""
     timeout = options.build_timeout if stage == "build" else options.timeout
     outcome = runner.run(command(stage, copy, out, options), env=environment(stage, devices, device, options),
                          cwd=out, timeout=timeout, log=out / f"{stage}.log", children=children,
@@ -125,13 +123,12 @@ def _object_counts(copy: Path) -> dict[str, int]:
 
 def _ended(stage: str, outcome: runner.Outcome) -> StageResult | None:
     """A child the time limit or a signal ended."""
-    if outcome.timed_out:
-        return StageResult(stage, "timeout", outcome.seconds, exit_code=outcome.returncode, tail=outcome.tail,
-                           reason=f"the {stage} stage ran past its time limit and was ended")
-    if outcome.signal:
-        return StageResult(stage, "crashed", outcome.seconds, exit_code=outcome.returncode, tail=outcome.tail,
-                           reason=f"the {stage} stage was killed by {outcome.signal}")
-    return None
+    if not outcome.timed_out and not outcome.signal:
+        return None
+    status, how = ("timeout", "ran past its time limit and was ended") if outcome.timed_out else (
+        "crashed", f"was killed by {outcome.signal}")
+    return StageResult(stage, status, outcome.seconds, exit_code=outcome.returncode, tail=outcome.tail,
+                       reason=f"the {stage} stage {how}")
 
 
 def read_build(outcome: runner.Outcome) -> StageResult:
@@ -181,8 +178,8 @@ def _read_report(path: Path) -> dict | None:
 
 
 def read_pytest(stage: str, outcome: runner.Outcome, report_path: Path, junit_path: Path) -> StageResult:
-    """A pytest child's status: ok only when it exited 0, its report says passed and complete, and
-    it collected the stage's verdict kinds, none all skipped."""
+    """A pytest child's status: ok only when it exited 0, its report says passed and complete, and it collected
+    the stage's verdict kinds, none all skipped."""
     report, cases = _read_report(report_path), read_junit(junit_path)
     result = _ended(stage, outcome) or StageResult(stage, OK, outcome.seconds, exit_code=outcome.returncode)
     result.report, result.cases = report, cases

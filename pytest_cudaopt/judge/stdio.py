@@ -76,8 +76,7 @@ class _Front:
 
 
 def serve(options: Options, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
-    """Judge the workdirs named on `stdin` until its end (every one judged) or SIGTERM/SIGINT
-    (running children ended, each workdir without a line gets a `cancelled` one); the exit code."""
+    """Judge the workdirs named on `stdin` until its end or SIGTERM/SIGINT; the exit code."""
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     try:
         service = Service(options)

@@ -1,5 +1,4 @@
-"""The workdir rules: static checks and ModelNew's construction (MN010); `check_workdir` runs them all, `render`
-prints them for `cudaopt check`."""
+"""The workdir rules: static checks and ModelNew's construction (MN010); `check_workdir` runs them all."""
 
 from __future__ import annotations
 
@@ -30,7 +29,6 @@ __all__ = [
 def check_workdir(workdir: Path, config: Config | None = None, extension: Any = None,
                   construct: bool = True) -> list[Violation]:
     """Every violation of the workdir rules in `workdir`, sorted, less the rules the config disables.
-
     `extension`: the built `cuda_extension` for MN010 (None: a stand-in); `construct=False`: none of IMPORTS_WORKDIR."""
     workdir = Path(workdir).resolve()
     config = load_config(workdir) if config is None else config

@@ -1,7 +1,5 @@
 """MN010: `ModelNew(*get_init_inputs())` constructs without a GPU and its state dict matches Model's.
-
-A ModelNew that cannot be built fails `cudaopt check` and `pytest -m policy`, not only the correctness items. The
-facts come from candidate/construct.py (in the worker, or in process for `cudaopt check`); the rule is here."""
+The facts come from candidate/construct.py (in the worker, or in process for `cudaopt check`)."""
 
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ def _shorten(text: str, limit: int) -> str:
 
 
 def _violation(traceback: str, lead: str, file: str, line: int) -> Violation:
-    """One line for an exception: path and line of its innermost workdir frame (from
-    `user_traceback`'s `traceback`), the exception, that line's code and the frames that called it."""
+    """One line for an exception: its innermost workdir frame, the exception, that line's code and its callers."""
     text = traceback.splitlines()
     frames = [m for m in map(_FRAME.match, text) if m]
     error = " ".join(ln.strip() for ln in text if not _FRAME.match(ln))
@@ -39,8 +36,7 @@ def _violation(traceback: str, lead: str, file: str, line: int) -> Violation:
 
 
 def _load_failure(workdir: Path, failed: dict, lead: str, line: int) -> Violation:
-    """A failure of loading or of get_init_inputs(): its cause's frames when it has one, else its
-    own first line (`model.py:3: SyntaxError: ...`, a get_init_inputs() that returned no list)."""
+    """A failure of loading or of get_init_inputs(): its cause's frames when it has one, else its own first line."""
     text = str(failed["text"])
     named = [name for name in ("model.py", "model_new.py") if str(workdir / name) in text]
     file = failed.get("file") or (named[0] if named else "model_new.py")

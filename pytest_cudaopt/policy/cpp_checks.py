@@ -81,12 +81,10 @@ class KernelScan:
         self.units: dict[Path, _Unit] = {}
         self.violations: list[Violation] = []
         self.reached: set[Path] = set()  # files included (transitively) from a kernels/ source
-        files = [p.resolve() for p in kernel_files(workdir)
-                 if p.suffix in SOURCE_SUFFIXES + HEADER_SUFFIXES]
+        files = [p.resolve() for p in kernel_files(workdir) if p.suffix in SOURCE_SUFFIXES + HEADER_SUFFIXES]
         for path in files:
             self._unit(path)
-        sources = [p for p in files if p.suffix in SOURCE_SUFFIXES]
-        self._follow(sources)
+        self._follow([p for p in files if p.suffix in SOURCE_SUFFIXES])
         self._defined = self._definitions()
         for unit in self.units.values():
             self._check_unit(unit)
@@ -100,8 +98,7 @@ class KernelScan:
 
     def _unit(self, path: Path) -> _Unit:
         if path not in self.units:
-            text = path.read_text(encoding="utf-8", errors="replace")
-            tokens, includes = lex_cpp(text)
+            tokens, includes = lex_cpp(path.read_text(encoding="utf-8", errors="replace"))
             unit = _Unit(path, self._rel(path), tokens, includes)
             self.units[path] = unit
             for inc in includes:

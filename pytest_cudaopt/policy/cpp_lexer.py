@@ -35,8 +35,7 @@ _DIRECTIVE_INCLUDE = re.compile(r"#\s*(include_next|include|import)\b")
 
 
 def _directive(text: str, i: int, line: int, includes: list[Include]) -> int:
-    """At a `#` that starts a line: record an #include (a computed one with an empty name) and
-    return where lexing goes on; other directives are tokenized like code."""
+    """At a `#` that starts a line: record an #include (a computed one with an empty name); where lexing goes on."""
     match = _DIRECTIVE_INCLUDE.match(text, i)
     if not match:
         return i + 1
@@ -65,9 +64,7 @@ def _literal_end(text: str, prefix: re.Match) -> int:
 
 def lex_cpp(text: str) -> tuple[list[Token], list[Include]]:
     """Tokens of C/C++/CUDA source without comments and string contents, and its #include lines.
-
-    Preprocessor lines are tokenized like code (a macro body can hide an operator call);
-    #include targets are returned separately, computed includes with an empty name."""
+    Preprocessor lines are tokenized like code (a macro body can hide an operator call)."""
     tokens: list[Token] = []
     includes: list[Include] = []
     i, line, n = 0, 1, len(text)

@@ -47,8 +47,8 @@ def _canonical(value) -> str:
 
 
 def locked_settings(workdir: Path) -> dict[str, str]:
-    """The verdict-moving settings of pyproject.toml and pytest.ini, each rendered canonically
-    (so reformatting or unrelated edits of the file do not count)."""
+    """The verdict-moving settings of pyproject.toml and pytest.ini, each rendered canonically (reformatting and
+    unrelated edits do not count)."""
     from pytest_cudaopt.policy.rules import load_toml
 
     found: dict[str, str] = {}
@@ -105,8 +105,7 @@ def write_lock(workdir: Path) -> Path:
 
 
 def fixed_file_origin(workdir: Path, name: str) -> str:
-    """"shipped" (the copy in pytest_cudaopt/templates), "upstream" (the published
-    agent-workdir version), "modified" or "missing"."""
+    """"shipped" (pytest_cudaopt/templates), "upstream" (the published version), "modified" or "missing"."""
     path = Path(workdir) / name
     if not path.is_file():
         return "missing"

@@ -1,7 +1,5 @@
 """MN003/MN004 by name: what a call or attribute on the forward path gives, and which rule it breaks.
-
-Each returns a verdict `(kind, problem)`, problem being `(rule, message)` or None; forward_path reports it.
-"""
+Each returns a verdict `(kind, problem)`, problem being `(rule, message)` or None; forward_path reports it."""
 
 from __future__ import annotations
 

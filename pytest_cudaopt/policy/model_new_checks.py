@@ -162,8 +162,7 @@ class ModelNewCheck:
             self.check_object_graph(node)
 
     def check_object_graph(self, node: ast.AST) -> None:
-        """MN006: an attribute that walks to other code or replaces a function's insides, also
-        spelled as a string (getattr(x, "__globals__"), vars(f)["__code__"])."""
+        """MN006: an attribute that walks to other code or replaces a function's insides, also spelled as a string."""
         if isinstance(node, ast.Attribute) and node.attr in OBJECT_GRAPH_ATTRIBUTES:
             self.add(node, "MN006", f".{node.attr} reaches code that is not the candidate's (torch's, the "
                                     "reference's, the harness's) or replaces a function's insides")

@@ -70,17 +70,14 @@ RULES: dict[str, str] = {
     "CF001": "the `[tool.cudaopt]` table of the workdir's pyproject.toml is valid",
 }
 RULE_IDS: tuple[str, ...] = tuple(RULES)
-# The rules that run the workdir's code (import model.py and model_new.py, construct the
-# models); every other rule only reads files, and never imports them.
+# The rules that run the workdir's code; every other rule only reads files, and never imports them.
 IMPORTS_WORKDIR = frozenset({"MN010"})
-# The rule that needs the built extension (policy/extension_names.py): a pytest item of its own,
-# and in `cudaopt check` only once a build exists.
+# The rule that needs the built extension: in `cudaopt check` only once a build exists.
 BUILD_RULES = {"EX001": "every cuda_extension function that model_new.py calls is defined by the built extension"}
 
 
 def rule_count(built: bool = True) -> int:
-    """How many rules a check runs: the static ones, and those of BUILD_RULES when `built`
-    (`pytest -m policy` always collects them: one item per rule)."""
+    """How many rules a check runs: the static ones, and those of BUILD_RULES when `built`."""
     return len(RULES) + (len(BUILD_RULES) if built else 0)
 
 
@@ -192,8 +189,8 @@ def format_violation(violation: Violation, workdir: Path) -> str:
 
 def render(violations: list[Violation], workdir: Path, as_json: bool = False, built: bool = True,
            unbuilt: str = "no build yet (`cudaopt build`)") -> str:
-    """The output of `cudaopt check`: one line per violation and a summary, or JSON; `built`:
-    the rules of BUILD_RULES were checked (against a build); `unbuilt`: why not."""
+    """The output of `cudaopt check`: one line per violation and a summary, or JSON; `built`: the rules of
+    BUILD_RULES were checked; `unbuilt`: why not."""
     workdir = Path(workdir).resolve()
     disabled = sorted(load_config(workdir).disable)
     if as_json:

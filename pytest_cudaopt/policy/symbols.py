@@ -1,5 +1,4 @@
-"""The symbol table of one model_new.py: import aliases, dotted names, functions and classes, the kinds of value
-inferred for attributes and parameters."""
+"""The symbol table of one model_new.py: import aliases, functions, classes, the kinds of attributes and parameters."""
 
 from __future__ import annotations
 
