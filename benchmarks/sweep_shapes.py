@@ -88,7 +88,7 @@ def judged(module, space, examples: int, seed: int, before: bool) -> tuple[list[
 def drawn_apart(module) -> dict:
     """The constants model.py derives from others, and those of them drawn on their own before
     (every int constant drawn) and after (derived ones recomputed from the drawn values)."""
-    written = derived.references(module)
+    written = {item.name: item.text for item in derived.candidates(module)}
 
     def drawn(follow: bool) -> list[str]:
         names = {key.partition("[")[0] for key in shapes.infer_constants(module, follow_derived=follow)}

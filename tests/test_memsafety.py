@@ -108,8 +108,8 @@ def test_a_path_outside_the_workdir_is_not_the_workdirs(tmp_path):
 # -- the plan ---------------------------------------------------------------------------------------
 
 def test_the_commands_run_memcheck_with_padding_and_the_child_with_the_caching_allocator_off():
-    child = memsafety.child_command(Path("/wd"), "/wd/build/x.so", {"batch_size": 1}, 7, "cuda")
-    cmd = memsafety.command("/cuda/bin/compute-sanitizer", "memcheck", Path("/tmp/m.log"), child)
+    cmd = memsafety.child_command(Path("/wd"), "/wd/build/x.so", {"batch_size": 1}, 7, "cuda",
+                                  sanitizer=("/cuda/bin/compute-sanitizer", "memcheck", Path("/tmp/m.log")))
     assert cmd[:7] == ["/cuda/bin/compute-sanitizer", "--tool", "memcheck", "--padding", "32", "--leak-check", "no"]
     assert cmd[cmd.index("--log-file") + 1] == "/tmp/m.log" and "--error-exitcode" in cmd
     assert cmd[-11:] == [sys.executable, "-m", "pytest_cudaopt.memsafety.child", "/wd", "--extension",

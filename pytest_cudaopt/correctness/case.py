@@ -70,10 +70,9 @@ def free_bytes(device: str) -> int | None:
 def run_case(workdir: Workdir, settings, constants: dict[str, int], seed: int, label: str,
              replay: str = "", reference_decides: bool = False, moved: bool = False,
              family: str = values.MODEL) -> tuple[guards.CaseOutcome, list, list[str] | None]:
-    """One case: models and inputs built with `constants` applied to model.py (state `moved`, values
-    of `family`; a family skipped falls back to model.py's values), then every guard. Raises
-    CaseFailed, Abort on a CUDA fault, and guards.ReferenceError_ when `reference_decides` and the
-    reference rejects the case."""
+    """One case: models and inputs built with `constants` applied to model.py (state `moved`, values of `family`,
+    else model.py's where it is skipped), then every guard. Raises CaseFailed, Abort on a CUDA fault, and
+    guards.ReferenceError_ when `reference_decides` and the reference rejects the case."""
     args = (workdir, settings, constants, seed, label, replay, reference_decides, moved)
     try:  # model.py's own values are never skipped
         return _run_case(*args, family)
@@ -104,12 +103,10 @@ def _run_case(workdir: Workdir, settings, constants: dict[str, int], seed: int, 
         if family != values.MODEL:
             inputs, applied = _family_inputs(model, inputs, family, guards.derive_seed(seed, "values", family), names)
         trial = guards.Trial(
-            model=model, model_new=model_new, model64=None, workdir=workdir.path,
-            device=device, atol=settings.atol, rtol=settings.rtol,
-            max_rel_error=settings.max_rel_error,
+            model=model, model_new=model_new, model64=None, workdir=workdir.path, device=device, atol=settings.atol,
+            rtol=settings.rtol, max_rel_error=settings.max_rel_error, input_names=names,
             nondeterministic=workdir.nondeterministic or settings.nondeterministic,
             extra_allowed=frozenset(op.strip() for op in (settings.allow_ops or "").split(",") if op.strip()),
-            input_names=names,
             judge_family=functools.partial(family_case.judge, applied) if applied else None)
         described = describe_inputs(inputs, names)
         footer = (f"\ncase: {label}; inputs {described}" + (f"\n{applied.describe()}" if applied else "")

@@ -109,9 +109,9 @@ def _bound(node: ast.stmt) -> set[str]:
 
 
 @lru_cache(maxsize=64)
-def _parsed(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, ast.expr, str, frozenset[str]], ...]:
+def _parsed(path: str, mtime_ns: int, size: int) -> tuple[Derived, ...]:
     """Every top-level `name = expression` of the file whose expression reads constants assigned
-    above it, where `name` is bound nowhere else at the top level."""
+    above it, where `name` is bound nowhere else at the top level (the file's stat is the cache key)."""
     with open(path, encoding="utf-8") as handle:
         source = handle.read()
     try:
@@ -126,14 +126,15 @@ def _parsed(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, ast.expr, s
         if value is not None:
             read = _names_read(value)
             if read and read <= above and counts[name] == 1:
-                found.append((name, value, ast.get_source_segment(source, value) or ast.unparse(value),
-                              frozenset(read)))
+                text = ast.get_source_segment(source, value) or ast.unparse(value)
+                found.append(Derived(name, value, text, frozenset(read)))
         if assigned:
             above.add(name)
     return tuple(found)
 
 
-def _candidates(module: types.ModuleType) -> tuple[tuple[str, ast.expr, str, frozenset[str]], ...]:
+def candidates(module: types.ModuleType) -> tuple[Derived, ...]:
+    """Every top-level constant written in terms of those above it, whatever value it holds now."""
     path = getattr(module, "__file__", None)
     try:
         stat = os.stat(path) if path else None
@@ -142,23 +143,18 @@ def _candidates(module: types.ModuleType) -> tuple[tuple[str, ast.expr, str, fro
         return ()
 
 
-def references(module: types.ModuleType) -> dict[str, str]:
-    """name -> expression of every top-level constant written in terms of those above it."""
-    return {name: text for name, _, text, _ in _candidates(module)}
-
-
 def definitions(module: types.ModuleType) -> list[Derived]:
     """The derived constants of `module`, in source order, whose expression gives the value it holds now."""
     found = []
     namespace = module.__dict__
-    for name, expression, text, sources in _candidates(module):
+    for item in candidates(module):
         try:
-            value = evaluate(expression, namespace)
+            value = evaluate(item.expression, namespace)
         except (Unsafe, ArithmeticError, IndexError, TypeError, ValueError):
             continue
-        current = namespace.get(name)
+        current = namespace.get(item.name)
         if type(value) is type(current) and value == current:
-            found.append(Derived(name, expression, text, sources))
+            found.append(item)
     return found
 
 

@@ -13,9 +13,8 @@ from pytest_cudaopt.primitives.tensors import clone_inputs, leaves
 
 def judge(applied: values.Applied, trial: guards.Trial, inputs: list, first: Any,
           expected: Any) -> tuple[compare.Comparison, Precision]:
-    """A value-family case against a float64 run of the reference (values.FamilySkipped where that
-    run is missing or not finite): the comparison, atol scaled with the output and each element's
-    tolerance grown by `_allowance`, and the tier measured with limits that grow with it."""
+    """A value-family case against a float64 run of the reference (values.FamilySkipped where that run is
+    missing or not finite): the comparison, its tolerance grown by `_allowance`, and the precision."""
     reference64, why = guards.float64_reference(trial, inputs, expected)
     why = why if reference64 is None else values.not_finite(expected, reference64)
     if why:
@@ -44,8 +43,7 @@ def judge(applied: values.Applied, trial: guards.Trial, inputs: list, first: Any
 
 
 def _rounded64(trial: guards.Trial, inputs: list, expected: Any) -> Any:
-    """The float64 reference on the inputs rounded about as bfloat16 rounds them, None when it
-    cannot run."""
+    """The float64 reference on the inputs rounded about as bfloat16 rounds them, None when it cannot run."""
     def round_(x: Any) -> Any:
         if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
             return x
@@ -96,9 +94,7 @@ def _unmoved(applied: values.Applied, trial: guards.Trial, inputs: list, first: 
     pairs = [(p, e, r, a, c) for (p, e), (_, r), (_, a), (_, c) in
              zip(leaves(expected), leaves(reference), leaves(first), leaves(candidate))
              if isinstance(e, torch.Tensor) and e.is_floating_point() and e.numel()
-             and isinstance(r, torch.Tensor) and r.shape == e.shape
-             and isinstance(a, torch.Tensor) and a.shape == e.shape
-             and isinstance(c, torch.Tensor) and c.shape == e.shape]
+             and all(isinstance(t, torch.Tensor) and t.shape == e.shape for t in (r, a, c))]
     if not pairs:
         return ""
     path, e, r, a, c = pairs[0]

@@ -156,8 +156,8 @@ class Trial:
 
 
 def own_outputs(output: Any, inputs: list, names: list[str] | None = None) -> Any:
-    """The worker's output, checked (plain tensors, none sharing an input's storage) and copied
-    into this process's memory: the copy is judged, whatever the worker does with its memory later."""
+    """The worker's output, checked (plain tensors, none sharing an input's storage) and copied here: the copy
+    is judged, whatever the worker does with its memory later."""
     input_spans = [(i, _storage_span(x)) for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
     for path, leaf in leaves(output):
         if not isinstance(leaf, torch.Tensor):

@@ -91,8 +91,7 @@ def relative_l2_error(actual: Any, reference64: Any) -> float:
 def error_bound(max_rel_error: float, reference_error: float, conditioned: bool = False,
                 sensitivity: float = 0.0) -> float:
     """The largest relative L2 error a candidate may have: cudaopt_max_rel_error, or 10x the float32
-    reference's own error where that is larger; `conditioned`: grown with the conditioning, and at least
-    twice the `sensitivity`."""
+    reference's own error where larger; `conditioned`: grown with the conditioning, at least 2x `sensitivity`."""
     if math.isnan(reference_error):
         return max_rel_error
     if not conditioned:
@@ -143,6 +142,13 @@ class Precision:
     @property
     def wrong(self) -> bool:
         return self.tier == WRONG
+
+    def worse_than(self, other: "Precision | None") -> bool:
+        """A less precise tier than `other`'s, or the same with a larger error; an unknown tier
+        ranks below every measured one, and anything above None."""
+        def rank(p: Precision) -> tuple[int, float]:
+            return TIER_ORDER.index(p.tier) if p.tier in TIER_ORDER else -1, p.candidate_error
+        return other is None or rank(self) > rank(other)
 
     def describe(self) -> str:
         if self.tier == UNKNOWN:

@@ -47,22 +47,17 @@ _AUTOMATIC_PROFILES = ("default", "ci")
 
 
 def hypothesis_settings(profile: str, max_examples: int | None = None) -> hsettings:
-    """The Hypothesis settings of a cudaopt profile ("ci" or "thorough"); a profile the user
-    loaded with Hypothesis's own --hypothesis-profile wins over it, and `max_examples`
-    (--cudaopt-max-examples) over both."""
+    """A cudaopt profile's Hypothesis settings; --hypothesis-profile wins over it, `max_examples` over both."""
     parent = hsettings.get_profile(f"cudaopt-{profile}")
     if hsettings.get_current_profile_name() not in _AUTOMATIC_PROFILES:  # --hypothesis-profile=NAME
         parent = hsettings.default
     # No explain phase: it traces the item's own code, which says nothing about a kernel, and costs a run.
     phases = tuple(phase for phase in parent.phases if phase is not Phase.explain)
-    if max_examples is not None:
-        return hsettings(parent, max_examples=max_examples, phases=phases)
-    return hsettings(parent, phases=phases)
+    return hsettings(parent, phases=phases, **({} if max_examples is None else {"max_examples": max_examples}))
 
 
 def _names_read(func: Callable, module: types.ModuleType, seen: set[int]) -> set[str]:
-    """Global names read by `func`, its nested code (comprehensions, lambdas) and the
-    module-level functions it calls."""
+    """Global names read by `func`, its nested code and the module-level functions it calls."""
     code = getattr(func, "__code__", None)
     if code is None or id(code) in seen:
         return set()
@@ -82,8 +77,7 @@ def _names_read(func: Callable, module: types.ModuleType, seen: set[int]) -> set
 
 def infer_constants(module: types.ModuleType, follow_derived: bool = True) -> dict[str, int]:
     """The module-level positive int constants (and tuples of them) that get_inputs/get_init_inputs
-    read, in the module's order. A derived constant (derived.py) is not drawn: reading it reads
-    its sources (unless `follow_derived` is false)."""
+    read, in the module's order; a derived constant is not drawn: reading it reads its sources."""
     read: set[str] = set()
     seen: set[int] = set()
     for entry in ENTRY_POINTS:
@@ -191,8 +185,7 @@ def _declared_values(name: str, spec: Any, where: str) -> SearchStrategy[int]:
 
 
 def declared_strategy(module: types.ModuleType) -> SearchStrategy[dict[str, int]] | None:
-    """The strategy of dicts {constant: value} that model.py declares in CUDAOPT_SHAPES (forms:
-    docs/verdicts.md), None when it declares none."""
+    """The strategy of dicts {constant: value} that model.py declares in CUDAOPT_SHAPES, else None."""
     if DECLARATION not in module.__dict__:
         return None
     spec = module.__dict__[DECLARATION]
@@ -209,18 +202,16 @@ def declared_strategy(module: types.ModuleType) -> SearchStrategy[dict[str, int]
     if not isinstance(spec, Mapping):
         raise ShapeError(f"{where} must be a dict {{constant: values}} or a function returning a "
                          f"strategy; got {type(spec).__name__}")
-    unknown = [name for name in spec if name not in module.__dict__]
-    if unknown:
-        raise ShapeError(f"{where} names {', '.join(map(repr, unknown))}, which {_file(module)} does not define")
+    spec = _checked(module, spec, where, "names")
     return st.fixed_dictionaries({name: _declared_values(name, values, where) for name, values in spec.items()})
 
 
-def _checked(module: types.ModuleType, draw: Any, where: str) -> dict[str, int]:
+def _checked(module: types.ModuleType, draw: Any, where: str, verb: str = "drew") -> dict[str, Any]:
     if not isinstance(draw, Mapping):
         raise ShapeError(f"{where} must draw dicts {{constant: value}}, drew {draw!r}")
     unknown = [name for name in draw if name not in module.__dict__]
     if unknown:
-        raise ShapeError(f"{where} drew {', '.join(map(repr, unknown))}, which {_file(module)} does not define")
+        raise ShapeError(f"{where} {verb} {', '.join(map(repr, unknown))}, which {_file(module)} does not define")
     return dict(draw)
 
 
@@ -248,8 +239,7 @@ class ShapeSpace:
 
 def shape_space(module: types.ModuleType, max_elements: int | None = None,
                 free_bytes: int | None = None) -> ShapeSpace:
-    """The drawn-shape space of a reference module (`strategy` None when there is nothing to
-    vary); with `free_bytes` the size cap shrinks to what one case can hold."""
+    """The drawn-shape space of a reference module; with `free_bytes` the size cap shrinks to fit one case."""
     from pytest_cudaopt.primitives.memory import cap_max_elements
 
     declared = declared_strategy(module)
@@ -259,9 +249,9 @@ def shape_space(module: types.ModuleType, max_elements: int | None = None,
                        meta_usable=canonical.valid, meta_note=canonical.reason,
                        canonical_elements=canonical.elements,
                        canonical_bytes=canonical.input_bytes + canonical.output_bytes)
-    if max_elements is None and canonical.valid:
-        max_elements = max(GROWTH * canonical.elements, 4096)
     if canonical.valid:
+        if max_elements is None:
+            max_elements = max(GROWTH * canonical.elements, 4096)
         max_elements, space.cap_note = cap_max_elements(max_elements, canonical.elements,
                                                         space.canonical_bytes, free_bytes)
     space.max_elements = max_elements
@@ -320,8 +310,7 @@ def check_on_meta(module: types.ModuleType, constants: Mapping[str, int]) -> Met
 
 @dataclass
 class Explicit:
-    """The cases every inferred-shape run judges before drawing: per constant, the next valid
-    value above its default and the smallest valid value, the others at their defaults."""
+    """The cases every inferred-shape run judges before drawing (`explicit_cases`)."""
 
     cases: list[dict[str, int]] = field(default_factory=list)
     never_above: list[str] = field(default_factory=list)   # no valid value above the default fits
@@ -331,20 +320,18 @@ class Explicit:
     combined: list[dict[str, int]] = field(default_factory=list)
 
 
-def _upward(default: int) -> list[int]:
+def _steps(default: int, up: bool, signed: bool = False) -> list[int]:
+    """Values to try past a default: above it (`up`) or below it, smallest first."""
     steps = {1, 2, 3, 4, 5, 7, 8} | {max(1, default // k) for k in (64, 32, 16, 8, 4, 2, 1)}
-    return sorted(default + step for step in steps)
-
-
-def _downward(default: int, signed: bool = False) -> list[int]:
-    values = {1, 2, 3, 4, 5, 7, 8} | {max(1, default // k) for k in (64, 32, 16, 8, 4, 2)}
+    if up:
+        return sorted(default + step for step in steps)
     if signed:  # a dimension index: -(default + 1) .. 0 (`dim = 1` of a 2-d input: -2 is dim 0)
-        values |= set(range(-(default + 1), 1))
-    return sorted(v for v in values if v < default)
+        steps |= set(range(-(default + 1), 1))
+    return sorted(v for v in steps if v < default)
 
 
 def explicit_cases(module: types.ModuleType, space: "ShapeSpace") -> Explicit:
-    """For each inferred constant: the first valid value above its default within
+    """Per inferred constant, the others at their defaults: the first valid value above its default within
     `space.max_elements`, and the smallest valid value; then as many values above as stay valid together."""
     found = Explicit()
     if space.declared or not space.meta_usable or not space.defaults:
@@ -368,7 +355,7 @@ def explicit_cases(module: types.ModuleType, space: "ShapeSpace") -> Explicit:
     together = dict(space.defaults)
     signed = signed_constants(module, space.defaults)
     for name, default in space.defaults.items():
-        above = first(name, default, _upward(default))
+        above = first(name, default, _steps(default, True))
         if above is None:
             found.never_above.append(name)
         else:
@@ -378,7 +365,7 @@ def explicit_cases(module: types.ModuleType, space: "ShapeSpace") -> Explicit:
             candidate = {**together, **{k: v for k, v in above.items() if v != space.defaults[k]}}
             if fits(candidate):
                 together = candidate
-        smallest = first(name, default, _downward(default, name in signed))
+        smallest = first(name, default, _steps(default, False, name in signed))
         if smallest is not None and smallest not in found.cases:
             found.cases.append(smallest)
     if together != space.defaults and together not in found.cases:

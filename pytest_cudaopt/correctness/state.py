@@ -81,9 +81,8 @@ def _rotated(tensor: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 
 
 def perturb(model: torch.nn.Module, seed: int, only: set[str] | None = None) -> list[Moved]:
-    """Move `model`'s parameters and running statistics in place (all, or those named in
-    `only`); each tensor's new value depends on `seed` and its name alone, so moving one
-    tensor by itself gives it the value it had when all moved. Returns what moved."""
+    """Move `model`'s parameters and running statistics (all, or those in `only`) in place; a tensor's new
+    value depends on `seed` and its name alone: moved by itself, it gets the value it had when all moved."""
     done = []
     with torch.no_grad():
         for info, tensor in movable(model):
@@ -122,9 +121,8 @@ def _same(a: Any, b: Any, atol: float, rtol: float) -> bool:
 
 def diagnose(workdir: Any, device: torch.device, constants: dict[str, int], seed: int,
              atol: float, rtol: float, cap: int = DIAGNOSED) -> str:
-    """After a case with moved state failed: the same case at the default state, then with
-    one tensor moved at a time (at most `cap`, the constant-initialised first). Returns the
-    lines that name the tensors the candidate ignores, or "" when nothing could be told."""
+    """After a case with moved state failed: the lines naming the tensors the candidate ignores ("" if
+    none can be told), from the case at the default state and with one tensor moved at a time."""
     try:
         with shapes.applied(workdir.reference, constants), harness_step("naming the state ModelNew ignores"):
             return _diagnose(workdir, device, seed, atol, rtol, cap)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     import torch
@@ -94,8 +94,7 @@ class Applied:
     base_scale: float | None = None              # output_scale of the reference on model.py's values
 
     def describe(self) -> str:
-        head = f"values: {self.family} ({DESCRIBED.get(self.family, self.family)})"
-        return "; ".join([head, *self.lines])
+        return "; ".join([f"values: {self.family} ({DESCRIBED.get(self.family, self.family)})", *self.lines])
 
     def restore(self, inputs: list) -> list:
         """Copies of `inputs` with the spikes undone (model.py's own values)."""
@@ -151,19 +150,21 @@ def apply(family: str, inputs: list, seed: int, names: list[str] | None = None) 
     def uniform(low: float, high: float) -> float:
         return low + (high - low) * float(torch.rand((), generator=host))
 
+    def away(x: torch.Tensor) -> Callable[[], float]:  # the sign of a move: the side x keeps to, else random
+        side = 1.0 if bool((x >= 0).all()) else -1.0 if bool((x <= 0).all()) else None
+        return lambda: side or (1.0 if uniform(0, 1) < 0.5 else -1.0)
+
     if family == "spikes":
         i = floats[int(torch.randint(len(floats), (), generator=host))]
         x = inputs[i].clone()
-        rms, numel = _rms(x), x.numel()
-        nonneg, nonpos = bool((x >= 0).all()), bool((x <= 0).all())
+        rms, numel, sign = _rms(x), x.numel(), away(x)
         # Big enough that k spikes move a mean over every element well past the tolerance.
         size = min(max(100.0, numel / (10 * SPIKES)), MOST_FACTOR) * rms
         flats = sorted(set(torch.randint(numel, (min(SPIKES, numel),), generator=host).tolist()))
         for flat in flats:
             index = unravel(flat, x.shape)
-            sign = 1.0 if nonneg else -1.0 if nonpos else (1.0 if float(torch.rand((), generator=host)) < 0.5 else -1.0)
             before = float(x[index])
-            after = max(-_limit(x), min(_limit(x), before + sign * size * uniform(1.0, 2.0)))
+            after = max(-_limit(x), min(_limit(x), before + sign() * size * uniform(1.0, 2.0)))
             x[index] = after
             applied.spikes.append((index, before, float(x[index])))
         out[i], applied.spiked = x, i
@@ -179,9 +180,7 @@ def apply(family: str, inputs: list, seed: int, names: list[str] | None = None) 
             new = x * factor
             applied.lines.append(f"{input_label(i, names)} x {factor:.4g}")
         elif family == "shifted":
-            nonneg, nonpos = bool((x >= 0).all()), bool((x <= 0).all())
-            sign = 1.0 if nonneg else -1.0 if nonpos else (1.0 if uniform(0, 1) < 0.5 else -1.0)
-            shift = sign * uniform(8.0, 32.0) * _rms(x)
+            shift = away(x)() * uniform(8.0, 32.0) * _rms(x)
             new = x + shift
             applied.lines.append(f"{input_label(i, names)} {'+' if shift >= 0 else '-'} {abs(shift):.4g}")
         elif family == "heavy":
@@ -259,15 +258,14 @@ class Seen:
     def to_json(self) -> dict[str, Any]:
         found: dict[str, Any] = {"cases": self.cases, "tier": self.worst.tier if self.worst else None}
         if self.worst is not None:
-            found["candidate_error"] = self.worst.candidate_error
-            found["reference_error"] = self.worst.reference_error
+            found.update(candidate_error=self.worst.candidate_error, reference_error=self.worst.reference_error)
         if self.skipped:
             found["skipped"], found["why"] = self.skipped, self.why
         return found
 
 
 def record(seen: dict[str, Seen], family: str, precision: Any, where: str, skipped: str = "") -> None:
-    """Add one case's outcome to `seen` (family -> Seen)."""
+    """Add one case's outcome to `seen` (family -> Seen); an unknown precision is not kept."""
     from pytest_cudaopt.correctness.precision import TIER_ORDER
 
     if skipped:
@@ -276,18 +274,13 @@ def record(seen: dict[str, Seen], family: str, precision: Any, where: str, skipp
         family = MODEL  # judged on model.py's values instead
     entry = seen.setdefault(family, Seen())
     entry.cases += 1
-    worst, rank = entry.worst, TIER_ORDER.index
-    if precision is None or precision.tier not in TIER_ORDER:
-        return
-    if worst is None or worst.tier not in TIER_ORDER or rank(precision.tier) > rank(worst.tier) or (
-            precision.tier == worst.tier and precision.candidate_error > worst.candidate_error):
+    if precision is not None and precision.tier in TIER_ORDER and precision.worse_than(entry.worst):
         entry.worst, entry.where = precision, where
 
 
 def grown(seen: dict[str, Seen]) -> str:
-    """The failure for an error that grows with the values ("" when none does): a family whose
-    tier is below model.py's values' and whose error, over the float32 reference's own, is
-    GROWTH times what it is on model.py's values."""
+    """The failure for an error that grows with the values ("" when none does): a family whose tier is below
+    model.py's values' and whose error over the float32 reference's is GROWTH times what it is on them."""
     from pytest_cudaopt.correctness.precision import TIER_ORDER
 
     base = seen.get(MODEL)

@@ -15,7 +15,7 @@ from pytest_cudaopt.primitives import memory
 from pytest_cudaopt.correctness import guards, shapes, values
 from pytest_cudaopt.correctness.case import Abort, CaseFailed, free_bytes, run_case
 from pytest_cudaopt.correctness.faults import WorkerCrash, fault_line
-from pytest_cudaopt.correctness.precision import Precision, worst_tier
+from pytest_cudaopt.correctness.precision import Precision
 from pytest_cudaopt.results.records import SHORTFALL, CorrectnessResult
 from pytest_cudaopt.suite.settings import replay_args
 from pytest_cudaopt.primitives.tensors import describe_inputs
@@ -33,8 +33,7 @@ class Verdict:
 
 @contextlib.contextmanager
 def recorded(result: CorrectnessResult, settings, session) -> Iterator[CorrectnessResult]:
-    """Time the item and measure its peak device memory (not after a CUDA fault) into `result`,
-    appended to `session.results` when the block ends normally."""
+    """Time the item and its peak device memory into `result`, appended to `session.results` on a normal end."""
     device = torch.device(settings.device)
     measured = device.type == "cuda" and torch.cuda.is_available()
     started = time.perf_counter()
@@ -84,14 +83,13 @@ def judge_canonical(loaded: Workdir, settings, session, nodeid: str, seed_index:
     replay = _replay(nodeid, session, settings)
     family = values.canonical_family(seed_index, values.parse(settings.values))
     case = f"canonical seed{seed_index}" + (f" (values {family})" if family != values.MODEL else "")
-    result = CorrectnessResult(workdir=str(loaded.path), test=nodeid, case=case, passed=False, seed=seed)
-    moved = seed_index > 0
-    result.state = "moved" if moved else "default"
+    result = CorrectnessResult(workdir=str(loaded.path), test=nodeid, case=case, passed=False, seed=seed,
+                               state="moved" if seed_index else "default")
     with recorded(result, settings, session):
         try:
             try:
                 outcome, inputs, names = run_case(
-                    loaded, settings, {}, seed, replay=replay, moved=moved, family=family,
+                    loaded, settings, {}, seed, replay=replay, moved=seed_index > 0, family=family,
                     label=f"canonical inputs of get_inputs(), seed {seed}, values {family}")
             except CaseFailed as exc:
                 exc.diagnose(loaded, settings)  # may raise Abort
@@ -145,11 +143,9 @@ class _Stats:
         values.record(self.seen, outcome.family, outcome.precision, where, outcome.skipped)
         self.max_abs = max(self.max_abs, outcome.comparison.max_abs)
         self.max_rel = max(self.max_rel, outcome.comparison.max_rel)
-        p = outcome.precision
-        if self.worst is None or worst_tier([self.worst.tier, p.tier]) != self.worst.tier \
-                or (p.tier == self.worst.tier and p.candidate_error > self.worst.candidate_error):
-            self.worst = p
-        if p.vacuous and self.worst is not None:
+        if outcome.precision.worse_than(self.worst):  # an unknown one too, where none came before
+            self.worst = outcome.precision
+        if outcome.precision.vacuous:
             self.worst.vacuous = True
         for i, x in enumerate(inputs):
             if not isinstance(x, torch.Tensor):
@@ -172,10 +168,8 @@ class _Stats:
 
 
 class _DrawnShapes:
-    """One drawn-shapes item: the explicit cases, then the shapes Hypothesis draws from the
-    session's secret seed (or one `--cudaopt-case`). A shape judged once keeps its outcome:
-    Hypothesis replays draws and must see the same result each time. A failing shape runs
-    again, so that a failure that does not repeat is called flaky."""
+    """One drawn-shapes item: the explicit cases, then the shapes Hypothesis draws (or one `--cudaopt-case`).
+    A shape judged keeps its outcome (Hypothesis replays draws); a failing one runs again, to tell a flaky failure."""
 
     def __init__(self, loaded: Workdir, settings, session, nodeid: str, space: shapes.ShapeSpace):
         self.loaded, self.settings, self.session, self.nodeid, self.space = loaded, settings, session, nodeid, space

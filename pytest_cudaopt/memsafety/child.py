@@ -1,8 +1,5 @@
 """The child that the memory-safety item runs under compute-sanitizer: the workdir with its built extension, one case, one call of ModelNew.
 
-    python -m pytest_cudaopt.memsafety.child WORKDIR --extension PATH.so \\
-        [--case batch_size=1,dim=7] [--seed N] [--device cuda] [--sandbox auto --scratch DIR]
-
 Exit status 0 when the call completed, 2 when the workdir or the extension cannot be loaded
 (or, with --sandbox require, the process cannot be confined), 3 when ModelNew or the
 reference's input helpers raised (the message on stderr). The reference itself is not run:

@@ -20,8 +20,7 @@ _HOST = ("Saved host backtrace", "Host Frame")
 
 @dataclass
 class Record:
-    """One error compute-sanitizer reported: its first line, its detail lines and the device
-    source locations it names (host backtraces left out)."""
+    """One error compute-sanitizer reported: its lines and the device source locations they name."""
 
     headline: str
     details: list[str] = field(default_factory=list)
@@ -50,8 +49,7 @@ class Finding:
 
 @dataclass
 class Report:
-    """What one tool's log says: the workdir's findings, other records (torch's or cuBLAS's
-    kernels, CUDA API errors) as notes, and the error count of its summary (None: none)."""
+    """What one tool's log says: the workdir's findings, other records as notes, its summary's error count."""
 
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -141,8 +139,7 @@ def kernel_source(path: str, workdir: Path, build_dir: Path | None = None) -> st
 
 
 def read(tool: str, text: str, workdir: Path, build_dir: Path | None = None) -> Report:
-    """The findings of one tool's log in `workdir`'s sources (grouped: one per message and
-    place), every other record as a note."""
+    """The findings of one tool's log in `workdir`'s sources (one per message and place), other records as notes."""
     found, count, loose = records(text)
     report = Report(summary_errors=count, records=len(found))
     grouped: dict[tuple[str, str], Finding] = {}

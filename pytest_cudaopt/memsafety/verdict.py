@@ -33,8 +33,7 @@ PRINT_LIMIT = 50
 
 
 def find_sanitizer(setting: str | None = None) -> tuple[str | None, str]:
-    """(path of compute-sanitizer or None, where it was looked for): the setting
-    `cudaopt_compute_sanitizer`, else PATH, else the CUDA toolkit's bin/."""
+    """(path of compute-sanitizer or None, where it was looked for): the setting, else PATH, else the toolkit's bin/."""
     if setting:
         path = Path(setting).expanduser()
         usable = path.is_file() and os.access(path, os.X_OK)
@@ -55,9 +54,8 @@ def find_sanitizer(setting: str | None = None) -> tuple[str | None, str]:
 
 
 def small_case(reference: Any, settings: Any) -> dict[str, int]:
-    """The case the sanitizer runs: `cudaopt_memsafety_case` when set, else the valid case
-    with the fewest input elements among the canonical one and the explicit cases (each
-    constant at its smallest valid value, which the correctness items judge too)."""
+    """The case the sanitizer runs: `cudaopt_memsafety_case` when set, else the valid case with the fewest
+    input elements among the canonical one and the explicit cases (which the correctness items judge too)."""
     if settings.memsafety_case:
         return shapes.parse_case(settings.memsafety_case)
     space = shapes.shape_space(reference, settings.max_elements)
@@ -70,21 +68,19 @@ def small_case(reference: Any, settings: Any) -> dict[str, int]:
 
 
 def child_command(workdir: Path, extension: str, case: dict[str, int], seed: int, device: str,
-                  sandbox: str = "off", scratch: str | None = None) -> list[str]:
+                  sandbox: str = "off", scratch: str | None = None,
+                  sanitizer: tuple[str, str, Path] | None = None) -> list[str]:
+    """The child's command line; with `sanitizer` (executable, tool, log file), run under it."""
     confined = ["--sandbox", sandbox, "--scratch", scratch] if sandbox != "off" and scratch else []
-    return [sys.executable, "-m", "pytest_cudaopt.memsafety.child", str(workdir),
+    under = [sanitizer[0], *TOOLS[sanitizer[1]], "--print-limit", str(PRINT_LIMIT), "--error-exitcode",
+             str(ERROR_EXIT), "--log-file", str(sanitizer[2])] if sanitizer else []
+    return [*under, sys.executable, "-m", "pytest_cudaopt.memsafety.child", str(workdir),
             "--extension", extension, "--case", shapes.format_case(case), "--seed", str(seed), "--device", device,
             *confined]
 
 
-def command(sanitizer: str, tool: str, log: Path, child: list[str]) -> list[str]:
-    return [sanitizer, *TOOLS[tool], "--print-limit", str(PRINT_LIMIT), "--error-exitcode", str(ERROR_EXIT),
-            "--log-file", str(log), *child]
-
-
 def child_environment() -> dict[str, str]:
-    """The caching allocator off (a pooled block hides a write past a tensor's end inside its
-    segment) and this package importable."""
+    """The caching allocator off (a pooled block hides a write past a tensor's end) and this package importable."""
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
     here = str(Path(__file__).resolve().parents[2])
     paths = [here, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
@@ -125,8 +121,7 @@ def _tail(text: str, lines: int = 12) -> str:
 
 
 def judge_run(run: Run, workdir: Path, build_dir: Path | None, result: MemorySafetyResult) -> None:
-    """Fold one tool's run into `result`: its findings, its notes, and a failure where the run shows
-    nothing it can vouch for (the case did not run, errors that could not be read)."""
+    """Fold one tool's run into `result`: findings, notes, and a failure where it vouches for nothing."""
     report = sanitizer_log.read(run.tool, run.log, workdir, build_dir)
     result.findings += [f.line() for f in report.findings]
     result.notes += report.notes
@@ -162,8 +157,8 @@ def failure_text(result: MemorySafetyResult) -> str:
 
 def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str,
                         sanitizer: str) -> MemorySafetyResult:
-    """Run the tools on one small case of the loaded `workdir` (its extension as built) and decide.
-    racecheck and initcheck run while the time left is at least what memcheck took (each is about as slow)."""
+    """Run the tools on one small case of the loaded `workdir` (its extension as built) and decide; racecheck
+    and initcheck run while the time left is at least what memcheck took (each is about as slow)."""
     case = small_case(workdir.reference, settings)
     so = workdir.worker.extension if workdir.worker is not None else workdir.extension.__file__
     extension = str(Path(so).resolve())
@@ -180,8 +175,6 @@ def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str,
     with tempfile.TemporaryDirectory(prefix="cudaopt-memsafety-") as scratch, \
             tempfile.TemporaryDirectory(prefix="cudaopt-memsafety-child-") as child_scratch:
         env.update(TMPDIR=child_scratch, CUDA_CACHE_PATH=str(Path(child_scratch) / "cuda-cache"))
-        child = child_command(workdir.path, extension, case, seed, settings.device,
-                              getattr(settings, "sandbox", "off"), child_scratch)
         for tool in TOOLS:
             left = limit - (time.perf_counter() - started)
             took = result.seconds_by_tool.get(REQUIRED, 0.0)
@@ -191,7 +184,9 @@ def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str,
                                     f"memcheck took {took:.0f} s")
                 continue
             log = Path(scratch) / f"{tool}.log"
-            run = run_tool(command(sanitizer, tool, log, child), log, env, workdir.path, left, tool)
+            cmd = child_command(workdir.path, extension, case, seed, settings.device,
+                                getattr(settings, "sandbox", "off"), child_scratch, (sanitizer, tool, log))
+            run = run_tool(cmd, log, env, workdir.path, left, tool)
             result.seconds_by_tool[tool] = run.seconds
             judge_run(run, workdir.path, build_dir, result)
             if tool == REQUIRED and (result.failures or result.findings):
