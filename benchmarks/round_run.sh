@@ -33,12 +33,12 @@ for name in ${@:-correct verdicts gallery attacks shared service}; do case $name
               bash benchmarks/values_timing_run.sh ;;
   verdicts) OUT="$LOGS/verdicts" ROUNDS="${ROUNDS:-2}" step verdicts 420 bash benchmarks/verdicts_vs.sh \
               ${BEFORE:+"$BEFORE"} . ;;
-  gallery)  step gallery 420 python3 benchmarks/judge_gallery.py --out "$LOGS/gallery" ;;
-  attacks)  step attacks 300 python3 -m pytest tests/exploits tests/test_gpu_verdicts.py -m gpu -q \
+  gallery)  step gallery "${GALLERY_S:-420}" python3 benchmarks/judge_gallery.py --out "$LOGS/gallery" ;;
+  attacks)  step attacks "${ATTACKS_S:-300}" python3 -m pytest tests/exploits tests/test_gpu_verdicts.py -m gpu -q \
               -p no:cacheprovider -rA ;;
   shared)   [ -d "$LOGS/gallery/work/pytest" ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks')
 from pathlib import Path; import judge_gallery; judge_gallery.gpu_gallery(Path(sys.argv[1]))" "$LOGS/gallery/work/pytest"
-            OUT="$LOGS/shared" step shared 300 bash benchmarks/shared_gpu.sh "$LOGS"/gallery/work/pytest/*/ ;;
+            OUT="$LOGS/shared" step shared "${SHARED_S:-300}" bash benchmarks/shared_gpu.sh "$LOGS"/gallery/work/pytest/*/ ;;
   service)  step service 420 python3 benchmarks/judge_latency.py "$LOGS/gallery/work/pytest" \
               --per-hour "${RATE:-500}" --count "${COUNT:-36}" --out "$LOGS/service.json" ;;
   *) echo "unknown step: $name" >&2; exit 2 ;;
