@@ -83,11 +83,17 @@ def _feed(workdir: Any, model: torch.nn.Module, candidate: Candidate, seed: int,
     return Feed(draw, reference)
 
 
-def _traces(lineup_: lineup.Lineup, measurement: engine.Measurement, args: list, tracer: Any) -> dict:
-    """One traced call of every contender timed or failed, after the timing; escaped work fails its contender."""
+def _traces(lineup_: lineup.Lineup, measurement: engine.Measurement, args: list, tracer: Any,
+            untrusted: str = "") -> dict:
+    """One traced call of every contender timed or failed, after the timing; escaped work fails its contender.
+    `untrusted`: why ModelNew's figures cannot be believed, which fails the custom path after an escape
+    (the more telling reason, given first)."""
+    results = measurement.results
+    custom = results.get(lineup.CUSTOM)
+    if untrusted and custom is not None:
+        custom.failure = untrusted if custom.failure is None else f"{untrusted}; {custom.failure}"
     if tracer is None:
         return {}
-    results = measurement.results
     timed = [c for c in lineup_.contenders if results[c.key].error is None
              and (results[c.key].samples or results[c.key].failure)]
     leads = {c.key: results[c.key].latency_summary.median if results[c.key].samples else 0.0 for c in timed}
@@ -132,12 +138,7 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
                                              queue_group=group, one_check_per_pass=one_check, max_batch=batch)
         measurement = engine.measure(line.contenders, feed, clock=clock, config=config,
                                      compare=_compare(settings))
-        traces = _traces(line, measurement, feed.next()[1], tracer)
-    # Figures ModelNew's timer under-reported, or that could not be checked, fail the custom path.
-    untrusted = model_new.timing_failure()
-    custom = measurement.results.get(lineup.CUSTOM)
-    if untrusted and custom is not None:
-        custom.failure = untrusted if custom.failure is None else f"{untrusted}; {custom.failure}"
+        traces = _traces(line, measurement, feed.next()[1], tracer, model_new.timing_failure())
     result = _result(workdir, test, settings, measurement, line, tiers, traces,
                      f"{note}; {plan_note}" if plan_note else note)
     result.peak_bytes = peak.bytes
