@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from support import run_pytest
 
 from pytest_cudaopt.results import blame
@@ -95,6 +97,30 @@ def test_a_candidate_whose_worker_holds_more_than_the_case_allows_is_blamed_with
         in item["reason"], item["reason"]
     assert doc["passed"] is False and doc["complete"] is True and doc["blame"] == "candidate", doc
     assert result.ret == 1
+
+
+@pytest.mark.parametrize("conftest, blamed", [(SHORT_OF_MEMORY, "environment"), (WORKER_HOLDS_110_GIB, "candidate")],
+                         ids=["memory short", "worker holds 110 GiB"])
+def test_drawn_shapes_that_memory_left_no_room_for_are_blamed_on_whoever_holds_it(pytester, make_workdir, conftest,
+                                                                                blamed):
+    work = make_workdir("cpu_scale", pytester.path / "wd")
+    # The width is fixed (64): no drawn shape has fewer than 64 elements, more than memory leaves room for.
+    model = (work / "model.py").read_text().replace("features = 64\n", "")
+    (work / "model.py").write_text(model.replace("(batch_size, features)", "(batch_size, 64)")
+                                   .replace("[features]", "[64]"))
+    (pytester.path / "conftest.py").write_text(conftest)
+    run_pytest(pytester, "wd/model_new.py", "-m", "correctness", "-k", "drawn", "--cudaopt-device=cpu",
+               "--cudaopt-report=r.json", timeout=300)
+    doc = json.loads((pytester.path / "r.json").read_text())
+    [item] = [i for i in doc["items"] if i["kind"] == "correctness"]
+    assert item["status"] == "failed" and item["blame"] == blamed, item
+    [record] = [r["data"] for r in doc["results"] if r["kind"] == "correctness"]
+    assert record["check"] == "memory", record
+    assert "no drawn shape could be judged" in record["message"] and "drawn shapes capped at 1 input elements" \
+        in record["message"], record["message"]
+    named = "ModelNew's process" in item["reason"] and "holds 110.00 GiB" in item["reason"]
+    assert named == (blamed == "candidate"), item["reason"]
+    assert doc["complete"] is (blamed == "candidate"), doc
 
 
 def test_a_crashing_candidate_is_the_candidates_fault(pytester, make_workdir):
