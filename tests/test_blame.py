@@ -93,7 +93,7 @@ def test_a_candidate_whose_worker_holds_more_than_the_case_allows_is_blamed_with
     result, doc = _run(pytester, make_workdir, WORKER_HOLDS_110_GIB)
     item = _canonical_item(doc)
     assert item["status"] == "failed" and item["blame"] == "candidate", item
-    assert "ModelNew's process (pid " in item["reason"] and ") holds 110.00 GiB; this case allows 2.00 GiB" \
+    assert "ModelNew's process (pid " in item["reason"] and ") holds 110.00 GiB; the workdir's largest case allows" \
         in item["reason"], item["reason"]
     assert doc["passed"] is False and doc["complete"] is True and doc["blame"] == "candidate", doc
     assert result.ret == 1
@@ -194,3 +194,28 @@ def test_an_item_failed_for_the_environment_leaves_the_account_incomplete_and_a_
     ledger.report("t", "correctness", "wd", "call", "failed", "mismatch at [0]", {})
     account = ledger.account()
     assert (account.passed, account.complete, account.cause, account.blame) == (False, True, None, "candidate")
+
+
+def test_a_worker_is_allowed_what_its_largest_case_left_cached_not_only_the_small_case_that_came_short(
+        monkeypatch, tmp_path):
+    import types
+
+    from pytest_cudaopt.correctness.case import holder
+
+    reference = types.ModuleType("model")
+    exec("import torch\nbatch_size, features = 4096, 8192\n"
+         "def get_inputs():\n    return [torch.randn(batch_size, features)]\n"
+         "def get_init_inputs():\n    return []\n"
+         "class Model(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n", reference.__dict__)
+    worker = types.SimpleNamespace(proc=types.SimpleNamespace(pid=7))
+    workdir = types.SimpleNamespace(reference=reference, worker=worker)
+    settings = types.SimpleNamespace(device="cpu", max_elements=None)
+    # The worker holds 3 GiB (the canonical case's inputs and outputs, 256 MiB, cached, and its context),
+    # more than a small drawn case's 2.1 GiB; another process holds 100 GiB.
+    monkeypatch.setattr(nvml, "processes", lambda index=0: [{"pid": 7, "used_bytes": 3 * GiB},
+                                                           {"pid": 41, "used_bytes": 100 * GiB}])
+    who, why = holder(workdir, settings, 2 * GiB, 2 * GiB + (100 << 20))
+    assert who == blame.ENVIRONMENT and "pid 41 100.00 GiB" in why, why
+    monkeypatch.setattr(nvml, "processes", lambda index=0: [{"pid": 7, "used_bytes": 120 * GiB}])
+    who, why = holder(workdir, settings, 2 * GiB, 2 * GiB + (100 << 20))
+    assert who == blame.CANDIDATE and "holds 120.00 GiB; the workdir's largest case allows" in why, why

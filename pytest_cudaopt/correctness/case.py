@@ -216,4 +216,12 @@ def holder(workdir: Workdir, settings, need: int, budget: int, own: bool = False
     worker = workdir.worker
     pid = worker.proc.pid if worker is not None and worker.proc is not None else None
     index = nvml.index_of(device.index or 0) if device.type == "cuda" else 0
-    return blame.memory_blame(need, budget, pid, nvml.processes(index), own=own)
+    # The worker keeps what its largest case left in torch's cache: it may hold that much at any case.
+    try:
+        space = shapes.shape_space(workdir.reference, settings.max_elements)
+    except Exception:  # noqa: BLE001 - no shape space: this case's budget alone
+        space = None
+    if space is not None and space.canonical_elements > 0:
+        budget = max(budget, memory.largest_case_budget(space.canonical_bytes, space.canonical_elements,
+                                                        space.max_elements))
+    return blame.memory_blame(need, budget, pid, nvml.processes(index), "the workdir's largest case", own=own)
