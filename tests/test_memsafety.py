@@ -164,7 +164,10 @@ child = args[args.index("-m") - 1:]
 assert os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1", "the caching allocator is on"
 assert tool != "memcheck" or "--padding" in args, "memcheck without --padding"
 time.sleep(float(os.environ.get("FAKE_SANITIZER_SLEEP_" + tool.upper(), "0")))
-if os.environ.get("FAKE_SANITIZER_NO_CHILD"):
+if os.environ.get("FAKE_SANITIZER_OOM"):
+    done = subprocess.CompletedProcess(child, 11, "cudaopt memsafety: the case raised AcceleratorError: CUDA error: "
+                                       "out of memory\\n", "")
+elif os.environ.get("FAKE_SANITIZER_NO_CHILD"):
     done = subprocess.CompletedProcess(child, 0, "", "")
 else:
     done = subprocess.run(child, capture_output=True, text=True)
@@ -240,6 +243,35 @@ def test_the_item_fails_a_write_past_the_output_naming_the_kernel_line(pytester,
     assert report["passed"] is False
     [data] = [r["data"] for r in report["results"] if r["kind"] == "memsafety"]
     assert data["findings"][0].startswith(f"kernels/scale.cpp:{scale_line()}: memcheck:")
+
+
+# NVML's table as the judging process reads it: every other process (the worker among them) holds `held`.
+HOLDERS = """
+import os
+
+import pytest_cudaopt.primitives.nvml
+
+pytest_cudaopt.primitives.nvml.processes = lambda index=0: [
+    {{"pid": int(pid), "used_bytes": {held}}} for pid in os.listdir("/proc") if pid.isdigit() and int(pid) != os.getpid()]
+"""
+
+
+@pytest.mark.parametrize("held, blamed", [(1 << 30, "environment"), (110 << 30, "candidate")])
+def test_a_sanitized_case_that_ran_out_of_memory_is_blamed_on_whoever_holds_it(pytester, sanitized, monkeypatch,
+                                                                               held, blamed):
+    work = sanitized()
+    monkeypatch.setenv("FAKE_SANITIZER_OOM", "1")
+    (work / "conftest.py").write_text(HOLDERS.format(held=held))   # beside its pytest.ini
+    # A correctness case first: the candidate's worker is up, as in a whole run.
+    result = run_pytest(pytester, "wd", "-m", "correctness or memsafety", "-k", "seed0 or memory_safety",
+                        "--cudaopt-report=report.json")
+    report = json.loads((pytester.path / "report.json").read_text())
+    [item] = [i for i in report["items"] if i["kind"] == "memsafety"]
+    assert item["status"] == "failed" and item["blame"] == blamed, item
+    assert report["complete"] is (blamed == "candidate"), report
+    text = result.stdout.str()
+    assert "the case did not complete under memcheck (exit status 11)" in text and "out of memory" in text
+    assert ("holds 110.00 GiB; the workdir's largest case allows" in text) == (blamed == "candidate"), text[-3000:]
 
 
 def test_a_memcheck_that_runs_past_its_time_fails_and_slow_optional_tools_are_noted(pytester, sanitized, monkeypatch):

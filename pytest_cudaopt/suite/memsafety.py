@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_cudaopt.correctness.case import holder
 from pytest_cudaopt.correctness.guards import derive_seed
 from pytest_cudaopt.memsafety.verdict import failure_text, find_sanitizer, judge_memory_safety
+from pytest_cudaopt.primitives.memory import OVERHEAD
+from pytest_cudaopt.results import blame
 from pytest_cudaopt.results.ledger import SKIP_PROPERTY
 from pytest_cudaopt.results.records import NOT_APPLICABLE
 
@@ -34,5 +37,11 @@ class TestMemorySafety:
         result = judge_memory_safety(workdir, cudaopt_settings, derive_seed(cudaopt_session.seed, "memsafety"),
                                      request.node.nodeid, sanitizer)
         cudaopt_session.results.append(result)
+        if not result.passed and not result.findings and any("out of memory" in f for f in result.failures):
+            # The sanitized case could not get its memory: whose it is, as for a correctness case.
+            who, why = holder(workdir, cudaopt_settings, OVERHEAD, OVERHEAD)
+            blame.assign(request.node, who)
+            if why:
+                result.failures.append(why)
         if not result.passed:
             pytest.fail(failure_text(result), pytrace=False)
