@@ -202,12 +202,18 @@ def _check_memory(workdir: Workdir, settings, constants: dict[str, int], label: 
                           f"{memory.gib(check.output_bytes)})", need, free, lower, memory.where(settings.device))
     except memory.DoesNotFit as exc:
         who, why = holder(workdir, settings, need, budget)
-        text = f"{why}\n{exc}" if who == blame.CANDIDATE else str(exc) + (f"\n{why}" if why else "")
-        failed = CaseFailed(SHORTFALL, text + (f"\nreplay: {replay}" if replay else ""),
+        failed = CaseFailed(SHORTFALL, shortfall_text(who, why, str(exc)) + (f"\nreplay: {replay}" if replay else ""),
                             shapes.format_case(constants) or "canonical")
         failed.blame = who
         raise failed from None
     return need, budget
+
+
+def shortfall_text(who: str, why: str, text: str) -> str:
+    """A memory shortfall's message: the candidate's opens with what its process holds, another's ends
+    with the holders."""
+    lines = [why, text] if who == blame.CANDIDATE else [text, why]
+    return "\n".join(line for line in lines if line)
 
 
 def holder(workdir: Workdir, settings, need: int, budget: int, own: bool = False) -> tuple[str, str]:

@@ -13,7 +13,7 @@ import torch
 
 from pytest_cudaopt.primitives import memory
 from pytest_cudaopt.correctness import guards, shapes, values
-from pytest_cudaopt.correctness.case import Abort, CaseFailed, free_bytes, holder, run_case
+from pytest_cudaopt.correctness.case import Abort, CaseFailed, free_bytes, holder, run_case, shortfall_text
 from pytest_cudaopt.correctness.faults import WorkerCrash, fault_line
 from pytest_cudaopt.correctness.precision import Precision
 from pytest_cudaopt.results.records import SHORTFALL, CorrectnessResult
@@ -350,9 +350,8 @@ def judge_drawn(loaded: Workdir, settings, session, nodeid: str) -> Verdict:
         if few and not drawn.stats.cases and space.cap_note:  # free memory capped the shapes: whose is it?
             size = space.canonical_bytes
             result.blame, why = holder(loaded, settings, memory.case_need(size, 0), memory.case_budget(size, 0))
-            lines = [f"{few}; {space.cap_note}", why]   # the candidate's: what it holds first
-            lines = lines[::-1] if result.blame == "candidate" else lines
-            return Verdict(failure=_fail(result, SHORTFALL, "\n".join(line for line in lines if line)))
+            text = shortfall_text(result.blame, why, f"{few}; {space.cap_note}")
+            return Verdict(failure=_fail(result, SHORTFALL, text))
         if few:
             return Verdict(failure=_fail(result, "few shapes" if drawn.stats.cases else "no case judged", few))
         grown = values.grown(drawn.stats.seen)
