@@ -8,7 +8,7 @@
 #             and in this one, then the honest gallery kernels' correctness with value families
 #   verdicts  benchmarks/verdicts_vs.sh BEFORE . : the default workdir's verdicts and their time, ROUNDS rounds
 #   gallery   benchmarks/judge_gallery.py: the GPU gallery, pytest alone and `cudaopt judge`, verdicts side by side
-#   attacks   the attacks' GPU tests (tests/exploits -m gpu) and tests/test_gpu_verdicts.py
+#   attacks   the attacks' GPU tests (tests/exploits -m gpu), tests/test_gpu_verdicts.py and tests/test_memsafety_gpu.py
 #   shared    benchmarks/shared_gpu.sh over the gallery's workdirs at once (made here when the gallery step
 #             did not run): blame when they crowd one GPU, the memory hog among them
 #   service   benchmarks/judge_latency.py over the gallery at RATE workdirs an hour (p50/p95 latency)
@@ -34,7 +34,7 @@ for name in ${@:-correct verdicts gallery attacks shared service}; do case $name
   verdicts) OUT="$LOGS/verdicts" ROUNDS="${ROUNDS:-2}" step verdicts 420 bash benchmarks/verdicts_vs.sh \
               ${BEFORE:+"$BEFORE"} . ;;
   gallery)  step gallery "${GALLERY_S:-420}" python3 benchmarks/judge_gallery.py --out "$LOGS/gallery" ;;
-  attacks)  step attacks "${ATTACKS_S:-300}" python3 -m pytest tests/exploits tests/test_gpu_verdicts.py -m gpu -q \
+  attacks)  step attacks "${ATTACKS_S:-300}" python3 -m pytest tests/exploits tests/test_gpu_verdicts.py tests/test_memsafety_gpu.py -m gpu -q \
               -p no:cacheprovider -rA ;;
   shared)   [ -d "$LOGS/gallery/work/pytest" ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks')
 from pathlib import Path; import judge_gallery; judge_gallery.gpu_gallery(Path(sys.argv[1]))" "$LOGS/gallery/work/pytest"

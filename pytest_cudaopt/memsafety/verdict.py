@@ -1,4 +1,4 @@
-"""The memory-safety verdict: one small case of the candidate in a child process under compute-sanitizer (memcheck, then racecheck and initcheck where time is left), the caching allocator off.
+"""The memory-safety verdict: one small case of the candidate in child processes under compute-sanitizer (memcheck, racecheck and initcheck at once), the caching allocator off.
 
 Only the workdir's own kernels are judged (a report whose source line is in the workdir); anything else is a note."""
 
@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from pytest_cudaopt.results.records import MemorySafetyResult
 
 EXECUTABLE = "compute-sanitizer"
 ERROR_EXIT = 86  # --error-exitcode: the sanitizer found errors (the child's own failures are 1-3)
-# memcheck is the item's tool; the others run where cudaopt_memsafety_timeout leaves time.
+# memcheck is the item's tool; the others run beside it, and one still running at the time limit is a note.
 TOOLS: dict[str, tuple[str, ...]] = {
     "memcheck": ("--tool", "memcheck", "--padding", "32", "--leak-check", "no"),
     "racecheck": ("--tool", "racecheck"),
@@ -99,20 +100,35 @@ class Run:
     seconds: float
 
 
-def run_tool(cmd: list[str], log: Path, env: dict[str, str], cwd: Path, timeout: float, tool: str) -> Run:
-    """Run one sanitized child in a process group of its own; at `timeout` the group is killed."""
-    started = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-        code: int | None = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        code = None
-    text = log.read_text(errors="replace") if log.is_file() else ""
-    return Run(tool, code, text, output or "", time.perf_counter() - started)
+class Child:
+    """One tool's sanitized child, started in a process group of its own."""
+
+    def __init__(self, cmd: list[str], log: Path, env: dict[str, str], cwd: Path, tool: str) -> None:
+        self.tool, self.log, self.started = tool, log, time.perf_counter()
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, start_new_session=True)
+        self.output: list[str] = []
+        # Drained on a thread, so a chatty child never blocks on a full pipe while another is waited on.
+        self.reader = threading.Thread(target=lambda: self.output.append(self.proc.stdout.read()), daemon=True)
+        self.reader.start()
+
+    def finish(self, timeout: float) -> Run:
+        """Its Run once it exits, or after `timeout` seconds with its group killed (returncode None)."""
+        try:
+            code: int | None = self.proc.wait(timeout=max(0.0, timeout))
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = None
+        self.reader.join()
+        text = self.log.read_text(errors="replace") if self.log.is_file() else ""
+        return Run(self.tool, code, text, "".join(self.output), time.perf_counter() - self.started)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
 
 
 def _tail(text: str, lines: int = 12) -> str:
@@ -157,8 +173,8 @@ def failure_text(result: MemorySafetyResult) -> str:
 
 def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str,
                         sanitizer: str) -> MemorySafetyResult:
-    """Run the tools on one small case of the loaded `workdir` (its extension as built) and decide; racecheck
-    and initcheck run while the time left is at least what memcheck took (each is about as slow)."""
+    """Run the tools on one small case of the loaded `workdir` (its extension as built) and decide. The three
+    run at once (each is mostly the sanitizer's own work on the CPU); memcheck's findings stop the others."""
     case = small_case(workdir.reference, settings)
     so = workdir.worker.extension if workdir.worker is not None else workdir.extension.__file__
     extension = str(Path(so).resolve())
@@ -170,29 +186,31 @@ def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str,
     # All children together: cudaopt_memsafety_timeout, within the item's cudaopt_timeout.
     limit = max(10.0, min(settings.memsafety_timeout, settings.timeout - WATCHDOG_MARGIN_S))
     started = time.perf_counter()
-    env = child_environment()
-    # The logs in a folder the child cannot write; the child's own scratch beside it.
+    # The logs in a folder the children cannot write; each child's own scratch beside it.
     with tempfile.TemporaryDirectory(prefix="cudaopt-memsafety-") as scratch, \
             tempfile.TemporaryDirectory(prefix="cudaopt-memsafety-child-") as child_scratch:
-        env.update(TMPDIR=child_scratch, CUDA_CACHE_PATH=str(Path(child_scratch) / "cuda-cache"))
-        for tool in TOOLS:
-            left = limit - (time.perf_counter() - started)
-            took = result.seconds_by_tool.get(REQUIRED, 0.0)
-            if tool != REQUIRED and left < max(10.0, took):
-                result.tools[tool] = "not run"
-                result.notes.append(f"{tool} not run: {left:.0f} s of cudaopt_memsafety_timeout={limit:g}s left, "
-                                    f"memcheck took {took:.0f} s")
-                continue
-            log = Path(scratch) / f"{tool}.log"
-            cmd = child_command(workdir.path, extension, case, seed, settings.device,
-                                getattr(settings, "sandbox", "off"), child_scratch, (sanitizer, tool, log))
-            run = run_tool(cmd, log, env, workdir.path, left, tool)
-            result.seconds_by_tool[tool] = run.seconds
-            judge_run(run, workdir.path, build_dir, result)
-            if tool == REQUIRED and (result.failures or result.findings):
-                for other in [t for t in TOOLS if t != REQUIRED]:  # decided: not worth the others' time
-                    result.tools[other] = f"not run ({REQUIRED} decided)"
-                break
+        children: dict[str, Child] = {}
+        try:
+            for tool in TOOLS:
+                own = Path(child_scratch) / tool
+                own.mkdir()
+                env = dict(child_environment(), TMPDIR=str(own), CUDA_CACHE_PATH=str(own / "cuda-cache"))
+                log = Path(scratch) / f"{tool}.log"
+                cmd = child_command(workdir.path, extension, case, seed, settings.device,
+                                    getattr(settings, "sandbox", "off"), str(own), (sanitizer, tool, log))
+                children[tool] = Child(cmd, log, env, workdir.path, tool)
+            for tool, child in children.items():
+                if tool != REQUIRED and (result.failures or result.findings):  # decided: not worth the others' time
+                    child.kill()
+                    result.tools[tool] = f"stopped ({REQUIRED} decided)"
+                    continue
+                run = child.finish(limit - (time.perf_counter() - started))
+                result.seconds_by_tool[tool] = run.seconds
+                judge_run(run, workdir.path, build_dir, result)
+        finally:
+            for child in children.values():  # an error above leaves no sanitized child behind
+                if child.proc.poll() is None:
+                    child.kill()
     result.seconds = time.perf_counter() - started
     result.passed = not result.findings and not result.failures
     return result
