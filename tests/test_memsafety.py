@@ -258,6 +258,18 @@ def test_the_item_fails_a_write_past_the_output_naming_the_kernel_line(pytester,
     assert data["findings"][0].startswith(f"kernels/scale.cpp:{scale_line()}: memcheck:")
 
 
+def test_a_race_fails_the_item_and_leaves_initcheck_to_finish(pytester, sanitized):
+    line = scale_line()
+    race = (LOGS / "racecheck_shared_race.log").read_text().replace("memsafety.cu:41", f"scale.cpp:{line}") \
+        .replace("memsafety.cu:42", f"scale.cpp:{line}")
+    sanitized({"racecheck": race})
+    result = run_pytest(pytester, "wd", "-m", "memsafety", "--cudaopt-report=report.json")
+    result.assert_outcomes(failed=1)
+    [data] = [r["data"] for r in json.loads((pytester.path / "report.json").read_text())["results"]]
+    assert data["tools"] == {"memcheck": "clean", "racecheck": "1 finding(s)", "initcheck": "clean"}, data
+    assert data["findings"][0].startswith(f"kernels/scale.cpp:{line}"), data
+
+
 # NVML's table as the judging process reads it: every other process (the worker among them) holds `held`.
 HOLDERS = """
 import os

@@ -199,14 +199,16 @@ def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str,
                 cmd = child_command(workdir.path, extension, case, seed, settings.device,
                                     getattr(settings, "sandbox", "off"), str(own), (sanitizer, tool, log))
                 children[tool] = Child(cmd, log, env, workdir.path, tool)
-            for tool, child in children.items():
-                if tool != REQUIRED and (result.failures or result.findings):  # decided: not worth the others' time
+            decided = False
+            for tool, child in children.items():  # memcheck first
+                if decided:  # not worth the others' time
                     child.kill()
                     result.tools[tool] = f"stopped ({REQUIRED} decided)"
                     continue
                 run = child.finish(limit - (time.perf_counter() - started))
                 result.seconds_by_tool[tool] = run.seconds
                 judge_run(run, workdir.path, build_dir, result)
+                decided = tool == REQUIRED and bool(result.failures or result.findings)
         finally:
             for child in children.values():  # an error above leaves no sanitized child behind
                 if child.proc.poll() is None:
