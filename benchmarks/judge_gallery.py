@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -46,18 +47,22 @@ def _finish(workdir: Path) -> Path:
     return workdir
 
 
-def gpu_gallery(dest: Path) -> list[Path]:
-    """One workdir per `<op>.<variant>.cu` of each problem in benchmarks/gallery/gpu."""
+def gpu_gallery(dest: Path, copy: int = 1) -> list[Path]:
+    """One workdir per `<op>.<variant>.cu` of each problem in benchmarks/gallery/gpu; a `copy` past the first
+    gets a comment of its own in each kernel, so its build compiles from cold like the first's."""
     made = []
     for problem in sorted(p for p in (GALLERY / "gpu").iterdir() if p.is_dir()):
         for kernel in sorted(problem.glob("*.*.cu")):
             op, variant = kernel.name.split(".")[:2]
-            workdir = dest / f"{problem.name}-{variant}"
+            workdir = dest / f"{problem.name}-{variant}" if copy == 1 else dest / f"{problem.name}-{variant}-{copy}"
             (workdir / "kernels").mkdir(parents=True)
             shutil.copyfile(problem / "model.py", workdir / "model.py")
             override = problem / f"model_new.{variant}.py"
             shutil.copyfile(override if override.is_file() else problem / "model_new.py", workdir / "model_new.py")
             shutil.copyfile(kernel, workdir / "kernels" / f"{op}.cu")
+            if copy > 1:
+                with open(workdir / "kernels" / f"{op}.cu", "a") as cu:
+                    cu.write(f"// gallery copy {copy}\n")
             shutil.copyfile(problem / f"{op}_binding.cpp", workdir / "kernels" / f"{op}_binding.cpp")
             made.append(_finish(workdir))
     return made
@@ -123,11 +128,11 @@ def _verdicts(cases: list[dict]) -> dict[str, str]:
 
 
 def judge_arm(workdirs: list[Path], args: list[str], cache: Path, gpus: list[str] | None, out: Path,
-              fork: bool = True) -> dict:
+              fork: bool = True, share: int | None = None) -> dict:
     from pytest_cudaopt import judge
 
     options = judge.Options(gpus=gpus, pytest_args=list(args), cache_dir=cache, timeout=300, cpu_slots=2,
-                            fork=fork)
+                            fork=fork, **({"share": share} if share else {}))
     job = judge.Judge(workdirs, options)
     lines = []
     with open(out / "judge.jsonl", "w") as handle:
@@ -147,7 +152,8 @@ def table(pytest_run: dict | None, judge_run: dict | None, devices: int) -> tupl
     names = sorted({*((pytest_run or {}).get("results", {})), *((judge_run or {}).get("results", {}))})
     rows, same = [], True
     for name in names:
-        p = (pytest_run or {}).get("results", {}).get(name)
+        base = re.sub(r"-\d+$", "", name)   # a copy is compared with the first copy's pytest session
+        p = (pytest_run or {}).get("results", {}).get(name) or (pytest_run or {}).get("results", {}).get(base)
         j = (judge_run or {}).get("results", {}).get(name)
         agree = p is None or j is None or p["passed"] == j["passed"]
         same &= agree
@@ -215,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--extra", nargs="+", default=[], metavar="WORKDIR",
                         help="more workdirs judged in both arms beside the gallery (copied, given the fixed binding "
                              "files and a lock), e.g. benchmarks/workdirs/kb_softmax at its published size")
+    parser.add_argument("--copies", type=int, default=1, metavar="N",
+                        help="the judge arm judges the GPU gallery N times over, each copy built from cold (a "
+                             "steadier rate than one pass; the pytest arm judges the first copy)")
+    parser.add_argument("--share", type=int, default=None, metavar="N", help="the judge arm's --share")
     parser.add_argument("--pytest-cache", action="store_true",
                         help="let the pytest arm use the judge's object cache too (the CPU smoke test, for time)")
     args = parser.parse_args(argv)
@@ -225,9 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     (out / "pytest").mkdir(parents=True, exist_ok=True)
     gallery, pytest_args = (cpu_gallery, CPU_ARGS) if args.smoke else (gpu_gallery, GPU_ARGS)
 
-    def make(dest: Path) -> list[Path]:
+    def make(dest: Path, copies: int = 1) -> list[Path]:
         extra = [_finish(Path(shutil.copytree(Path(src).resolve(), dest / Path(src).name))) for src in args.extra]
-        return [*gallery(dest), *extra]
+        more = [w for n in range(2, copies + 1) for w in gpu_gallery(dest, n)] if not args.smoke else []
+        return [*gallery(dest), *extra, *more]
 
     if args.skip_memsafety:
         pytest_args = [*pytest_args, "-k", "not test_memory_safety"]
@@ -253,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def run_judge_arm() -> dict:
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        return judge_arm(make(out / "work" / "judge"), pytest_args, cache, gpus, out, fork=not args.no_fork)
+        return judge_arm(make(out / "work" / "judge", args.copies), pytest_args, cache, gpus, out,
+                         fork=not args.no_fork, share=args.share)
 
     if args.judge_first and args.arm in ("both", "judge"):
         judge_run = run_judge_arm()
