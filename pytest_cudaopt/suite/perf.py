@@ -12,6 +12,7 @@ from pytest_cudaopt.perf import clocks, lineup, trace
 from pytest_cudaopt.perf.feed import Feed
 from pytest_cudaopt.perf.verdict import judge
 from pytest_cudaopt.results.records import PerfResult
+from pytest_cudaopt.run import alone
 from pytest_cudaopt.workdir import saved_rng
 
 # pytest-benchmark rounds of the custom path (bounded: the engine's medians are the verdict).
@@ -95,7 +96,8 @@ class TestPerf:
             result, extra = judge(workdir=workdir, settings=cudaopt_settings, seed=cudaopt_session.seed,
                                   clock=clock, test=request.node.nodeid, tracer=tracer,
                                   target=cudaopt_session.target_workdir(),
-                                  known=judged_precisions(cudaopt_session.results, workdir.path))
+                                  known=judged_precisions(cudaopt_session.results, workdir.path),
+                                  before_timing=alone.wait_for_device)
             changed = clocks.tampered()
             if changed:
                 result.failure = (f"the timing functions {', '.join(changed)} were replaced while "
