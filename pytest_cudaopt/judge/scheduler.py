@@ -6,8 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-# The stages of a workdir, in order. A perf stage starts beside checks and prepares there, then asks
-# for its device alone (want_alone) and times once nothing else runs on it (grants). A check that ran
+# The stages of a workdir, in order. A perf stage starts beside checks, then asks for its device alone
+# (want_alone) before its clocks are calibrated, and goes on once nothing else runs on it (grants). A check that ran
 # out of device memory beside other checks runs again alone from its start.
 STAGES = ("build", "policy", "check", "perf")
 CPU_STAGES = frozenset({"build", "policy"})

@@ -1,6 +1,7 @@
-"""A perf child's turn alone on its GPU under `cudaopt judge`: it starts beside other checks, does everything but
-the timing there (start-up, the extension, the models, the torch.compile baseline), then asks for the GPU and
-waits until the judge has emptied it. Outside the judge (no CUDAOPT_ALONE_DIR) nothing waits.
+"""A perf child's turn alone on its GPU under `cudaopt judge`: it starts beside other checks (its process, pytest's
+start-up and collection, the worker's launch), then asks for the GPU before the worker's clocks are calibrated
+and waits until the judge has emptied it; it keeps it to its end. Outside the judge (no CUDAOPT_ALONE_DIR)
+nothing waits.
 
 The child writes WANTED in the folder; the judge writes GRANTED once nothing else runs on the device. The
 folder is the stage's output folder, which a confined worker cannot write."""
@@ -17,7 +18,8 @@ POLL_S = 0.01
 
 
 def wait_for_device() -> float:
-    """In the perf child, before its first timed call: ask for the GPU alone and wait for it; the seconds waited.
+    """In the perf child, before the worker calibrates and before the first timed call (once is enough): ask for
+    the GPU alone and wait for it; the seconds waited.
     The item's watchdog is paused meanwhile (the wait is the judge's, not the candidate's)."""
     folder = os.environ.get(ENV)
     if not folder:
