@@ -19,6 +19,8 @@ export PYTHONPATH="$(cd "$(dirname "$0")/.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
 out=${OUT:-$(mktemp -d -t cudaopt-shared-gpu.XXXXXX)}
 mkdir -p "$out"
 read -r -a extra <<< "${PYTEST_ARGS:-}"
+# the plugin by -p where no entry point loads it (an uninstalled checkout)
+read -r -a plugin <<< "$("$py" -c 'from pytest_cudaopt.launch import plugin_args; print(" ".join(plugin_args()))')"
 pids=()
 names=()
 for i in $(seq 1 $#); do
@@ -26,7 +28,7 @@ for i in $(seq 1 $#); do
   names+=("$workdir")
   # Every session on the same device, started together.
   CUDA_VISIBLE_DEVICES=${GPU:-0} "$py" -m pytest "$workdir/model_new.py" --rootdir "$workdir" -p no:cacheprovider \
-    "--cudaopt-report=$out/report-$i.json" "${extra[@]}" > "$out/log-$i.txt" 2>&1 &
+    "${plugin[@]}" "--cudaopt-report=$out/report-$i.json" "${extra[@]}" > "$out/log-$i.txt" 2>&1 &
   pids+=($!)
 done
 codes=()
