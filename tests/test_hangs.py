@@ -274,7 +274,7 @@ def test_a_wait_for_the_judges_device_is_not_the_tests_time_and_the_time_after_i
 
         folder = Path(__file__).parent / "alone"
         alone.prepare(folder)
-        threading.Timer(2.0, alone.grant, args=(folder,)).start()   # the judge grants after 2 s
+        threading.Timer(2.0, alone.grant, args=(folder, 1)).start()   # the judge grants after 2 s
         try:
             with watchdog.Watchdog(0.8, "t.py::test_x", backstop=True):
                 waited = alone.wait_for_device()
@@ -289,4 +289,4 @@ def test_a_wait_for_the_judges_device_is_not_the_tests_time_and_the_time_after_i
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
     assert done.stdout.splitlines() == ["waited 2.0", "timed out after the wait"], done.stdout + done.stderr
     assert time.monotonic() - started < 20
-    assert (tmp_path / "alone" / "alone.wanted").exists()
+    assert (tmp_path / "alone" / "wanted.1").exists()

@@ -60,6 +60,26 @@ def test_a_perf_stage_prepares_beside_checks_and_times_once_it_has_its_gpu_alone
     assert started == {(1, "perf"), (2, "perf"), (3, "check")}
 
 
+def test_a_perf_stage_gives_its_gpu_back_between_its_calibration_and_its_timing():
+    s = Scheduler(["0"], jobs=4, share=2)
+    s.add(0, stages=["perf"])
+    s.add(1, stages=["check"])
+    s.add(2, stages=["check"])
+    perf, check = s.ready()
+    s.want_alone(perf)
+    s.finish(check)
+    assert s.grants() == [perf]               # calibrating alone
+    assert s.ready() == []
+    s.release(perf)                           # loading, building, compiling beside a check again
+    assert s.devices[0].alone is None and 0 in s.devices[0].checks
+    (late,) = s.ready()
+    assert late == Task(2, "check", "0")
+    s.want_alone(perf)                        # ready to time: the check must end first
+    assert s.grants() == []
+    s.finish(late)
+    assert s.grants() == [perf]
+
+
 def test_perf_stages_waiting_together_time_one_after_another():
     s = Scheduler(["0"], jobs=4, share=2)
     for job in range(2):

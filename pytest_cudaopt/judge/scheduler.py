@@ -6,8 +6,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-# The stages of a workdir, in order. A perf stage starts beside checks, then asks for its device alone
-# (want_alone) before its clocks are calibrated, and goes on once nothing else runs on it (grants). A check that ran
+# The stages of a workdir, in order. A perf stage starts beside checks and has its device alone twice
+# (want_alone, then grants once nothing else runs on it): for its clocks' calibration, which it then
+# gives back (release), and from its first timed round to its end. A check that ran
 # out of device memory beside other checks runs again alone from its start.
 STAGES = ("build", "policy", "check", "perf")
 CPU_STAGES = frozenset({"build", "policy"})
@@ -120,10 +121,19 @@ class Scheduler:
         return stage == "check" and self._jobs[job].alone
 
     def want_alone(self, task: Task) -> None:
-        """The running perf stage `task` is ready to time: no new stage starts on its device until it had it alone."""
+        """The running perf stage `task` wants its device alone: no new stage starts there until it had it."""
         device = self._device(task)
         if self._jobs[task.job].running == task and task.job in device.checks and task.job not in device.wanting:
             device.wanting.append(task.job)
+
+    def release(self, task: Task) -> None:
+        """The perf stage `task` gives its device back: it runs beside the checks again until it wants it alone."""
+        device = self._device(task)
+        if device.alone == task.job and self._jobs[task.job].running == task:
+            self._touch(device)
+            device.alone = None
+            device.checks[task.job] = self._need(self._jobs[task.job].problem, device)
+            self._touch(device)
 
     def grants(self) -> list[Task]:
         """The perf stages that now have their device alone: every other stage on it ended or waits to time too."""

@@ -1,10 +1,11 @@
-"""A perf child's turn alone on its GPU under `cudaopt judge`: it starts beside other checks (its process, pytest's
-start-up and collection, the worker's launch), then asks for the GPU before the worker's clocks are calibrated
-and waits until the judge has emptied it; it keeps it to its end. Outside the judge (no CUDAOPT_ALONE_DIR)
-nothing waits.
+"""A perf child's turns alone on its GPU under `cudaopt judge`. The child starts beside other checks; it has the
+GPU alone twice: while its worker's clocks are calibrated (before any workdir code loads), and from its first
+timed round to its end. Between the two (loading the workdir, building the models, compiling the baseline) it
+runs beside the checks again. Outside the judge (no CUDAOPT_ALONE_DIR) nothing waits.
 
-The child writes WANTED in the folder; the judge writes GRANTED once nothing else runs on the device. The
-folder is the stage's output folder, which a confined worker cannot write."""
+Turn N: the child writes `wanted.N`; the judge writes `granted.N` once nothing else runs on the device; the
+child writes `released.N` when it gives the device back. The folder is the stage's output folder, which a
+confined worker cannot write."""
 
 from __future__ import annotations
 
@@ -13,53 +14,67 @@ import time
 from pathlib import Path
 
 ENV = "CUDAOPT_ALONE_DIR"
-WANTED, GRANTED = "alone.wanted", "alone.granted"
 POLL_S = 0.01
+_state = {"turn": 0, "holding": False}   # this child's
 
 
 def wait_for_device() -> float:
-    """In the perf child, before the worker calibrates and before the first timed call (once is enough): ask for
-    the GPU alone and wait for it; the seconds waited.
+    """In the perf child: a turn alone on the GPU, waited for (a no-op while one is held); the seconds waited.
     The item's watchdog is paused meanwhile (the wait is the judge's, not the candidate's)."""
     folder = os.environ.get(ENV)
-    if not folder:
-        return 0.0
-    granted = Path(folder) / GRANTED
-    if granted.exists():  # a second perf item of the session: the device is still this child's
+    if not folder or _state["holding"]:
         return 0.0
     from pytest_cudaopt.run import watchdog
 
-    started = time.monotonic()
-    (Path(folder) / WANTED).write_text(str(os.getpid()))
+    _state["turn"] += 1
+    turn, started = _state["turn"], time.monotonic()
+    (Path(folder) / f"wanted.{turn}").write_text(str(os.getpid()))
+    granted = Path(folder) / f"granted.{turn}"
     with watchdog.paused():
         while not granted.exists():
             time.sleep(POLL_S)
+    _state["holding"] = True
     return time.monotonic() - started
 
 
+def release() -> None:
+    """In the perf child: the device goes back to sharing until the next wait_for_device."""
+    folder = os.environ.get(ENV)
+    if folder and _state["holding"]:
+        (Path(folder) / f"released.{_state['turn']}").write_text("")
+        _state["holding"] = False
+
+
 def prepare(folder: Path) -> None:
-    """The judge's side, before the child starts: an empty folder for the two files."""
+    """The judge's side, before the child starts: an empty folder for the turns' files."""
     folder.mkdir(parents=True, exist_ok=True)
-    for name in (WANTED, GRANTED):
-        (folder / name).unlink(missing_ok=True)
+    for path in folder.iterdir():
+        path.unlink()
 
 
-def wanted(folder: Path) -> bool:
-    return (folder / WANTED).exists()
+def wanted(folder: Path, turn: int) -> bool:
+    return (folder / f"wanted.{turn}").exists()
 
 
-def grant(folder: Path) -> None:
-    (folder / GRANTED).write_text("")
+def released(folder: Path, turn: int) -> bool:
+    return (folder / f"released.{turn}").exists()
+
+
+def grant(folder: Path, turn: int) -> None:
+    (folder / f"granted.{turn}").write_text("")
 
 
 def waited(folder: Path) -> float:
-    """Seconds between the child's asking and the grant (up to now while it waits): not the child's own time."""
-    try:
-        asked = (folder / WANTED).stat().st_mtime
-    except OSError:
-        return 0.0
-    try:
-        given = (folder / GRANTED).stat().st_mtime
-    except OSError:
-        given = time.time()
-    return max(0.0, given - asked)
+    """Seconds between each turn's asking and its grant (up to now while it waits): not the child's own time."""
+    total, turn = 0.0, 1
+    while True:
+        try:
+            asked = (folder / f"wanted.{turn}").stat().st_mtime
+        except OSError:
+            return total
+        try:
+            given = (folder / f"granted.{turn}").stat().st_mtime
+        except OSError:
+            given = time.time()
+        total += max(0.0, given - asked)
+        turn += 1
