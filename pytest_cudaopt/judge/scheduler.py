@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 # The stages of a workdir, in order. A perf stage starts beside checks and has its device alone twice
 # (want_alone, then grants once nothing else runs on it): for its clocks' calibration, which it then
-# gives back (release), and from its first timed round to its end. A check that ran
+# gives back (release), and for its timed rounds and traces. A check that ran
 # out of device memory beside other checks runs again alone from its start.
 STAGES = ("build", "policy", "check", "perf")
 CPU_STAGES = frozenset({"build", "policy"})

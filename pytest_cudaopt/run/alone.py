@@ -1,7 +1,8 @@
 """A perf child's turns alone on its GPU under `cudaopt judge`. The child starts beside other checks; it has the
 GPU alone twice: while its worker's clocks are calibrated (before any workdir code loads), and from its first
-timed round to its end. Between the two (loading the workdir, building the models, compiling the baseline) it
-runs beside the checks again. Outside the judge (no CUDAOPT_ALONE_DIR) nothing waits.
+timed round to the end of its timing and tracing. Between and after (loading the workdir, building the models,
+compiling the baseline, the reports) it runs beside the checks. Outside the judge (no CUDAOPT_ALONE_DIR)
+nothing waits.
 
 Turn N: the child writes `wanted.N`; the judge writes `granted.N` once nothing else runs on the device; the
 child writes `released.N` when it gives the device back. The folder is the stage's output folder, which a

@@ -106,5 +106,6 @@ class TestPerf:
             for contender in result.measurement.results.values():
                 cudaopt_session.note_fault(request.node.nodeid, contender.error, contender.failure)
             record_benchmark(benchmark, result, clock, **extra)
+        alone.release()   # under `cudaopt judge`: the rest (reports, the worker's end) needs no GPU alone
         if not result.passed:  # the reason first: the summary, JUnit and the judge show the first line
             pytest.fail(f"{result.reason}\n{report.perf_table(result)}", pytrace=False)
