@@ -12,6 +12,7 @@
 #   shared    benchmarks/shared_gpu.sh over the gallery's workdirs at once (made here when the gallery step
 #             did not run): blame when they crowd one GPU, the memory hog among them
 #   service   benchmarks/judge_latency.py over the gallery at RATE workdirs an hour (p50/p95 latency)
+#   rate      benchmarks/judge_gallery.py --arm judge --copies COPIES (default 3): the judge's steady rate, cold builds
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -41,12 +42,15 @@ from pathlib import Path; import judge_gallery; judge_gallery.gpu_gallery(Path(s
             OUT="$LOGS/shared" step shared "${SHARED_S:-300}" bash benchmarks/shared_gpu.sh "$LOGS"/gallery/work/pytest/*/ ;;
   service)  step service 420 python3 benchmarks/judge_latency.py "$LOGS/gallery/work/pytest" \
               --per-hour "${RATE:-500}" --count "${COUNT:-36}" --out "$LOGS/service.json" ;;
+  rate)     step rate "${RATE_S:-420}" python3 benchmarks/judge_gallery.py --arm judge --copies "${COPIES:-3}" \
+              --out "$LOGS/rate" ;;
   *) echo "unknown step: $name" >&2; exit 2 ;;
 esac; done
 { cat "$LOGS/gpu.txt"; echo; cat "$summary"; echo
   cat "$LOGS/correct/summary.txt" 2>/dev/null; echo
   tail -n 12 "$LOGS/verdicts/table.txt" 2>/dev/null; echo
   cat "$LOGS/gallery/judge_gallery.txt" 2>/dev/null | tail -n 30; echo
+  tail -n 6 "$LOGS/rate/judge_gallery.txt" 2>/dev/null; echo
   tail -n 4 "$LOGS/attacks.log" 2>/dev/null; echo
   tail -n 20 "$LOGS/shared.log" 2>/dev/null; echo
   tail -n 25 "$LOGS/service.log" 2>/dev/null; } | tee "$OUT/report.txt"
