@@ -38,3 +38,23 @@ def test_the_pytest_arm_split_over_calls_adds_up_to_one_arm(tmp_path):
     wall = 30.0 + second["pytest"]["wall_s"]
     assert f"pytest sessions: 2 workdirs in {wall:.1f} s" in proc.stdout
     assert "cpu_scale-honest" in proc.stdout and "cpu_scale-wrong" in proc.stdout
+
+
+def test_a_gallery_copy_builds_from_cold_and_is_compared_with_the_first_copys_pytest_verdict(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    try:
+        import judge_gallery
+    finally:
+        sys.path.pop(0)
+    first, second = judge_gallery.gpu_gallery(tmp_path / "a"), judge_gallery.gpu_gallery(tmp_path / "b", copy=2)
+    assert [w.name + "-2" for w in first] == [w.name for w in second]
+    for one, two in zip(first, second):
+        [cu] = (one / "kernels").glob("*.cu")
+        assert (two / "kernels" / cu.name).read_text() != cu.read_text()   # no object of copy 1 serves copy 2
+    line = {"passed": False, "status": "judged", "verdicts": {}, "seconds": {"total": 1.0}, "time": {}, "objects": {}}
+    pytest_run = {"wall_s": 1.0, "results": {"gelu-honest": {"passed": True, "seconds": 1.0, "time": {},
+                                                             "verdicts": {}}}}
+    text, same = judge_gallery.table(pytest_run, {"wall_s": 1.0, "results": {"gelu-honest-2": line}}, 1)
+    assert not same and "NO" in text
