@@ -8,6 +8,7 @@
 #             and in this one, then the honest gallery kernels' correctness with value families
 #   verdicts  benchmarks/verdicts_vs.sh BEFORE . : the default workdir's verdicts and their time, ROUNDS rounds
 #   gallery   benchmarks/judge_gallery.py: the GPU gallery, pytest alone and `cudaopt judge`, verdicts side by side
+#   gallery_before  BEFORE's own benchmarks/judge_gallery.py --arm judge: its gallery's verdicts in that tree
 #   attacks   the attacks' GPU tests (tests/exploits -m gpu), tests/test_gpu_verdicts.py and tests/test_memsafety_gpu.py
 #   shared    benchmarks/shared_gpu.sh over the gallery's workdirs at once (made here when the gallery step
 #             did not run): blame when they crowd one GPU, the memory hog among them
@@ -35,6 +36,9 @@ for name in ${@:-correct verdicts gallery attacks shared service}; do case $name
   verdicts) OUT="$LOGS/verdicts" ROUNDS="${ROUNDS:-2}" step verdicts 420 bash benchmarks/verdicts_vs.sh \
               ${BEFORE:+"$BEFORE"} . ;;
   gallery)  step gallery "${GALLERY_S:-420}" python3 benchmarks/judge_gallery.py --out "$LOGS/gallery" ;;
+  gallery_before) before=$(cd "$BEFORE" && pwd)
+            step gallery_before "${GALLERY_S:-420}" env PYTHONPATH="$before" \
+              python3 "$before/benchmarks/judge_gallery.py" --arm judge --out "$LOGS/gallery_before" ;;
   attacks)  step attacks "${ATTACKS_S:-300}" python3 -m pytest tests/exploits tests/test_gpu_verdicts.py tests/test_memsafety_gpu.py -m gpu -q \
               -p no:cacheprovider -rA ;;
   shared)   [ -d "$LOGS/gallery/work/pytest" ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks')
@@ -49,6 +53,7 @@ esac; done
 { cat "$LOGS/gpu.txt"; echo; cat "$summary"; echo
   cat "$LOGS/correct/summary.txt" 2>/dev/null; echo
   tail -n 12 "$LOGS/verdicts/table.txt" 2>/dev/null; echo
+  cat "$LOGS/gallery_before/judge_gallery.txt" 2>/dev/null | tail -n 30; echo
   cat "$LOGS/gallery/judge_gallery.txt" 2>/dev/null | tail -n 30; echo
   tail -n 6 "$LOGS/rate/judge_gallery.txt" 2>/dev/null; echo
   tail -n 4 "$LOGS/attacks.log" 2>/dev/null; echo
