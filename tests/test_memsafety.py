@@ -270,6 +270,33 @@ def test_a_race_fails_the_item_and_leaves_initcheck_to_finish(pytester, sanitize
     assert data["findings"][0].startswith(f"kernels/scale.cpp:{line}"), data
 
 
+# model_new.py variants that tell the sanitized child from a worker (its command line names it) and
+# dodge the sanitizer there: no call at all, a forged word of one, torch in place of the kernels.
+DODGES = {
+    "no_call": ("import os, sys\nif any('memsafety' in a for a in sys.argv):\n    os._exit(0)\n",
+                "exited 0 without word of a completed call of ModelNew"),
+    "forged_word": ("import os, sys\nif any('memsafety' in a for a in sys.argv):\n"
+                    "    print('cudaopt-memsafety-call: {\"audit\": []}', flush=True)\n    os._exit(0)\n",
+                    "output under memcheck could not be read back"),
+    "torch_fallback": ("import sys\nif any('memsafety' in a for a in sys.argv):\n"
+                       "    ModelNew.forward = lambda self, x: x * self.weight + self.bias\n",
+                       "ModelNew called torch ops, not its own kernels: model_new.py:20: aten::mul.Tensor"),
+}
+
+
+@pytest.mark.parametrize("dodge", sorted(DODGES))
+def test_a_workdir_that_dodges_the_sanitizer_fails_memory_safety(pytester, sanitized, dodge):
+    path = sanitized()
+    code, said = DODGES[dodge]
+    model_new = path / "model_new.py"
+    text = model_new.read_text()
+    # the no-call and forged dodges go at the top; the fallback patches the class once it exists
+    model_new.write_text(text + "\n" + code if dodge == "torch_fallback" else code + text)
+    result = run_pytest(pytester, "wd", "-m", "memsafety")
+    result.assert_outcomes(failed=1)
+    assert said in result.stdout.str(), result.stdout.str()[-3000:]
+
+
 # NVML's table as the judging process reads it: every other process (the worker among them) holds `held`.
 HOLDERS = """
 import os
@@ -349,7 +376,7 @@ def test_the_child_runs_one_call_and_says_so(prebuilt_workdir, subprocess_env):
     done = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == 'cudaopt-memsafety-call: {"case": "features=3", "inputs": ' \
-                                                    '"input0: float32[16, 3]"}'
+                                                    '"input0: float32[16, 3]", "audit": []}'
     bad = subprocess.run(memsafety.child_command(path, str(so), {"features": -1}, 1, "cpu"), capture_output=True,
                          text=True, env=subprocess_env, timeout=300)
     assert bad.returncode == 3 and "cudaopt memsafety: the case raised" in bad.stderr

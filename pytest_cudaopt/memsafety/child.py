@@ -5,7 +5,10 @@ Exit status 0 when the call completed, 2 when the workdir or the extension canno
 reference's input helpers raised (the message on stderr). The reference itself is not run:
 only the candidate's kernels are under judgement. The child confines itself first, as a worker
 does (candidate/sandbox.py): what decides the item is compute-sanitizer's exit status and log,
-written by its own process, which a confined child can neither ptrace nor write."""
+written by its own process, which a confined child can neither ptrace nor write. The call runs
+under the op audit, as in a worker, and its output is saved to --scratch: the item checks that
+ModelNew was called and computed its function with its own kernels (a child that skipped the
+call under the sanitizer, or fell back to torch, passes nothing)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 DONE = "cudaopt-memsafety-call:"  # the last line of a call that completed, then its inputs as JSON
+OUTPUT = "memsafety-output.pt"     # the call's output (CPU tensors), in --scratch
 
 
 def load_extension(path: str):
@@ -67,20 +71,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (WorkdirError, ImportError, shapes.ShapeError) as exc:
         print(f"cudaopt memsafety: cannot load {args.workdir}: {exc}", file=sys.stderr)
         return 2
+    from pytest_cudaopt.candidate.observe import OpAudit, leaves
+
     device = torch.device(args.device)
     try:
         with shapes.applied(workdir.reference, constants):
             _, model_new = workdir.make_models(device, seed=args.seed)
             inputs = workdir.inputs(args.seed, device)
-        with torch.no_grad():
-            model_new(*inputs)
+        audit = OpAudit(Path(args.workdir), workdir.extension)
+        with torch.no_grad(), audit:   # no poisoned memory: initcheck must see what the kernels leave unwritten
+            output = model_new(*inputs)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        tensors = [leaf.detach().cpu() for _, leaf in leaves(output) if isinstance(leaf, torch.Tensor)]
+        if args.scratch:
+            torch.save(tensors, Path(args.scratch) / OUTPUT)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which shows it
         text = str(exc).strip().splitlines()
         print(f"cudaopt memsafety: the case raised {type(exc).__name__}: {text[0] if text else ''}", file=sys.stderr)
         return 3
-    print(DONE, json.dumps({"case": args.case, "inputs": describe_inputs(inputs, None)}), flush=True)
+    print(DONE, json.dumps({"case": args.case, "inputs": describe_inputs(inputs, None),
+                            "audit": [op.describe() for op in audit.violations()]}), flush=True)
     return 0
 
 

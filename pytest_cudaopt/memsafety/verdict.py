@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import json
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pytest_cudaopt.memsafety import log as sanitizer_log
 from pytest_cudaopt.correctness import shapes
@@ -72,7 +73,7 @@ def child_command(workdir: Path, extension: str, case: dict[str, int], seed: int
                   sandbox: str = "off", scratch: str | None = None,
                   sanitizer: tuple[str, str, Path] | None = None) -> list[str]:
     """The child's command line; with `sanitizer` (executable, tool, log file), run under it."""
-    confined = ["--sandbox", sandbox, "--scratch", scratch] if sandbox != "off" and scratch else []
+    confined = (["--sandbox", sandbox] if sandbox != "off" and scratch else []) + (["--scratch", scratch] if scratch else [])
     under = [sanitizer[0], *TOOLS[sanitizer[1]], "--print-limit", str(PRINT_LIMIT), "--error-exitcode",
              str(ERROR_EXIT), "--log-file", str(sanitizer[2])] if sanitizer else []
     return [*under, sys.executable, "-m", "pytest_cudaopt.memsafety.child", str(workdir),
@@ -136,7 +137,68 @@ def _tail(text: str, lines: int = 12) -> str:
     return "\n".join(f"    {line}" for line in kept[-lines:])
 
 
-def judge_run(run: Run, workdir: Path, build_dir: Path | None, result: MemorySafetyResult) -> None:
+# An output this far (relative L2) from model.py's on the sanitized case was not computed by ModelNew's
+# function at all (zeros: 1, noise: about 1.4); how close it must be is the correctness items' to judge.
+FAR_FROM_REFERENCE = 0.5
+
+
+def call_evidence(run: Run, scratch: Path, expected: Callable[[], list]) -> str | None:
+    """Why a child that exited 0 does not vouch for a call of ModelNew's own kernels, or None: its word that the
+    call completed, an op audit with no torch op, and an output that is the reference's function."""
+    import torch
+
+    from pytest_cudaopt.memsafety.child import DONE, OUTPUT
+
+    said = next((line for line in reversed(run.output.splitlines()) if line.startswith(DONE)), None)
+    if said is None:
+        return (f"the child under {run.tool} exited 0 without word of a completed call of ModelNew (a workdir that "
+                f"does not run its kernels under the sanitizer passes nothing):\n{_tail(run.output)}")
+    try:
+        facts = json.loads(said[len(DONE):])
+        ops = list(facts.get("audit") or [])
+    except (ValueError, TypeError, AttributeError):
+        return f"the child under {run.tool} wrote an unreadable word of its call: {said[:200]}"
+    if ops:
+        return f"under {run.tool}, ModelNew called torch ops, not its own kernels: " + "; ".join(map(str, ops[:5]))
+    try:
+        got = torch.load(scratch / OUTPUT, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - whatever the candidate left there
+        return f"the call's output under {run.tool} could not be read back ({type(exc).__name__}: {exc})"
+    want = expected()
+    if not isinstance(got, list) or len(got) != len(want):
+        return f"the call under {run.tool} returned {len(got) if isinstance(got, list) else '?'} tensor(s), model.py {len(want)}"
+    for i, (g, w) in enumerate(zip(got, want)):
+        if not isinstance(g, torch.Tensor) or tuple(g.shape) != tuple(w.shape):
+            return f"output {i} under {run.tool} has shape {tuple(getattr(g, 'shape', ()))}, model.py's {tuple(w.shape)}"
+        w64, g64 = w.detach().double().cpu(), g.double()
+        scale = float(w64.norm()) or 1.0
+        error = float((g64 - w64).norm()) / scale if bool(torch.isfinite(w64).all()) else 0.0
+        if error != error or error > FAR_FROM_REFERENCE:
+            return (f"output {i} of the call under {run.tool} is {error:.3g} (relative L2) from model.py's on the same "
+                    f"case: not ModelNew's function, so the sanitizer did not see the kernels that compute it")
+    return None
+
+
+def expected_outputs(workdir: Any, case: dict[str, int], seed: int, device: str) -> list:
+    """model.py's output on the sanitized case, as the child draws it (Model's weights and the inputs under `seed`)."""
+    import torch
+
+    from pytest_cudaopt.candidate.load import private_rng
+    from pytest_cudaopt.candidate.observe import leaves
+
+    with shapes.applied(workdir.reference, case):
+        init = workdir.init_inputs()
+        with private_rng(seed):
+            model = workdir.reference.Model(*init)
+        model = model.eval().to(device)
+        inputs = workdir.inputs(seed, device)
+        with torch.no_grad():
+            output = model(*inputs)
+    return [leaf for _, leaf in leaves(output) if isinstance(leaf, torch.Tensor)]
+
+
+def judge_run(run: Run, workdir: Path, build_dir: Path | None, result: MemorySafetyResult,
+              evidence: Callable[[Run], str | None] | None = None) -> None:
     """Fold one tool's run into `result`: findings, notes, and a failure where it vouches for nothing."""
     report = sanitizer_log.read(run.tool, run.log, workdir, build_dir)
     result.findings += [f.line() for f in report.findings]
@@ -157,6 +219,10 @@ def judge_run(run: Run, workdir: Path, build_dir: Path | None, result: MemorySaf
     elif run.returncode not in (0, ERROR_EXIT) and not report.findings:
         result.failures.append(f"the case did not complete under {run.tool} (exit status {run.returncode}):\n"
                                f"{_tail(run.output)}")
+    elif run.returncode == 0 and evidence is not None:
+        doubt = evidence(run)
+        if doubt:
+            result.failures.append(doubt)
 
 
 def failure_text(result: MemorySafetyResult) -> str:
@@ -186,6 +252,13 @@ def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str,
     # All children together: cudaopt_memsafety_timeout, within the item's cudaopt_timeout.
     limit = max(10.0, min(settings.memsafety_timeout, settings.timeout - WATCHDOG_MARGIN_S))
     started = time.perf_counter()
+    cached: list = []
+
+    def expected() -> list:   # once, for whichever tool's child asks first
+        if not cached:
+            cached.append(expected_outputs(workdir, case, seed, settings.device))
+        return cached[0]
+
     # The logs in a folder the children cannot write; each child's own scratch beside it.
     with tempfile.TemporaryDirectory(prefix="cudaopt-memsafety-") as scratch, \
             tempfile.TemporaryDirectory(prefix="cudaopt-memsafety-child-") as child_scratch:
@@ -207,7 +280,8 @@ def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str,
                     continue
                 run = child.finish(limit - (time.perf_counter() - started))
                 result.seconds_by_tool[tool] = run.seconds
-                judge_run(run, workdir.path, build_dir, result)
+                judge_run(run, workdir.path, build_dir, result,
+                          lambda run: call_evidence(run, Path(child_scratch) / run.tool, expected))
                 decided = tool == REQUIRED and bool(result.failures or result.findings)
         finally:
             for child in children.values():  # an error above leaves no sanitized child behind
