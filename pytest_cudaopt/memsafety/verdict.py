@@ -166,7 +166,8 @@ def call_evidence(run: Run, scratch: Path, expected: Callable[[], list]) -> str 
         return f"the call's output under {run.tool} could not be read back ({type(exc).__name__}: {exc})"
     want = expected()
     if not isinstance(got, list) or len(got) != len(want):
-        return f"the call under {run.tool} returned {len(got) if isinstance(got, list) else '?'} tensor(s), model.py {len(want)}"
+        count = len(got) if isinstance(got, list) else "?"
+        return f"the call under {run.tool} returned {count} tensor(s), model.py {len(want)}"
     for i, (g, w) in enumerate(zip(got, want)):
         if not isinstance(g, torch.Tensor) or tuple(g.shape) != tuple(w.shape):
             return f"output {i} under {run.tool} has shape {tuple(getattr(g, 'shape', ()))}, model.py's {tuple(w.shape)}"

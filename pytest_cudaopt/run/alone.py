@@ -1,12 +1,7 @@
-"""A perf child's turns alone on its GPU under `cudaopt judge`. The child starts beside other checks; it has the
-GPU alone twice: while its worker's clocks are calibrated (before any workdir code loads), and from its first
-timed round to the end of its timing and tracing. Between and after (loading the workdir, building the models,
-compiling the baseline, the reports) it runs beside the checks. Outside the judge (no CUDAOPT_ALONE_DIR)
-nothing waits.
-
-Turn N: the child writes `wanted.N`; the judge writes `granted.N` once nothing else runs on the device; the
-child writes `released.N` when it gives the device back. The folder is the stage's output folder, which a
-confined worker cannot write."""
+"""A perf child's turns alone on its GPU under `cudaopt judge`: for its worker's clock calibration (before any
+workdir code loads) and for its timed rounds and traces; the rest runs beside the checks. Turn N: the child
+writes `wanted.N`, the judge `granted.N` once nothing else runs on the device, the child `released.N`. The folder
+(CUDAOPT_ALONE_DIR, unset outside the judge) is the stage's output folder, which a confined worker cannot write."""
 
 from __future__ import annotations
 
@@ -47,7 +42,6 @@ def release() -> None:
 
 
 def prepare(folder: Path) -> None:
-    """The judge's side, before the child starts: an empty folder for the turns' files."""
     folder.mkdir(parents=True, exist_ok=True)
     for path in folder.iterdir():
         path.unlink()
