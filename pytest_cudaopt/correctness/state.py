@@ -31,18 +31,16 @@ class Moved:
     """One tensor `perturb` moves: its state-dict name and what it is."""
 
     name: str
-    kind: str           # "parameter" or "running statistic"
     constant: bool      # initialised to one value (the likeliest to be dropped by a kernel)
 
 
 def movable(model: torch.nn.Module) -> list[tuple[Moved, torch.Tensor]]:
     """The non-empty floating-point parameters (tied ones once) and running statistics of
     `model`, in state-dict order, parameters first."""
-    named = [(n, t, "parameter") for n, t in model.named_parameters()]
-    named += [(n, t, "running statistic") for n, t in model.named_buffers()
-              if n.rsplit(".", 1)[-1] in RUNNING_STATS]
-    return [(Moved(name, kind, bool((t.detach() == t.detach().reshape(-1)[0]).all())), t)
-            for name, t, kind in named if t is not None and t.is_floating_point() and t.numel()]
+    named = [*model.named_parameters(), *((n, t) for n, t in model.named_buffers()
+                                          if n.rsplit(".", 1)[-1] in RUNNING_STATS)]
+    return [(Moved(name, bool((t.detach() == t.detach().reshape(-1)[0]).all())), t)
+            for name, t in named if t is not None and t.is_floating_point() and t.numel()]
 
 
 def moved(tensor: torch.Tensor, constant: bool, seed: int) -> torch.Tensor:
