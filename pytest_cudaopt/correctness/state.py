@@ -1,8 +1,7 @@
 """Model state away from its default initialisation: parameters and running statistics moved, structural buffers left alone, and which moved tensor a candidate ignores.
 
-At its default initialisation much of a model's state is trivial (LayerNorm's weight 1, its bias
-0): a kernel that drops such a tensor is exact there. Every other buffer (a causal mask, rotary
-tables, `num_batches_tracked`) is the model's structure and stays as it is."""
+At its default initialisation much of a model's state is trivial (LayerNorm's weight 1, its bias 0): a kernel
+that drops such a tensor is exact there. Other buffers (a causal mask, `num_batches_tracked`) are structure."""
 
 from __future__ import annotations
 
