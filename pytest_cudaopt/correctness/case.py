@@ -70,9 +70,8 @@ def free_bytes(device: str) -> int | None:
 def run_case(workdir: Workdir, settings, constants: dict[str, int], seed: int, label: str,
              replay: str = "", reference_decides: bool = False, moved: bool = False,
              family: str = values.MODEL) -> tuple[guards.CaseOutcome, list, list[str] | None]:
-    """One case: models and inputs built with `constants` applied to model.py (state `moved`, values of `family`,
-    else model.py's where it is skipped), then every guard. Raises CaseFailed, Abort on a CUDA fault, and
-    guards.ReferenceError_ when `reference_decides` and the reference rejects the case."""
+    """One case: models and inputs built with `constants` applied to model.py, then every guard; a skipped
+    `family` is judged on model.py's values. Raises CaseFailed, Abort, or ReferenceError_ (`reference_decides`)."""
     args = (workdir, settings, constants, seed, label, replay, reference_decides, moved)
     try:  # model.py's own values are never skipped
         return _run_case(*args, family)

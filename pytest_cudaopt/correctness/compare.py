@@ -204,9 +204,8 @@ def _layout(t: torch.Tensor) -> tuple[int, ...]:
 
 def compare_outputs(actual: Any, expected: Any, *, atol: float = 1e-2, rtol: float = 1e-2,
                     allowance: dict[str, torch.Tensor] | None = None) -> Comparison:
-    """Compare the candidate's output with the reference's: the same nest, tensors with the same
-    shape, dtype, device and layout, NaN and Inf in the same places, every other element within
-    `|a - e| <= atol + rtol*|e|` plus its `allowance` (leaf path -> tensor), if any."""
+    """Compare the candidate's output with the reference's: same nest, shapes, dtypes, devices, layout, NaN/Inf
+    places; every other element within `|a - e| <= atol + rtol*|e|` plus its `allowance` (leaf path -> tensor)."""
     result = Comparison(passed=True, atol=atol, rtol=rtol)
     a_leaves, e_leaves = list(leaves(actual)), list(leaves(expected))
 
@@ -266,8 +265,5 @@ def first_difference(a: torch.Tensor, b: torch.Tensor) -> tuple[int, tuple[int, 
         return 0, (), 0.0, 0.0
     flat = int(torch.nonzero(differs)[0])
     fa, fb = a.detach().reshape(-1), b.detach().reshape(-1)
-    if fa.is_complex():
-        va, vb = complex(fa[flat]).real, complex(fb[flat]).real
-    else:
-        va, vb = float(fa[flat]), float(fb[flat])
+    va, vb = (complex(t[flat]).real if t.is_complex() else float(t[flat]) for t in (fa, fb))
     return count, unravel(flat, a.shape), va, vb

@@ -9,7 +9,7 @@ import os
 import types
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 # What a derived constant's expression may use: numbers, names of earlier constants, tuples and
 # lists (with *unpacking), a constant index, these operators and these builtins. Anything else
@@ -158,14 +158,13 @@ def definitions(module: types.ModuleType) -> list[Derived]:
     return found
 
 
-def recompute(module: types.ModuleType, values: Mapping[str, Any], kept: Iterable[str] = ()) -> dict[str, Any]:
-    """The derived constants' new values once `values` are set; those named in `kept`, and those
+def recompute(module: types.ModuleType, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The derived constants' new values once `values` are set; those set in `values`, and those
     the new values make uncomputable (a zero divisor), keep their own."""
-    kept = set(kept) | set(values)
     namespace = {**module.__dict__, **values}
     changed: dict[str, Any] = {}
     for item in definitions(module):
-        if item.name in kept or not item.sources & (set(values) | set(changed)):
+        if item.name in values or not item.sources & (set(values) | set(changed)):
             continue
         try:
             value = evaluate(item.expression, namespace)

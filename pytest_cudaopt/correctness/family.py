@@ -58,9 +58,8 @@ def _rounded64(trial: guards.Trial, inputs: list, expected: Any) -> Any:
 
 
 def _allowance(expected: Any, reference64: Any, rounded64: Any, ill: bool) -> dict[str, torch.Tensor]:
-    """Leaf path -> what each output element may be off besides atol and rtol: FP32_FACTOR times the
-    float32 reference's own error, and ROUNDED_FACTOR times how far its row moves when the inputs
-    are rounded; anything finite where the problem is `ill` conditioned."""
+    """Leaf path -> what each output element may be off besides atol and rtol: FP32_FACTOR x the float32
+    reference's own error plus ROUNDED_FACTOR x how far its row moves with rounded inputs; anything if `ill`."""
     found = {}
     rounded = dict(leaves(rounded64)) if rounded64 is not None else {}
     for (path, e), (_, r) in zip(leaves(expected), leaves(reference64)):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -131,7 +130,6 @@ def check_deterministic(first: Any, second: Any, nondeterministic: bool, atol: f
 class CaseOutcome:
     comparison: compare.Comparison
     precision: Precision
-    seconds: float = 0.0
     family: str = "model"   # the value family judged (values.py)
     skipped: str = ""       # why the family asked for was skipped (then judged on model.py's values)
 
@@ -214,7 +212,6 @@ def _raise_user_error(exc: Exception, workdir: Path, what: str, kind: type) -> N
 
 def run_case(trial: Trial, inputs: list) -> CaseOutcome:
     """One case through every guard in order (the first that fails raises GuardFailure)."""
-    started = time.perf_counter()
     names = trial.input_names
     pristine = clone_inputs(inputs)
     state = {name: t.detach().clone() for name, t in trial.model_new.state_dict().items()
@@ -264,7 +261,7 @@ def run_case(trial: Trial, inputs: list) -> CaseOutcome:
             + (f"\n{precision.note}" if precision.note else "")
             + f"\nmax abs err {comparison.max_abs:.3g}, max rel err {comparison.max_rel:.3g}"),
             comparison, precision)
-    return CaseOutcome(comparison, precision, time.perf_counter() - started)
+    return CaseOutcome(comparison, precision)
 
 
 def check_comparison(comparison: compare.Comparison, extra: str = "") -> None:

@@ -40,8 +40,7 @@ def conditioning(reference_error: float) -> float:
 def precision_tier(candidate_error: float, reference_error: float, conditioned: bool = False,
                    sensitivity: float = 0.0) -> str:
     """The tier of the candidate's relative L2 error against float64, given the float32 reference's own.
-    `conditioned` (a value family): TF32_LIMIT grows with the conditioning, and is at least half the
-    `sensitivity` (how far bfloat16 rounding of the inputs moves the output: TF32 rounds 8 times finer)."""
+    `conditioned`: TF32_LIMIT grows with the conditioning, to at least half the `sensitivity` (TF32 rounds 8x finer)."""
     if math.isnan(candidate_error) or math.isnan(reference_error):
         return UNKNOWN
     if candidate_error <= max(FP32_FACTOR * reference_error, FP32_FLOOR):

@@ -314,9 +314,8 @@ class Explicit:
 
     cases: list[dict[str, int]] = field(default_factory=list)
     never_above: list[str] = field(default_factory=list)   # no valid value above the default fits
-    # Constants past their defaults at once (as many as stay valid together): a kernel wrong
-    # only where two sizes are off its tuning at the same time (an odd batch with a wide row)
-    # passes every one-at-a-time case, and random draws meet it only now and then.
+    # Constants past their defaults at once (as many as stay valid together): a kernel wrong only where two
+    # sizes are off its tuning at once (an odd batch with a wide row) passes every one-at-a-time case.
     combined: list[dict[str, int]] = field(default_factory=list)
 
 

@@ -1,8 +1,7 @@
 """Model state away from its default initialisation: parameters and running statistics moved, structural buffers left alone, and which moved tensor a candidate ignores.
 
-At its default initialisation much of a model's state is trivial (LayerNorm's weight 1, its bias
-0): a kernel that drops such a tensor is exact there. Every other buffer (a causal mask, rotary
-tables, `num_batches_tracked`) is the model's structure and stays as it is."""
+At its default initialisation much of a model's state is trivial (LayerNorm's weight 1, its bias 0): a kernel
+that drops such a tensor is exact there. Other buffers (a causal mask, `num_batches_tracked`) are structure."""
 
 from __future__ import annotations
 
@@ -31,18 +30,16 @@ class Moved:
     """One tensor `perturb` moves: its state-dict name and what it is."""
 
     name: str
-    kind: str           # "parameter" or "running statistic"
     constant: bool      # initialised to one value (the likeliest to be dropped by a kernel)
 
 
 def movable(model: torch.nn.Module) -> list[tuple[Moved, torch.Tensor]]:
     """The non-empty floating-point parameters (tied ones once) and running statistics of
     `model`, in state-dict order, parameters first."""
-    named = [(n, t, "parameter") for n, t in model.named_parameters()]
-    named += [(n, t, "running statistic") for n, t in model.named_buffers()
-              if n.rsplit(".", 1)[-1] in RUNNING_STATS]
-    return [(Moved(name, kind, bool((t.detach() == t.detach().reshape(-1)[0]).all())), t)
-            for name, t, kind in named if t is not None and t.is_floating_point() and t.numel()]
+    named = [*model.named_parameters(), *((n, t) for n, t in model.named_buffers()
+                                          if n.rsplit(".", 1)[-1] in RUNNING_STATS)]
+    return [(Moved(name, bool((t.detach() == t.detach().reshape(-1)[0]).all())), t)
+            for name, t in named if t is not None and t.is_floating_point() and t.numel()]
 
 
 def moved(tensor: torch.Tensor, constant: bool, seed: int) -> torch.Tensor:

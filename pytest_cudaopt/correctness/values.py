@@ -1,7 +1,6 @@
 """Value families: input values beyond model.py's own (scaled, shifted, heavy-tailed, sparse spikes), drawn under a case's secret seed.
 
-A kernel can be right only for the distribution `get_inputs()` draws: a softmax without the row
-max is exact on `randn`. Integer and bool inputs (indices, masks, targets) keep model.py's values."""
+A kernel can be right only for what `get_inputs()` draws (a softmax without the row max is exact on `randn`)."""
 
 from __future__ import annotations
 

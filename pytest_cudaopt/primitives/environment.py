@@ -56,9 +56,8 @@ def pin_worker_to_gpu(worker_id: str) -> int | None:
     """One GPU per pytest-xdist worker: gwN uses device N modulo the visible ones (None: fewer than two)."""
     import torch
 
-    if not worker_id.startswith("gw") or not worker_id[2:].isdigit():
-        return None
-    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+    if (not worker_id.startswith("gw") or not worker_id[2:].isdigit() or not torch.cuda.is_available()
+            or torch.cuda.device_count() < 2):
         return None
     index = int(worker_id[2:]) % torch.cuda.device_count()
     torch.cuda.set_device(index)

@@ -148,8 +148,7 @@ class Peak:
 def check_fits(what: str, need: int, free: int | None, lower: str, memory: str = "device memory") -> None:
     """Raise DoesNotFit when `need` bytes exceed `free` (None: not checked)."""
     if free is not None and need > free:
-        raise DoesNotFit(f"{what} needs about {gib(need)} of {memory}, only {gib(free)} is free; "
-                         f"{lower}")
+        raise DoesNotFit(f"{what} needs about {gib(need)} of {memory}, only {gib(free)} is free; {lower}")
 
 
 def case_need(input_bytes: int, output_bytes: int) -> int:
@@ -180,8 +179,7 @@ def cap_max_elements(max_elements: int | None, canonical_elements: int, canonica
     if fits >= max_elements:
         return max_elements, ""
     cap = max(fits, 1)
-    return cap, (f"drawn shapes capped at {cap} input elements (not {max_elements}): "
-                 f"{gib(free)} free")
+    return cap, f"drawn shapes capped at {cap} input elements (not {max_elements}): {gib(free)} free"
 
 
 # What batches of timed calls may hold beyond the case budget (perf/engine.py).

@@ -1,6 +1,4 @@
-"""Device memory per process, as NVML tells it (libnvidia-ml.so.1 through ctypes): who holds a device's memory.
-
-`TABLE`, when set (a list of {"pid", "used_bytes"} dicts), answers instead of NVML (a test's)."""
+"""Device memory per process, as NVML tells it (libnvidia-ml.so.1 through ctypes): who holds a device's memory."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ TABLE_ENV = "CUDAOPT_NVML_TABLE"
 NVML_SUCCESS = 0
 NVML_ERROR_INSUFFICIENT_SIZE = 7
 NVML_VALUE_NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF
-TABLE: list[dict[str, int]] | None = None
+TABLE: list[dict[str, int]] | None = None  # when set, answers instead of NVML (a test's)
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
 

@@ -49,23 +49,16 @@ def to_float64(value: Any) -> Any:
         return type(value)(to_float64(v) for v in value)
     if isinstance(value, dict):
         return {k: to_float64(v) for k, v in value.items()}
-    if isinstance(value, torch.Tensor):
-        if value.is_complex():
-            return value.to(torch.complex128)
-        if value.is_floating_point():
-            return value.to(torch.float64)
-    return value
+    return value.to(_wide(value)) if isinstance(value, torch.Tensor) else value
+
+
+def _wide(x: torch.Tensor) -> torch.dtype:
+    return torch.complex128 if x.is_complex() else torch.float64 if x.is_floating_point() else x.dtype
 
 
 def float64_inputs(inputs: Sequence[Any]) -> list[Any]:
     """Fresh float64 copies of the inputs (complex128 for complex), other values as they are."""
-    out = []
-    for x in inputs:
-        if isinstance(x, torch.Tensor):
-            dtype = (torch.complex128 if x.is_complex() else torch.float64 if x.is_floating_point() else x.dtype)
-            x = x.to(dtype, copy=True)
-        out.append(x)
-    return out
+    return [x.to(_wide(x), copy=True) if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
 def float_elements(value: Any) -> int:
