@@ -44,8 +44,7 @@ class Observer:
         elif report.failed:
             self.failed.append((report.nodeid, report.longreprtext))
         if report.when == "call" or (report.when == "setup" and not report.passed):
-            outcome = report.outcome
-            self.counts[outcome] = self.counts.get(outcome, 0) + 1
+            self.counts[report.outcome] = self.counts.get(report.outcome, 0) + 1
 
 
 def lock_change(workdir: Path, baseline_workdir: Path | None) -> str | None:

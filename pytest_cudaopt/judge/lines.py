@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 import socket
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from pytest_cudaopt.results import blame
+from pytest_cudaopt.results.records import finite
 from pytest_cudaopt.judge.stages import FAILED, OK, StageResult
 
 LINE_SCHEMA = "cudaopt-judge/1"
@@ -130,17 +130,7 @@ def unjudged(workdir: str, key: str, status: str, reason: str, seconds: float = 
 
 def dumps(line: dict) -> str:
     """Strict JSON on one line (NaN and infinities as null)."""
-    return json.dumps(_finite(line), allow_nan=False, default=str, separators=(",", ":"))
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
+    return json.dumps(finite(line), allow_nan=False, default=str, separators=(",", ":"))
 
 
 def read_lines(path: Path) -> list[dict]:

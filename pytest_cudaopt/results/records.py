@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -180,6 +181,17 @@ class MemorySafetyResult:
         return {"kind": self.kind, "workdir": self.workdir, "test": self.test, "case": self.case,
                 "passed": self.passed, "tools": self.tools, "findings": self.findings, "failures": self.failures,
                 "notes": self.notes, "seconds": self.seconds, "seconds_by_tool": self.seconds_by_tool}
+
+
+def finite(value: Any) -> Any:
+    """`value` with every NaN or infinite float, in dicts and lists too, as None (strict JSON)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(item) for item in value]
+    return value
 
 
 class RecordedResult:

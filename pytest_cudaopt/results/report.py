@@ -12,7 +12,8 @@ from pytest_cudaopt.primitives.environment import environment
 from pytest_cudaopt.perf.decision import SpeedDecision
 from pytest_cudaopt.perf.lineup import COMPILE, CUSTOM, EAGER, PEER_PREFIX, PRECISION_MATCHED, TARGET
 from pytest_cudaopt.perf.stats import format_seconds
-from pytest_cudaopt.results.records import ACCEPTED, CorrectnessResult, PerfResult, PolicyResult, RecordedResult
+from pytest_cudaopt.results.records import (ACCEPTED, CorrectnessResult, PerfResult, PolicyResult, RecordedResult,
+                                            finite)
 from pytest_cudaopt.results.tables import TABLE_WIDTH, render_rows  # noqa: F401 - report.render_rows is the API
 
 KIND_ORDER = ("correctness", "perf", "policy")
@@ -359,18 +360,5 @@ def terminal_summary(terminalreporter: Any, records: Sequence[Mapping[str, Any]]
 
 def strict_dumps(value: Any, **kwargs: Any) -> str:
     """Strict JSON: a NaN or infinite float becomes null, a Path its text, anything else its repr."""
-    return json.dumps(_nan_to_none(value), allow_nan=False, default=_json_default, **kwargs)
-
-
-def _nan_to_none(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _nan_to_none(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_nan_to_none(item) for item in value]
-    return value
-
-
-def _json_default(value: Any) -> Any:
-    return str(value) if isinstance(value, Path) else repr(value)
+    return json.dumps(finite(value), allow_nan=False,
+                      default=lambda v: str(v) if isinstance(v, Path) else repr(v), **kwargs)
