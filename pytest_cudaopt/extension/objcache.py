@@ -3,8 +3,7 @@ is copied from the cache instead of run (build.ninja wraps each compile in this 
 
 The workdir is named by its path relative to the build folder, so two workdirs with the same layout share keys; a
 manifest per key names the headers each object was built from. Any error of the cache's own falls back to the plain
-compile. Standard library only: ninja runs it as a script, outside any package (`python -I`).
-"""
+compile. Standard library only: ninja runs it as a script, outside any package (`python -I`)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-# --------------------------------------------------------------------------- model_new.py (MN003-MN009)
 
 ALLOWED_TORCH_CREATION = frozenset({
     "torch.empty", "torch.empty_like", "torch.empty_strided", "torch.zeros", "torch.zeros_like",
@@ -67,8 +66,6 @@ FORBIDDEN_METHODS_OF_SELF = frozenset({"__call__", "_call_impl", "_wrapped_call_
                                        "__getattribute__"})
 HOOK_METHODS = re.compile(r"register_(full_backward_|forward_|module_forward_)\w*hook")
 
-
-# --------------------------------------------------------------------------- kernels/ C++ (KC001, KC002, CV001)
 
 TORCH_ROOTS = frozenset({"torch", "at", "c10", "caffe2", "aten"})
 # torch::/at::/c10:: names that are not operators. Types (CamelCase) and constants (kFloat) are

@@ -19,7 +19,6 @@ from pytest_cudaopt.policy.cpp_reach import reach_violations
 from pytest_cudaopt.policy.files import HEADER_SUFFIXES, SOURCE_SUFFIXES, kernel_files
 from pytest_cudaopt.policy.rules import Config, Violation
 
-# --------------------------------------------------------------------------- headers (KC002, KC003)
 
 def _is_torch_header(name: str) -> bool:
     return name.startswith(TORCH_HEADER_PREFIXES)
@@ -58,8 +57,6 @@ def _torch_names() -> tuple[frozenset, frozenset]:
     return methods, functions
 
 
-# --------------------------------------------------------------------------- kernels/ scan (KC001-KC005)
-
 @dataclass
 class _Unit:
     """One lexed file: a kernels/ source or header, or a local header one of them includes."""
@@ -89,7 +86,6 @@ class KernelScan:
         for unit in self.units.values():
             self._check_unit(unit)
 
-    # -- discovery
     def _rel(self, path: Path) -> str:
         try:
             return path.relative_to(self.workdir).as_posix()
@@ -164,7 +160,6 @@ class KernelScan:
                         names.add(tok.text)
         return frozenset(names)
 
-    # -- checks
     def _add(self, unit: _Unit, line: int, rule: str, message: str) -> None:
         if unit.chain:
             message += f" (reached through {unit.chain})"
@@ -313,8 +308,6 @@ def _tensor_operators(toks: list[Token]) -> Iterator[tuple[int, str, str]]:
             elif before == "=" and text_at(k - 2) in ("=", "!"):
                 yield tok.line, text_at(k - 2) + "=", text
 
-
-# --------------------------------------------------------------------------- convolution (CV001)
 
 _CONV_NAME = re.compile(r"(Lazy)?Conv(Transpose)?[123]d|conv(_transpose)?[123]d")
 

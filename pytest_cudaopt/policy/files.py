@@ -26,8 +26,6 @@ UPSTREAM_SHA256 = {
 }
 
 
-# --------------------------------------------------------------------------- lock file (PF002, PF003)
-
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -179,8 +177,6 @@ def check_protected(workdir: Path) -> list[Violation]:
         found.append(Violation(source, 1, "PF003", message + owner))
     return found
 
-
-# --------------------------------------------------------------------------- kernels/ clean (KD001-KD003)
 
 INTERMEDIATE_PATTERNS = ("*_v[0-9]*", "*_old*", "*_test*", "*_backup*", "*.bak", "*.orig", "*.rej", "*.tmp", "*~")
 SOURCE_SUFFIXES = (".cu", ".cpp")

@@ -59,7 +59,6 @@ class ModelNewCheck:
                 ("ModelNew", "forward"), forward, "ModelNew", None)
         return self.found
 
-    # -- MN002
     def check_signature(self, cls: ast.ClassDef, init: ast.FunctionDef | None) -> None:
         if self.model_tree is None:
             return

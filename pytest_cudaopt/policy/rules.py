@@ -94,8 +94,6 @@ class Violation:
         return f"{self.path}:{self.line}: {self.rule}: {self.message}"
 
 
-# --------------------------------------------------------------------------- configuration
-
 CONFIG_KEYS = {
     "disable": "rule ids to skip, e.g. [\"KC005\"]",
     "allow-python-calls": "more functions the forward path may call (dotted, aliases resolved: "
@@ -174,8 +172,6 @@ def load_config(workdir: Path) -> Config:
                      for key, value in values.items()},
                   problems=tuple(Violation("pyproject.toml", line, "CF001", p) for p in problems))
 
-
-# --------------------------------------------------------------------------- output
 
 def format_violation(violation: Violation, workdir: Path) -> str:
     """`path:line: RULE-ID: what was found`, the path shown relative to the current folder."""

@@ -100,15 +100,8 @@ def is_workdir_file(file_path: Path) -> bool:
 
 def matches_python_files(path: Path, patterns: list[str]) -> bool:
     """Whether pytest's python plugin collects `path` (the `python_files` ini patterns)."""
-    for pattern in patterns:
-        if "/" not in pattern and os.sep not in pattern:
-            matched = fnmatch.fnmatch(path.name, pattern)
-        else:
-            full = pattern if os.path.isabs(pattern) else f"*{os.sep}{pattern}"
-            matched = fnmatch.fnmatch(str(path), full)
-        if matched:
-            return True
-    return False
+    return any(fnmatch.fnmatch(path.name, p) if "/" not in p and os.sep not in p
+               else fnmatch.fnmatch(str(path), p if os.path.isabs(p) else f"*{os.sep}{p}") for p in patterns)
 
 
 class WorkdirModule(pytest.Module):

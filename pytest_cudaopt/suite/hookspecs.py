@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-# Hooks whose implementation decides a verdict: one outside pytest_cudaopt (a conftest.py) is
-# refused unless the run is a self-test (--cudaopt-self-test, CUDAOPT_SELF_TEST=1).
-VERDICT_HOOKS = ("pytest_cudaopt_perf_clock", "pytest_cudaopt_perf_tracer")
-
 
 class CudaoptHooks:
     @pytest.hookspec(firstresult=True)

@@ -87,8 +87,7 @@ class CudaoptSession:
             except build.BuildError as exc:
                 # Every later item of this workdir reports the same failure without rebuilding.
                 self._extensions[workdir] = exc
-        found = self._extensions[workdir]
-        return _raise_or_return(found)
+        return _raise_or_return(self._extensions[workdir])
 
     def builds_later(self, workdir: Path) -> bool:
         """Whether a correctness or perf item of `workdir` is still to run (and will build)."""
