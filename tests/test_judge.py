@@ -88,8 +88,6 @@ def test_an_honest_workdir_passes_every_stage(judged):
     assert line["report"]["passed"] is True and line["report"]["results"]
     assert line["key"] and line["gpu"] in ("cpu0", "cpu1")
     assert set(line["seconds"]) >= {"build", "policy", "check", "perf", "total"}
-    # the perf child prepared, then asked for its device alone and got it before timing (run/alone.py)
-    assert 0 <= line["seconds"]["perf_wait"] < line["seconds"]["perf"]
     assert line["stages"]["build"]["need_bytes"] >= 2 << 30   # the estimate: the case budget's 2 GiB at least
 
 

@@ -38,72 +38,21 @@ def test_checks_of_several_workdirs_share_a_gpu_up_to_share():
     assert _ready_by_stage(started) == {(0, "check"): "0", (1, "check"): "0"}
 
 
-def test_a_perf_stage_prepares_beside_checks_and_times_once_it_has_its_gpu_alone():
-    s = Scheduler(["0"], jobs=4, share=3)
-    for job in range(4):
+def test_a_perf_stage_has_its_gpu_to_itself():
+    s = Scheduler(["0"], jobs=4, share=2)
+    for job in range(3):
         s.add(job, stages=["check", "perf"])
     first = {t.job: t for t in s.ready()}
-    assert sorted(first) == [0, 1, 2]
     s.finish(first[0])
-    (perf,) = s.ready()
-    assert perf == Task(0, "perf", "0") and 0 in s.devices[0].checks   # starts beside the checks
-    assert s.grants() == []                   # not ready to time yet: nothing to grant
-    s.want_alone(perf)
-    s.finish(first[1])
-    assert s.ready() == []                    # it waits for the device: job 3's check may not start
-    assert s.grants() == []                   # job 2's check still runs
-    s.finish(first[2])
-    assert s.grants() == [perf] and s.devices[0].alone == 0
-    assert s.ready() == [] and s.grants() == []   # nothing beside its timing, not job 1's perf
-    s.finish(perf)
-    started = {(t.job, t.stage) for t in s.ready()}
-    assert started == {(1, "perf"), (2, "perf"), (3, "check")}
-
-
-def test_a_perf_stage_gives_its_gpu_back_between_its_calibration_and_its_timing():
-    s = Scheduler(["0"], jobs=4, share=2)
-    s.add(0, stages=["perf"])
-    s.add(1, stages=["check"])
-    s.add(2, stages=["check"])
-    perf, check = s.ready()
-    s.want_alone(perf)
-    s.finish(check)
-    assert s.grants() == [perf]               # calibrating alone
+    # job 0 waits for perf: the GPU drains (job 2's check may not start), job 1 still checks
     assert s.ready() == []
-    s.release(perf)                           # loading, building, compiling beside a check again
-    assert s.devices[0].alone is None and 0 in s.devices[0].checks
-    (late,) = s.ready()
-    assert late == Task(2, "check", "0")
-    s.want_alone(perf)                        # ready to time: the check must end first
-    assert s.grants() == []
-    s.finish(late)
-    assert s.grants() == [perf]
-
-
-def test_perf_stages_waiting_together_time_one_after_another():
-    s = Scheduler(["0"], jobs=4, share=2)
-    for job in range(2):
-        s.add(job, stages=["perf"])
-    a, b = s.ready()
-    s.want_alone(b)
-    assert s.grants() == []                   # a still prepares: it might use the GPU
-    s.want_alone(a)
-    (first,) = s.grants()
-    assert first == b and s.grants() == []    # in the order asked
-    s.finish(first)
-    assert s.grants() == [a]
-
-
-def test_a_perf_stage_that_ends_before_asking_frees_its_place():
-    s = Scheduler(["0"], jobs=4, share=2)
-    s.add(0, stages=["perf"])
-    s.add(1, stages=["perf"])
-    a, b = s.ready()
-    s.want_alone(a)
-    s.finish(b)   # b failed before timing (a wrong workdir's perf item, say)
-    assert s.grants() == [a]
-    s.want_alone(b)   # a late word from an ended stage changes nothing
-    assert s.devices[0].wanting == []
+    assert s.devices[0].draining
+    s.finish(first[1])
+    started = s.ready()
+    assert [(t.job, t.stage) for t in started] == [(0, "perf")]
+    assert s.ready() == []  # nothing beside a perf stage, not even job 1's perf
+    s.finish(started[0])
+    assert [(t.job, t.stage) for t in s.ready()] == [(1, "perf")]
 
 
 def test_perf_goes_to_an_idle_gpu_while_checks_keep_another_busy():
@@ -114,10 +63,8 @@ def test_perf_goes_to_an_idle_gpu_while_checks_keep_another_busy():
     assert sorted(t.device for t in started) == ["0", "0", "1"]   # the GPU with the fewest checks first
     lone = next(t for t in started if t.device == "1")
     s.finish(lone)
-    (perf,) = s.ready()
-    assert perf == Task(lone.job, "perf", lone.device)
-    s.want_alone(perf)
-    assert s.grants() == [perf]               # GPU 1 had nothing else: its timing starts at once
+    perf = s.ready()
+    assert perf == [Task(lone.job, "perf", lone.device)]
 
 
 def test_memory_learned_from_a_problems_first_check_limits_sharing():
@@ -266,7 +213,7 @@ def test_a_check_short_of_memory_beside_another_runs_again_alone_and_nothing_joi
     assert alone == Task(0, "check", "0") and s.devices[0].alone == 0 and not s.shared(alone)
     assert s.ready() == []                  # nothing beside it, not job 1's perf nor job 2's check
     assert s.finish(alone, retry_alone=True) == "perf"   # alone already: no second retry
-    assert {(t.job, t.stage) for t in s.ready()} == {(0, "perf"), (1, "perf")}
+    assert {(t.job, t.stage) for t in s.ready()} == {(0, "perf")}
 
 
 def test_a_check_that_ran_alone_throughout_was_not_shared():

@@ -21,12 +21,11 @@ from pytest_cudaopt.judge.devices import DeviceSet, cpu_slots, gpus
 from pytest_cudaopt.judge.options import Options, result_key
 from pytest_cudaopt.judge.scheduler import STAGES, Scheduler, Task
 from pytest_cudaopt.judge.stages import FAILED, OK, StageResult, run_stage, shortfall
-from pytest_cudaopt.run import alone, zygote
+from pytest_cudaopt.run import zygote
 
-# The events of a pool besides a stage's end: a perf stage that wants its device alone, or gives it
-# back (run/alone.py); for a fed pool, a workdir added, no more to come, one workdir's children to end
-# (a service's backstop), everything to end now (a service stopped).
-_WANT, _RELEASE, _ADD, _CLOSE, _ABANDON, _STOP = object(), object(), object(), object(), object(), object()
+# The events of a fed pool besides a stage's end: a workdir added, no more to come, one workdir's
+# children to end (a service's backstop), everything to end now (a service stopped).
+_ADD, _CLOSE, _ABANDON, _STOP = object(), object(), object(), object()
 
 
 @dataclass
@@ -161,7 +160,6 @@ class LocalPool:
 
     def _loop(self, scheduler: Scheduler, jobs: dict[int, Job], scratch: Path) -> Iterator[dict]:
         done: set[int] = set()
-        turns: dict[int, int] = {}   # job -> the turn alone its perf stage asked for last
         closed = not self.fed
         try:
             # an add made while the last line was out (a judge-again) is taken before the loop ends
@@ -172,17 +170,7 @@ class LocalPool:
                     self.on_event("start", jobs[task.job], task)
                     threading.Thread(target=self._work, args=(jobs[task.job], task, self._events),
                                      daemon=True).start()
-                for task in scheduler.grants():
-                    alone.grant(jobs[task.job].out / "alone", turns[task.job])
                 task, result = self._events.get()
-                if task is _WANT:
-                    asking, turn = result
-                    turns[asking.job] = turn
-                    scheduler.want_alone(asking)
-                    continue
-                if task is _RELEASE:
-                    scheduler.release(result)
-                    continue
                 if task is _CLOSE:
                     closed = True
                     continue
@@ -215,11 +203,6 @@ class LocalPool:
                 yield self._line(job, status="cancelled", reason=f"{why} {when}")
 
     def _work(self, job: Job, task: Task, events: queue.Queue) -> None:
-        asked = threading.Event()
-        if task.stage == "perf":   # the child says when it is ready to time
-            alone.prepare(job.out / "alone")
-            threading.Thread(target=self._watch_alone, args=(job.out / "alone", task, events, asked),
-                             daemon=True).start()
         try:
             if task.stage == "build":
                 copied = time.monotonic()
@@ -233,20 +216,7 @@ class LocalPool:
                                                                f"{job.workdir}: {exc}")
         except Exception as exc:  # the judge's own bug: the workdir still gets its line
             result = StageResult(task.stage, "error", reason=f"the judge failed: {exc!r}")
-        asked.set()
         events.put((task, result))
-
-    @staticmethod
-    def _watch_alone(folder: Path, task: Task, events: queue.Queue, ended: threading.Event) -> None:
-        """The perf child's turns: each asked for (wanted.N), then given back (released.N) or held to its end."""
-        turn, asked = 1, False
-        while not ended.wait(alone.POLL_S * 2):
-            if not asked and alone.wanted(folder, turn):
-                events.put((_WANT, (task, turn)))
-                asked = True
-            elif asked and alone.released(folder, turn):
-                events.put((_RELEASE, task))
-                turn, asked = turn + 1, False
 
     def _finished(self, scheduler: Scheduler, job: Job, task: Task, result: StageResult) -> dict | None:
         self.on_event("end", job, task, result)
@@ -254,8 +224,6 @@ class LocalPool:
         peak = max((p for p in peaks if isinstance(p, int)), default=None) if task.stage == "check" else None
         short = shortfall(result)
         job.seconds[task.stage] = job.seconds.get(task.stage, 0.0) + result.seconds
-        if task.stage == "perf" and alone.wanted(job.out / "alone", 1):   # of it, the waits for the device alone
-            job.seconds["perf_wait"] = alone.waited(job.out / "alone")
         if short is not None and scheduler.shared(task):   # not the candidate's: judged again, alone
             job.note = (f"ran out of device memory on {task.device} beside other checks ({short.splitlines()[0]}); "
                         f"judged again alone on an idle device")

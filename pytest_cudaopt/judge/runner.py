@@ -9,7 +9,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from pytest_cudaopt.run import zygote
 
@@ -118,9 +118,8 @@ def _spawn(command: Sequence[str], env: Mapping[str, str], cwd: Path, log: Path,
 
 def run(command: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout: float, log: Path,
         children: Children | None = None, grace: float = GRACE_S, nice: int = 0,
-        zygote_name: str | None = None, extend: Callable[[], float] | None = None) -> Outcome:
-    """Run `command` to its end or its time limit (SIGTERM to its group, SIGKILL after `grace`), output to `log`.
-    `extend`: seconds not counted against the limit so far (a wait for the judge's device)."""
+        zygote_name: str | None = None) -> Outcome:
+    """Run `command` to its end or its time limit (SIGTERM to its group, SIGKILL after `grace`), output to `log`."""
     start = time.monotonic()
     proc = _spawn(command, env, cwd, log, nice, zygote_name)
     if children is not None:
@@ -128,14 +127,7 @@ def run(command: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout: f
     timed_out = False
     try:
         try:
-            while True:
-                left = start + timeout + (extend() if extend else 0.0) - time.monotonic()
-                try:
-                    proc.wait(timeout=max(0.0, min(left, 1.0) if extend else left))
-                    break
-                except subprocess.TimeoutExpired:
-                    if start + timeout + (extend() if extend else 0.0) <= time.monotonic():
-                        raise
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
             _end_group(proc.pid, signal.SIGTERM)

@@ -1,4 +1,4 @@
-"""Which stage of which workdir runs where next: CPU slots for builds, devices for judging, a perf stage's timing alone on its device. No processes here."""
+"""Which stage of which workdir runs where next: CPU slots for builds, devices for judging, a perf stage alone on its device. No processes here."""
 
 from __future__ import annotations
 
@@ -6,10 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-# The stages of a workdir, in order. A perf stage starts beside checks and has its device alone twice
-# (want_alone, then grants once nothing else runs on it): for its clocks' calibration, which it then
-# gives back (release), and for its timed rounds and traces. A check that ran
-# out of device memory beside other checks runs again alone from its start.
+# The stages of a workdir, in order. A check that ran out of device memory beside other checks
+# runs again alone, as a perf stage does.
 STAGES = ("build", "policy", "check", "perf")
 CPU_STAGES = frozenset({"build", "policy"})
 OVERHEAD_BYTES = 2 << 30   # what a judging process holds besides its cases (the CUDA context, workspaces)
@@ -32,7 +30,6 @@ class Device:
     memory: int | None = None                               # bytes; None: only the count limits sharing
     checks: dict[int, int | None] = field(default_factory=dict)   # job -> memory it was given
     alone: int | None = None                                 # the job that has it to itself (perf, a check retried)
-    wanting: list[int] = field(default_factory=list)          # perf stages prepared, waiting to have it alone
     draining: bool = False                                   # a stage that runs alone waits for it: no new checks
     busy_s: float = 0.0
     busy_since: float | None = None
@@ -52,10 +49,8 @@ class _Job:
 
 
 class Scheduler:
-    """Assigns stages to CPU slots (`jobs` at once) and devices. A device takes up to `share` checks and perf
-    stages while their needs fit, or one check alone, which goes first and drains a device when none is idle.
-    A perf stage that wants its device alone stops new work there and gets it once every other stage on it
-    ended or waits too. `clock`: tests."""
+    """Assigns stages to CPU slots (`jobs` at once) and devices. A device takes up to `share` checks while their
+    needs fit, or one stage alone, which goes first and drains a device when none is idle. `clock`: tests."""
 
     def __init__(self, devices: Sequence[str], *, jobs: int = 2, share: int = 2,
                  memory: dict[str, int] | None = None, clock: Callable[[], float] = time.monotonic):
@@ -101,8 +96,7 @@ class Scheduler:
             device.alone = job
             started.append(self._start(job, stage, device))
         self._release_drains()
-        shared = [w for w in waiting if w[1] == "perf"] + [w for w in waiting if w[1] == "check" and not self._sole(*w)]
-        for job, stage in shared:   # a perf stage first: it is its workdir's last
+        for job, stage in [w for w in waiting if w[1] == "check" and not self._sole(*w)]:
             device = self._fitting(self._jobs[job].problem)
             if device is not None:
                 if device.checks:   # beside others: a shortfall of either is no candidate's
@@ -117,38 +111,8 @@ class Scheduler:
         return started
 
     def _sole(self, job: int, stage: str) -> bool:
-        """The stage has its device to itself from its start: a check retried alone."""
-        return stage == "check" and self._jobs[job].alone
-
-    def want_alone(self, task: Task) -> None:
-        """The running perf stage `task` wants its device alone: no new stage starts there until it had it."""
-        device = self._device(task)
-        if self._jobs[task.job].running == task and task.job in device.checks and task.job not in device.wanting:
-            device.wanting.append(task.job)
-
-    def release(self, task: Task) -> None:
-        """The perf stage `task` gives its device back: it runs beside the checks again until it wants it alone."""
-        device = self._device(task)
-        if device.alone == task.job and self._jobs[task.job].running == task:
-            self._touch(device)
-            device.alone = None
-            device.checks[task.job] = self._need(self._jobs[task.job].problem, device)
-            self._touch(device)
-
-    def grants(self) -> list[Task]:
-        """The perf stages that now have their device alone: every other stage on it ended or waits to time too."""
-        given = []
-        for device in self.devices:
-            if device.alone is None and device.wanting and set(device.checks) <= set(device.wanting):
-                job = device.wanting.pop(0)
-                device.checks.pop(job)
-                device.alone = job
-                self._touch(device)
-                given.append(Task(job, "perf", device.name))
-        return given
-
-    def _device(self, task: Task) -> Device:
-        return next(d for d in self.devices if d.name == task.device)
+        """The stage has its device to itself: perf, or a check retried alone."""
+        return stage == "perf" or (stage == "check" and self._jobs[job].alone)
 
     def _start(self, job: int, stage: str, device: Device | None) -> Task:
         if device is not None:
@@ -166,7 +130,7 @@ class Scheduler:
         """The device with the fewest checks that takes one more (no perf, not draining, memory fits)."""
         fits = []
         for device in self.devices:
-            if device.alone is not None or device.draining or device.wanting or len(device.checks) >= self.share:
+            if device.alone is not None or device.draining or len(device.checks) >= self.share:
                 continue
             need = self._need(problem, device)
             used = sum(n or 0 for n in device.checks.values())
@@ -214,11 +178,9 @@ class Scheduler:
         if task.device is None:
             self._cpu_running -= 1
         else:
-            device = self._device(task)
+            device = next(d for d in self.devices if d.name == task.device)
             self._touch(device)
             device.checks.pop(task.job, None)
-            if task.job in device.wanting:
-                device.wanting.remove(task.job)
             if device.alone == task.job:
                 device.alone = None
             self._touch(device)

@@ -14,7 +14,7 @@ from pytest_cudaopt.judge import copies, runner
 from pytest_cudaopt.judge.devices import DeviceSet
 from pytest_cudaopt.judge.options import Options
 from pytest_cudaopt.launch import pytest_command, strict_sandbox
-from pytest_cudaopt.run import alone, zygote
+from pytest_cudaopt.run import zygote
 
 # The pytest children: which items each runs, and the verdict kinds it must have collected.
 MARKERS = {"policy": "policy", "check": "not perf and not policy", "perf": "perf"}
@@ -58,14 +58,10 @@ class StageResult:
         return data
 
 
-def environment(stage: str, devices: DeviceSet, device: str | None, options: Options,
-                out: Path | None = None) -> dict[str, str]:
-    """A child's environment: the scrubbed base, its device, the host's shared caches, a perf stage's folder
-    for its turn alone on the device (run/alone.py)."""
+def environment(stage: str, devices: DeviceSet, device: str | None, options: Options) -> dict[str, str]:
+    """A child's environment: the scrubbed base, its device, the host's shared caches."""
     given = {"CUDA_VISIBLE_DEVICES": "" if devices.cpu or device is None else device,
              "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
-    if stage == "perf" and out is not None:
-        given[alone.ENV] = str(out / "alone")
     if devices.arch_list and not os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip():
         given["TORCH_CUDA_ARCH_LIST"] = devices.arch_list
     if options.cache_dir is not None:
@@ -102,12 +98,10 @@ def run_stage(stage: str, copy: Path, out: Path, devices: DeviceSet, device: str
               children: runner.Children | None = None) -> StageResult:
     """Run one stage of the workdir at `copy` (outputs in `out`) and read what it left."""
     timeout = options.build_timeout if stage == "build" else options.timeout
-    # A perf stage's wait for its device alone is the judge's time, not the stage's.
-    waited = (lambda: alone.waited(out / "alone")) if stage == "perf" else None
-    outcome = runner.run(command(stage, copy, out, options), env=environment(stage, devices, device, options, out),
+    outcome = runner.run(command(stage, copy, out, options), env=environment(stage, devices, device, options),
                          cwd=out, timeout=timeout, log=out / f"{stage}.log", children=children,
                          grace=options.grace, nice=BUILD_NICE if stage == "build" else 0,
-                         zygote_name=options.zygote if options.fork else None, extend=waited)
+                         zygote_name=options.zygote if options.fork else None)
     if stage == "build":
         result = read_build(outcome)
         result.objects = _object_counts(copy)

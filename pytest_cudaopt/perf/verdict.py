@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -107,12 +107,9 @@ def _traces(lineup_: lineup.Lineup, measurement: engine.Measurement, args: list,
 
 
 def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
-          tracer: Any = None, target: Any = None, known: Sequence[tuple[str, Any]] = (),
-          before_timing: Callable[[], Any] | None = None) -> tuple[PerfResult, dict]:
+          tracer: Any = None, target: Any = None, known: Sequence[tuple[str, Any]] = ()) -> tuple[PerfResult, dict]:
     """Time every contender of `workdir`, trace one call of each and decide the gate: the result and what
-    the pytest-benchmark recording needs. `target`: the target branch's workdir or the error loading it.
-    `before_timing`: called once the contenders are compiled, before the memory plan and the first timed call
-    (under `cudaopt judge`, the wait for the device alone)."""
+    the pytest-benchmark recording needs. `target`: the target branch's workdir or the error loading it."""
     device = torch.device(settings.device)
     with memory.Peak(device) as peak, saved_rng():
         model, model_new = workdir.make_models(device, seed=derive_seed(seed, "perf", "weights"))
@@ -132,8 +129,6 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
         for contender in line.contenders:
             if contender.key not in tiers:
                 tiers[contender.key] = _tier(model, contender.fn, example, contender.scope)[0]
-        if before_timing is not None:
-            before_timing()
         # The memory plan for inputs and outputs the size of `example`'s.
         group, one_check, batch, plan_note = memory.perf_input_plan(
             nbytes(example), nbytes(feed.expected(example)), memory.free_bytes(device), len(line.contenders),

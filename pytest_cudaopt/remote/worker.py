@@ -18,7 +18,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from pytest_cudaopt.run import alone, watchdog
+from pytest_cudaopt.run import watchdog
 from pytest_cudaopt.run.signals import die_with_parent
 from pytest_cudaopt import wire as protocol
 from pytest_cudaopt.remote import timing
@@ -137,12 +137,9 @@ class Worker:
             except RuntimeError as exc:  # torch's: the gate is left out (attach_stream_gate)
                 self.stream_gate_error = str(exc) or type(exc).__name__
         self.confine(self.receive(what="confining itself"))
-        # Under `cudaopt judge` a perf stage has its GPU alone for the clocks' calibrations: they are timing too.
-        alone.wait_for_device()
         self.calibrate()
         if work is not None:
             self.attach_stream_gate(work)
-        alone.release()
         arena = protocol.Arena.create()
         try:
             self.facts = self.request({"op": "load", "workdir": str(self.workdir), "device": self.device,

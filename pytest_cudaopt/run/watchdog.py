@@ -139,8 +139,6 @@ class Watchdog:
         self._previous_handler: Any = None
         self._installed = False
         self._raised: HangTimeout | None = None
-        self.paused_s = 0.0                     # seconds the test spent in paused() (not counted)
-        self._pause_began: float | None = None
 
     def harness_now(self) -> tuple[str, float, float]:
         """(the harness step running now or "", the harness's seconds so far, the test's seconds so far)."""
@@ -181,19 +179,10 @@ class Watchdog:
                 self._raised = HangTimeout(self.message())
             raise self._raised.with_traceback(None)
 
-    def _left(self) -> float:
-        """Seconds until the limit, paused time not counted; the limit itself while paused."""
-        if self._pause_began is not None:
-            return self.timeout
-        return self._started + self.timeout + self.paused_s - time.monotonic()
-
     def _watch(self) -> None:
-        while not self._done.wait(max(0.05, self._left())):
-            if self._left() > 0:   # paused, or the limit moved by a pause
-                continue
+        while not self._done.wait(self.timeout):
             if not is_debugging():
                 break
-            self.paused_s += self.timeout  # a debugging session: another whole limit
             faulthandler.cancel_dump_traceback_later()  # never kill a debugging session
             if self._on_debugging is not None:
                 self._on_debugging()
@@ -242,26 +231,6 @@ class Watchdog:
             self._installed = False
         if Watchdog.current is self:
             Watchdog.current = None
-
-
-@contextlib.contextmanager
-def paused():
-    """The running test's clock stops (a wait for the judge's device, which is no time of the test's own)."""
-    dog = Watchdog.current
-    if dog is None:
-        yield
-        return
-    if dog._backstop:
-        faulthandler.cancel_dump_traceback_later()
-    dog._pause_began = time.monotonic()
-    try:
-        yield
-    finally:
-        dog.paused_s += time.monotonic() - dog._pause_began
-        dog._pause_began = None
-        if dog._backstop and not dog._done.is_set():
-            faulthandler.dump_traceback_later(max(1.0, dog._left()) + GRACE_S + BACKSTOP_S, exit=True,
-                                              file=dog._fd())
 
 
 def set_case(text: str, replay: str = "") -> None:

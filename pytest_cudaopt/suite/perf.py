@@ -12,7 +12,6 @@ from pytest_cudaopt.perf import clocks, lineup, trace
 from pytest_cudaopt.perf.feed import Feed
 from pytest_cudaopt.perf.verdict import judge
 from pytest_cudaopt.results.records import PerfResult
-from pytest_cudaopt.run import alone
 from pytest_cudaopt.workdir import saved_rng
 
 # pytest-benchmark rounds of the custom path (bounded: the engine's medians are the verdict).
@@ -96,8 +95,7 @@ class TestPerf:
             result, extra = judge(workdir=workdir, settings=cudaopt_settings, seed=cudaopt_session.seed,
                                   clock=clock, test=request.node.nodeid, tracer=tracer,
                                   target=cudaopt_session.target_workdir(),
-                                  known=judged_precisions(cudaopt_session.results, workdir.path),
-                                  before_timing=alone.wait_for_device)
+                                  known=judged_precisions(cudaopt_session.results, workdir.path))
             changed = clocks.tampered()
             if changed:
                 result.failure = (f"the timing functions {', '.join(changed)} were replaced while "
@@ -106,6 +104,5 @@ class TestPerf:
             for contender in result.measurement.results.values():
                 cudaopt_session.note_fault(request.node.nodeid, contender.error, contender.failure)
             record_benchmark(benchmark, result, clock, **extra)
-        alone.release()   # under `cudaopt judge`: the rest (reports, the worker's end) needs no GPU alone
         if not result.passed:  # the reason first: the summary, JUnit and the judge show the first line
             pytest.fail(f"{result.reason}\n{report.perf_table(result)}", pytrace=False)
