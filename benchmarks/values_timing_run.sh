@@ -61,4 +61,5 @@ PY
 rm -rf "$OUT/gallery" "$OUT/shave/scratch"
 tar czf "$RESULT/all.tgz" -C "$OUT" . 2>/dev/null; cp "$summary" "$RESULT/"
 cat "$OUT/gpu.txt"; echo; cat "$summary"; tail -n 25 "$OUT/clock-shave.log" 2>/dev/null
-tail -n 6 "$OUT/gpu-tests.log" 2>/dev/null
+[ ! -f "$OUT/gpu-tests.log" ] || tail -n 6 "$OUT/gpu-tests.log"
+! grep -Eq 'rc=[1-9]' "$summary"   # the exit status: 1 when a step failed, not when one was skipped
