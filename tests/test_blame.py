@@ -93,8 +93,8 @@ def test_a_candidate_whose_worker_holds_more_than_the_case_allows_is_blamed_with
     result, doc = _run(pytester, make_workdir, WORKER_HOLDS_110_GIB)
     item = _canonical_item(doc)
     assert item["status"] == "failed" and item["blame"] == "candidate", item
-    assert "ModelNew's process (pid " in item["reason"] and ") holds 110.00 GiB; the workdir's largest case allows" \
-        in item["reason"], item["reason"]
+    said = ") holds 110.00 GiB; the workdir's largest case with ModelNew's weights allows"
+    assert "ModelNew's process (pid " in item["reason"] and said in item["reason"], item["reason"]
     assert doc["passed"] is False and doc["complete"] is True and doc["blame"] == "candidate", doc
     assert result.ret == 1
 
@@ -219,3 +219,29 @@ def test_a_worker_is_allowed_what_its_largest_case_left_cached_not_only_the_smal
     monkeypatch.setattr(nvml, "processes", lambda index=0: [{"pid": 7, "used_bytes": 120 * GiB}])
     who, why = holder(workdir, settings, 2 * GiB, 2 * GiB + (100 << 20))
     assert who == blame.CANDIDATE and "holds 120.00 GiB; the workdir's largest case allows" in why, why
+
+
+def test_a_worker_is_allowed_modelnews_weights_beside_its_largest_case(monkeypatch):
+    """An honest ModelNew of 1 GiB of weights holds them, and may hold a copy it derives, beside its cases."""
+    import types
+
+    from pytest_cudaopt.correctness.case import holder
+
+    reference = types.ModuleType("model")
+    exec("import torch\nbatch_size, features = 16, 16384\n"
+         "def get_inputs():\n    return [torch.randn(batch_size, features)]\n"
+         "def get_init_inputs():\n    return [features]\n"
+         "class Model(torch.nn.Module):\n    def __init__(self, n):\n        super().__init__()\n"
+         "        self.linear = torch.nn.Linear(n, n)\n    def forward(self, x):\n        return self.linear(x)\n",
+         reference.__dict__)
+    worker = types.SimpleNamespace(proc=types.SimpleNamespace(pid=7))
+    workdir = types.SimpleNamespace(reference=reference, worker=worker)
+    settings = types.SimpleNamespace(device="cpu", max_elements=None)
+    # its cases' budget is about 2 GiB; it holds that and its weights twice (3.0 GiB in all)
+    monkeypatch.setattr(nvml, "processes", lambda index=0: [{"pid": 7, "used_bytes": 4 * GiB},
+                                                           {"pid": 41, "used_bytes": 70 * GiB}])
+    who, why = holder(workdir, settings, 2 * GiB, 2 * GiB)
+    assert who == blame.ENVIRONMENT and "pid 41 70.00 GiB" in why, why
+    monkeypatch.setattr(nvml, "processes", lambda index=0: [{"pid": 7, "used_bytes": 6 * GiB}])
+    who, why = holder(workdir, settings, 2 * GiB, 2 * GiB)
+    assert who == blame.CANDIDATE and "holds 6.00 GiB; the workdir's largest case with ModelNew's weights" in why, why

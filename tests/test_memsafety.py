@@ -323,7 +323,7 @@ def test_a_sanitized_case_that_ran_out_of_memory_is_blamed_on_whoever_holds_it(p
     assert report["complete"] is (blamed == "candidate"), report
     text = result.stdout.str()
     assert "the case did not complete under memcheck (exit status 11)" in text and "out of memory" in text
-    assert ("holds 110.00 GiB; the workdir's largest case allows" in text) == (blamed == "candidate"), text[-3000:]
+    assert ("holds 110.00 GiB; the workdir's largest case with ModelNew's weights allows" in text) == (blamed == "candidate"), text[-3000:]
 
 
 def test_a_memcheck_that_runs_past_its_time_fails_and_slow_optional_tools_are_noted(pytester, sanitized, monkeypatch):

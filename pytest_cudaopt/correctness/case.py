@@ -229,4 +229,7 @@ def holder(workdir: Workdir, settings, need: int, budget: int, own: bool = False
     if space is not None and space.canonical_elements > 0:
         budget = max(budget, memory.largest_case_budget(space.canonical_bytes, space.canonical_elements,
                                                         space.max_elements))
-    return blame.memory_blame(need, budget, pid, nvml.processes(index), "the workdir's largest case", own=own)
+    # ModelNew's parameters, and a copy it derives from them (packed, transposed), are the worker's too.
+    weights = memory.weights_on_meta(workdir.reference)
+    what = "the workdir's largest case with ModelNew's weights" if weights else "the workdir's largest case"
+    return blame.memory_blame(need, budget + 2 * weights, pid, nvml.processes(index), what, own=own)

@@ -19,10 +19,8 @@ def check_need(workdir: Path, max_elements: int | None = None) -> int | None:
     """The device memory one check of this problem may take, from its reference on meta: the largest case's budget
     plus three copies of Model's parameters (the reference, float64, ModelNew); None when it does not run on meta."""
     try:
-        import torch
-
         from pytest_cudaopt.correctness.shapes import shape_space
-        from pytest_cudaopt.primitives.memory import largest_case_budget
+        from pytest_cudaopt.primitives.memory import largest_case_budget, weights_on_meta
         from pytest_cudaopt.workdir import import_file, module_prefix
 
         reference = import_file(f"{module_prefix(workdir)}.need", workdir / "model.py", workdir,
@@ -30,9 +28,7 @@ def check_need(workdir: Path, max_elements: int | None = None) -> int | None:
         space = shape_space(reference, max_elements)   # the check's own size cap, before free memory shrinks it
         if not space.meta_usable:
             return None
-        with torch.device("meta"):
-            model = reference.Model(*reference.get_init_inputs())
-        weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+        weights = weights_on_meta(reference)
         drawn = space.max_elements if space.strategy is not None else None   # nothing to draw: the canonical case
         return largest_case_budget(space.canonical_bytes, space.canonical_elements, drawn) + 3 * weights
     except Exception:  # noqa: BLE001 - an estimate, never a verdict

@@ -32,6 +32,16 @@ def largest_case_budget(canonical_bytes: int, canonical_elements: int, max_eleme
     return FACTOR * canonical_bytes * max_elements // canonical_elements + OVERHEAD
 
 
+def weights_on_meta(reference: Any) -> int:
+    """Bytes of model.py's Model's parameters and buffers, built on the meta device; 0 where it cannot be."""
+    try:
+        with torch.device("meta"):
+            model = reference.Model(*reference.get_init_inputs())
+        return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    except Exception:  # noqa: BLE001 - an estimate, never a verdict
+        return 0
+
+
 def free_bytes(device: torch.device | str) -> int | None:
     """Free memory on `device` as the process can use it; None where it cannot be told."""
     device = torch.device(device)
