@@ -176,7 +176,7 @@ def _guarded(trial: guards.Trial, inputs: list, label: str, footer: str, short: 
         del error  # its traceback holds the case's tensors
     why = lines[0] if lines else "torch.OutOfMemoryError"
     who, held = holders(own=own) if holders else (blame.CANDIDATE if own else blame.ENVIRONMENT, "")
-    failed = CaseFailed(SHORTFALL, f"{label} ran out of device memory: {why}" + (f"\n{held}" if held else "") + footer,
+    failed = CaseFailed(SHORTFALL, shortfall_text(who, held, f"{label} ran out of device memory: {why}") + footer,
                         short, described)
     failed.blame = who
     raise failed

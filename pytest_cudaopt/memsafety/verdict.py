@@ -4,9 +4,10 @@ Only the workdir's own kernels are judged (a report whose source line is in the 
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import shutil
-import json
 import signal
 import subprocess
 import sys
@@ -147,6 +148,7 @@ def call_evidence(run: Run, scratch: Path, expected: Callable[[], list]) -> str 
     call completed, an op audit with no torch op, and an output that is the reference's function."""
     import torch
 
+    from pytest_cudaopt.correctness.precision import relative_l2_error
     from pytest_cudaopt.memsafety.child import DONE, OUTPUT
 
     said = next((line for line in reversed(run.output.splitlines()) if line.startswith(DONE)), None)
@@ -171,9 +173,7 @@ def call_evidence(run: Run, scratch: Path, expected: Callable[[], list]) -> str 
     for i, (g, w) in enumerate(zip(got, want)):
         if not isinstance(g, torch.Tensor) or tuple(g.shape) != tuple(w.shape):
             return f"output {i} under {run.tool} has shape {tuple(getattr(g, 'shape', ()))}, model.py's {tuple(w.shape)}"
-        w64, g64 = w.detach().double().cpu(), g.double()
-        scale = float(w64.norm()) or 1.0
-        error = float((g64 - w64).norm()) / scale if bool(torch.isfinite(w64).all()) else 0.0
+        error = relative_l2_error(g, w.detach().double())
         if error != error or error > FAR_FROM_REFERENCE:
             return (f"output {i} of the call under {run.tool} is {error:.3g} (relative L2) from model.py's on the same "
                     f"case: not ModelNew's function, so the sanitizer did not see the kernels that compute it")
@@ -253,12 +253,8 @@ def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str,
     # All children together: cudaopt_memsafety_timeout, within the item's cudaopt_timeout.
     limit = max(10.0, min(settings.memsafety_timeout, settings.timeout - WATCHDOG_MARGIN_S))
     started = time.perf_counter()
-    cached: list = []
-
-    def expected() -> list:   # once, for whichever tool's child asks first
-        if not cached:
-            cached.append(expected_outputs(workdir, case, seed, settings.device))
-        return cached[0]
+    # once, for whichever tool's child asks first
+    expected = functools.cache(lambda: expected_outputs(workdir, case, seed, settings.device))
 
     # The logs in a folder the children cannot write; each child's own scratch beside it.
     with tempfile.TemporaryDirectory(prefix="cudaopt-memsafety-") as scratch, \
