@@ -14,6 +14,7 @@
 #             did not run): blame when they crowd one GPU, the memory hog among them
 #   service   benchmarks/judge_latency.py over the gallery at RATE workdirs an hour (p50/p95 latency)
 #   rate      benchmarks/judge_gallery.py --arm judge --copies COPIES (default 3): the judge's steady rate, cold builds
+#   rate_tree the rate step in TREE's own checkout (another form of the judge, side by side with this one)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -48,6 +49,9 @@ from pathlib import Path; import judge_gallery; judge_gallery.gpu_gallery(Path(s
               --per-hour "${RATE:-500}" --count "${COUNT:-36}" --out "$LOGS/service.json" ;;
   rate)     step rate "${RATE_S:-420}" python3 benchmarks/judge_gallery.py --arm judge --copies "${COPIES:-3}" \
               --out "$LOGS/rate" ;;
+  rate_tree) tree=$(cd "$TREE" && pwd)
+            step rate_tree "${RATE_S:-420}" env PYTHONPATH="$tree" python3 "$tree/benchmarks/judge_gallery.py" \
+              --arm judge --copies "${COPIES:-3}" --out "$LOGS/rate_tree" ;;
   *) echo "unknown step: $name" >&2; exit 2 ;;
 esac; done
 { cat "$LOGS/gpu.txt"; echo; cat "$summary"; echo
@@ -56,6 +60,7 @@ esac; done
   cat "$LOGS/gallery_before/judge_gallery.txt" 2>/dev/null | tail -n 30; echo
   cat "$LOGS/gallery/judge_gallery.txt" 2>/dev/null | tail -n 30; echo
   tail -n 6 "$LOGS/rate/judge_gallery.txt" 2>/dev/null; echo
+  tail -n 6 "$LOGS/rate_tree/judge_gallery.txt" 2>/dev/null; echo
   tail -n 4 "$LOGS/attacks.log" 2>/dev/null; echo
   tail -n 20 "$LOGS/shared.log" 2>/dev/null; echo
   tail -n 25 "$LOGS/service.log" 2>/dev/null; } | tee "$OUT/report.txt"

@@ -123,6 +123,23 @@ def test_drawn_shapes_that_memory_left_no_room_for_are_blamed_on_whoever_holds_i
     assert doc["complete"] is (blamed == "candidate"), doc
 
 
+def test_too_few_drawn_shapes_because_memory_capped_them_is_the_environments(pytester, make_workdir):
+    # Free memory leaves room for 100 input elements: one drawn shape (1 x 64), short of a handful. On a
+    # crowded H200 this failed as the candidate's own ("only 1 distinct valid shapes"), blame candidate.
+    work = make_workdir("cpu_scale", pytester.path / "wd")
+    model = (work / "model.py").read_text().replace("features = 64\n", "")
+    (work / "model.py").write_text(model.replace("(batch_size, features)", "(batch_size, 64)")
+                                   .replace("[features]", "[64]"))
+    (pytester.path / "conftest.py").write_text(SHORT_OF_MEMORY.replace("1 << 29", "(2 << 30) + 4 * 8 * 100"))
+    result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness", "-k", "drawn", "--cudaopt-device=cpu",
+                        "--cudaopt-report=r.json", timeout=300)
+    doc = json.loads((pytester.path / "r.json").read_text())
+    [item] = [i for i in doc["items"] if i["kind"] == "correctness"]
+    assert item["status"] == "failed" and item["blame"] == "environment", item
+    assert "only 1 distinct valid shapes" in item["reason"] and "capped at 100 input elements" in item["reason"], item
+    assert doc["complete"] is False and result.ret == 75, doc
+
+
 def test_a_crashing_candidate_is_the_candidates_fault(pytester, make_workdir):
     result, doc = _run(pytester, make_workdir, model_new=CRASHING)
     item = _canonical_item(doc)

@@ -347,7 +347,7 @@ def judge_drawn(loaded: Workdir, settings, session, nodeid: str) -> Verdict:
         result.shapes = "; ".join(drawn.notes())
         result.values = {name: entry.to_json() for name, entry in drawn.stats.seen.items()}
         few = drawn.few_shapes()
-        if few and not drawn.stats.cases and space.cap_note:  # free memory capped the shapes: whose is it?
+        if few and space.cap_note:  # free memory capped the shapes: whose is it?
             size = space.canonical_bytes
             result.blame, why = holder(loaded, settings, memory.case_need(size, 0), memory.case_budget(size, 0))
             text = shortfall_text(result.blame, why, f"{few}; {space.cap_note}")

@@ -175,8 +175,9 @@ def call_evidence(run: Run, scratch: Path, expected: Callable[[], list]) -> str 
             return f"output {i} under {run.tool} has shape {tuple(getattr(g, 'shape', ()))}, model.py's {tuple(w.shape)}"
         error = relative_l2_error(g, w.detach().double())
         if error != error or error > FAR_FROM_REFERENCE:
-            return (f"output {i} of the call under {run.tool} is {error:.3g} (relative L2) from model.py's on the same "
-                    f"case: not ModelNew's function, so the sanitizer did not see the kernels that compute it")
+            return (f"output {i} of the call under {run.tool} is {error:.3g} (relative L2) from model.py's on the "
+                    f"same case, so the sanitizer did not see kernels that compute model.py's function (a wrong "
+                    f"kernel fails here too: correctness judges its output)")
     return None
 
 
