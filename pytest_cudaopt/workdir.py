@@ -158,6 +158,6 @@ def load_reference(path: Path, worker: Any = None) -> Workdir:
 
 
 def load_workdir(path: Path, extension: Any) -> Workdir:
-    """The worker's view of a workdir (and the memory-safety child's): model.py and model_new.py imported."""
+    """A workdir with model.py and model_new.py imported in this process (`classic` mode, tests)."""
     reference, candidate = import_candidate(path, extension)
     return Workdir(path=Path(path).resolve(), reference=reference, candidate=candidate, extension=extension)

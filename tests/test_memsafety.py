@@ -108,12 +108,12 @@ def test_a_path_outside_the_workdir_is_not_the_workdirs(tmp_path):
 # -- the plan ---------------------------------------------------------------------------------------
 
 def test_the_commands_run_memcheck_with_padding_and_the_child_with_the_caching_allocator_off():
-    cmd = memsafety.child_command(Path("/wd"), "/wd/build/x.so", {"batch_size": 1}, 7, "cuda",
+    cmd = memsafety.child_command(Path("/wd"), "/wd/build/x.so", "/tmp/own", "cuda",
                                   sanitizer=("/cuda/bin/compute-sanitizer", "memcheck", Path("/tmp/m.log")))
     assert cmd[:7] == ["/cuda/bin/compute-sanitizer", "--tool", "memcheck", "--padding", "32", "--leak-check", "no"]
     assert cmd[cmd.index("--log-file") + 1] == "/tmp/m.log" and "--error-exitcode" in cmd
-    assert cmd[-11:] == [sys.executable, "-m", "pytest_cudaopt.memsafety.child", "/wd", "--extension",
-                         "/wd/build/x.so", "--case", "batch_size=1", "--seed", "7", "--device", "cuda"][-11:]
+    assert cmd[-10:] == [sys.executable, "-m", "pytest_cudaopt.candidate.sanitized", "/wd", "--extension",
+                         "/wd/build/x.so", "--scratch", "/tmp/own", "--device", "cuda"]
     assert memsafety.child_environment()["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1"
 
 
@@ -273,12 +273,12 @@ def test_a_race_fails_the_item_and_leaves_initcheck_to_finish(pytester, sanitize
 # model_new.py variants that tell the sanitized child from a worker (its command line names it) and
 # dodge the sanitizer there: no call at all, a forged word of one, torch in place of the kernels.
 DODGES = {
-    "no_call": ("import os, sys\nif any('memsafety' in a for a in sys.argv):\n    os._exit(0)\n",
+    "no_call": ("import os, sys\nif any('sanitized' in a for a in sys.argv):\n    os._exit(0)\n",
                 "exited 0 without word of a completed call of ModelNew"),
-    "forged_word": ("import os, sys\nif any('memsafety' in a for a in sys.argv):\n"
+    "forged_word": ("import os, sys\nif any('sanitized' in a for a in sys.argv):\n"
                     "    print('cudaopt-memsafety-call: {\"audit\": []}', flush=True)\n    os._exit(0)\n",
                     "output under memcheck could not be read back"),
-    "torch_fallback": ("import sys\nif any('memsafety' in a for a in sys.argv):\n"
+    "torch_fallback": ("import sys\nif any('sanitized' in a for a in sys.argv):\n"
                        "    ModelNew.forward = lambda self, x: x * self.weight + self.bias\n",
                        "ModelNew called torch ops, not its own kernels: model_new.py:20: aten::mul.Tensor"),
 }
@@ -367,19 +367,49 @@ def test_on_the_cpu_device_the_item_skips_and_on_cuda_it_needs_the_gpu(pytester,
     result.stdout.fnmatch_lines(["*no CUDA device visible*"])  # the gpu marker's skip
 
 
-def test_the_child_runs_one_call_and_says_so(prebuilt_workdir, subprocess_env):
+def _case_in(path: Path, scratch: Path, case: dict) -> list:
+    """The sanitized case of the workdir at `path` saved in `scratch` as judge_memory_safety saves it; model.py's
+    output on it."""
+    import torch
+
+    from pytest_cudaopt.candidate.construct import stand_in_extension
+    from pytest_cudaopt.candidate.sanitized import CASE
+    from pytest_cudaopt.workdir import load_workdir
+
+    sent, want = memsafety.draw_case(load_workdir(path, stand_in_extension()), case, 1, "cpu")
+    torch.save(sent, scratch / CASE)
+    return want
+
+
+def test_the_child_runs_one_call_and_says_so(prebuilt_workdir, subprocess_env, tmp_path):
     import subprocess
+
+    import torch
+
+    from pytest_cudaopt.candidate.sanitized import CASE, OUTPUT
 
     path = prebuilt_workdir("cpu_scale")
     so = next((path / "build" / "cudaopt").glob("*/cuda_extension.so"))
-    cmd = memsafety.child_command(path, str(so), {"features": 3}, 1, "cpu")
+    want = _case_in(path, tmp_path, {"features": 3})
+    cmd = memsafety.child_command(path, str(so), str(tmp_path), "cpu")
     done = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == 'cudaopt-memsafety-call: {"case": "features=3", "inputs": ' \
-                                                    '"input0: float32[16, 3]", "audit": []}'
-    bad = subprocess.run(memsafety.child_command(path, str(so), {"features": -1}, 1, "cpu"), capture_output=True,
-                         text=True, env=subprocess_env, timeout=300)
-    assert bad.returncode == 3 and "cudaopt memsafety: the case raised" in bad.stderr
+    assert done.stdout.strip().splitlines()[-1] == 'cudaopt-memsafety-call: {"audit": []}'
+    [got] = torch.load(tmp_path / OUTPUT, weights_only=True)
+    assert got.shape == want[0].shape == (16, 3) and torch.allclose(got, want[0].float())
+    # What the child imports is the candidate side's alone: it runs beside the candidate's code.
+    probe = ("import sys; sys.argv = sys.argv[1:]; from pytest_cudaopt.candidate import sanitized; "
+             "code = sanitized.main(sys.argv); "
+             "print(sorted(m for m in sys.modules if m.startswith('pytest_cudaopt.')))")
+    seen = subprocess.run([cmd[0], "-c", probe, *cmd[3:]], capture_output=True, text=True, env=subprocess_env,
+                          timeout=300)
+    loaded = eval(seen.stdout.strip().splitlines()[-1])  # noqa: S307 - our own probe's list of names
+    assert "pytest_cudaopt.candidate.sanitized" in loaded, loaded
+    assert all(m.partition(".")[2].partition(".")[0] == "candidate" for m in loaded), loaded
+    case = torch.load(tmp_path / CASE, weights_only=True)
+    torch.save({**case, "init": [-1]}, tmp_path / CASE)  # ModelNew(-1) raises
+    bad = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env, timeout=300)
+    assert bad.returncode == 3 and "cudaopt memsafety: the case raised" in bad.stderr, bad.stderr
 
 
 def test_the_child_confines_itself_and_still_runs_its_call(prebuilt_workdir, subprocess_env, tmp_path):
@@ -391,13 +421,14 @@ def test_the_child_confines_itself_and_still_runs_its_call(prebuilt_workdir, sub
         pytest.skip(f"this kernel offers no Landlock: {landlock_abi()[1]}")
     path = prebuilt_workdir("cpu_scale")
     so = next((path / "build" / "cudaopt").glob("*/cuda_extension.so"))
-    cmd = memsafety.child_command(path, str(so), {"features": 3}, 1, "cpu", "require", str(tmp_path))
-    assert cmd[-4:] == ["--sandbox", "require", "--scratch", str(tmp_path)]
+    _case_in(path, tmp_path, {"features": 3})
+    cmd = memsafety.child_command(path, str(so), str(tmp_path), "cpu", "require")
+    assert cmd[-2:] == ["--sandbox", "require"]
     # What it is not given leave to write: a file beside its workdir, as compute-sanitizer's log is.
-    probe = ("import sys, runpy; sys.argv = sys.argv[1:]; "
-             "from pytest_cudaopt.memsafety import child as s; code = s.main(sys.argv); "
+    probe = ("import sys; sys.argv = sys.argv[1:]; "
+             "from pytest_cudaopt.candidate import sanitized as s; code = s.main(sys.argv); "
              "open(%r, 'w').write('forged')" % str(path.parent / "forged.log"))
     done = subprocess.run([cmd[0], "-c", probe, *cmd[3:]], capture_output=True, text=True, timeout=300,
                           env={**subprocess_env, "TMPDIR": str(tmp_path)})  # as judge_memory_safety sets it
-    assert 'cudaopt-memsafety-call: {"case": "features=3"' in done.stdout, done.stderr
+    assert 'cudaopt-memsafety-call: {"audit": []}' in done.stdout, done.stderr
     assert "PermissionError" in done.stderr and not (path.parent / "forged.log").exists()

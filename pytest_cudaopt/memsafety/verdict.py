@@ -4,7 +4,6 @@ Only the workdir's own kernels are judged (a report whose source line is in the 
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -70,16 +69,14 @@ def small_case(reference: Any, settings: Any) -> dict[str, int]:
     return best[1] if best is not None else {}
 
 
-def child_command(workdir: Path, extension: str, case: dict[str, int], seed: int, device: str,
-                  sandbox: str = "off", scratch: str | None = None,
+def child_command(workdir: Path, extension: str, scratch: str, device: str, sandbox: str = "off",
                   sanitizer: tuple[str, str, Path] | None = None) -> list[str]:
-    """The child's command line; with `sanitizer` (executable, tool, log file), run under it."""
-    confined = (["--sandbox", sandbox] if sandbox != "off" and scratch else []) + (["--scratch", scratch] if scratch else [])
+    """The child's command line (candidate/sanitized.py, its case in `scratch`); with `sanitizer`
+    (executable, tool, log file), run under it."""
     under = [sanitizer[0], *TOOLS[sanitizer[1]], "--print-limit", str(PRINT_LIMIT), "--error-exitcode",
              str(ERROR_EXIT), "--log-file", str(sanitizer[2])] if sanitizer else []
-    return [*under, sys.executable, "-m", "pytest_cudaopt.memsafety.child", str(workdir),
-            "--extension", extension, "--case", shapes.format_case(case), "--seed", str(seed), "--device", device,
-            *confined]
+    return [*under, sys.executable, "-m", "pytest_cudaopt.candidate.sanitized", str(workdir), "--extension", extension,
+            "--scratch", scratch, "--device", device, *(["--sandbox", sandbox] if sandbox != "off" else [])]
 
 
 def child_environment() -> dict[str, str]:
@@ -143,21 +140,20 @@ def _tail(text: str, lines: int = 12) -> str:
 FAR_FROM_REFERENCE = 0.5
 
 
-def call_evidence(run: Run, scratch: Path, expected: Callable[[], list]) -> str | None:
+def call_evidence(run: Run, scratch: Path, want: list) -> str | None:
     """Why a child that exited 0 does not vouch for a call of ModelNew's own kernels, or None: its word that the
-    call completed, an op audit with no torch op, and an output that is the reference's function."""
+    call completed, an op audit with no torch op, and an output that is model.py's (`want`) on the case."""
     import torch
 
+    from pytest_cudaopt.candidate.sanitized import DONE, OUTPUT
     from pytest_cudaopt.correctness.precision import relative_l2_error
-    from pytest_cudaopt.memsafety.child import DONE, OUTPUT
 
     said = next((line for line in reversed(run.output.splitlines()) if line.startswith(DONE)), None)
     if said is None:
         return (f"the child under {run.tool} exited 0 without word of a completed call of ModelNew (a workdir that "
                 f"does not run its kernels under the sanitizer passes nothing):\n{_tail(run.output)}")
     try:
-        facts = json.loads(said[len(DONE):])
-        ops = list(facts.get("audit") or [])
+        ops = list(json.loads(said[len(DONE):]).get("audit") or [])
     except (ValueError, TypeError, AttributeError):
         return f"the child under {run.tool} wrote an unreadable word of its call: {said[:200]}"
     if ops:
@@ -166,14 +162,13 @@ def call_evidence(run: Run, scratch: Path, expected: Callable[[], list]) -> str 
         got = torch.load(scratch / OUTPUT, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - whatever the candidate left there
         return f"the call's output under {run.tool} could not be read back ({type(exc).__name__}: {exc})"
-    want = expected()
     if not isinstance(got, list) or len(got) != len(want):
         count = len(got) if isinstance(got, list) else "?"
         return f"the call under {run.tool} returned {count} tensor(s), model.py {len(want)}"
     for i, (g, w) in enumerate(zip(got, want)):
         if not isinstance(g, torch.Tensor) or tuple(g.shape) != tuple(w.shape):
             return f"output {i} under {run.tool} has shape {tuple(getattr(g, 'shape', ()))}, model.py's {tuple(w.shape)}"
-        error = relative_l2_error(g, w.detach().double())
+        error = relative_l2_error(g, w.double())
         if error != error or error > FAR_FROM_REFERENCE:
             return (f"output {i} of the call under {run.tool} is {error:.3g} (relative L2) from model.py's on the "
                     f"same case, so the sanitizer did not see kernels that compute model.py's function (a wrong "
@@ -181,22 +176,29 @@ def call_evidence(run: Run, scratch: Path, expected: Callable[[], list]) -> str 
     return None
 
 
-def expected_outputs(workdir: Any, case: dict[str, int], seed: int, device: str) -> list:
-    """model.py's output on the sanitized case, as the child draws it (Model's weights and the inputs under `seed`)."""
+def draw_case(workdir: Any, case: dict[str, int], seed: int, device: str) -> tuple[dict, list]:
+    """The sanitized case as the child gets it (model.py's init arguments, Model's state and the inputs under
+    `seed`, on the CPU) and model.py's output on it (the tensors, on the CPU)."""
     import torch
 
     from pytest_cudaopt.candidate.load import private_rng
     from pytest_cudaopt.candidate.observe import leaves
+    from pytest_cudaopt.workdir import non_persistent_buffers
+
+    def cpu(values: dict) -> dict:
+        return {k: v.detach().cpu() for k, v in values.items()}
 
     with shapes.applied(workdir.reference, case):
         init = workdir.init_inputs()
         with private_rng(seed):
             model = workdir.reference.Model(*init)
-        model = model.eval().to(device)
+        state, buffers = cpu(model.state_dict()), cpu(non_persistent_buffers(model))
         inputs = workdir.inputs(seed, device)
         with torch.no_grad():
-            output = model(*inputs)
-    return [leaf for _, leaf in leaves(output) if isinstance(leaf, torch.Tensor)]
+            output = model.eval().to(device)(*inputs)
+    want = [leaf.detach().cpu() for _, leaf in leaves(output) if isinstance(leaf, torch.Tensor)]
+    sent = [x.detach().cpu() if isinstance(x, torch.Tensor) else x for x in inputs]
+    return {"init": list(init), "seed": seed, "state": state, "buffers": buffers, "inputs": sent}, want
 
 
 def judge_run(run: Run, workdir: Path, build_dir: Path | None, result: MemorySafetyResult,
@@ -243,6 +245,10 @@ def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str,
                         sanitizer: str) -> MemorySafetyResult:
     """Run the tools on one small case of the loaded `workdir` (its extension as built) and decide. The three
     run at once (each is mostly the sanitizer's own work on the CPU); memcheck's findings stop the others."""
+    import torch
+
+    from pytest_cudaopt.candidate.sanitized import CASE
+
     case = small_case(workdir.reference, settings)
     so = workdir.worker.extension if workdir.worker is not None else workdir.extension.__file__
     extension = str(Path(so).resolve())
@@ -254,8 +260,7 @@ def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str,
     # All children together: cudaopt_memsafety_timeout, within the item's cudaopt_timeout.
     limit = max(10.0, min(settings.memsafety_timeout, settings.timeout - WATCHDOG_MARGIN_S))
     started = time.perf_counter()
-    # once, for whichever tool's child asks first
-    expected = functools.cache(lambda: expected_outputs(workdir, case, seed, settings.device))
+    sent, want = draw_case(workdir, case, seed, settings.device)
 
     # The logs in a folder the children cannot write; each child's own scratch beside it.
     with tempfile.TemporaryDirectory(prefix="cudaopt-memsafety-") as scratch, \
@@ -265,10 +270,11 @@ def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str,
             for tool in TOOLS:
                 own = Path(child_scratch) / tool
                 own.mkdir()
+                torch.save(sent, own / CASE)
                 env = dict(child_environment(), TMPDIR=str(own), CUDA_CACHE_PATH=str(own / "cuda-cache"))
                 log = Path(scratch) / f"{tool}.log"
-                cmd = child_command(workdir.path, extension, case, seed, settings.device,
-                                    getattr(settings, "sandbox", "off"), str(own), (sanitizer, tool, log))
+                cmd = child_command(workdir.path, extension, str(own), settings.device,
+                                    getattr(settings, "sandbox", "off"), (sanitizer, tool, log))
                 children[tool] = Child(cmd, log, env, workdir.path, tool)
             decided = False
             for tool, child in children.items():  # memcheck first
@@ -279,7 +285,7 @@ def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str,
                 run = child.finish(limit - (time.perf_counter() - started))
                 result.seconds_by_tool[tool] = run.seconds
                 judge_run(run, workdir.path, build_dir, result,
-                          lambda run: call_evidence(run, Path(child_scratch) / run.tool, expected))
+                          lambda run: call_evidence(run, Path(child_scratch) / run.tool, want))
                 decided = tool == REQUIRED and bool(result.failures or result.findings)
         finally:
             for child in children.values():  # an error above leaves no sanitized child behind
