@@ -102,23 +102,30 @@ class Workdir:
         values = _as_list(values, self.model_file, "get_inputs()", "the arguments of forward(...)")
         return [_to_device(v, device) for v in values]
 
-    def make_models(self, device: torch.device | str = "cpu", seed: int = 0) -> tuple[torch.nn.Module, Any]:
-        """(Model, ModelNew) from get_init_inputs(), in eval mode on `device`: Model's parameters drawn under a private
-        RNG seeded by `seed`, copied into ModelNew (a worker.RemoteModel where the workdir has a worker)."""
+    def make_reference(self, device: torch.device | str = "cpu", seed: int = 0) -> tuple[list, torch.nn.Module]:
+        """(get_init_inputs(), Model built from them) in eval mode on `device`, its parameters drawn under a private
+        RNG seeded by `seed`."""
         init = self.init_inputs()
         with private_rng(seed):
             model = self._call(self.model_file, "Model(*get_init_inputs())", self.reference.Model, *init)
-            if self.worker is not None:
-                from pytest_cudaopt.remote.model import RemoteModel
+        return init, model.eval().to(device)
 
-                reply = self._remote(lambda: self.worker.request(
-                    {"op": "make", "init": init, "seed": seed, "device": str(device),
-                     "what": "ModelNew(*get_init_inputs())"}, what="constructing ModelNew"))
-                model_new = RemoteModel(self.worker, reply["id"], str(device), list(reply["keys"]))
-            else:
+    def make_models(self, device: torch.device | str = "cpu", seed: int = 0) -> tuple[torch.nn.Module, Any]:
+        """(Model, ModelNew) from get_init_inputs(), in eval mode on `device`: Model as `make_reference` builds it,
+        its state copied into ModelNew (a worker.RemoteModel where the workdir has a worker), built under the
+        same seed."""
+        init, model = self.make_reference(device, seed)
+        if self.worker is not None:
+            from pytest_cudaopt.remote.model import RemoteModel
+
+            reply = self._remote(lambda: self.worker.request(
+                {"op": "make", "init": init, "seed": seed, "device": str(device),
+                 "what": "ModelNew(*get_init_inputs())"}, what="constructing ModelNew"))
+            model_new = RemoteModel(self.worker, reply["id"], str(device), list(reply["keys"]))
+        else:
+            with private_rng(seed):
                 model_new = self._call(self.model_new_file, "ModelNew(*get_init_inputs())", self.candidate.ModelNew,
                                        *init).eval().to(device)
-        model = model.eval().to(device)
         self.copy_state(model, model_new)
         return model, model_new
 

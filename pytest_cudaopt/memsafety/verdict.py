@@ -181,7 +181,6 @@ def draw_case(workdir: Any, case: dict[str, int], seed: int, device: str) -> tup
     `seed`, on the CPU) and model.py's output on it (the tensors, on the CPU)."""
     import torch
 
-    from pytest_cudaopt.candidate.load import private_rng
     from pytest_cudaopt.candidate.observe import leaves
     from pytest_cudaopt.workdir import non_persistent_buffers
 
@@ -189,13 +188,11 @@ def draw_case(workdir: Any, case: dict[str, int], seed: int, device: str) -> tup
         return {k: v.detach().cpu() for k, v in values.items()}
 
     with shapes.applied(workdir.reference, case):
-        init = workdir.init_inputs()
-        with private_rng(seed):
-            model = workdir.reference.Model(*init)
-        state, buffers = cpu(model.state_dict()), cpu(non_persistent_buffers(model))
+        init, model = workdir.make_reference(device, seed)
         inputs = workdir.inputs(seed, device)
         with torch.no_grad():
-            output = model.eval().to(device)(*inputs)
+            output = model(*inputs)
+    state, buffers = cpu(model.state_dict()), cpu(non_persistent_buffers(model))
     want = [leaf.detach().cpu() for _, leaf in leaves(output) if isinstance(leaf, torch.Tensor)]
     sent = [x.detach().cpu() if isinstance(x, torch.Tensor) else x for x in inputs]
     return {"init": list(init), "seed": seed, "state": state, "buffers": buffers, "inputs": sent}, want
@@ -266,11 +263,13 @@ def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str,
     with tempfile.TemporaryDirectory(prefix="cudaopt-memsafety-") as scratch, \
             tempfile.TemporaryDirectory(prefix="cudaopt-memsafety-child-") as child_scratch:
         children: dict[str, Child] = {}
+        case_file = Path(scratch) / CASE
+        torch.save(sent, case_file)
         try:
             for tool in TOOLS:
                 own = Path(child_scratch) / tool
                 own.mkdir()
-                torch.save(sent, own / CASE)
+                shutil.copyfile(case_file, own / CASE)
                 env = dict(child_environment(), TMPDIR=str(own), CUDA_CACHE_PATH=str(own / "cuda-cache"))
                 log = Path(scratch) / f"{tool}.log"
                 cmd = child_command(workdir.path, extension, str(own), settings.device,
