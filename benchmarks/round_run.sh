@@ -9,6 +9,7 @@
 #   verdicts  benchmarks/verdicts_vs.sh BEFORE . : the default workdir's verdicts and their time, ROUNDS rounds
 #   gallery   benchmarks/judge_gallery.py: the GPU gallery, pytest alone and `cudaopt judge`, verdicts side by side
 #   gallery_before  BEFORE's own benchmarks/judge_gallery.py --arm judge: its gallery's verdicts in that tree
+#   attacks_vs  benchmarks/attacks_vs.py BEFORE: the CPU attack workdirs judged by BEFORE's plugin and this one's
 #   attacks   the attacks' GPU tests (tests/exploits -m gpu), tests/test_gpu_verdicts.py and tests/test_memsafety_gpu.py
 #   shared    benchmarks/shared_gpu.sh over the gallery's workdirs at once (made here when the gallery step
 #             did not run): blame when they crowd one GPU, the memory hog among them
@@ -40,6 +41,7 @@ for name in ${@:-correct verdicts gallery attacks shared service}; do case $name
   gallery_before) before=$(cd "$BEFORE" && pwd)
             step gallery_before "${GALLERY_S:-420}" env PYTHONPATH="$before" \
               python3 "$before/benchmarks/judge_gallery.py" --arm judge --out "$LOGS/gallery_before" ;;
+  attacks_vs) step attacks_vs 600 python3 benchmarks/attacks_vs.py "$BEFORE" --out "$LOGS/attacks_vs" ;;
   attacks)  step attacks "${ATTACKS_S:-300}" python3 -m pytest tests/exploits tests/test_gpu_verdicts.py tests/test_memsafety_gpu.py -m gpu -q \
               -p no:cacheprovider -rA ;;
   shared)   [ -d "$LOGS/gallery/work/pytest" ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks')
@@ -61,6 +63,7 @@ esac; done
   cat "$LOGS/gallery/judge_gallery.txt" 2>/dev/null | tail -n 30; echo
   tail -n 6 "$LOGS/rate/judge_gallery.txt" 2>/dev/null; echo
   tail -n 6 "$LOGS/rate_tree/judge_gallery.txt" 2>/dev/null; echo
+  tail -n 1 "$LOGS/attacks_vs/table.txt" 2>/dev/null; echo
   tail -n 4 "$LOGS/attacks.log" 2>/dev/null; echo
   tail -n 20 "$LOGS/shared.log" 2>/dev/null; echo
   tail -n 25 "$LOGS/service.log" 2>/dev/null; } | tee "$OUT/report.txt"
