@@ -225,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the judge arm judges the GPU gallery N times over, each copy built from cold (a "
                              "steadier rate than one pass; the pytest arm judges the first copy)")
     parser.add_argument("--share", type=int, default=None, metavar="N", help="the judge arm's --share")
+    parser.add_argument("--pytest-arg", action="append", default=[], metavar="ARG",
+                        help="one more pytest argument for both arms, after the gallery's own (--pytest-arg=--cudaopt-warmup=0.5)")
     parser.add_argument("--pytest-cache", action="store_true",
                         help="let the pytest arm use the judge's object cache too (the CPU smoke test, for time)")
     args = parser.parse_args(argv)
@@ -240,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         more = [w for n in range(2, copies + 1) for w in gpu_gallery(dest, n)] if not args.smoke else []
         return [*gallery(dest), *extra, *more]
 
+    pytest_args = [*pytest_args, *args.pytest_arg]
     if args.skip_memsafety:
         pytest_args = [*pytest_args, "-k", "not test_memory_safety"]
     if args.sandbox:

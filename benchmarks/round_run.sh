@@ -16,6 +16,8 @@
 #   service   benchmarks/judge_latency.py over the gallery at RATE workdirs an hour (p50/p95 latency)
 #   rate      benchmarks/judge_gallery.py --arm judge --copies COPIES (default 3): the judge's steady rate, cold builds
 #   rate_tree the rate step in TREE's own checkout (another form of the judge, side by side with this one)
+#   rate_args the rate step with more pytest arguments, RATE_ARGS (e.g. "--cudaopt-warmup=0.05"), side by side
+#   profile   benchmarks/stage_profile.py: where one honest gallery workdir's check and perf stages spend their time
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -54,6 +56,10 @@ from pathlib import Path; import judge_gallery; judge_gallery.gpu_gallery(Path(s
   rate_tree) tree=$(cd "$TREE" && pwd)
             step rate_tree "${RATE_S:-420}" env PYTHONPATH="$tree" python3 "$tree/benchmarks/judge_gallery.py" \
               --arm judge --copies "${COPIES:-3}" --out "$LOGS/rate_tree" ;;
+  rate_args) step rate_args "${RATE_S:-420}" python3 benchmarks/judge_gallery.py --arm judge --copies "${COPIES:-3}" \
+              $(for a in ${RATE_ARGS:-}; do printf -- '--pytest-arg=%s ' "$a"; done) --out "$LOGS/rate_args" ;;
+  profile)  step profile "${PROFILE_S:-300}" python3 benchmarks/stage_profile.py --problem "${PROBLEM:-gelu}" \
+              --out "$LOGS/profile" ;;
   *) echo "unknown step: $name" >&2; exit 2 ;;
 esac; done
 { cat "$LOGS/gpu.txt"; echo; cat "$summary"; echo
@@ -63,6 +69,8 @@ esac; done
   cat "$LOGS/gallery/judge_gallery.txt" 2>/dev/null | tail -n 30; echo
   tail -n 6 "$LOGS/rate/judge_gallery.txt" 2>/dev/null; echo
   tail -n 6 "$LOGS/rate_tree/judge_gallery.txt" 2>/dev/null; echo
+  tail -n 6 "$LOGS/rate_args/judge_gallery.txt" 2>/dev/null; echo
+  head -n 30 "$LOGS/profile/perf.txt" 2>/dev/null; echo
   tail -n 1 "$LOGS/attacks_vs/table.txt" 2>/dev/null; echo
   tail -n 4 "$LOGS/attacks.log" 2>/dev/null; echo
   tail -n 20 "$LOGS/shared.log" 2>/dev/null; echo
