@@ -95,11 +95,24 @@ def pytest_collection_finish(session):
 
 def serve_zygote(name: str) -> int:
     """The plugin's zygote (worker.zygote.serve), its forks' server timing and profiling each op
-    and listing the modules the worker imported after the fork."""
+    and listing the modules the worker imported after the fork. A fork imports the package afresh
+    (zygote._forget_package), so the patch goes on the fresh candidate.serve."""
+    from pytest_cudaopt.run import zygote
+
+    forget = zygote._forget_package
+
+    def forget_then_patch() -> None:
+        forget()
+        _patch_server()
+
+    zygote._forget_package = forget_then_patch
+    return zygote.serve(name)
+
+
+def _patch_server() -> None:
     import cProfile
 
     from pytest_cudaopt.candidate import serve as server
-    from pytest_cudaopt.run import zygote
 
     serve_plain = server.main
 
@@ -128,7 +141,6 @@ def serve_zygote(name: str) -> int:
             profile.dump_stats("worker.prof")
 
     server.main = profiled_main
-    return zygote.serve(name)
 
 
 # ------------------------------------------------------------- the driver
