@@ -32,6 +32,10 @@ _TORCH_ALLOWED = {
 _PLAIN_ALLOWED = {"torch": {"Size", "device"}, "collections": {"OrderedDict"}}
 
 
+class Unsendable(pickle.PicklingError):
+    """A message holds what the other process would refuse to read: refused before a byte is sent."""
+
+
 def setup_sharing() -> None:
     """Tensors that do not fit the arena travel as named shared-memory files: only bytes cross the socket."""
     import torch.multiprocessing as mp
@@ -84,8 +88,7 @@ class _Packer(pickle.Pickler):
         if torch is None or not isinstance(obj, torch.Tensor):
             return None
         if type(obj) is not torch.Tensor:
-            raise pickle.PicklingError(f"a {type(obj).__module__}.{type(obj).__qualname__} is not a plain "
-                                       f"torch.Tensor and cannot be sent")
+            raise Unsendable(f"a {type(obj).__module__}.{type(obj).__qualname__}, not a plain torch.Tensor")
         obj = obj.detach()
         nbytes = obj.numel() * obj.element_size()
         start = -(-self.cursor // ALIGN) * ALIGN
@@ -96,6 +99,15 @@ class _Packer(pickle.Pickler):
             self.placed.append((obj, start))
             return ("arena", start, str(obj.dtype).removeprefix("torch."), tuple(obj.shape))
         return ("torch", bytes(ForkingPickler.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)))
+
+    def reducer_override(self, obj: Any) -> Any:
+        """What the reader's allow-list refuses, refused here (plain containers, numbers, strings never get here)."""
+        torch, kind = sys.modules.get("torch"), obj if isinstance(obj, type) else type(obj)
+        if ((torch is not None and isinstance(obj, torch.dtype))
+                or kind.__qualname__ in _PLAIN_ALLOWED.get(kind.__module__, ())):
+            return NotImplemented
+        text, name = repr(obj), f"{type(obj).__module__}.{type(obj).__qualname__}"
+        raise Unsendable(f"a {name} ({text[:40]}{'...' if len(text) > 40 else ''})")
 
 
 def _rebuild_cuda_unsynced(*args: Any) -> Any:

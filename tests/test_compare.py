@@ -139,7 +139,6 @@ def test_rounding_to_bfloat16_measures_half_like_and_fp16_tf32_like():
     assert bf16.tier == "half-like" and 1e-3 < bf16.candidate_error < 4e-3
     assert fp16.tier == "tf32-like" and 1e-4 < fp16.candidate_error < 1e-3
     assert fp32.tier == "fp32"
-    assert precision.worst_tier(["fp32", "half-like", "tf32-like"]) == "half-like"
 
 
 def test_measure_precision_runs_the_reference_in_float64():

@@ -219,12 +219,15 @@ def get_inputs():
 
 
 def get_init_inputs():
-    return [features]
+    {init}
 """
 NO_CASE = {
     "empty": (0, "return [torch.randn(batch_size, features)]"),
     "bare": (16, "return torch.randn(batch_size, features)"),
     "raises": (16, "raise ValueError('no inputs here')"),
+    # an init argument the worker's reader refuses: numpy's int, which Model itself takes
+    "numpy_init": (16, "return [torch.randn(batch_size, features)]",
+                   "import numpy\n    return [numpy.int64(features)]"),
 }
 
 
@@ -240,16 +243,26 @@ def no_case(prebuilt_workdir, tmp_path_factory):
     from pytest_cudaopt.launch import plugin_args
 
     root = tmp_path_factory.mktemp("no_case")
-    for name, (batch, body) in NO_CASE.items():
+    for name, (batch, body, *init) in NO_CASE.items():
         shutil.copytree(prebuilt_workdir("cpu_scale"), root / name, symlinks=True,
                         ignore=shutil.ignore_patterns("__pycache__", "*.lock"))
-        (root / name / "model.py").write_text(SCALE_MODEL.format(batch=batch, get_inputs=body))
+        (root / name / "model.py").write_text(SCALE_MODEL.format(batch=batch, get_inputs=body,
+                                                                 init=init[0] if init else "return [features]"))
     cmd = [sys.executable, "-m", "pytest", *plugin_args(), "-p", "no:cacheprovider", "-m", "correctness",
            "--cudaopt-device=cpu", "--cudaopt-seeds=1", f"--junitxml={root / 'junit.xml'}",
            *[f"{name}/model_new.py" for name in NO_CASE]]
     done = run_python(cmd[1:], cwd=root, timeout=900)
     assert (root / "junit.xml").is_file(), done.stdout + done.stderr
     return junit_cases(root / "junit.xml")
+
+
+def test_an_init_argument_the_worker_would_refuse_fails_each_item_naming_it_and_model_py(no_case):
+    """Refused before it is sent (the worker lives on): not a dead worker's bare traceback."""
+    for test in ("test_canonical[seed0]", "test_drawn_shapes"):
+        outcome, text = no_case[("numpy_init", test)]
+        assert outcome == "failed", text
+        assert "a numpy.int64 (np.int64(64)) from model.py cannot be sent to ModelNew's process" in text, text
+        assert "Traceback" not in text and "UnpicklingError" not in text, text
 
 
 def test_a_size_0_dimension_is_judged_like_any_shape(no_case):

@@ -90,7 +90,7 @@ def test_free_bytes_is_none_where_it_cannot_be_told():
     assert memory.free_bytes("meta") is None
 
 
-def test_nested_peaks_keep_their_figures_and_the_poisoning_counts_in_neither(monkeypatch):
+def test_nested_peaks_keep_their_own_figures(monkeypatch):
     # torch's one counter per device, faked: allocations raise it, a reset lowers it to now.
     state = {"now": 0, "max": 0}
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: state["max"])
@@ -102,18 +102,13 @@ def test_nested_peaks_keep_their_figures_and_the_poisoning_counts_in_neither(mon
 
     device = torch.device("cuda", 0)
     with memory.Peak(device) as item:
-        allocate(10 * GiB)
-        with memory.Peak(device) as case:
-            allocate(5 * GiB)
-            memory.exclude_from_peak(device)
-            allocate(100 * GiB)          # the poisoning: every cached block for a moment
-            state["now"] -= 100 * GiB
-            memory.resume_peak(device)
-            allocate(1 * GiB)
-            state["now"] -= 6 * GiB
-        allocate(2 * GiB)
-    assert case.bytes == 16 * GiB
-    assert item.bytes == 16 * GiB
+        allocate(20 * GiB)
+        state["now"] -= 15 * GiB
+        with memory.Peak(device) as case:   # from 5 GiB held: its own peak, not the item's 20
+            allocate(3 * GiB)
+        allocate(1 * GiB)
+    assert case.bytes == 8 * GiB
+    assert item.bytes == 20 * GiB
 
 
 # -- host memory, planned like device memory (on the CPU) ---------------------------------------------

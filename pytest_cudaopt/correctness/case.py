@@ -124,6 +124,8 @@ def _run_case(workdir: Workdir, settings, constants: dict[str, int], seed: int, 
         except guards.CandidateError as exc:
             if applied is not None:  # values the reference rejects too: no case for this family
                 _reference_accepts(model, inputs)
+            if exc.file:  # model.py's inputs, refused before they reached ModelNew
+                raise CaseFailed("load", f"{exc}{footer}", short, described) from None
             raise CaseFailed("candidate raised", f"{workdir.model_new_file.name}: {exc}{footer}",
                              short, described) from None
         except guards.ReferenceError_ as exc:

@@ -30,7 +30,12 @@ class GuardFailure(AssertionError):
 
 
 class CandidateError(Exception):
-    """ModelNew (or its extension) raised; the message has the workdir's traceback lines."""
+    """ModelNew (or its extension) raised; the message has the workdir's traceback lines. `file`: the workdir
+    file at fault where it is not model_new.py (model.py's inputs that cannot reach ModelNew's process)."""
+
+    def __init__(self, message: str, file: str | None = None):
+        super().__init__(message)
+        self.file = file
 
 
 class ReferenceError_(Exception):
@@ -188,7 +193,7 @@ def run_candidate(trial: Trial, inputs: list) -> Any:
             raise CudaFault(str(exc)) from None
         if exc.oom:
             raise CandidateError(str(exc)) from torch.OutOfMemoryError(exc.oom)
-        raise CandidateError(str(exc)) from None
+        raise CandidateError(str(exc), exc.file if exc.kind == "workdir" else None) from None
     except WorkerFailed as exc:
         raise WorkerCrash(exc.headline, exc.words) from None
     output = reply.get("output")

@@ -51,11 +51,6 @@ def precision_tier(candidate_error: float, reference_error: float, conditioned: 
     return HALF_LIKE
 
 
-def worst_tier(tiers: list[str]) -> str:
-    """The least precise of several tiers ("unknown" only when all are unknown)."""
-    return max((t for t in tiers if t in TIER_ORDER), key=TIER_ORDER.index, default=UNKNOWN)
-
-
 def below_fp32(tier: str | None) -> bool:
     """True for a measured tier less precise than fp32 ("unknown" is not)."""
     return tier in TIERS[1:]

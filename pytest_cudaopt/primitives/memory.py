@@ -116,20 +116,10 @@ def _fold(device: torch.device, also: "Peak | None" = None) -> None:
             peak.most = max(peak.most, now)
 
 
-def exclude_from_peak(device: torch.device) -> None:
-    """Fold the peak so far into every active `Peak`: what runs until `resume_peak` does not count."""
-    _fold(device)
-
-
-def resume_peak(device: torch.device) -> None:
-    """After `exclude_from_peak` and the work it leaves out: start counting again."""
-    torch.cuda.reset_peak_memory_stats(device)
-
-
 @dataclass
 class Peak:
-    """torch's max allocated device memory over a `with` block (None off CUDA), without the
-    moments `exclude_from_peak` left out; nested Peaks each keep their own figure."""
+    """torch's max allocated device memory over a `with` block (None off CUDA); nested Peaks each keep
+    their own figure."""
 
     device: torch.device
 

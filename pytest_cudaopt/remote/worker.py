@@ -269,6 +269,11 @@ class Worker:
             return protocol.send(self.conn, message, self.arena, "judge", on_send=on_send)
         except (OSError, EOFError, BrokenPipeError):
             raise self._died(what) from None
+        except protocol.Unsendable as exc:  # the worker would refuse it: nothing was sent, the worker lives
+            raise WorkerError(f"{what}: {exc} from model.py cannot be sent to ModelNew's process; "
+                              "get_init_inputs() and get_inputs() may return plain Python values (numbers, strings, "
+                              "lists, tuples, dicts), torch dtypes, devices, sizes and tensors",
+                              kind="workdir", file="model.py") from None
 
     def receive(self, *, what: str, timeout: float | None = None, placed: Iterable = (), relay: bool = True,
                 stall: tuple[float, Callable[[], Any]] | None = None, sync_events: bool = True) -> dict:
