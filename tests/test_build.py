@@ -302,7 +302,8 @@ def test_compile_sh_builds_the_real_workdir_and_prints_the_build_time(subprocess
     done = subprocess.run(["bash", str(REPO_ROOT / "utils" / "compile.sh")], env=env, capture_output=True,
                           text=True, timeout=1800)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert re.search(r"^(built cuda_extension in \d+\.\d s \(\d+ of \d+ objects compiled\)|"
+    assert re.search(r"^(built cuda_extension in \d+\.\d s \(\d+ of \d+ objects compiled"
+                     r"(, \d+ taken from the object cache)?\)|"
                      r"cuda_extension up to date \(\d+\.\d s\)): ", done.stdout.splitlines()[-1]), done.stdout
 
 
@@ -347,7 +348,9 @@ def test_touching_one_kernel_recompiles_that_kernel_only(make_workdir):
     result = build.compile_extension(workdir)
     assert result.compiled == ["kernels/scale.cpp"] and result.linked
     assert build.describe(result).startswith("built cuda_extension in ")
-    assert "(1 of 3 objects compiled)" in build.describe(result)
+    # Its content unchanged, the suite's object cache (tests/conftest.py) gives the object back.
+    assert result.cached == 1
+    assert "(0 of 3 objects compiled, 1 taken from the object cache)" in build.describe(result)
 
 
 @needs_nvcc
@@ -445,8 +448,8 @@ def test_the_cli_prints_progress_and_the_build_time_or_the_compiler_errors(make_
     assert lines[0] == "compiling 1 of 3 sources for cpu: kernels/scale.cpp"
     assert re.fullmatch(r"\[1/2\] c\+\+ kernels/scale\.cpp  \(\d+\.\d s\)", lines[1]), lines
     assert re.fullmatch(r"\[2/2\] link cuda_extension\.so  \(\d+\.\d s\)", lines[2]), lines
-    assert re.fullmatch(r"built cuda_extension in \d+\.\d s \(1 of 3 objects compiled\): .*cuda_extension\.so",
-                        lines[-1]), lines
+    assert re.fullmatch(r"built cuda_extension in \d+\.\d s \((1 of 3 objects compiled|0 of 3 objects compiled, "
+                        r"1 taken from the object cache)\): .*cuda_extension\.so", lines[-1]), lines
 
     (workdir / "kernels" / "broken.cpp").write_text(BROKEN_CPP)
     done = run_python(cmd, env=subprocess_env, timeout=1800)

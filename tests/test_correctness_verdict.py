@@ -341,5 +341,5 @@ def test_the_build_shows_its_steps_and_a_lock_held_elsewhere_under_pytest(pytest
         "cudaopt build: compiling 1 of 3 sources for cpu: kernels/cheats.cpp",
         "cudaopt build: [[]1/2[]] c++ kernels/cheats.cpp  (* s)",
         "cudaopt build: [[]2/2[]] link cuda_extension.so  (* s)",
-        "cudaopt build: built cuda_extension in * s (1 of 3 objects compiled): *",
+        "cudaopt build: built cuda_extension in * s (? of 3 objects compiled*): *",
     ])

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from pytest_cudaopt.extension import objcache
 from pytest_cudaopt.extension.buildfile import MODULE_NAME, Config, configure, ninja_file, object_name, settings_or_default
 from pytest_cudaopt.extension.diagnostics import MAX_REPORTED_ERRORS, BuildError, diagnostics
 from pytest_cudaopt.candidate.load import import_extension
@@ -31,6 +32,7 @@ class BuildResult:
     seconds: float
     compiled: list[str]
     objects: int
+    cached: int   # of `compiled`, the objects the object cache gave back
     linked: bool
     waited_s: float
     cuda: bool
@@ -47,8 +49,9 @@ def describe(result: BuildResult) -> str:
     """The last line of `cudaopt build`."""
     if result.up_to_date:
         return f"{MODULE_NAME} up to date ({result.seconds:.1f} s): {result.so_path}"
-    return (f"built {MODULE_NAME} in {result.seconds:.1f} s ({len(result.compiled)} of "
-            f"{result.objects} objects compiled): {result.so_path}")
+    cached = f", {result.cached} taken from the object cache" if result.cached else ""
+    return (f"built {MODULE_NAME} in {result.seconds:.1f} s ({len(result.compiled) - result.cached} of "
+            f"{result.objects} objects compiled{cached}): {result.so_path}")
 
 
 def _ninja() -> str:
@@ -241,7 +244,9 @@ def compile_extension(workdir: Path, *, settings=None, verbose: bool = False,
             raise unwritable(cfg, exc) from None
         if announce:
             _announce(cfg, emit)
+        hits = objcache.counts(cfg.build_dir)["hit"]   # the log is the build folder's, over every build
         steps, code = run_ninja(cfg, emit, start)
+        hits = objcache.counts(cfg.build_dir)["hit"] - hits
         log_path = cfg.build_dir / "build.log"
         if code != 0:
             raise failure_of(cfg, log_path.read_text(errors="replace"), log_path)
@@ -250,7 +255,7 @@ def compile_extension(workdir: Path, *, settings=None, verbose: bool = False,
     compiled = [s.split(" ", 1)[1] for s in steps if s.startswith(("c++ ", "nvcc "))]
     return BuildResult(
         workdir=workdir, build_dir=cfg.build_dir, so_path=cfg.build_dir / f"{MODULE_NAME}.so",
-        seconds=time.monotonic() - start, compiled=compiled, objects=len(cfg.sources),
+        seconds=time.monotonic() - start, compiled=compiled, objects=len(cfg.sources), cached=hits,
         linked=any(s.startswith("link ") for s in steps), waited_s=waited, cuda=cfg.cuda,
         arch=cfg.arch, log_path=log_path)
 
