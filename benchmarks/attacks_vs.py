@@ -8,8 +8,9 @@ tests/workdirs/cpu_attacks/variants/escape_*, and the honest and wrong controls.
 kind are judged in one `pytest` session per tree (the plugin imported from that tree through
 PYTHONPATH), with the CPU arguments of the attack sessions. Left out: the GPU attacks (gpu_perf, run by
 `pytest tests/exploits -m gpu` on a GPU), the scripted-clock sessions (isolation_perf) and the judge's
-(judge). Printed: one row per item whose outcome differs, then a count. DIR keeps the planted
-workdirs, each tree's verdict files and output, and table.txt. Exit 0 when every item is the same.
+(judge). Printed: each session's exit status and time, the items whose outcome differs, then a
+count. DIR keeps the planted workdirs, each tree's verdict files and output, and table.txt (every
+item's outcome in both). Exit 0 when every item is the same.
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ def main() -> int:
                  + (", ".join(f"{g} {w}/{i}" for g, w, i, b, a in rows if b != a) or "none"))
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "table.txt").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print("\n".join([lines[0], *[line for line, (_, _, _, b, a) in zip(lines[1:], rows) if b != a], lines[-1]]))
     return 0 if rows and same == len(rows) else 1
 
 
