@@ -22,13 +22,14 @@ import shutil
 import subprocess
 import sys
 import time
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPLOITS, WORKDIRS = ROOT / "tests" / "exploits", ROOT / "tests" / "workdirs"
-CPU_ARGS = ("--cudaopt-device=cpu", "--cudaopt-compile-backend=eager", "--cudaopt-max-time=1",
-            "--cudaopt-warmup=0.1", "--cudaopt-min-runs=5", "--cudaopt-max-examples=5")
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(EXPLOITS)]   # this checkout, the suite's support, _expect.py
+from support import JUDGE_CPU_ARGS, copy_workdir, junit_cases  # noqa: E402
+
+from pytest_cudaopt.launch import plugin_args  # noqa: E402 - -p pytest_cudaopt.plugin unless an entry point loads it
 # session kind -> (example workdir, pytest's -m, extra environment)
 KINDS = {"cpu_attacks": ("cpu_attacks", "correctness or perf", {}),
          "sandboxed": ("cpu_attacks", "correctness or perf", {}),
@@ -42,7 +43,6 @@ CONTROLS = {"cpu_attacks": {"honest": {"model_new.py": "variants/honest.py"}, "w
 
 def cases() -> dict[tuple[str, tuple], dict[str, dict]]:
     """(kind, extra pytest arguments) -> {workdir name: files (path in it -> sources in the example)}."""
-    sys.path.insert(0, str(EXPLOITS))   # the attack files share _expect.py
     groups: dict[tuple[str, tuple], dict[str, dict]] = {}
     for path in sorted(EXPLOITS.glob("[a-z]*.py")):
         if path.name.startswith("test_"):
@@ -64,9 +64,6 @@ def cases() -> dict[tuple[str, tuple], dict[str, dict]]:
 def plant(example: str, dest: Path, files: dict) -> None:
     """tests/workdirs/<example> at `dest` as the test suite copies it (with its fixed files and lock),
     each path of `files` written with its sources (one, or several concatenated)."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from support import copy_workdir
-
     copy_workdir(example, dest)
     for target, sources in files.items():
         parts = (sources,) if isinstance(sources, str) else sources
@@ -75,32 +72,22 @@ def plant(example: str, dest: Path, files: dict) -> None:
         shutil.rmtree(dest / "variants", ignore_errors=True)
 
 
-def outcomes(junit: Path) -> dict[tuple[str, str], str]:
-    found = {}
-    for case in ET.parse(junit).getroot().iter("testcase"):
-        outcome = next((tag for tag in ("failure", "error", "skipped") if case.find(tag) is not None), "passed")
-        found[(case.get("classname", "").split(".")[0], case.get("name"))] = outcome
-    return found
-
-
 def judge(tree: Path, folder: Path, names: list[str], marker: str, args: tuple, env: dict, plugin: list) -> dict:
     """One pytest session of `tree`'s plugin over `folder`'s workdirs `names`."""
     (folder / "pytest.ini").write_text("[pytest]\ncudaopt_device = cpu\n")
     cmd = [sys.executable, "-m", "pytest", *plugin, "-p", "no:cacheprovider",
            "-p", "no:randomly", "-m", marker, "--junitxml=junit.xml", "--cudaopt-report=report.json",
-           *CPU_ARGS, *args, *[f"{name}/model_new.py" for name in names]]
+           *JUDGE_CPU_ARGS, *args, *[f"{name}/model_new.py" for name in names]]
     run_env = {**os.environ, **env, "PYTHONPATH": str(tree)}
     t0 = time.monotonic()
     done = subprocess.run(cmd, cwd=folder, env=run_env, capture_output=True, text=True, timeout=3600)
     (folder / "output.txt").write_text(done.stdout + done.stderr)
     junit = folder / "junit.xml"
     return {"status": done.returncode, "seconds": time.monotonic() - t0,
-            "items": outcomes(junit) if junit.is_file() else {}}
+            "items": {key: outcome for key, (outcome, _) in junit_cases(junit).items()} if junit.is_file() else {}}
 
 
 def main() -> int:
-    sys.path.insert(0, str(ROOT))
-    from pytest_cudaopt.launch import plugin_args   # -p pytest_cudaopt.plugin unless an entry point loads it
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("before", type=Path)
     parser.add_argument("after", type=Path, nargs="?", default=ROOT)
