@@ -102,6 +102,19 @@ def test_on_the_cpu_hidden_work_counts_by_the_workers_cpu_clock_less_a_handoff_n
     assert 15e-3 - handoff <= seconds[0] <= outer
 
 
+def test_slow_pings_on_a_loaded_host_widen_the_wall_clocks_handoff_not_the_cpu_times(no_device):
+    """Pings of 20 ms, calibrated so before the workdir loaded (a busy host), make a 60.5 ms handoff:
+    wide enough for the wall clock, but the worker's CPU time holds no wakeups, so its handoff stays
+    CPU_HANDOFF_S and a worker hiding 15 ms of CPU work a call is still counted for it."""
+    from pytest_cudaopt.remote.timing import CPU_CALL_S, CPU_HANDOFF_S
+
+    model, seconds, outer = _timed("cpu", reported=[1e-6], takes=15e-3, spins=True, cpu_factor=1.0,
+                                   ping=20e-3, calibrated=20e-3)
+    assert 15e-3 - CPU_HANDOFF_S - CPU_CALL_S <= seconds[0] <= outer and "took longer" in model.timing_note()
+    [batch] = model.clock.batches
+    assert batch.short > 15e-3 - CPU_HANDOFF_S - CPU_CALL_S - 1e-3
+
+
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_a_worker_that_slows_its_own_pings_widens_its_allowance_only_to_the_calibrated_cap(device, no_device):
     from pytest_cudaopt.remote.timing import PING_CAP_FACTOR

@@ -130,7 +130,8 @@ class RemoteModel(Candidate):
             bounds = [Bound(outer, 0.0, handoff + timing.CPU_WAKEUP_S)]
             if cpu_before is not None and cpu_after is not None:
                 # Its CPU time (no wakeups), never more than the round trip (a kernel's threads add up faster).
-                bounds.append(Bound(min(cpu_after - cpu_before, outer), 0.0, handoff + len(sets) * timing.CPU_CALL_S))
+                bounds.append(Bound(min(cpu_after - cpu_before, outer), 0.0,
+                                    min(handoff, timing.CPU_HANDOFF_S + copied / 1e9) + len(sets) * timing.CPU_CALL_S))
         seconds = self.clock.add(timing.credit(_figures(reply, len(sets)), bounds, gated=False))
         # CPU outputs are views of the arena, which the worker's next reply rewrites.
         return [(clone_nest(o) if not cuda else o, t) for o, t in zip(outputs, seconds)]
