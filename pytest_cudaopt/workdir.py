@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import random
-import sys
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,16 +23,8 @@ def _to_device(value: Any, device: torch.device | str) -> Any:
 @contextlib.contextmanager
 def _seeded(seed: int) -> Iterator[None]:
     """The generators seeded with `seed`, their earlier state not kept (the caller keeps it with
-    `saved_rng` around many draws). With CUDA initialised only the CPU and CUDA generators are seeded."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.default_generator.manual_seed(seed)
-        torch.cuda.manual_seed_all(seed)
-        random.seed(seed)
-        np = sys.modules.get("numpy")
-        if np is not None:
-            np.random.seed(seed % 2**32)
-    else:
-        seed_all(seed)
+    `saved_rng` around many draws)."""
+    seed_all(seed)
     yield
 
 
