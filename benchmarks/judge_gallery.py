@@ -169,7 +169,7 @@ def table(pytest_run: dict | None, judge_run: dict | None, devices: int) -> tupl
     for label, run in (("pytest sessions", pytest_run), ("cudaopt judge", judge_run)):
         if not run:
             continue
-        n, wall = len(run["results"]), run["wall_s"]
+        n, wall = len(run["results"]), max(run["wall_s"], 1e-3)   # a judge that refused at once took ~0 s
         notes.append(f"{label}: {n} workdirs in {wall:.1f} s = {n * 3600 / wall:.0f} workdirs/hour, "
                      f"{n * 3600 / (wall * devices):.0f} per device-hour")
     if pytest_run and judge_run:
@@ -191,8 +191,13 @@ def table(pytest_run: dict | None, judge_run: dict | None, devices: int) -> tupl
         cached = sum(line["objects"].get("cached", 0) for line in judge_run["results"].values())
         compiled = sum(line["objects"].get("compiled", 0) for line in judge_run["results"].values())
         notes.append(f"objects: {cached} from the cache, {compiled} compiled")
+        errors = [line for line in judge_run["results"].values() if line["status"] == "error"]
+        if errors:   # the judge could not judge them: no verdict, and the run is no measurement
+            notes.append(f"judge errors: {len(errors)} workdirs, the first: {errors[0]['reason'][:200]}")
     notes.append("verdicts: " + ("the same for every workdir" if same else "DIFFERENT (see the rows marked NO)"))
-    return render_rows(rows, title="judge gallery: one pytest session after another vs cudaopt judge", notes=notes), same
+    errored = judge_run is not None and any(line["status"] == "error" for line in judge_run["results"].values())
+    title = "judge gallery: one pytest session after another vs cudaopt judge"
+    return render_rows(rows, title=title, notes=notes), same and not errored
 
 
 def main(argv: list[str] | None = None) -> int:
