@@ -29,7 +29,7 @@ _TORCH_ALLOWED = {
     "torch": {"Tensor", "Size", "device", "UntypedStorage", "TypedStorage"},
     "torch._tensor": {"Tensor"},
 }
-_PLAIN_ALLOWED = {"torch": {"Size", "device"}, "collections": {"OrderedDict"}}
+_PLAIN_ALLOWED = {"torch": {"Size", "device"}, "collections": {"OrderedDict"}, "builtins": {"complex"}}
 
 
 class Unsendable(pickle.PicklingError):

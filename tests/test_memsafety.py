@@ -270,6 +270,19 @@ def test_a_race_fails_the_item_and_leaves_initcheck_to_finish(pytester, sanitize
     assert data["findings"][0].startswith(f"kernels/scale.cpp:{line}"), data
 
 
+def test_plain_init_values_reach_modelnew_alike_through_the_worker_and_the_sanitized_child(pytester, sanitized):
+    """A complex and a frozenset among get_init_inputs(): the worker's wire and the sanitized child's
+    torch.load read the same plain values, so the correctness and memory-safety items agree."""
+    path = sanitized()
+    for name in ("model.py", "model_new.py"):
+        text = (path / name).read_text().replace("def __init__(self, features: int):",
+                                                 "def __init__(self, features: int, tags: frozenset, gain: complex):")
+        (path / name).write_text(text.replace("return [features]", 'return [features, frozenset({"a"}), 1 + 0j]'))
+    result = run_pytest(pytester, "wd", "-m", "correctness or memsafety", "--cudaopt-seeds=1",
+                        "--cudaopt-max-examples=2")
+    result.assert_outcomes(passed=3)
+
+
 # model_new.py variants that tell the sanitized child from a worker (its command line names it) and
 # dodge the sanitizer there: no call at all, a forged word of one, torch in place of the kernels.
 DODGES = {

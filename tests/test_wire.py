@@ -18,6 +18,7 @@ class Opaque:
 def test_plain_values_dtypes_devices_sizes_and_tensors_go_through():
     sent = {"n": [1, 2.5, "s", b"b", None, True, (3,), {4}, frozenset({5})], "dtype": torch.float16,
             "device": torch.device("cpu"), "size": torch.Size([2, 3]), "ordered": collections.OrderedDict(a=1),
+            "complex": 1 + 2j,
             "x": torch.arange(6.0).reshape(2, 3)}
     left, right = Pipe()
     arena = wire.Arena.create()   # the CPU tensors' way, as between a worker and its judging process
@@ -32,7 +33,7 @@ def test_plain_values_dtypes_devices_sizes_and_tensors_go_through():
 
 @pytest.mark.parametrize("value, named", [
     (slice(1, 2), "a builtins.slice (slice(1, 2, None))"),
-    (1j, "a builtins.complex (1j)"),
+    (range(3), "a builtins.range (range(0, 3))"),
     (Opaque(), "a test_wire.Opaque ("),
     (torch.nn.Parameter(torch.ones(2)), "a torch.nn.parameter.Parameter, not a plain torch.Tensor"),
     (pytest.importorskip("numpy").int64(64), "a numpy.int64 (np.int64(64))"),

@@ -56,7 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pytest_cudaopt.candidate.observe import OpAudit, leaves
 
     try:
-        case = torch.load(scratch / CASE, weights_only=True)
+        with torch.serialization.safe_globals([frozenset]):   # what the wire carries (wire._PLAIN_ALLOWED), no less
+            case = torch.load(scratch / CASE, weights_only=True)
         extension = import_extension(extension_so, extension_so.parent)
         _, candidate = import_candidate(Path(args.workdir), extension)
     except (WorkdirError, ImportError, OSError, RuntimeError, pickle.UnpicklingError) as exc:
