@@ -10,6 +10,7 @@ import pytest
 
 from pytest_cudaopt.results import blame, ledger
 from pytest_cudaopt.results.ledger import LedgerHooks, kind_of
+from pytest_cudaopt.run import signals, watchdog
 from pytest_cudaopt.suite import settings as _settings
 from pytest_cudaopt.suite.collection import SUITE_MODULE, WorkdirModule, bind_timing, is_workdir_file, matches_python_files, worker_ahead, workdir_node, workdirs_in
 from pytest_cudaopt.primitives.environment import pin_worker_to_gpu
@@ -83,8 +84,6 @@ def pytest_configure(config: pytest.Config) -> None:
     session.workers.secrets = [str(Path(config.invocation_params.dir, str(getattr(path, "name", path))).resolve())
                                for path in filter(None, [*paths, session.settings.report])]
     if session.workdir_paths or _cudaopt_options_given(config):
-        from pytest_cudaopt.run import signals
-
         signals.install()  # before torch is imported: an interrupt never lands inside an import
     if session.workdir_paths:
         named = workdirs_in(config.args, config.invocation_params.dir)
@@ -94,8 +93,6 @@ def pytest_configure(config: pytest.Config) -> None:
     session.emit = _terminal_lines(config)
     if hasattr(config, "workerinput"):
         pin_worker_to_gpu(config.workerinput["workerid"])
-    from pytest_cudaopt.run import watchdog
-
     watchdog.keep_stderr()  # the terminal's stderr, for the watchdog (fd 2 is captured during tests)
     config.pluginmanager.register(LedgerHooks(session.ledger, lambda nodeid: _item_workdir(session, nodeid)),
                                   "cudaopt-ledger")
@@ -320,8 +317,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller reports
         config.workeroutput["cudaopt_records"] = cudaopt.records()
         return
-    from pytest_cudaopt.run import signals
-
     if exitstatus == pytest.ExitCode.INTERRUPTED:  # before any verdict item was collected, say
         cudaopt.ledger.end(ledger.INTERRUPTED, f"interrupted by {signals.reason() or 'KeyboardInterrupt'}")
     elif exitstatus == pytest.ExitCode.INTERNAL_ERROR:
@@ -337,8 +332,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    from pytest_cudaopt.run import signals
-
     signals.uninstall()
 
 

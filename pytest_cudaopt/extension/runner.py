@@ -16,7 +16,7 @@ from pytest_cudaopt.extension import objcache
 from pytest_cudaopt.extension.buildfile import MODULE_NAME, Config, configure, ninja_file, object_name, settings_or_default
 from pytest_cudaopt.extension.diagnostics import MAX_REPORTED_ERRORS, BuildError, diagnostics
 from pytest_cudaopt.candidate.load import import_extension
-from pytest_cudaopt.run.signals import die_with_parent
+from pytest_cudaopt.run.zygote import die_with_parent
 
 LOCK_TIMEOUT_S = 3600.0
 _STATUS = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")

@@ -94,7 +94,7 @@ def _reap_group(pgid: int, wait_s: float = 5.0) -> None:
 
 def _die_with_judge(nice: int = 0) -> None:
     """In the child, before exec: SIGTERM when the thread that started it (the judge) dies."""
-    from pytest_cudaopt.run.signals import die_with_parent
+    from pytest_cudaopt.run.zygote import die_with_parent
 
     if nice:
         os.nice(nice)

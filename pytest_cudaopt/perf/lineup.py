@@ -15,6 +15,7 @@ import torch
 from pytest_cudaopt.perf.clocks import host_time, synchronize_device
 from pytest_cudaopt.perf.engine import Contender
 from pytest_cudaopt.remote.candidate import Candidate
+from pytest_cudaopt.run import signals
 
 # Contender keys; the line-up, the gate, tables and reports refer to contenders by these.
 EAGER, COMPILE, CUSTOM, PRECISION_MATCHED = "eager", "compile", "custom", "precision-matched"
@@ -91,6 +92,7 @@ def compile_model(model: Callable[..., Any], example_inputs: Sequence[Any], devi
         compiled(*example_inputs)
         synchronize(device)
         seconds = host_time() - start
+    signals.raise_lost()
     return compiled, seconds
 
 

@@ -10,7 +10,6 @@ from pytest_cudaopt.remote import timing
 from pytest_cudaopt.remote.candidate import Candidate
 from pytest_cudaopt.remote.worker import Worker, WorkerFailed
 from pytest_cudaopt.remote.window import STALL_S
-from pytest_cudaopt.remote.timing import Bound
 
 SLOT_SHAPES = 2   # input shapes whose gated buffers are kept at once (a pass's batch, the latency run's call)
 
@@ -123,15 +122,16 @@ class RemoteModel(Candidate):
         ping = worker.ping()
         if cuda:  # handles cross, not bytes
             handles = count_tensors(sets) + count_tensors(outputs)
-            bounds = [Bound(outer, 0.0, worker.handoff_bound(ping, handles=handles))]
+            bounds = [timing.Bound(outer, 0.0, worker.handoff_bound(ping, handles=handles))]
         else:  # the inputs were copied into the arena before the clock started; the worker views them there
             copied = nbytes(outputs)
             handoff = worker.handoff_bound(ping, copied=copied)
-            bounds = [Bound(outer, 0.0, handoff + timing.CPU_WAKEUP_S)]
+            bounds = [timing.Bound(outer, 0.0, handoff + timing.CPU_WAKEUP_S)]
             if cpu_before is not None and cpu_after is not None:
                 # Its CPU time (no wakeups), never more than the round trip (a kernel's threads add up faster).
-                bounds.append(Bound(min(cpu_after - cpu_before, outer), 0.0,
-                                    min(handoff, timing.CPU_HANDOFF_S + copied / 1e9) + len(sets) * timing.CPU_CALL_S))
+                bounds.append(timing.Bound(min(cpu_after - cpu_before, outer), 0.0,
+                                           min(handoff, timing.CPU_HANDOFF_S + copied / 1e9)
+                                           + len(sets) * timing.CPU_CALL_S))
         seconds = self.clock.add(timing.credit(_figures(reply, len(sets)), bounds, gated=False))
         # CPU outputs are views of the arena, which the worker's next reply rewrites.
         return [(clone_nest(o) if not cuda else o, t) for o, t in zip(outputs, seconds)]
@@ -225,9 +225,10 @@ class RemoteModel(Candidate):
         extra = gate.extra(seen - opened)   # a longer batch's copy out costs more (window.SPUN_S)
         calls = len(sets)
         seconds = _figures(seconds, calls)
-        bounds = [Bound(seen - opened + excess, gate.median + extra + calls * timing.HONEST_CALL_S,
-                        gate.fixed + extra + timing.MARGIN_S + calls * timing.CALL_MARGIN_S),
-                  Bound(collected - opened - copy_s, gate.median + extra, gate.fixed + extra + worker.handoff_bound(ping))]
+        bounds = [timing.Bound(seen - opened + excess, gate.median + extra + calls * timing.HONEST_CALL_S,
+                               gate.fixed + extra + timing.MARGIN_S + calls * timing.CALL_MARGIN_S),
+                  timing.Bound(collected - opened - copy_s, gate.median + extra,
+                               gate.fixed + extra + worker.handoff_bound(ping))]
         seconds = self.clock.add(timing.credit(seconds, bounds, gated=True))
         self.gated += 1
         return list(zip(copies, seconds))

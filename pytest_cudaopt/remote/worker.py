@@ -18,11 +18,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from pytest_cudaopt.run import watchdog
-from pytest_cudaopt.run.signals import die_with_parent
 from pytest_cudaopt import wire as protocol
 from pytest_cudaopt.remote import timing
-from pytest_cudaopt.run import zygote
+from pytest_cudaopt.run import watchdog, zygote
 from pytest_cudaopt.remote.candidate import WorkerError, WorkerFailed, describe  # noqa: F401 - imported from here
 
 POLL_S = 0.05          # how often a wait for a reply looks at the worker's process
@@ -105,7 +103,7 @@ class Worker:
                 [sys.executable, "-m", "pytest_cudaopt.candidate", str(theirs.fileno())],
                 pass_fds=[theirs.fileno()], cwd=self.scratch, env=env, stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=lambda: die_with_parent(signal.SIGKILL))  # never outlives this process
+                preexec_fn=lambda: zygote.die_with_parent(signal.SIGKILL))  # never outlives this process
         finally:
             log.close()
             theirs.close()

@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 from pytest_cudaopt.run.watchdog import in_import
-from pytest_cudaopt.run.zygote import die_with_parent  # noqa: F401 - offered here too
 
 DEFER_S = 60.0     # the longest an import in progress delays the interrupt (torch's takes seconds)
 RESIGNAL_S = 0.1   # meanwhile the signal is delivered again this often
@@ -25,6 +24,7 @@ _timers: list[threading.Timer] = []  # the deliveries of a deferred signal still
 _ours: dict[int, int] = {}          # signal -> deliveries made by the timers, not yet handled
 _ours_lock = threading.Lock()       # the timers count up, the handler (main thread) down
 received: list[str] = []            # the names of the signals that interrupted the run
+_caught = [0]                       # how many of them pytest has caught (the rest were raised and lost)
 
 
 class Terminated(KeyboardInterrupt):
@@ -56,6 +56,18 @@ def uninstall() -> None:
         if signal.getsignal(signum) is _handler:
             signal.signal(signum, handler)
         del _previous[signum]
+
+
+def caught() -> None:
+    """pytest caught the interrupt (its pytest_keyboard_interrupt hook)."""
+    _caught[0] = len(received)
+
+
+def raise_lost() -> None:
+    """Raise again an interrupt raised inside C code that discarded it (torch.compile's does, about one
+    time in ten while it compiles), so that the run ends as interrupted rather than going on."""
+    if len(received) > _caught[0]:
+        raise Terminated("SIGTERM: the run was asked to stop") if "SIGTERM" in received else KeyboardInterrupt
 
 
 def reason() -> str:

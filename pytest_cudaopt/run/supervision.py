@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cudaopt.results import blame
-from pytest_cudaopt.run import sentinel as sentinel_process, watchdog
+from pytest_cudaopt.results import blame, ledger
+from pytest_cudaopt.run import sentinel as sentinel_process, signals, watchdog
 
 SENTINEL_PLUGIN = "cudaopt-sentinel"
 
@@ -75,10 +75,8 @@ def run_supervised(item: pytest.Item, session, workdir: Path, phase: str):
     correctness = bool(item.get_closest_marker("correctness"))
 
     def on_stuck(message: str) -> None:
-        from pytest_cudaopt.results.ledger import TIMEOUT
-
         session.record_hang(workdir, item.nodeid, dog.case, message, correctness, setup=bool(dog.stage))
-        session.ledger.end(TIMEOUT, f"the run ended after {item.nodeid} timed out")
+        session.ledger.end(ledger.TIMEOUT, f"the run ended after {item.nodeid} timed out")
         end_session(item, message)
 
     # pytest's faulthandler_timeout owns faulthandler's single timer when it is set.
@@ -214,6 +212,7 @@ class InterruptHooks:
 
     def pytest_runtest_logfinish(self, nodeid: str, location) -> None:
         self.finished.add(nodeid)
+        signals.raise_lost()   # an interrupt C code discarded while the item ran
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.workers[report.nodeid] = getattr(report, "node", None)  # a pytest-xdist worker's
@@ -231,9 +230,7 @@ class InterruptHooks:
             config.hook.pytest_runtest_logreport(report=report)
 
     def pytest_keyboard_interrupt(self, excinfo) -> None:
-        from pytest_cudaopt.results import ledger
-        from pytest_cudaopt.run import signals
-
+        signals.caught()
         if not self.cudaopt.ledger.entries:
             return  # no verdict item in this run: pytest's interrupt as it always is
         what = signals.reason() or (f"{excinfo.typename}: {excinfo.value}" if str(excinfo.value) else excinfo.typename)
