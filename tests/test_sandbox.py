@@ -181,7 +181,23 @@ def test_ptrace_of_the_judging_process_is_refused(attacked):
 @needs_seccomp
 def test_starting_a_program_is_refused(attacked):
     _succeeded(attacked["off"], "exec", "ATTACK SUCCEEDED: started /bin/sh, which said shell-ran")
-    _refused(attacked["auto"], "exec", "PermissionError", "'/bin/sh'", "refused by the worker's OS sandbox")
+    # A CPU worker may not even fork (its CPU time bounds its timer): subprocess fails before its exec.
+    _refused(attacked["auto"], "exec", "PermissionError", "refused by the worker's OS sandbox")
+
+
+@needs_seccomp
+@pytest.mark.parametrize("threads_only", [True, False])
+def test_a_cpu_workers_seccomp_lets_it_start_threads_but_no_process(threads_only):
+    code = ("import os, platform, threading; from pytest_cudaopt.candidate import sandbox as s; "
+            "s._prctl(s.PR_SET_NO_NEW_PRIVS, 1, 'nnp'); m = platform.machine(); "
+            f"s.install_seccomp(s.seccomp_program(m, {{}}, [], s._syscalls(m, ['clone'])[0], threads_only={threads_only}), m); "
+            "t = threading.Thread(target=print, args=('thread-ran',)); t.start(); t.join()\n"
+            "try:\n    pid = os.fork()\nexcept PermissionError as e:\n    print('fork-refused', e)\nelse:\n"
+            "    os._exit(0) if pid == 0 else (os.waitpid(pid, 0), print('fork-ran'))")
+    done = run_python(["-c", code], timeout=120)
+    assert "thread-ran" in done.stdout, done.stdout + done.stderr
+    assert ("fork-refused [Errno 1] Operation not permitted" if threads_only else "fork-ran") in done.stdout, \
+        done.stdout + done.stderr
 
 
 @needs_landlock

@@ -167,10 +167,12 @@ _SYSCALLS = {
     "setsid": (112, 157), "setpgid": (109, 154),   # its children stay in its process group, and die with it
     # checked on their arguments
     "kill": (62, 129), "tgkill": (234, 131), "rt_sigqueueinfo": (129, 138), "rt_tgsigqueueinfo": (297, 240),
-    "clone": (56, 220), "clone3": (435, 435),
+    "clone": (56, 220), "clone3": (435, 435), "fork": (57, None), "vfork": (58, None),
 }
-# New namespaces from clone(): unshare and setns are refused outright.
+# New namespaces from clone(): unshare and setns are refused outright. On the CPU, new processes too
+# (threads only): a process's CPU time is not the worker's, which bounds the worker's timer there.
 CLONE_NEW = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+CLONE_THREAD = 0x00010000
 
 _RET, _LD_ABS, _JEQ, _JGE, _JSET = 0x06, 0x20, 0x15, 0x35, 0x45
 ALLOW, ERRNO, KILL = 0x7FFF0000, 0x00050000, 0x80000000
@@ -191,7 +193,8 @@ def _op(code: int, k: int, jt: int = 0, jf: int = 0) -> tuple:
 
 
 def seccomp_program(machine: str, refused: dict[int, int], own: list[int] = (), clone: int | None = None,
-                    signalling: tuple[int, ...] = (), group_kill: int | None = None) -> list[tuple]:
+                    signalling: tuple[int, ...] = (), group_kill: int | None = None,
+                    threads_only: bool = False) -> list[tuple]:
     """A BPF program: `refused` syscall -> errno; `signalling` calls (kill, tgkill, ...) allowed only when their
     first argument is one of `own` (kill also 0 and `group_kill`, its group's negative id); `clone` refused with
     EPERM for a new namespace; a call of another architecture ends the process; everything else allowed."""
@@ -207,9 +210,10 @@ def seccomp_program(machine: str, refused: dict[int, int], own: list[int] = (), 
             block += [_op(_JEQ, value, 0, 1), _op(_RET, ALLOW)]
         block += [_op(_RET, ERRNO | errno.EPERM)]
         prog += [_op(_JEQ, nr, 0, len(block)), *block]
-    if clone is not None:
-        prog += [_op(_JEQ, clone, 0, 4), _op(_LD_ABS, 16), _op(_JSET, CLONE_NEW, 0, 1), _op(_RET, ERRNO | errno.EPERM),
-                 _op(_RET, ALLOW)]
+    if clone is not None:  # a new namespace refused; with `threads_only`, a new process too
+        check = [_op(_JSET, CLONE_NEW, 2), _op(_JSET, CLONE_THREAD, 0, 1)] if threads_only else [_op(_JSET, CLONE_NEW, 1)]
+        prog += [_op(_JEQ, clone, 0, len(check) + 3), _op(_LD_ABS, 16), *check, _op(_RET, ALLOW),
+                 _op(_RET, ERRNO | errno.EPERM)]
     return prog + [_op(_RET, ALLOW)]
 
 
@@ -227,15 +231,16 @@ def _syscalls(machine: str, names) -> list[int]:
     return [n for n in (_SYSCALLS[name][column] for name in names) if n is not None]
 
 
-def _seccomp(machine: str) -> None:
+def _seccomp(machine: str, threads_only: bool) -> None:
     refused = {nr: errno.EPERM for nr in _syscalls(machine, [n for n in _SYSCALLS if n not in (
-        "kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "clone", "clone3")])}
+        "kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "clone", "clone3")
+        + (() if threads_only else ("fork", "vfork"))])}
     refused.update({nr: errno.ENOSYS for nr in _syscalls(machine, ["clone3"])})  # C libraries fall back to clone
     pid = os.getpid()
     group = -pid if os.getpgrp() == pid else None
     signalling = tuple(_syscalls(machine, ["kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"]))
-    install_seccomp(seccomp_program(machine, refused, [pid], _syscalls(machine, ["clone"])[0], signalling, group),
-                    machine)
+    install_seccomp(seccomp_program(machine, refused, [pid], _syscalls(machine, ["clone"])[0], signalling, group,
+                                    threads_only), machine)
 
 
 class _CapHeader(ctypes.Structure):
@@ -267,7 +272,7 @@ def _prctl(option: int, value: int, what: str) -> None:
 
 
 def confine(mode: str, workdir: str, build: str | None, scratch: str, *,
-            started_by: str | None = None) -> dict:
+            started_by: str | None = None, threads_only: bool = False) -> dict:
     """Confine this process as far as `mode` and the kernel allow: {"mode", "landlock" (the ABI, 0: none),
     "held": {restriction: [mechanism, ...]}, "missing": {restriction: why}}; a failed mechanism raises nothing.
     With other threads Landlock is not applied, unless `started_by` (compute-sanitizer) started them."""
@@ -315,7 +320,7 @@ def confine(mode: str, workdir: str, build: str | None, scratch: str, *,
             failed.setdefault("sockets", f"Landlock ABI {abi} has no scopes (6 has)")
     attempt("no capabilities", ("privileges",), lambda: _drop_capabilities(last_capability))
     if machine in _ARCH:
-        attempt("seccomp", ("ptrace", "signals", "exec", "kernel"), lambda: _seccomp(machine))
+        attempt("seccomp", ("ptrace", "signals", "exec", "kernel"), lambda: _seccomp(machine, threads_only))
     else:
         for name in ("ptrace", "signals", "exec", "kernel"):
             failed.setdefault(name, f"seccomp: no syscall table for {machine}")

@@ -94,14 +94,15 @@ class Server:
             return ""
         return (f"\n(refused by the worker's OS sandbox, cudaopt_sandbox={self.sandbox['mode']}: the candidate's "
                 "process may read only its workdir, its build and the Python and CUDA environment, write only its "
-                "scratch folder, and may not start programs, ptrace or signal other processes)")
+                "scratch folder, and may not start programs (on the CPU, processes), ptrace or signal other processes)")
 
     def op_sandbox(self, request: dict) -> dict:
         """Confine this process (once), then import torch; on CUDA, make the context: {"sandbox": what held}."""
         if self.sandbox is not None:
             return {"error": "the worker is confined already"}
+        device = str(request.get("device") or "cpu")
         self.sandbox = sandbox.confine(str(request["mode"]), str(request["workdir"]), request.get("build"),
-                                       str(request["scratch"]))
+                                       str(request["scratch"]), threads_only=device == "cpu")
         import torch
         import torch.multiprocessing  # noqa: F401 - the reductions that tensors travel by
 
@@ -109,7 +110,6 @@ class Server:
         protocol.setup_sharing()
         from pytest_cudaopt.candidate import load, observe  # noqa: F401 - what `load` imports, imported ahead
 
-        device = str(request.get("device") or "cpu")
         if device.startswith("cuda") and torch.cuda.is_available():
             torch.empty(1, device=device)  # the context, made now rather than at the gate's request
         return {"sandbox": self.sandbox}

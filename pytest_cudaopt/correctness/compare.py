@@ -185,8 +185,7 @@ def _compare_tensor(path: str, actual: torch.Tensor, expected: torch.Tensor,
             worst_score, worst_at = float(score[at]), start + at
         if len(leaf.first) < MAX_LISTED and bool(bad.any()):
             positions = torch.nonzero(bad).reshape(-1)[:MAX_LISTED - len(leaf.first)].tolist()
-            leaf.first += [Mismatch(unravel(start + p, expected.shape), float(a[p]), float(e[p]))
-                           for p in positions]
+            leaf.first += [Mismatch(unravel(start + p, expected.shape), float(a[p]), float(e[p])) for p in positions]
     # Like torch.testing: a NaN (or Inf) where the other side differs makes the error NaN (Inf).
     if leaf.nan_mismatched:
         leaf.max_abs = leaf.max_rel = math.nan

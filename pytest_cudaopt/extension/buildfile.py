@@ -243,8 +243,7 @@ def ninja_file(cfg: Config) -> str:
         "",
     ]
     if cfg.cuda:
-        lines[4:4] = [f"nvcc = {shlex.quote(cfg.nvcc or 'nvcc')}",
-                      f"cuda_cflags = {_ninja_value(cfg.cuda_cflags)}"]
+        lines[4:4] = [f"nvcc = {shlex.quote(cfg.nvcc or 'nvcc')}", f"cuda_cflags = {_ninja_value(cfg.cuda_cflags)}"]
         lines += [
             "rule nvcc",
             "  command = " + _wrapped(cfg, "$nvcc --generate-dependencies-with-compile --dependency-output $out.d "

@@ -49,8 +49,7 @@ def synchronize_device() -> None:
 
 def tampered() -> list[str]:
     """Names of the timing functions that were replaced since this module was imported."""
-    return [name for name, (owner, attr, bound) in _WATCHED.items()
-            if getattr(owner, attr, None) is not bound]
+    return [name for name, (owner, attr, bound) in _WATCHED.items() if getattr(owner, attr, None) is not bound]
 
 
 class GpuLead:

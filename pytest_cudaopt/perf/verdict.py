@@ -136,8 +136,7 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
         del example  # every timed call draws its own
         config = engine.Config.from_settings(settings, seed=derive_seed(seed, "perf", "checks"),
                                              queue_group=group, one_check_per_pass=one_check, max_batch=batch)
-        measurement = engine.measure(line.contenders, feed, clock=clock, config=config,
-                                     compare=_compare(settings))
+        measurement = engine.measure(line.contenders, feed, clock=clock, config=config, compare=_compare(settings))
         traces = _traces(line, measurement, feed.next()[1], tracer, model_new.timing_failure())
     result = _result(workdir, test, settings, measurement, line, tiers, traces,
                      f"{note}; {plan_note}" if plan_note else note)

@@ -302,8 +302,7 @@ def record(result: Any) -> dict[str, Any]:
     rec: dict[str, Any] = {"kind": getattr(result, "kind", "other"), "passed": bool(result.passed),
                            "data": result.to_json()}
     if isinstance(result, PerfResult):
-        rec.update(row=perf_row(result), rows=perf_rows(result), title=perf_title(result),
-                   notes=perf_notes(result))
+        rec.update(row=perf_row(result), rows=perf_rows(result), title=perf_title(result), notes=perf_notes(result))
     elif isinstance(result, CorrectnessResult):
         rec["row"] = correctness_row(result)
     elif isinstance(result, PolicyResult):

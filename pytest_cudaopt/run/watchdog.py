@@ -226,8 +226,7 @@ class Watchdog:
         if self._backstop:
             faulthandler.cancel_dump_traceback_later()
         if self._installed:
-            signal.signal(SIGNAL, self._previous_handler if self._previous_handler is not None
-                          else signal.SIG_DFL)
+            signal.signal(SIGNAL, self._previous_handler if self._previous_handler is not None else signal.SIG_DFL)
             self._installed = False
         if Watchdog.current is self:
             Watchdog.current = None
