@@ -74,8 +74,7 @@ class Workdir:
         except WorkdirError:
             raise
         except Exception as exc:
-            raise WorkdirError(f"{file.name}: {what} raised:\n{user_traceback(exc, [self.path])}",
-                               file.name) from exc
+            raise WorkdirError(f"{file.name}: {what} raised:\n{user_traceback(exc, [self.path])}", file.name) from exc
 
     def init_inputs(self) -> list:
         """model.py's get_init_inputs(), as a list."""

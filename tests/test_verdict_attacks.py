@@ -215,3 +215,18 @@ def test_the_workers_environment_names_no_verdict_file():
     assert env["PATH"] == "/usr/bin" and env["OMP_NUM_THREADS"] == "2" and env["PYTHONPATH"].startswith("/pkg")
     assert not any(k.startswith(("CUDAOPT_", "PYTEST_")) for k in env)
     assert "TMPDIR" not in env and "AWS_SECRET_ACCESS_KEY" not in env
+
+
+def test_a_reply_without_a_key_the_judging_process_reads_is_the_candidates_fault_not_a_keyerror_of_ours():
+    """A stray or forged reply (a forked child of the worker answering on its socket did this) fails the item
+    as the candidate's process's, never as the harness's KeyError."""
+    from pytest_cudaopt.remote.worker import Reply, WorkerFailed
+    from pytest_cudaopt.results import blame
+
+    reply = Reply({"workdir_error": "a reply to another request"})
+    reply.what = "constructing ModelNew"
+    with pytest.raises(WorkerFailed) as failed:
+        reply["id"]
+    assert str(failed.value) == "the candidate's worker process answered without 'id' while constructing ModelNew"
+    assert blame.classify(failed.value) == blame.CANDIDATE
+    assert reply.get("id") is None and reply["workdir_error"] == "a reply to another request"

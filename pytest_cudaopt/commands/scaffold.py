@@ -75,8 +75,7 @@ def init_workdir(dest: Path, model_path: Path, notes: list[str] | None = None, d
     dest.mkdir(parents=True, exist_ok=True)
     for name in policy.PROTECTED_TEMPLATES:
         shutil.copyfile(policy.TEMPLATES / name, dest / name)
-    shutil.copytree(policy.TEMPLATES / "utils", dest / "utils",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(policy.TEMPLATES / "utils", dest / "utils", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     shutil.copyfile(model_path, dest / "model.py")
     (dest / "model_new.py").write_text(model_new, encoding="utf-8")
     starter.write(dest, device, convolution=bool(policy.model_convolutions(model_path)))

@@ -172,8 +172,7 @@ def _compare_tensor(path: str, actual: torch.Tensor, expected: torch.Tensor,
         leaf.inf_mismatched += int(inf_bad.sum())
         if bool(finite.any()):
             leaf.max_abs = max(leaf.max_abs, float(diff.max()))
-            leaf.max_expected = max(leaf.max_expected,
-                                    float(torch.where(finite, e.abs(), torch.zeros_like(e)).max()))
+            leaf.max_expected = max(leaf.max_expected, float(torch.where(finite, e.abs(), torch.zeros_like(e)).max()))
             nonzero = finite & (e != 0)
             if bool(nonzero.any()):
                 leaf.max_rel = max(leaf.max_rel, float((diff[nonzero] / e[nonzero].abs()).max()))

@@ -109,8 +109,7 @@ class Applied:
 def _floats(inputs: list) -> list[int]:
     import torch
 
-    return [i for i, x in enumerate(inputs)
-            if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() > 0]
+    return [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() > 0]
 
 
 def _rms(x: torch.Tensor, sample: int = 1 << 20) -> float:

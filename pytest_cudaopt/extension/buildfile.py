@@ -107,8 +107,7 @@ def _add_cuda(tools: _Toolchain, includes: set[str], extra_nvcc: list[str]) -> N
     tools.include_dirs.insert(0, home / "include")
     tools.lib_dirs += cuda_lib_dirs(home)
     tools.libs += ["-lc10_cuda", "-ltorch_cuda", "-lcudart"]
-    wanted = [("cuBLAS", "cublas_v2.h", ("cublas", "cublasLt"), "cublas"),
-              ("cuDNN", "cudnn.h", ("cudnn",), "cudnn")]
+    wanted = [("cuBLAS", "cublas_v2.h", ("cublas", "cublasLt"), "cublas"), ("cuDNN", "cudnn.h", ("cudnn",), "cudnn")]
     for name, header, stems, marker in wanted:
         used = any(marker in inc.lower() for inc in includes)
         found = find_library(name, header, stems, home)

@@ -48,8 +48,7 @@ def _binary(name: str) -> list:
 def compile_key(command: list[str], source: Path, out: str, depfile: str) -> str:
     """The key of one compile: command (output paths as placeholders), compilers, environment, source bytes."""
     args = ["<out>" if a == out else "<depfile>" if a == depfile else a for a in command]
-    host = next((command[i + 1] for i, a in enumerate(command[:-1]) if a == "-ccbin"),
-                os.environ.get("CXX") or "c++")
+    host = next((command[i + 1] for i, a in enumerate(command[:-1]) if a == "-ccbin"), os.environ.get("CXX") or "c++")
     parts = {"version": VERSION, "args": args, "compiler": _binary(command[0]), "host": _binary(host),
              "env": {k: os.environ.get(k) for k in COMPILER_ENV if os.environ.get(k)},
              "source": _sha256(source)}

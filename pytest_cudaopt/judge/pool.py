@@ -168,8 +168,7 @@ class LocalPool:
                     if jobs[task.job].began is None:
                         jobs[task.job].began = time.monotonic()
                     self.on_event("start", jobs[task.job], task)
-                    threading.Thread(target=self._work, args=(jobs[task.job], task, self._events),
-                                     daemon=True).start()
+                    threading.Thread(target=self._work, args=(jobs[task.job], task, self._events), daemon=True).start()
                 task, result = self._events.get()
                 if task is _CLOSE:
                     closed = True

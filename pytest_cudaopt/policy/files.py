@@ -156,8 +156,7 @@ def check_protected(workdir: Path) -> list[Violation]:
         if name not in recorded:
             found.append(Violation(name, 1, "PF003", f"{name} was added after the workdir was locked{owner}"))
         elif not path.is_file():
-            found.append(Violation(LOCK_NAME, 1, "PF003",
-                                   f"{name} was recorded in {LOCK_NAME} but is missing{owner}"))
+            found.append(Violation(LOCK_NAME, 1, "PF003", f"{name} was recorded in {LOCK_NAME} but is missing{owner}"))
         elif _sha256(path) != recorded[name] and UPSTREAM_SHA256.get(name) != _sha256(path):
             found.append(Violation(name, 1, "PF003", f"{name} changed since it was recorded in {LOCK_NAME} "
                                                      f"(sha256 differs); restore it from version control, "

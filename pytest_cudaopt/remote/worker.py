@@ -63,6 +63,14 @@ def package_root() -> str:
     return str(Path(pytest_cudaopt.__file__).resolve().parent.parent)
 
 
+class Reply(dict):
+    """A worker's reply: a key it lacks is the candidate's process's fault (a forged or stray reply), not ours."""
+    what = ""
+
+    def __missing__(self, key: Any) -> Any:
+        raise WorkerFailed(f"the candidate's worker process answered without {key!r} while {self.what}")
+
+
 class Worker:
     """One worker process for one workdir: `start()`, `request(...)`, `stop()`."""
 
@@ -326,6 +334,8 @@ class Worker:
         if "error" in reply:
             raise WorkerError(str(reply["error"]), kind=str(reply.get("kind", "candidate")),
                               file=reply.get("file"), fault=bool(reply.get("fault")), oom=reply.get("oom"))
+        reply = Reply(reply)
+        reply.what = what
         return reply
 
     def stacks(self) -> str:

@@ -327,8 +327,7 @@ def render_records(records: Sequence[Mapping[str, Any]], fmt: str = "table") -> 
                                         title=f"cudaopt {kind}: {passed} of {len(flat)} passed"))
         for r in mine:
             if "rows" in r:
-                sections.append(render_rows(r["rows"], title=r.get("title", kind),
-                                            notes=r.get("notes", ()), fmt=fmt))
+                sections.append(render_rows(r["rows"], title=r.get("title", kind), notes=r.get("notes", ()), fmt=fmt))
     return "\n\n".join(sections)
 
 
