@@ -188,16 +188,19 @@ def test_starting_a_program_is_refused(attacked):
 @needs_seccomp
 @pytest.mark.parametrize("threads_only", [True, False])
 def test_a_cpu_workers_seccomp_lets_it_start_threads_but_no_process(threads_only):
+    """The worker's own filter (`_seccomp`): threads start; a process only where not `threads_only` (a GPU
+    worker's); no program either way (the CPU worker's exec attack fails at its fork, so exec is held here)."""
     code = ("import os, platform, threading; from pytest_cudaopt.candidate import sandbox as s; "
-            "s._prctl(s.PR_SET_NO_NEW_PRIVS, 1, 'nnp'); m = platform.machine(); "
-            f"s.install_seccomp(s.seccomp_program(m, {{}}, [], s._syscalls(m, ['clone'])[0], threads_only={threads_only}), m); "
+            f"s._prctl(s.PR_SET_NO_NEW_PRIVS, 1, 'nnp'); s._seccomp(platform.machine(), {threads_only}); "
             "t = threading.Thread(target=print, args=('thread-ran',)); t.start(); t.join()\n"
             "try:\n    pid = os.fork()\nexcept PermissionError as e:\n    print('fork-refused', e)\nelse:\n"
-            "    os._exit(0) if pid == 0 else (os.waitpid(pid, 0), print('fork-ran'))")
+            "    os._exit(0) if pid == 0 else (os.waitpid(pid, 0), print('fork-ran'))\n"
+            "try:\n    os.execv('/bin/true', ['/bin/true'])\nexcept PermissionError as e:\n    print('exec-refused', e)")
     done = run_python(["-c", code], timeout=120)
     assert "thread-ran" in done.stdout, done.stdout + done.stderr
     assert ("fork-refused [Errno 1] Operation not permitted" if threads_only else "fork-ran") in done.stdout, \
         done.stdout + done.stderr
+    assert "exec-refused [Errno 1] Operation not permitted" in done.stdout, done.stdout + done.stderr
 
 
 @needs_landlock
