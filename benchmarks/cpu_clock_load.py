@@ -37,12 +37,7 @@ def _plant(root: Path) -> list[str]:
         for target, source in zip(("model.py", "model_new.py"), files):
             shutil.copyfile(PROBLEMS / name / source, dest / target)
     for name in ATTACKS:
-        dest = root / name
-        shutil.copytree(support.PREBUILT_ROOT / "cpu_attacks", dest, symlinks=True,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.lock"))
-        for target, parts in support.ATTACKS[name].items():
-            parts = (parts,) if isinstance(parts, str) else parts
-            (dest / target).write_text("".join((support.ATTACK_VARIANTS / p).read_text() for p in parts))
+        support.attack_workdir(lambda workdir: support.PREBUILT_ROOT / workdir, name, root / name)
     return [*HONEST, *ATTACKS]
 
 

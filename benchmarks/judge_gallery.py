@@ -166,6 +166,7 @@ def table(pytest_run: dict | None, judge_run: dict | None, devices: int) -> tupl
                      "judge s": f"{j['seconds']['total']:.1f}" if j else "-",
                      "baseline compile s": f"{j['time'].get('baseline_compile', 0):.1f}" if j else "-"})
     notes = []
+    errors = [line for line in (judge_run or {}).get("results", {}).values() if line["status"] == "error"]
     for label, run in (("pytest sessions", pytest_run), ("cudaopt judge", judge_run)):
         if not run:
             continue
@@ -191,13 +192,11 @@ def table(pytest_run: dict | None, judge_run: dict | None, devices: int) -> tupl
         cached = sum(line["objects"].get("cached", 0) for line in judge_run["results"].values())
         compiled = sum(line["objects"].get("compiled", 0) for line in judge_run["results"].values())
         notes.append(f"objects: {cached} from the cache, {compiled} compiled")
-        errors = [line for line in judge_run["results"].values() if line["status"] == "error"]
         if errors:   # the judge could not judge them: no verdict, and the run is no measurement
             notes.append(f"judge errors: {len(errors)} workdirs, the first: {errors[0]['reason'][:200]}")
     notes.append("verdicts: " + ("the same for every workdir" if same else "DIFFERENT (see the rows marked NO)"))
-    errored = judge_run is not None and any(line["status"] == "error" for line in judge_run["results"].values())
     title = "judge gallery: one pytest session after another vs cudaopt judge"
-    return render_rows(rows, title=title, notes=notes), same and not errored
+    return render_rows(rows, title=title, notes=notes), same and not errors
 
 
 def main(argv: list[str] | None = None) -> int:

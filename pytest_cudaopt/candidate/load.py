@@ -145,7 +145,7 @@ def seed_all(seed: int) -> None:
         torch.manual_seed(seed)
     else:
         torch.default_generator.manual_seed(seed)
-        if torch.cuda.is_available():
+        if torch.cuda.is_initialized():
             torch.cuda.manual_seed_all(seed)
     random.seed(seed)
     np = sys.modules.get("numpy")

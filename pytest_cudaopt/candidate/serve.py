@@ -102,7 +102,7 @@ class Server:
             return {"error": "the worker is confined already"}
         device = str(request.get("device") or "cpu")
         self.sandbox = sandbox.confine(str(request["mode"]), str(request["workdir"]), request.get("build"),
-                                       str(request["scratch"]), threads_only=device == "cpu")
+                                       str(request["scratch"]), threads_only=not device.startswith("cuda"))
         import torch
         import torch.multiprocessing  # noqa: F401 - the reductions that tensors travel by
 
