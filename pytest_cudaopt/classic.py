@@ -85,8 +85,7 @@ def profiling_lines(doc: dict[str, Any]) -> list[str]:
     for rec in doc.get("results", []):
         if rec.get("kind") != "perf":
             continue
-        timing = (rec["data"].get("timing") or {}).get("contenders", [])
-        medians = {c["key"]: c.get("median_s") for c in timing}
+        medians = {c["key"]: c.get("median_s") for c in (rec["data"].get("timing") or {}).get("contenders", [])}
         lines.append(", ".join(f"{LABELS[k]}: {_us(medians.get(k))}" for k in ("eager", "compile", "custom")))
     return lines or ["Torch Baseline: n/a, Torch Compile: n/a, CUDA Extension: n/a (no perf result)"]
 
@@ -95,8 +94,7 @@ def _one_line(text: str) -> str:
     """A `user_traceback` text as one line: the error, then where in the workdir it was raised."""
     lines = [ln for ln in text.splitlines() if ln.strip()]
     frames = [ln.strip() for ln in lines if ln.startswith("  ")]
-    error = " ".join(ln.strip() for ln in lines if not ln.startswith("  "))
-    return error + (f" (at {frames[-1]})" if frames else "")
+    return " ".join(ln.strip() for ln in lines if not ln.startswith("  ")) + (f" (at {frames[-1]})" if frames else "")
 
 
 def _single_run_failed(message: str) -> int:
@@ -142,8 +140,7 @@ def single_run(workdir: Path, names: Sequence[str]) -> int:
                 run(*inputs)
                 lineup.synchronize(device)
             except Exception as exc:  # noqa: BLE001 - the contender's own failure, in one line
-                return _single_run_failed(f"{name} failed on {device}: "
-                                          + _one_line(wd.user_traceback(exc, [workdir])))
+                return _single_run_failed(f"{name} failed on {device}: " + _one_line(wd.user_traceback(exc, [workdir])))
             print(f"single run: {name} done on {device}")
     return 0
 

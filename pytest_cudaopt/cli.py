@@ -304,8 +304,7 @@ def parser() -> argparse.ArgumentParser:
     with_workdir("build", "compile the workdir's cuda_extension and print the build time", cmd_build)
     for name, marker, help in (
         ("verify", "correctness", "run the correctness verdict (pytest -m correctness) and print its table"),
-        ("profile", "perf", "run the speed verdict (pytest -m perf) and print its table"),
-    ):
+        ("profile", "perf", "run the speed verdict (pytest -m perf) and print its table")):
         p = with_workdir(name, help, lambda args, marker=marker: _run_pytest(args.workdir, marker, args.pytest_args))
         p.add_argument("pytest_args", nargs=argparse.REMAINDER,
                        help="further pytest arguments, e.g. --cudaopt-profile=thorough")

@@ -21,14 +21,12 @@ SESSION_KEY = pytest.StashKey[CudaoptSession]()
 _SELF_TEST_AT_LOAD = os.environ.get("CUDAOPT_SELF_TEST", "")
 # The items that judge the workdir at run time: on the device, under the watchdog.
 JUDGED_KINDS = ("correctness", "perf", "memsafety")
-MARKERS = {
-    "build": "the workdir's extension compiles and imports (generated per workdir; runs without a GPU too)",
-    "correctness": "the custom path computes the same function as model.py (generated per workdir)",
-    "perf": "the custom path is faster than torch.compile (generated per workdir)",
-    "policy": "the workdir rules hold (generated per workdir)",
-    "memsafety": "one small case of the custom path runs clean under compute-sanitizer (generated per workdir)",
-    "gpu": "needs a CUDA device; skipped with a reason where none is visible",
-}
+MARKERS = {"build": "the workdir's extension compiles and imports (generated per workdir; runs without a GPU too)",
+           "correctness": "the custom path computes the same function as model.py (generated per workdir)",
+           "perf": "the custom path is faster than torch.compile (generated per workdir)",
+           "policy": "the workdir rules hold (generated per workdir)",
+           "memsafety": "one small case of the custom path runs clean under compute-sanitizer (generated per workdir)",
+           "gpu": "needs a CUDA device; skipped with a reason where none is visible"}
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -66,11 +64,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if unknown:
         raise pytest.UsageError(f"cudaopt: unknown ini option {'; '.join(unknown)} in {config.inipath}")
     try:
-        resolved = _settings.Settings.resolve_all(
-            cli=lambda name: config.getoption("cudaopt_" + name, default=None),
-            ini=lambda name: config.getini("cudaopt_" + name),
-            env={**os.environ, "CUDAOPT_SELF_TEST": _SELF_TEST_AT_LOAD},
-        )
+        resolved = _settings.Settings.resolve_all(cli=lambda name: config.getoption("cudaopt_" + name, default=None),
+                                                  ini=lambda name: config.getini("cudaopt_" + name),
+                                                  env={**os.environ, "CUDAOPT_SELF_TEST": _SELF_TEST_AT_LOAD})
     except _settings.SettingError as exc:
         raise pytest.UsageError(f"cudaopt: {exc}") from None
     # A pytest-xdist worker uses the seed its controller drew (pytest_configure_node).
@@ -344,8 +340,7 @@ def pytest_configure_node(node) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error) -> None:
     """pytest-xdist controller: collect the results of a finished worker."""
-    records = getattr(node, "workeroutput", {}).get("cudaopt_records", [])
-    _session(node.config).add_records(records)
+    _session(node.config).add_records(getattr(node, "workeroutput", {}).get("cudaopt_records", []))
 
 
 @pytest.fixture(scope="session")
@@ -385,8 +380,7 @@ def cudaopt_root_extension(request: pytest.FixtureRequest, cudaopt_session: Cuda
 
 
 @pytest.fixture
-def cuda_extension(request: pytest.FixtureRequest, cudaopt_session: CudaoptSession,
-                   cudaopt_workdir_path: Path):
+def cuda_extension(request: pytest.FixtureRequest, cudaopt_session: CudaoptSession, cudaopt_workdir_path: Path):
     """The item's workdir's built `cuda_extension` module (the rootdir's outside workdir items)."""
     if cudaopt_workdir_path.resolve() == cudaopt_session.rootpath.resolve():
         return request.getfixturevalue("cudaopt_root_extension")

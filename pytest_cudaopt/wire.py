@@ -24,11 +24,8 @@ _TORCH_ALLOWED = {
     "torch.multiprocessing.reductions": {"rebuild_tensor", "rebuild_cuda_tensor", "rebuild_storage_filename",
                                          "rebuild_storage_empty", "rebuild_typed_storage",
                                          "rebuild_typed_storage_child"},
-    "torch._utils": {"_rebuild_tensor", "_rebuild_tensor_v2"},
-    "torch.storage": {"UntypedStorage", "TypedStorage"},
-    "torch": {"Tensor", "Size", "device", "UntypedStorage", "TypedStorage"},
-    "torch._tensor": {"Tensor"},
-}
+    "torch._utils": {"_rebuild_tensor", "_rebuild_tensor_v2"}, "torch.storage": {"UntypedStorage", "TypedStorage"},
+    "torch": {"Tensor", "Size", "device", "UntypedStorage", "TypedStorage"}, "torch._tensor": {"Tensor"}}
 _PLAIN_ALLOWED = {"torch": {"Size", "device"}, "collections": {"OrderedDict"}, "builtins": {"complex"}}
 
 
@@ -49,8 +46,7 @@ class Arena:
     def __init__(self, path: str, size: int, create: bool):
         import torch
 
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(path, flags, 0o600)
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
         try:
             if create:
                 os.ftruncate(fd, size)

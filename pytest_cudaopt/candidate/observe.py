@@ -29,14 +29,12 @@ ALLOWED_OPS = frozenset({
     # creation with a fill: the workdir rules allow tensor creation in model_new.py
     "aten::zeros", "aten::zeros.names", "aten::zeros_like", "aten::new_zeros",
     "aten::ones", "aten::ones.names", "aten::ones_like", "aten::new_ones",
-    "aten::full", "aten::full.names", "aten::full_like", "aten::new_full",
-    "aten::zero_", "aten::fill_.Scalar",
+    "aten::full", "aten::full.names", "aten::full_like", "aten::new_full", "aten::zero_", "aten::fill_.Scalar",
     # metadata queries, for the rare tensors whose sizes/strides are answered by the dispatcher
     "aten::size.int", "aten::stride.int", "aten::sym_size.int", "aten::sym_stride.int",
     "aten::sym_size", "aten::sym_stride", "aten::sym_numel", "aten::sym_storage_offset",
     "aten::is_contiguous", "aten::is_contiguous.memory_format", "aten::dim", "aten::numel",
-    "aten::is_same_size", "aten::is_nonzero",
-})
+    "aten::is_same_size", "aten::is_nonzero"})
 
 
 @dataclass

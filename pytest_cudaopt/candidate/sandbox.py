@@ -26,8 +26,7 @@ RESTRICTIONS = {
     "network": "opens no TCP connection and binds no TCP port",
     "sockets": "cannot connect to an abstract Unix socket outside its own sandbox",
     "privileges": "no capabilities, no new privileges (setuid), not dumpable",
-    "kernel": "no kernel modules, mounts, namespaces, bpf, keyrings, reboot or clock changes",
-}
+    "kernel": "no kernel modules, mounts, namespaces, bpf, keyrings, reboot or clock changes"}
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.syscall.restype = ctypes.c_long
@@ -167,8 +166,7 @@ _SYSCALLS = {
     "setsid": (112, 157), "setpgid": (109, 154),   # its children stay in its process group, and die with it
     # checked on their arguments
     "kill": (62, 129), "tgkill": (234, 131), "rt_sigqueueinfo": (129, 138), "rt_tgsigqueueinfo": (297, 240),
-    "clone": (56, 220), "clone3": (435, 435), "fork": (57, None), "vfork": (58, None),
-}
+    "clone": (56, 220), "clone3": (435, 435), "fork": (57, None), "vfork": (58, None)}
 # New namespaces from clone(): unshare and setns are refused outright. On the CPU, new processes too
 # (threads only): a process's CPU time is not the worker's, which bounds the worker's timer there.
 CLONE_NEW = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000

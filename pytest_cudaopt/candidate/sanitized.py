@@ -1,12 +1,11 @@
 """The child that the memory-safety item runs under compute-sanitizer: one call of ModelNew, its kernels the built extension.
 
-The judging side draws the case (model.py's init arguments, Model's state, the inputs) and saves
-it as --scratch/CASE; this child builds ModelNew as a worker does (candidate/serve.py's `make`
-and `load_state`), calls it once under the op audit and saves the output to --scratch/OUTPUT. It
-imports nothing of the judging side, and model.py's Model is not run here: only the candidate's
-kernels are under judgement. It confines itself first, as a worker does (candidate/sandbox.py):
-what decides the item is compute-sanitizer's exit status and log, written by its own process, which
-a confined child can neither ptrace nor write; the parent checks the call's word, audit and output.
+The judging side draws the case (model.py's init arguments, Model's state, the inputs) and saves it as --scratch/CASE;
+this child builds ModelNew as a worker does (candidate/serve.py's `make` and `load_state`), calls it once under the op
+audit and saves the output to --scratch/OUTPUT. It imports nothing of the judging side, and model.py's Model is not run
+here: only the candidate's kernels are under judgement. It confines itself first, as a worker does
+(candidate/sandbox.py): what decides the item is compute-sanitizer's exit status and log, written by its own process,
+which a confined child can neither ptrace nor write; the parent checks the call's word, audit and output.
 
 Exit status 0 when the call completed (its last line DONE and the audit as JSON), 2 when the
 workdir, the extension or the case cannot be loaded (or, with --sandbox require, the process cannot

@@ -118,9 +118,8 @@ def summary_markdown(code: int, reasons: Sequence[str], observer: Observer, repo
     return "\n".join(out) + "\n"
 
 
-def run(workdir: Path, *, out: Path, baseline_workdir: Path | None = None,
-        regression_margin: float | None = None, pytest_args: Sequence[str] = (),
-        allow_lock_change: bool = False) -> int:
+def run(workdir: Path, *, out: Path, baseline_workdir: Path | None = None, regression_margin: float | None = None,
+        pytest_args: Sequence[str] = (), allow_lock_change: bool = False) -> int:
     """The gate's exit code on `workdir`; report.json, junit.xml and summary.md in `out` ($GITHUB_STEP_SUMMARY)."""
     from pytest_cudaopt.launch import run_pytest, strict_sandbox
     from pytest_cudaopt.suite.settings import workdir_ini
@@ -128,9 +127,8 @@ def run(workdir: Path, *, out: Path, baseline_workdir: Path | None = None,
     out.mkdir(parents=True, exist_ok=True)
     report_path = out / "report.json"
     report_path.unlink(missing_ok=True)
-    args = [str(workdir / "model_new.py"), "--rootdir", str(workdir), "-p", "no:cacheprovider",
-            "--cudaopt-ci-gate", f"--cudaopt-report={report_path}", f"--junitxml={out / 'junit.xml'}",
-            "-o", "junit_family=xunit2"]
+    args = [str(workdir / "model_new.py"), "--rootdir", str(workdir), "-p", "no:cacheprovider", "--cudaopt-ci-gate",
+            f"--cudaopt-report={report_path}", f"--junitxml={out / 'junit.xml'}", "-o", "junit_family=xunit2"]
     if baseline_workdir is not None:
         args.append(f"--cudaopt-baseline-workdir={baseline_workdir}")
     if regression_margin is not None:
@@ -138,8 +136,7 @@ def run(workdir: Path, *, out: Path, baseline_workdir: Path | None = None,
     observer = Observer()
     # On a GPU runner the gate refuses a candidate that Landlock cannot confine.
     args += strict_sandbox(pytest_args, ini=workdir_ini(workdir)[1])
-    status = run_pytest([*args, *pytest_args], plugins=[observer])
-    code, reasons = exit_code(status, observer)
+    code, reasons = exit_code(run_pytest([*args, *pytest_args], plugins=[observer]), observer)
     if code == PASSED:
         reasons = report_disagrees(report_path)
         code = BROKEN if reasons else PASSED

@@ -69,8 +69,7 @@ def init_workdir(dest: Path, model_path: Path, notes: list[str] | None = None, d
     if not model_path.is_file():
         what = "is a folder, not a model.py file" if model_path.is_dir() else "does not exist"
         raise ScaffoldError(f"model file {model_path} {what}")
-    source = model_path.read_text(encoding="utf-8")
-    model_new = render_model_new(source, model_path, notes)
+    model_new = render_model_new(model_path.read_text(encoding="utf-8"), model_path, notes)
     third_party = third_party_imports(model_new)
     dest.mkdir(parents=True, exist_ok=True)
     for name in policy.PROTECTED_TEMPLATES:
@@ -153,8 +152,7 @@ def third_party_imports(source: str) -> list[str]:
             roots |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
             roots.add(node.module.split(".")[0])
-    ignored = set(sys.stdlib_module_names) | {"torch", "cuda_extension", "__future__"}
-    return sorted(roots - ignored)
+    return sorted(roots - (set(sys.stdlib_module_names) | {"torch", "cuda_extension", "__future__"}))
 
 
 def _parse_model(source: str, model_path: Path) -> tuple[ast.Module, ast.ClassDef, list[ast.FunctionDef]]:

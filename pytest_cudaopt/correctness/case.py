@@ -109,8 +109,7 @@ def _run_case(workdir: Workdir, settings, constants: dict[str, int], seed: int, 
             judge_family=functools.partial(family_case.judge, applied) if applied else None)
         described = describe_inputs(inputs, names)
         footer = (f"\ncase: {label}; inputs {described}" + (f"\n{applied.describe()}" if applied else "")
-                  + (f"\n{state.describe(done)}" if moved else "")
-                  + (f"\nreplay: {replay}" if replay else ""))
+                  + (f"\n{state.describe(done)}" if moved else "") + (f"\nreplay: {replay}" if replay else ""))
         short = shapes.format_case(constants) or "canonical"
         try:
             outcome = _guarded(trial, inputs, label, footer, short, described,

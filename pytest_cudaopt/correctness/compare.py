@@ -117,8 +117,7 @@ class Comparison:
                 lines.append(f"{leaf.path}: all {leaf.total} elements within tolerance")
                 continue
             pct = 100.0 * leaf.fraction
-            lines.append(f"{leaf.path}: {leaf.mismatched} of {leaf.total} elements ({pct:.3g}%) "
-                         f"outside {leaf_rule}")
+            lines.append(f"{leaf.path}: {leaf.mismatched} of {leaf.total} elements ({pct:.3g}%) outside {leaf_rule}")
             lines.append(f"  max abs err  {_num(leaf.max_abs)}")
             lines.append(f"  max rel err  {_num(leaf.max_rel)}")
             if leaf.nan_mismatched:
@@ -164,8 +163,7 @@ def _compare_tensor(path: str, actual: torch.Tensor, expected: torch.Tensor,
             bad_finite = ca != ce
             allowed = torch.ones_like(a)  # the worst element is then the largest difference
         nan_bad = a_nan != e_nan
-        # An Inf must meet the same Inf; a NaN pair is a match.
-        inf_bad = (a_inf | e_inf) & ~(a_nan | e_nan) & (a != e)
+        inf_bad = (a_inf | e_inf) & ~(a_nan | e_nan) & (a != e)  # an Inf must meet the same Inf; a NaN pair is a match
         bad = bad_finite | nan_bad | inf_bad
         leaf.mismatched += int(bad.sum())
         leaf.nan_mismatched += int(nan_bad.sum())
@@ -222,8 +220,7 @@ def compare_outputs(actual: Any, expected: Any, *, atol: float = 1e-2, rtol: flo
                                and abs(a - e) <= atol + rtol * abs(e)):  # ints: exact
                 return fail(f"{path}: candidate returned {a!r}, reference returned {e!r}")
             continue
-        for what, got, want in (("shape", tuple(a.shape), tuple(e.shape)),
-                                ("dtype", a.dtype, e.dtype),
+        for what, got, want in (("shape", tuple(a.shape), tuple(e.shape)), ("dtype", a.dtype, e.dtype),
                                 ("device", a.device, e.device)):
             if got != want:
                 return fail(f"{path}: {what} differs: candidate {describe_tensor(a)}, reference {describe_tensor(e)}")

@@ -26,8 +26,7 @@ def judge(applied: values.Applied, trial: guards.Trial, inputs: list, first: Any
     sensitivity = relative_l2_error(rounded64, reference64) if rounded64 is not None else 0.0
     ill = sensitivity > values.ILL_CONDITIONED
     allowance = _allowance(expected, reference64, rounded64, ill)
-    comparison = compare.compare_outputs(first, expected, atol=trial.atol * scale, rtol=trial.rtol,
-                                         allowance=allowance)
+    comparison = compare.compare_outputs(first, expected, atol=trial.atol * scale, rtol=trial.rtol, allowance=allowance)
     if not comparison.passed:
         guards.check_comparison(
             comparison, _unmoved(applied, trial, inputs, first, expected) if applied.spiked is not None else "")
@@ -52,9 +51,7 @@ def _rounded64(trial: guards.Trial, inputs: list, expected: Any) -> Any:
         signs = torch.randint(2, x.shape, generator=generator, device=x.device).to(x.dtype) * 2 - 1
         return x * (1 + values.ROUNDING * signs)
 
-    rounded = [round_(x) for x in inputs]
-    out, _ = run_float64(trial.model, rounded, expected, trial.device, trial.model64)
-    return out
+    return run_float64(trial.model, [round_(x) for x in inputs], expected, trial.device, trial.model64)[0]
 
 
 def _allowance(expected: Any, reference64: Any, rounded64: Any, ill: bool) -> dict[str, torch.Tensor]:

@@ -264,8 +264,7 @@ def run_case(trial: Trial, inputs: list) -> CaseOutcome:
             f"the float32 reference's own error is {precision.reference_error:.3g}), although every "
             f"element is within atol={comparison.atol:g}, rtol={trial.rtol:g}"
             + (f"\n{precision.note}" if precision.note else "")
-            + f"\nmax abs err {comparison.max_abs:.3g}, max rel err {comparison.max_rel:.3g}"),
-            comparison, precision)
+            + f"\nmax abs err {comparison.max_abs:.3g}, max rel err {comparison.max_rel:.3g}"), comparison, precision)
     return CaseOutcome(comparison, precision)
 
 

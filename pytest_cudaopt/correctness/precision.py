@@ -107,8 +107,7 @@ class Precision:
 
     @classmethod
     def measure(cls, candidate_out: Any, reference_out: Any, reference64_out: Any,
-                max_rel_error: float | None = None, conditioned: bool = False,
-                sensitivity: float = 0.0) -> "Precision":
+                max_rel_error: float | None = None, conditioned: bool = False, sensitivity: float = 0.0) -> "Precision":
         if float_elements(reference64_out) == 0:  # integer/bool outputs only: compared exactly
             return cls(0.0, 0.0, EXACT)
         cand = relative_l2_error(candidate_out, reference64_out)
@@ -175,9 +174,8 @@ def run_float64(model: torch.nn.Module, inputs: list, expected: Any, device: tor
     in_bytes, out_bytes = nbytes(list(inputs)), nbytes(expected)
     if not memory.float64_fits(in_bytes, out_bytes, memory.allocated(device), free):
         return None, (f"float64 reference skipped: it needs about "
-                      f"{memory.gib(memory.float64_need(in_bytes, out_bytes))}, beyond the case's budget "
-                      f"of {memory.gib(memory.case_budget(in_bytes, out_bytes))} or the "
-                      f"{memory.gib(free or 0)} free")
+                      f"{memory.gib(memory.float64_need(in_bytes, out_bytes))}, beyond the case's budget of "
+                      f"{memory.gib(memory.case_budget(in_bytes, out_bytes))} or the {memory.gib(free or 0)} free")
     model64 = model64 if model64 is not None else float64_copy(model)
     if model64 is None:
         return None, "no float64 copy of the reference"

@@ -17,32 +17,28 @@ DECLARATION = "CUDAOPT_SHAPES"
 ENTRY_POINTS = ("get_inputs", "get_init_inputs")
 # Edge sizes mixed into every inferred constant: 1, primes, sizes just off multiples of 32 and 128.
 EDGE_SIZES = (1, 2, 3, 5, 7, 13, 17, 31, 33, 61, 67, 97, 127, 129, 191, 251, 257, 509, 1021)
-# A drawn case may hold this many times the canonical inputs' elements (see max_elements).
-GROWTH = 2
+GROWTH = 2  # a drawn case may hold this many times the canonical inputs' elements (see max_elements)
 SMALL = 4  # a constant this small only get_init_inputs reads may be a dimension (`dim = 1`): 0, -1, ... too
 
 # model.py is the owner's (locked): where the shapes must be declared, who does it, and how.
 OWNER_DECLARES = (f"the workdir's owner declares the shapes with {DECLARATION} in model.py (see docs/verdicts.md) "
                   f"and records the change with `cudaopt init --lock-only`")
-# Fewer distinct valid drawn shapes than this: the item says so instead of passing quietly.
-HANDFUL = 5
+HANDFUL = 5  # fewer distinct valid drawn shapes than this: the item says so instead of passing quietly
 
 SUPPRESSED = (HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large,
               HealthCheck.large_base_example)
 PROFILES = {"ci": 25, "thorough": 300}  # name -> drawn shapes
 for _name, _count in PROFILES.items():
-    hsettings.register_profile(f"cudaopt-{_name}", max_examples=_count, derandomize=False, deadline=None,
-                               database=None, suppress_health_check=SUPPRESSED, report_multiple_bugs=False,
-                               print_blob=False)
+    hsettings.register_profile(f"cudaopt-{_name}", max_examples=_count, derandomize=False, deadline=None, database=None,
+                               suppress_health_check=SUPPRESSED, report_multiple_bugs=False, print_blob=False)
 
 
 class ShapeError(ValueError):
     """model.py declares shapes in a form that cannot be used; the message says why."""
 
 
-# Profiles Hypothesis loads by itself: "default", and "ci" wherever a CI variable is set (its
-# derandomised draws would make every workdir's shapes known in advance). Choosing them with
-# --hypothesis-profile is not told apart from that.
+# Profiles Hypothesis loads by itself: "default", and "ci" wherever a CI variable is set (its derandomised draws would
+# make every workdir's shapes known in advance). Choosing them with --hypothesis-profile is not told apart from that.
 _AUTOMATIC_PROFILES = ("default", "ci")
 
 
@@ -237,8 +233,7 @@ class ShapeSpace:
         return f"{derived} follow the drawn values" if derived else ""
 
 
-def shape_space(module: types.ModuleType, max_elements: int | None = None,
-                free_bytes: int | None = None) -> ShapeSpace:
+def shape_space(module: types.ModuleType, max_elements: int | None = None, free_bytes: int | None = None) -> ShapeSpace:
     """The drawn-shape space of a reference module; with `free_bytes` the size cap shrinks to fit one case."""
     from pytest_cudaopt.primitives.memory import cap_max_elements
 
@@ -246,8 +241,7 @@ def shape_space(module: types.ModuleType, max_elements: int | None = None,
     defaults = infer_constants(module)
     canonical = check_on_meta(module, {})
     space = ShapeSpace(strategy=None, defaults=defaults, source="",
-                       meta_usable=canonical.valid, meta_note=canonical.reason,
-                       canonical_elements=canonical.elements,
+                       meta_usable=canonical.valid, meta_note=canonical.reason, canonical_elements=canonical.elements,
                        canonical_bytes=canonical.input_bytes + canonical.output_bytes)
     if canonical.valid:
         if max_elements is None:

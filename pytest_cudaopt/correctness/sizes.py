@@ -13,11 +13,9 @@ def shrink_hint(module: types.ModuleType, model_file: Path, workdir: Path) -> st
     """What to do when the canonical sizes do not fit: model.py's constants and the lock command."""
     from pytest_cudaopt.policy.files import LOCK_COMMAND
 
-    constants = shapes.infer_constants(module)
-    named = ", ".join(f"{k}={v}" for k, v in constants.items()) or "its sizes"
-    return (f"the canonical sizes are {model_file.name}'s constants ({named}): shrink them in {model_file}, "
-            f"then record the change with `{LOCK_COMMAND.format(workdir=workdir)}`; or judge on a machine "
-            f"with more memory")
+    named = ", ".join(f"{k}={v}" for k, v in shapes.infer_constants(module).items()) or "its sizes"
+    return (f"the canonical sizes are {model_file.name}'s constants ({named}): shrink them in {model_file}, then "
+            f"record the change with `{LOCK_COMMAND.format(workdir=workdir)}`; or judge on a machine with more memory")
 
 
 def check_new_workdir(workdir: Path, device: str) -> str:
@@ -42,10 +40,9 @@ def check_new_workdir(workdir: Path, device: str) -> str:
         need = memory.case_need(check.input_bytes, check.output_bytes)
         if not check.valid or need <= free:
             return ""
-        return (f"one correctness case at {model_file.name}'s sizes (inputs {memory.gib(check.input_bytes)}, "
-                f"outputs {memory.gib(check.output_bytes)}) needs about {memory.gib(need)} of "
-                f"{memory.where(device)}, only {memory.gib(free)} is free; "
-                f"{shrink_hint(module, model_file, Path(workdir))}")
+        return (f"one correctness case at {model_file.name}'s sizes (inputs {memory.gib(check.input_bytes)}, outputs "
+                f"{memory.gib(check.output_bytes)}) needs about {memory.gib(need)} of {memory.where(device)}, only "
+                f"{memory.gib(free)} is free; {shrink_hint(module, model_file, Path(workdir))}")
     except Exception:  # noqa: BLE001 - a model that does not import here is the items' to report
         return ""
     finally:

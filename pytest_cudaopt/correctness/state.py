@@ -68,8 +68,7 @@ def _rotated(tensor: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """A large tensor's values rotated by a random offset (one copy, no index tensor), then
     jittered in place a chunk at a time."""
     flat = tensor.detach().reshape(-1)
-    offset = int(torch.randint(1, flat.numel(), (1,), generator=generator, device=tensor.device))
-    new = torch.roll(flat, offset)
+    new = torch.roll(flat, int(torch.randint(1, flat.numel(), (1,), generator=generator, device=tensor.device)))
     for start in range(0, new.numel(), JITTER_CHUNK):
         part = new[start:start + JITTER_CHUNK]
         u = torch.rand(part.shape, generator=generator, device=tensor.device, dtype=torch.float32)
@@ -103,8 +102,7 @@ def describe(done: list[Moved]) -> str:
     if not done:
         return "state: as initialised (Model has no parameter or running statistic to move)"
     names = ", ".join(m.name for m in done[:6]) + (", ..." if len(done) > 6 else "")
-    return (f"state: Model's parameters and running statistics moved from their defaults "
-            f"({len(done)}: {names})")
+    return f"state: Model's parameters and running statistics moved from their defaults ({len(done)}: {names})"
 
 
 def _call(module: torch.nn.Module, inputs: list) -> Any:

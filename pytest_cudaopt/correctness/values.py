@@ -17,13 +17,9 @@ MODEL = "model"
 FAMILIES = ("spikes", "heavy", "large", "shifted", "small")
 ALL = (MODEL, *FAMILIES)
 DESCRIBED = {
-    MODEL: "model.py's own values",
-    "spikes": "a few elements of one input changed by a lot",
-    "heavy": "heavy-tailed: each element times a Pareto(1.5) factor",
-    "large": "scaled by a factor in [20, 200]",
-    "shifted": "shifted away from zero by 8..32 times the input's RMS",
-    "small": "scaled by a factor in [1e-3, 1e-2]",
-}
+    MODEL: "model.py's own values", "spikes": "a few elements of one input changed by a lot",
+    "heavy": "heavy-tailed: each element times a Pareto(1.5) factor", "large": "scaled by a factor in [20, 200]",
+    "shifted": "shifted away from zero by 8..32 times the input's RMS", "small": "scaled by a factor in [1e-3, 1e-2]"}
 SPIKES = 8              # elements changed in the spiked input
 PARETO_ALPHA = 1.5      # heavy tails: infinite variance, finite mean
 MOST_FACTOR = 1e6       # no heavy-tail factor or spike (in RMS) beyond this
@@ -158,12 +154,10 @@ def apply(family: str, inputs: list, seed: int, names: list[str] | None = None) 
         rms, numel, sign = _rms(x), x.numel(), away(x)
         # Big enough that k spikes move a mean over every element well past the tolerance.
         size = min(max(100.0, numel / (10 * SPIKES)), MOST_FACTOR) * rms
-        flats = sorted(set(torch.randint(numel, (min(SPIKES, numel),), generator=host).tolist()))
-        for flat in flats:
+        for flat in sorted(set(torch.randint(numel, (min(SPIKES, numel),), generator=host).tolist())):
             index = unravel(flat, x.shape)
             before = float(x[index])
-            after = max(-_limit(x), min(_limit(x), before + sign() * size * uniform(1.0, 2.0)))
-            x[index] = after
+            x[index] = max(-_limit(x), min(_limit(x), before + sign() * size * uniform(1.0, 2.0)))
             applied.spikes.append((index, before, float(x[index])))
         out[i], applied.spiked = x, i
         shown = ", ".join(f"{list(index)} {before:.4g} -> {after:.4g}" for index, before, after in applied.spikes[:4])
@@ -184,8 +178,7 @@ def apply(family: str, inputs: list, seed: int, names: list[str] | None = None) 
         elif family == "heavy":
             generator = torch.Generator(device=x.device).manual_seed(int(torch.randint(1 << 62, (), generator=host)))
             u = torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32)
-            factors = u.clamp_min(1e-30).pow(-1.0 / PARETO_ALPHA).clamp_max(MOST_FACTOR)
-            new = x * factors.to(x.dtype)
+            new = x * u.clamp_min(1e-30).pow(-1.0 / PARETO_ALPHA).clamp_max(MOST_FACTOR).to(x.dtype)
             applied.lines.append(f"{input_label(i, names)} max |x| {float(new.abs().max()):.4g}")
         else:
             raise ValueError(f"unknown value family {family!r}")
@@ -292,15 +285,13 @@ def grown(seen: dict[str, Seen]) -> str:
         worse = TIER_ORDER.index(p.tier) > TIER_ORDER.index(base.worst.tier)
         if worse and entry.excess() > GROWTH * max(base.excess(), 1.0):
             lines.append(
-                f"values {family}: {p.tier}, relative L2 error vs float64 {p.candidate_error:.3g} "
-                f"(float32 reference {p.reference_error:.3g}) on {entry.where}; on model.py's values "
-                f"{base.worst.tier} ({base.worst.candidate_error:.3g}, float32 reference "
-                f"{base.worst.reference_error:.3g})")
+                f"values {family}: {p.tier}, relative L2 error vs float64 {p.candidate_error:.3g} (float32 reference "
+                f"{p.reference_error:.3g}) on {entry.where}; on model.py's values {base.worst.tier} "
+                f"({base.worst.candidate_error:.3g}, float32 reference {base.worst.reference_error:.3g})")
     if not lines:
         return ""
     return ("ModelNew's error grows with the input values: precision is a property of the arithmetic, "
-            "an error many times larger on some values is a wrong function, not a precision tier\n"
-            + "\n".join(lines))
+            "an error many times larger on some values is a wrong function, not a precision tier\n" + "\n".join(lines))
 
 
 def worst_element(comparison: Any) -> str:

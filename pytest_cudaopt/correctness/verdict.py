@@ -174,8 +174,7 @@ class _DrawnShapes:
     def __init__(self, loaded: Workdir, settings, session, nodeid: str, space: shapes.ShapeSpace):
         self.loaded, self.settings, self.session, self.nodeid, self.space = loaded, settings, session, nodeid, space
         self.stats = _Stats()
-        self.explicit = (shapes.explicit_cases(loaded.reference, space) if settings.case is None
-                         else shapes.Explicit())
+        self.explicit = (shapes.explicit_cases(loaded.reference, space) if settings.case is None else shapes.Explicit())
         self.judged: dict[tuple, str] = {}
         # A shape passed on one value family is not judged again on another; the canonical
         # shape is judged by its own items.
@@ -329,8 +328,7 @@ def judge_drawn(loaded: Workdir, settings, session, nodeid: str) -> Verdict:
     if space.strategy is None and settings.case is None:
         return Verdict(skip=f"no drawn shapes: {space.source}")
     drawn = _DrawnShapes(loaded, settings, session, nodeid, space)
-    result = CorrectnessResult(workdir=str(loaded.path), test=nodeid, case="drawn shapes", passed=False,
-                               state="moved")
+    result = CorrectnessResult(workdir=str(loaded.path), test=nodeid, case="drawn shapes", passed=False, state="moved")
     with recorded(result, settings, session):
         try:
             failure, check, failed = drawn.run()

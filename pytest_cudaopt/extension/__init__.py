@@ -10,8 +10,6 @@ from pytest_cudaopt.extension.diagnostics import BuildError
 from pytest_cudaopt.extension.runner import BuildResult, build, build_extension, compile_extension, describe, existing_build
 from pytest_cudaopt.extension.toolchain import find_cuda_home, find_library, resolve_arch
 
-__all__ = [
-    "MODULE_NAME", "BuildError", "BuildResult", "build", "build_extension", "compile_extension",
-    "defined_functions", "describe", "discover_sources", "existing_build", "find_cuda_home",
-    "find_library", "missing_function_message", "resolve_arch", "takes_module",
-]
+__all__ = ["MODULE_NAME", "BuildError", "BuildResult", "build", "build_extension", "compile_extension",
+           "defined_functions", "describe", "discover_sources", "existing_build", "find_cuda_home", "find_library",
+           "missing_function_message", "resolve_arch", "takes_module"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -39,10 +40,8 @@ def _includes(workdir: Path, sources: list[Path]) -> set[str]:
         files += [p for ext in ("*.h", "*.hpp", "*.cuh") for p in (workdir / "kernels").glob(ext)]
     names: set[str] = set()
     for path in files:
-        try:
+        with contextlib.suppress(OSError):
             names.update(_INCLUDE.findall(path.read_text(errors="replace")))
-        except OSError:
-            pass
     return names
 
 
@@ -223,35 +222,19 @@ def ninja_file(cfg: Config) -> str:
     wrapper = [sys.executable, "-I", objcache.__file__, "--cache", str(cfg.object_cache), "--workdir", ref(cfg.workdir)]
     objcache_line = [] if cfg.object_cache is None else [f"objcache = {_ninja_value(wrapper)}"]
     lines = [
-        "# Written by pytest_cudaopt.extension; regenerated on every build.",
-        "ninja_required_version = 1.3",
-        f"cxx = {shlex.quote(cfg.cxx)}",
-        f"cflags = {_ninja_value(cfg.cflags)}",
-        f"ldflags = {_ninja_value(cfg.ldflags)}",
-        *objcache_line,
-        "",
-        "rule cxx",
-        "  command = " + _wrapped(cfg, "$cxx -MMD -MF $out.d $cflags -c $in -o $out"),
-        "  depfile = $out.d",
-        "  deps = gcc",
-        "  description = c++ $src",
-        "",
-        "rule link",
-        "  command = $cxx $in $ldflags -o $out",
-        "  description = link $out",
-        "",
-    ]
+        "# Written by pytest_cudaopt.extension; regenerated on every build.", "ninja_required_version = 1.3",
+        f"cxx = {shlex.quote(cfg.cxx)}", f"cflags = {_ninja_value(cfg.cflags)}",
+        f"ldflags = {_ninja_value(cfg.ldflags)}", *objcache_line, "",
+        "rule cxx", "  command = " + _wrapped(cfg, "$cxx -MMD -MF $out.d $cflags -c $in -o $out"),
+        "  depfile = $out.d", "  deps = gcc", "  description = c++ $src", "",
+        "rule link", "  command = $cxx $in $ldflags -o $out", "  description = link $out", ""]
     if cfg.cuda:
         lines[4:4] = [f"nvcc = {shlex.quote(cfg.nvcc or 'nvcc')}", f"cuda_cflags = {_ninja_value(cfg.cuda_cflags)}"]
         lines += [
             "rule nvcc",
             "  command = " + _wrapped(cfg, "$nvcc --generate-dependencies-with-compile --dependency-output $out.d "
                                       "$cuda_cflags -c $in -o $out"),
-            "  depfile = $out.d",
-            "  deps = gcc",
-            "  description = nvcc $src",
-            "",
-        ]
+            "  depfile = $out.d", "  deps = gcc", "  description = nvcc $src", ""]
     objects = []
     for source in cfg.sources:
         obj = object_name(source)

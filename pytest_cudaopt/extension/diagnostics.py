@@ -5,8 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-# Shown in a BuildError report; the rest is in build.log.
-MAX_REPORTED_ERRORS = 20
+MAX_REPORTED_ERRORS = 20  # shown in a BuildError report; the rest is in build.log
 
 
 class BuildError(Exception):

@@ -50,8 +50,7 @@ def compile_key(command: list[str], source: Path, out: str, depfile: str) -> str
     args = ["<out>" if a == out else "<depfile>" if a == depfile else a for a in command]
     host = next((command[i + 1] for i, a in enumerate(command[:-1]) if a == "-ccbin"), os.environ.get("CXX") or "c++")
     parts = {"version": VERSION, "args": args, "compiler": _binary(command[0]), "host": _binary(host),
-             "env": {k: os.environ.get(k) for k in COMPILER_ENV if os.environ.get(k)},
-             "source": _sha256(source)}
+             "env": {k: os.environ.get(k) for k in COMPILER_ENV if os.environ.get(k)}, "source": _sha256(source)}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
@@ -186,23 +185,18 @@ def run(argv: list[str]) -> int:
 
 
 def _log(cwd: Path, what: str, source: str, start: float) -> None:
-    try:
-        with open(cwd / LOG_NAME, "a") as handle:
-            handle.write(f"{what} {source} {time.monotonic() - start:.3f}\n")
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open(cwd / LOG_NAME, "a") as handle:
+        handle.write(f"{what} {source} {time.monotonic() - start:.3f}\n")
 
 
 def counts(build_dir: Path) -> dict[str, int]:
     """hit / store / miss counts of a build folder's objcache.log."""
     found = {"hit": 0, "store": 0, "miss": 0}
-    try:
+    with contextlib.suppress(OSError):
         for line in (Path(build_dir) / LOG_NAME).read_text().splitlines():
             what = line.split(" ", 1)[0]
             if what in found:
                 found[what] += 1
-    except OSError:
-        pass
     return found
 
 

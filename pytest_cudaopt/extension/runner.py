@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -55,14 +56,12 @@ def describe(result: BuildResult) -> str:
 
 
 def _ninja() -> str:
-    try:
+    with contextlib.suppress(ImportError):
         import ninja  # the wheel's binary matches the declared dependency
 
         candidate = Path(ninja.BIN_DIR) / "ninja"
         if candidate.is_file():
             return str(candidate)
-    except ImportError:
-        pass
     found = shutil.which("ninja")
     if found is None:
         raise BuildError("cudaopt build: ninja not found (pip install ninja)")
@@ -83,8 +82,7 @@ def failure_of(cfg: Config, output: str, log_path: Path) -> BuildError:
         where = ", ".join(per_source)
         many = max(per_source.values()) > MAX_REPORTED_ERRORS
         more = f" (first {MAX_REPORTED_ERRORS} per file shown)" if many else ""
-        summary = (f"cudaopt build: {total} error{'s' if total != 1 else ''} in {where}{more}; "
-                   f"build log: {log_path}")
+        summary = f"cudaopt build: {total} error{'s' if total != 1 else ''} in {where}{more}; build log: {log_path}"
     elif shown:
         summary = f"cudaopt build: linking {MODULE_NAME} failed; build log: {log_path}"
     else:
@@ -203,8 +201,7 @@ def _announce(cfg: Config, emit: Callable[[str], None]) -> None:
     planned = [m.group(3) for m in map(_STATUS.match, out.stdout.splitlines()) if m]
     compiles = [p.split(" ", 1)[1] for p in planned if p.startswith(("c++ ", "nvcc "))]
     if compiles:
-        emit(f"compiling {len(compiles)} of {len(cfg.sources)} sources for {cfg.arch}: "
-             f"{', '.join(compiles)}")
+        emit(f"compiling {len(compiles)} of {len(cfg.sources)} sources for {cfg.arch}: {', '.join(compiles)}")
 
 
 def compile_extension(workdir: Path, *, settings=None, verbose: bool = False,
@@ -253,11 +250,10 @@ def compile_extension(workdir: Path, *, settings=None, verbose: bool = False,
     finally:
         lock.release()
     compiled = [s.split(" ", 1)[1] for s in steps if s.startswith(("c++ ", "nvcc "))]
-    return BuildResult(
-        workdir=workdir, build_dir=cfg.build_dir, so_path=cfg.build_dir / f"{MODULE_NAME}.so",
-        seconds=time.monotonic() - start, compiled=compiled, objects=len(cfg.sources), cached=hits,
-        linked=any(s.startswith("link ") for s in steps), waited_s=waited, cuda=cfg.cuda,
-        arch=cfg.arch, log_path=log_path)
+    return BuildResult(workdir=workdir, build_dir=cfg.build_dir, so_path=cfg.build_dir / f"{MODULE_NAME}.so",
+                       seconds=time.monotonic() - start, compiled=compiled, objects=len(cfg.sources), cached=hits,
+                       linked=any(s.startswith("link ") for s in steps), waited_s=waited, cuda=cfg.cuda, arch=cfg.arch,
+                       log_path=log_path)
 
 
 def existing_build(workdir: Path, *, settings=None) -> Path | None:
@@ -297,7 +293,6 @@ def build(workdir: Path, *, settings=None, verbose: bool = False,
     return result
 
 
-def build_extension(workdir: Path, *, settings=None, verbose: bool = False,
-                    emit: Callable[[str], None] | None = None):
+def build_extension(workdir: Path, *, settings=None, verbose: bool = False, emit: Callable[[str], None] | None = None):
     """The workdir's loaded `cuda_extension` module, rebuilt only where its tree changed."""
     return build(workdir, settings=settings, verbose=verbose, emit=emit).module

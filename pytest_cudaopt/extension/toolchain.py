@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -14,10 +15,8 @@ from pytest_cudaopt.extension.diagnostics import BuildError
 
 DEFAULT_ARCH = "9.0"
 # Named architectures accepted in TORCH_CUDA_ARCH_LIST, as torch's cpp_extension reads them.
-NAMED_ARCHES = {
-    "Volta": "7.0", "Turing": "7.5", "Ampere": "8.0;8.6", "Ada": "8.9",
-    "Hopper": "9.0", "Blackwell": "10.0",
-}
+NAMED_ARCHES = {"Volta": "7.0", "Turing": "7.5", "Ampere": "8.0;8.6", "Ada": "8.9", "Hopper": "9.0",
+                "Blackwell": "10.0"}
 
 
 def _nvcc_behind(path: Path, depth: int = 0) -> Path | None:
@@ -70,8 +69,7 @@ def cpp_extension_module():
     finally:
         logger.setLevel(level)
 
-    # Imported earlier by other code, it may hold a wrong guess (e.g. /usr/local).
-    guessed = cpp_extension.CUDA_HOME
+    guessed = cpp_extension.CUDA_HOME  # imported earlier by other code, it may hold a wrong guess (e.g. /usr/local)
     if home is not None and not (guessed and (Path(guessed) / "bin" / "nvcc").is_file()):
         cpp_extension.CUDA_HOME = str(home)
     return cpp_extension
@@ -105,12 +103,10 @@ class Library:
 def _wheel_roots() -> list[Path]:
     """The `nvidia/` folders of the wheels torch depends on: next to torch first."""
     roots: list[Path] = []
-    try:
+    with contextlib.suppress(ImportError):
         import torch
 
         roots.append(Path(torch.__file__).resolve().parent.parent / "nvidia")
-    except ImportError:
-        pass
     roots += [Path(p) / "nvidia" for p in sys.path if p]
     found: dict[Path, Path] = {}
     for root in roots:
@@ -135,8 +131,7 @@ def _shared_object(dirs: list[Path], stem: str) -> Path | None:
     return None
 
 
-def find_library(name: str, header: str, stems: tuple[str, ...],
-                 cuda_home: Path | None = None) -> Library | None:
+def find_library(name: str, header: str, stems: tuple[str, ...], cuda_home: Path | None = None) -> Library | None:
     """Headers and shared objects of a CUDA library: in the nvidia-* wheels next to torch (what a torch process
     loads at run time), then the toolkit."""
     places: list[tuple[Path, list[Path]]] = []
@@ -180,14 +175,12 @@ def arch_list() -> tuple[list[tuple[str, bool]], str]:
     env = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
     if env and env != "native":
         return _parse_arch_list(env), f"from TORCH_CUDA_ARCH_LIST={env}"
-    try:
+    with contextlib.suppress(Exception):  # a broken driver is no reason not to build
         import torch
 
         if torch.cuda.is_available():
             major, minor = torch.cuda.get_device_capability()
             return [(f"{major}{minor}", False)], f"visible GPU {torch.cuda.get_device_name()}"
-    except Exception:  # a broken driver is no reason not to build
-        pass
     return _parse_arch_list(DEFAULT_ARCH), "default: no TORCH_CUDA_ARCH_LIST and no visible GPU"
 
 

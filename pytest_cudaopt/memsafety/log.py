@@ -112,9 +112,8 @@ def _locate(record: Record, line: str) -> None:
 
 
 def kernel_source(path: str, workdir: Path, build_dir: Path | None = None) -> str | None:
-    """`path` (as the build named it: `../../../kernels/x.cu`, absolute, or relative to the
-    workdir) as the workdir-relative path of one of the workdir's sources, else None (torch's,
-    cuBLAS's or the toolkit's headers)."""
+    """`path` (as the build named it: `../../../kernels/x.cu`, absolute, or relative to the workdir) as the
+    workdir-relative path of one of the workdir's sources, else None (torch's, cuBLAS's or the toolkit's headers)."""
     root = Path(workdir).resolve()
     candidates = [Path(path)] if os.path.isabs(path) else [
         *([Path(build_dir) / path] if build_dir else []), root / path]

@@ -4,6 +4,7 @@ Only the workdir's own kernels are judged (a report whose source line is in the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -24,11 +25,8 @@ from pytest_cudaopt.results.records import MemorySafetyResult
 EXECUTABLE = "compute-sanitizer"
 ERROR_EXIT = 86  # --error-exitcode: the sanitizer found errors (the child's own failures are 1-3)
 # memcheck is the item's tool; the others run beside it, and one still running at the time limit is a note.
-TOOLS: dict[str, tuple[str, ...]] = {
-    "memcheck": ("--tool", "memcheck", "--padding", "32", "--leak-check", "no"),
-    "racecheck": ("--tool", "racecheck"),
-    "initcheck": ("--tool", "initcheck"),
-}
+TOOLS: dict[str, tuple[str, ...]] = {"memcheck": ("--tool", "memcheck", "--padding", "32", "--leak-check", "no"),
+                                     "racecheck": ("--tool", "racecheck"), "initcheck": ("--tool", "initcheck")}
 REQUIRED = "memcheck"
 WATCHDOG_MARGIN_S = 30.0  # the children end this long before the item's cudaopt_timeout
 PRINT_LIMIT = 50
@@ -82,8 +80,7 @@ def child_command(workdir: Path, extension: str, scratch: str, device: str, sand
 def child_environment() -> dict[str, str]:
     """The caching allocator off (a pooled block hides a write past a tensor's end) and this package importable."""
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
-    here = str(Path(__file__).resolve().parents[2])
-    paths = [here, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    paths = [str(Path(__file__).resolve().parents[2]), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return env
 
@@ -123,10 +120,8 @@ class Child:
         return Run(self.tool, code, text, "".join(self.output), time.perf_counter() - self.started)
 
     def kill(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait()
 
 
@@ -238,8 +233,7 @@ def failure_text(result: MemorySafetyResult) -> str:
     return "\n".join(lines)
 
 
-def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str,
-                        sanitizer: str) -> MemorySafetyResult:
+def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str, sanitizer: str) -> MemorySafetyResult:
     """Run the tools on one small case of the loaded `workdir` (its extension as built) and decide. The three
     run at once (each is mostly the sanitizer's own work on the CPU); memcheck's findings stop the others."""
     import torch

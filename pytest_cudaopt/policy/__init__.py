@@ -10,20 +10,14 @@ from pytest_cudaopt.policy.construction import construction_violations
 from pytest_cudaopt.policy.cpp_checks import KernelScan, check_convolution, model_convolutions
 from pytest_cudaopt.policy.cpp_lexer import lex_cpp
 from pytest_cudaopt.policy.extension_names import extension_violations
-from pytest_cudaopt.policy.files import (
-    PROTECTED_TEMPLATES, TEMPLATES, check_kernels_dir, check_protected, write_lock,
-)
+from pytest_cudaopt.policy.files import PROTECTED_TEMPLATES, TEMPLATES, check_kernels_dir, check_protected, write_lock
 from pytest_cudaopt.policy.model_new_checks import check_model_new
-from pytest_cudaopt.policy.rules import (
-    CONFIG_KEYS, IMPORTS_WORKDIR, RULE_IDS, RULES, Config, Violation, format_violation, iter_rule_lines, load_config,
-    render, rule_count,
-)
+from pytest_cudaopt.policy.rules import (CONFIG_KEYS, IMPORTS_WORKDIR, RULE_IDS, RULES, Config, Violation,
+                                         format_violation, iter_rule_lines, load_config, render, rule_count)
 
-__all__ = [
-    "CONFIG_KEYS", "IMPORTS_WORKDIR", "PROTECTED_TEMPLATES", "RULE_IDS", "RULES", "TEMPLATES", "Config", "Violation",
-    "check_workdir", "format_violation", "worker_violations", "iter_rule_lines", "lex_cpp", "load_config",
-    "model_convolutions", "render", "rule_count", "write_lock",
-]
+__all__ = ["CONFIG_KEYS", "IMPORTS_WORKDIR", "PROTECTED_TEMPLATES", "RULE_IDS", "RULES", "TEMPLATES", "Config",
+           "Violation", "check_workdir", "format_violation", "worker_violations", "iter_rule_lines", "lex_cpp",
+           "load_config", "model_convolutions", "render", "rule_count", "write_lock"]
 
 
 def check_workdir(workdir: Path, config: Config | None = None, extension: Any = None,

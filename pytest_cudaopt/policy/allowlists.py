@@ -7,35 +7,28 @@ import re
 
 ALLOWED_TORCH_CREATION = frozenset({
     "torch.empty", "torch.empty_like", "torch.empty_strided", "torch.zeros", "torch.zeros_like",
-    "torch.ones", "torch.ones_like", "torch.full", "torch.full_like",
-})
+    "torch.ones", "torch.ones_like", "torch.full", "torch.full_like"})
 # torch callables that are neither operators nor creation: metadata objects and grad-mode contexts.
-ALLOWED_TORCH_OTHER = frozenset({
-    "torch.device", "torch.Size", "torch.finfo", "torch.iinfo", "torch.is_tensor", "torch.is_floating_point",
-    "torch.no_grad", "torch.inference_mode",
-})
+ALLOWED_TORCH_OTHER = frozenset({"torch.device", "torch.Size", "torch.finfo", "torch.iinfo", "torch.is_tensor",
+                                 "torch.is_floating_point", "torch.no_grad", "torch.inference_mode"})
 # The allowed tensor methods that return a new tensor.
 TENSOR_CREATING_METHODS = frozenset({"new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full"})
 ALLOWED_TENSOR_METHODS = TENSOR_CREATING_METHODS | {
     "size", "stride", "numel", "nelement", "dim", "ndimension", "element_size", "is_contiguous",
-    "data_ptr", "get_device", "storage_offset", "is_floating_point", "is_complex",
-}
+    "data_ptr", "get_device", "storage_offset", "is_floating_point", "is_complex"}
 ALLOWED_TENSOR_ATTRIBUTES = frozenset({
-    "shape", "dtype", "device", "ndim", "is_cuda", "layout", "requires_grad", "itemsize", "nbytes", "is_meta",
-})
+    "shape", "dtype", "device", "ndim", "is_cuda", "layout", "requires_grad", "itemsize", "nbytes", "is_meta"})
 # Tensor properties that compute something (a view or a copy).
 TENSOR_OP_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "real", "imag", "data", "grad"})
 SAFE_CALL_MODULES = frozenset({"math", "typing"})
 FORBIDDEN_STDLIB = frozenset({
     "importlib", "ctypes", "subprocess", "multiprocessing", "runpy", "builtins", "gc", "inspect", "pickle",
-    "marshal", "shelve", "socket", "threading", "concurrent", "sqlite3", "urllib", "http",
-})
+    "marshal", "shelve", "socket", "threading", "concurrent", "sqlite3", "urllib", "http"})
 # Ways to an interpreter frame (the caller's locals: the harness's state) or to every object.
 FRAME_CALLS = frozenset({
     "sys._getframe", "sys._getframemodulename", "sys._current_frames", "sys.settrace", "sys.setprofile",
     "sys.exc_info", "sys.exception", "traceback.walk_stack", "traceback.walk_tb", "traceback.extract_stack",
-    "traceback.print_stack", "traceback.format_stack", "traceback.StackSummary.extract", "logging.currentframe",
-})
+    "traceback.print_stack", "traceback.format_stack", "traceback.StackSummary.extract", "logging.currentframe"})
 FRAME_ATTRIBUTES = frozenset({"f_back", "f_locals", "f_globals", "f_builtins", "tb_frame", "tb_next", "gi_frame",
                               "cr_frame", "ag_frame", "__traceback__"})
 # Ways from an object to code that is not the candidate's (every class's subclasses, a function's globals and
@@ -45,20 +38,16 @@ OBJECT_GRAPH_ATTRIBUTES = frozenset({"__subclasses__", "__globals__", "__builtin
 FILE_READ_CALLS = frozenset({
     "open", "io.open", "os.open", "os.read", "os.fdopen", "os.getenv", "os.getenvb", "os.popen",
     "torch.load", "torch.from_file", "numpy.load", "numpy.fromfile", "numpy.loadtxt", "numpy.genfromtxt",
-    "numpy.memmap", "pickle.load", "json.load", "shelve.open", "builtins.open",
-})
+    "numpy.memmap", "pickle.load", "json.load", "shelve.open", "builtins.open"})
 FILE_READ_ATTRIBUTES = frozenset({"os.environ", "os.environb"})
 FILE_READ_METHODS = frozenset({"read_text", "read_bytes"})
-GLOBAL_STATE_CALLS = frozenset({
-    "torch.manual_seed", "torch.seed", "torch.use_deterministic_algorithms", "torch.cuda.manual_seed",
-    "torch.cuda.manual_seed_all", "torch.random.manual_seed",
-})
+GLOBAL_STATE_CALLS = frozenset({"torch.manual_seed", "torch.seed", "torch.use_deterministic_algorithms",
+                                "torch.cuda.manual_seed", "torch.cuda.manual_seed_all", "torch.random.manual_seed"})
 TORCH_SETTER = re.compile(r"torch\.(\w+\.)*set_\w+")
 # Builtins that, given a tensor, call its operators (__abs__, __gt__, __iter__, item(), ...).
 TENSOR_DISPATCHING_BUILTINS = frozenset({
     "int", "float", "bool", "complex", "abs", "min", "max", "round", "divmod", "pow", "sum", "sorted", "any",
-    "all", "iter", "next", "reversed", "list", "tuple", "map", "filter", "enumerate", "zip", "set", "frozenset",
-})
+    "all", "iter", "next", "reversed", "list", "tuple", "map", "filter", "enumerate", "zip", "set", "frozenset"})
 # Builtins that combine the items of a container: on a list of tensors they run tensor operators.
 REDUCING_BUILTINS = frozenset({"sum", "min", "max", "sorted", "any", "all"})
 DYNAMIC_BUILTINS = frozenset({"eval", "exec", "compile", "globals", "vars", "locals", "setattr", "delattr"})
@@ -82,8 +71,7 @@ ALLOWED_CPP_CALLS = frozenset({
     "c10::toString", "at::toString", "c10::elementSize", "at::elementSize",
     "c10::isFloatingType", "at::isFloatingType", "c10::isReducedFloatingType", "at::isReducedFloatingType",
     "c10::optional", "c10::nullopt", "c10::irange", "c10::complex", "c10::string_view",
-    "at::opmath_type", "at::acc_type",
-})
+    "at::opmath_type", "at::acc_type"})
 # Tensor methods that read metadata or allocate (everything else on a tensor is an operator).
 ALLOWED_CPP_METHODS = frozenset({
     "size", "sizes", "stride", "strides", "dim", "ndimension", "numel", "nelement", "element_size",
@@ -93,8 +81,7 @@ ALLOWED_CPP_METHODS = frozenset({
     "packed_accessor64", "generic_packed_accessor", "requires_grad", "new_empty", "new_empty_strided",
     "is_pinned", "is_signed",
     # std::vector::resize shares its name with the deprecated Tensor.resize
-    "resize",
-})
+    "resize"})
 # Namespaces whose CamelCase names are modules or operators, not value types.
 TORCH_OP_NAMESPACES = frozenset({"nn", "jit", "autograd", "native", "_ops", "functional", "indexing", "ops"})
 # C/C++ math and std algorithm names that torch also has: an unqualified call is not ATen.
@@ -141,6 +128,5 @@ FORBIDDEN_LIBRARIES = (
     ("flash", "flash-attention"), ("kittens", "ThunderKittens"), ("cudnn_frontend", "the cuDNN frontend"),
     ("cutensor", "cuTENSOR"), ("cusparse", "cuSPARSE"), ("cufft", "cuFFT"), ("curand", "cuRAND"),
     ("cusolver", "cuSOLVER"), ("nccl", "NCCL"), ("nvshmem", "NVSHMEM"), ("fstream", "file I/O"),
-    ("filesystem", "file I/O"),
-)
+    ("filesystem", "file I/O"))
 

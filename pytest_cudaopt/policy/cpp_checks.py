@@ -12,8 +12,7 @@ from typing import Iterator
 from pytest_cudaopt.policy.allowlists import (
     ALLOWED_CPP_CALLS, ALLOWED_CPP_METHODS, C_MATH_NAMES, CUBLAS_HEADERS, CUDA_HEADER_PREFIXES, CUDA_HEADERS,
     CUDNN_HEADER, FORBIDDEN_LIBRARIES, PYBIND11_PREFIX, STD_HEADERS, TORCH_BINDING_HEADERS, TORCH_HEADER_PREFIXES,
-    TORCH_OP_NAMESPACES, TORCH_ROOTS,
-)
+    TORCH_OP_NAMESPACES, TORCH_ROOTS)
 from pytest_cudaopt.policy.cpp_lexer import Include, Token, is_call, lex_cpp, qualified_name
 from pytest_cudaopt.policy.cpp_reach import reach_violations
 from pytest_cudaopt.policy.files import HEADER_SUFFIXES, SOURCE_SUFFIXES, kernel_files
@@ -106,8 +105,7 @@ class KernelScan:
     def _resolve(self, origin: Path, inc: Include) -> Path | None:
         if not inc.name:
             return None
-        bases = [self.workdir, self.kernels] if inc.angled else [origin.parent, self.workdir, self.kernels]
-        for base in bases:
+        for base in ([self.workdir, self.kernels] if inc.angled else [origin.parent, self.workdir, self.kernels]):
             candidate = base / inc.name
             if candidate.is_file():
                 return candidate.resolve()

@@ -20,8 +20,7 @@ ENVIRONMENT_CALLS = frozenset({
     "getenv", "secure_getenv", "_dupenv_s", "setenv", "putenv", "unsetenv", "fopen", "fopen64", "freopen",
     "fdopen", "open", "open64", "openat", "creat", "opendir", "popen", "system", "dlopen", "dlsym", "dlmopen",
     "execl", "execlp", "execle", "execv", "execvp", "execvpe", "execve", "fork", "vfork", "posix_spawn",
-    "posix_spawnp", "readlink", "access",
-})
+    "posix_spawnp", "readlink", "access"})
 ENVIRONMENT_NAMES = frozenset({"environ", "__environ", "_environ", "ifstream", "ofstream", "fstream", "filebuf",
                                "basic_ifstream", "basic_ofstream", "basic_fstream", "filesystem"})
 THREAD_TYPES = frozenset({"thread", "jthread"})
@@ -118,8 +117,7 @@ def reach_violations(toks: list[Token]) -> Iterator[tuple[int, str, str]]:
         declared = k > 0 and (toks[k - 1].kind == "id" and prev not in _NOT_TYPES or prev in ("*", "&"))
         call = is_call(toks, end) and not declared  # `void open(...)` declares a function of the workdir
         for rule, why in (("KC006", _python(parts, call, prev)), ("KC007", _registration(parts)),
-                          ("KC008", _environment(parts, call, prev)),
-                          ("KC009", _thread(toks, parts, end, call, prev))):
+                          ("KC008", _environment(parts, call, prev)), ("KC009", _thread(toks, parts, end, call, prev))):
             if why:
                 yield tok.line, rule, why
         k = max(end, k + 1)

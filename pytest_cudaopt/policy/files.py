@@ -15,15 +15,13 @@ LOCK_COMMAND = "cudaopt init --lock-only {workdir}"
 ADOPT_COMMAND = "cudaopt adopt {workdir}"
 # The published agent-workdir versions of the fixed files (sha256). A workdir that carries
 # them is judged as it is: they are valid fixed files, never to be overwritten.
-UPSTREAM_SHA256 = {
-    "binding.cpp": "43da662b9aedb537a4cb2f04c57d92aeddbe018a9b5f7374ae28ec9bba0b3b62",
-    "binding_registry.h": "a829ca7d5de03049c439f30aa01f7f631c06418c31855cf19a67f23d69349e0f",
-    "utils/__init__.py": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
-    "utils/compile.py": "4bc806d8021fb430caebcffab3e32d5edc2b13abc8655544faa696fc7d699734",
-    "utils/compile.sh": "0707712752799cacc79930d3e5256994c13f511ea355e5346490d67e164af3d0",
-    "utils/profiling.py": "5e6fdd564262a296bb51a6e5fe86e16c216717a43d453c4cc6104e55000a577b",
-    "utils/verification.py": "c47e6b0810766c49e2c68e10374aed2a54224f31fc8a399158c079f4b9e8312f",
-}
+UPSTREAM_SHA256 = {"binding.cpp": "43da662b9aedb537a4cb2f04c57d92aeddbe018a9b5f7374ae28ec9bba0b3b62",
+                   "binding_registry.h": "a829ca7d5de03049c439f30aa01f7f631c06418c31855cf19a67f23d69349e0f",
+                   "utils/__init__.py": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+                   "utils/compile.py": "4bc806d8021fb430caebcffab3e32d5edc2b13abc8655544faa696fc7d699734",
+                   "utils/compile.sh": "0707712752799cacc79930d3e5256994c13f511ea355e5346490d67e164af3d0",
+                   "utils/profiling.py": "5e6fdd564262a296bb51a6e5fe86e16c216717a43d453c4cc6104e55000a577b",
+                   "utils/verification.py": "c47e6b0810766c49e2c68e10374aed2a54224f31fc8a399158c079f4b9e8312f"}
 
 
 def _sha256(path: Path) -> str:
@@ -94,11 +92,9 @@ def write_lock(workdir: Path) -> Path:
         raise FileNotFoundError(f"{workdir} has no model.py to lock")
     lock = workdir / LOCK_NAME
     lock.write_text(json.dumps({
-        "about": "sha256 of the files and settings the optimiser must not change; checked by "
-                 "`cudaopt check` (PF003)",
+        "about": "sha256 of the files and settings the optimiser must not change; checked by `cudaopt check` (PF003)",
         "files": {name: _sha256(workdir / name) for name in _locked_files(workdir)},
-        "settings": _settings_sha256(workdir),
-    }, indent=2) + "\n", encoding="utf-8")
+        "settings": _settings_sha256(workdir)}, indent=2) + "\n", encoding="utf-8")
     return lock
 
 
@@ -126,8 +122,7 @@ def check_protected(workdir: Path) -> list[Violation]:
             continue
         if origin == "modified":
             mine, theirs = path.read_bytes(), master.read_bytes()
-            line = next((i for i, (a, b) in enumerate(
-                zip(mine.splitlines(), theirs.splitlines()), 1) if a != b),
+            line = next((i for i, (a, b) in enumerate(zip(mine.splitlines(), theirs.splitlines()), 1) if a != b),
                 min(len(mine.splitlines()), len(theirs.splitlines())) + 1)
             found.append(Violation(name, line, "PF001",
                                    f"{name} is neither the copy shipped in pytest_cudaopt (first difference "
@@ -158,10 +153,9 @@ def check_protected(workdir: Path) -> list[Violation]:
         elif not path.is_file():
             found.append(Violation(LOCK_NAME, 1, "PF003", f"{name} was recorded in {LOCK_NAME} but is missing{owner}"))
         elif _sha256(path) != recorded[name] and UPSTREAM_SHA256.get(name) != _sha256(path):
-            found.append(Violation(name, 1, "PF003", f"{name} changed since it was recorded in {LOCK_NAME} "
-                                                     f"(sha256 differs); restore it from version control, "
-                                                     f"or, for an intended change, the owner records it with "
-                                                     f"`{relock}`"))
+            found.append(Violation(name, 1, "PF003", f"{name} changed since it was recorded in {LOCK_NAME} (sha256 "
+                                                     f"differs); restore it from version control, or, for an intended "
+                                                     f"change, the owner records it with `{relock}`"))
     settings = _settings_sha256(workdir)
     for key in sorted(set(recorded_settings) | set(settings)):
         source = key.split(" ", 1)[0]

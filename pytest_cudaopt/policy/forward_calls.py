@@ -11,8 +11,7 @@ import re
 from pytest_cudaopt.policy.allowlists import (
     ALLOWED_TENSOR_ATTRIBUTES, ALLOWED_TENSOR_METHODS, ALLOWED_TORCH_CREATION, ALLOWED_TORCH_OTHER, DYNAMIC_BUILTINS,
     FILE_READ_CALLS, FILE_READ_METHODS, GLOBAL_STATE_CALLS, HOOK_METHODS, REDUCING_BUILTINS, SAFE_CALL_MODULES,
-    TENSOR_CREATING_METHODS, TENSOR_DISPATCHING_BUILTINS, TENSOR_OP_ATTRIBUTES, TORCH_SETTER,
-)
+    TENSOR_CREATING_METHODS, TENSOR_DISPATCHING_BUILTINS, TENSOR_OP_ATTRIBUTES, TORCH_SETTER)
 from pytest_cudaopt.policy.symbols import EXT, MODULE, NON, SHAPE, SUPER, TENSOR, TENSORS, UNKNOWN, const_str
 from pytest_cudaopt.policy.rules import Config
 
@@ -22,8 +21,7 @@ Verdict = tuple[object, "tuple[str, str] | None"]
 _CONTAINER_METHODS = frozenset({
     "append", "extend", "insert", "pop", "remove", "clear", "copy", "count", "index", "reverse", "items",
     "keys", "values", "get", "setdefault", "update", "format", "join", "split", "strip", "lower", "upper",
-    "startswith", "endswith", "replace", "add", "discard", "bit_length", "is_integer",
-})
+    "startswith", "endswith", "replace", "add", "discard", "bit_length", "is_integer"})
 
 
 def tensorish(kind: object) -> bool:

@@ -6,13 +6,10 @@ import ast
 from typing import Callable
 
 from pytest_cudaopt.policy.forward_calls import (
-    attribute, builtin_call, method_call, passed_function, qualified_call, tensorish,
-)
+    attribute, builtin_call, method_call, passed_function, qualified_call, tensorish)
 from pytest_cudaopt.policy.rules import Config
-from pytest_cudaopt.policy.symbols import (
-    EXT, MODULE, NON, SHAPE, TENSOR, TENSORS, UNKNOWN, Symbols, attribute_chain, const_str, is_module_class, method,
-    param_kinds,
-)
+from pytest_cudaopt.policy.symbols import (EXT, MODULE, NON, SHAPE, TENSOR, TENSORS, UNKNOWN, Symbols, attribute_chain,
+                                           const_str, is_module_class, method, param_kinds)
 
 
 def _join(*types: object) -> object:
@@ -314,8 +311,7 @@ class ForwardChecker(ast.NodeVisitor):
             receiver = self.expr(func.args[0])
             return self.call_method(node, receiver, func.args[1].value, ast.unparse(func.args[0]), arg_types)
         if isinstance(func, ast.Attribute):
-            receiver = self.expr(func.value)
-            return self.call_method(node, receiver, func.attr, ast.unparse(func.value), arg_types)
+            return self.call_method(node, self.expr(func.value), func.attr, ast.unparse(func.value), arg_types)
         return self.call_kind(node, self.expr(func), ast.unparse(func), arg_types)
 
     def judge(self, node: ast.AST, verdict: tuple) -> object:

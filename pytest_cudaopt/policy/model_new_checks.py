@@ -8,8 +8,7 @@ from pathlib import Path
 
 from pytest_cudaopt.policy.allowlists import (
     FILE_READ_ATTRIBUTES, FILE_READ_CALLS, FILE_READ_METHODS, FORBIDDEN_METHODS_OF_SELF, FORBIDDEN_STDLIB,
-    FRAME_ATTRIBUTES, FRAME_CALLS, GLOBAL_STATE_CALLS, OBJECT_GRAPH_ATTRIBUTES, TORCH_SETTER,
-)
+    FRAME_ATTRIBUTES, FRAME_CALLS, GLOBAL_STATE_CALLS, OBJECT_GRAPH_ATTRIBUTES, TORCH_SETTER)
 from pytest_cudaopt.policy.forward_path import ForwardPath
 from pytest_cudaopt.policy.rules import Config, Violation
 from pytest_cudaopt.policy.symbols import TRY_NODES, Symbols, dotted, is_module_class
@@ -45,8 +44,7 @@ class ModelNewCheck:
         for name in FORBIDDEN_METHODS_OF_SELF & set(methods):
             self.add(methods[name], "MN001", f"ModelNew defines {name}, which bypasses forward")
         for node in ast.walk(cls):
-            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-            for target in targets:
+            for target in (node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]):
                 if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
                         and target.value.id == "self" and target.attr in ("forward", "__call__"):
                     self.add(node, "MN001", f"self.{target.attr} is replaced, so forward is not what runs")
@@ -73,9 +71,8 @@ class ModelNewCheck:
             shape = ast.arguments(posonlyargs=[ast.arg(a.arg) for a in args.posonlyargs],
                                   args=[ast.arg(a.arg) for a in args.args],
                                   vararg=args.vararg and ast.arg(args.vararg.arg),
-                                  kwonlyargs=[ast.arg(a.arg) for a in args.kwonlyargs],
-                                  kw_defaults=args.kw_defaults, kwarg=args.kwarg and ast.arg(args.kwarg.arg),
-                                  defaults=args.defaults)
+                                  kwonlyargs=[ast.arg(a.arg) for a in args.kwonlyargs], kw_defaults=args.kw_defaults,
+                                  kwarg=args.kwarg and ast.arg(args.kwarg.arg), defaults=args.defaults)
             return f"({ast.unparse(shape)})", ast.dump(shape, annotate_fields=False)
 
         mine, theirs = signature(init), signature(ref)
@@ -150,8 +147,7 @@ class ModelNewCheck:
                 elif node.attr in FRAME_ATTRIBUTES:
                     self.add(node, "MN006", f".{node.attr} reads an interpreter frame (the harness's state)")
             elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
-                targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
-                for target in targets:
+                for target in (node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]):
                     name = dotted(target, self.symbols.aliases) if isinstance(target, ast.Attribute) else None
                     if name and name.split(".")[0] == "torch":
                         self.add(node, "MN009", f"assignment to {name} changes torch's global state")

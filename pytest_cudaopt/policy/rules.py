@@ -13,20 +13,17 @@ LOCK_NAME = "cudaopt.lock"
 
 # One line per rule: the README's table and the title of each `pytest -m policy` item.
 RULES: dict[str, str] = {
-    "MN001": "model_new.py parses and defines `class ModelNew(nn.Module)` with a `forward` (no "
-             "`__call__` override)",
-    "MN002": "`ModelNew.__init__` takes the same parameters (names, order, kinds, defaults) as "
-             "`Model.__init__`",
+    "MN001": "model_new.py parses and defines `class ModelNew(nn.Module)` with a `forward` (no `__call__` override)",
+    "MN002": "`ModelNew.__init__` takes the same parameters (names, order, kinds, defaults) as `Model.__init__`",
     "MN003": "the forward path calls only `cuda_extension` ops, tensor creation and its own helpers "
              "(no other torch, torch.nn.functional or library function)",
     "MN004": "the forward path calls no tensor method other than properties and creation (`x.view`, "
              "`x.contiguous()`, `.T`), no nn.Module (`self.linear(x)`, `super().forward`), no hook",
     "MN005": "the forward path applies no Python operator to a tensor (`x @ w`, `x + 1`, `-x`, `x[0]`,"
              " `x > 0`, `x += y`): each dispatches a torch op",
-    "MN006": "model_new.py imports only torch, cuda_extension and the standard library (not model.py, "
-             "another workdir, importlib, ctypes, subprocess, torch.utils.cpp_extension) and reads no "
-             "interpreter frames and walks no object graph (`sys._getframe`, `.f_back`, `.tb_frame`, "
-             "`__subclasses__`, `__globals__`, `__code__`)",
+    "MN006": "model_new.py imports only torch, cuda_extension and the standard library (not model.py, another workdir, "
+             "importlib, ctypes, subprocess, torch.utils.cpp_extension) and reads no interpreter frames and walks no "
+             "object graph (`sys._getframe`, `.f_back`, `.tb_frame`, `__subclasses__`, `__globals__`, `__code__`)",
     "MN007": "model_new.py has no `try`/`except` (or `contextlib.suppress`): the custom path fails "
              "loudly instead of falling back",
     "MN008": "model_new.py reads no files and no environment variables (`open`, `os.environ`, "
@@ -53,9 +50,8 @@ RULES: dict[str, str] = {
              "`environ`, `fopen`, `open`, `std::ifstream`, `popen`, `system`, `dlopen`, `exec*`, `fork`)",
     "KC009": "kernels/ starts no threads (`std::thread`, `std::async`, `pthread_create`, `#pragma omp`, "
              "host callbacks: `cudaLaunchHostFunc`, `cudaStreamAddCallback`)",
-    "CV001": "when model.py uses a convolution (nn.Conv*/ConvTranspose*, F.conv*) and kernels/ has "
-             "sources, they include cudnn.h and call cudnnConvolutionForward / "
-             "cudnnConvolutionBackwardData",
+    "CV001": "when model.py uses a convolution (nn.Conv*/ConvTranspose*, F.conv*) and kernels/ has sources, they "
+             "include cudnn.h and call cudnnConvolutionForward / cudnnConvolutionBackwardData",
     "PF001": "binding.cpp and binding_registry.h are the copies shipped in pytest_cudaopt or the "
              "published agent-workdir versions",
     "PF002": f"the workdir has a valid lock file `{LOCK_NAME}` (written by `cudaopt init` or `cudaopt adopt`)",
@@ -67,8 +63,7 @@ RULES: dict[str, str] = {
              " its <op>_binding.cpp",
     "KD003": "every file in kernels/ is compiled: only .cu/.cpp sources and headers that a source "
              "includes (plus .gitkeep)",
-    "CF001": "the `[tool.cudaopt]` table of the workdir's pyproject.toml is valid",
-}
+    "CF001": "the `[tool.cudaopt]` table of the workdir's pyproject.toml is valid"}
 RULE_IDS: tuple[str, ...] = tuple(RULES)
 # The rules that run the workdir's code; every other rule only reads files, and never imports them.
 IMPORTS_WORKDIR = frozenset({"MN010"})
@@ -102,8 +97,7 @@ CONFIG_KEYS = {
     "allow-imports": "more modules model_new.py may import (\"numpy\")",
     "allow-cpp-calls": "more torch::/at::/c10:: functions kernels/ may call (\"at::zeros\")",
     "allow-cpp-methods": "more tensor methods kernels/ may call (\"contiguous\")",
-    "allow-includes": "more include prefixes kernels/ may use (\"cub/\", \"cutlass/\")",
-}
+    "allow-includes": "more include prefixes kernels/ may use (\"cub/\", \"cutlass/\")"}
 
 
 @dataclass(frozen=True)
@@ -191,9 +185,7 @@ def render(violations: list[Violation], workdir: Path, as_json: bool = False, bu
     disabled = sorted(load_config(workdir).disable)
     if as_json:
         return json.dumps({
-            "workdir": str(workdir),
-            "passed": not violations,
-            "rules": {**RULES, **BUILD_RULES} if built else RULES,
+            "workdir": str(workdir), "passed": not violations, "rules": {**RULES, **BUILD_RULES} if built else RULES,
             "disabled": disabled,
             "violations": [{"rule": v.rule, "path": v.path, "line": v.line, "message": v.message} for v in violations],
         }, indent=2)

@@ -11,14 +11,12 @@ import re
 TENSOR, EXT, TENSORS = "tensor", "extension result", "tensors"
 NON, SHAPE, UNKNOWN, MODULE, SUPER = "non-tensor", "shape", "unknown", "module", "super"
 
-# try/except nodes (`except*` is ast.TryStar from Python 3.11).
-TRY_NODES = (ast.Try, getattr(ast, "TryStar", ast.Try))
+TRY_NODES = (ast.Try, getattr(ast, "TryStar", ast.Try))  # try/except nodes (`except*` is ast.TryStar from Python 3.11)
 
 
 def is_module_class(node: ast.ClassDef, aliases: dict[str, str]) -> bool:
     """The class subclasses torch.nn.Module directly."""
-    return any((dotted(b, aliases) or "") in ("torch.nn.Module", "torch.nn.modules.module.Module")
-               for b in node.bases)
+    return any((dotted(b, aliases) or "") in ("torch.nn.Module", "torch.nn.modules.module.Module") for b in node.bases)
 
 
 def dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 
@@ -39,12 +40,9 @@ def environment() -> dict[str, Any]:
     import torch
 
     info: dict[str, Any] = {"python": platform.python_version(), "torch": str(torch.__version__),
-                            "cuda": torch.version.cuda, "cudnn": None, "gpu": None,
-                            "gpu_capability": None}
-    try:
+                            "cuda": torch.version.cuda, "cudnn": None, "gpu": None, "gpu_capability": None}
+    with contextlib.suppress(Exception):
         info["cudnn"] = torch.backends.cudnn.version()
-    except Exception:
-        pass
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
         info["gpu"] = torch.cuda.get_device_name()

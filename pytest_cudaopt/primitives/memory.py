@@ -50,8 +50,7 @@ def free_bytes(device: torch.device | str) -> int | None:
     if device.type != "cuda":
         return None
     free, _total = torch.cuda.mem_get_info(device)
-    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    return free + max(cached, 0)
+    return free + max(torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device), 0)
 
 
 def _read_int(path: str) -> int | None:
@@ -182,8 +181,7 @@ def cap_max_elements(max_elements: int | None, canonical_elements: int, canonica
     return cap, f"drawn shapes capped at {cap} input elements (not {max_elements}): {gib(free)} free"
 
 
-# What batches of timed calls may hold beyond the case budget (perf/engine.py).
-BATCH_EXTRA = 8 << 30
+BATCH_EXTRA = 8 << 30  # what batches of timed calls may hold beyond the case budget (perf/engine.py)
 
 
 def perf_input_plan(input_bytes: int, output_bytes: int, free: int | None, contenders: int,

@@ -9,9 +9,8 @@ from typing import Any
 # -- the round trip (client.Worker.handoff_bound) ------------------------------------------------
 HANDOFF_FACTOR = 3          # a round trip may exceed the figures by this many pings ...
 HANDOFF_SLACK_S = 500e-6    # ... plus this (the worker's GPU lead spin, protocol.LEAD_S, is inside it)
-# A CUDA tensor crosses as an IPC handle. Measured on an H200: a round trip less the figures 1.6 ms
-# for one tensor each way (~1 ms beyond the pings and the spin), up to ~135 us a further tensor.
-# Allowed: twice that.
+# A CUDA tensor crosses as an IPC handle. Measured on an H200: a round trip less the figures 1.6 ms for one tensor each
+# way (~1 ms beyond the pings and the spin), up to ~135 us a further tensor. Allowed: twice that.
 CUDA_MESSAGE_S = 2e-3
 CUDA_HANDLE_S = 200e-6
 PING_CAP_FACTOR = 4         # a ping the worker slows counts at most this many calibrated pings

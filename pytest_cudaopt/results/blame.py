@@ -55,11 +55,10 @@ def exit_status(blame: str | None) -> int | None:
 
 def memory_blame(need: int, budget: int, worker_pid: int | None, processes: Sequence[Mapping[str, int]],
                  what: str = "this case", own: bool = False) -> tuple[str, str]:
-    """Who holds the device memory a case could not get: (blame, why). `processes` are NVML's
-    ({"pid", "used_bytes"}); the candidate's worker (`worker_pid`) holding more than the case's
-    `budget` is the candidate's fault, anything else the environment's (with the other holders).
-    `own`: the candidate's own call ran out; it is the environment's only where other processes
-    hold more than the case's budget (else the candidate asked for more than the device has)."""
+    """Who holds the device memory a case could not get: (blame, why). `processes` are NVML's ({"pid", "used_bytes"});
+    the candidate's worker (`worker_pid`) holding more than the case's `budget` is the candidate's fault, anything else
+    the environment's (with the other holders). `own`: the candidate's own call ran out; it is the environment's only
+    where other processes hold more than the case's budget (else the candidate asked for more than the device has)."""
     from pytest_cudaopt.primitives.memory import gib
 
     mine = sum(p["used_bytes"] for p in processes if worker_pid is not None and p["pid"] == worker_pid)

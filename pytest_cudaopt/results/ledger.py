@@ -31,8 +31,7 @@ def kind_of(nodeid: str, keywords: Iterable[str] = ()) -> str | None:
     for kind in KINDS:
         if kind in keywords:
             return kind
-    parts = nodeid.split("[")[0].split("::")
-    return next((_SUITE_KINDS[p] for p in parts[1:] if p in _SUITE_KINDS), None)
+    return next((_SUITE_KINDS[p] for p in nodeid.split("[")[0].split("::")[1:] if p in _SUITE_KINDS), None)
 
 
 def rule_of(nodeid: str, properties: dict[str, Any]) -> str:

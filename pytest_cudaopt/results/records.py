@@ -48,15 +48,13 @@ class CorrectnessResult:
     blame: str | None = None   # whose fault a failure is (blame.py); None when it passed
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind, "workdir": self.workdir, "test": self.test, "case": self.case,
-            "passed": self.passed, "inputs": self.shapes, "seed": self.seed, "cases": self.cases,
-            "max_abs": self.max_abs, "max_rel": self.max_rel,
-            "precision": self.precision.to_json() if self.precision else None,
-            "check": self.check, "message": self.message, "seconds": self.seconds,
-            "peak_bytes": self.peak_bytes, "worker_bytes": self.worker_bytes, "state": self.state, "harness_seconds": round(self.harness_seconds, 3),
-            "values": self.values, "blame": None if self.passed else (self.blame or "candidate"),
-        }
+        return {"kind": self.kind, "workdir": self.workdir, "test": self.test, "case": self.case, "passed": self.passed,
+                "inputs": self.shapes, "seed": self.seed, "cases": self.cases, "max_abs": self.max_abs,
+                "max_rel": self.max_rel, "precision": self.precision.to_json() if self.precision else None,
+                "check": self.check, "message": self.message, "seconds": self.seconds, "peak_bytes": self.peak_bytes,
+                "worker_bytes": self.worker_bytes, "state": self.state,
+                "harness_seconds": round(self.harness_seconds, 3), "values": self.values,
+                "blame": None if self.passed else (self.blame or "candidate")}
 
 
 @dataclass
@@ -124,10 +122,9 @@ class PerfResult:
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "workdir": self.workdir, "test": self.test, "passed": self.passed,
                 "failure": self.failure, "precision": self.precision, "tiers": self.tiers,
-                "precision_note": self.precision_note, "labels": self.labels,
-                "gate": self.gate.to_json(), "compile_seconds": self.compile_seconds,
-                "errors": self.errors, "environment": self.environment, "gate_clock": self.gate_clock,
-                "regression": self.regression, "peak_bytes": self.peak_bytes,
+                "precision_note": self.precision_note, "labels": self.labels, "gate": self.gate.to_json(),
+                "compile_seconds": self.compile_seconds, "errors": self.errors, "environment": self.environment,
+                "gate_clock": self.gate_clock, "regression": self.regression, "peak_bytes": self.peak_bytes,
                 "timing": self.measurement.to_json() if self.measurement is not None else None,
                 "traces": {k: t.to_json() for k, t in self.traces.items()},
                 "figure_warnings": list(self.figure_warnings), "clock": self.clock}

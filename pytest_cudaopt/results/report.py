@@ -6,7 +6,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from pytest_cudaopt.primitives.environment import environment
 from pytest_cudaopt.perf.decision import SpeedDecision
@@ -48,17 +48,11 @@ def correctness_row(r: CorrectnessResult) -> dict[str, str]:
     """The correctness table's row of one item."""
     p = r.precision if r.precision is not None and r.precision.tier != "unknown" else None
     return {
-        "workdir": _short_path(r.workdir),
-        "case": r.case,
-        "inputs": r.shapes,
-        "max abs err": _sci(r.max_abs),
-        "max rel err": _sci(r.max_rel),
-        "rel L2 vs fp64": _sci(p.candidate_error if p else None),
+        "workdir": _short_path(r.workdir), "case": r.case, "inputs": r.shapes, "max abs err": _sci(r.max_abs),
+        "max rel err": _sci(r.max_rel), "rel L2 vs fp64": _sci(p.candidate_error if p else None),
         "fp32 ref vs fp64": _sci(p.reference_error if p else None),
-        "precision": (r.precision.tier + (" (atol vacuous)" if r.precision.vacuous else ""))
-                     if r.precision else "-",
-        "verdict": "pass" if r.passed else f"FAIL ({r.check})" if r.check else "FAIL",
-    }
+        "precision": (r.precision.tier + (" (atol vacuous)" if r.precision.vacuous else "")) if r.precision else "-",
+        "verdict": "pass" if r.passed else f"FAIL ({r.check})" if r.check else "FAIL"}
 
 
 def policy_row(r: PolicyResult) -> dict[str, str]:
@@ -86,9 +80,8 @@ def describe_gate(gate: SpeedDecision, labels: Mapping[str, str]) -> str:
     rule = f"median({custom}) <= median({base}) / {gate.min_speedup:g}"
     if gate.custom_median is None or gate.baseline_median is None:
         return f"gate: {rule}: FAIL, {gate.reason}"
-    arithmetic = (f"gate: {rule}: {format_seconds(gate.custom_median)} <= "
-                  f"{format_seconds(gate.baseline_median)} / {gate.min_speedup:g} = "
-                  f"{format_seconds(gate.limit)}")
+    arithmetic = (f"gate: {rule}: {format_seconds(gate.custom_median)} <= {format_seconds(gate.baseline_median)} / "
+                  f"{gate.min_speedup:g} = {format_seconds(gate.limit)}")
     speed = f"speedup {gate.speedup:.3f}x, needed {gate.min_speedup:g}x"
     if gate.passed:
         return f"{arithmetic}: PASS ({speed})"
@@ -114,19 +107,14 @@ def perf_rows(r: PerfResult) -> list[dict[str, str]]:
         s = result.summary if result is not None and result.samples else None
         mid = s.median if s else None
         timed = result is not None and result.samples
-        rows.append({
-            "contender": r.label(key),
-            gated["device"]: format_seconds(result.device_summary.median) if timed else "-",
-            gated["latency"]: format_seconds(result.latency_summary.median) if timed else "-",
-            **({"kernel sum": format_seconds(r.kernel_sum(key))} if r.traces else {}),
-            "IQR": format_seconds(s.iqr) if s else "-",
-            "n": str(s.n) if s else "0",
-            "vs eager": _ratio(medians.get(EAGER), mid),
-            "vs compile": _ratio(medians.get(COMPILE), mid),
-            **({"vs compile+TF32": _ratio(medians.get(PRECISION_MATCHED), mid)} if with_tf32 else {}),
-            "precision": r.tiers.get(key, "-"),
-            "verdict": _perf_verdict(r, key, failures),
-        })
+        rows.append({"contender": r.label(key),
+                     gated["device"]: format_seconds(result.device_summary.median) if timed else "-",
+                     gated["latency"]: format_seconds(result.latency_summary.median) if timed else "-",
+                     **({"kernel sum": format_seconds(r.kernel_sum(key))} if r.traces else {}),
+                     "IQR": format_seconds(s.iqr) if s else "-", "n": str(s.n) if s else "0",
+                     "vs eager": _ratio(medians.get(EAGER), mid), "vs compile": _ratio(medians.get(COMPILE), mid),
+                     **({"vs compile+TF32": _ratio(medians.get(PRECISION_MATCHED), mid)} if with_tf32 else {}),
+                     "precision": r.tiers.get(key, "-"), "verdict": _perf_verdict(r, key, failures)})
     return rows
 
 
@@ -150,12 +138,9 @@ def perf_row(r: PerfResult) -> dict[str, str]:
     """The one-line summary of this verdict."""
     medians = r.medians()
     mid = medians.get(CUSTOM)
-    return {"workdir": r.workdir, "custom": format_seconds(mid),
-            "compile": format_seconds(medians.get(COMPILE)),
-            "vs compile": _ratio(medians.get(COMPILE), mid),
-            "vs eager": _ratio(medians.get(EAGER), mid),
-            "precision": r.precision,
-            "verdict": "pass" if r.passed else "FAIL"}
+    return {"workdir": r.workdir, "custom": format_seconds(mid), "compile": format_seconds(medians.get(COMPILE)),
+            "vs compile": _ratio(medians.get(COMPILE), mid), "vs eager": _ratio(medians.get(EAGER), mid),
+            "precision": r.precision, "verdict": "pass" if r.passed else "FAIL"}
 
 
 def perf_notes(r: PerfResult) -> list[str]:
@@ -165,8 +150,7 @@ def perf_notes(r: PerfResult) -> list[str]:
     lines.append(describe_gate(r.gate, r.labels))
     if r.regression:
         lines.append(r.regression["note"])
-    failures = r.failures()
-    for key, reason in failures.items():
+    for key, reason in r.failures().items():
         lines.append(reason if key.endswith("*") else f"{r.label(key)}: {reason}")
     lines += _figure_notes(r)
     if r.precision_note:
@@ -201,11 +185,10 @@ def _clocks_note(m) -> str:
                         "behind, no cache flush), measured in separate runs")
     ahead = (f"; the host stayed ahead in {m.queued_rounds - m.behind_rounds} of {m.queued_rounds} rounds"
              if m.queued_rounds else "")
-    return gated + ("device time: each contender's batch queued with the host ahead of the GPU after an L2 "
-                    f"flush, a call's figure the time between the events before and after it{ahead}; ModelNew "
-                    "in its worker process, its figures checked against this process's clock around its GPU work "
-                    "(the timed window; the round trip where there is none); latency: each call from an idle device, "
-                    "launches included")
+    return gated + (f"device time: each contender's batch queued with the host ahead of the GPU after an L2 flush, a "
+                    f"call's figure the time between the events before and after it{ahead}; ModelNew in its worker "
+                    f"process, its figures checked against this process's clock around its GPU work (the timed window; "
+                    f"the round trip where there is none); latency: each call from an idle device, launches included")
 
 
 def _figure_notes(r: PerfResult) -> list[str]:
@@ -214,11 +197,9 @@ def _figure_notes(r: PerfResult) -> list[str]:
     custom = r.traces.get(CUSTOM)
     if custom is not None and not custom.error:
         top = ", ".join(
-            f"{name}{f' x{calls}' if calls > 1 else ''} {format_seconds(total)}"
-            f" ({total / custom.kernel_sum:.0%}"
+            f"{name}{f' x{calls}' if calls > 1 else ''} {format_seconds(total)} ({total / custom.kernel_sum:.0%}"
             + (f", grid {'x'.join(map(str, first.grid))}" if first.grid else "") + ")"
-            for name, calls, total, first in custom.top(TOP_KERNELS)
-            if custom.kernel_sum > 0)
+            for name, calls, total, first in custom.top(TOP_KERNELS) if custom.kernel_sum > 0)
         lines.append(f"kernels of {r.label(CUSTOM)} (one call: {custom.summary()}, "
                      f"{format_seconds(custom.kernel_sum)}): {top or 'none'}")
     others = [(k, t) for k, t in r.traces.items() if k != CUSTOM and not t.error]
