@@ -188,6 +188,12 @@ def table(pytest_run: dict | None, judge_run: dict | None, devices: int) -> tupl
             for k, v in line["time"].items():
                 spent[k] = spent.get(k, 0.0) + v
         notes.append("cudaopt judge, time by stage (summed): " + ", ".join(f"{k} {v:.1f} s" for k, v in spent.items()))
+        turns = [(line["seconds"].get("perf_wait", 0.0), line["seconds"].get("perf_turn", 0.0))
+                 for line in judge_run["results"].values() if line["seconds"].get("perf_turn")]
+        if turns:
+            held = sorted(h for _, h in turns)
+            notes.append(f"perf turns: {len(turns)}, waited {sum(w for w, _ in turns):.1f} s, held the device alone "
+                         f"{sum(held):.1f} s (median {held[len(held) // 2]:.2f} s)")
         notes.append("busy: " + ", ".join(f"{d} {f:.0%}" for d, f in judge_run.get("busy", {}).items()))
         cached = sum(line["objects"].get("cached", 0) for line in judge_run["results"].values())
         compiled = sum(line["objects"].get("compiled", 0) for line in judge_run["results"].values())

@@ -104,6 +104,10 @@ class Workdir:
         its state copied into ModelNew (a worker.RemoteModel where the workdir has a worker), built under the
         same seed."""
         init, model = self.make_reference(device, seed)
+        return model, self.make_candidate(model, init, device, seed)
+
+    def make_candidate(self, model: torch.nn.Module, init: list, device: torch.device | str, seed: int) -> Any:
+        """ModelNew from `init` on `device`, built under `seed`, with `model`'s state copied into it."""
         if self.worker is not None:
             from pytest_cudaopt.remote.model import RemoteModel
 
@@ -116,7 +120,7 @@ class Workdir:
                 model_new = self._call(self.model_new_file, "ModelNew(*get_init_inputs())", self.candidate.ModelNew,
                                        *init).eval().to(device)
         self.copy_state(model, model_new)
-        return model, model_new
+        return model_new
 
     def _remote(self, func: Callable[[], Any]) -> Any:
         """`func()`, a worker's error turned into a WorkdirError (of model_new.py unless it names a file)."""

@@ -215,3 +215,11 @@ def test_the_build_stage_reads_the_estimate_from_its_childs_log(tmp_path):
     result = stages.read_build(runner.Outcome(0, False, 1.0, "", log))
     assert result.status == "ok" and result.need_bytes == 2147483648
     assert result.to_json()["need_bytes"] == 2147483648
+
+
+def test_the_seconds_a_child_waits_for_its_turn_are_added_to_its_time_limit(tmp_path):
+    nap = [sys.executable, "-c", "import time; time.sleep(2.0)"]
+    kwargs = dict(env=subprocess_env(), cwd=tmp_path, timeout=1.0, grace=1.0, log=tmp_path / "nap.log")
+    waited = runner.run(nap, paused=lambda: 1.5, **kwargs)
+    assert not waited.timed_out and waited.returncode == 0
+    assert runner.run(nap, **kwargs).timed_out

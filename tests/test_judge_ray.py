@@ -38,7 +38,7 @@ def sleeping_stages(log: Path):
     function so that Ray ships it by value to the judge's process."""
     sleeps = dict(SLEEPS)
 
-    def run(stage, copy, out, devices, device, options, children=None, warm=None):
+    def run(stage, copy, out, devices, device, options, children=None, turn=None):
         from pytest_cudaopt.judge.stages import StageResult
 
         start = time.time()

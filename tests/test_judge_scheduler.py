@@ -38,21 +38,68 @@ def test_checks_of_several_workdirs_share_a_gpu_up_to_share():
     assert _ready_by_stage(started) == {(0, "check"): "0", (1, "check"): "0"}
 
 
-def test_a_perf_stage_has_its_gpu_to_itself():
-    s = Scheduler(["0"], jobs=4, share=2)
+def test_a_perf_stage_prepares_beside_checks_and_has_its_gpu_to_itself_once_granted():
+    s = Scheduler(["0"], jobs=4, share=3)
     for job in range(3):
         s.add(job, stages=["check", "perf"])
     first = {t.job: t for t in s.ready()}
     s.finish(first[0])
-    # job 0 waits for perf: the GPU drains (job 2's check may not start), job 1 still checks
-    assert s.ready() == []
-    assert s.devices[0].draining
+    perf = s.ready()
+    assert perf == [Task(0, "perf", "0")]   # beside the two checks: it starts, imports, compiles
+    s.want(perf[0])
+    assert s.grants() == [] and s.devices[0].draining   # it asks: no new stage joins, the checks end first
     s.finish(first[1])
-    started = s.ready()
-    assert [(t.job, t.stage) for t in started] == [(0, "perf")]
-    assert s.ready() == []  # nothing beside a perf stage, not even job 1's perf
-    s.finish(started[0])
-    assert [(t.job, t.stage) for t in s.ready()] == [(1, "perf")]
+    assert s.ready() == [] and s.grants() == []   # job 1's perf may not start on a draining GPU
+    s.finish(first[2])
+    assert s.ready() == [] and s.grants() == [0]   # nothing else on the GPU: its turn
+    assert s.ready() == []   # nothing joins a perf stage in its turn
+    s.finish(perf[0])
+    assert {(t.job, t.stage) for t in s.ready()} == {(1, "perf"), (2, "perf")}
+    assert not s.devices[0].draining
+
+
+def test_perf_stages_that_asked_take_their_turns_one_at_a_time_before_any_check_joins():
+    s = Scheduler(["0"], jobs=4, share=3)
+    for job in range(2):
+        s.add(job, stages=["perf"])
+    s.add(2, stages=["check"])
+    tasks = {t.job: t for t in s.ready()}
+    assert set(tasks) == {0, 1, 2}
+    s.want(tasks[1])
+    s.want(tasks[0])
+    assert s.grants() == []   # the check still runs
+    s.finish(tasks[2])
+    assert s.grants() == [1]   # in the order asked
+    assert s.grants() == []    # one turn at a time
+    s.finish(tasks[1])
+    assert s.grants() == [0]
+    s.finish(tasks[0])
+    assert s.grants() == [] and s.done
+
+
+def test_a_perf_stage_that_ends_before_its_turn_leaves_no_drain_behind():
+    s = Scheduler(["0"], jobs=4, share=2)
+    s.add(0, stages=["perf"])
+    s.add(1, stages=["check"])
+    s.add(2, stages=["check"])
+    tasks = {t.job: t for t in s.ready()}
+    s.want(tasks[0])
+    s.finish(tasks[0], proceed=False)   # it crashed while it waited
+    assert [(t.job, t.stage) for t in s.ready()] == [(2, "check")] and s.grants() == []
+
+
+def test_a_perf_stage_retried_alone_is_granted_its_turn_as_soon_as_it_asks():
+    s = Scheduler(["0"], jobs=4, share=2, memory={"0": 80 * GiB})
+    s.add(0, stages=["perf"])
+    s.add(1, stages=["check"])
+    tasks = {t.job: t for t in s.ready()}
+    assert s.shared(tasks[0])
+    s.finish(tasks[0], retry_alone=True)   # short of memory beside the check
+    s.finish(tasks[1])
+    again = s.ready()
+    assert again == [Task(0, "perf", "0")] and s.devices[0].alone == 0
+    s.want(again[0])
+    assert s.grants() == [0]
 
 
 def test_perf_goes_to_an_idle_gpu_while_checks_keep_another_busy():
@@ -213,7 +260,7 @@ def test_a_check_short_of_memory_beside_another_runs_again_alone_and_nothing_joi
     assert alone == Task(0, "check", "0") and s.devices[0].alone == 0 and not s.shared(alone)
     assert s.ready() == []                  # nothing beside it, not job 1's perf nor job 2's check
     assert s.finish(alone, retry_alone=True) == "perf"   # alone already: no second retry
-    assert {(t.job, t.stage) for t in s.ready()} == {(0, "perf")}
+    assert {(t.job, t.stage) for t in s.ready()} == {(0, "perf"), (1, "perf")}   # each prepares, then asks
 
 
 def test_a_check_that_ran_alone_throughout_was_not_shared():
@@ -235,7 +282,7 @@ def test_a_fed_pool_judges_workdirs_added_while_it_runs_and_ends_only_when_close
     from pytest_cudaopt.judge.pool import LocalPool
     from pytest_cudaopt.judge.stages import StageResult
 
-    def passes(stage, copy, out, devices, device, options, children=None, warm=None):
+    def passes(stage, copy, out, devices, device, options, children=None, turn=None):
         kind = {"policy": "policy", "check": "correctness", "perf": "perf"}.get(stage)
         report = {"schema": "cudaopt-report/2", "passed": True, "complete": True, "items": [], "results": []}
         return StageResult(stage, "ok", 0.0, report=report if kind else None,
@@ -270,3 +317,52 @@ def test_builds_and_policy_checks_at_once_default_to_half_the_cores_of_the_host_
     assert judge_options.Options().cpu_jobs == 8       # resolved where it runs: each Ray node its own
     assert judge_options.Options(jobs=3).cpu_jobs == 3
     assert judge_options.Options.from_json(judge_options.Options().to_json()).jobs is None
+
+
+def test_in_a_pool_a_perf_turn_overlaps_no_other_stage_on_its_gpu_and_its_wait_is_in_the_line(tmp_path):
+    import time
+
+    from pytest_cudaopt.judge.devices import DeviceSet
+    from pytest_cudaopt.judge.options import Options
+    from pytest_cudaopt.judge.pool import LocalPool
+    from pytest_cudaopt.judge.stages import StageResult
+    from pytest_cudaopt.run import turn as turns
+
+    spans: list[tuple[str, str, float, float]] = []   # (what, workdir, start, end)
+
+    def stage(stage, copy, out, devices, device, options, children=None, turn=None):
+        began = time.monotonic()
+        if stage == "check":
+            time.sleep(0.3)
+            spans.append(("check", copy.name, began, time.monotonic()))
+        if stage == "perf":   # as a perf child does: prepares, asks, waits, times
+            time.sleep(0.1)
+            spans.append(("prepare", copy.name, began, time.monotonic()))
+            turns.wait(turn.folder)
+            granted = time.monotonic()
+            time.sleep(0.1)
+            spans.append(("turn", copy.name, granted, time.monotonic()))
+        kind = {"policy": "policy", "check": "correctness", "perf": "perf"}.get(stage)
+        report = {"schema": "cudaopt-report/2", "passed": True, "complete": True, "items": [], "results": []}
+        return StageResult(stage, "ok", time.monotonic() - began, report=report if kind else None,
+                           cases=[{"kind": kind, "name": "t", "outcome": "passed", "seconds": 0.0}] if kind else [])
+
+    workdirs = []
+    for i in range(6):
+        workdirs.append(tmp_path / f"w{i}")
+        workdirs[-1].mkdir()
+        (workdirs[-1] / "model.py").write_text("X = 1\n")
+        (workdirs[-1] / "model_new.py").write_text(f"Y = {i}\n")
+    options = Options(jobs=6, share=3, cache_dir=None, fork=False, scratch=tmp_path / "scratch")
+    found = list(LocalPool(workdirs, options, DeviceSet(["0"]), run_stage=stage).lines())
+    assert len(found) == 6 and all(line["passed"] for line in found)
+    turn_spans = [s for s in spans if s[0] == "turn"]
+    assert len(turn_spans) == 6
+    for what, name, start, end in turn_spans:
+        beside = [s for s in spans if s[1] != name and s[2] < end and s[3] > start]
+        assert beside == [], f"{name}'s turn overlapped {beside}"
+    prepared_beside_checks = [p for p in spans if p[0] == "prepare" and any(
+        c[0] == "check" and c[2] < p[3] and c[3] > p[2] for c in spans)]
+    assert prepared_beside_checks   # what a perf stage needs no turn for runs beside the checks
+    assert all("perf_wait" in line["seconds"] and line["seconds"]["perf_turn"] >= 0.1 for line in found)
+    assert max(line["seconds"]["perf_wait"] for line in found) > 0.05

@@ -112,7 +112,7 @@ class Stages:
         self.pause, self.busy = pause, busy   # busy: how many checks of a workdir named busy* find the device held
         self.sleeping = threading.Event()
 
-    def __call__(self, stage, copy, out, devices, device, options, children=None):
+    def __call__(self, stage, copy, out, devices, device, options, children=None, turn=None):
         kind = {"policy": "policy", "check": "correctness", "perf": "perf"}.get(stage)
         if copy.name.startswith("hang") and stage == "check":
             self.sleeping.set()

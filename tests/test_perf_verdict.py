@@ -521,3 +521,52 @@ def test_on_the_cpu_a_kernel_below_fp32_is_timed_without_a_tf32_baseline_which_e
     out = result.stdout.str()
     assert "ModelNew (custom)" in out and "half-like" in out, out
     assert "TF32" not in out
+
+
+WORKER_STARTS = """\
+import time
+from pytest_cudaopt.remote import workers
+
+_start = workers.Workers.start
+
+
+def start(self, *args, **kwargs):
+    with open({log!r}, "a") as handle:
+        handle.write(f"{{time.time()}}\\n")
+    return _start(self, *args, **kwargs)
+
+
+workers.Workers.start = start
+"""
+
+
+def test_a_judges_perf_child_starts_no_worker_of_the_candidates_before_its_turn(pytester, workdir, monkeypatch):
+    import threading
+    import time
+
+    path = workdir()
+    starts = pytester.path / "starts.txt"
+    (path / "conftest.py").write_text(WORKER_STARTS.format(log=str(starts)))
+    folder = pytester.path / "turn"
+    folder.mkdir()
+    monkeypatch.setenv("CUDAOPT_TURN", str(folder))
+    seen: list = []
+
+    def judge_side():
+        deadline = time.monotonic() + 120
+        while not (folder / "want").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)
+        seen.append(starts.exists())   # it asked, and waits: nothing of the candidate's has started
+        (folder / "go").touch()
+        seen.append(time.time())
+
+    thread = threading.Thread(target=judge_side, daemon=True)
+    thread.start()
+    result = run_pytest(pytester, "wd", "-m", "perf", "--cudaopt-min-speedup=0.001", "--cudaopt-report=report.json")
+    thread.join(timeout=10)
+    assert seen[:1] == [False]
+    result.assert_outcomes(passed=1)
+    assert float(starts.read_text().split()[0]) >= seen[1]   # the worker started once granted
+    doc = json.loads((pytester.path / "report.json").read_text())
+    assert "compile" in doc["results"][0]["data"]["compile_seconds"]   # compiled before the turn, timed after

@@ -22,10 +22,11 @@ from pytest_cudaopt.judge.options import Options, result_key
 from pytest_cudaopt.judge.scheduler import STAGES, Scheduler, Task
 from pytest_cudaopt.judge.stages import FAILED, OK, StageResult, run_stage, shortfall
 from pytest_cudaopt.run import zygote
+from pytest_cudaopt.run.turn import POLL_S, Turn
 
 # The events of a fed pool besides a stage's end: a workdir added, no more to come, one workdir's
-# children to end (a service's backstop), everything to end now (a service stopped).
-_ADD, _CLOSE, _ABANDON, _STOP = object(), object(), object(), object()
+# children to end (a service's backstop), everything to end now (a service stopped); a perf stage's ask.
+_ADD, _CLOSE, _ABANDON, _STOP, _WANT = object(), object(), object(), object(), object()
 
 
 @dataclass
@@ -46,6 +47,7 @@ class Job:
     id: object = None        # the submission's id in the line (as the caller gave it, else the index)
     began: float | None = None   # when its first stage started (before: queued)
     children: runner.Children = field(default_factory=runner.Children)   # its own, within the pool's
+    turn: Turn | None = None   # its running perf stage's (the device alone once it asks)
 
     @property
     def copy(self) -> Path:
@@ -169,12 +171,17 @@ class LocalPool:
                         jobs[task.job].began = time.monotonic()
                     self.on_event("start", jobs[task.job], task)
                     threading.Thread(target=self._work, args=(jobs[task.job], task, self._events), daemon=True).start()
+                for job in scheduler.grants():
+                    jobs[job].turn.grant()
                 task, result = self._events.get()
                 if task is _CLOSE:
                     closed = True
                     continue
                 if task is _ADD:
                     self._new_job(scheduler, jobs, scratch, *result)
+                    continue
+                if task is _WANT:
+                    scheduler.want(result)
                     continue
                 if task is _ABANDON:
                     for job in jobs.values():
@@ -208,14 +215,29 @@ class LocalPool:
                 job.out.mkdir(parents=True, exist_ok=True)
                 job.content = copies.private_copy(job.workdir, job.copy)
                 job.seconds["copy"] = time.monotonic() - copied
-            result = (self._run_stage or run_stage)(task.stage, job.copy, job.out, self.devices, task.device,
-                                                    self.options, job.children)
+            turn = job.turn = Turn(job.out / "turn") if task.stage == "perf" else None
+            ended = threading.Event()
+            if turn is not None:   # it asks for its turn once ready to time (run/turn.py)
+                threading.Thread(target=self._watch, args=(turn, task, ended), daemon=True).start()
+            try:
+                result = (self._run_stage or run_stage)(task.stage, job.copy, job.out, self.devices, task.device,
+                                                        self.options, job.children, turn=turn)
+            finally:
+                ended.set()
+            if turn is not None:   # of the stage's seconds: waiting for its turn, then holding the device alone
+                job.seconds.update(perf_wait=turn.waited(), perf_turn=turn.held())
         except (OSError, copies.CopyError) as exc:
             result = StageResult(task.stage, "error", reason=f"could not {'copy' if task.stage == 'build' else 'run'} "
                                                                f"{job.workdir}: {exc}")
         except Exception as exc:  # the judge's own bug: the workdir still gets its line
             result = StageResult(task.stage, "error", reason=f"the judge failed: {exc!r}")
         events.put((task, result))
+
+    def _watch(self, turn: Turn, task: Task, ended: threading.Event) -> None:
+        while not ended.wait(POLL_S * 2):
+            if turn.wanted():
+                self._events.put((_WANT, task))
+                return
 
     def _finished(self, scheduler: Scheduler, job: Job, task: Task, result: StageResult) -> dict | None:
         self.on_event("end", job, task, result)

@@ -9,7 +9,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from pytest_cudaopt.run import zygote
 
@@ -118,18 +118,22 @@ def _spawn(command: Sequence[str], env: Mapping[str, str], cwd: Path, log: Path,
 
 def run(command: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout: float, log: Path,
         children: Children | None = None, grace: float = GRACE_S, nice: int = 0,
-        zygote_name: str | None = None) -> Outcome:
-    """Run `command` to its end or its time limit (SIGTERM to its group, SIGKILL after `grace`), output to `log`."""
+        zygote_name: str | None = None, paused: Callable[[], float] = lambda: 0.0) -> Outcome:
+    """Run `command` to its end or its time limit (SIGTERM to its group, SIGKILL after `grace`), output to `log`.
+    `paused()`: seconds the child waited on the judge (its turn), added to the limit."""
     start = time.monotonic()
     proc = _spawn(command, env, cwd, log, nice, zygote_name)
     if children is not None:
         children.add(proc)
     timed_out = False
     try:
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+        while not timed_out:
+            try:
+                proc.wait(timeout=max(0.0, start + timeout + paused() - time.monotonic()))
+                break
+            except subprocess.TimeoutExpired:
+                timed_out = time.monotonic() >= start + timeout + paused()
+        if timed_out:
             _end_group(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout=grace)

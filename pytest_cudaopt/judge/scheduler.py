@@ -31,6 +31,7 @@ class Device:
     checks: dict[int, int | None] = field(default_factory=dict)   # job -> memory it was given
     alone: int | None = None                                 # the job that has it to itself (perf, a check retried)
     draining: bool = False                                   # a stage that runs alone waits for it: no new checks
+    wanting: list[int] = field(default_factory=list)         # perf stages among `checks` waiting for their turn
     busy_s: float = 0.0
     busy_since: float | None = None
 
@@ -50,7 +51,9 @@ class _Job:
 
 class Scheduler:
     """Assigns stages to CPU slots (`jobs` at once) and devices. A device takes up to `share` checks while their
-    needs fit, or one stage alone, which goes first and drains a device when none is idle. `clock`: tests."""
+    needs fit, or one stage alone (a check retried), which goes first and drains a device when none is idle. A
+    perf stage starts as a check does and has its device alone once it asks (`want`): the device drains, and
+    `grants` gives it the turn when every other stage there waits for one too. `clock`: tests."""
 
     def __init__(self, devices: Sequence[str], *, jobs: int = 2, share: int = 2,
                  memory: dict[str, int] | None = None, clock: Callable[[], float] = time.monotonic):
@@ -67,6 +70,7 @@ class Scheduler:
         self._peaks: dict[str, int] = {}  # problem -> the largest measured (peak + overhead)
         self._measured: set[str] = set()  # problems whose need a complete check measured
         self._shared: set[int] = set()    # jobs whose running check had another check beside it
+        self._now: list[int] = []          # jobs that asked for their turn with their device alone already
 
     def add(self, job: int, problem: str | None = None, stages: Sequence[str] = STAGES) -> None:
         if job in self._jobs:
@@ -96,7 +100,7 @@ class Scheduler:
             device.alone = job
             started.append(self._start(job, stage, device))
         self._release_drains()
-        for job, stage in [w for w in waiting if w[1] == "check" and not self._sole(*w)]:
+        for job, stage in [w for w in waiting if w[1] in ("check", "perf") and not self._sole(*w)]:
             device = self._fitting(self._jobs[job].problem)
             if device is not None:
                 if device.checks:   # beside others: a shortfall of either is no candidate's
@@ -111,8 +115,26 @@ class Scheduler:
         return started
 
     def _sole(self, job: int, stage: str) -> bool:
-        """The stage has its device to itself: perf, or a check retried alone."""
-        return stage == "perf" or (stage == "check" and self._jobs[job].alone)
+        """The stage has its device to itself from its start: it was retried alone."""
+        return self._jobs[job].alone
+
+    def want(self, task: Task) -> None:
+        """The running perf stage `task` asks for its device alone: the device drains until `grants` gives it."""
+        device = next(d for d in self.devices if d.name == task.device)
+        if device.alone == task.job:   # it runs alone already (retried alone)
+            self._now.append(task.job)
+        elif task.job in device.checks and task.job not in device.wanting:
+            device.wanting.append(task.job)
+            device.draining = True
+
+    def grants(self) -> list[int]:
+        """The jobs whose turn begins now: on a device where every other stage waits for its turn too."""
+        granted, self._now = self._now, []
+        for device in self.devices:
+            if device.alone is None and device.wanting and set(device.checks) <= set(device.wanting):
+                device.alone = device.wanting.pop(0)
+                granted.append(device.alone)
+        return granted
 
     def _start(self, job: int, stage: str, device: Device | None) -> Task:
         if device is not None:
@@ -151,7 +173,9 @@ class Scheduler:
         """A device drains only while a stage waits to run alone (and never while one does)."""
         waiting = sum(1 for w in self.waiting() if self._sole(*w))
         for device in self.devices:
-            if device.draining and (device.alone is not None or waiting <= 0):
+            if device.wanting:
+                device.draining = True
+            elif device.draining and (device.alone is not None or waiting <= 0):
                 device.draining = False
             elif device.draining:
                 waiting -= 1
@@ -181,6 +205,8 @@ class Scheduler:
             device = next(d for d in self.devices if d.name == task.device)
             self._touch(device)
             device.checks.pop(task.job, None)
+            if task.job in device.wanting:
+                device.wanting.remove(task.job)
             if device.alone == task.job:
                 device.alone = None
             self._touch(device)

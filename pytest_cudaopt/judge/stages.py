@@ -15,6 +15,7 @@ from pytest_cudaopt.judge.devices import DeviceSet
 from pytest_cudaopt.judge.options import Options
 from pytest_cudaopt.launch import pytest_command, strict_sandbox
 from pytest_cudaopt.run import zygote
+from pytest_cudaopt.run.turn import Turn
 
 # The pytest children: which items each runs, and the verdict kinds it must have collected.
 MARKERS = {"policy": "policy", "check": "not perf and not policy", "perf": "perf"}
@@ -95,13 +96,15 @@ def command(stage: str, copy: Path, out: Path, options: Options) -> list[str]:
 
 
 def run_stage(stage: str, copy: Path, out: Path, devices: DeviceSet, device: str | None, options: Options,
-              children: runner.Children | None = None) -> StageResult:
-    """Run one stage of the workdir at `copy` (outputs in `out`) and read what it left."""
+              children: runner.Children | None = None, turn: Turn | None = None) -> StageResult:
+    """Run one stage of the workdir at `copy` (outputs in `out`) and read what it left. `turn`: a perf stage's."""
     timeout = options.build_timeout if stage == "build" else options.timeout
-    outcome = runner.run(command(stage, copy, out, options), env=environment(stage, devices, device, options),
-                         cwd=out, timeout=timeout, log=out / f"{stage}.log", children=children,
-                         grace=options.grace, nice=BUILD_NICE if stage == "build" else 0,
-                         zygote_name=options.zygote if options.fork else None)
+    env = {**environment(stage, devices, device, options), **(turn.env if turn is not None else {})}
+    outcome = runner.run(command(stage, copy, out, options), env=env, cwd=out, timeout=timeout,
+                         log=out / f"{stage}.log", children=children, grace=options.grace,
+                         nice=BUILD_NICE if stage == "build" else 0,
+                         zygote_name=options.zygote if options.fork else None,
+                         paused=turn.waited if turn is not None else lambda: 0.0)
     if stage == "build":
         result = read_build(outcome)
         result.objects = _object_counts(copy)

@@ -156,6 +156,7 @@ def lineup(
     reference_module: Any = None,
     init_inputs: Sequence[Any] = (),
     target: Candidate | str | None = None,
+    compiled: dict[str, tuple[Callable[..., Any], float]] | None = None,   # key -> compile_model's result
 ) -> Lineup:
     """Eager Model, torch.compile(Model) (and its TF32 twin), the peers, `target` and ModelNew; failures to `errors`."""
     out = Lineup()
@@ -167,9 +168,9 @@ def lineup(
     compiles += [(PRECISION_MATCHED, "compiled_tf32", tf32_allowed, " + TF32")] if precision_matched else []
     for key, name, scope, suffix in compiles:
         try:
-            compiled, seconds = compile_model(model, example_inputs, device, mode=compile_mode,
-                                              backend=compile_backend, name=name, scope=scope)
-            out.contenders.append(Contender(key, compiled, label + suffix, scope=scope))
+            fn, seconds = (compiled or {}).get(key) or compile_model(
+                model, example_inputs, device, mode=compile_mode, backend=compile_backend, name=name, scope=scope)
+            out.contenders.append(Contender(key, fn, label + suffix, scope=scope))
             out.compile_seconds[key] = seconds
         except Exception as exc:
             out.errors[key] = f"{label}{suffix} failed: {type(exc).__name__}: {exc}"

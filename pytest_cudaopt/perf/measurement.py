@@ -55,8 +55,7 @@ class ContenderResult:
                 "latency_median_s": self.latency_summary.median, "latency_iqr_s": self.latency_summary.iqr,
                 "wall_median_s": median(self.walls) if self.walls else math.nan,
                 "escape_median_s": self.escape_median, "warmup_runs": self.warmup_runs,
-                "warmup_s": self.warmup_seconds, "outputs_checked": self.checked,
-                "failure": self.failure}
+                "warmup_s": self.warmup_seconds, "outputs_checked": self.checked, "failure": self.failure}
 
 
 @dataclass

@@ -235,6 +235,12 @@ class ProfilerTracer:
         self._flush: torch.Tensor | None = None
         self._marker: torch.Tensor | None = None
 
+    def warm(self) -> None:
+        """The profiler started and stopped once: its first start (CUPTI's set-up) is not paid inside a turn."""
+        synchronize_device()
+        with profiling(self.device):
+            synchronize_device()
+
     def trace(self, contender: Contender, args: Sequence[Any], *, lead: float = 2e-3) -> Trace:
         """The call's trace; the candidate is traced where it runs, which sends the events back as data."""
         if contender.candidate is not None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -16,7 +17,7 @@ from pytest_cudaopt.perf import engine, decision as gate, lineup, trace
 from pytest_cudaopt.perf.feed import Feed
 from pytest_cudaopt.results.records import PerfResult
 from pytest_cudaopt.primitives.tensors import clone_inputs, nbytes
-from pytest_cudaopt.workdir import saved_rng
+from pytest_cudaopt.workdir import WorkdirError, saved_rng
 from pytest_cudaopt.remote.candidate import Candidate
 
 
@@ -106,13 +107,46 @@ def _traces(lineup_: lineup.Lineup, measurement: engine.Measurement, args: list,
     return traces
 
 
-def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
-          tracer: Any = None, target: Any = None, known: Sequence[tuple[str, Any]] = ()) -> tuple[PerfResult, dict]:
+@dataclass
+class Prepared:
+    """What a judge's perf child makes before its turn (run/turn.py): Model and its fp32 baseline compiled."""
+
+    model: torch.nn.Module
+    init: list
+    compiled: dict
+
+
+def prepare(workdir: Any, settings: Any, seed: int, tracer: Any = None) -> Prepared | None:
+    """Model built as `judge` builds it, torch.compile(Model) compiled on a draw of its inputs, the tracer's
+    profiler started once: no code of the candidate's (what fails here `judge` meets again, and reports)."""
+    device = torch.device(settings.device)
+    with saved_rng():
+        try:
+            init, model = workdir.make_reference(device, seed=derive_seed(seed, "perf", "weights"))
+        except WorkdirError:
+            return None
+        compiled = {}
+        with suppress(Exception):  # judge compiles again and reports the error
+            example = workdir.inputs(derive_seed(seed, "perf", "compile"), device)
+            compiled[lineup.COMPILE] = lineup.compile_model(model, example, device, mode=settings.compile_mode,
+                                                            backend=settings.compile_backend, name="compiled_fp32")
+    if isinstance(tracer, trace.ProfilerTracer):
+        tracer.warm()
+    return Prepared(model, init, compiled)
+
+
+def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str, tracer: Any = None, target: Any = None,
+          known: Sequence[tuple[str, Any]] = (), prepared: Prepared | None = None) -> tuple[PerfResult, dict]:
     """Time every contender of `workdir`, trace one call of each and decide the gate: the result and what
     the pytest-benchmark recording needs. `target`: the target branch's workdir or the error loading it."""
     device = torch.device(settings.device)
+    weights = derive_seed(seed, "perf", "weights")
     with memory.Peak(device) as peak, saved_rng():
-        model, model_new = workdir.make_models(device, seed=derive_seed(seed, "perf", "weights"))
+        if prepared is not None:
+            model = prepared.model
+            model_new = workdir.make_candidate(model, prepared.init, device, weights)
+        else:
+            model, model_new = workdir.make_models(device, seed=weights)
         feed = _feed(workdir, model, model_new, seed, device)
         _, example = feed.next()
         tier, note = _workdir_tier(*_tier(model, model_new, example), known)
@@ -123,7 +157,8 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str,
             compile_mode=settings.compile_mode, compile_backend=settings.compile_backend,
             precision_matched=precision_matched, workdir=workdir.path,
             reference_module=workdir.reference, init_inputs=workdir.init_inputs(),
-            target=_target_model(target, model, device, derive_seed(seed, "perf", "weights")))
+            compiled=prepared.compiled if prepared is not None else None,
+            target=_target_model(target, model, device, weights))
         # Eager Model is the float32 reference; every other contender's tier is measured.
         tiers = {lineup.EAGER: FP32, lineup.CUSTOM: tier}
         for contender in line.contenders:

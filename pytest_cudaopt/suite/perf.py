@@ -10,8 +10,9 @@ import torch
 from pytest_cudaopt.results import report
 from pytest_cudaopt.perf import clocks, lineup, trace
 from pytest_cudaopt.perf.feed import Feed
-from pytest_cudaopt.perf.verdict import judge
+from pytest_cudaopt.perf.verdict import judge, prepare
 from pytest_cudaopt.results.records import PerfResult
+from pytest_cudaopt.run import turn, watchdog
 from pytest_cudaopt.workdir import saved_rng
 
 # pytest-benchmark rounds of the custom path (bounded: the engine's medians are the verdict).
@@ -78,23 +79,29 @@ class TestPerf:
         changed = clocks.tampered()
         if changed:
             pytest.fail(f"{cudaopt_workdir_path / 'model_new.py'} (or code it imports) replaced "
-                        f"{', '.join(changed)}; the speed verdict does not trust a patched clock",
-                        pytrace=False)
+                        f"{', '.join(changed)}; the speed verdict does not trust a patched clock", pytrace=False)
         wrong = failed_correctness(cudaopt_session.results, cudaopt_workdir_path)
         if wrong:  # a speedup of a wrong function means nothing: none is timed or printed
             pytest.fail(f"not run: correctness failed ({wrong})", pytrace=False)
-        workdir = cudaopt_session.loaded_or_fail(cudaopt_workdir_path, request.node.nodeid, "run")
         device = cudaopt_settings.device
-        clock = (cudaopt_session.verdict_hook(request.node, "pytest_cudaopt_perf_clock", device=device)
-                 or clocks.default_clock(device, cuda_graph=cudaopt_settings.cuda_graph))
         tracer = None
         if cudaopt_settings.trace:
             tracer = (cudaopt_session.verdict_hook(request.node, "pytest_cudaopt_perf_tracer", device=device)
                       or trace.default_tracer(device))
+        prepared = None
+        if turn.pending():  # a judge's perf child: what needs no candidate is made before its turn
+            reference = cudaopt_session.reference(cudaopt_workdir_path)
+            with torch.no_grad(), lineup.quiet_compile_log():
+                prepared = prepare(reference, cudaopt_settings, cudaopt_session.seed, tracer) if reference else None
+            with watchdog.harness_step("waiting for the device to itself (the judge's other stages on it)"):
+                turn.wait()
+        workdir = cudaopt_session.loaded_or_fail(cudaopt_workdir_path, request.node.nodeid, "run")
+        clock = (cudaopt_session.verdict_hook(request.node, "pytest_cudaopt_perf_clock", device=device)
+                 or clocks.default_clock(device, cuda_graph=cudaopt_settings.cuda_graph))
         with torch.no_grad(), lineup.quiet_compile_log():
             result, extra = judge(workdir=workdir, settings=cudaopt_settings, seed=cudaopt_session.seed,
                                   clock=clock, test=request.node.nodeid, tracer=tracer,
-                                  target=cudaopt_session.target_workdir(),
+                                  target=cudaopt_session.target_workdir(), prepared=prepared,
                                   known=judged_precisions(cudaopt_session.results, workdir.path))
             changed = clocks.tampered()
             if changed:

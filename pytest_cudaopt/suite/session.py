@@ -23,6 +23,7 @@ class CudaoptSession:
         self.workdir_paths: list[Path] = []
         self._extensions: dict[Path, Any] = {}
         self._workdirs: dict[Path, Any] = {}
+        self._references: dict[Path, Any] = {}   # model.py imported, no worker yet (`reference`)
         self.workers = Workers(settings)
         self._failures_reported: dict[tuple, str] = {}  # (workdir, error) → the item that reported it
         self.emit: Callable[[str], None] | None = None
@@ -124,9 +125,24 @@ class CudaoptSession:
         from pytest_cudaopt.workdir import load_reference
 
         build = self.extension(path)
-        loaded = load_reference(path)
+        loaded = self._references.get(path) or load_reference(path)
         loaded.worker = self.workers.start(path, build.so_path)
         return loaded
+
+    def reference(self, path: Path):
+        """The workdir built and its model.py imported here, no worker started (what a perf child prepares
+        before its turn); None when either fails (the item reports it once it loads the workdir)."""
+        from pytest_cudaopt.extension import BuildError
+        from pytest_cudaopt.workdir import WorkdirError, load_reference
+
+        path = Path(path).resolve()
+        try:
+            self.extension(path)
+            if path not in self._references:
+                self._references[path] = load_reference(path)
+        except (BuildError, WorkdirError):
+            return None
+        return self._references[path]
 
     def policy_facts(self, path: Path, mn010: bool, ex001: bool) -> list:
         """MN010's and EX001's violations, found by a worker: data, not code run here."""
