@@ -260,3 +260,19 @@ def test_each_line_carries_its_id_and_its_time_queued_and_judging(judged):
         assert seconds["total"] == pytest.approx(seconds["queued"] + seconds["judging"], abs=0.01)
     honest = judged["lines"]["honest"]["seconds"]
     assert honest["judging"] >= honest["build"] + honest["perf"] - 0.01
+
+
+def test_with_turns_a_perf_child_times_in_its_turn_and_the_verdicts_stay_the_same(judged):
+    from pytest_cudaopt.judge import Judge
+
+    cases = {name: judged["made"][name] for name in ("honest", "wrong")}
+    options = Options(cpu_slots=2, jobs=2, timeout=TIMEOUT_S, cache_dir=JUDGE_CACHE, pytest_args=list(JUDGE_CPU_ARGS),
+                      turns=True, scratch=judged["root"] / "turns", keep=True)
+    found = {Path(line["workdir"]).name: line for line in Judge(list(cases.values()), options)}
+    for name in cases:
+        assert (found[name]["passed"], found[name]["verdicts"]) == (judged["lines"][name]["passed"],
+                                                                   judged["lines"][name]["verdicts"]), name
+    honest = found["honest"]
+    assert honest["seconds"]["perf_turn"] > 0 and honest["seconds"]["perf_wait"] >= 0   # it asked, and was granted
+    assert sorted(p.name for p in (judged["root"] / "turns").glob("*/out/turn/*")) == ["go", "want"]
+    assert "perf_turn" not in found["wrong"]["seconds"]   # never timed

@@ -39,7 +39,7 @@ def test_checks_of_several_workdirs_share_a_gpu_up_to_share():
 
 
 def test_a_perf_stage_prepares_beside_checks_and_has_its_gpu_to_itself_once_granted():
-    s = Scheduler(["0"], jobs=4, share=3)
+    s = Scheduler(["0"], jobs=4, share=3, turns=True)
     for job in range(3):
         s.add(job, stages=["check", "perf"])
     first = {t.job: t for t in s.ready()}
@@ -47,7 +47,7 @@ def test_a_perf_stage_prepares_beside_checks_and_has_its_gpu_to_itself_once_gran
     perf = s.ready()
     assert perf == [Task(0, "perf", "0")]   # beside the two checks: it starts, imports, compiles
     s.want(perf[0])
-    assert s.grants() == [] and s.devices[0].draining   # it asks: no new stage joins, the checks end first
+    assert s.ready() == [] and s.grants() == [] and s.devices[0].draining   # it asks: nothing joins, the checks end
     s.finish(first[1])
     assert s.ready() == [] and s.grants() == []   # job 1's perf may not start on a draining GPU
     s.finish(first[2])
@@ -58,8 +58,25 @@ def test_a_perf_stage_prepares_beside_checks_and_has_its_gpu_to_itself_once_gran
     assert not s.devices[0].draining
 
 
+def test_without_turns_a_perf_stage_has_its_gpu_to_itself_from_its_start():
+    s = Scheduler(["0"], jobs=4, share=2)
+    for job in range(3):
+        s.add(job, stages=["check", "perf"])
+    first = {t.job: t for t in s.ready()}
+    s.finish(first[0])
+    # job 0 waits for perf: the GPU drains (job 2's check may not start), job 1 still checks
+    assert s.ready() == []
+    assert s.devices[0].draining
+    s.finish(first[1])
+    started = s.ready()
+    assert [(t.job, t.stage) for t in started] == [(0, "perf")]
+    assert s.ready() == []  # nothing beside a perf stage, not even job 1's perf
+    s.finish(started[0])
+    assert [(t.job, t.stage) for t in s.ready()] == [(1, "perf")]
+
+
 def test_perf_stages_that_asked_take_their_turns_one_at_a_time_before_any_check_joins():
-    s = Scheduler(["0"], jobs=4, share=3)
+    s = Scheduler(["0"], jobs=4, share=3, turns=True)
     for job in range(2):
         s.add(job, stages=["perf"])
     s.add(2, stages=["check"])
@@ -78,7 +95,7 @@ def test_perf_stages_that_asked_take_their_turns_one_at_a_time_before_any_check_
 
 
 def test_a_perf_stage_that_ends_before_its_turn_leaves_no_drain_behind():
-    s = Scheduler(["0"], jobs=4, share=2)
+    s = Scheduler(["0"], jobs=4, share=2, turns=True)
     s.add(0, stages=["perf"])
     s.add(1, stages=["check"])
     s.add(2, stages=["check"])
@@ -89,7 +106,7 @@ def test_a_perf_stage_that_ends_before_its_turn_leaves_no_drain_behind():
 
 
 def test_a_perf_stage_retried_alone_is_granted_its_turn_as_soon_as_it_asks():
-    s = Scheduler(["0"], jobs=4, share=2, memory={"0": 80 * GiB})
+    s = Scheduler(["0"], jobs=4, share=2, memory={"0": 80 * GiB}, turns=True)
     s.add(0, stages=["perf"])
     s.add(1, stages=["check"])
     tasks = {t.job: t for t in s.ready()}
@@ -260,7 +277,7 @@ def test_a_check_short_of_memory_beside_another_runs_again_alone_and_nothing_joi
     assert alone == Task(0, "check", "0") and s.devices[0].alone == 0 and not s.shared(alone)
     assert s.ready() == []                  # nothing beside it, not job 1's perf nor job 2's check
     assert s.finish(alone, retry_alone=True) == "perf"   # alone already: no second retry
-    assert {(t.job, t.stage) for t in s.ready()} == {(0, "perf"), (1, "perf")}   # each prepares, then asks
+    assert {(t.job, t.stage) for t in s.ready()} == {(0, "perf")}
 
 
 def test_a_check_that_ran_alone_throughout_was_not_shared():
@@ -353,7 +370,7 @@ def test_in_a_pool_a_perf_turn_overlaps_no_other_stage_on_its_gpu_and_its_wait_i
         workdirs[-1].mkdir()
         (workdirs[-1] / "model.py").write_text("X = 1\n")
         (workdirs[-1] / "model_new.py").write_text(f"Y = {i}\n")
-    options = Options(jobs=6, share=3, cache_dir=None, fork=False, scratch=tmp_path / "scratch")
+    options = Options(jobs=6, share=3, cache_dir=None, fork=False, scratch=tmp_path / "scratch", turns=True)
     found = list(LocalPool(workdirs, options, DeviceSet(["0"]), run_stage=stage).lines())
     assert len(found) == 6 and all(line["passed"] for line in found)
     turn_spans = [s for s in spans if s[0] == "turn"]

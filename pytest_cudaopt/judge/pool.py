@@ -118,7 +118,7 @@ class LocalPool:
         own_scratch = self.options.scratch is None
         scratch = Path(tempfile.mkdtemp(prefix="cudaopt-judge-")) if own_scratch else Path(self.options.scratch)
         scheduler = Scheduler(self.devices.names, jobs=self.options.cpu_jobs, share=self.options.share,
-                              memory=self.devices.memory)
+                              memory=self.devices.memory, turns=self.options.turns)
         jobs: dict[int, Job] = {}
         for workdir, name in zip(self.workdirs, self.names):
             self._new_job(scheduler, jobs, scratch, workdir, name, None, None, None)
@@ -215,7 +215,7 @@ class LocalPool:
                 job.out.mkdir(parents=True, exist_ok=True)
                 job.content = copies.private_copy(job.workdir, job.copy)
                 job.seconds["copy"] = time.monotonic() - copied
-            turn = job.turn = Turn(job.out / "turn") if task.stage == "perf" else None
+            turn = job.turn = Turn(job.out / "turn") if task.stage == "perf" and self.options.turns else None
             ended = threading.Event()
             if turn is not None:   # it asks for its turn once ready to time (run/turn.py)
                 threading.Thread(target=self._watch, args=(turn, task, ended), daemon=True).start()

@@ -51,18 +51,18 @@ class _Job:
 
 class Scheduler:
     """Assigns stages to CPU slots (`jobs` at once) and devices. A device takes up to `share` checks while their
-    needs fit, or one stage alone (a check retried), which goes first and drains a device when none is idle. A
-    perf stage starts as a check does and has its device alone once it asks (`want`): the device drains, and
-    `grants` gives it the turn when every other stage there waits for one too. `clock`: tests."""
+    needs fit, or one stage alone (perf, a check retried), which goes first and drains a device when none is idle.
+    With `turns`, a perf stage starts as a check does and has its device alone once it asks (`want`): the device
+    drains, and `grants` gives it the turn when every other stage there waits for one too. `clock`: tests."""
 
-    def __init__(self, devices: Sequence[str], *, jobs: int = 2, share: int = 2,
+    def __init__(self, devices: Sequence[str], *, jobs: int = 2, share: int = 2, turns: bool = False,
                  memory: dict[str, int] | None = None, clock: Callable[[], float] = time.monotonic):
         if not devices:
             raise ValueError("the scheduler needs at least one device (a GPU or a CPU slot)")
         if jobs < 1 or share < 1:
             raise ValueError(f"jobs and share must be at least 1 (got jobs={jobs}, share={share})")
         self.devices = [Device(str(d), (memory or {}).get(str(d))) for d in devices]
-        self.jobs, self.share, self.clock = jobs, share, clock
+        self.jobs, self.share, self.turns, self.clock = jobs, share, turns, clock
         self.started = clock()
         self._jobs: dict[int, _Job] = {}
         self._cpu_running = 0
@@ -115,17 +115,16 @@ class Scheduler:
         return started
 
     def _sole(self, job: int, stage: str) -> bool:
-        """The stage has its device to itself from its start: it was retried alone."""
-        return self._jobs[job].alone
+        """The stage has its device to itself from its start: perf without turns, or a stage retried alone."""
+        return self._jobs[job].alone or (stage == "perf" and not self.turns)
 
     def want(self, task: Task) -> None:
         """The running perf stage `task` asks for its device alone: the device drains until `grants` gives it."""
         device = next(d for d in self.devices if d.name == task.device)
         if device.alone == task.job:   # it runs alone already (retried alone)
             self._now.append(task.job)
-        elif task.job in device.checks and task.job not in device.wanting:
+        elif task.job in device.checks and task.job not in device.wanting:   # it drains (_release_drains)
             device.wanting.append(task.job)
-            device.draining = True
 
     def grants(self) -> list[int]:
         """The jobs whose turn begins now: on a device where every other stage waits for its turn too."""
