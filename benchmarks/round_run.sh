@@ -17,6 +17,7 @@
 #   rate      benchmarks/judge_gallery.py --arm judge --copies COPIES (default 3): the judge's steady rate, cold builds
 #   rate_tree the rate step in TREE's own checkout (another form of the judge, side by side with this one)
 #   rate_args the rate step with more pytest arguments, RATE_ARGS (e.g. "--cudaopt-warmup=0.05"), side by side
+#   turns     the rate step with the perf stages' turns (Options.turns, judge_gallery.py --turns): run after `rate`
 #   profile   benchmarks/stage_profile.py: where one honest gallery workdir's check and perf stages spend their time
 #   scaling   the rate step (COPIES default 1) at each --share of SHARES (default "1 2 4"): 1 to N workdirs at once
 set -uo pipefail
@@ -57,6 +58,8 @@ from pathlib import Path; import judge_gallery; judge_gallery.gpu_gallery(Path(s
   rate_tree) tree=$(cd "$TREE" && pwd)
             step rate_tree "${RATE_S:-420}" env PYTHONPATH="$tree" python3 "$tree/benchmarks/judge_gallery.py" \
               --arm judge --copies "${COPIES:-3}" --out "$LOGS/rate_tree" ;;
+  turns)    step turns "${RATE_S:-420}" python3 benchmarks/judge_gallery.py --arm judge --turns --copies "${COPIES:-3}" \
+              --out "$LOGS/turns" ;;
   rate_args) step rate_args "${RATE_S:-420}" python3 benchmarks/judge_gallery.py --arm judge --copies "${COPIES:-3}" \
               $(for a in ${RATE_ARGS:-}; do printf -- '--pytest-arg=%s ' "$a"; done) --out "$LOGS/rate_args" ;;
   scaling)  for n in ${SHARES:-1 2 4}; do step "scaling_$n" "${RATE_S:-420}" python3 benchmarks/judge_gallery.py \
@@ -73,6 +76,7 @@ esac; done
   tail -n 6 "$LOGS/rate/judge_gallery.txt" 2>/dev/null; echo
   tail -n 6 "$LOGS/rate_tree/judge_gallery.txt" 2>/dev/null; echo
   tail -n 6 "$LOGS/rate_args/judge_gallery.txt" 2>/dev/null; echo
+  tail -n 7 "$LOGS/turns/judge_gallery.txt" 2>/dev/null; echo
   for f in "$LOGS"/scaling_*/judge_gallery.txt; do [ -f "$f" ] && { echo "$f"; tail -n 6 "$f"; }; done; echo
   head -n 30 "$LOGS/profile/perf.txt" 2>/dev/null; echo
   tail -n 1 "$LOGS/attacks_vs/table.txt" 2>/dev/null; echo
