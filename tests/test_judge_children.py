@@ -223,3 +223,23 @@ def test_the_seconds_a_child_waits_for_its_turn_are_added_to_its_time_limit(tmp_
     waited = runner.run(nap, paused=lambda: 1.5, **kwargs)
     assert not waited.timed_out and waited.returncode == 0
     assert runner.run(nap, **kwargs).timed_out
+
+
+def test_a_perf_child_that_waits_for_its_turn_gets_at_most_one_more_time_limit(tmp_path, monkeypatch):
+    from pytest_cudaopt.judge import stages
+    from pytest_cudaopt.judge.devices import cpu_slots
+    from pytest_cudaopt.judge.options import Options
+    from pytest_cudaopt.run.turn import Turn
+
+    seen = {}
+
+    def fake_run(command, **kwargs):
+        seen.update(kwargs)
+        return runner.Outcome(0, False, 0.0, "", tmp_path / "perf.log")
+
+    monkeypatch.setattr(stages.runner, "run", fake_run)
+    turn = Turn(tmp_path / "turn")
+    turn.asked_at = time.monotonic() - 1e6   # asked long ago, never granted: a judge that never grants
+    stages.run_stage("perf", tmp_path, tmp_path, cpu_slots(1), "cpu0", Options(timeout=30.0, cache_dir=None), turn=turn)
+    assert seen["env"]["CUDAOPT_TURN"] == str(tmp_path / "turn")
+    assert seen["paused"]() == 30.0   # the child still ends, at twice its limit

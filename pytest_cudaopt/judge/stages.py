@@ -104,7 +104,7 @@ def run_stage(stage: str, copy: Path, out: Path, devices: DeviceSet, device: str
                          log=out / f"{stage}.log", children=children, grace=options.grace,
                          nice=BUILD_NICE if stage == "build" else 0,
                          zygote_name=options.zygote if options.fork else None,
-                         paused=turn.waited if turn is not None else lambda: 0.0)
+                         paused=(lambda: min(turn.waited(), timeout)) if turn is not None else lambda: 0.0)
     if stage == "build":
         result = read_build(outcome)
         result.objects = _object_counts(copy)
