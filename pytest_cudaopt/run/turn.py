@@ -49,7 +49,7 @@ class Turn:
         self.granted_at = time.monotonic()
 
     def waited(self) -> float:
-        """Seconds from the ask to the grant (to now while it waits): not counted against the child's limit."""
+        """Seconds from the ask to the grant (to now while it waits): the child's limit grows by them (up to itself)."""
         return 0.0 if self.asked_at is None else (self.granted_at or time.monotonic()) - self.asked_at
 
     def held(self) -> float:
