@@ -19,6 +19,7 @@
 #   rate_args the rate step with more pytest arguments, RATE_ARGS (e.g. "--cudaopt-warmup=0.05"), side by side
 #   turns     the rate step with the perf stages' turns (Options.turns, judge_gallery.py --turns): run after `rate`
 #   profile   benchmarks/stage_profile.py: where one honest gallery workdir's check and perf stages spend their time
+#             (PROFILE_ARGS="--turns --stages perf": the perf stage's time before and in its turn)
 #   scaling   the rate step (COPIES default 1) at each --share of SHARES (default "1 2 4"): 1 to N workdirs at once
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -65,7 +66,7 @@ from pathlib import Path; import judge_gallery; judge_gallery.gpu_gallery(Path(s
   scaling)  for n in ${SHARES:-1 2 4}; do step "scaling_$n" "${RATE_S:-420}" python3 benchmarks/judge_gallery.py \
               --arm judge --copies "${COPIES:-1}" --share "$n" --out "$LOGS/scaling_$n"; done ;;
   profile)  step profile "${PROFILE_S:-300}" python3 benchmarks/stage_profile.py --problem "${PROBLEM:-gelu}" \
-              --out "$LOGS/profile" ;;
+              ${PROFILE_ARGS:-} --out "$LOGS/profile" ;;
   *) echo "unknown step: $name" >&2; exit 2 ;;
 esac; done
 { cat "$LOGS/gpu.txt"; echo; cat "$summary"; echo

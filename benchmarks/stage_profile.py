@@ -2,6 +2,7 @@
 
     python3 benchmarks/stage_profile.py [--problem leaky_relu --variant honest] [--out DIR]     # GPU
     python3 benchmarks/stage_profile.py --cpu --out DIR                                         # CPU (cpu_scale)
+    python3 benchmarks/stage_profile.py --turns ...      # the perf stage as a judge's with turns: asks, granted at once
 
 The workdir is built once first (`cudaopt build`, not profiled). Each stage is a fresh
 `python -m cProfile -m pytest` with this file as a plugin (`-p stage_profile`), which wraps
@@ -23,6 +24,7 @@ import os
 import pstats
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -154,17 +156,44 @@ def _table(title: str, table: dict) -> list[str]:
     return lines
 
 
-def run_stage(stage: str, workdir: Path, args: list[str], out: Path, env: dict) -> str:
+def _granting(folder: Path, started: float, times: dict) -> threading.Thread:
+    """The judge's side of a turn (run/turn.py), granted as soon as asked: when it was asked, from the start."""
+    from pytest_cudaopt.run.turn import Turn
+
+    turn = Turn(folder)
+
+    def grant():
+        while not turn.wanted():
+            if times.get("ended"):
+                return
+            time.sleep(0.002)
+        turn.grant()
+        times["asked"] = turn.asked_at - started
+    thread = threading.Thread(target=grant, daemon=True)
+    thread.start()
+    return thread
+
+
+def run_stage(stage: str, workdir: Path, args: list[str], out: Path, env: dict, turns: bool = False) -> str:
     prof, data = out / f"{stage}.prof", out / f"{stage}.json"
     command = [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "pytest", str(workdir / "model_new.py"),
                "--rootdir", str(workdir), "-p", "no:cacheprovider", "-p", "no:benchmark", "-p", "stage_profile",
                "-m", STAGES[stage], "--durations=0", "--durations-min=0.05", "-q", *args]
-    started = time.monotonic()
-    proc = subprocess.run(command, cwd=workdir, env={**env, "STAGE_PROFILE_JSON": str(data),
+    started, times, extra = time.monotonic(), {}, {}
+    if turns and stage == "perf":
+        extra["CUDAOPT_TURN"] = str(out / "turn")
+        granter = _granting(out / "turn", started, times)
+    proc = subprocess.run(command, cwd=workdir, env={**env, **extra, "STAGE_PROFILE_JSON": str(data),
                                                      "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])},
                           capture_output=True, text=True)
     wall = time.monotonic() - started
     lines = [f"== {stage}: pytest -m '{STAGES[stage]}' exit {proc.returncode}, wall {wall:.2f} s"]
+    if extra:
+        times["ended"] = True
+        granter.join()
+        asked = times.get("asked")
+        lines.append("turn: never asked" if asked is None else
+                     f"turn: asked {asked:.2f} s after the start, held {wall - asked:.2f} s to the end")
     try:
         doc = json.loads(data.read_text())
         lines += _table("worker requests (judging side, wall)", doc["requests"])
@@ -204,6 +233,7 @@ def main() -> int:
     parser.add_argument("--cpu", action="store_true", help="the repo's cpu_scale on the CPU")
     parser.add_argument("--stages", default="check,perf")
     parser.add_argument("--out", type=Path, default=Path("out"))
+    parser.add_argument("--turns", action="store_true", help="the perf stage asks for its turn (granted at once)")
     opts = parser.parse_args()
     sys.path.insert(0, str(HERE))
     sys.path.insert(0, str(ROOT))
@@ -235,7 +265,7 @@ def main() -> int:
     zygote.stdout.readline()
     env["CUDAOPT_WORKER_ZYGOTE"] = name
     for stage in opts.stages.split(","):
-        text = run_stage(stage, workdir, args, out, env)
+        text = run_stage(stage, workdir, args, out, env, opts.turns)
         (out / f"{stage}.txt").write_text(text)
         print(text, flush=True)
     return 0
