@@ -128,7 +128,7 @@ def _verdicts(cases: list[dict]) -> dict[str, str]:
 
 
 def judge_arm(workdirs: list[Path], args: list[str], cache: Path, gpus: list[str] | None, out: Path,
-              fork: bool = True, share: int | None = None, turns: bool = False) -> dict:
+              fork: bool = True, share: int | None = None, turns: bool = True) -> dict:
     from pytest_cudaopt import judge
 
     options = judge.Options(gpus=gpus, pytest_args=list(args), cache_dir=cache, timeout=300, cpu_slots=2,
@@ -235,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the judge arm judges the GPU gallery N times over, each copy built from cold (a "
                              "steadier rate than one pass; the pytest arm judges the first copy)")
     parser.add_argument("--share", type=int, default=None, metavar="N", help="the judge arm's --share")
-    parser.add_argument("--turns", action="store_true", help="the judge arm's perf stages take turns (Options.turns)")
+    parser.add_argument("--no-turns", action="store_true",
+                        help="the judge arm's perf stages hold their GPU alone from their start (Options(turns=False))")
     parser.add_argument("--pytest-arg", action="append", default=[], metavar="ARG",
                         help="one more pytest argument for both arms, after the gallery's own (--pytest-arg=--cudaopt-warmup=0.5)")
     parser.add_argument("--pytest-cache", action="store_true",
@@ -279,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     def run_judge_arm() -> dict:
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         return judge_arm(make(out / "work" / "judge", args.copies), pytest_args, cache, gpus, out,
-                         fork=not args.no_fork, share=args.share, turns=args.turns)
+                         fork=not args.no_fork, share=args.share, turns=not args.no_turns)
 
     if args.judge_first and args.arm in ("both", "judge"):
         judge_run = run_judge_arm()

@@ -13,11 +13,11 @@
 #   attacks   the attacks' GPU tests (tests/exploits -m gpu), tests/test_gpu_verdicts.py and tests/test_memsafety_gpu.py
 #   shared    benchmarks/shared_gpu.sh over the gallery's workdirs at once (made here when the gallery step
 #             did not run): blame when they crowd one GPU, the memory hog among them
-#   service   benchmarks/judge_latency.py over the gallery at RATE workdirs an hour (p50/p95 latency)
+#   service   benchmarks/judge_latency.py over the gallery at RATE workdirs an hour (p50/p95 latency), its timing settings
 #   rate      benchmarks/judge_gallery.py --arm judge --copies COPIES (default 3): the judge's steady rate, cold builds
 #   rate_tree the rate step in TREE's own checkout (another form of the judge, side by side with this one)
 #   rate_args the rate step with more pytest arguments, RATE_ARGS (e.g. "--cudaopt-warmup=0.05"), side by side
-#   turns     the rate step with the perf stages' turns (Options.turns, judge_gallery.py --turns): run after `rate`
+#   alone     the rate step with each perf stage alone on its GPU from its start (judge_gallery.py --no-turns)
 #   profile   benchmarks/stage_profile.py: where one honest gallery workdir's check and perf stages spend their time
 #             (PROFILE_ARGS="--turns --stages perf": the perf stage's time before and in its turn)
 #   scaling   the rate step (COPIES default 1) at each --share of SHARES (default "1 2 4"): 1 to N workdirs at once
@@ -36,6 +36,10 @@ step() {  # step NAME LIMIT_S COMMAND...
   printf '%-10s rc=%-3s %5d.%01d s\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000 / 100)) >> "$summary"
   tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
 }
+gallery() {  # gallery FOLDER: the GPU gallery's workdirs (made by the gallery step, else here)
+  python3 -c "import sys; sys.path.insert(0, 'benchmarks')
+from pathlib import Path; import judge_gallery; judge_gallery.gpu_gallery(Path(sys.argv[1]))" "$1"
+}
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv > "$LOGS/gpu.txt" 2>&1
 for name in ${@:-correct verdicts gallery attacks shared service}; do case $name in
   correct)  OUT="$LOGS/correct" BEFORE="${CORRECT_BEFORE:-}" SKIP_SHAVE=1 SKIP_TESTS=1 step correct 420 \
@@ -49,18 +53,19 @@ for name in ${@:-correct verdicts gallery attacks shared service}; do case $name
   attacks_vs) step attacks_vs 600 python3 benchmarks/attacks_vs.py "$BEFORE" --out "$LOGS/attacks_vs" ;;
   attacks)  step attacks "${ATTACKS_S:-300}" python3 -m pytest tests/exploits tests/test_gpu_verdicts.py tests/test_memsafety_gpu.py -m gpu -q \
               -p no:cacheprovider -rA ;;
-  shared)   [ -d "$LOGS/gallery/work/pytest" ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks')
-from pathlib import Path; import judge_gallery; judge_gallery.gpu_gallery(Path(sys.argv[1]))" "$LOGS/gallery/work/pytest"
+  shared)   [ -d "$LOGS/gallery/work/pytest" ] || gallery "$LOGS/gallery/work/pytest"
             OUT="$LOGS/shared" step shared "${SHARED_S:-300}" bash benchmarks/shared_gpu.sh "$LOGS"/gallery/work/pytest/*/ ;;
-  service)  step service 420 python3 benchmarks/judge_latency.py "$LOGS/gallery/work/pytest" \
-              --per-hour "${RATE:-500}" --count "${COUNT:-36}" --out "$LOGS/service.json" ;;
+  service)  [ -d "$LOGS/gallery/work/pytest" ] || gallery "$LOGS/gallery/work/pytest"
+            step service "${SERVICE_S:-420}" python3 benchmarks/judge_latency.py "$LOGS/gallery/work/pytest" \
+              --per-hour "${RATE:-500}" --count "${COUNT:-36}" --out "$LOGS/service.json" -- \
+              $(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import judge_gallery; print(*judge_gallery.GPU_ARGS)") ;;
   rate)     step rate "${RATE_S:-420}" python3 benchmarks/judge_gallery.py --arm judge --copies "${COPIES:-3}" \
               --out "$LOGS/rate" ;;
   rate_tree) tree=$(cd "$TREE" && pwd)
             step rate_tree "${RATE_S:-420}" env PYTHONPATH="$tree" python3 "$tree/benchmarks/judge_gallery.py" \
               --arm judge --copies "${COPIES:-3}" --out "$LOGS/rate_tree" ;;
-  turns)    step turns "${RATE_S:-420}" python3 benchmarks/judge_gallery.py --arm judge --turns --copies "${COPIES:-3}" \
-              --out "$LOGS/turns" ;;
+  alone)    step alone "${RATE_S:-420}" python3 benchmarks/judge_gallery.py --arm judge --no-turns \
+              --copies "${COPIES:-3}" --out "$LOGS/alone" ;;
   rate_args) step rate_args "${RATE_S:-420}" python3 benchmarks/judge_gallery.py --arm judge --copies "${COPIES:-3}" \
               $(for a in ${RATE_ARGS:-}; do printf -- '--pytest-arg=%s ' "$a"; done) --out "$LOGS/rate_args" ;;
   scaling)  for n in ${SHARES:-1 2 4}; do step "scaling_$n" "${RATE_S:-420}" python3 benchmarks/judge_gallery.py \
@@ -74,10 +79,10 @@ esac; done
   tail -n 12 "$LOGS/verdicts/table.txt" 2>/dev/null; echo
   cat "$LOGS/gallery_before/judge_gallery.txt" 2>/dev/null | tail -n 30; echo
   cat "$LOGS/gallery/judge_gallery.txt" 2>/dev/null | tail -n 30; echo
-  tail -n 6 "$LOGS/rate/judge_gallery.txt" 2>/dev/null; echo
+  tail -n 7 "$LOGS/rate/judge_gallery.txt" 2>/dev/null; echo
   tail -n 6 "$LOGS/rate_tree/judge_gallery.txt" 2>/dev/null; echo
   tail -n 6 "$LOGS/rate_args/judge_gallery.txt" 2>/dev/null; echo
-  tail -n 7 "$LOGS/turns/judge_gallery.txt" 2>/dev/null; echo
+  tail -n 7 "$LOGS/alone/judge_gallery.txt" 2>/dev/null; echo
   for f in "$LOGS"/scaling_*/judge_gallery.txt; do [ -f "$f" ] && { echo "$f"; tail -n 6 "$f"; }; done; echo
   head -n 30 "$LOGS/profile/perf.txt" 2>/dev/null; echo
   tail -n 1 "$LOGS/attacks_vs/table.txt" 2>/dev/null; echo

@@ -207,7 +207,7 @@ def run_stage(stage: str, workdir: Path, args: list[str], out: Path, env: dict, 
     tail = proc.stdout.splitlines()
     start = next((i for i, line in enumerate(tail) if "slowest durations" in line), max(0, len(tail) - 40))
     lines += ["pytest:", *("  " + line for line in tail[start:][:60])]
-    if proc.returncode not in (0, 1):
+    if proc.returncode not in (0, 1) or not tail:
         lines += ["stderr:", *proc.stderr.splitlines()[-30:]]
     if prof.is_file():
 

@@ -35,7 +35,7 @@ class Options:
     zygote: str | None = None  # the zygote this host's pool forks its children and their workers from (set by LocalPool)
     recorded_device: str | None = None  # the device every workdir records (cudaopt_device in its ini; set by Judge)
     environment_retries: int = 2  # judge a workdir again, up to this many times, while the environment is to blame
-    turns: bool = False  # perf starts beside checks, its GPU alone from its turn (run/turn.py); else from its start
+    turns: bool = True  # perf starts beside checks, its GPU alone from its turn (run/turn.py); else from its start
 
     @property
     def cpu(self) -> bool:
