@@ -176,7 +176,10 @@ def _granting(folder: Path, started: float, times: dict) -> threading.Thread:
 
 def run_stage(stage: str, workdir: Path, args: list[str], out: Path, env: dict, turns: bool = False) -> str:
     prof, data = out / f"{stage}.prof", out / f"{stage}.json"
-    command = [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "pytest", str(workdir / "model_new.py"),
+    from pytest_cudaopt.launch import plugin_args  # -p pytest_cudaopt.plugin where the package is not installed
+
+    command = [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "pytest", *plugin_args(),
+               str(workdir / "model_new.py"),
                "--rootdir", str(workdir), "-p", "no:cacheprovider", "-p", "no:benchmark", "-p", "stage_profile",
                "-m", STAGES[stage], "--durations=0", "--durations-min=0.05", "-q", *args]
     started, times, extra = time.monotonic(), {}, {}
