@@ -149,6 +149,14 @@ def test_a_workdir_past_its_backstop_gets_a_timeout_line_and_the_service_goes_on
     assert service.in_flight == 0
 
 
+def test_the_default_backstop_outlasts_every_stage_at_its_limit():
+    options = Options(timeout=100.0, build_timeout=300.0)
+    # the build; policy; a check and its retry alone; a perf stage whose wait for its turn adds its limit again
+    longest = options.build_timeout + options.grace + 2 * (options.timeout + options.grace) + \
+        (2 * options.timeout + options.grace) + options.timeout + options.grace
+    assert options.backstop_s > longest
+
+
 @pytest.mark.parametrize("busy, retries, status, attempts", [(2, 2, "judged", 3), (3, 2, "failed", 3),
                                                                (1, 0, "failed", 1)])
 def test_a_workdir_the_environment_failed_is_judged_again_and_counted_once(tmp_path, busy, retries, status,

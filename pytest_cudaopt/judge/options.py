@@ -53,10 +53,10 @@ class Options:
     @property
     def backstop_s(self) -> float:
         """Seconds a service gives one workdir from its first stage's start to its line: `backstop`,
-        else the build's limit and four other stages' (a check may run twice), each with its grace, and 60 s."""
+        else the build's limit and five other stages' (a check may run twice, a perf turn's wait adds one), and 60 s."""
         if self.backstop is not None:
             return self.backstop
-        return self.build_timeout + self.grace + 4 * (self.timeout + self.grace) + 60.0
+        return self.build_timeout + self.grace + 5 * (self.timeout + self.grace) + 60.0
 
     def fingerprint(self) -> str:
         """What changes a verdict (pytest arguments, seed, stages): part of every result key."""
