@@ -37,7 +37,7 @@ step() {  # step NAME LIMIT_S COMMAND...
   tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
 }
 gallery() {  # gallery FOLDER: the GPU gallery's workdirs (made by the gallery step, else here)
-  python3 -c "import sys; sys.path.insert(0, 'benchmarks')
+  [ -d "$1" ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks')
 from pathlib import Path; import judge_gallery; judge_gallery.gpu_gallery(Path(sys.argv[1]))" "$1"
 }
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv > "$LOGS/gpu.txt" 2>&1
@@ -53,9 +53,9 @@ for name in ${@:-correct verdicts gallery attacks shared service}; do case $name
   attacks_vs) step attacks_vs 600 python3 benchmarks/attacks_vs.py "$BEFORE" --out "$LOGS/attacks_vs" ;;
   attacks)  step attacks "${ATTACKS_S:-300}" python3 -m pytest tests/exploits tests/test_gpu_verdicts.py tests/test_memsafety_gpu.py -m gpu -q \
               -p no:cacheprovider -rA ;;
-  shared)   [ -d "$LOGS/gallery/work/pytest" ] || gallery "$LOGS/gallery/work/pytest"
+  shared)   gallery "$LOGS/gallery/work/pytest"
             OUT="$LOGS/shared" step shared "${SHARED_S:-300}" bash benchmarks/shared_gpu.sh "$LOGS"/gallery/work/pytest/*/ ;;
-  service)  [ -d "$LOGS/gallery/work/pytest" ] || gallery "$LOGS/gallery/work/pytest"
+  service)  gallery "$LOGS/gallery/work/pytest"
             step service "${SERVICE_S:-420}" python3 benchmarks/judge_latency.py "$LOGS/gallery/work/pytest" \
               --per-hour "${RATE:-500}" --count "${COUNT:-36}" --out "$LOGS/service.json" -- \
               $(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import judge_gallery; print(*judge_gallery.GPU_ARGS)") ;;
