@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pytest_cudaopt.judge.scheduler import OVERHEAD_BYTES, Scheduler, Task
@@ -380,3 +382,55 @@ def test_in_a_pool_a_perf_turn_overlaps_no_other_stage_on_its_gpu_and_its_wait_i
         assert beside == [], f"{name}'s turn overlapped {beside}"
     # (that a preparing perf stage runs beside checks: the scheduler's tests above, without timing)
     assert all("perf_wait" in line["seconds"] and line["seconds"]["perf_turn"] >= 0.1 for line in found)
+
+
+def test_a_perf_stage_that_ends_with_no_verdict_before_its_turn_beside_checks_is_judged_again_alone(tmp_path):
+    """Before its turn a perf child runs no candidate code: an out-of-memory there is the stages' beside it."""
+    import threading
+    import time
+
+    from pytest_cudaopt.judge.devices import DeviceSet
+    from pytest_cudaopt.judge.options import Options
+    from pytest_cudaopt.judge.pool import LocalPool
+    from pytest_cudaopt.judge.stages import StageResult
+    from pytest_cudaopt.run import turn as turns
+
+    perf_runs: list[tuple[str, bool]] = []   # (workdir, whether a check ran beside it)
+    checks, lock = set(), threading.Lock()
+
+    def stage(stage, copy, out, devices, device, options, children=None, turn=None):
+        kind = {"policy": "policy", "check": "correctness", "perf": "perf"}.get(stage)
+        report = {"schema": "cudaopt-report/2", "passed": True, "complete": True, "items": [], "results": []}
+        if stage == "check":
+            with lock:
+                checks.add(copy.name)
+            time.sleep(0.4 if copy.name == "w1" else 0.05)
+            with lock:
+                checks.discard(copy.name)
+        if stage == "perf":
+            time.sleep(0.1)
+            with lock:
+                perf_runs.append((copy.name, bool(checks)))
+            if copy.name == "w0" and len(perf_runs) == 1:   # prepared beside w1's check, short of memory
+                return StageResult(stage, "error", 0.1, exit_code=70, report={**report, "passed": False},
+                                   reason="not the candidate's fault but the harness's: test_speedup failed: "
+                                          "torch.AcceleratorError: CUDA error: out of memory")
+            turns.wait(turn.folder)
+        return StageResult(stage, "ok", 0.0, report=report if kind else None,
+                           cases=[{"kind": kind, "name": "t", "outcome": "passed", "seconds": 0.0}] if kind else [])
+
+    workdirs = []
+    for i in range(2):
+        workdirs.append(tmp_path / f"w{i}")
+        workdirs[-1].mkdir()
+        (workdirs[-1] / "model.py").write_text("X = 1\n")
+        (workdirs[-1] / "model_new.py").write_text(f"Y = {i}\n")
+    options = Options(jobs=2, share=2, cache_dir=None, fork=False, scratch=tmp_path / "scratch", turns=True)
+    found = {Path(line["workdir"]).name: line for line in LocalPool(workdirs, options, DeviceSet(["0"]),
+                                                                     run_stage=stage).lines()}
+    assert perf_runs[0] == ("w0", True), perf_runs          # it did run beside a check the first time
+    assert [run for run in perf_runs if run[0] == "w0"] == [("w0", True), ("w0", False)], perf_runs
+    assert (found["w0"]["status"], found["w0"]["passed"]) == ("judged", True), found["w0"]["reason"]
+    note = found["w0"]["stages"]["perf"]["note"]
+    assert "ended before its turn beside other stages on 0" in note and "CUDA error: out of memory" in note, note
+    assert "judged again alone" in note and found["w1"]["passed"]

@@ -41,7 +41,7 @@ class Job:
     seconds: dict[str, float] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     content: str = ""
-    note: str = ""   # a check judged again alone: why
+    notes: dict[str, str] = field(default_factory=dict)   # stage -> why it was judged again alone
     name: str = ""   # as the caller named it
     key: str | None = None   # the result key the caller computed (a Ray driver's), else from the copy
     id: object = None        # the submission's id in the line (as the caller gave it, else the index)
@@ -245,9 +245,14 @@ class LocalPool:
         peak = max((p for p in peaks if isinstance(p, int)), default=None) if task.stage == "check" else None
         short = shortfall(result)
         job.seconds[task.stage] = job.seconds.get(task.stage, 0.0) + result.seconds
-        if short is not None and scheduler.shared(task):   # not the candidate's: judged again, alone
-            job.note = (f"ran out of device memory on {task.device} beside other checks ({short.splitlines()[0]}); "
-                        f"judged again alone on an idle device")
+        # A perf stage that ended with no verdict before its turn ran no candidate code: the stages beside it did it.
+        early = (task.stage == "perf" and job.turn is not None and job.turn.granted_at is None
+                 and result.status not in (OK, FAILED))
+        if (short is not None or early) and scheduler.shared(task):   # not the candidate's: judged again, alone
+            why = (f"ran out of device memory on {task.device} beside other checks ({short.splitlines()[0]})"
+                   if short is not None else f"ended before its turn beside other stages on {task.device} "
+                                             f"({(result.reason or result.status).splitlines()[0]})")
+            job.notes[task.stage] = f"{why}; judged again alone on an idle device"
             scheduler.finish(task, peak_bytes=peak, retry_alone=True)
             return None
         if short is not None:   # with its device to itself: the shortfall is the workdir's own
@@ -256,8 +261,7 @@ class LocalPool:
             where = task.device if self.devices.cpu else f"GPU {task.device}"
             result.reason = (f"correctness ran out of device memory on {where}{size} with no other check beside it, "
                              f"so the shortfall is this workdir's: {short.splitlines()[0]}")
-        if task.stage == "check" and job.note:
-            result.note = job.note
+        result.note = job.notes.get(task.stage, "")
         job.results.append(result)
         proceed = result.status == OK or (result.status == FAILED and self.options.all_stages)
         if result.need_bytes is not None:

@@ -116,8 +116,8 @@ class Ledger:
         if outcome == "failed":
             if entry.status in (PASSED, NOT_RUN) or not entry.reason:
                 line = _violation(text) if entry.kind == "policy" else first_line(text)
-                if properties.get(blame_.PROPERTY) == HARNESS:  # a traceback: its exception's line says what
-                    line = next((raw[1:].strip() for raw in reversed(text.splitlines()) if raw.startswith("E ")), line)
+                if properties.get(blame_.PROPERTY) == HARNESS:  # a traceback: its exception's first line says what
+                    line = _exception_line(text) or line
                 line = line or f"failed at {when}"
                 entry.status = NOT_RUN if line.startswith("not run") else FAILED
                 entry.reason, entry.text = line, _cut(text)
@@ -227,6 +227,17 @@ def _grouped(items: Sequence[Entry]) -> list[str]:
         else:
             lines.append(f"{len(tests)} items, {said}: {', '.join(tests[:3])}" + (", ..." if len(tests) > 3 else ""))
     return lines
+
+
+def _exception_line(text: str) -> str:
+    """The first line of a traceback's last exception (pytest's last block of `E ` lines), or ""."""
+    lines = text.splitlines()
+    last = max((i for i, raw in enumerate(lines) if raw.startswith("E ")), default=None)
+    if last is None:
+        return ""
+    while last > 0 and lines[last - 1].startswith("E "):
+        last -= 1
+    return lines[last][1:].strip()
 
 
 def _violation(text: str) -> str:
