@@ -123,7 +123,8 @@ def saved_rng() -> Iterator[None]:
     """The global generators (torch's, Python `random`, NumPy) as they were before the block."""
     import torch
 
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    # is_initialized first: is_available asks the driver (0.2 ms on an H100; a perf item draws inputs 1,000 times)
+    devices = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
     py_state = random.getstate()
     np = sys.modules.get("numpy")
     np_state = np.random.get_state() if np is not None else None
@@ -141,12 +142,13 @@ def seed_all(seed: int) -> None:
     its caller's stack (0.4 ms under pytest, a perf item's every draw) where CUDA may still start."""
     import torch
 
-    if torch.cuda.is_available() and not torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():
+        torch.default_generator.manual_seed(seed)
+        torch.cuda.manual_seed_all(seed)
+    elif torch.cuda.is_available():
         torch.manual_seed(seed)
     else:
         torch.default_generator.manual_seed(seed)
-        if torch.cuda.is_initialized():
-            torch.cuda.manual_seed_all(seed)
     random.seed(seed)
     np = sys.modules.get("numpy")
     if np is not None:
