@@ -434,3 +434,32 @@ def test_a_perf_stage_that_ends_with_no_verdict_before_its_turn_beside_checks_is
     note = found["w0"]["stages"]["perf"]["note"]
     assert "ended before its turn beside other stages on 0" in note and "CUDA error: out of memory" in note, note
     assert "judged again alone" in note and found["w1"]["passed"]
+
+
+def test_a_runs_stage_times_replayed_through_the_scheduler_give_the_wall_time_worked_out_by_hand(tmp_path):
+    """benchmarks/schedule_replay.py: two workdirs (build 1 s, policy 1 s, check 2 s, perf 1 s before its turn, a
+    1 s turn) and a build failure. Both check at once (share 2), prepare at once, then take their turns one after
+    the other: 7 s, the second turn waiting 1 s. With one place on the GPU everything runs one at a time."""
+    import json
+    import sys
+
+    from support import REPO_ROOT
+
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    try:
+        import schedule_replay
+    finally:
+        sys.path.pop(0)
+    stages = {"build": {"status": "ok"}, "policy": {"status": "ok"}, "check": {"status": "ok"}, "perf": {"status": "ok"}}
+    seconds = {"build": 1.0, "policy": 1.0, "check": 2.0, "perf": 3.5, "perf_wait": 1.5, "perf_turn": 1.0}
+    lines = [{"stages": stages, "seconds": seconds}] * 2 + [
+        {"stages": {"build": {"status": "build-failed"}, "policy": {"status": "not-run"}}, "seconds": {"build": 0.5}}]
+    path = tmp_path / "judge.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    works = schedule_replay.load(path)
+    assert [w.stages for w in works] == [["build", "policy", "check", "perf"]] * 2 + [["build"]]
+    assert works[0].seconds["perf_prepare"] == 1.0
+    got = schedule_replay.replay(works, share=2, jobs=2)
+    assert (got["wall_s"], got["turns"], got["waited_s"]) == (7.0, 2, 1.0)
+    alone = schedule_replay.replay(works, share=1, jobs=2)   # w0's check and perf (2 s), then w1's: 2 + 4 + 4
+    assert (alone["wall_s"], alone["waited_s"]) == (10.0, 0.0)
