@@ -231,13 +231,8 @@ def _grouped(items: Sequence[Entry]) -> list[str]:
 
 def _exception_line(text: str) -> str:
     """The first line of a traceback's last exception (pytest's last block of `E ` lines), or ""."""
-    lines = text.splitlines()
-    last = max((i for i, raw in enumerate(lines) if raw.startswith("E ")), default=None)
-    if last is None:
-        return ""
-    while last > 0 and lines[last - 1].startswith("E "):
-        last -= 1
-    return lines[last][1:].strip()
+    blocks = re.findall(r"(?:^E .*(?:\n|$))+", text, re.M)
+    return blocks[-1].splitlines()[0][1:].strip() if blocks else ""
 
 
 def _violation(text: str) -> str:
