@@ -155,7 +155,10 @@ def table(pytest_run: dict | None, judge_run: dict | None, devices: int) -> tupl
         base = re.sub(r"-\d+$", "", name)   # a copy is compared with the first copy's pytest session
         p = (pytest_run or {}).get("results", {}).get(name) or (pytest_run or {}).get("results", {}).get(base)
         j = (judge_run or {}).get("results", {}).get(name)
-        agree = p is None or j is None or p["passed"] == j["passed"]
+        first = (judge_run or {}).get("results", {}).get(base) if pytest_run is None else None
+        # with no pytest arm, a copy's item verdicts against its first copy's (a verdict that depends on its neighbours)
+        agree = (p is None or j is None or p["passed"] == j["passed"]) and (
+            first is None or j is None or first["verdicts"] == j["verdicts"])
         same &= agree
         rows.append({"workdir": name, "pytest": "-" if p is None else "PASS" if p["passed"] else "FAIL",
                      "judge": "-" if j is None else "PASS" if j["passed"] else "FAIL",
@@ -200,7 +203,8 @@ def table(pytest_run: dict | None, judge_run: dict | None, devices: int) -> tupl
         notes.append(f"objects: {cached} from the cache, {compiled} compiled")
         if errors:   # the judge could not judge them: no verdict, and the run is no measurement
             notes.append(f"judge errors: {len(errors)} workdirs, the first: {errors[0]['reason'][:200]}")
-    notes.append("verdicts: " + ("the same for every workdir" if same else "DIFFERENT (see the rows marked NO)"))
+    against = "each copy's items as its first copy's" if pytest_run is None else "the same for every workdir"
+    notes.append("verdicts: " + (against if same else "DIFFERENT (see the rows marked NO)"))
     title = "judge gallery: one pytest session after another vs cudaopt judge"
     return render_rows(rows, title=title, notes=notes), same and not errors
 

@@ -58,3 +58,28 @@ def test_a_gallery_copy_builds_from_cold_and_is_compared_with_the_first_copys_py
                                                              "verdicts": {}}}}
     text, same = judge_gallery.table(pytest_run, {"wall_s": 1.0, "results": {"gelu-honest-2": line}}, 1)
     assert not same and "NO" in text
+
+
+def test_with_no_pytest_arm_each_copy_is_compared_with_its_first_copy_item_by_item():
+    """A copy whose items differ from its first copy's (an honest check that failed loading beside a memory hog)
+    is marked, where a judge-only run once said every verdict was the same."""
+    import sys
+
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    try:
+        import judge_gallery
+    finally:
+        sys.path.pop(0)
+
+    def line(correctness: str) -> dict:
+        return {"passed": False, "status": "judged", "verdicts": {"correctness": correctness, "perf": "FAIL"},
+                "seconds": {"total": 1.0}, "time": {}, "objects": {}}
+
+    judge_run = {"wall_s": 10.0, "busy": {"0": 0.9},
+                 "results": {"a": line("pass"), "a-2": line("pass"), "a-3": line("FAIL")}}
+    text, same = judge_gallery.table(None, judge_run, 1)
+    assert not same and "DIFFERENT" in text
+    assert [row.split()[0] for row in text.splitlines() if " NO " in row] == ["a-3"]
+    judge_run["results"]["a-3"] = line("pass")
+    text, same = judge_gallery.table(None, judge_run, 1)
+    assert same and "verdicts: each copy's items as its first copy's" in text

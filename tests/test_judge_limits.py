@@ -47,13 +47,25 @@ def _stage(stage: str, status: str = stages.OK, report: dict | None = None) -> s
     return stages.StageResult(stage, status, 0.1, report=report, cases=cases)
 
 
+def _loading_out_of_memory() -> stages.StageResult:
+    """A check whose first item could not load the workdir (CUDA out of memory), the rest not run after it."""
+    items = [{"test": "model_new.py::TestCorrectness::test_canonical[seed0]", "kind": "correctness",
+              "status": "failed", "reason": "AcceleratorError: CUDA error: out of memory", "blame": "candidate"},
+             {"test": "model_new.py::TestMemorySafety::test_memory_safety", "kind": "memsafety", "status": "not run",
+              "reason": "not run: loading the workdir failed", "blame": "candidate"}]
+    report = {"schema": "cudaopt-report/2", "passed": False, "complete": True, "items": items, "results": []}
+    result = _stage("check", stages.FAILED, report)
+    result.cases.append({"kind": "memsafety", "name": "test_memory_safety", "outcome": "failure", "seconds": 0.0})
+    return result
+
+
 class FakeStages:
     """run_stage without processes: every stage passes, except that the named workdirs' checks
     run out of device memory (`short`: how many times each), and `overlap` checks wait until
     they have all started, so that they share the device."""
 
-    def __init__(self, short: dict[str, int], overlap: int = 1):
-        self.short, self.calls = dict(short), []
+    def __init__(self, short: dict[str, int], overlap: int = 1, at_load: bool = False):
+        self.short, self.calls, self.at_load = dict(short), [], at_load   # at_load: CUDA's error loading the workdir
         self.running: set[str] = set()
         self.lock = threading.Lock()
         self.together = threading.Barrier(overlap, timeout=20)
@@ -71,6 +83,8 @@ class FakeStages:
                 self.together.wait()
             if self.short.get(name, 0) > 0:
                 self.short[name] -= 1
+                if self.at_load:
+                    return _loading_out_of_memory()
                 return _stage("check", stages.FAILED, _report(False, "memory", SHORT))
             return _stage("check", report=_report(True, peak=30 * GiB))
         finally:
@@ -97,6 +111,23 @@ def test_a_check_out_of_memory_beside_another_is_judged_again_alone_never_failed
     note = found["a"]["stages"]["check"]["note"]
     assert "ran out of device memory on 0 beside other checks" in note and "32.69 GiB" in note
     assert "judged again alone" in note
+
+
+def test_a_check_whose_workdir_could_not_load_for_cuda_memory_beside_another_is_judged_again_alone(
+        monkeypatch, tmp_path):
+    """At --share 8 on an H100 an honest check beside the memory hog's failed loading its workdir (CUDA's
+    out-of-memory error): judged again alone, it passes; alone, the same failure is the workdir's."""
+    fake = FakeStages({"a": 1}, overlap=2, at_load=True)
+    found = _pool_lines(monkeypatch, tmp_path, fake, ["a", "b"])
+    assert (found["a"]["status"], found["a"]["passed"]) == ("judged", True), found["a"]["reason"]
+    runs = [(device, beside) for name, device, beside in fake.calls if name == "a"]
+    assert len(runs) == 2 and runs[1] == ("0", set())
+    note = found["a"]["stages"]["check"]["note"]
+    assert "beside other checks (model_new.py::TestCorrectness::test_canonical[seed0]: AcceleratorError: CUDA " \
+           "error: out of memory); judged again alone" in note, note
+    alone = _pool_lines(monkeypatch, tmp_path / "alone", FakeStages({"a": 1}, at_load=True), ["a"])["a"]
+    assert (alone["status"], alone["passed"]) == ("judged", False)
+    assert "with no other check beside it, so the shortfall is this workdir's" in alone["reason"], alone["reason"]
 
 
 def test_a_shortfall_with_the_gpu_to_itself_is_the_workdirs_and_says_so_with_the_numbers(monkeypatch, tmp_path):

@@ -235,10 +235,16 @@ def _timed_out(report: dict) -> bool:
 
 
 def shortfall(result: StageResult) -> str | None:
-    """The message of a check that failed only for want of device memory (every failure a SHORTFALL), or None."""
+    """The message of a check that failed only for want of device memory (every failure a SHORTFALL, or CUDA's
+    out-of-memory error where the others were not run after it: loading the workdir), or None."""
     from pytest_cudaopt.results.records import SHORTFALL
 
-    if result.stage != "check" or result.status != FAILED or not result.report:
+    if result.stage != "check" or result.status not in (FAILED, "error") or not result.report:
+        return None
+    items = [i for i in result.report.get("items", []) if isinstance(i, dict) and i.get("status") == "failed"]
+    if items and all("CUDA error: out of memory" in str(i.get("reason")) for i in items):
+        return f"{items[0].get('test')}: {items[0].get('reason')}"
+    if result.status != FAILED:
         return None
     failed = [r for r in result.report.get("results", []) if not r.get("passed")]
     memory = [r for r in failed if r.get("kind") == "correctness" and r.get("data", {}).get("check") == SHORTFALL]
