@@ -248,7 +248,8 @@ def test_the_item_fails_a_write_past_the_output_naming_the_kernel_line(pytester,
     result = run_pytest(pytester, "wd", "-m", "memsafety", "--cudaopt-report=report.json")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
-        "*memory safety of *wd on case features=1 (PYTORCH_NO_CUDA_MEMORY_CACHING=1; memcheck: 1 finding(s), "
+        f"*memory safety of *wd on case features=1: kernels/scale.cpp:{scale_line()}: memcheck: Invalid __global__ "
+        "write of size 4 bytes in scale_rows(* (PYTORCH_NO_CUDA_MEMORY_CACHING=1; memcheck: 1 finding(s), "
         "racecheck: stopped (memcheck decided), initcheck: stopped (memcheck decided)):",
         f"  kernels/scale.cpp:{scale_line()}: memcheck: Invalid __global__ write of size 4 bytes in scale_rows(*",
     ])
@@ -256,6 +257,8 @@ def test_the_item_fails_a_write_past_the_output_naming_the_kernel_line(pytester,
     assert report["passed"] is False
     [data] = [r["data"] for r in report["results"] if r["kind"] == "memsafety"]
     assert data["findings"][0].startswith(f"kernels/scale.cpp:{scale_line()}: memcheck:")
+    [item] = [i for i in report["items"] if i["kind"] == "memsafety"]   # the reason names the finding
+    assert f"kernels/scale.cpp:{scale_line()}: memcheck: Invalid __global__ write" in item["reason"], item
 
 
 def test_a_race_fails_the_item_and_leaves_initcheck_to_finish(pytester, sanitized):

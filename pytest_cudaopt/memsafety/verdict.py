@@ -224,7 +224,9 @@ def judge_run(run: Run, workdir: Path, build_dir: Path | None, result: MemorySaf
 def failure_text(result: MemorySafetyResult) -> str:
     """What a failed item says: the case and the tools, each finding and failure, the notes."""
     tools = ", ".join(f"{tool}: {state}" for tool, state in result.tools.items())
-    lines = [f"memory safety of {result.workdir} on case {result.case} (PYTORCH_NO_CUDA_MEMORY_CACHING=1; {tools}):"]
+    said = [*result.findings, *result.failures]   # the first line (a result's reason) says what failed first
+    why = f": {said[0].splitlines()[0].strip().removesuffix(':')}" if said else ""
+    lines = [f"memory safety of {result.workdir} on case {result.case}{why} (PYTORCH_NO_CUDA_MEMORY_CACHING=1; {tools}):"]
     lines += [f"  {line}" for line in result.findings]
     lines += result.failures
     lines += [f"note: {note}" for note in result.notes[:10]]
