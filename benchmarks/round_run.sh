@@ -21,6 +21,7 @@
 #   profile   benchmarks/stage_profile.py: where one honest gallery workdir's check and perf stages spend their time
 #             (PROFILE_ARGS="--turns --stages perf": the perf stage's time before and in its turn)
 #   scaling   the rate step (COPIES default 1) at each --share of SHARES (default "1 2 4"): 1 to N workdirs at once
+#   replay    benchmarks/schedule_replay.py over the rate step's lines (CPU): its replay error, and --share 4 and 8
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -70,6 +71,9 @@ for name in ${@:-correct verdicts gallery attacks shared service}; do case $name
               $(for a in ${RATE_ARGS:-}; do printf -- '--pytest-arg=%s ' "$a"; done) --out "$LOGS/rate_args" ;;
   scaling)  for n in ${SHARES:-1 2 4}; do step "scaling_$n" "${RATE_S:-420}" python3 benchmarks/judge_gallery.py \
               --arm judge --copies "${COPIES:-1}" --share "$n" --out "$LOGS/scaling_$n"; done ;;
+  replay)   step replay 60 python3 benchmarks/schedule_replay.py "$LOGS/rate/judge.jsonl" --share 4 8 \
+              --measured "$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['judge']['wall_s'])" \
+              "$LOGS/rate/judge_gallery.json")" ;;
   profile)  step profile "${PROFILE_S:-300}" python3 benchmarks/stage_profile.py --problem "${PROBLEM:-gelu}" \
               ${PROFILE_ARGS:-} --out "$LOGS/profile" ;;
   *) echo "unknown step: $name" >&2; exit 2 ;;
@@ -84,6 +88,7 @@ esac; done
   tail -n 6 "$LOGS/rate_args/judge_gallery.txt" 2>/dev/null; echo
   tail -n 7 "$LOGS/alone/judge_gallery.txt" 2>/dev/null; echo
   for f in "$LOGS"/scaling_*/judge_gallery.txt; do [ -f "$f" ] && { echo "$f"; tail -n 6 "$f"; }; done; echo
+  cat "$LOGS/replay.log" 2>/dev/null; echo
   head -n 30 "$LOGS/profile/perf.txt" 2>/dev/null; echo
   tail -n 1 "$LOGS/attacks_vs/table.txt" 2>/dev/null; echo
   tail -n 4 "$LOGS/attacks.log" 2>/dev/null; echo
