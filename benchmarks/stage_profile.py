@@ -38,6 +38,7 @@ STAGES = {"check": "not perf and not policy and not memsafety", "memsafety": "me
 _requests: dict[str, list[float]] = {}
 _steps: dict[str, list[float]] = {}
 _t0 = time.perf_counter()
+_marks: dict[str, float] = {}   # time.monotonic() of the session's last steps: the driver splits a turn with them
 
 
 def _timed(table: dict, key_of):
@@ -68,7 +69,10 @@ def _stop_and_collect(stop):
                 found = self.scratch / name if self.scratch else None
                 if found is not None and found.is_file():
                     Path(out).with_name(Path(out).stem + "-" + name).write_bytes(found.read_bytes())
-        return stop(self)
+        try:
+            return stop(self)
+        finally:
+            _marks["worker stopped"] = time.monotonic()
     return collecting
 
 
@@ -85,11 +89,16 @@ def pytest_configure(config):
     _steps["configure (since interpreter start of this module)"] = [time.perf_counter() - _t0]
     out = os.environ.get("STAGE_PROFILE_JSON")
     if out:
-        atexit.register(lambda: Path(out).write_text(json.dumps({"requests": _requests, "steps": _steps})))
+        atexit.register(lambda: Path(out).write_text(json.dumps({"requests": _requests, "steps": _steps,
+                                                                  "marks": _marks})))
 
 
 def pytest_collection_finish(session):
     _steps["collection done (since plugin import)"] = [time.perf_counter() - _t0]
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    _marks["item ended"] = time.monotonic()
 
 
 # ------------------------------------------------------------- the worker (`--worker FD`)
@@ -168,7 +177,7 @@ def _granting(folder: Path, started: float, times: dict) -> threading.Thread:
                 return
             time.sleep(0.002)
         turn.grant()
-        times["asked"] = turn.asked_at - started
+        times["asked"], times["granted"] = turn.asked_at - started, turn.granted_at
     thread = threading.Thread(target=grant, daemon=True)
     thread.start()
     return thread
@@ -189,7 +198,8 @@ def run_stage(stage: str, workdir: Path, args: list[str], out: Path, env: dict, 
     proc = subprocess.run(command, cwd=workdir, env={**env, **extra, "STAGE_PROFILE_JSON": str(data),
                                                      "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])},
                           capture_output=True, text=True)
-    wall = time.monotonic() - started
+    ended = time.monotonic()
+    wall = ended - started
     lines = [f"== {stage}: pytest -m '{STAGES[stage]}' exit {proc.returncode}, wall {wall:.2f} s"]
     if extra:
         times["ended"] = True
@@ -197,6 +207,11 @@ def run_stage(stage: str, workdir: Path, args: list[str], out: Path, env: dict, 
         asked = times.get("asked")
         lines.append("turn: never asked" if asked is None else
                      f"turn: asked {asked:.2f} s after the start, held {wall - asked:.2f} s to the end")
+        marks = json.loads(data.read_text()).get("marks", {}) if data.is_file() else {}
+        if asked is not None and marks.get("item ended") and marks.get("worker stopped"):
+            item, stopped = marks["item ended"], marks["worker stopped"]
+            lines.append(f"  of it: {item - times['granted']:.2f} s to the perf item's end, then "
+                         f"{stopped - item:.2f} s to the worker's stop, {ended - stopped:.2f} s to the process's end")
     try:
         doc = json.loads(data.read_text())
         lines += _table("worker requests (judging side, wall)", doc["requests"])
