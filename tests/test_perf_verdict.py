@@ -558,8 +558,8 @@ def test_a_judges_perf_child_starts_no_worker_of_the_candidates_before_its_turn(
             time.sleep(0.01)
         time.sleep(0.5)
         seen.append(starts.exists())   # it asked, and waits: nothing of the candidate's has started
+        seen.append(time.time())       # before the grant: the child may start its worker at once after it
         (folder / "go").touch()
-        seen.append(time.time())
 
     thread = threading.Thread(target=judge_side, daemon=True)
     thread.start()
