@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,15 +50,14 @@ def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0) ->
     for index, work in enumerate(works):
         scheduler.add(index, f"p{index}", stages=work.stages)
     events: list[tuple[float, int, str, Task]] = []
-    order = [0]
+    order = itertools.count()   # ties in time keep the order they were pushed in
     asked: list[tuple[float, Task]] = []     # asks held back for a batch
     running_perf: set[int] = set()
     turns, waited = 0, 0.0
     want_at: dict[int, float] = {}
 
     def push(at: float, what: str, task: Task) -> None:
-        order[0] += 1
-        heapq.heappush(events, (at, order[0], what, task))
+        heapq.heappush(events, (at, next(order), what, task))
 
     def pass_asks(force: bool) -> None:
         nonlocal asked

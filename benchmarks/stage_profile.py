@@ -201,19 +201,24 @@ def run_stage(stage: str, workdir: Path, args: list[str], out: Path, env: dict, 
     ended = time.monotonic()
     wall = ended - started
     lines = [f"== {stage}: pytest -m '{STAGES[stage]}' exit {proc.returncode}, wall {wall:.2f} s"]
+    try:   # the plugin's tables and marks, written at the child's exit
+        doc, unread = json.loads(data.read_text()), None
+    except (OSError, ValueError) as exc:
+        doc, unread = {}, exc
     if extra:
         times["ended"] = True
         granter.join()
         asked = times.get("asked")
         lines.append("turn: never asked" if asked is None else
                      f"turn: asked {asked:.2f} s after the start, held {wall - asked:.2f} s to the end")
-        marks = json.loads(data.read_text()).get("marks", {}) if data.is_file() else {}
+        marks = doc.get("marks", {})
         if asked is not None and marks.get("item ended") and marks.get("worker stopped"):
             item, stopped = marks["item ended"], marks["worker stopped"]
             lines.append(f"  of it: {item - times['granted']:.2f} s to the perf item's end, then "
                          f"{stopped - item:.2f} s to the worker's stop, {ended - stopped:.2f} s to the process's end")
     try:
-        doc = json.loads(data.read_text())
+        if unread is not None:
+            raise unread
         lines += _table("worker requests (judging side, wall)", doc["requests"])
         lines += _table("start-up steps", doc["steps"])
         inside = json.loads(data.with_name(f"{stage}-worker-ops.json").read_text())

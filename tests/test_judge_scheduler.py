@@ -19,6 +19,27 @@ class Clock:
         return self.now
 
 
+def _passed(stage, seconds=0.0):
+    """A pool stage that passed, as run_stage returns it (a report and one passed case where the stage has items)."""
+    from pytest_cudaopt.judge.stages import StageResult
+
+    kind = {"policy": "policy", "check": "correctness", "perf": "perf"}.get(stage)
+    report = {"schema": "cudaopt-report/2", "passed": True, "complete": True, "items": [], "results": []}
+    return StageResult(stage, "ok", seconds, report=report if kind else None,
+                       cases=[{"kind": kind, "name": "t", "outcome": "passed", "seconds": 0.0}] if kind else [])
+
+
+def _workdirs(root, count):
+    """`count` workdirs w0, w1, ... under `root`: one model.py, a model_new.py each."""
+    made = []
+    for i in range(count):
+        made.append(root / f"w{i}")
+        made[-1].mkdir()
+        (made[-1] / "model.py").write_text("X = 1\n")
+        (made[-1] / "model_new.py").write_text(f"Y = {i}\n")
+    return made
+
+
 def _ready_by_stage(tasks):
     return {(t.job, t.stage): t.device for t in tasks}
 
@@ -299,24 +320,16 @@ def test_a_fed_pool_judges_workdirs_added_while_it_runs_and_ends_only_when_close
     from pytest_cudaopt.judge.devices import DeviceSet
     from pytest_cudaopt.judge.options import Options
     from pytest_cudaopt.judge.pool import LocalPool
-    from pytest_cudaopt.judge.stages import StageResult
 
     def passes(stage, copy, out, devices, device, options, children=None, turn=None):
-        kind = {"policy": "policy", "check": "correctness", "perf": "perf"}.get(stage)
-        report = {"schema": "cudaopt-report/2", "passed": True, "complete": True, "items": [], "results": []}
-        return StageResult(stage, "ok", 0.0, report=report if kind else None,
-                           cases=[{"kind": kind, "name": "t", "outcome": "passed", "seconds": 0.0}] if kind else [])
+        return _passed(stage)
 
     options = Options(jobs=2, share=2, cache_dir=None, fork=False, scratch=tmp_path / "scratch")
     pool = LocalPool([], options, DeviceSet(["0"]), fed=True, run_stage=passes)
     found: queue.Queue = queue.Queue()
     reader = threading.Thread(target=lambda: [found.put(line) for line in pool.lines()] and None, daemon=True)
     reader.start()
-    for i in range(2):
-        workdir = tmp_path / f"w{i}"
-        workdir.mkdir()
-        (workdir / "model.py").write_text("X = 1\n")
-        (workdir / "model_new.py").write_text(f"Y = {i}\n")
+    for i, workdir in enumerate(_workdirs(tmp_path, 2)):
         pool.add(workdir, f"named-{i}", key=f"key-{i}")
         line = found.get(timeout=20)
         assert (line["workdir"], line["key"], line["passed"]) == (f"named-{i}", f"key-{i}", True)
@@ -344,7 +357,6 @@ def test_in_a_pool_a_perf_turn_overlaps_no_other_stage_on_its_gpu_and_its_wait_i
     from pytest_cudaopt.judge.devices import DeviceSet
     from pytest_cudaopt.judge.options import Options
     from pytest_cudaopt.judge.pool import LocalPool
-    from pytest_cudaopt.judge.stages import StageResult
     from pytest_cudaopt.run import turn as turns
 
     spans: list[tuple[str, str, float, float]] = []   # (what, workdir, start, end)
@@ -361,17 +373,9 @@ def test_in_a_pool_a_perf_turn_overlaps_no_other_stage_on_its_gpu_and_its_wait_i
             granted = time.monotonic()
             time.sleep(0.1)
             spans.append(("turn", copy.name, granted, time.monotonic()))
-        kind = {"policy": "policy", "check": "correctness", "perf": "perf"}.get(stage)
-        report = {"schema": "cudaopt-report/2", "passed": True, "complete": True, "items": [], "results": []}
-        return StageResult(stage, "ok", time.monotonic() - began, report=report if kind else None,
-                           cases=[{"kind": kind, "name": "t", "outcome": "passed", "seconds": 0.0}] if kind else [])
+        return _passed(stage, time.monotonic() - began)
 
-    workdirs = []
-    for i in range(6):
-        workdirs.append(tmp_path / f"w{i}")
-        workdirs[-1].mkdir()
-        (workdirs[-1] / "model.py").write_text("X = 1\n")
-        (workdirs[-1] / "model_new.py").write_text(f"Y = {i}\n")
+    workdirs = _workdirs(tmp_path, 6)
     options = Options(jobs=6, share=3, cache_dir=None, fork=False, scratch=tmp_path / "scratch", turns=True)
     found = list(LocalPool(workdirs, options, DeviceSet(["0"]), run_stage=stage).lines())
     assert len(found) == 6 and all(line["passed"] for line in found)
@@ -399,8 +403,6 @@ def test_a_perf_stage_that_ends_with_no_verdict_before_its_turn_beside_checks_is
     checks, lock = set(), threading.Lock()
 
     def stage(stage, copy, out, devices, device, options, children=None, turn=None):
-        kind = {"policy": "policy", "check": "correctness", "perf": "perf"}.get(stage)
-        report = {"schema": "cudaopt-report/2", "passed": True, "complete": True, "items": [], "results": []}
         if stage == "check":
             with lock:
                 checks.add(copy.name)
@@ -412,19 +414,14 @@ def test_a_perf_stage_that_ends_with_no_verdict_before_its_turn_beside_checks_is
             with lock:
                 perf_runs.append((copy.name, bool(checks)))
             if copy.name == "w0" and len(perf_runs) == 1:   # prepared beside w1's check, short of memory
-                return StageResult(stage, "error", 0.1, exit_code=70, report={**report, "passed": False},
+                failed = {**_passed(stage).report, "passed": False}
+                return StageResult(stage, "error", 0.1, exit_code=70, report=failed,
                                    reason="not the candidate's fault but the harness's: test_speedup failed: "
                                           "torch.AcceleratorError: CUDA error: out of memory")
             turns.wait(turn.folder)
-        return StageResult(stage, "ok", 0.0, report=report if kind else None,
-                           cases=[{"kind": kind, "name": "t", "outcome": "passed", "seconds": 0.0}] if kind else [])
+        return _passed(stage)
 
-    workdirs = []
-    for i in range(2):
-        workdirs.append(tmp_path / f"w{i}")
-        workdirs[-1].mkdir()
-        (workdirs[-1] / "model.py").write_text("X = 1\n")
-        (workdirs[-1] / "model_new.py").write_text(f"Y = {i}\n")
+    workdirs = _workdirs(tmp_path, 2)
     options = Options(jobs=2, share=2, cache_dir=None, fork=False, scratch=tmp_path / "scratch", turns=True)
     found = {Path(line["workdir"]).name: line for line in LocalPool(workdirs, options, DeviceSet(["0"]),
                                                                      run_stage=stage).lines()}
