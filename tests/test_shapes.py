@@ -186,6 +186,32 @@ def test_a_module_without_constants_has_no_space_and_says_how_to_declare_one():
     assert "cudaopt init --lock-only" in space.source
 
 
+def test_inputs_sampled_from_torch_distributions_are_sized_on_meta_with_argument_checks_back_after():
+    """KernelBench L1-94 (MSELoss) draws its 32768 x 32768 inputs from Pareto, whose argument check reads values:
+    unsized, the memory plan was skipped and the canonical case's 26 GiB killed a 23 GiB host."""
+    import torch
+
+    module = module_from("""
+        import torch
+        from torch.distributions import Pareto
+        n = 32768
+        class Model(torch.nn.Module):
+            def forward(self, predictions, targets):
+                return torch.mean((predictions - targets) ** 2)
+        def get_inputs():
+            return [Pareto(0.01, 1.5).sample((n, n)), Pareto(0.01, 1.5).sample((n, n))]
+        def get_init_inputs():
+            return []
+    """)
+    before = torch.distributions.Distribution._validate_args
+    check = shapes.check_on_meta(module, {})
+    assert check.valid, check.reason
+    assert check.shapes == [(32768, 32768)] * 2 and check.input_bytes == 8 << 30 and check.output_bytes == 4
+    assert torch.distributions.Distribution._validate_args == before
+    with pytest.raises(ValueError):   # the check is on again for model.py's own runs
+        torch.distributions.Pareto(torch.tensor(-1.0), torch.tensor(1.5))
+
+
 def test_a_reference_that_cannot_run_on_meta_is_noted_not_fatal():
     space = shapes.shape_space(module_from("""
         import torch
