@@ -214,9 +214,15 @@ def cmd_judge(args: argparse.Namespace) -> int:
     from pytest_cudaopt import judge
     from pytest_cudaopt.judge.display import Progress, summary
 
+    low = [f"{flag} {value}" for flag, value, least in (("--share", args.share, 1), ("--jobs", args.jobs, 1),
+                                                       ("--ahead", args.ahead, 0), ("--cpu-slots", args.cpu_slots, 1))
+           if value is not None and value < least]
+    if low:
+        return _error("judge", f"{', '.join(low)}: --share, --jobs and --cpu-slots take 1 or more, --ahead 0 or more",
+                      USAGE)
     options = judge.Options(
         gpus=[g for g in args.gpus.split(",") if g] if args.gpus not in (None, "all") else None,
-        cpu_slots=args.cpu_slots, jobs=args.jobs, share=args.share,
+        cpu_slots=args.cpu_slots, jobs=args.jobs, share=args.share, ahead=args.ahead,
         timeout=args.timeout, pytest_args=list(args.pytest_args), all_stages=args.all_stages, seed=args.seed,
         cache_dir=None if args.no_cache else (Path(args.cache_dir) if args.cache_dir else judge.Options().cache_dir),
         scratch=Path(args.scratch) if args.scratch else None, keep=args.keep, keep_env=list(args.env),
@@ -257,6 +263,9 @@ def _judge_parser(sub) -> None:
                    "the cores; with --ray, of each node)")
     p.add_argument("--share", type=int, default=4, help="correctness processes at once on one GPU while their "
                    "memory fits (default 4); a perf process always has its GPU alone")
+    p.add_argument("--ahead", type=int, default=None, metavar="N", help="check and perf processes per GPU that start "
+                   "up (imports, collection) before a place is free for them (default: --share; 0: each starts "
+                   "with its place)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds each process may run (default 600)")
     p.add_argument("--out", default="cudaopt-judge.jsonl", help="the JSON-lines file (default ./cudaopt-judge.jsonl)")
     p.add_argument("--resume", action="store_true", help="keep the lines of --out that judged an unchanged "

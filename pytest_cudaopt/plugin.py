@@ -283,6 +283,10 @@ def pytest_runtest_setup(item: pytest.Item):
         reason = None if static(item) else session.not_run_reason(node.workdir_path, judged=judged(item))
         if reason:
             pytest.fail(reason, pytrace=False)
+    if not (item.get_closest_marker("build") or item.get_closest_marker("policy")):
+        from pytest_cudaopt.run.turn import enter_place
+
+        enter_place()   # a judge's child: started, imported and collected without its place on the device
     return (yield from _run_supervised(item, "setup"))
 
 

@@ -243,3 +243,58 @@ def test_a_perf_child_that_waits_for_its_turn_gets_at_most_one_more_time_limit(t
     stages.run_stage("perf", tmp_path, tmp_path, cpu_slots(1), "cpu0", Options(timeout=30.0, cache_dir=None), turn=turn)
     assert seen["env"]["CUDAOPT_TURN"] == str(tmp_path / "turn")
     assert seen["paused"]() == 30.0   # the child still ends, at twice its limit
+
+
+def test_a_device_child_builds_and_starts_up_without_its_place_and_starts_no_worker_before_it(tmp_path):
+    """A check child (run as the judge runs it, channel and all): it asks for its place once built, having
+    touched no CUDA, and waits there with no worker (the candidate's process) started; given it, it passes."""
+    import json
+    import subprocess
+
+    from support import JUDGE_CPU_ARGS, OBJECT_CACHE, judge_workdirs
+
+    work = judge_workdirs(tmp_path / "w", ["honest"])["honest"]
+    place = tmp_path / "place"
+    place.mkdir()
+    env = {k: v for k, v in subprocess_env().items() if k != zygote.ENV}   # its worker: a child of its own
+    env.update({"CUDAOPT_PLACE": str(place), "CUDAOPT_OBJECT_CACHE": str(OBJECT_CACHE)})
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", str(work / "model_new.py"), "--rootdir", str(work),
+                             "-m", stages.MARKERS["check"], "-p", "no:cacheprovider", "-q", *JUDGE_CPU_ARGS],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (place / "want").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert json.loads((place / "want").read_text()) == {"cuda_initialized": False, "cuda_context": False}
+        assert list((work / "build").rglob("*.so")), "it asks once its extension is built"
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        workers = [pid for pid in children if "pytest_cudaopt.candidate" in Path(f"/proc/{pid}/cmdline").read_text()]
+        assert workers   # launched ahead (its imports), but nothing of the workdir's loaded
+        for pid in workers:
+            assert str(work) not in Path(f"/proc/{pid}/maps").read_text(), "the extension loads only with a place"
+        (place / "go").touch()
+        output = proc.communicate(timeout=300)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+
+
+def test_a_device_childs_limit_grows_by_its_waits_for_its_place_and_its_turn(tmp_path, monkeypatch):
+    from pytest_cudaopt.judge.devices import cpu_slots
+    from pytest_cudaopt.run.turn import PLACE, Turn
+
+    seen = {}
+    monkeypatch.setattr(stages.runner, "run", lambda command, **kwargs: seen.update(kwargs) or runner.Outcome(
+        0, False, 0.0, "", tmp_path / "perf.log"))
+    place, turn = Turn(tmp_path / "place", PLACE), Turn(tmp_path / "turn")
+    place.asked_at, place.granted_at = 100.0, 104.0
+    turn.asked_at, turn.granted_at = 110.0, 113.0
+    stages.run_stage("perf", tmp_path, tmp_path, cpu_slots(1), "cpu0", Options(timeout=30.0, cache_dir=None),
+                     turn=turn, place=place)
+    assert (seen["env"]["CUDAOPT_PLACE"], seen["env"]["CUDAOPT_TURN"]) == (str(place.folder), str(turn.folder))
+    assert seen["paused"]() == pytest.approx(7.0)
+    place.asked_at = time.monotonic() - 1e6   # never granted: the child still ends, at twice its limit
+    place.granted_at = None
+    assert seen["paused"]() == 30.0

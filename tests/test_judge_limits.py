@@ -14,6 +14,7 @@ import pytest
 
 from pytest_cudaopt.judge import Judge, Options, lines as judge_lines, pool, runner, stages
 from pytest_cudaopt.judge.devices import DeviceSet, cpu_slots
+from pytest_cudaopt.run import turn as turns
 from pytest_cudaopt.judge.display import summary
 from support import JUDGE_CACHE, subprocess_env
 
@@ -70,10 +71,11 @@ class FakeStages:
         self.lock = threading.Lock()
         self.together = threading.Barrier(overlap, timeout=20)
 
-    def __call__(self, stage, copy, out, devices, device, options, children=None, turn=None):
+    def __call__(self, stage, copy, out, devices, device, options, children=None, turn=None, place=None):
         name = copy.name
         if stage != "check":
             return _stage(stage)
+        turns.wait(place.folder)   # as the check's child does before it uses its device
         with self.lock:
             first = not any(c[0] == name for c in self.calls)
             self.calls.append((name, device, set(self.running)))

@@ -38,9 +38,12 @@ def sleeping_stages(log: Path):
     function so that Ray ships it by value to the judge's process."""
     sleeps = dict(SLEEPS)
 
-    def run(stage, copy, out, devices, device, options, children=None, turn=None):
+    def run(stage, copy, out, devices, device, options, children=None, turn=None, place=None):
         from pytest_cudaopt.judge.stages import StageResult
+        from pytest_cudaopt.run import turn as turns
 
+        if place is not None:   # as a device stage's child does before it uses its device
+            turns.wait(place.folder)
         start = time.time()
         time.sleep(sleeps[stage])
         with open(log, "a") as handle:

@@ -81,6 +81,75 @@ def test_a_perf_stage_prepares_beside_checks_and_has_its_gpu_to_itself_once_gran
     assert not s.devices[0].draining
 
 
+def test_with_ahead_device_stages_start_up_without_a_place_and_get_one_in_the_order_they_ask():
+    s = Scheduler(["0"], jobs=4, share=2, ahead=2, turns=True)
+    for job in range(5):
+        s.add(job, stages=["check"])
+    tasks = {t.job: t for t in s.ready()}
+    assert set(tasks) == {0, 1, 2, 3} and s.devices[0].checks == {}   # share + ahead start; none holds a place
+    assert s.busy_fraction() == {"0": 0.0}   # starting up is the CPU's work, not the device's
+    for job in (3, 1, 0):
+        s.enter(tasks[job])
+    assert s.admits() == [3, 1] and s.admits() == []   # two places
+    assert s.shared(tasks[3]) and s.shared(tasks[1])
+    s.finish(tasks[3])
+    assert s.admits() == [0]
+    assert [t.job for t in s.ready()] == [4]   # room ahead again
+    s.finish(tasks[2])   # it ended before it asked (a collection error): it never held a place
+    assert s.admits() == [] and set(s.devices[0].checks) == {0, 1}
+
+
+def test_a_turn_waits_for_the_placed_stages_only_and_none_is_placed_while_the_device_drains():
+    s = Scheduler(["0"], jobs=4, share=2, ahead=2, turns=True)
+    s.add(0, stages=["perf"])
+    for job in (1, 2):
+        s.add(job, stages=["check"])
+    tasks = {t.job: t for t in s.ready()}
+    s.enter(tasks[0])
+    s.enter(tasks[1])
+    assert s.admits() == [0, 1]
+    s.want(tasks[0])
+    assert s.grants() == []   # job 1's check holds its place
+    s.enter(tasks[2])
+    assert s.admits() == []   # the device drains
+    s.finish(tasks[1])
+    assert s.grants() == [0]   # job 2 only starts up beside the turn
+    assert s.admits() == []    # and gets no place in it
+    s.finish(tasks[0])
+    assert s.admits() == [2] and not s.devices[0].draining
+
+
+def test_with_ahead_a_place_is_given_while_the_memory_fits_and_a_stage_alone_keeps_its_device():
+    s = Scheduler(["0"], jobs=4, share=3, ahead=1, memory={"0": 10 * GiB})
+    for job in range(3):
+        s.add(job, problem="big", stages=["check"])
+    s.expect("big", 6 * GiB)
+    tasks = {t.job: t for t in s.ready()}
+    for job in range(3):
+        s.enter(tasks[job])
+    assert s.admits() == [0]   # a second 6 GiB check does not fit beside the first
+    s.finish(tasks[0], retry_alone=True)   # to be judged again alone (as the pool does a shortfall beside others)
+    assert s.admits() == [1]
+    s.finish(tasks[1])
+    again = s.ready()
+    assert again == [Task(0, "check", "0")] and s.devices[0].alone == 0
+    assert s.admits() == []   # nothing placed beside a stage alone
+    s.enter(again[0])
+    assert s.admits() == [0]   # its own ask is answered at once
+    s.finish(again[0])
+    assert s.admits() == [2]
+
+
+def test_without_ahead_a_stage_holds_its_place_from_its_start_and_its_ask_is_answered_at_once():
+    s = Scheduler(["0"], jobs=4, share=1)
+    s.add(0, stages=["check"])
+    s.add(1, stages=["check"])
+    (task,) = s.ready()
+    assert set(s.devices[0].checks) == {0}
+    s.enter(task)
+    assert s.admits() == [0] and s.ready() == []
+
+
 def test_without_turns_a_perf_stage_has_its_gpu_to_itself_from_its_start():
     s = Scheduler(["0"], jobs=4, share=2)
     for job in range(3):
@@ -321,7 +390,7 @@ def test_a_fed_pool_judges_workdirs_added_while_it_runs_and_ends_only_when_close
     from pytest_cudaopt.judge.options import Options
     from pytest_cudaopt.judge.pool import LocalPool
 
-    def passes(stage, copy, out, devices, device, options, children=None, turn=None):
+    def passes(stage, copy, out, devices, device, options, children=None, turn=None, place=None):
         return _passed(stage)
 
     options = Options(jobs=2, share=2, cache_dir=None, fork=False, scratch=tmp_path / "scratch")
@@ -361,7 +430,10 @@ def test_in_a_pool_a_perf_turn_overlaps_no_other_stage_on_its_gpu_and_its_wait_i
 
     spans: list[tuple[str, str, float, float]] = []   # (what, workdir, start, end)
 
-    def stage(stage, copy, out, devices, device, options, children=None, turn=None):
+    def stage(stage, copy, out, devices, device, options, children=None, turn=None, place=None):
+        if place is not None:
+            time.sleep(0.05)   # starting up, without its place
+            turns.wait(place.folder)
         began = time.monotonic()
         if stage == "check":
             time.sleep(0.3)
@@ -386,6 +458,47 @@ def test_in_a_pool_a_perf_turn_overlaps_no_other_stage_on_its_gpu_and_its_wait_i
         assert beside == [], f"{name}'s turn overlapped {beside}"
     # (that a preparing perf stage runs beside checks: the scheduler's tests above, without timing)
     assert all("perf_wait" in line["seconds"] and line["seconds"]["perf_turn"] >= 0.1 for line in found)
+    for line in found:   # each device stage started up (0.05 s) before it asked for its place
+        assert {"check_before_place", "check_place_wait", "perf_before_place"} <= set(line["seconds"])
+        assert line["seconds"]["check_before_place"] >= 0.05
+
+
+def test_in_a_pool_stages_start_up_ahead_of_their_places_and_no_more_than_share_hold_one_at_once(tmp_path):
+    import threading
+    import time
+
+    from pytest_cudaopt.judge.devices import DeviceSet
+    from pytest_cudaopt.judge.options import Options
+    from pytest_cudaopt.judge.pool import LocalPool
+    from pytest_cudaopt.run import turn as turns
+
+    lock = threading.Lock()
+    started, placed, most = set(), set(), {"started": 0, "placed": 0}
+
+    def stage(stage, copy, out, devices, device, options, children=None, turn=None, place=None):
+        if place is None:
+            return _passed(stage)
+        key = (copy.name, stage)
+        with lock:
+            started.add(key)
+            most["started"] = max(most["started"], len(started))
+        time.sleep(0.1)   # start-up
+        turns.wait(place.folder)
+        with lock:
+            placed.add(key)
+            most["placed"] = max(most["placed"], len(placed))
+        time.sleep(0.1)
+        if turn is not None:
+            turns.wait(turn.folder)
+        with lock:
+            started.discard(key)
+            placed.discard(key)
+        return _passed(stage)
+
+    options = Options(jobs=8, share=2, ahead=2, cache_dir=None, fork=False, scratch=tmp_path / "scratch")
+    found = list(LocalPool(_workdirs(tmp_path, 8), options, DeviceSet(["0"]), run_stage=stage).lines())
+    assert len(found) == 8 and all(line["passed"] for line in found)
+    assert most == {"started": 4, "placed": 2}, most
 
 
 def test_a_perf_stage_that_ends_with_no_verdict_before_its_turn_beside_checks_is_judged_again_alone(tmp_path):
@@ -402,7 +515,9 @@ def test_a_perf_stage_that_ends_with_no_verdict_before_its_turn_beside_checks_is
     perf_runs: list[tuple[str, bool]] = []   # (workdir, whether a check ran beside it)
     checks, lock = set(), threading.Lock()
 
-    def stage(stage, copy, out, devices, device, options, children=None, turn=None):
+    def stage(stage, copy, out, devices, device, options, children=None, turn=None, place=None):
+        if place is not None:
+            turns.wait(place.folder)
         if stage == "check":
             with lock:
                 checks.add(copy.name)
@@ -460,3 +575,12 @@ def test_a_runs_stage_times_replayed_through_the_scheduler_give_the_wall_time_wo
     assert (got["wall_s"], got["turns"], got["waited_s"]) == (7.0, 2, 1.0)
     alone = schedule_replay.replay(works, share=1, jobs=2)   # w0's check and perf (2 s), then w1's: 2 + 4 + 4
     assert (alone["wall_s"], alone["waited_s"]) == (10.0, 0.0)
+    # With places: a check's start-up (1 s) holds no place with --ahead; its time in one is what is left of it
+    # once its wait (0.5 s) is taken off. One place: 2 + (1 + 1.5) * 2 without ahead, 2 + 1 + 1.5 * 2 with it.
+    placed = {"build": 1.0, "policy": 1.0, "check": 3.0, "check_before_place": 1.0, "check_place_wait": 0.5}
+    path.write_text("".join(json.dumps({"stages": {k: stages[k] for k in ("build", "policy", "check")},
+                                        "seconds": placed}) + "\n" for _ in range(2)))
+    works = schedule_replay.load(path)
+    assert (works[0].seconds["check_before"], works[0].seconds["check"]) == (1.0, 1.5)
+    assert schedule_replay.replay(works, share=1, jobs=2)["wall_s"] == 7.0
+    assert schedule_replay.replay(works, share=1, jobs=2, ahead=1)["wall_s"] == 6.0

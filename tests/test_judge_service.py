@@ -16,6 +16,7 @@ import pytest
 
 from pytest_cudaopt.judge import Options, Service, copies, runner, stages
 from pytest_cudaopt.judge.devices import cpu_slots
+from pytest_cudaopt.run import turn as turns
 from support import JUDGE_CACHE, JUDGE_CPU_ARGS, judge_workdirs, subprocess_env
 
 TIMEOUT_S = 120   # each child's limit: far past the moment the test kills the hang's check
@@ -112,8 +113,10 @@ class Stages:
         self.pause, self.busy = pause, busy   # busy: how many checks of a workdir named busy* find the device held
         self.sleeping = threading.Event()
 
-    def __call__(self, stage, copy, out, devices, device, options, children=None, turn=None):
+    def __call__(self, stage, copy, out, devices, device, options, children=None, turn=None, place=None):
         kind = {"policy": "policy", "check": "correctness", "perf": "perf"}.get(stage)
+        if place is not None:   # as a device stage's child does before it uses its device
+            turns.wait(place.folder)
         if copy.name.startswith("hang") and stage == "check":
             self.sleeping.set()
             outcome = runner.run([sys.executable, "-c", "import time; time.sleep(60)"], env=subprocess_env(),

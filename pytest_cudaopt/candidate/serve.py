@@ -110,7 +110,7 @@ class Server:
         protocol.setup_sharing()
         from pytest_cudaopt.candidate import load, observe  # noqa: F401 - what `load` imports, imported ahead
 
-        if device.startswith("cuda") and torch.cuda.is_available():
+        if request.get("context", True) and device.startswith("cuda") and torch.cuda.is_available():
             torch.empty(1, device=device)  # the context, made now rather than at the gate's request
         return {"sandbox": self.sandbox}
 

@@ -36,6 +36,7 @@ class Options:
     recorded_device: str | None = None  # the device every workdir records (cudaopt_device in its ini; set by Judge)
     environment_retries: int = 2  # judge a workdir again, up to this many times, while the environment is to blame
     turns: bool = True  # perf starts beside checks, its GPU alone from its turn (run/turn.py); else from its start
+    ahead: int | None = None  # device stages started per device beyond its places, without one yet (None: share)
 
     @property
     def cpu(self) -> bool:
@@ -49,6 +50,11 @@ class Options:
     def cpu_jobs(self) -> int:
         """Builds and policy checks at once on this host: `jobs`, else half its cores (each build's ninja gets two)."""
         return max(1, (os.cpu_count() or 2) // 2) if self.jobs is None else self.jobs
+
+    @property
+    def stages_ahead(self) -> int:
+        """Check and perf children that start up on the CPU per device while `share` hold their places there."""
+        return self.share if self.ahead is None else self.ahead
 
     @property
     def backstop_s(self) -> float:

@@ -22,11 +22,12 @@ from pytest_cudaopt.judge.options import Options, result_key
 from pytest_cudaopt.judge.scheduler import STAGES, Scheduler, Task
 from pytest_cudaopt.judge.stages import FAILED, OK, StageResult, run_stage, shortfall
 from pytest_cudaopt.run import zygote
-from pytest_cudaopt.run.turn import POLL_S, Turn
+from pytest_cudaopt.run.turn import PLACE, POLL_S, Turn
 
 # The events of a fed pool besides a stage's end: a workdir added, no more to come, one workdir's
-# children to end (a service's backstop), everything to end now (a service stopped); a perf stage's ask.
-_ADD, _CLOSE, _ABANDON, _STOP, _WANT = object(), object(), object(), object(), object()
+# children to end (a service's backstop), everything to end now (a service stopped); a perf stage's ask
+# for its turn, a device stage's ask for its place.
+_ADD, _CLOSE, _ABANDON, _STOP, _WANT, _ENTER = object(), object(), object(), object(), object(), object()
 
 
 @dataclass
@@ -48,6 +49,7 @@ class Job:
     began: float | None = None   # when its first stage started (before: queued)
     children: runner.Children = field(default_factory=runner.Children)   # its own, within the pool's
     turn: Turn | None = None   # its running perf stage's (the device alone once it asks)
+    place: Turn | None = None  # its running check or perf stage's (a place on the device once it asks)
 
     @property
     def copy(self) -> Path:
@@ -118,7 +120,7 @@ class LocalPool:
         own_scratch = self.options.scratch is None
         scratch = Path(tempfile.mkdtemp(prefix="cudaopt-judge-")) if own_scratch else Path(self.options.scratch)
         scheduler = Scheduler(self.devices.names, jobs=self.options.cpu_jobs, share=self.options.share,
-                              memory=self.devices.memory, turns=self.options.turns)
+                              memory=self.devices.memory, turns=self.options.turns, ahead=self.options.stages_ahead)
         jobs: dict[int, Job] = {}
         for workdir, name in zip(self.workdirs, self.names):
             self._new_job(scheduler, jobs, scratch, workdir, name, None, None, None)
@@ -171,6 +173,8 @@ class LocalPool:
                         jobs[task.job].began = time.monotonic()
                     self.on_event("start", jobs[task.job], task)
                     threading.Thread(target=self._work, args=(jobs[task.job], task, self._events), daemon=True).start()
+                for job in scheduler.admits():
+                    jobs[job].place.grant()
                 for job in scheduler.grants():
                     jobs[job].turn.grant()
                 task, result = self._events.get()
@@ -182,6 +186,9 @@ class LocalPool:
                     continue
                 if task is _WANT:
                     scheduler.want(result)
+                    continue
+                if task is _ENTER:
+                    scheduler.enter(result)
                     continue
                 if task is _ABANDON:
                     for job in jobs.values():
@@ -216,15 +223,21 @@ class LocalPool:
                 job.content = copies.private_copy(job.workdir, job.copy)
                 job.seconds["copy"] = time.monotonic() - copied
             turn = job.turn = Turn(job.out / "turn") if task.stage == "perf" and self.options.turns else None
+            place = job.place = Turn(job.out / f"{task.stage}-place", PLACE) if task.device is not None else None
             ended = threading.Event()
-            if turn is not None:   # it asks for its turn once ready to time (run/turn.py)
-                threading.Thread(target=self._watch, args=(turn, task, ended), daemon=True).start()
+            for channel, event in ((turn, _WANT), (place, _ENTER)):   # asked for once ready (run/turn.py)
+                if channel is not None:
+                    threading.Thread(target=self._watch, args=(channel, task, ended, event), daemon=True).start()
+            began = time.monotonic()
             try:
                 result = (self._run_stage or run_stage)(task.stage, job.copy, job.out, self.devices, task.device,
-                                                        self.options, job.children, turn=turn)
+                                                        self.options, job.children, turn=turn, place=place)
             finally:
                 ended.set()
-            if turn is not None:   # of the stage's seconds: waiting for its turn, then holding the device alone
+            if place is not None and place.asked_at is not None:   # of the stage's seconds: before its place, waiting
+                job.seconds.update({f"{task.stage}_before_place": place.asked_at - began,
+                                    f"{task.stage}_place_wait": place.waited()})
+            if turn is not None:   # and for its turn, then holding the device alone
                 job.seconds.update(perf_wait=turn.waited(), perf_turn=turn.held())
         except (OSError, copies.CopyError) as exc:
             result = StageResult(task.stage, "error", reason=f"could not {'copy' if task.stage == 'build' else 'run'} "
@@ -233,10 +246,10 @@ class LocalPool:
             result = StageResult(task.stage, "error", reason=f"the judge failed: {exc!r}")
         events.put((task, result))
 
-    def _watch(self, turn: Turn, task: Task, ended: threading.Event) -> None:
+    def _watch(self, channel: Turn, task: Task, ended: threading.Event, event: object) -> None:
         while not ended.wait(POLL_S * 2):
-            if turn.wanted():
-                self._events.put((_WANT, task))
+            if channel.wanted():
+                self._events.put((event, task))
                 return
 
     def _finished(self, scheduler: Scheduler, job: Job, task: Task, result: StageResult) -> dict | None:

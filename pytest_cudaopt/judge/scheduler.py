@@ -28,7 +28,9 @@ class Device:
 
     name: str
     memory: int | None = None                               # bytes; None: only the count limits sharing
-    checks: dict[int, int | None] = field(default_factory=dict)   # job -> memory it was given
+    checks: dict[int, int | None] = field(default_factory=dict)   # job -> memory it was given (placed)
+    preparing: list[int] = field(default_factory=list)       # started ahead, without a place yet (CPU only)
+    asking: list[int] = field(default_factory=list)          # of them, those that asked for their place
     alone: int | None = None                                 # the job that has it to itself (perf, a check retried)
     draining: bool = False                                   # a stage that runs alone waits for it: no new checks
     wanting: list[int] = field(default_factory=list)         # perf stages among `checks` waiting for their turn
@@ -53,16 +55,20 @@ class Scheduler:
     """Assigns stages to CPU slots (`jobs` at once) and devices. A device takes up to `share` checks while their
     needs fit, or one stage alone (perf, a check retried), which goes first and drains a device when none is idle.
     With `turns`, a perf stage starts as a check does and has its device alone once it asks (`want`): the device
-    drains, and `grants` gives it the turn when every other stage there waits for one too. `clock`: tests."""
+    drains, and `grants` gives it the turn when every other stage there waits for one too.
+    With `ahead`, up to `share + ahead` check and perf stages start on a device without a place: they start up
+    on the CPU and ask for one (`enter`) before their first use of it; `admits` places them while they fit
+    (with 0 a stage is placed at its start; its ask is answered at once). `clock`: tests."""
 
     def __init__(self, devices: Sequence[str], *, jobs: int = 2, share: int = 2, turns: bool = False,
-                 memory: dict[str, int] | None = None, clock: Callable[[], float] = time.monotonic):
+                 ahead: int = 0, memory: dict[str, int] | None = None, clock: Callable[[], float] = time.monotonic):
         if not devices:
             raise ValueError("the scheduler needs at least one device (a GPU or a CPU slot)")
-        if jobs < 1 or share < 1:
-            raise ValueError(f"jobs and share must be at least 1 (got jobs={jobs}, share={share})")
+        if jobs < 1 or share < 1 or ahead < 0:
+            raise ValueError(f"jobs and share must be at least 1, ahead at least 0 (got jobs={jobs}, share={share}, "
+                             f"ahead={ahead})")
         self.devices = [Device(str(d), (memory or {}).get(str(d))) for d in devices]
-        self.jobs, self.share, self.turns, self.clock = jobs, share, turns, clock
+        self.jobs, self.share, self.turns, self.ahead, self.clock = jobs, share, turns, ahead, clock
         self.started = clock()
         self._jobs: dict[int, _Job] = {}
         self._cpu_running = 0
@@ -71,6 +77,7 @@ class Scheduler:
         self._measured: set[str] = set()  # problems whose need a complete check measured
         self._shared: set[int] = set()    # jobs whose running check had another check beside it
         self._now: list[int] = []          # jobs that asked for their turn with their device alone already
+        self._entered: list[int] = []      # jobs that asked for their place with one already
 
     def add(self, job: int, problem: str | None = None, stages: Sequence[str] = STAGES) -> None:
         if job in self._jobs:
@@ -101,11 +108,15 @@ class Scheduler:
             started.append(self._start(job, stage, device))
         self._release_drains()
         for job, stage in [w for w in waiting if w[1] in ("check", "perf") and not self._sole(*w)]:
+            if self.ahead:
+                device = self._roomiest()
+                if device is not None:
+                    device.preparing.append(job)
+                    started.append(self._start(job, stage, device))
+                continue
             device = self._fitting(self._jobs[job].problem)
             if device is not None:
-                if device.checks:   # beside others: a shortfall of either is no candidate's
-                    self._shared.update([*device.checks, job])
-                device.checks[job] = self._need(self._jobs[job].problem, device)
+                self._place(job, device)
                 started.append(self._start(job, stage, device))
         for job, stage in [w for w in waiting if w[1] in CPU_STAGES]:
             if self._cpu_running >= self.jobs:
@@ -113,6 +124,38 @@ class Scheduler:
             self._cpu_running += 1
             started.append(self._start(job, stage, None))
         return started
+
+    def _place(self, job: int, device: Device) -> None:
+        if device.checks:   # beside others: a shortfall of either is no candidate's
+            self._shared.update([*device.checks, job])
+        device.checks[job] = self._need(self._jobs[job].problem, device)
+
+    def _roomiest(self) -> Device | None:
+        """The device with the fewest check and perf stages, placed or preparing, if it takes one more ahead."""
+        room = [d for d in self.devices if len(d.checks) + len(d.preparing) < self.share + self.ahead]
+        return min(room, key=lambda d: len(d.checks) + len(d.preparing)) if room else None
+
+    def enter(self, task: Task) -> None:
+        """The running stage `task` asks for its place on its device (`admits` gives it)."""
+        device = next(d for d in self.devices if d.name == task.device)
+        if task.job in device.preparing:
+            if task.job not in device.asking:
+                device.asking.append(task.job)
+        elif task.job not in self._entered:   # placed at its start (alone, or with no `ahead`)
+            self._entered.append(task.job)
+
+    def admits(self) -> list[int]:
+        """The jobs whose place begins now: asked, in order, while they fit (no stage alone, not draining)."""
+        admitted, self._entered = self._entered, []
+        for device in self.devices:
+            while device.asking and self._fits(device, self._jobs[device.asking[0]].problem):
+                job = device.asking.pop(0)
+                device.preparing.remove(job)
+                self._touch(device)
+                self._place(job, device)
+                self._touch(device)
+                admitted.append(job)
+        return admitted
 
     def _sole(self, job: int, stage: str) -> bool:
         """The stage has its device to itself from its start: perf without turns, or a stage retried alone."""
@@ -149,16 +192,16 @@ class Scheduler:
 
     def _fitting(self, problem: str | None) -> Device | None:
         """The device with the fewest checks that takes one more (no perf, not draining, memory fits)."""
-        fits = []
-        for device in self.devices:
-            if device.alone is not None or device.draining or len(device.checks) >= self.share:
-                continue
-            need = self._need(problem, device)
-            used = sum(n or 0 for n in device.checks.values())
-            if device.memory and need is not None and device.checks and used + need > device.memory:
-                continue
-            fits.append(device)
+        fits = [device for device in self.devices if self._fits(device, problem)]
         return min(fits, key=lambda d: len(d.checks)) if fits else None
+
+    def _fits(self, device: Device, problem: str | None) -> bool:
+        """Whether `device` takes one more check of `problem` now (no perf, not draining, memory fits)."""
+        if device.alone is not None or device.draining or len(device.checks) >= self.share:
+            return False
+        need = self._need(problem, device)
+        used = sum(n or 0 for n in device.checks.values())
+        return not (device.memory and need is not None and device.checks and used + need > device.memory)
 
     def _drain(self) -> None:
         """One more device (the fewest checks first) stops taking checks, while fewer drain than stages wait alone."""
@@ -198,12 +241,18 @@ class Scheduler:
         job.running, alone = None, job.alone
         job.alone = False
         self._shared.discard(task.job)
+        for answered in (self._entered, self._now):
+            if task.job in answered:
+                answered.remove(task.job)
         if task.device is None:
             self._cpu_running -= 1
         else:
             device = next(d for d in self.devices if d.name == task.device)
             self._touch(device)
             device.checks.pop(task.job, None)
+            for waiting in (device.preparing, device.asking):
+                if task.job in waiting:
+                    waiting.remove(task.job)
             if task.job in device.wanting:
                 device.wanting.remove(task.job)
             if device.alone == task.job:

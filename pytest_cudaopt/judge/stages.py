@@ -96,15 +96,20 @@ def command(stage: str, copy: Path, out: Path, options: Options) -> list[str]:
 
 
 def run_stage(stage: str, copy: Path, out: Path, devices: DeviceSet, device: str | None, options: Options,
-              children: runner.Children | None = None, turn: Turn | None = None) -> StageResult:
-    """Run one stage of the workdir at `copy` (outputs in `out`) and read what it left. `turn`: a perf stage's."""
+              children: runner.Children | None = None, turn: Turn | None = None,
+              place: Turn | None = None) -> StageResult:
+    """Run one stage of the workdir at `copy` (outputs in `out`) and read what it left. `turn`: a perf stage's;
+    `place`: a device stage's (run/turn.py). The child's time limit grows by its waits for them."""
     timeout = options.build_timeout if stage == "build" else options.timeout
-    env = {**environment(stage, devices, device, options), **(turn.env if turn is not None else {})}
+    gates = [g for g in (place, turn) if g is not None]
+    env = environment(stage, devices, device, options)
+    for gate in gates:
+        env.update(gate.env)
     outcome = runner.run(command(stage, copy, out, options), env=env, cwd=out, timeout=timeout,
                          log=out / f"{stage}.log", children=children, grace=options.grace,
                          nice=BUILD_NICE if stage == "build" else 0,
                          zygote_name=options.zygote if options.fork else None,
-                         paused=(lambda: min(turn.waited(), timeout)) if turn is not None else lambda: 0.0)
+                         paused=lambda: min(sum(g.waited() for g in gates), timeout))
     if stage == "build":
         result = read_build(outcome)
         result.objects = _object_counts(copy)

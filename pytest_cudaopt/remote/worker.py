@@ -118,9 +118,12 @@ class Worker:
         self.conn = Connection(ours.detach())
         _LIVE.add(self)
         self.builds = Path(builds).resolve() if builds is not None else getattr(self.extension, "parent", None)
+        from pytest_cudaopt.run.turn import PLACE, pending
+
+        # A judge's child launches it before its place on the device: no CUDA context until the first request.
         self.send({"op": "sandbox", "mode": self.sandbox, "workdir": str(self.workdir), "device": self.device,
-                   "build": str(self.builds) if self.builds else None, "scratch": str(self.scratch)},
-                  what="confining itself")
+                   "build": str(self.builds) if self.builds else None, "scratch": str(self.scratch),
+                   "context": not pending(PLACE)}, what="confining itself")
         return self
 
     def reads(self, extension: Path | None) -> bool:

@@ -122,12 +122,30 @@ class CudaoptSession:
 
     def _load(self, path: Path):
         """Build the extension, import model.py here, start the workdir's worker."""
+        from pytest_cudaopt.run.turn import enter_place
         from pytest_cudaopt.workdir import load_reference
 
         build = self.extension(path)
+        self._sanitize_ahead(path, build.so_path)
+        enter_place()   # the build item's: built without a place on the device, loaded with one
         loaded = self._references.get(path) or load_reference(path)
         loaded.worker = self.workers.start(path, build.so_path)
         return loaded
+
+    def _sanitize_ahead(self, path: Path, so_path: Path | None) -> None:
+        """A memory-safety item of this workdir to run: its sanitized children start now (workers.sanitize_ahead)."""
+        from pytest_cudaopt.memsafety.verdict import find_sanitizer
+        from pytest_cudaopt.results.records import NOT_RUN
+
+        stand_in = self.settings.self_test and self.settings.compute_sanitizer   # the plugin's own CPU tests
+        if so_path is None or (self.settings.device != "cuda" and not stand_in):
+            return
+        if not any(entry.kind == "memsafety" and entry.status == NOT_RUN and Path(entry.workdir).resolve() == path
+                   for entry in self.ledger.entries.values()):
+            return
+        sanitizer, _ = find_sanitizer(self.settings.compute_sanitizer)
+        if sanitizer is not None:
+            self.workers.sanitize_ahead(path, so_path, sanitizer)
 
     def reference(self, path: Path):
         """The workdir built and its model.py imported here, no worker started (what a perf child prepares
