@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import stat
 import sys
 from pathlib import Path
@@ -164,6 +166,8 @@ child = args[args.index("-m") - 1:]
 assert os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1", "the caching allocator is on"
 assert tool != "memcheck" or "--padding" in args, "memcheck without --padding"
 began = time.time()
+scratch = args[args.index("--scratch") + 1]
+case_at_start = os.path.exists(os.path.join(scratch, "memsafety-case.pt"))
 time.sleep(float(os.environ.get("FAKE_SANITIZER_SLEEP_" + tool.upper(), "0")))
 if os.environ.get("FAKE_SANITIZER_OOM"):
     done = subprocess.CompletedProcess(child, 11, "cudaopt memsafety: the case raised AcceleratorError: CUDA error: "
@@ -177,7 +181,7 @@ recorded = os.path.join(os.environ.get("FAKE_SANITIZER_LOGS", "/nonexistent"), t
 text = open(recorded).read() if os.path.exists(recorded) else "========= COMPUTE-SANITIZER\\n========= ERROR SUMMARY: 0 errors\\n"
 open(log, "w").write(text)
 if os.environ.get("FAKE_SANITIZER_SPANS"):  # when each tool ran: the item runs them at once
-    open(os.path.join(os.environ["FAKE_SANITIZER_SPANS"], tool), "w").write("%f %f" % (began, time.time()))
+    open(os.path.join(os.environ["FAKE_SANITIZER_SPANS"], tool), "w").write("%f %f %d" % (began, time.time(), case_at_start))
 errors = re.search(r"ERROR SUMMARY: (\\d+)", text)
 sys.exit(86 if errors and int(errors.group(1)) else done.returncode)
 '''
@@ -239,7 +243,9 @@ def test_the_item_passes_a_clean_workdir_after_all_three_tools_run_at_once(pytes
     # Each tool sleeps 3 s before its child: run one after another, no two would overlap.
     ran = {p.name: [float(t) for t in p.read_text().split()] for p in spans.iterdir()}
     assert set(ran) == {"memcheck", "racecheck", "initcheck"}
-    assert max(b for b, _ in ran.values()) < min(e for _, e in ran.values()), ran
+    assert max(b for b, _, _ in ran.values()) < min(e for _, e, _ in ran.values()), ran
+    # Started ahead, as soon as the workdir was built: before its case was drawn
+    assert not any(case_there for _, _, case_there in ran.values()), ran
     result.stdout.fnmatch_lines(["*cudaopt memsafety: 1 of 1 passed*"])
 
 
@@ -448,3 +454,49 @@ def test_the_child_confines_itself_and_still_runs_its_call(prebuilt_workdir, sub
                           env={**subprocess_env, "TMPDIR": str(tmp_path)})  # as judge_memory_safety sets it
     assert 'cudaopt-memsafety-call: {"audit": []}' in done.stdout, done.stderr
     assert "PermissionError" in done.stderr and not (path.parent / "forged.log").exists()
+
+
+def test_children_started_ahead_load_nothing_of_the_workdir_before_their_case_and_end_with_their_parent(
+        prebuilt_workdir, tmp_path, monkeypatch):
+    """memsafety.Sanitized: started while the workdir loads, each tool's child imports torch and waits; the case
+    sent, each makes its call. One whose sanitizer is gone stops waiting."""
+    import time
+
+    import torch
+
+    path = prebuilt_workdir("cpu_scale")
+    so = next((path / "build" / "cudaopt").glob("*/cuda_extension.so"))
+    fake = tmp_path / "compute-sanitizer"
+    fake.write_text(FAKE_SANITIZER.format(python=sys.executable))
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PYTHONPATH", str(Path(memsafety.__file__).resolve().parents[2]))
+    ahead = memsafety.Sanitized(path, str(so), "cpu", "off", str(fake), wait=120)
+    try:
+        time.sleep(3.0)   # torch imported by now
+        assert ahead.waiting()
+        for child in ahead.children.values():
+            kids = Path(f"/proc/{child.proc.pid}/task/{child.proc.pid}/children").read_text().split()
+            assert kids, "the tool's child runs"
+            assert str(path) not in Path(f"/proc/{kids[0]}/maps").read_text(), "the workdir's extension loads early"
+        want = _case_in(path, tmp_path, {"features": 3})
+        ahead.send(torch.load(tmp_path / "memsafety-case.pt", weights_only=True))
+        for tool, child in ahead.children.items():
+            run = child.finish(120)
+            assert run.returncode == 0 and "cudaopt-memsafety-call:" in run.output, (tool, run.output[-2000:])
+            [got] = torch.load(ahead.child_scratch / tool / "memsafety-output.pt", weights_only=True)
+            assert torch.allclose(got, want[0].float())
+    finally:
+        ahead.close()
+    orphan = memsafety.Sanitized(path, str(so), "cpu", "off", str(fake), wait=120)
+    try:
+        time.sleep(1.0)
+        child = orphan.children["memcheck"]
+        [kid] = Path(f"/proc/{child.proc.pid}/task/{child.proc.pid}/children").read_text().split()
+        os.kill(child.proc.pid, signal.SIGKILL)   # its sanitizer gone, the child is no one's to wait for
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{kid}").exists() and "Z" not in Path(f"/proc/{kid}/stat").read_text().split()[2] \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert time.monotonic() < deadline, "the orphaned child still waits"
+    finally:
+        orphan.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pickle
 import sys
 from pathlib import Path
@@ -33,10 +34,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--scratch", required=True, help="the folder of CASE and OUTPUT, all a confined child may write")
     p.add_argument("--device", default="cuda")
     p.add_argument("--sandbox", default="off", choices=("require", "auto", "off"), help="cudaopt_sandbox")
+    p.add_argument("--wait", type=float, default=0.0, help="seconds to wait for the case (started before it is drawn)")
     return p
 
 
+def _await(case: Path, seconds: float, parent: int) -> bool:
+    """The case is there, or comes within `seconds` while the process that started this one (`parent`) lives."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not case.exists():
+        if time.monotonic() > deadline or os.getppid() != parent:
+            return False
+        time.sleep(0.005)
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    parent = os.getppid()
     args = _parser().parse_args(argv)
     from pytest_cudaopt.candidate.sandbox import confine
 
@@ -54,6 +69,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                private_rng)
     from pytest_cudaopt.candidate.observe import OpAudit, leaves
 
+    # Started ahead (torch imported meanwhile): nothing of the workdir's loads before its case comes.
+    if not _await(scratch / CASE, args.wait, parent):
+        print(f"cudaopt memsafety: no case came within {args.wait:g} s", file=sys.stderr)
+        return 2
     try:
         with torch.serialization.safe_globals([frozenset]):   # what the wire carries (wire._PLAIN_ALLOWED), no less
             case = torch.load(scratch / CASE, weights_only=True)

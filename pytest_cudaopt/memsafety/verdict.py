@@ -68,13 +68,14 @@ def small_case(reference: Any, settings: Any) -> dict[str, int]:
 
 
 def child_command(workdir: Path, extension: str, scratch: str, device: str, sandbox: str = "off",
-                  sanitizer: tuple[str, str, Path] | None = None) -> list[str]:
-    """The child's command line (candidate/sanitized.py, its case in `scratch`); with `sanitizer`
-    (executable, tool, log file), run under it."""
+                  sanitizer: tuple[str, str, Path] | None = None, wait: float = 0.0) -> list[str]:
+    """The child's command line (candidate/sanitized.py, its case in `scratch`, waited for up to `wait` seconds);
+    with `sanitizer` (executable, tool, log file), run under it."""
     under = [sanitizer[0], *TOOLS[sanitizer[1]], "--print-limit", str(PRINT_LIMIT), "--error-exitcode",
              str(ERROR_EXIT), "--log-file", str(sanitizer[2])] if sanitizer else []
     return [*under, sys.executable, "-m", "pytest_cudaopt.candidate.sanitized", str(workdir), "--extension", extension,
-            "--scratch", scratch, "--device", device, *(["--sandbox", sandbox] if sandbox != "off" else [])]
+            "--scratch", scratch, "--device", device, *(["--sandbox", sandbox] if sandbox != "off" else []),
+            *(["--wait", f"{wait:g}"] if wait else [])]
 
 
 def child_environment() -> dict[str, str]:
@@ -100,9 +101,11 @@ class Child:
     """One tool's sanitized child, started in a process group of its own."""
 
     def __init__(self, cmd: list[str], log: Path, env: dict[str, str], cwd: Path, tool: str) -> None:
+        from pytest_cudaopt.run.zygote import die_with_parent
+
         self.tool, self.log, self.started = tool, log, time.perf_counter()
         self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True)
+                                     text=True, start_new_session=True, preexec_fn=die_with_parent)
         self.output: list[str] = []
         # Drained on a thread, so a chatty child never blocks on a full pipe while another is waited on.
         self.reader = threading.Thread(target=lambda: self.output.append(self.proc.stdout.read()), daemon=True)
@@ -123,6 +126,53 @@ class Child:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+
+
+class Sanitized:
+    """The three tools' children for one built workdir, each in a scratch folder of its own (the logs in one they
+    cannot write). Started as soon as the workdir is built, before the case is drawn (its memory-safety item
+    started ahead): each imports torch under its tool meanwhile, and loads nothing of the workdir's before `send`."""
+
+    def __init__(self, workdir: Path, extension: str, device: str, sandbox: str, sanitizer: str, wait: float) -> None:
+        self.key = (str(Path(workdir).resolve()), str(Path(extension).resolve()), device, sandbox, sanitizer)
+        self.scratch = Path(tempfile.mkdtemp(prefix="cudaopt-memsafety-"))
+        self.child_scratch = Path(tempfile.mkdtemp(prefix="cudaopt-memsafety-child-"))
+        self.children: dict[str, Child] = {}
+        try:
+            for tool in TOOLS:
+                own = self.child_scratch / tool
+                own.mkdir()
+                env = dict(child_environment(), TMPDIR=str(own), CUDA_CACHE_PATH=str(own / "cuda-cache"))
+                log = self.scratch / f"{tool}.log"
+                cmd = child_command(workdir, extension, str(own), device, sandbox, (sanitizer, tool, log), wait)
+                self.children[tool] = Child(cmd, log, env, workdir, tool)
+        except BaseException:
+            self.close()
+            raise
+
+    def waiting(self) -> bool:
+        """Every child is still there, waiting for its case."""
+        return all(child.proc.poll() is None for child in self.children.values())
+
+    def send(self, case: dict) -> None:
+        """The case to every child at once (a complete file: each loads it as soon as it appears)."""
+        import torch
+
+        from pytest_cudaopt.candidate.sanitized import CASE
+
+        torch.save(case, self.scratch / CASE)
+        for tool, child in self.children.items():
+            part = self.child_scratch / tool / f"{CASE}.part"
+            shutil.copyfile(self.scratch / CASE, part)
+            os.replace(part, self.child_scratch / tool / CASE)
+            child.started = time.perf_counter()
+
+    def close(self) -> None:
+        for child in self.children.values():   # an error, or a session that ended first: none is left behind
+            if child.proc.poll() is None:
+                child.kill()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        shutil.rmtree(self.child_scratch, ignore_errors=True)
 
 
 def _tail(text: str, lines: int = 12) -> str:
@@ -235,13 +285,11 @@ def failure_text(result: MemorySafetyResult) -> str:
     return "\n".join(lines)
 
 
-def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str, sanitizer: str) -> MemorySafetyResult:
+def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str, sanitizer: str,
+                        ahead: Sanitized | None = None) -> MemorySafetyResult:
     """Run the tools on one small case of the loaded `workdir` (its extension as built) and decide. The three
-    run at once (each is mostly the sanitizer's own work on the CPU); memcheck's findings stop the others."""
-    import torch
-
-    from pytest_cudaopt.candidate.sanitized import CASE
-
+    run at once (each is mostly the sanitizer's own work on the CPU); memcheck's findings stop the others.
+    `ahead`: the children started for this workdir and extension while it loaded, if still waiting."""
     case = small_case(workdir.reference, settings)
     so = workdir.worker.extension if workdir.worker is not None else workdir.extension.__file__
     extension = str(Path(so).resolve())
@@ -255,37 +303,28 @@ def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str, sanit
     started = time.perf_counter()
     sent, want = draw_case(workdir, case, seed, settings.device)
 
-    # The logs in a folder the children cannot write; each child's own scratch beside it.
-    with tempfile.TemporaryDirectory(prefix="cudaopt-memsafety-") as scratch, \
-            tempfile.TemporaryDirectory(prefix="cudaopt-memsafety-child-") as child_scratch:
-        children: dict[str, Child] = {}
-        case_file = Path(scratch) / CASE
-        torch.save(sent, case_file)
-        try:
-            for tool in TOOLS:
-                own = Path(child_scratch) / tool
-                own.mkdir()
-                shutil.copyfile(case_file, own / CASE)
-                env = dict(child_environment(), TMPDIR=str(own), CUDA_CACHE_PATH=str(own / "cuda-cache"))
-                log = Path(scratch) / f"{tool}.log"
-                cmd = child_command(workdir.path, extension, str(own), settings.device,
-                                    getattr(settings, "sandbox", "off"), (sanitizer, tool, log))
-                children[tool] = Child(cmd, log, env, workdir.path, tool)
-            decided = False
-            for tool, child in children.items():  # memcheck first
-                if decided:  # not worth the others' time
-                    child.kill()
-                    result.tools[tool] = f"stopped ({REQUIRED} decided)"
-                    continue
-                run = child.finish(limit - (time.perf_counter() - started))
-                result.seconds_by_tool[tool] = run.seconds
-                judge_run(run, workdir.path, build_dir, result,
-                          lambda run: call_evidence(run, Path(child_scratch) / run.tool, want))
-                decided = tool == REQUIRED and bool(result.failures or result.findings)
-        finally:
-            for child in children.values():  # an error above leaves no sanitized child behind
-                if child.proc.poll() is None:
-                    child.kill()
+    sandbox = getattr(settings, "sandbox", "off")
+    key = (str(Path(workdir.path).resolve()), extension, settings.device, sandbox, sanitizer)
+    if ahead is not None and (ahead.key != key
+                              or not ahead.waiting()):   # another build, or gone: started afresh
+        ahead.close()
+        ahead = None
+    sanitized = ahead or Sanitized(workdir.path, extension, settings.device, sandbox, sanitizer, wait=limit)
+    try:
+        sanitized.send(sent)
+        decided = False
+        for tool, child in sanitized.children.items():  # memcheck first
+            if decided:  # not worth the others' time
+                child.kill()
+                result.tools[tool] = f"stopped ({REQUIRED} decided)"
+                continue
+            run = child.finish(limit - (time.perf_counter() - started))
+            result.seconds_by_tool[tool] = run.seconds
+            judge_run(run, workdir.path, build_dir, result,
+                      lambda run: call_evidence(run, sanitized.child_scratch / run.tool, want))
+            decided = tool == REQUIRED and bool(result.failures or result.findings)
+    finally:
+        sanitized.close()
     result.seconds = time.perf_counter() - started
     result.passed = not result.findings and not result.failures
     return result

@@ -14,6 +14,7 @@ class Workers:
         self.launched: dict = {}  # workdir -> its worker, launched ahead (launch)
         self._policy: dict = {}  # (workdir, .so or None) -> the policy items' worker
         self._extension: dict = {}  # workdir -> the `cuda_extension` fixture's worker
+        self.sanitized: dict = {}   # workdir -> its memory-safety item's children, started ahead (memsafety.verdict)
 
     def launch(self, path: Path) -> None:
         """Launch the workdir's worker now, to import torch while this process builds (its first item takes it).
@@ -112,5 +113,25 @@ class Workers:
         """Kill every worker of this session (before any verdict file is written)."""
         for worker in self.all:
             worker.stop()
-        for held in (self.all, self._policy, self._extension, self.launched):
+        for sanitized in self.sanitized.values():
+            sanitized.close()
+        for held in (self.all, self._policy, self._extension, self.launched, self.sanitized):
             held.clear()
+
+    def sanitize_ahead(self, path: Path, so_path: Path, sanitizer: str) -> None:
+        """Start the memory-safety children of the workdir at `path`, built as `so_path`: they import torch while
+        this process waits for its place and loads the workdir (the item takes them, `take_sanitized`)."""
+        from pytest_cudaopt.memsafety.verdict import Sanitized
+
+        path = Path(path).resolve()
+        if path in self.sanitized:
+            return
+        limit = max(10.0, min(self.settings.memsafety_timeout, self.settings.timeout))
+        try:
+            self.sanitized[path] = Sanitized(path, str(so_path), self.settings.device, self.settings.sandbox, sanitizer,
+                                             wait=2 * limit)
+        except OSError:
+            pass   # the item starts them itself, and says why they do not start
+
+    def take_sanitized(self, path: Path):
+        return self.sanitized.pop(Path(path).resolve(), None)

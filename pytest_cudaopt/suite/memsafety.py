@@ -35,7 +35,8 @@ class TestMemorySafety:
             pytest.skip(reason)
         workdir = cudaopt_session.loaded_or_fail(cudaopt_workdir_path, request.node.nodeid, "run")
         result = judge_memory_safety(workdir, cudaopt_settings, derive_seed(cudaopt_session.seed, "memsafety"),
-                                     request.node.nodeid, sanitizer)
+                                     request.node.nodeid, sanitizer,
+                                     ahead=cudaopt_session.workers.take_sanitized(cudaopt_workdir_path))
         cudaopt_session.results.append(result)
         if not result.passed and not result.findings and any("out of memory" in f for f in result.failures):
             # The sanitized case could not get its memory: whose it is, as for a correctness case.
