@@ -128,11 +128,12 @@ def _verdicts(cases: list[dict]) -> dict[str, str]:
 
 
 def judge_arm(workdirs: list[Path], args: list[str], cache: Path, gpus: list[str] | None, out: Path,
-              fork: bool = True, share: int | None = None, turns: bool = True) -> dict:
+              fork: bool = True, share: int | None = None, turns: bool = True, ahead: int | None = None) -> dict:
     from pytest_cudaopt import judge
 
     options = judge.Options(gpus=gpus, pytest_args=list(args), cache_dir=cache, timeout=300, cpu_slots=2,
-                            fork=fork, turns=turns, **({"share": share} if share else {}))
+                            fork=fork, turns=turns, ahead=ahead, scratch=out / "scratch", keep=True,
+                            **({"share": share} if share else {}))
     job = judge.Judge(workdirs, options)
     lines = []
     with open(out / "judge.jsonl", "w") as handle:
@@ -141,7 +142,12 @@ def judge_arm(workdirs: list[Path], args: list[str], cache: Path, gpus: list[str
             lines.append(line)
             print(f"judge arm: {Path(line['workdir']).name}: {line['status']} {line['seconds'].get('total', 0):.1f} s",
                   flush=True)
-    return {"wall_s": job.wall_s, "busy": job.busy,
+    # what each device stage had touched when it asked for its place (run/turn.py): CUDA never, on a GPU too
+    asks = [json.loads(p.read_text() or "{}") for p in (out / "scratch").glob("*/out/*-place/want")]
+    shutil.rmtree(out / "scratch", ignore_errors=True)
+    return {"wall_s": job.wall_s, "busy": job.busy, "place_asks": len(asks),
+            "cuda_before_place": sum(bool(a.get("cuda_initialized")) for a in asks),
+            "context_before_place": sum(bool(a.get("cuda_context")) for a in asks),
             "results": {Path(line["workdir"]).name: line for line in lines}}
 
 
@@ -197,6 +203,15 @@ def table(pytest_run: dict | None, judge_run: dict | None, devices: int) -> tupl
             held = sorted(h for _, h in turns)
             notes.append(f"perf turns: {len(turns)}, waited {sum(w for w, _ in turns):.1f} s, held the device alone "
                          f"{sum(held):.1f} s (median {held[len(held) // 2]:.2f} s)")
+        before = [line["seconds"].get(f"{s}_before_place", 0.0) for line in judge_run["results"].values()
+                  for s in ("check", "perf") if f"{s}_place_wait" in line["seconds"]]
+        waits = [line["seconds"].get(f"{s}_place_wait", 0.0) for line in judge_run["results"].values()
+                 for s in ("check", "perf")]
+        if before:
+            notes.append(f"places: {len(before)} asked, after {sum(before):.1f} s of start-up without one (summed), "
+                         f"waited {sum(waits):.1f} s; CUDA initialised before the place by "
+                         f"{judge_run.get('cuda_before_place', '?')} of {judge_run.get('place_asks', '?')}, "
+                         f"a CUDA context made by {judge_run.get('context_before_place', '?')}")
         notes.append("busy: " + ", ".join(f"{d} {f:.0%}" for d, f in judge_run.get("busy", {}).items()))
         cached = sum(line["objects"].get("cached", 0) for line in judge_run["results"].values())
         compiled = sum(line["objects"].get("compiled", 0) for line in judge_run["results"].values())
@@ -239,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the judge arm judges the GPU gallery N times over, each copy built from cold (a "
                              "steadier rate than one pass; the pytest arm judges the first copy)")
     parser.add_argument("--share", type=int, default=None, metavar="N", help="the judge arm's --share")
+    parser.add_argument("--ahead", type=int, default=None, metavar="N", help="the judge arm's --ahead")
     parser.add_argument("--no-turns", action="store_true",
                         help="the judge arm's perf stages hold their GPU alone from their start (Options(turns=False))")
     parser.add_argument("--pytest-arg", action="append", default=[], metavar="ARG",
@@ -284,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     def run_judge_arm() -> dict:
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         return judge_arm(make(out / "work" / "judge", args.copies), pytest_args, cache, gpus, out,
-                         fork=not args.no_fork, share=args.share, turns=not args.no_turns)
+                         fork=not args.no_fork, share=args.share, turns=not args.no_turns, ahead=args.ahead)
 
     if args.judge_first and args.arm in ("both", "judge"):
         judge_run = run_judge_arm()

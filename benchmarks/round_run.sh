@@ -21,6 +21,7 @@
 #   profile   benchmarks/stage_profile.py: where one honest gallery workdir's check and perf stages spend their time
 #             (PROFILE_ARGS="--turns --stages perf": the perf stage's time before and in its turn)
 #   scaling   the rate step (COPIES default 1) at each --share of SHARES (default "1 2 4"): 1 to N workdirs at once
+#   ahead     the rate step at each --ahead of AHEADS (default "0 4"): device stages starting up before their place
 #   replay    benchmarks/schedule_replay.py over the rate step's lines (CPU): its replay error, and --share 4 and 8
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -71,6 +72,11 @@ for name in ${@:-correct verdicts gallery attacks shared service}; do case $name
               $(for a in ${RATE_ARGS:-}; do printf -- '--pytest-arg=%s ' "$a"; done) --out "$LOGS/rate_args" ;;
   scaling)  for n in ${SHARES:-1 2 4}; do step "scaling_$n" "${RATE_S:-420}" python3 benchmarks/judge_gallery.py \
               --arm judge --copies "${COPIES:-1}" --share "$n" --out "$LOGS/scaling_$n"; done ;;
+  ahead)    for n in ${AHEADS:-0 4}; do mkdir -p "$LOGS/ahead_$n"
+              step "ahead_$n" "${RATE_S:-420}" python3 benchmarks/cpu_sampler.py --out "$LOGS/ahead_$n/cpu.json" -- \
+              python3 benchmarks/judge_gallery.py --arm judge --copies "${COPIES:-3}" --ahead "$n" \
+              ${PYTEST_ARGS:+$(for a in $PYTEST_ARGS; do printf -- '--pytest-arg=%s ' "$a"; done)} \
+              --out "$LOGS/ahead_$n"; done ;;
   replay)   step replay 60 python3 benchmarks/schedule_replay.py "$LOGS/rate/judge.jsonl" --share 4 8 \
               --measured "$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['judge']['wall_s'])" \
               "$LOGS/rate/judge_gallery.json")" ;;
@@ -87,7 +93,9 @@ esac; done
   tail -n 6 "$LOGS/rate_tree/judge_gallery.txt" 2>/dev/null; echo
   tail -n 6 "$LOGS/rate_args/judge_gallery.txt" 2>/dev/null; echo
   tail -n 7 "$LOGS/alone/judge_gallery.txt" 2>/dev/null; echo
-  for f in "$LOGS"/scaling_*/judge_gallery.txt; do [ -f "$f" ] && { echo "$f"; tail -n 6 "$f"; }; done; echo
+  for f in "$LOGS"/scaling_*/judge_gallery.txt "$LOGS"/ahead_*/judge_gallery.txt; do [ -f "$f" ] && { echo "$f"; tail -n 8 "$f"; }; done; echo
+  for f in "$LOGS"/ahead_*/cpu.json; do [ -f "$f" ] && python3 -c "import json, sys
+d = json.load(open(sys.argv[1])); d.pop('timeline'); d.pop('gpu'); print(sys.argv[1], json.dumps(d))" "$f"; done; echo
   cat "$LOGS/replay.log" 2>/dev/null; echo
   head -n 30 "$LOGS/profile/perf.txt" 2>/dev/null; echo
   tail -n 1 "$LOGS/attacks_vs/table.txt" 2>/dev/null; echo

@@ -1,10 +1,13 @@
 """Replay a judge run's stage times through the judge's own scheduler on a virtual clock: the wall time it
 predicts for other settings (`--share`, turn batching), from one GPU run's lines, without a GPU.
 
-    python benchmarks/schedule_replay.py judge.jsonl [--share 4 8] [--batch-wait 0 3 6] [--jobs 8] [--scale check=0.5]
+    python benchmarks/schedule_replay.py judge.jsonl [--share 4 8] [--ahead 0 4] [--batch-wait 0 3 6] [--jobs 8]
+                                         [--scale check=0.5]
 
-Each workdir's stages take what they took in the run (a perf stage: its time before its turn, then its turn;
-its wait is the scheduler's to decide). CPU contention is not modelled: builds keep their measured time.
+Each workdir's stages take what they took in the run: a check or perf stage its start-up before it asked for
+its place (`--ahead`: without one), then a check its time in its place, a perf stage its time before its turn,
+then its turn; the waits are the scheduler's to decide. CPU contention is not modelled: builds keep their
+measured time.
 With the run's own settings, the replay's wall against the run's (`--measured`) is the replay's error.
 """
 
@@ -23,7 +26,7 @@ from pytest_cudaopt.judge.scheduler import STAGES, Scheduler, Task
 @dataclass
 class Work:
     stages: list[str]                 # the stages it ran, in order
-    seconds: dict[str, float]         # build, policy, check, perf_prepare, perf_turn
+    seconds: dict[str, float]         # build, policy, check_before, check, perf_before, perf_prepare, perf_turn
 
 
 def load(path: Path) -> list[Work]:
@@ -34,19 +37,24 @@ def load(path: Path) -> list[Work]:
         seconds = line["seconds"]
         stages = [s for s in STAGES if s in line["stages"] and line["stages"][s].get("status") != "not-run"]
         perf = seconds.get("perf", 0.0)
+        before = {s: seconds.get(f"{s}_before_place", 0.0) for s in ("check", "perf")}   # 0: an older run's line
+        waited = {s: seconds.get(f"{s}_place_wait", 0.0) for s in ("check", "perf")}
         works.append(Work(stages, {"build": seconds.get("build", 0.0), "policy": seconds.get("policy", 0.0),
-                                   "check": seconds.get("check", 0.0),
-                                   "perf_prepare": max(0.0, perf - seconds.get("perf_wait", 0.0)
-                                                       - seconds.get("perf_turn", 0.0)),
+                                   "check_before": before["check"],
+                                   "check": max(0.0, seconds.get("check", 0.0) - before["check"] - waited["check"]),
+                                   "perf_before": before["perf"],
+                                   "perf_prepare": max(0.0, perf - seconds.get("perf_wait", 0.0) - before["perf"]
+                                                       - waited["perf"] - seconds.get("perf_turn", 0.0)),
                                    "perf_turn": seconds.get("perf_turn", 0.0)}))
     return works
 
 
-def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0) -> dict:
+def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0, ahead: int = 0) -> dict:
     """The wall time the scheduler gives `works` on one GPU. `batch_wait`: a perf stage's ask is passed on once
     every perf stage on the GPU has asked or the first ask is `batch_wait` seconds old (turns taken together)."""
     now = [0.0]
-    scheduler = Scheduler(["0"], jobs=jobs, share=share, turns=True, clock=lambda: now[0])
+    scheduler = Scheduler(["0"], jobs=jobs, share=share, turns=True, ahead=ahead, clock=lambda: now[0])
+    running: dict[int, Task] = {}
     for index, work in enumerate(works):
         scheduler.add(index, f"p{index}", stages=work.stages)
     events: list[tuple[float, int, str, Task]] = []
@@ -68,6 +76,13 @@ def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0) ->
 
     while not scheduler.done:
         for task in scheduler.ready():
+            if task.device is not None:   # starts up, then asks for its place
+                running[task.job] = task
+                push(now[0] + works[task.job].seconds[f"{task.stage}_before"], "enter", task)
+            else:
+                push(now[0] + works[task.job].seconds[task.stage], "end", task)
+        for job in scheduler.admits():
+            task = running[job]
             if task.stage == "perf":
                 running_perf.add(task.job)
                 push(now[0] + works[task.job].seconds["perf_prepare"], "want", task)
@@ -88,7 +103,9 @@ def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0) ->
         now[0] = max(now[0], due)
         while events and events[0][0] <= now[0]:
             _, _, what, task = heapq.heappop(events)
-            if what == "want":
+            if what == "enter":
+                scheduler.enter(task)
+            elif what == "want":
                 want_at[task.job] = now[0]
                 asked.append((now[0], task))
             else:
@@ -104,24 +121,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("lines", type=Path, help="a judge run's JSON lines")
     parser.add_argument("--share", type=int, nargs="+", default=[4])
+    parser.add_argument("--ahead", type=int, nargs="+", default=[0],
+                        help="check and perf stages per GPU that start up before a place is free (the judge's --ahead)")
     parser.add_argument("--batch-wait", type=float, nargs="+", default=[0.0],
                         help="seconds a perf stage's ask may wait for others before the GPU drains")
     parser.add_argument("--jobs", type=int, default=8, help="builds and policy checks at once (the run's)")
     parser.add_argument("--measured", type=float, default=None, help="the run's wall seconds, for the first row")
     parser.add_argument("--scale", nargs="+", default=[], metavar="PART=FACTOR",
-                        help="each workdir's time in PART (build, policy, check, perf_prepare, perf_turn) times FACTOR")
+                        help="each workdir's time in PART (build, policy, check_before, check, perf_before, "
+                             "perf_prepare, perf_turn) times FACTOR")
     args = parser.parse_args()
     works = load(args.lines)
     for part, factor in (item.split("=") for item in args.scale):
         for work in works:
             work.seconds[part] *= float(factor)
     print(f"{len(works)} workdirs from {args.lines}")
-    print(f"{'share':>5}  {'batch wait s':>12}  {'wall s':>7}  {'per hour':>8}  {'turns':>5}  {'waited s':>8}  busy")
+    print(f"{'share':>5}  {'ahead':>5}  {'batch wait s':>12}  {'wall s':>7}  {'per hour':>8}  {'turns':>5}  "
+          f"{'waited s':>8}  busy")
     for share in args.share:
-        for wait in args.batch_wait:
-            got = replay(works, share, args.jobs, wait)
-            print(f"{share:>5}  {wait:>12.1f}  {got['wall_s']:>7.1f}  {got['per_hour']:>8.0f}  {got['turns']:>5}  "
-                  f"{got['waited_s']:>8.1f}  {got['busy']:.0%}")
+        for ahead in args.ahead:
+            for wait in args.batch_wait:
+                got = replay(works, share, args.jobs, wait, ahead)
+                print(f"{share:>5}  {ahead:>5}  {wait:>12.1f}  {got['wall_s']:>7.1f}  {got['per_hour']:>8.0f}  "
+                      f"{got['turns']:>5}  {got['waited_s']:>8.1f}  {got['busy']:.0%}")
     if args.measured:
         print(f"measured: {args.measured:.1f} s, {len(works) / args.measured * 3600:.0f} an hour")
 
