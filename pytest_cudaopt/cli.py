@@ -264,8 +264,8 @@ def _judge_parser(sub) -> None:
     p.add_argument("--share", type=int, default=4, help="correctness processes at once on one GPU while their "
                    "memory fits (default 4); a perf process always has its GPU alone")
     p.add_argument("--ahead", type=int, default=None, metavar="N", help="check and perf processes per GPU that start "
-                   "up (imports, collection) before a place is free for them (default: --share; 0: each starts "
-                   "with its place)")
+                   "up (imports, collection) before a place is free for them (default: --share on GPUs, 0 for CPU "
+                   "workdirs; 0: each starts with its place)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds each process may run (default 600)")
     p.add_argument("--out", default="cudaopt-judge.jsonl", help="the JSON-lines file (default ./cudaopt-judge.jsonl)")
     p.add_argument("--resume", action="store_true", help="keep the lines of --out that judged an unchanged "

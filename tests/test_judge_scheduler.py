@@ -420,6 +420,14 @@ def test_builds_and_policy_checks_at_once_default_to_half_the_cores_of_the_host_
     assert judge_options.Options.from_json(judge_options.Options().to_json()).jobs is None
 
 
+def test_stages_start_ahead_of_their_places_on_gpus_by_default_and_not_on_cpu_slots():
+    from pytest_cudaopt.judge.options import Options
+
+    assert Options(share=3).stages_ahead == 3
+    assert Options(share=3, pytest_args=["--cudaopt-device=cpu"]).stages_ahead == 0   # its slots are the CPUs
+    assert Options(share=3, ahead=1, pytest_args=["--cudaopt-device=cpu"]).stages_ahead == 1
+
+
 def test_in_a_pool_a_perf_turn_overlaps_no_other_stage_on_its_gpu_and_its_wait_is_in_the_line(tmp_path):
     import time
 

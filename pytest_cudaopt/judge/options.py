@@ -36,7 +36,7 @@ class Options:
     recorded_device: str | None = None  # the device every workdir records (cudaopt_device in its ini; set by Judge)
     environment_retries: int = 2  # judge a workdir again, up to this many times, while the environment is to blame
     turns: bool = True  # perf starts beside checks, its GPU alone from its turn (run/turn.py); else from its start
-    ahead: int | None = None  # device stages started per device beyond its places, without one yet (None: share)
+    ahead: int | None = None  # device stages started per device beyond its places, without one yet (None: see below)
 
     @property
     def cpu(self) -> bool:
@@ -53,8 +53,11 @@ class Options:
 
     @property
     def stages_ahead(self) -> int:
-        """Check and perf children that start up on the CPU per device while `share` hold their places there."""
-        return self.share if self.ahead is None else self.ahead
+        """Check and perf children that start up on the CPU per device while `share` hold their places there:
+        `ahead`, else `share` on GPUs and none for CPU workdirs (whose slots are the CPUs they would start up on)."""
+        if self.ahead is not None:
+            return self.ahead
+        return 0 if self.cpu else self.share
 
     @property
     def backstop_s(self) -> float:
