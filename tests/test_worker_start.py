@@ -245,6 +245,33 @@ def test_a_worker_launched_ahead_is_the_one_the_workdir_then_loads_in(workdir, t
     assert not launched.alive()
 
 
+def test_a_worker_launched_before_its_place_makes_its_context_when_asked_and_then_starts_as_any(
+        workdir, tmp_path, monkeypatch):
+    """A judge's child launches its worker before its place: the sandbox request asks for no CUDA context; a perf
+    child asks for it once placed, before its turn (make_context), and the workdir then loads in that worker."""
+    from pytest_cudaopt.run.turn import PLACE
+
+    monkeypatch.delenv(zygote.ENV, raising=False)
+    monkeypatch.setenv(PLACE, str(tmp_path / "place"))   # no `go` there: the place is pending
+    sent = []
+    original = Worker.send
+    monkeypatch.setattr(Worker, "send", lambda self, message, **kw: sent.append(message) or original(self, message, **kw))
+    session = _session(tmp_path)
+    session.workers.launch(workdir)
+    try:
+        [launched] = session.workers.all
+        assert sent[0]["op"] == "sandbox" and sent[0]["context"] is False
+        session.workers.make_context(workdir)
+        assert [m["op"] for m in sent] == ["sandbox", "context"]
+        session.workers.make_context(workdir)   # once
+        assert len(sent) == 2
+        taken = session.workers.start(workdir, None)
+        assert taken is launched and "model_new.py imported" in taken.last_words()
+        assert taken.confined.get("mode") == "auto"   # the sandbox reply, taken early, still confines it
+    finally:
+        session.workers.stop()
+
+
 def test_a_launched_worker_is_kept_from_a_request_it_does_not_fit(workdir, tmp_path):
     session = _session(tmp_path)
     session.workers.launch(workdir)

@@ -114,6 +114,13 @@ class Server:
             torch.empty(1, device=device)  # the context, made now rather than at the gate's request
         return {"sandbox": self.sandbox}
 
+    def op_context(self, request: dict) -> dict:
+        """The CUDA context, made now: asked by a judge's child that launched this worker before its place."""
+        device = str(request.get("device") or "cpu")
+        if device.startswith("cuda") and self.torch.cuda.is_available():
+            self.torch.empty(1, device=device)
+        return {}
+
     def op_load(self, request: dict) -> dict:
         """The extension (or MN010's stand-in) and the workdir's two files; whether it is non-deterministic."""
         from pytest_cudaopt.candidate.construct import stand_in_extension

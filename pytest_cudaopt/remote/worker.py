@@ -95,6 +95,7 @@ class Worker:
         self.calibrated_ping: float | None = None  # the median ping before the workdir loaded
         self.stream_gate = None   # window.JudgeWindow on CUDA, calibrated before the workdir loaded
         self.stream_gate_error = ""  # ... else why not
+        self._sandbox_reply: dict | None = None   # taken early by make_context, for `start`
 
     def launch(self, builds: Path | None = None) -> "Worker":
         """Start the process and send the sandbox request, not waiting for the reply (`start` takes it)."""
@@ -145,7 +146,7 @@ class Worker:
                 work = JudgeWork(self.device)
             except RuntimeError as exc:  # torch's: the gate is left out (attach_stream_gate)
                 self.stream_gate_error = str(exc) or type(exc).__name__
-        self.confine(self.receive(what="confining itself"))
+        self.confine(self._sandbox_reply or self.receive(what="confining itself"))
         self.calibrate()
         if work is not None:
             self.attach_stream_gate(work)
@@ -161,6 +162,14 @@ class Worker:
         if require_workdir and "workdir_error" in self.facts:
             raise WorkerError(str(self.facts["workdir_error"]), kind="workdir", file=self.facts.get("file"))
         return self
+
+    def make_context(self) -> None:
+        """A worker launched before its judge's child had its place makes its CUDA context now, and this waits for
+        it: a perf child's, in its place before its turn, where nothing is timed (the turn has the rest)."""
+        if self.proc is None or self._sandbox_reply is not None:
+            return
+        self._sandbox_reply = self.receive(what="confining itself")
+        self.request({"op": "context", "device": self.device}, what="making its CUDA context")
 
     def confine(self, reply: dict) -> None:
         """The `sandbox` reply: =require refuses an unconfined worker; without Landlock's ptrace rule, no dumps."""

@@ -36,6 +36,17 @@ class Workers:
         except (OSError, WorkerFailed):
             worker.stop()
 
+    def make_context(self, path: Path) -> None:
+        """The launched worker of `path` makes its CUDA context now (Worker.make_context), if there is one."""
+        from pytest_cudaopt.remote.worker import WorkerError, WorkerFailed
+
+        worker = self.launched.get(Path(path).resolve())
+        if worker is not None and worker.alive():
+            try:
+                worker.make_context()
+            except (WorkerError, WorkerFailed):
+                worker.stop()   # the item's start launches another, and says there what goes wrong
+
     def take_launched(self, path: Path, so_path: Path | None, device: str):
         """The worker launched for `path`, now holding `so_path`, when it is alive and reads it; else None."""
         worker = self.launched.get(path)

@@ -93,6 +93,7 @@ class TestPerf:
             reference = cudaopt_session.reference(cudaopt_workdir_path)
             with torch.no_grad(), lineup.quiet_compile_log():
                 prepared = prepare(reference, cudaopt_settings, cudaopt_session.seed, tracer) if reference else None
+            cudaopt_session.workers.make_context(cudaopt_workdir_path)   # its worker's context: not in the turn
             with watchdog.harness_step("waiting for the device to itself (the judge's other stages on it)"):
                 turn.wait()
         workdir = cudaopt_session.loaded_or_fail(cudaopt_workdir_path, request.node.nodeid, "run")
