@@ -110,12 +110,12 @@ class Server:
         protocol.setup_sharing()
         from pytest_cudaopt.candidate import load, observe  # noqa: F401 - what `load` imports, imported ahead
 
-        if request.get("context", True) and device.startswith("cuda") and torch.cuda.is_available():
-            torch.empty(1, device=device)  # the context, made now rather than at the gate's request
+        if request.get("context", True):   # made now rather than at the gate's request
+            self.op_context(request)
         return {"sandbox": self.sandbox}
 
     def op_context(self, request: dict) -> dict:
-        """The CUDA context, made now: asked by a judge's child that launched this worker before its place."""
+        """The CUDA context, made now (a judge's child that launched this worker before its place asks for it)."""
         device = str(request.get("device") or "cpu")
         if device.startswith("cuda") and self.torch.cuda.is_available():
             self.torch.empty(1, device=device)

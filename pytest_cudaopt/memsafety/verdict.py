@@ -53,6 +53,16 @@ def find_sanitizer(setting: str | None = None) -> tuple[str | None, str]:
     return None, "PATH" + (f" and {candidate.parent}" if candidate is not None else "")
 
 
+def sanitizes(settings: Any) -> bool:
+    """Whether the item runs the tools here: on CUDA, or in the plugin's own CPU tests with a stand-in sanitizer."""
+    return settings.device == "cuda" or bool(settings.self_test and settings.compute_sanitizer)
+
+
+def time_limit(settings: Any) -> float:
+    """The seconds all the children have together: cudaopt_memsafety_timeout, within the item's cudaopt_timeout."""
+    return max(10.0, min(settings.memsafety_timeout, settings.timeout - WATCHDOG_MARGIN_S))
+
+
 def small_case(reference: Any, settings: Any) -> dict[str, int]:
     """The case the sanitizer runs: `cudaopt_memsafety_case` when set, else the valid case with the fewest
     input elements among the canonical one and the explicit cases (which the correctness items judge too)."""
@@ -134,7 +144,7 @@ class Sanitized:
     started ahead): each imports torch under its tool meanwhile, and loads nothing of the workdir's before `send`."""
 
     def __init__(self, workdir: Path, extension: str, device: str, sandbox: str, sanitizer: str, wait: float) -> None:
-        self.key = (str(Path(workdir).resolve()), str(Path(extension).resolve()), device, sandbox, sanitizer)
+        self.key = self.key_of(workdir, extension, device, sandbox, sanitizer)
         self.scratch = Path(tempfile.mkdtemp(prefix="cudaopt-memsafety-"))
         self.child_scratch = Path(tempfile.mkdtemp(prefix="cudaopt-memsafety-child-"))
         self.children: dict[str, Child] = {}
@@ -149,6 +159,10 @@ class Sanitized:
         except BaseException:
             self.close()
             raise
+
+    @staticmethod
+    def key_of(workdir: Path, extension: str, device: str, sandbox: str, sanitizer: str) -> tuple:
+        return str(Path(workdir).resolve()), str(Path(extension).resolve()), device, sandbox, sanitizer
 
     def waiting(self) -> bool:
         """Every child is still there, waiting for its case."""
@@ -298,15 +312,13 @@ def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str, sanit
         build_dir = build_dir.parent
     result = MemorySafetyResult(workdir=str(workdir.path), test=test, case=shapes.format_case(case) or "canonical",
                                 passed=False)
-    # All children together: cudaopt_memsafety_timeout, within the item's cudaopt_timeout.
-    limit = max(10.0, min(settings.memsafety_timeout, settings.timeout - WATCHDOG_MARGIN_S))
+    limit = time_limit(settings)
     started = time.perf_counter()
     sent, want = draw_case(workdir, case, seed, settings.device)
 
     sandbox = getattr(settings, "sandbox", "off")
-    key = (str(Path(workdir.path).resolve()), extension, settings.device, sandbox, sanitizer)
-    if ahead is not None and (ahead.key != key
-                              or not ahead.waiting()):   # another build, or gone: started afresh
+    key = Sanitized.key_of(workdir.path, extension, settings.device, sandbox, sanitizer)
+    if ahead is not None and (ahead.key != key or not ahead.waiting()):   # another build, or gone: afresh
         ahead.close()
         ahead = None
     sanitized = ahead or Sanitized(workdir.path, extension, settings.device, sandbox, sanitizer, wait=limit)

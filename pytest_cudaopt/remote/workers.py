@@ -132,15 +132,14 @@ class Workers:
     def sanitize_ahead(self, path: Path, so_path: Path, sanitizer: str) -> None:
         """Start the memory-safety children of the workdir at `path`, built as `so_path`: they import torch while
         this process waits for its place and loads the workdir (the item takes them, `take_sanitized`)."""
-        from pytest_cudaopt.memsafety.verdict import Sanitized
+        from pytest_cudaopt.memsafety.verdict import Sanitized, time_limit
 
         path = Path(path).resolve()
         if path in self.sanitized:
             return
-        limit = max(10.0, min(self.settings.memsafety_timeout, self.settings.timeout))
-        try:
+        try:   # they may wait for the correctness items before them, as long again as they may then run
             self.sanitized[path] = Sanitized(path, str(so_path), self.settings.device, self.settings.sandbox, sanitizer,
-                                             wait=2 * limit)
+                                             wait=2 * time_limit(self.settings))
         except OSError:
             pass   # the item starts them itself, and says why they do not start
 

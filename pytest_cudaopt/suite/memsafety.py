@@ -6,7 +6,7 @@ import pytest
 
 from pytest_cudaopt.correctness.case import holder
 from pytest_cudaopt.correctness.guards import derive_seed
-from pytest_cudaopt.memsafety.verdict import failure_text, find_sanitizer, judge_memory_safety
+from pytest_cudaopt.memsafety.verdict import failure_text, find_sanitizer, judge_memory_safety, sanitizes
 from pytest_cudaopt.primitives.memory import OVERHEAD
 from pytest_cudaopt.results import blame
 from pytest_cudaopt.results.ledger import SKIP_PROPERTY
@@ -19,8 +19,7 @@ class TestMemorySafety:
 
     def test_memory_safety(self, request, cudaopt_session, cudaopt_settings, cudaopt_workdir_path):
         # The plugin's own tests run the plumbing on the CPU with a stand-in sanitizer they name.
-        stand_in = cudaopt_settings.self_test and cudaopt_settings.compute_sanitizer
-        if cudaopt_settings.device != "cuda" and not stand_in:  # no CUDA kernel to check: not a missing verdict
+        if not sanitizes(cudaopt_settings):  # no CUDA kernel to check: not a missing verdict
             request.node.user_properties.append((SKIP_PROPERTY, NOT_APPLICABLE))
             pytest.skip("cudaopt_device is cpu: the memory-safety item checks CUDA kernels with compute-sanitizer")
         sanitizer, where = find_sanitizer(cudaopt_settings.compute_sanitizer)

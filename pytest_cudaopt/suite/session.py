@@ -134,11 +134,10 @@ class CudaoptSession:
 
     def _sanitize_ahead(self, path: Path, so_path: Path | None) -> None:
         """A memory-safety item of this workdir to run: its sanitized children start now (workers.sanitize_ahead)."""
-        from pytest_cudaopt.memsafety.verdict import find_sanitizer
+        from pytest_cudaopt.memsafety.verdict import find_sanitizer, sanitizes
         from pytest_cudaopt.results.records import NOT_RUN
 
-        stand_in = self.settings.self_test and self.settings.compute_sanitizer   # the plugin's own CPU tests
-        if so_path is None or (self.settings.device != "cuda" and not stand_in):
+        if so_path is None or not sanitizes(self.settings):
             return
         if not any(entry.kind == "memsafety" and entry.status == NOT_RUN and Path(entry.workdir).resolve() == path
                    for entry in self.ledger.entries.values()):
