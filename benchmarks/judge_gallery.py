@@ -203,6 +203,15 @@ def table(pytest_run: dict | None, judge_run: dict | None, devices: int) -> tupl
             held = sorted(h for _, h in turns)
             notes.append(f"perf turns: {len(turns)}, waited {sum(w for w, _ in turns):.1f} s, held the device alone "
                          f"{sum(held):.1f} s (median {held[len(held) // 2]:.2f} s)")
+        paused = [line["seconds"]["check_paused"] for line in judge_run["results"].values()
+                  if line["seconds"].get("check_paused")]
+        if paused:
+            notes.append(f"checks paused for a turn: {len(paused)}, {sum(paused):.1f} s in all")
+        in_place = sorted(line["seconds"]["check"] - line["seconds"].get("check_before_place", 0.0)
+                          - line["seconds"].get("check_place_wait", 0.0) - line["seconds"].get("check_paused", 0.0)
+                          for line in judge_run["results"].values() if "check_place_wait" in line["seconds"])
+        if in_place:
+            notes.append(f"a check in its place, not paused: median {in_place[len(in_place) // 2]:.2f} s")
         before = [line["seconds"].get(f"{s}_before_place", 0.0) for line in judge_run["results"].values()
                   for s in ("check", "perf") if f"{s}_place_wait" in line["seconds"]]
         waits = [line["seconds"].get(f"{s}_place_wait", 0.0) for line in judge_run["results"].values()

@@ -49,11 +49,17 @@ def load(path: Path) -> list[Work]:
     return works
 
 
-def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0, ahead: int = 0) -> dict:
+def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0, ahead: int = 0,
+           pause: float | None = None) -> dict:
     """The wall time the scheduler gives `works` on one GPU. `batch_wait`: a perf stage's ask is passed on once
-    every perf stage on the GPU has asked or the first ask is `batch_wait` seconds old (turns taken together)."""
+    every perf stage on the GPU has asked or the first ask is `batch_wait` seconds old (turns taken together).
+    `pause`: a turn pauses the checks placed beside it, each `pause` seconds (its item's end) after the ask,
+    instead of waiting for them to end (None: it waits)."""
     now = [0.0]
-    scheduler = Scheduler(["0"], jobs=jobs, share=share, turns=True, ahead=ahead, clock=lambda: now[0])
+    scheduler = Scheduler(["0"], jobs=jobs, share=share, turns=True, ahead=ahead, pause=pause is not None,
+                          clock=lambda: now[0])
+    ends: dict[int, tuple[float, int]] = {}   # a placed check's job -> (its end, the order of its end event)
+    frozen: dict[int, float] = {}             # a paused check's job -> the seconds of work it has left
     running: dict[int, Task] = {}
     for index, work in enumerate(works):
         scheduler.add(index, f"p{index}", stages=work.stages)
@@ -64,8 +70,9 @@ def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0, ah
     turns, waited = 0, 0.0
     want_at: dict[int, float] = {}
 
-    def push(at: float, what: str, task: Task) -> None:
-        heapq.heappush(events, (at, next(order), what, task))
+    def push(at: float, what: str, task: Task) -> int:
+        heapq.heappush(events, (at, number := next(order), what, task))
+        return number
 
     def pass_asks(force: bool) -> None:
         nonlocal asked
@@ -87,7 +94,18 @@ def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0, ah
                 running_perf.add(task.job)
                 push(now[0] + works[task.job].seconds["perf_prepare"], "want", task)
             else:
-                push(now[0] + works[task.job].seconds[task.stage], "end", task)
+                at = now[0] + works[task.job].seconds[task.stage]
+                ends[task.job] = (at, push(at, "end", task))
+        for job in scheduler.pauses():   # it pauses at its item's end, or ends first
+            at, _ = ends[job]
+            if at - now[0] > pause:
+                frozen[job] = at - now[0] - pause
+                ends[job] = (at, -1)   # its end event is void until it resumes
+                push(now[0] + pause, "paused", running[job])
+        for job in scheduler.resumes():
+            if job in frozen:
+                at = now[0] + frozen.pop(job)
+                ends[job] = (at, push(at, "end", running[job]))
         for job in scheduler.grants():
             turns += 1
             waited += now[0] - want_at[job]
@@ -102,8 +120,13 @@ def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0, ah
             due = min(due, asked[0][0] + batch_wait)
         now[0] = max(now[0], due)
         while events and events[0][0] <= now[0]:
-            _, _, what, task = heapq.heappop(events)
-            if what == "enter":
+            _, number, what, task = heapq.heappop(events)
+            if what == "end" and task.stage == "check" and ends.get(task.job, (0, number))[1] != number:
+                continue   # voided by a pause
+            if what == "paused":
+                if task.job in frozen:
+                    scheduler.paused(task)
+            elif what == "enter":
                 scheduler.enter(task)
             elif what == "want":
                 want_at[task.job] = now[0]
@@ -125,6 +148,9 @@ def main() -> None:
                         help="check and perf stages per GPU that start up before a place is free (the judge's --ahead)")
     parser.add_argument("--batch-wait", type=float, nargs="+", default=[0.0],
                         help="seconds a perf stage's ask may wait for others before the GPU drains")
+    parser.add_argument("--pause", type=float, nargs="+", default=[-1.0],
+                        help="seconds from a pause's ask to a check's item's end (turns pause checks); -1: turns "
+                             "wait for checks to end")
     parser.add_argument("--jobs", type=int, default=8, help="builds and policy checks at once (the run's)")
     parser.add_argument("--measured", type=float, default=None, help="the run's wall seconds, for the first row")
     parser.add_argument("--scale", nargs="+", default=[], metavar="PART=FACTOR",
@@ -136,13 +162,13 @@ def main() -> None:
         for work in works:
             work.seconds[part] *= float(factor)
     print(f"{len(works)} workdirs from {args.lines}")
-    print(f"{'share':>5}  {'ahead':>5}  {'batch wait s':>12}  {'wall s':>7}  {'per hour':>8}  {'turns':>5}  "
+    print(f"{'share':>5}  {'ahead':>5}  {'pause s':>7}  {'batch wait s':>12}  {'wall s':>7}  {'per hour':>8}  {'turns':>5}  "
           f"{'waited s':>8}  busy")
     for share in args.share:
         for ahead in args.ahead:
-            for wait in args.batch_wait:
-                got = replay(works, share, args.jobs, wait, ahead)
-                print(f"{share:>5}  {ahead:>5}  {wait:>12.1f}  {got['wall_s']:>7.1f}  {got['per_hour']:>8.0f}  "
+            for wait, pause in itertools.product(args.batch_wait, args.pause):
+                got = replay(works, share, args.jobs, wait, ahead, None if pause < 0 else pause)
+                print(f"{share:>5}  {ahead:>5}  {pause:>7.1f}  {wait:>12.1f}  {got['wall_s']:>7.1f}  {got['per_hour']:>8.0f}  "
                       f"{got['turns']:>5}  {got['waited_s']:>8.1f}  {got['busy']:.0%}")
     if args.measured:
         print(f"measured: {args.measured:.1f} s, {len(works) / args.measured * 3600:.0f} an hour")

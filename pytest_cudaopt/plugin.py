@@ -10,7 +10,7 @@ import pytest
 
 from pytest_cudaopt.results import blame, ledger
 from pytest_cudaopt.results.ledger import LedgerHooks, kind_of
-from pytest_cudaopt.run import signals, watchdog
+from pytest_cudaopt.run import signals, turn, watchdog
 from pytest_cudaopt.suite import settings as _settings
 from pytest_cudaopt.suite.collection import SUITE_MODULE, WorkdirModule, bind_timing, is_workdir_file, matches_python_files, worker_ahead, workdir_node, workdirs_in
 from pytest_cudaopt.primitives.environment import pin_worker_to_gpu
@@ -284,9 +284,9 @@ def pytest_runtest_setup(item: pytest.Item):
         if reason:
             pytest.fail(reason, pytrace=False)
     if not (item.get_closest_marker("build") or item.get_closest_marker("policy")):
-        from pytest_cudaopt.run.turn import enter_place
-
-        enter_place()   # a judge's child: started, imported and collected without its place on the device
+        turn.enter_place()   # a judge's child: started, imported and collected without its place on the device
+    if os.environ.get(turn.PAUSE):
+        turn.pause_point(session.workers.hold)   # a judge's check child: another workdir's turn on its device
     return (yield from _run_supervised(item, "setup"))
 
 

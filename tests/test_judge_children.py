@@ -298,3 +298,46 @@ def test_a_device_childs_limit_grows_by_its_waits_for_its_place_and_its_turn(tmp
     place.asked_at = time.monotonic() - 1e6   # never granted: the child still ends, at twice its limit
     place.granted_at = None
     assert seen["paused"]() == 30.0
+
+
+def test_a_check_child_pauses_between_items_with_its_workers_stopped_and_goes_on_when_let(tmp_path):
+    """Asked to pause once placed (another workdir's turn), a real check child pauses before its next item:
+    its worker (the candidate's process) stopped, no item run while paused; let go, it goes on and passes."""
+    import subprocess
+
+    from support import JUDGE_CPU_ARGS, OBJECT_CACHE, judge_workdirs
+
+    work = judge_workdirs(tmp_path / "w", ["honest"])["honest"]
+    place, pause = tmp_path / "place", tmp_path / "pause"
+    place.mkdir(), pause.mkdir()
+    env = {k: v for k, v in subprocess_env().items() if k != zygote.ENV}
+    env.update({"CUDAOPT_PLACE": str(place), "CUDAOPT_PAUSE": str(pause), "CUDAOPT_OBJECT_CACHE": str(OBJECT_CACHE)})
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", str(work / "model_new.py"), "--rootdir", str(work),
+                             "-m", stages.MARKERS["check"], "-p", "no:cacheprovider", "-v", *JUDGE_CPU_ARGS],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def workers() -> list[str]:
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        return [pid for pid in children if "pytest_cudaopt.candidate" in Path(f"/proc/{pid}/cmdline").read_text()]
+
+    def state(pid: str) -> str:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+    try:
+        deadline = time.monotonic() + 240
+        while not (place / "want").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (pause / "pause").write_text("1")   # asked as soon as it is placed: it pauses before its next item
+        (place / "go").touch()
+        while not (pause / "paused").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None and (pause / "paused").read_text() == "1"
+        stopped = workers()
+        assert stopped and all(state(pid) == "T" for pid in stopped), [state(pid) for pid in stopped]
+        time.sleep(1.0)
+        assert proc.poll() is None and all(state(pid) == "T" for pid in stopped)   # it stays paused until let go
+        (pause / "pause").unlink()
+        output = proc.communicate(timeout=300)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "failed" not in output, output[-3000:]   # its worker went on too

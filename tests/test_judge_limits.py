@@ -71,7 +71,7 @@ class FakeStages:
         self.lock = threading.Lock()
         self.together = threading.Barrier(overlap, timeout=20)
 
-    def __call__(self, stage, copy, out, devices, device, options, children=None, turn=None, place=None):
+    def __call__(self, stage, copy, out, devices, device, options, children=None, turn=None, place=None, pause=None):
         name = copy.name
         if stage != "check":
             return _stage(stage)

@@ -38,7 +38,7 @@ def sleeping_stages(log: Path):
     function so that Ray ships it by value to the judge's process."""
     sleeps = dict(SLEEPS)
 
-    def run(stage, copy, out, devices, device, options, children=None, turn=None, place=None):
+    def run(stage, copy, out, devices, device, options, children=None, turn=None, place=None, pause=None):
         from pytest_cudaopt.judge.stages import StageResult
         from pytest_cudaopt.run import turn as turns
 

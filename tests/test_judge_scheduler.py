@@ -390,7 +390,7 @@ def test_a_fed_pool_judges_workdirs_added_while_it_runs_and_ends_only_when_close
     from pytest_cudaopt.judge.options import Options
     from pytest_cudaopt.judge.pool import LocalPool
 
-    def passes(stage, copy, out, devices, device, options, children=None, turn=None, place=None):
+    def passes(stage, copy, out, devices, device, options, children=None, turn=None, place=None, pause=None):
         return _passed(stage)
 
     options = Options(jobs=2, share=2, cache_dir=None, fork=False, scratch=tmp_path / "scratch")
@@ -438,7 +438,7 @@ def test_in_a_pool_a_perf_turn_overlaps_no_other_stage_on_its_gpu_and_its_wait_i
 
     spans: list[tuple[str, str, float, float]] = []   # (what, workdir, start, end)
 
-    def stage(stage, copy, out, devices, device, options, children=None, turn=None, place=None):
+    def stage(stage, copy, out, devices, device, options, children=None, turn=None, place=None, pause=None):
         if place is not None:
             time.sleep(0.05)   # starting up, without its place
             turns.wait(place.folder)
@@ -471,6 +471,96 @@ def test_in_a_pool_a_perf_turn_overlaps_no_other_stage_on_its_gpu_and_its_wait_i
         assert line["seconds"]["check_before_place"] >= 0.05
 
 
+def test_in_a_pool_a_turn_pauses_the_checks_beside_it_between_their_items_instead_of_waiting_for_their_end(
+        tmp_path):
+    import time
+
+    from pytest_cudaopt.judge.devices import DeviceSet
+    from pytest_cudaopt.judge.options import Options
+    from pytest_cudaopt.judge.pool import LocalPool
+    from pytest_cudaopt.run import turn as turns
+
+    spans: list[tuple[str, str, float, float]] = []   # (what, workdir, start, end)
+
+    def stage(stage, copy, out, devices, device, options, children=None, turn=None, place=None, pause=None):
+        if place is not None:
+            turns.wait(place.folder)
+        began = time.monotonic()
+        if stage == "check":   # as a check child does: a pause point before each item (w0's check is short)
+            for _ in range(2 if copy.name == "w0" else 10):
+                turns.pause_point(folder=pause.folder)
+                start = time.monotonic()
+                time.sleep(0.05)
+                spans.append(("item", copy.name, start, time.monotonic()))
+            spans.append(("check", copy.name, began, time.monotonic()))
+        if stage == "perf":
+            turns.wait(turn.folder)
+            granted = time.monotonic()
+            time.sleep(0.1)
+            spans.append(("turn", copy.name, granted, time.monotonic()))
+        return _passed(stage, time.monotonic() - began)
+
+    workdirs = _workdirs(tmp_path, 4)
+    options = Options(jobs=4, share=4, ahead=0, cache_dir=None, fork=False, scratch=tmp_path / "scratch", turns=True)
+    found = list(LocalPool(workdirs, options, DeviceSet(["0"]), run_stage=stage).lines())
+    assert len(found) == 4 and all(line["passed"] for line in found)
+    turn_spans = [s for s in spans if s[0] == "turn"]
+    for what, name, start, end in turn_spans:
+        beside = [s for s in spans if s[0] in ("item", "turn") and s[1] != name and s[2] < end and s[3] > start]
+        assert beside == [], f"{name}'s turn overlapped {beside}"
+    within = [t for t in turn_spans if any(c[0] == "check" and c[2] < t[2] and c[3] > t[3] for c in spans)]
+    assert within, "a turn began and ended while a check stage was under way (paused), not after it"
+    assert any(line["seconds"].get("check_paused", 0) > 0.05 for line in found)
+
+
+def test_without_pause_a_turn_waits_for_the_checks_beside_it_to_end():
+    s = Scheduler(["0"], jobs=4, share=3, turns=True, pause=False)
+    for job in range(2):
+        s.add(job, stages=["check", "perf"] if job == 0 else ["check"])
+    first = {t.job: t for t in s.ready()}
+    s.finish(first[0])
+    perf = s.ready()[0]
+    s.want(perf)
+    assert s.pauses() == [] and s.grants() == []
+    s.finish(first[1])
+    assert s.grants() == [0]
+
+
+def test_with_pause_a_turn_begins_once_the_checks_beside_it_pause_and_they_resume_after_the_last_turn():
+    s = Scheduler(["0"], jobs=4, share=4, turns=True, pause=True)
+    for job in range(4):
+        s.add(job, stages=["check", "perf"] if job < 2 else ["check"])
+    first = {t.job: t for t in s.ready()}
+    assert s.pauses() == []   # no turn asked for: nothing pauses
+    s.finish(first[0])
+    s.finish(first[1])
+    perf = {t.job: t for t in s.ready()}
+    assert set(perf) == {0, 1}
+    s.want(perf[0])
+    assert s.pauses() == [2, 3] and s.pauses() == []   # each asked once
+    s.paused(first[2])
+    assert s.grants() == []   # job 3's check has not paused yet, and job 1's perf is still preparing
+    s.paused(first[3])
+    s.want(perf[1])
+    assert s.grants() == [0] and s.resumes() == []
+    s.finish(perf[0])
+    assert s.resumes() == [] and s.grants() == [1]   # turns back to back; the checks stay paused
+    s.finish(perf[1])
+    assert s.resumes() == [2, 3] and s.resumes() == []
+    assert not s.devices[0].draining and s.grants() == []
+
+
+def test_a_check_asked_to_pause_that_ends_instead_holds_up_no_turn():
+    s = Scheduler(["0"], jobs=4, share=2, turns=True, pause=True)
+    s.add(0, stages=["perf"])
+    s.add(1, stages=["check"])
+    tasks = {t.job: t for t in s.ready()}
+    s.want(tasks[0])
+    assert s.pauses() == [1]
+    s.finish(tasks[1])   # its last item ended: it never pauses
+    assert s.grants() == [0] and s.resumes() == []
+
+
 def test_in_a_pool_stages_start_up_ahead_of_their_places_and_no_more_than_share_hold_one_at_once(tmp_path):
     import threading
     import time
@@ -483,7 +573,7 @@ def test_in_a_pool_stages_start_up_ahead_of_their_places_and_no_more_than_share_
     lock = threading.Lock()
     started, placed, most = set(), set(), {"started": 0, "placed": 0}
 
-    def stage(stage, copy, out, devices, device, options, children=None, turn=None, place=None):
+    def stage(stage, copy, out, devices, device, options, children=None, turn=None, place=None, pause=None):
         if place is None:
             return _passed(stage)
         key = (copy.name, stage)
@@ -523,7 +613,7 @@ def test_a_perf_stage_that_ends_with_no_verdict_before_its_turn_beside_checks_is
     perf_runs: list[tuple[str, bool]] = []   # (workdir, whether a check ran beside it)
     checks, lock = set(), threading.Lock()
 
-    def stage(stage, copy, out, devices, device, options, children=None, turn=None, place=None):
+    def stage(stage, copy, out, devices, device, options, children=None, turn=None, place=None, pause=None):
         if place is not None:
             turns.wait(place.folder)
         if stage == "check":

@@ -113,7 +113,7 @@ class Stages:
         self.pause, self.busy = pause, busy   # busy: how many checks of a workdir named busy* find the device held
         self.sleeping = threading.Event()
 
-    def __call__(self, stage, copy, out, devices, device, options, children=None, turn=None, place=None):
+    def __call__(self, stage, copy, out, devices, device, options, children=None, turn=None, place=None, pause=None):
         kind = {"policy": "policy", "check": "correctness", "perf": "perf"}.get(stage)
         if place is not None:   # as a device stage's child does before it uses its device
             turns.wait(place.folder)

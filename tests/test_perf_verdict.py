@@ -531,18 +531,23 @@ _start = workers.Workers.start
 
 
 def start(self, *args, **kwargs):
+    worker = _start(self, *args, **kwargs)
     with open({log!r}, "a") as handle:
-        handle.write(f"{{time.time()}}\\n")
-    return _start(self, *args, **kwargs)
+        handle.write(f"{{time.time()}} {{worker.proc.pid}}\\n")
+    return worker
 
 
 workers.Workers.start = start
 """
 
 
-def test_a_judges_perf_child_starts_no_worker_of_the_candidates_before_its_turn(pytester, workdir, monkeypatch):
+def test_a_judges_perf_child_makes_its_candidate_before_its_turn_and_waits_with_its_worker_stopped(
+        pytester, workdir, monkeypatch):
+    """All but the timing is made beside other stages; while it waits for its turn its worker (the candidate's
+    code) is stopped, so nothing of the candidate's runs beside another workdir's turn; granted, it times."""
     import threading
     import time
+    from pathlib import Path
 
     path = workdir()
     starts = pytester.path / "starts.txt"
@@ -553,20 +558,23 @@ def test_a_judges_perf_child_starts_no_worker_of_the_candidates_before_its_turn(
     seen: list = []
 
     def judge_side():
-        deadline = time.monotonic() + 120
-        while not (folder / "want").exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.5)
-        seen.append(starts.exists())   # it asked, and waits: nothing of the candidate's has started
-        seen.append(time.time())       # before the grant: the child may start its worker at once after it
-        (folder / "go").touch()
+        try:
+            deadline = time.monotonic() + 120
+            while not (folder / "want").exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.5)
+            pids = [line.split()[1] for line in starts.read_text().splitlines()] if starts.exists() else []
+            seen.append(pids)
+            seen.append([Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] for pid in pids])
+        finally:
+            (folder / "go").touch()
 
     thread = threading.Thread(target=judge_side, daemon=True)
     thread.start()
     result = run_pytest(pytester, "wd", "-m", "perf", "--cudaopt-min-speedup=0.001", "--cudaopt-report=report.json")
     thread.join(timeout=10)
-    assert seen[:1] == [False]
+    assert seen[0], "its worker started (and ModelNew was made) before it asked for its turn"
+    assert set(seen[1]) == {"T"}, seen   # stopped while it waits
     result.assert_outcomes(passed=1)
-    assert float(starts.read_text().split()[0]) >= seen[1]   # the worker started once granted
     doc = json.loads((pytester.path / "report.json").read_text())
     assert "compile" in doc["results"][0]["data"]["compile_seconds"]   # compiled before the turn, timed after

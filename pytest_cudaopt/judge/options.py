@@ -36,6 +36,7 @@ class Options:
     recorded_device: str | None = None  # the device every workdir records (cudaopt_device in its ini; set by Judge)
     environment_retries: int = 2  # judge a workdir again, up to this many times, while the environment is to blame
     turns: bool = True  # perf starts beside checks, its GPU alone from its turn (run/turn.py); else from its start
+    pause: bool = True  # a turn pauses the checks beside it between their items; else it waits for them to end
     ahead: int | None = None  # device stages started per device beyond its places, without one yet (None: see below)
 
     @property

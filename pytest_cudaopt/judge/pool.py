@@ -22,12 +22,12 @@ from pytest_cudaopt.judge.options import Options, result_key
 from pytest_cudaopt.judge.scheduler import STAGES, Scheduler, Task
 from pytest_cudaopt.judge.stages import FAILED, OK, StageResult, run_stage, shortfall
 from pytest_cudaopt.run import zygote
-from pytest_cudaopt.run.turn import PLACE, POLL_S, Turn
+from pytest_cudaopt.run.turn import PLACE, POLL_S, Pause, Turn
 
 # The events of a fed pool besides a stage's end: a workdir added, no more to come, one workdir's
 # children to end (a service's backstop), everything to end now (a service stopped); a perf stage's ask
-# for its turn, a device stage's ask for its place.
-_ADD, _CLOSE, _ABANDON, _STOP, _WANT, _ENTER = object(), object(), object(), object(), object(), object()
+# for its turn, a device stage's ask for its place, a check's pause (for a turn beside it).
+_ADD, _CLOSE, _ABANDON, _STOP, _WANT, _ENTER, _PAUSED = (object() for _ in range(7))
 
 
 @dataclass
@@ -50,6 +50,7 @@ class Job:
     children: runner.Children = field(default_factory=runner.Children)   # its own, within the pool's
     turn: Turn | None = None   # its running perf stage's (the device alone once it asks)
     place: Turn | None = None  # its running check or perf stage's (a place on the device once it asks)
+    pause: Pause | None = None  # its running check's (paused between items for a turn beside it)
 
     @property
     def copy(self) -> Path:
@@ -120,7 +121,8 @@ class LocalPool:
         own_scratch = self.options.scratch is None
         scratch = Path(tempfile.mkdtemp(prefix="cudaopt-judge-")) if own_scratch else Path(self.options.scratch)
         scheduler = Scheduler(self.devices.names, jobs=self.options.cpu_jobs, share=self.options.share,
-                              memory=self.devices.memory, turns=self.options.turns, ahead=self.options.stages_ahead)
+                              memory=self.devices.memory, turns=self.options.turns, ahead=self.options.stages_ahead,
+                              pause=self.options.pause)
         jobs: dict[int, Job] = {}
         for workdir, name in zip(self.workdirs, self.names):
             self._new_job(scheduler, jobs, scratch, workdir, name, None, None, None)
@@ -177,6 +179,10 @@ class LocalPool:
                     jobs[job].place.grant()
                 for job in scheduler.grants():
                     jobs[job].turn.grant()
+                for job in scheduler.pauses():
+                    jobs[job].pause.ask()
+                for job in scheduler.resumes():
+                    jobs[job].pause.release()
                 task, result = self._events.get()
                 if task is _CLOSE:
                     closed = True
@@ -189,6 +195,9 @@ class LocalPool:
                     continue
                 if task is _ENTER:
                     scheduler.enter(result)
+                    continue
+                if task is _PAUSED:
+                    scheduler.paused(result)
                     continue
                 if task is _ABANDON:
                     for job in jobs.values():
@@ -224,16 +233,23 @@ class LocalPool:
                 job.seconds["copy"] = time.monotonic() - copied
             turn = job.turn = Turn(job.out / "turn") if task.stage == "perf" and self.options.turns else None
             place = job.place = Turn(job.out / f"{task.stage}-place", PLACE) if task.device is not None else None
+            pause = job.pause = (Pause(job.out / "check-pause") if task.stage == "check" and self.options.pause
+                                 and self.options.turns and task.device is not None else None)
             ended = threading.Event()
             for channel, event in ((turn, _WANT), (place, _ENTER)):   # asked for once ready (run/turn.py)
                 if channel is not None:
                     threading.Thread(target=self._watch, args=(channel, task, ended, event), daemon=True).start()
+            if pause is not None:
+                threading.Thread(target=self._watch_pause, args=(pause, task, ended), daemon=True).start()
             began = time.monotonic()
             try:
                 result = (self._run_stage or run_stage)(task.stage, job.copy, job.out, self.devices, task.device,
-                                                        self.options, job.children, turn=turn, place=place)
+                                                        self.options, job.children, turn=turn, place=place,
+                                                        pause=pause)
             finally:
                 ended.set()
+            if pause is not None and pause.total:
+                job.seconds["check_paused"] = job.seconds.get("check_paused", 0.0) + pause.total
             if place is not None and place.asked_at is not None:   # of the stage's seconds: before its place, waiting
                 job.seconds.update({f"{task.stage}_before_place": place.asked_at - began,
                                     f"{task.stage}_place_wait": place.waited()})
@@ -252,13 +268,21 @@ class LocalPool:
                 self._events.put((event, task))
                 return
 
+    def _watch_pause(self, pause: Pause, task: Task, ended: threading.Event) -> None:
+        """Each time the check pauses as asked, the scheduler hears of it (its ask is the loop's)."""
+        told = 0
+        while not ended.wait(POLL_S * 2):
+            if pause.number != told and pause.answered():
+                told = pause.number
+                self._events.put((_PAUSED, task))
+
     def _finished(self, scheduler: Scheduler, job: Job, task: Task, result: StageResult) -> dict | None:
         self.on_event("end", job, task, result)
         peaks = [r.get("data", {}).get("peak_bytes") for r in (result.report or {}).get("results", [])]
         peak = max((p for p in peaks if isinstance(p, int)), default=None) if task.stage == "check" else None
         short = shortfall(result)
         job.seconds[task.stage] = job.seconds.get(task.stage, 0.0) + result.seconds
-        # A perf stage that ended with no verdict before its turn ran no candidate code: the stages beside it did it.
+        # A perf stage that ended with no verdict before its turn did so beside other stages: not held against it.
         early = (task.stage == "perf" and job.turn is not None and job.turn.granted_at is None
                  and result.status not in (OK, FAILED))
         if (short is not None or early) and scheduler.shared(task):   # not the candidate's: judged again, alone

@@ -34,6 +34,8 @@ class Device:
     alone: int | None = None                                 # the job that has it to itself (perf, a check retried)
     draining: bool = False                                   # a stage that runs alone waits for it: no new checks
     wanting: list[int] = field(default_factory=list)         # perf stages among `checks` waiting for their turn
+    pausing: set[int] = field(default_factory=set)           # checks asked to pause for a turn (`pause`)
+    paused: set[int] = field(default_factory=set)            # of them, those paused
     busy_s: float = 0.0
     busy_since: float | None = None
 
@@ -56,12 +58,15 @@ class Scheduler:
     needs fit, or one stage alone (perf, a check retried), which goes first and drains a device when none is idle.
     With `turns`, a perf stage starts as a check does and has its device alone once it asks (`want`): the device
     drains, and `grants` gives it the turn when every other stage there waits for one too.
+    With `pause`, a turn waits for the checks placed there to pause between their items (`pauses`, `paused`),
+    not to end, and they go on (`resumes`) once no turn is held or asked for there.
     With `ahead`, up to `share + ahead` check and perf stages start on a device without a place: they start up
     on the CPU and ask for one (`enter`) before their first use of it; `admits` places them while they fit
     (with 0 a stage is placed at its start; its ask is answered at once). `clock`: tests."""
 
     def __init__(self, devices: Sequence[str], *, jobs: int = 2, share: int = 2, turns: bool = False,
-                 ahead: int = 0, memory: dict[str, int] | None = None, clock: Callable[[], float] = time.monotonic):
+                 ahead: int = 0, pause: bool = False, memory: dict[str, int] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         if not devices:
             raise ValueError("the scheduler needs at least one device (a GPU or a CPU slot)")
         if jobs < 1 or share < 1 or ahead < 0:
@@ -69,6 +74,7 @@ class Scheduler:
                              f"ahead={ahead})")
         self.devices = [Device(str(d), (memory or {}).get(str(d))) for d in devices]
         self.jobs, self.share, self.turns, self.ahead, self.clock = jobs, share, turns, ahead, clock
+        self.pause = pause and turns
         self.started = clock()
         self._jobs: dict[int, _Job] = {}
         self._cpu_running = 0
@@ -170,13 +176,42 @@ class Scheduler:
             device.wanting.append(task.job)
 
     def grants(self) -> list[int]:
-        """The jobs whose turn begins now: on a device where every other stage waits for its turn too."""
+        """The jobs whose turn begins now: on a device where every other stage waits for its turn too (or,
+        with `pause`, is a paused check)."""
         granted, self._now = self._now, []
         for device in self.devices:
-            if device.alone is None and device.wanting and set(device.checks) <= set(device.wanting):
+            if device.alone is None and device.wanting and set(device.checks) <= {*device.wanting, *device.paused}:
                 device.alone = device.wanting.pop(0)
                 granted.append(device.alone)
         return granted
+
+    def pauses(self) -> list[int]:
+        """The placed checks to ask to pause now: on a device where a turn is asked for or held (`pause` only)."""
+        asked: list[int] = []
+        for device in self.devices if self.pause else ():
+            if device.wanting or device.alone is not None:
+                for job in device.checks:
+                    running = self._jobs[job].running
+                    if running is not None and running.stage == "check" and job not in device.pausing:
+                        device.pausing.add(job)
+                        asked.append(job)
+        return asked
+
+    def paused(self, task: Task) -> None:
+        """The check `task`, asked to pause, has paused (no work of its own on its device until it resumes)."""
+        device = next(d for d in self.devices if d.name == task.device)
+        if task.job in device.pausing:
+            device.paused.add(task.job)
+
+    def resumes(self) -> list[int]:
+        """The checks asked to pause that go on now: on a device where no turn is held or asked for."""
+        going: list[int] = []
+        for device in self.devices:
+            if device.pausing and not device.wanting and device.alone is None:
+                going.extend(sorted(device.pausing))
+                device.pausing.clear()
+                device.paused.clear()
+        return going
 
     def _start(self, job: int, stage: str, device: Device | None) -> Task:
         if device is not None:
@@ -255,6 +290,8 @@ class Scheduler:
                     waiting.remove(task.job)
             if task.job in device.wanting:
                 device.wanting.remove(task.job)
+            device.pausing.discard(task.job)
+            device.paused.discard(task.job)
             if device.alone == task.job:
                 device.alone = None
             self._touch(device)

@@ -15,7 +15,7 @@ from pytest_cudaopt.judge.devices import DeviceSet
 from pytest_cudaopt.judge.options import Options
 from pytest_cudaopt.launch import pytest_command, strict_sandbox
 from pytest_cudaopt.run import zygote
-from pytest_cudaopt.run.turn import Turn
+from pytest_cudaopt.run.turn import Pause, Turn
 
 # The pytest children: which items each runs, and the verdict kinds it must have collected.
 MARKERS = {"policy": "policy", "check": "not perf and not policy", "perf": "perf"}
@@ -97,19 +97,22 @@ def command(stage: str, copy: Path, out: Path, options: Options) -> list[str]:
 
 def run_stage(stage: str, copy: Path, out: Path, devices: DeviceSet, device: str | None, options: Options,
               children: runner.Children | None = None, turn: Turn | None = None,
-              place: Turn | None = None) -> StageResult:
+              place: Turn | None = None, pause: Pause | None = None) -> StageResult:
     """Run one stage of the workdir at `copy` (outputs in `out`) and read what it left. `turn`: a perf stage's;
-    `place`: a device stage's (run/turn.py). The child's time limit grows by its waits for them."""
+    `place`: a device stage's; `pause`: a check's (run/turn.py). The child's time limit grows by its waits
+    for them and its pauses."""
     timeout = options.build_timeout if stage == "build" else options.timeout
     gates = [g for g in (place, turn) if g is not None]
     env = environment(stage, devices, device, options)
-    for gate in gates:
-        env.update(gate.env)
+    for gate in (*gates, pause):
+        if gate is not None:
+            env.update(gate.env)
     outcome = runner.run(command(stage, copy, out, options), env=env, cwd=out, timeout=timeout,
                          log=out / f"{stage}.log", children=children, grace=options.grace,
                          nice=BUILD_NICE if stage == "build" else 0,
                          zygote_name=options.zygote if options.fork else None,
-                         paused=lambda: min(sum(g.waited() for g in gates), timeout))
+                         paused=lambda: min(sum(g.waited() for g in gates) + (pause.held() if pause else 0.0),
+                                            timeout))
     if stage == "build":
         result = read_build(outcome)
         result.objects = _object_counts(copy)

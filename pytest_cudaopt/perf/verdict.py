@@ -135,10 +135,26 @@ def prepare(workdir: Any, settings: Any, seed: int, tracer: Any = None) -> Prepa
     return Prepared(model, init, compiled)
 
 
-def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str, tracer: Any = None, target: Any = None,
-          known: Sequence[tuple[str, Any]] = (), prepared: Prepared | None = None) -> tuple[PerfResult, dict]:
-    """Time every contender of `workdir`, trace one call of each and decide the gate: the result and what
-    the pytest-benchmark recording needs. `target`: the target branch's workdir or the error loading it."""
+@dataclass
+class Arranged:
+    """What `judge` times, made: Model and ModelNew, the inputs' feed, the contenders and each one's precision
+    tier; the example's sizes (the memory plan's) and the peak memory it took. A judge's perf child makes it
+    before its turn (run/turn.py): nothing of it is timed."""
+
+    model: torch.nn.Module
+    model_new: Any
+    feed: Feed
+    line: lineup.Lineup
+    tiers: dict
+    note: str
+    sizes: tuple[int, int]
+    peak_bytes: int | None
+
+
+def arrange(*, workdir: Any, settings: Any, seed: int, target: Any = None, known: Sequence[tuple[str, Any]] = (),
+            prepared: Prepared | None = None) -> Arranged:
+    """Model and ModelNew built, the contenders lined up (compiled), each one's precision measured: all of
+    `judge` but the timing and the traces. `target`: the target branch's workdir or the error loading it."""
     device = torch.device(settings.device)
     weights = derive_seed(seed, "perf", "weights")
     with memory.Peak(device) as peak, saved_rng():
@@ -164,18 +180,32 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str, trac
         for contender in line.contenders:
             if contender.key not in tiers:
                 tiers[contender.key] = _tier(model, contender.fn, example, contender.scope)[0]
-        # The memory plan for inputs and outputs the size of `example`'s.
-        group, one_check, batch, plan_note = memory.perf_input_plan(
-            nbytes(example), nbytes(feed.expected(example)), memory.free_bytes(device), len(line.contenders),
-            engine.Config.max_batch)
+        sizes = (nbytes(example), nbytes(feed.expected(example)))
         del example  # every timed call draws its own
+    return Arranged(model, model_new, feed, line, tiers, note, sizes, peak.bytes)
+
+
+def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str, tracer: Any = None, target: Any = None,
+          known: Sequence[tuple[str, Any]] = (), prepared: Prepared | None = None,
+          arranged: Arranged | None = None) -> tuple[PerfResult, dict]:
+    """Time every contender of `workdir`, trace one call of each and decide the gate: the result and what
+    the pytest-benchmark recording needs. `arranged`: `arrange`'s, made already (else made here)."""
+    device = torch.device(settings.device)
+    if arranged is None:
+        arranged = arrange(workdir=workdir, settings=settings, seed=seed, target=target, known=known,
+                           prepared=prepared)
+    model_new, feed, line, tiers, note = arranged.model_new, arranged.feed, arranged.line, arranged.tiers, arranged.note
+    with memory.Peak(device) as peak, saved_rng():
+        # The memory plan for inputs and outputs the size of the example's, in what the device has free now.
+        group, one_check, batch, plan_note = memory.perf_input_plan(
+            *arranged.sizes, memory.free_bytes(device), len(line.contenders), engine.Config.max_batch)
         config = engine.Config.from_settings(settings, seed=derive_seed(seed, "perf", "checks"),
                                              queue_group=group, one_check_per_pass=one_check, max_batch=batch)
         measurement = engine.measure(line.contenders, feed, clock=clock, config=config, compare=_compare(settings))
         traces = _traces(line, measurement, feed.next()[1], tracer, model_new.timing_failure())
     result = _result(workdir, test, settings, measurement, line, tiers, traces,
                      f"{note}; {plan_note}" if plan_note else note)
-    result.peak_bytes = peak.bytes
+    result.peak_bytes = max((b for b in (peak.bytes, arranged.peak_bytes) if b is not None), default=None)
     note = model_new.timing_note()
     if note:
         result.figure_warnings.append(note)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 from pathlib import Path
 
 
@@ -119,6 +122,18 @@ class Workers:
             except WorkdirError as exc:
                 raise RuntimeError(f"the extension of {workdir} could not be loaded in its worker: {exc}") from None
         return RemoteExtension(worker)
+
+    def hold(self, stopped: bool) -> None:
+        """Stop (SIGSTOP) or continue every live worker's process group: a paused check's candidate code runs no
+        thread while another workdir has the device to itself (run/turn.py)."""
+        sent = signal.SIGSTOP if stopped else signal.SIGCONT
+        for worker in self.all:
+            if worker.alive():
+                with contextlib.suppress(OSError):
+                    try:
+                        os.killpg(worker.proc.pid, sent)
+                    except OSError:
+                        os.kill(worker.proc.pid, sent)
 
     def stop(self) -> None:
         """Kill every worker of this session (before any verdict file is written)."""

@@ -2,7 +2,8 @@
 without a place on the device, then asks for one (`PLACE`) before its first use of the device; a perf child
 then prepares its baseline beside other stages and asks for its turn (`TURN`): the device to itself for
 the timed part. Each channel is a folder the environment names: the child writes `want` (what it has
-touched so far), the judge writes `go`."""
+touched so far), the judge writes `go`. While a turn is asked for or held, the checks placed beside it
+pause between their items (`PAUSE`: the judge writes `pause`, the child `paused`, the judge removes `pause`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-TURN, PLACE = "CUDAOPT_TURN", "CUDAOPT_PLACE"
+TURN, PLACE, PAUSE = "CUDAOPT_TURN", "CUDAOPT_PLACE", "CUDAOPT_PAUSE"
 ENV = TURN
 POLL_S = 0.002
 
@@ -55,6 +56,82 @@ def enter_place() -> None:
 
         with watchdog.harness_step("waiting for a place on the device (the judge's other stages on it)"):
             wait(env=PLACE)
+
+
+def pause_point(hold=None, folder: Path | None = None) -> None:
+    """Between a judge's check child's items: if the judge asks (a turn on its device), its device work done and
+    `hold(True)` (its workers stopped), it waits until the judge lets it go on, then `hold(False)`. Else nothing.
+    `folder`: else PAUSE's."""
+    folder = folder or os.environ.get(PAUSE)
+    asked = Path(folder, "pause") if folder else None
+    try:
+        number = asked.read_text() if asked is not None else ""
+    except OSError:
+        return
+    if not number:
+        return
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    from pytest_cudaopt.run import watchdog
+
+    with watchdog.harness_step("paused for another workdir's turn on the device"):
+        if hold is not None:
+            hold(True)
+        try:
+            _write(Path(folder, "paused"), number)
+            while _read(asked) == number:
+                time.sleep(POLL_S)
+        finally:
+            if hold is not None:
+                hold(False)
+
+
+def _write(path: Path, text: str) -> None:
+    """`text` into `path` whole (a reader never sees it half written)."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(text)
+    os.replace(part, path)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+class Pause:
+    """The judge's side of one check child's pause channel: `ask` it to pause, `answered` once it has, `release`
+    it; `held()`: the seconds it sat paused, in all (its time limit grows by them; not by an ask it never met)."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for name in ("pause", "paused"):
+            (self.folder / name).unlink(missing_ok=True)
+        self.env = {PAUSE: str(self.folder)}
+        self.number = 0
+        self.asked = False
+        self.paused_at: float | None = None
+        self.total = 0.0
+
+    def ask(self) -> None:
+        self.number += 1
+        self.asked = True
+        _write(self.folder / "pause", str(self.number))
+
+    def answered(self) -> bool:
+        if self.asked and self.paused_at is None and _read(self.folder / "paused") == str(self.number):
+            self.paused_at = time.monotonic()
+        return self.paused_at is not None
+
+    def release(self) -> None:
+        (self.folder / "pause").unlink(missing_ok=True)
+        self.total, self.paused_at, self.asked = self.held(), None, False
+
+    def held(self) -> float:
+        return self.total + (time.monotonic() - self.paused_at if self.paused_at is not None else 0.0)
 
 
 class Turn:

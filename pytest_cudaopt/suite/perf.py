@@ -10,7 +10,7 @@ import torch
 from pytest_cudaopt.results import report
 from pytest_cudaopt.perf import clocks, lineup, trace
 from pytest_cudaopt.perf.feed import Feed
-from pytest_cudaopt.perf.verdict import judge, prepare
+from pytest_cudaopt.perf.verdict import arrange, judge, prepare
 from pytest_cudaopt.results.records import PerfResult
 from pytest_cudaopt.run import turn, watchdog
 from pytest_cudaopt.workdir import saved_rng
@@ -88,21 +88,31 @@ class TestPerf:
         if cudaopt_settings.trace:
             tracer = (cudaopt_session.verdict_hook(request.node, "pytest_cudaopt_perf_tracer", device=device)
                       or trace.default_tracer(device))
-        prepared = None
-        if turn.pending():  # a judge's perf child: what needs no candidate is made before its turn
+        arranged = None
+        if turn.pending():  # a judge's perf child: all but the timing is made before its turn, beside other stages
             reference = cudaopt_session.reference(cudaopt_workdir_path)
             with torch.no_grad(), lineup.quiet_compile_log():
                 prepared = prepare(reference, cudaopt_settings, cudaopt_session.seed, tracer) if reference else None
             cudaopt_session.workers.make_context(cudaopt_workdir_path)   # its worker's context: not in the turn
+            workdir = cudaopt_session.loaded_or_fail(cudaopt_workdir_path, request.node.nodeid, "run")
+            with torch.no_grad(), lineup.quiet_compile_log():
+                arranged = arrange(workdir=workdir, settings=cudaopt_settings, seed=cudaopt_session.seed,
+                                   target=cudaopt_session.target_workdir(), prepared=prepared,
+                                   known=judged_precisions(cudaopt_session.results, workdir.path))
+            # its workers stopped while it waits: no candidate code runs beside another workdir's turn
             with watchdog.harness_step("waiting for the device to itself (the judge's other stages on it)"):
-                turn.wait()
+                cudaopt_session.workers.hold(True)
+                try:
+                    turn.wait()
+                finally:
+                    cudaopt_session.workers.hold(False)
         workdir = cudaopt_session.loaded_or_fail(cudaopt_workdir_path, request.node.nodeid, "run")
         clock = (cudaopt_session.verdict_hook(request.node, "pytest_cudaopt_perf_clock", device=device)
                  or clocks.default_clock(device, cuda_graph=cudaopt_settings.cuda_graph))
         with torch.no_grad(), lineup.quiet_compile_log():
             result, extra = judge(workdir=workdir, settings=cudaopt_settings, seed=cudaopt_session.seed,
                                   clock=clock, test=request.node.nodeid, tracer=tracer,
-                                  target=cudaopt_session.target_workdir(), prepared=prepared,
+                                  target=cudaopt_session.target_workdir(), arranged=arranged,
                                   known=judged_precisions(cudaopt_session.results, workdir.path))
             changed = clocks.tampered()
             if changed:
