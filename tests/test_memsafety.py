@@ -249,6 +249,43 @@ def test_the_item_passes_a_clean_workdir_after_all_three_tools_run_at_once(pytes
     result.stdout.fnmatch_lines(["*cudaopt memsafety: 1 of 1 passed*"])
 
 
+ITEM_TIMES = """\
+import time
+
+import pytest
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    if "Correctness" in item.nodeid:
+        time.sleep(1.5)   # slow correctness items: the sanitized case has time to finish beside them
+    with open({log!r}, "a") as handle:
+        handle.write(f"{{item.nodeid}} {{time.time()}}\\n")
+    return (yield)
+"""
+
+
+def test_the_case_is_sent_as_the_workdir_loads_and_runs_beside_the_correctness_items(pytester, sanitized,
+                                                                                      monkeypatch, tmp_path):
+    path = sanitized()
+    spans, times = tmp_path / "spans", tmp_path / "times.txt"
+    spans.mkdir()
+    (path / "conftest.py").write_text(ITEM_TIMES.format(log=str(times)))
+    monkeypatch.setenv("FAKE_SANITIZER_SPANS", str(spans))
+    result = run_pytest(pytester, "wd", "-m", "not perf and not policy", "--cudaopt-report=report.json", "-rA")
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    started = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in times.read_text().splitlines()}
+    [memsafety_at] = [t for nodeid, t in started.items() if "MemorySafety" in nodeid]
+    assert sum("Correctness" in nodeid for nodeid in started) >= 2 and max(
+        t for nodeid, t in started.items() if "Correctness" in nodeid) < memsafety_at
+    ran = {p.name: [float(t) for t in p.read_text().split()] for p in spans.iterdir()}
+    assert set(ran) == {"memcheck", "racecheck", "initcheck"}
+    assert max(end for _, end, _ in ran.values()) < memsafety_at, (ran, memsafety_at)   # done before its item
+    [record] = [r for r in json.loads((pytester.path / "report.json").read_text())["results"]
+                if r["kind"] == "memsafety"]
+    assert record["data"]["passed"] and record["data"]["tools"] == {t: "clean" for t in ran}
+
+
 def test_the_item_fails_a_write_past_the_output_naming_the_kernel_line(pytester, sanitized):
     sanitized({"memcheck": SCALE_PAST_END.format(line=scale_line())})
     result = run_pytest(pytester, "wd", "-m", "memsafety", "--cudaopt-report=report.json")

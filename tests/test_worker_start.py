@@ -384,3 +384,38 @@ def test_pytest_launches_the_named_workdirs_worker_at_configure_and_its_first_it
     result.stdout.fnmatch_lines(["launched: ['wd']", "*workers: 1 not taken: 0*"])  # the one launched, taken
     result = run_pytest(pytester, "wd/model_new.py", "-m", "policy", "-s")
     result.stdout.fnmatch_lines(["launched: []"])
+
+
+def test_hold_stops_the_workers_and_a_sanitized_case_running_beside_the_items_and_counts_the_seconds():
+    """Workers.hold (a check paused for another workdir's turn): every live worker's process group and every
+    child of a memory-safety case begun at load stop, and go on; the case's limit grows by the seconds held."""
+    import signal
+    import subprocess
+    import time
+    import types
+
+    from pytest_cudaopt.remote.workers import Workers
+
+    def state(pid: int) -> str:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+             for _ in range(2)]
+    try:
+        workers = Workers(types.SimpleNamespace())
+        workers.all.append(types.SimpleNamespace(proc=procs[0], alive=lambda: procs[0].poll() is None))
+        child = types.SimpleNamespace(proc=procs[1])
+        begun = types.SimpleNamespace(sanitized=types.SimpleNamespace(children={"memcheck": child}))
+        workers.keep_begun(Path("wd"), begun)
+        workers.hold(True)
+        time.sleep(0.3)
+        assert [state(p.pid) for p in procs] == ["T", "T"]
+        workers.hold(False)
+        time.sleep(0.1)
+        assert "T" not in [state(p.pid) for p in procs]
+        taken, held = workers.take_begun(Path("wd"))
+        assert taken is begun and 0.3 <= held() < 5.0
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()

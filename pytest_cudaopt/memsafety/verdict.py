@@ -299,44 +299,88 @@ def failure_text(result: MemorySafetyResult) -> str:
     return "\n".join(lines)
 
 
-def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str, sanitizer: str,
-                        ahead: Sanitized | None = None) -> MemorySafetyResult:
-    """Run the tools on one small case of the loaded `workdir` (its extension as built) and decide. The three
-    run at once (each is mostly the sanitizer's own work on the CPU); memcheck's findings stop the others.
-    `ahead`: the children started for this workdir and extension while it loaded, if still waiting."""
-    case = small_case(workdir.reference, settings)
+@dataclass
+class Begun:
+    """A memory-safety case sent to its children (`begin`), to be decided by `conclude`."""
+
+    key: tuple
+    sanitized: Sanitized
+    result: MemorySafetyResult
+    want: list
+    build_dir: Path
+    limit: float
+    started: float
+
+
+def _extension(workdir: Any) -> str:
+    """The loaded workdir's extension as built (its worker's, else this process's)."""
     so = workdir.worker.extension if workdir.worker is not None else workdir.extension.__file__
-    extension = str(Path(so).resolve())
+    return str(Path(so).resolve())
+
+
+def key_of(workdir: Any, settings: Any, sanitizer: str) -> tuple:
+    """What a case's children must match to judge the loaded `workdir` (Sanitized.key_of)."""
+    return Sanitized.key_of(workdir.path, _extension(workdir), settings.device, getattr(settings, "sandbox", "off"),
+                            sanitizer)
+
+
+def begin(workdir: Any, settings: Any, seed: int, sanitizer: str, ahead: Sanitized | None = None) -> Begun:
+    """Draw one small case of the loaded `workdir` (its extension as built) and send it to the three tools'
+    children, which run it at once. `ahead`: the children started for this workdir and extension while it
+    loaded, if still waiting (else fresh ones)."""
+    case = small_case(workdir.reference, settings)
+    extension = _extension(workdir)
     build_dir = Path(extension).parent
     if build_dir.name == "loaded":  # a rebuilt extension is loaded from a copy beside the build
         build_dir = build_dir.parent
-    result = MemorySafetyResult(workdir=str(workdir.path), test=test, case=shapes.format_case(case) or "canonical",
+    result = MemorySafetyResult(workdir=str(workdir.path), test="", case=shapes.format_case(case) or "canonical",
                                 passed=False)
     limit = time_limit(settings)
     started = time.perf_counter()
-    sent, want = draw_case(workdir, case, seed, settings.device)
+    from pytest_cudaopt.candidate.load import saved_rng
 
+    with saved_rng():   # the case's draws seed the global generators: no item after it sees the difference
+        sent, want = draw_case(workdir, case, seed, settings.device)
     sandbox = getattr(settings, "sandbox", "off")
-    key = Sanitized.key_of(workdir.path, extension, settings.device, sandbox, sanitizer)
+    key = key_of(workdir, settings, sanitizer)
     if ahead is not None and (ahead.key != key or not ahead.waiting()):   # another build, or gone: afresh
         ahead.close()
         ahead = None
     sanitized = ahead or Sanitized(workdir.path, extension, settings.device, sandbox, sanitizer, wait=limit)
     try:
         sanitized.send(sent)
+    except BaseException:
+        sanitized.close()
+        raise
+    return Begun(key, sanitized, result, want, build_dir, limit, started)
+
+
+def conclude(begun: Begun, workdir: Path, test: str, paused: Callable[[], float] = lambda: 0.0) -> MemorySafetyResult:
+    """Wait for the children of `begun` and decide; memcheck's findings stop the others. `paused()`: seconds they
+    were stopped since the case was sent (their time limit grows by them)."""
+    result, sanitized = begun.result, begun.sanitized
+    result.test = test
+    try:
         decided = False
         for tool, child in sanitized.children.items():  # memcheck first
             if decided:  # not worth the others' time
                 child.kill()
                 result.tools[tool] = f"stopped ({REQUIRED} decided)"
                 continue
-            run = child.finish(limit - (time.perf_counter() - started))
+            run = child.finish(begun.limit + paused() - (time.perf_counter() - begun.started))
             result.seconds_by_tool[tool] = run.seconds
-            judge_run(run, workdir.path, build_dir, result,
-                      lambda run: call_evidence(run, sanitized.child_scratch / run.tool, want))
+            judge_run(run, Path(workdir), begun.build_dir, result,
+                      lambda run: call_evidence(run, sanitized.child_scratch / run.tool, begun.want))
             decided = tool == REQUIRED and bool(result.failures or result.findings)
     finally:
         sanitized.close()
-    result.seconds = time.perf_counter() - started
+    result.seconds = time.perf_counter() - begun.started
     result.passed = not result.findings and not result.failures
     return result
+
+
+def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str, sanitizer: str,
+                        ahead: Sanitized | None = None) -> MemorySafetyResult:
+    """Run the tools on one small case of the loaded `workdir` (its extension as built) and decide: `begin`, then
+    `conclude`. The three run at once (each is mostly the sanitizer's own work on the CPU)."""
+    return conclude(begin(workdir, settings, seed, sanitizer, ahead), workdir.path, test)

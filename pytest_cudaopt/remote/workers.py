@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from pathlib import Path
 
 
@@ -18,6 +19,8 @@ class Workers:
         self._policy: dict = {}  # (workdir, .so or None) -> the policy items' worker
         self._extension: dict = {}  # workdir -> the `cuda_extension` fixture's worker
         self.sanitized: dict = {}   # workdir -> its memory-safety item's children, started ahead (memsafety.verdict)
+        self.begun: dict = {}       # workdir -> (its memory-safety case sent to them, `held_seconds()` then)
+        self._held_s, self._held_at = 0.0, None
 
     def launch(self, path: Path) -> None:
         """Launch the workdir's worker now, to import torch while this process builds (its first item takes it).
@@ -127,21 +130,39 @@ class Workers:
         """Stop (SIGSTOP) or continue every live worker's process group: a paused check's candidate code runs no
         thread while another workdir has the device to itself (run/turn.py)."""
         sent = signal.SIGSTOP if stopped else signal.SIGCONT
-        for worker in self.all:
-            if worker.alive():
-                with contextlib.suppress(OSError):
-                    try:
-                        os.killpg(worker.proc.pid, sent)
-                    except OSError:
-                        os.kill(worker.proc.pid, sent)
+        procs = [w.proc for w in self.all if w.alive()]
+        procs += [child.proc for begun, _ in self.begun.values() for child in begun.sanitized.children.values()
+                  if child.proc.poll() is None]   # a memory-safety case running beside the items
+        for proc in procs:
+            with contextlib.suppress(OSError):
+                try:
+                    os.killpg(proc.pid, sent)
+                except OSError:
+                    os.kill(proc.pid, sent)
+        if stopped and self._held_at is None:
+            self._held_at = time.monotonic()
+        elif not stopped and self._held_at is not None:
+            self._held_s, self._held_at = self.held_seconds(), None
+
+    def held_seconds(self) -> float:
+        """Seconds this session's workers were stopped by `hold`, in all (a sanitized case's limit grows by them)."""
+        return self._held_s + (time.monotonic() - self._held_at if self._held_at is not None else 0.0)
+
+    def keep_begun(self, path: Path, begun) -> None:
+        self.begun[Path(path).resolve()] = (begun, self.held_seconds())
+
+    def take_begun(self, path: Path):
+        """(the memory-safety case begun for `path`, seconds held since) or None; the item decides it."""
+        found = self.begun.pop(Path(path).resolve(), None)
+        return None if found is None else (found[0], lambda: self.held_seconds() - found[1])
 
     def stop(self) -> None:
         """Kill every worker of this session (before any verdict file is written)."""
         for worker in self.all:
             worker.stop()
-        for sanitized in self.sanitized.values():
+        for sanitized in [*self.sanitized.values(), *(begun.sanitized for begun, _ in self.begun.values())]:
             sanitized.close()
-        for held in (self.all, self._policy, self._extension, self.launched, self.sanitized):
+        for held in (self.all, self._policy, self._extension, self.launched, self.sanitized, self.begun):
             held.clear()
 
     def sanitize_ahead(self, path: Path, so_path: Path, sanitizer: str) -> None:

@@ -72,7 +72,10 @@ def pause_point(hold=None, folder: Path | None = None) -> None:
         return
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
+        try:
+            torch.cuda.synchronize()
+        except Exception:   # a broken context: the next item meets it and says so
+            pass
     from pytest_cudaopt.run import watchdog
 
     with watchdog.harness_step("paused for another workdir's turn on the device"):

@@ -6,7 +6,7 @@ import pytest
 
 from pytest_cudaopt.correctness.case import holder
 from pytest_cudaopt.correctness.guards import derive_seed
-from pytest_cudaopt.memsafety.verdict import failure_text, find_sanitizer, judge_memory_safety, sanitizes
+from pytest_cudaopt.memsafety.verdict import conclude, failure_text, find_sanitizer, judge_memory_safety, key_of, sanitizes
 from pytest_cudaopt.primitives.memory import OVERHEAD
 from pytest_cudaopt.results import blame
 from pytest_cudaopt.results.ledger import SKIP_PROPERTY
@@ -33,9 +33,15 @@ class TestMemorySafety:
                 pytest.fail(f"{reason}: the CI gate never passes without the memory-safety verdict", pytrace=False)
             pytest.skip(reason)
         workdir = cudaopt_session.loaded_or_fail(cudaopt_workdir_path, request.node.nodeid, "run")
-        result = judge_memory_safety(workdir, cudaopt_settings, derive_seed(cudaopt_session.seed, "memsafety"),
-                                     request.node.nodeid, sanitizer,
-                                     ahead=cudaopt_session.workers.take_sanitized(cudaopt_workdir_path))
+        begun = cudaopt_session.workers.take_begun(cudaopt_workdir_path)   # sent as the workdir loaded
+        if begun is not None and begun[0].key == key_of(workdir, cudaopt_settings, sanitizer):
+            result = conclude(begun[0], workdir.path, request.node.nodeid, paused=begun[1])
+        else:
+            if begun is not None:   # another build since: afresh
+                begun[0].sanitized.close()
+            result = judge_memory_safety(workdir, cudaopt_settings, derive_seed(cudaopt_session.seed, "memsafety"),
+                                         request.node.nodeid, sanitizer,
+                                         ahead=cudaopt_session.workers.take_sanitized(cudaopt_workdir_path))
         cudaopt_session.results.append(result)
         if not result.passed and not result.findings and any("out of memory" in f for f in result.failures):
             # The sanitized case could not get its memory: whose it is, as for a correctness case.

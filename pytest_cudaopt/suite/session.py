@@ -130,7 +130,24 @@ class CudaoptSession:
         enter_place()   # the build item's: built without a place on the device, loaded with one
         loaded = self._references.get(path) or load_reference(path)
         loaded.worker = self.workers.start(path, build.so_path)
+        self._begin_memory_safety(loaded)
         return loaded
+
+    def _begin_memory_safety(self, loaded) -> None:
+        """Its sanitized children started ahead: the memory-safety case goes to them now, to run beside the
+        correctness items (the item decides it, `workers.take_begun`); if it cannot, the item starts afresh."""
+        from pytest_cudaopt.correctness.guards import derive_seed
+        from pytest_cudaopt.memsafety.verdict import begin
+
+        path = Path(loaded.path).resolve()
+        ahead = self.workers.take_sanitized(path)
+        if ahead is None:
+            return
+        try:
+            self.workers.keep_begun(path, begin(loaded, self.settings, derive_seed(self.seed, "memsafety"),
+                                                ahead.key[-1], ahead))
+        except Exception:   # the item draws the case again, and says what fails
+            ahead.close()
 
     def _sanitize_ahead(self, path: Path, so_path: Path | None) -> None:
         """A memory-safety item of this workdir to run: its sanitized children start now (workers.sanitize_ahead)."""
