@@ -63,9 +63,9 @@ for name in ${@:-correct verdicts gallery attacks shared service}; do case $name
               $(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import judge_gallery; print(*judge_gallery.GPU_ARGS)") ;;
   rate)     step rate "${RATE_S:-420}" python3 benchmarks/judge_gallery.py --arm judge --copies "${COPIES:-3}" \
               --out "$LOGS/rate" ;;
-  rate_tree) tree=$(cd "$TREE" && pwd)
-            step rate_tree "${RATE_S:-420}" env PYTHONPATH="$tree" python3 "$tree/benchmarks/judge_gallery.py" \
-              --arm judge --copies "${COPIES:-3}" --out "$LOGS/rate_tree" ;;
+  rate_tree) tree=$(cd "$TREE" && pwd)   # run from the tree: its zygote must import the tree's package, not this one
+            (cd "$tree" && step rate_tree "${RATE_S:-420}" env PYTHONPATH="$tree" python3 benchmarks/judge_gallery.py \
+              --arm judge --copies "${COPIES:-3}" --out "$LOGS/rate_tree") ;;
   alone)    step alone "${RATE_S:-420}" python3 benchmarks/judge_gallery.py --arm judge --no-turns \
               --copies "${COPIES:-3}" --out "$LOGS/alone" ;;
   rate_args) step rate_args "${RATE_S:-420}" python3 benchmarks/judge_gallery.py --arm judge --copies "${COPIES:-3}" \

@@ -50,6 +50,28 @@ def test_a_forked_child_is_the_pytest_its_command_names_in_its_folder_and_enviro
     assert time.monotonic() - started < 60
 
 
+def test_a_zygote_serves_the_package_of_the_process_that_starts_it_from_any_folder(tmp_path, monkeypatch):
+    """Started from a folder holding another `pytest_cudaopt` (a checkout of another version), the zygote still
+    runs this process's package: else it refuses every fork and each child is a fresh Python, silently."""
+    decoy = tmp_path / "checkout" / "pytest_cudaopt"
+    (decoy / "run").mkdir(parents=True)
+    (decoy / "__init__.py").write_text("")
+    (decoy / "run" / "__init__.py").write_text("")
+    (decoy / "run" / "zygote.py").write_text("raise SystemExit('the checkout in the folder was run')\n")
+    monkeypatch.chdir(decoy.parent)
+    name = f"cudaopt-test-decoy-{os.getpid()}"
+    proc = zygote.start(name, subprocess_env())
+    try:
+        with open(tmp_path / "fork.log", "wb") as log:
+            forked = zygote.spawn_module(name, "platform", [], cwd=str(tmp_path), env=subprocess_env(),
+                                         log=log.fileno())
+        assert forked is not None, "the zygote did not serve this package's fork"
+        forked.close()
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
 def test_without_a_zygote_the_child_is_executed_and_says_the_same(tmp_path):
     outcome = _child(tmp_path, zygote_name=None)
     log = (tmp_path / "child.log").read_text()

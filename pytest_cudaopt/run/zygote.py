@@ -132,9 +132,10 @@ def _package_root() -> str:
 
 
 def start(name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """A zygote listening at `name` when this returns, ending when its stdin is closed."""
+    """A zygote listening at `name` when this returns, ending when its stdin is closed. It starts in this
+    package's root: `python -m` imports from its folder first, and a zygote of another package serves no fork."""
     proc = subprocess.Popen([sys.executable, "-m", "pytest_cudaopt.run.zygote", name], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, env=env, start_new_session=True, cwd=_package_root(),
                             preexec_fn=lambda: die_with_parent(signal.SIGKILL))
     proc.stdout.readline()  # bound: a worker asked for from now on waits for it (its imports) rather than missing it
     proc.stdout.close()
