@@ -78,9 +78,13 @@ def test_without_a_zygote_the_child_is_executed_and_says_the_same(tmp_path):
     assert outcome.returncode == 0 and "1 passed" in log, log[-3000:]
 
 
-def test_a_zygote_that_does_not_answer_leaves_the_child_executed(tmp_path):
-    outcome = _child(tmp_path, zygote_name="cudaopt-no-such-zygote")
+def test_a_zygote_that_does_not_answer_leaves_the_child_executed_and_the_judge_says_so_once(tmp_path, capsys):
+    name = f"cudaopt-no-such-zygote-{os.getpid()}-{time.monotonic_ns()}"
+    outcome = _child(tmp_path, zygote_name=name)
     assert outcome.returncode == 0 and (tmp_path / "ran").exists()
+    assert _child(tmp_path, zygote_name=name).returncode == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if name in line]
+    assert len(said) == 1 and "fresh Pythons" in said[0], said
 
 
 SLEEPER = "import time, pathlib\npathlib.Path('started').write_text('1')\ntime.sleep(60)\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -92,6 +93,9 @@ def _reap_group(pgid: int, wait_s: float = 5.0) -> None:
     _end_group(pgid, signal.SIGKILL)
 
 
+_UNFORKED: set[str] = set()   # the zygotes that forked no child asked of them (said once each)
+
+
 def _die_with_judge(nice: int = 0) -> None:
     """In the child, before exec: SIGTERM when the thread that started it (the judge) dies."""
     from pytest_cudaopt.run.zygote import die_with_parent
@@ -111,6 +115,11 @@ def _spawn(command: Sequence[str], env: Mapping[str, str], cwd: Path, log: Path,
                                          log=out.fileno(), nice=nice)
             if forked is not None:
                 return forked
+            if zygote_name not in _UNFORKED:   # said once: every child then pays a fresh interpreter's imports
+                _UNFORKED.add(zygote_name)
+                print(f"cudaopt judge: the zygote {zygote_name} forked no child (gone, or serving another copy of "
+                      f"pytest_cudaopt than {zygote.package_root()}); children start as fresh Pythons, slower",
+                      file=sys.stderr)
         return subprocess.Popen(list(command), env=dict(env), cwd=str(cwd), stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 preexec_fn=lambda: _die_with_judge(nice))

@@ -97,7 +97,7 @@ def _ask(name: str | None, request: dict, fds: list[int]) -> Forked | None:
     try:
         conn.settimeout(CONNECT_TIMEOUT_S)
         conn.connect(_address(name))
-        data = json.dumps({**request, "root": _package_root()}).encode() + b"\n"
+        data = json.dumps({**request, "root": package_root()}).encode() + b"\n"
         socket.send_fds(conn, [data], fds)
         line = b""
         while not line.endswith(b"\n"):
@@ -125,7 +125,7 @@ def die_with_parent(signum: int = signal.SIGTERM) -> None:
         pass
 
 
-def _package_root() -> str:
+def package_root() -> str:
     import pytest_cudaopt
 
     return os.path.dirname(os.path.dirname(os.path.realpath(pytest_cudaopt.__file__)))
@@ -135,7 +135,7 @@ def start(name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     """A zygote listening at `name` when this returns, ending when its stdin is closed. It starts in this
     package's root: `python -m` imports from its folder first, and a zygote of another package serves no fork."""
     proc = subprocess.Popen([sys.executable, "-m", "pytest_cudaopt.run.zygote", name], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, env=env, start_new_session=True, cwd=_package_root(),
+                            stdout=subprocess.PIPE, env=env, start_new_session=True, cwd=package_root(),
                             preexec_fn=lambda: die_with_parent(signal.SIGKILL))
     proc.stdout.readline()  # bound: a worker asked for from now on waits for it (its imports) rather than missing it
     proc.stdout.close()
@@ -149,7 +149,7 @@ def serve(name: str) -> int:
     os.write(1, b"listening\n")
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
     _preload()
-    root = _package_root()
+    root = package_root()
     base_path = [p for p in sys.path[1:] if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
     forks: dict[int, socket.socket] = {}   # pid -> the connection of the judging process that asked
     killed: set[int] = set()
