@@ -129,19 +129,23 @@ def _patch_server() -> None:
 
     def profiled_main(argv):
         profile, ops, before = cProfile.Profile(), {}, set(sys.modules)
+        depth = [0]   # an op may call another (sandbox -> context): the profile is enabled once, by the outer one
         for name in [n for n in dir(server.Server) if n.startswith("op_")]:
             def timed(self, request, _fn=getattr(server.Server, name), _name=name[3:]):
                 # A checked call is left unprofiled: the op audit owns sys.setprofile there.
-                profiled = not request.get("check")
+                checked = bool(request.get("check"))
+                profiled = not checked and depth[0] == 0
                 started = time.perf_counter()
                 if profiled:
-                    profile.enable()
+                    profile.enable()   # twice is a ValueError on Python 3.12 ("Another profiling tool")
+                depth[0] += 1
                 try:
                     return _fn(self, request)
                 finally:
+                    depth[0] -= 1
                     if profiled:
                         profile.disable()
-                    ops.setdefault(_name + (" (checked)" if not profiled else ""), []).append(
+                    ops.setdefault(_name + (" (checked)" if checked else ""), []).append(
                         time.perf_counter() - started)
             setattr(server.Server, name, timed)
         try:
