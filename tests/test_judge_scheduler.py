@@ -428,6 +428,18 @@ def test_stages_start_ahead_of_their_places_on_gpus_by_default_and_not_on_cpu_sl
     assert Options(share=3, ahead=1, pytest_args=["--cudaopt-device=cpu"]).stages_ahead == 1
 
 
+def _timed_turn(turn, name: str) -> tuple[str, str, float, float]:
+    """As a perf child does once it has prepared: asks for its turn, waits, times for 0.1 s; the turn's span."""
+    import time
+
+    from pytest_cudaopt.run import turn as turns
+
+    turns.wait(turn.folder)
+    granted = time.monotonic()
+    time.sleep(0.1)
+    return "turn", name, granted, time.monotonic()
+
+
 def test_in_a_pool_a_perf_turn_overlaps_no_other_stage_on_its_gpu_and_its_wait_is_in_the_line(tmp_path):
     import time
 
@@ -449,10 +461,7 @@ def test_in_a_pool_a_perf_turn_overlaps_no_other_stage_on_its_gpu_and_its_wait_i
         if stage == "perf":   # as a perf child does: prepares, asks, waits, times
             time.sleep(0.1)
             spans.append(("prepare", copy.name, began, time.monotonic()))
-            turns.wait(turn.folder)
-            granted = time.monotonic()
-            time.sleep(0.1)
-            spans.append(("turn", copy.name, granted, time.monotonic()))
+            spans.append(_timed_turn(turn, copy.name))
         return _passed(stage, time.monotonic() - began)
 
     workdirs = _workdirs(tmp_path, 6)
@@ -494,10 +503,7 @@ def test_in_a_pool_a_turn_pauses_the_checks_beside_it_between_their_items_instea
                 spans.append(("item", copy.name, start, time.monotonic()))
             spans.append(("check", copy.name, began, time.monotonic()))
         if stage == "perf":
-            turns.wait(turn.folder)
-            granted = time.monotonic()
-            time.sleep(0.1)
-            spans.append(("turn", copy.name, granted, time.monotonic()))
+            spans.append(_timed_turn(turn, copy.name))
         return _passed(stage, time.monotonic() - began)
 
     workdirs = _workdirs(tmp_path, 4)

@@ -102,17 +102,15 @@ def run_stage(stage: str, copy: Path, out: Path, devices: DeviceSet, device: str
     `place`: a device stage's; `pause`: a check's (run/turn.py). The child's time limit grows by its waits
     for them and its pauses."""
     timeout = options.build_timeout if stage == "build" else options.timeout
-    gates = [g for g in (place, turn) if g is not None]
+    gates = [g for g in (place, turn, pause) if g is not None]
     env = environment(stage, devices, device, options)
-    for gate in (*gates, pause):
-        if gate is not None:
-            env.update(gate.env)
+    for gate in gates:
+        env.update(gate.env)
     outcome = runner.run(command(stage, copy, out, options), env=env, cwd=out, timeout=timeout,
                          log=out / f"{stage}.log", children=children, grace=options.grace,
                          nice=BUILD_NICE if stage == "build" else 0,
                          zygote_name=options.zygote if options.fork else None,
-                         paused=lambda: min(sum(g.waited() for g in gates) + (pause.held() if pause else 0.0),
-                                            timeout))
+                         paused=lambda: min(sum(g.waited() for g in gates), timeout))
     if stage == "build":
         result = read_build(outcome)
         result.objects = _object_counts(copy)

@@ -144,7 +144,7 @@ class Sanitized:
     started ahead): each imports torch under its tool meanwhile, and loads nothing of the workdir's before `send`."""
 
     def __init__(self, workdir: Path, extension: str, device: str, sandbox: str, sanitizer: str, wait: float) -> None:
-        self.key = self.key_of(workdir, extension, device, sandbox, sanitizer)
+        self.key, self.sanitizer = self.key_of(workdir, extension, device, sandbox, sanitizer), sanitizer
         self.scratch = Path(tempfile.mkdtemp(prefix="cudaopt-memsafety-"))
         self.child_scratch = Path(tempfile.mkdtemp(prefix="cudaopt-memsafety-child-"))
         self.children: dict[str, Child] = {}

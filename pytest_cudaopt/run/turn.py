@@ -106,7 +106,8 @@ def _read(path: Path) -> str:
 
 class Pause:
     """The judge's side of one check child's pause channel: `ask` it to pause, `answered` once it has, `release`
-    it; `held()`: the seconds it sat paused, in all (its time limit grows by them; not by an ask it never met)."""
+    it; `waited()`: the seconds it sat paused, in all (its time limit grows by them, as by a Turn's wait; not by an
+    ask it never met)."""
 
     def __init__(self, folder: Path):
         self.folder = Path(folder)
@@ -131,9 +132,9 @@ class Pause:
 
     def release(self) -> None:
         (self.folder / "pause").unlink(missing_ok=True)
-        self.total, self.paused_at, self.asked = self.held(), None, False
+        self.total, self.paused_at, self.asked = self.waited(), None, False
 
-    def held(self) -> float:
+    def waited(self) -> float:
         return self.total + (time.monotonic() - self.paused_at if self.paused_at is not None else 0.0)
 
 

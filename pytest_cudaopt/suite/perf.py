@@ -106,7 +106,8 @@ class TestPerf:
                     turn.wait()
                 finally:
                     cudaopt_session.workers.hold(False)
-        workdir = cudaopt_session.loaded_or_fail(cudaopt_workdir_path, request.node.nodeid, "run")
+        else:
+            workdir = cudaopt_session.loaded_or_fail(cudaopt_workdir_path, request.node.nodeid, "run")
         clock = (cudaopt_session.verdict_hook(request.node, "pytest_cudaopt_perf_clock", device=device)
                  or clocks.default_clock(device, cuda_graph=cudaopt_settings.cuda_graph))
         with torch.no_grad(), lineup.quiet_compile_log():

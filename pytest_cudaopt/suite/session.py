@@ -145,7 +145,7 @@ class CudaoptSession:
             return
         try:
             self.workers.keep_begun(path, begin(loaded, self.settings, derive_seed(self.seed, "memsafety"),
-                                                ahead.key[-1], ahead))
+                                                ahead.sanitizer, ahead))
         except Exception:   # the item draws the case again, and says what fails
             ahead.close()
 
