@@ -3,6 +3,7 @@
     python3 benchmarks/stage_profile.py [--problem leaky_relu --variant honest] [--out DIR]     # GPU
     python3 benchmarks/stage_profile.py --cpu --out DIR                                         # CPU (cpu_scale)
     python3 benchmarks/stage_profile.py --turns ...      # the perf stage as a judge's with turns: asks, granted at once
+    python3 benchmarks/stage_profile.py --turns --plain  # ... with no cProfile in the judging process (honest exit time)
 
 The workdir is built once first (`cudaopt build`, not profiled). Each stage is a fresh
 `python -m cProfile -m pytest` with this file as a plugin (`-p stage_profile`), which wraps
@@ -89,8 +90,10 @@ def pytest_configure(config):
     _steps["configure (since interpreter start of this module)"] = [time.perf_counter() - _t0]
     out = os.environ.get("STAGE_PROFILE_JSON")
     if out:
-        atexit.register(lambda: Path(out).write_text(json.dumps({"requests": _requests, "steps": _steps,
-                                                                  "marks": _marks})))
+        def write() -> None:
+            _marks["exiting"] = time.monotonic()
+            Path(out).write_text(json.dumps({"requests": _requests, "steps": _steps, "marks": _marks}))
+        atexit.register(write)
 
 
 def pytest_collection_finish(session):
@@ -99,6 +102,14 @@ def pytest_collection_finish(session):
 
 def pytest_runtest_logfinish(nodeid, location):
     _marks["item ended"] = time.monotonic()
+
+
+def pytest_sessionfinish(session):
+    _marks.setdefault("session finishing", time.monotonic())   # this plugin's hook runs among the first
+
+
+def pytest_unconfigure(config):
+    _marks["unconfigured"] = time.monotonic()
 
 
 # ------------------------------------------------------------- the worker (`--worker FD`)
@@ -187,11 +198,13 @@ def _granting(folder: Path, started: float, times: dict) -> threading.Thread:
     return thread
 
 
-def run_stage(stage: str, workdir: Path, args: list[str], out: Path, env: dict, turns: bool = False) -> str:
+def run_stage(stage: str, workdir: Path, args: list[str], out: Path, env: dict, turns: bool = False,
+              plain: bool = False) -> str:
     prof, data = out / f"{stage}.prof", out / f"{stage}.json"
     from pytest_cudaopt.launch import plugin_args  # -p pytest_cudaopt.plugin where the package is not installed
 
-    command = [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "pytest", *plugin_args(),
+    profiler = [] if plain else ["-m", "cProfile", "-o", str(prof)]
+    command = [sys.executable, *profiler, "-m", "pytest", *plugin_args(),
                str(workdir / "model_new.py"),
                "--rootdir", str(workdir), "-p", "no:cacheprovider", "-p", "no:benchmark", "-p", "stage_profile",
                "-m", STAGES[stage], "--durations=0", "--durations-min=0.05", "-q", *args]
@@ -220,6 +233,9 @@ def run_stage(stage: str, workdir: Path, args: list[str], out: Path, env: dict, 
             item, stopped = marks["item ended"], marks["worker stopped"]
             lines.append(f"  of it: {item - times['granted']:.2f} s to the perf item's end, then "
                          f"{stopped - item:.2f} s to the worker's stop, {ended - stopped:.2f} s to the process's end")
+            after = [(k, v) for k, v in sorted(marks.items(), key=lambda kv: kv[1]) if v >= item]
+            lines.append("  after the item: " + ", ".join(f"{k} +{v - item:.2f} s" for k, v in after)
+                         + f", process ended +{ended - item:.2f} s")
     try:
         if unread is not None:
             raise unread
@@ -261,6 +277,8 @@ def main() -> int:
     parser.add_argument("--stages", default="check,perf")
     parser.add_argument("--out", type=Path, default=Path("out"))
     parser.add_argument("--turns", action="store_true", help="the perf stage asks for its turn (granted at once)")
+    parser.add_argument("--plain", action="store_true",
+                        help="the judging process without cProfile (its exit then holds no profile dump)")
     opts = parser.parse_args()
     sys.path.insert(0, str(HERE))
     sys.path.insert(0, str(ROOT))
@@ -292,7 +310,7 @@ def main() -> int:
     zygote.stdout.readline()
     env["CUDAOPT_WORKER_ZYGOTE"] = name
     for stage in opts.stages.split(","):
-        text = run_stage(stage, workdir, args, out, env, opts.turns)
+        text = run_stage(stage, workdir, args, out, env, opts.turns, opts.plain)
         (out / f"{stage}.txt").write_text(text)
         print(text, flush=True)
     return 0

@@ -314,6 +314,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     config = session.config
     cudaopt = _session(config)
     cudaopt.workers.stop()
+    turn.leave()   # a judge's child: its place and turn end here, not at its exit
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller reports
         config.workeroutput["cudaopt_records"] = cudaopt.records()
         return

@@ -42,6 +42,15 @@ def test_iters_sets_the_least_number_of_timed_runs_however_it_is_spelled(spellin
     assert "CUDA Extension: 1000.00us" in capsys.readouterr().out
 
 
+def test_profiling_times_a_far_slower_kernel_in_full_unless_told_otherwise(forwarded, tmp_path) -> None:
+    """It prints medians: a first kernel 20x slower than torch.compile still gets its figure."""
+    classic.main("profiling", tmp_path, [])
+    classic.main("profiling", tmp_path, ["--cudaopt-far-slower=5"])
+    classic.main("verification", tmp_path, [])
+    assert [[a for a in argv if a.startswith("--cudaopt-far-slower")] for argv in forwarded] == [
+        ["--cudaopt-far-slower=0"], ["--cudaopt-far-slower=5"], []]
+
+
 def test_without_iters_the_setting_decides(forwarded, tmp_path, capsys) -> None:
     classic.main("profiling", tmp_path, ["--cudaopt-max-time=1"])
     [argv] = forwarded

@@ -274,5 +274,10 @@ def test_with_turns_a_perf_child_times_in_its_turn_and_the_verdicts_stay_the_sam
                                                                    judged["lines"][name]["verdicts"]), name
     honest = found["honest"]
     assert honest["seconds"]["perf_turn"] > 0 and honest["seconds"]["perf_wait"] >= 0   # it asked, and was granted
-    assert sorted(p.name for p in (judged["root"] / "turns").glob("*/out/turn/*")) == ["go", "want"]
+    # the child left its device (its turn and place) at its session's end, before its exit
+    assert sorted(p.name for p in (judged["root"] / "turns").glob("*/out/turn/*")) == ["go", "left", "want"]
+    seconds = honest["seconds"]
+    assert seconds["perf_exit"] >= 0 and seconds["check_exit"] >= 0
+    assert seconds["perf_wait"] + seconds["perf_turn"] + seconds["perf_exit"] <= seconds["perf"] + 0.01
     assert "perf_turn" not in found["wrong"]["seconds"]   # never timed
+    assert found["wrong"]["seconds"]["check_exit"] >= 0

@@ -72,6 +72,34 @@ def test_a_zygote_serves_the_package_of_the_process_that_starts_it_from_any_fold
         proc.wait(timeout=30)
 
 
+COMPILE_THREADS = "import pathlib, torch._inductor.config as c\npathlib.Path('threads').write_text(str(c.compile_threads))\n"
+
+
+def test_the_pools_zygote_and_its_children_compile_in_process_unless_the_caller_keeps_its_own_setting(
+        tmp_path, monkeypatch):
+    """Inductor decides its compile workers as the zygote imports it: the zygote's environment must say so too."""
+    (tmp_path / "threads_probe.py").write_text(COMPILE_THREADS)
+    monkeypatch.delenv(zygote.ENV, raising=False)
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "3")
+    for keep, expected in (([], "1"), (["TORCHINDUCTOR_COMPILE_THREADS"], "3")):
+        options = Options(fork=True, keep_env=keep, scratch=tmp_path / "scratch")
+        assert stages.environment("check", DeviceSet(["0"]), "0", options).get(
+            "TORCHINDUCTOR_COMPILE_THREADS") == expected
+        pool = pool_module.LocalPool([], options, DeviceSet(["0"]))
+        proc = pool._offer_zygote()
+        assert proc is not None
+        try:
+            (tmp_path / "threads").unlink(missing_ok=True)
+            env = {**subprocess_env(), "PYTHONPATH": os.pathsep.join([str(tmp_path), subprocess_env()["PYTHONPATH"]])}
+            outcome = runner.run([sys.executable, "-m", "threads_probe"], env=env, cwd=tmp_path, timeout=120,
+                                 log=tmp_path / "probe.log", zygote_name=pool.options.zygote)
+            assert outcome.returncode == 0, (tmp_path / "probe.log").read_text()[-2000:]
+            assert (tmp_path / "threads").read_text() == expected, keep
+        finally:
+            proc.stdin.close()
+            proc.wait(timeout=30)
+
+
 def test_without_a_zygote_the_child_is_executed_and_says_the_same(tmp_path):
     outcome = _child(tmp_path, zygote_name=None)
     log = (tmp_path / "child.log").read_text()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -565,6 +567,93 @@ def test_a_check_asked_to_pause_that_ends_instead_holds_up_no_turn():
     assert s.pauses() == [1]
     s.finish(tasks[1])   # its last item ended: it never pauses
     assert s.grants() == [0] and s.resumes() == []
+
+
+def test_a_stage_that_leaves_its_device_frees_its_place_and_its_turn_before_it_ends():
+    s = Scheduler(["0"], jobs=4, share=1, turns=True, pause=True)
+    s.add(0, stages=["perf"])
+    s.add(1, stages=["perf"])
+    s.add(2, stages=["check"])
+    first = {t.job: t for t in s.ready()}
+    assert set(first) == {0}   # one place
+    s.want(first[0])
+    assert s.grants() == [0]
+    assert s.ready() == []     # its turn: nothing joins
+    s.leave(first[0])          # its timing done, its workers stopped: its process still exits
+    second = {t.job: t for t in s.ready()}
+    assert set(second) == {1}  # the place it left, while it runs
+    s.want(second[1])
+    assert s.grants() == [1]   # and the next turn
+    s.finish(first[0])         # the first ends after: nothing of the second's changes
+    assert s.devices[0].alone == 1 and s.ready() == []
+    s.leave(second[1])
+    s.leave(second[1])         # said twice: once is enough
+    assert [t.job for t in s.ready()] == [2]
+    s.finish(second[1])
+    assert s.devices[0].checks.keys() == {2}
+
+
+def test_a_stage_that_leaves_before_it_asks_for_its_place_frees_its_slot_ahead():
+    s = Scheduler(["0"], jobs=4, share=1, ahead=1, turns=True)
+    for job in range(3):
+        s.add(job, stages=["check"])
+    started = {t.job: t for t in s.ready()}
+    assert set(started) == {0, 1}   # one place and one ahead
+    s.leave(started[1])             # ended its session before it asked (a collection error, say)
+    assert [t.job for t in s.ready()] == [2]
+    s.enter(started[0])
+    assert s.admits() == [0]
+
+
+@contextmanager
+def _environ(names: dict):
+    """`names` set in os.environ for the block (a child's channels, in a stand-in run in this process)."""
+    saved = {k: os.environ.get(k) for k in names}
+    os.environ.update(names)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def test_in_a_pool_a_stage_that_leaves_its_device_lets_the_next_turn_begin_during_its_exit(tmp_path):
+    import time
+
+    from pytest_cudaopt.judge.devices import DeviceSet
+    from pytest_cudaopt.judge.options import Options
+    from pytest_cudaopt.judge.pool import LocalPool
+    from pytest_cudaopt.run import turn as turns
+
+    spans: list[tuple[str, str, float, float]] = []   # (what, workdir, start, end)
+
+    def stage(stage, copy, out, devices, device, options, children=None, turn=None, place=None, pause=None):
+        began = time.monotonic()
+        if place is not None:
+            turns.wait(place.folder)
+        if stage == "perf":   # as a perf child does: its turn, then leaves its device, then a long exit
+            spans.append(_timed_turn(turn, copy.name))
+            with _environ({**place.env, **turn.env}):
+                turns.leave()
+            exit_began = time.monotonic()
+            time.sleep(0.4)
+            spans.append(("exit", copy.name, exit_began, time.monotonic()))
+        return _passed(stage, time.monotonic() - began)
+
+    workdirs = _workdirs(tmp_path, 3)
+    options = Options(jobs=3, share=3, cache_dir=None, fork=False, scratch=tmp_path / "scratch", turns=True)
+    found = list(LocalPool(workdirs, options, DeviceSet(["0"]), run_stage=stage).lines())
+    assert len(found) == 3 and all(line["passed"] for line in found)
+    turn_spans = [s for s in spans if s[0] == "turn"]
+    exits = [s for s in spans if s[0] == "exit"]
+    overlapped = [(t[1], e[1]) for t in turn_spans for e in exits if t[1] != e[1] and t[2] < e[3] and t[3] > e[2]]
+    assert overlapped, "every turn waited for the exit of the perf stage before it"
+    for line in found:   # the turn ends as the stage leaves, and its exit is counted apart
+        seconds = line["seconds"]
+        assert 0.1 <= seconds["perf_turn"] < 0.35 and seconds["perf_exit"] >= 0.35, seconds
 
 
 def test_in_a_pool_stages_start_up_ahead_of_their_places_and_no_more_than_share_hold_one_at_once(tmp_path):

@@ -318,6 +318,20 @@ def test_a_workdir_conftest_cannot_replace_the_perf_clock_without_the_self_test_
     run_pytest(pytester, "wd", "-m", "perf", "--cudaopt-self-test").assert_outcomes(passed=1)
 
 
+def test_a_custom_far_slower_than_torch_compile_fails_untimed_in_pytest_and_says_by_how_much(pytester, workdir):
+    workdir(speeds(custom=40 * MS, compile_=2 * MS))
+    result = run_pytest(pytester, "wd", "-m", "perf", "--cudaopt-report=report.json")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*far slower than torch.compile*: the fastest of its last * warm-up calls took "
+                                 "40.0 ms, more than 10x the slowest of the baseline's (2.00 ms); not timed further*"])
+    (perf,) = json.loads((pytester.path / "report.json").read_text())["results"]
+    custom = next(c for c in perf["data"]["timing"]["contenders"] if c["key"] == "custom")
+    assert custom["n"] == 0 and custom["warmup_runs"] >= 3 and custom["untimed"] is True
+    again = run_pytest(pytester, "wd", "-m", "perf", "--cudaopt-far-slower=0")   # timed in full
+    again.assert_outcomes(failed=1)
+    again.stdout.fnmatch_lines(["*speedup 0.050x is below the required 1.05x*"])
+
+
 def test_pytest_xdist_workers_use_the_seed_the_controller_printed(pytester, workdir):
     pytest.importorskip("xdist", reason="pytest-xdist is not installed (it is in the test extra)")
     workdir()

@@ -91,6 +91,61 @@ def test_warm_up_runs_for_its_time_and_at_least_min_warmup_runs():
     assert m["fast"].summary.n == m.rounds  # warm-up runs are not samples
 
 
+def _gated(**overrides):
+    return quick(gate=("custom", "compile"), warmup=0.1, min_warmup_runs=4, min_runs=5, **overrides)
+
+
+def test_a_custom_far_slower_than_the_gates_baseline_in_its_warm_up_fails_untimed_and_the_others_are_timed():
+    clock = FakeClock({"eager": 2 * MS, "compile": MS, "custom": 11 * MS})
+    contenders = [Contender("eager", doubler), Contender("compile", doubler), Contender("custom", doubler)]
+    m = measure(contenders, feed(checked=False), clock=clock, config=_gated())
+    custom = m["custom"]
+    assert custom.untimed and custom.failure.startswith("far slower than compile") and "10x" in custom.failure
+    assert custom.samples == [] and clock.calls.count("custom") == custom.warmup_runs == 10   # 0.1 s of 11 ms
+    assert m["compile"].summary.n >= 5 and m["eager"].summary.n >= 5   # the table keeps its other figures
+
+
+def test_a_custom_within_the_factor_or_without_a_gate_is_timed_and_judged_on_its_medians():
+    for durations, config in (({"compile": MS, "custom": 9 * MS}, _gated()),
+                              ({"compile": MS, "custom": 50 * MS}, quick(warmup=0.1, min_warmup_runs=4, min_runs=5))):
+        contenders = [Contender("compile", doubler), Contender("custom", doubler)]
+        m = measure(contenders, feed(checked=False), clock=FakeClock(durations), config=config)
+        assert m["custom"].failure is None and not m["custom"].untimed and m["custom"].summary.n >= 5
+
+
+def test_far_slower_comes_from_the_settings_and_zero_times_every_custom_in_full():
+    from types import SimpleNamespace
+
+    settings = SimpleNamespace(warmup=0.1, max_time=10.0, target_rse=0.01, min_runs=5, far_slower=0.0)
+    config = Config.from_settings(settings, gate=("custom", "compile"), min_warmup_runs=4, max_batch=1)
+    assert config.far_slower == 0.0
+    contenders = [Contender("compile", doubler), Contender("custom", doubler)]
+    m = measure(contenders, feed(checked=False), clock=FakeClock({"compile": MS, "custom": 50 * MS}), config=config)
+    assert m["custom"].failure is None and m["custom"].summary.n >= 5
+
+
+def test_a_custom_slow_only_in_its_first_warm_up_calls_is_timed():
+    """One-time costs (lazy loading, an allocator growing, a tuner's first tries) fall in the first half."""
+    calls = iter(range(1_000_000))
+
+    def custom_seconds():
+        return 40 * MS if next(calls) < 3 else 0.5 * MS
+
+    contenders = [Contender("compile", doubler), Contender("custom", doubler)]
+    clock = FakeClock({"compile": MS, "custom": custom_seconds})
+    m = measure(contenders, feed(checked=False), clock=clock, config=_gated())
+    assert m["custom"].failure is None and m["custom"].summary.median == pytest.approx(0.5 * MS)
+
+
+def test_a_baseline_that_failed_its_warm_up_ends_no_custom_early():
+    def broken(x):
+        raise RuntimeError("no compiler")
+
+    contenders = [Contender("compile", broken), Contender("custom", doubler)]
+    m = measure(contenders, feed(checked=False), clock=FakeClock({"custom": 50 * MS}, default=MS), config=_gated())
+    assert m["compile"].failure and m["custom"].failure is None and m["custom"].summary.n >= 5
+
+
 def test_a_contender_that_writes_into_its_inputs_reaches_no_other_call():
     def vandal(x):
         out = x * 2

@@ -248,3 +248,38 @@ def test_a_contender_whose_timed_output_differed_is_traced_and_an_escape_named_f
     assert failure.startswith("work escaped the calling stream (kernel trace): kernel side_kernel"), failure
     assert failure.endswith(f"; {untrusted}; output of timed round 1 (queued, input set 3) differs from the reference")
     assert results["eager"].failure is None
+
+
+def test_a_custom_failed_untimed_as_far_slower_is_not_traced_again():
+    """Its gate is decided in its warm-up (engine.Config.far_slower): one more of its slow calls adds nothing."""
+    from types import SimpleNamespace
+
+    from pytest_cudaopt.perf.lineup import Lineup
+    from pytest_cudaopt.perf.measurement import ContenderResult
+    from pytest_cudaopt.perf.verdict import _traces
+
+    results = {"custom": ContenderResult("custom", "ModelNew"), "compile": ContenderResult("compile", "compiled")}
+    results["custom"].fail("far slower than compiled: ...; not timed further")
+    results["custom"].untimed = True
+    results["compile"].samples.append(1e-3)
+    fake = FakeTracer({})
+    _traces(Lineup([Contender(key, lambda x: x) for key in results]), SimpleNamespace(results=results),
+            [torch.ones(3)], fake)
+    assert fake.calls == ["compile"]
+
+
+def test_a_custom_failed_untimed_as_far_slower_keeps_that_reason_whatever_its_clock_audit_says():
+    """An honest slow kernel's few warm-up calls may all fall short of the judging side's window (a 200 ms call
+    reported 1.2 ms under it on an H100): the audit cannot make a far slower contender any faster."""
+    from types import SimpleNamespace
+
+    from pytest_cudaopt.perf.lineup import Lineup
+    from pytest_cudaopt.perf.measurement import ContenderResult
+    from pytest_cudaopt.perf.verdict import _traces
+
+    results = {"custom": ContenderResult("custom", "ModelNew")}
+    results["custom"].fail("far slower than compiled: ...; not timed further")
+    results["custom"].untimed = True
+    _traces(Lineup([Contender("custom", lambda x: x)]), SimpleNamespace(results=results), [torch.ones(3)], None,
+            "ModelNew's own timer under-reports its time")
+    assert results["custom"].failure == "far slower than compiled: ...; not timed further"

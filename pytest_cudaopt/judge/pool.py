@@ -20,14 +20,15 @@ from pytest_cudaopt.judge import copies, lines, runner
 from pytest_cudaopt.judge.devices import DeviceSet, cpu_slots, gpus
 from pytest_cudaopt.judge.options import Options, result_key
 from pytest_cudaopt.judge.scheduler import STAGES, Scheduler, Task
-from pytest_cudaopt.judge.stages import FAILED, OK, StageResult, run_stage, shortfall
+from pytest_cudaopt.judge.stages import FAILED, OK, StageResult, common_environment, run_stage, shortfall
 from pytest_cudaopt.run import zygote
 from pytest_cudaopt.run.turn import PLACE, POLL_S, Pause, Turn
 
 # The events of a fed pool besides a stage's end: a workdir added, no more to come, one workdir's
 # children to end (a service's backstop), everything to end now (a service stopped); a perf stage's ask
-# for its turn, a device stage's ask for its place, a check's pause (for a turn beside it).
-_ADD, _CLOSE, _ABANDON, _STOP, _WANT, _ENTER, _PAUSED = (object() for _ in range(7))
+# for its turn, a device stage's ask for its place, a check's pause (for a turn beside it), a device stage done
+# with its device (before its exit).
+_ADD, _CLOSE, _ABANDON, _STOP, _WANT, _ENTER, _PAUSED, _LEFT = (object() for _ in range(8))
 
 
 @dataclass
@@ -148,7 +149,8 @@ class LocalPool:
             return None
         name = f"cudaopt-judge-{os.getpid()}-{secrets.token_hex(4)}"
         try:
-            proc = zygote.start(name, copies.scrubbed_env({}, keep=self.options.keep_env))
+            env = copies.scrubbed_env(common_environment(self.options), keep=self.options.keep_env)
+            proc = zygote.start(name, env)
         except OSError:
             return None
         self.options = dataclasses.replace(self.options, zygote=name)
@@ -199,6 +201,9 @@ class LocalPool:
                 if task is _PAUSED:
                     scheduler.paused(result)
                     continue
+                if task is _LEFT:
+                    scheduler.leave(result)
+                    continue
                 if task is _ABANDON:
                     for job in jobs.values():
                         if job.id == result and job.index not in done:
@@ -241,6 +246,8 @@ class LocalPool:
                     threading.Thread(target=self._watch, args=(channel, task, ended, event), daemon=True).start()
             if pause is not None:
                 threading.Thread(target=self._watch_pause, args=(pause, task, ended), daemon=True).start()
+            if place is not None:
+                threading.Thread(target=self._watch_left, args=(place, turn, task, ended), daemon=True).start()
             began = time.monotonic()
             try:
                 result = (self._run_stage or run_stage)(task.stage, job.copy, job.out, self.devices, task.device,
@@ -255,6 +262,8 @@ class LocalPool:
                                     f"{task.stage}_place_wait": place.waited()})
             if turn is not None:   # and for its turn, then holding the device alone
                 job.seconds.update(perf_wait=turn.waited(), perf_turn=turn.held())
+            if place is not None and place.left_at is not None:   # its exit, after it left its device
+                job.seconds[f"{task.stage}_exit"] = time.monotonic() - place.left_at
         except (OSError, copies.CopyError) as exc:
             result = StageResult(task.stage, "error", reason=f"could not {'copy' if task.stage == 'build' else 'run'} "
                                                                f"{job.workdir}: {exc}")
@@ -266,6 +275,15 @@ class LocalPool:
         while not ended.wait(POLL_S * 2):
             if channel.wanted():
                 self._events.put((event, task))
+                return
+
+    def _watch_left(self, place: Turn, turn: Turn | None, task: Task, ended: threading.Event) -> None:
+        """The stage said it is done with its device: the scheduler frees its place (and turn) before its exit."""
+        while not ended.wait(POLL_S * 2):
+            if place.left():
+                if turn is not None:
+                    turn.left()
+                self._events.put((_LEFT, task))
                 return
 
     def _watch_pause(self, pause: Pause, task: Task, ended: threading.Event) -> None:

@@ -185,6 +185,24 @@ class Scheduler:
                 granted.append(device.alone)
         return granted
 
+    def leave(self, task: Task) -> None:
+        """The running stage `task` is done with its device (its items over, its workers stopped): its place and
+        its turn end now, while its process exits. `finish` then ends the stage."""
+        job = self._jobs[task.job]
+        if task.device is None or job.running != task:
+            return
+        device = next(d for d in self.devices if d.name == task.device)
+        self._touch(device)
+        device.checks.pop(task.job, None)
+        for waiting in (device.preparing, device.asking, device.wanting):
+            if task.job in waiting:
+                waiting.remove(task.job)
+        device.pausing.discard(task.job)
+        device.paused.discard(task.job)
+        if device.alone == task.job:
+            device.alone = None
+        self._touch(device)
+
     def pauses(self) -> list[int]:
         """The placed checks to ask to pause now: on a device where a turn is asked for or held (`pause` only)."""
         asked: list[int] = []

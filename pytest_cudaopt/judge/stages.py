@@ -59,9 +59,17 @@ class StageResult:
         return data
 
 
+def common_environment(options: Options) -> dict[str, str]:
+    """What every child and the zygote that forks them get. Inductor compiles in the child's own process: its
+    default, a pool of min(32, cores) worker processes per child that compiles, adds nothing where every core has
+    a judge's child, and its shutdown at the child's exit takes seconds."""
+    keep = set(options.keep_env)
+    return {} if "TORCHINDUCTOR_COMPILE_THREADS" in keep else {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
+
+
 def environment(stage: str, devices: DeviceSet, device: str | None, options: Options) -> dict[str, str]:
     """A child's environment: the scrubbed base, its device, the host's shared caches."""
-    given = {"CUDA_VISIBLE_DEVICES": "" if devices.cpu or device is None else device,
+    given = {**common_environment(options), "CUDA_VISIBLE_DEVICES": "" if devices.cpu or device is None else device,
              "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     if devices.arch_list and not os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip():
         given["TORCH_CUDA_ARCH_LIST"] = devices.arch_list

@@ -60,6 +60,10 @@ class Config:
     one_check_per_pass: bool = False  # a checked queued pass keeps one output, not one per contender (memory)
     batch_window: float = 2e-3     # a pass gives each contender a batch of calls this long (the fastest's) ...
     max_batch: int = 32            # ... of at most this many (the memory plan's; the clock may cap it)
+    # (custom, baseline): the gate's pair. The custom fails untimed when even its fastest call of the second half
+    # of its warm-up took more than `far_slower` x the baseline's slowest there: its gate cannot pass.
+    gate: tuple[str, str] | None = None
+    far_slower: float = 10.0
 
     def __post_init__(self) -> None:
         if self.clock not in CLOCKS:
@@ -69,6 +73,8 @@ class Config:
     def from_settings(cls, settings: Any, **overrides: Any) -> "Config":
         values = dict(warmup=settings.warmup, max_time=settings.max_time,
                       target_rse=settings.target_rse, min_runs=settings.min_runs)
+        if getattr(settings, "far_slower", None) is not None:
+            values["far_slower"] = settings.far_slower
         if getattr(settings, "clock", None):
             values["clock"] = settings.clock
         values.update(overrides)
@@ -190,6 +196,7 @@ class Engine:
                 del sample   # its output too, before the next call makes one
             self.results[key].warmup_runs = runs
             self.results[key].warmup_seconds = self.clock.now() - start
+            self._far_slower(key)
             if self.fixed and not self.failed(key) and self.by_key[key].candidate is None:
                 self._capture(key)   # the candidate's calls are timed by it, never captured here
         self.batch = self.choose_batch()
@@ -198,6 +205,24 @@ class Engine:
         for call, outcome in zip(calls, self.queue(calls) if calls else []):
             if isinstance(outcome, BaseException):
                 self.record_error(call.key, outcome)
+
+    def _far_slower(self, key: str) -> None:
+        """The gate's custom contender, warmed up after its baseline, far slower than it in every call of the second
+        half of both warm-ups (the first calls may pay one-time costs): failed, and neither timed nor traced."""
+        if self.config.gate is None or not self.config.far_slower or key != self.config.gate[0] or self.failed(key):
+            return
+        baseline = self.config.gate[1]
+        mine, theirs = self.warm.get(key, []), self.warm.get(baseline, [])
+        if not mine or not theirs or self.failed(baseline):
+            return
+        fastest, slowest = min(mine[len(mine) // 2:]), max(theirs[len(theirs) // 2:])
+        if fastest > self.config.far_slower * slowest:
+            result = self.results[key]
+            result.fail(f"far slower than {self.results[baseline].label}: the fastest of its last "
+                        f"{len(mine) - len(mine) // 2} warm-up calls took {format_seconds(fastest)}, more than "
+                        f"{self.config.far_slower:g}x the slowest of the baseline's ({format_seconds(slowest)}); "
+                        f"not timed further")
+            result.untimed = True
 
     def choose_batch(self) -> int:
         """Calls per contender in a queued pass: the fastest's batch lasts `batch_window`; one for CUDA graphs."""

@@ -25,6 +25,7 @@ class ContenderResult:
     checked: int = 0
     failure: str | None = None
     error: BaseException | None = field(default=None, repr=False)  # what the contender raised
+    untimed: bool = False   # failed in its warm-up as far slower than the gate's baseline (engine.Config.far_slower)
 
     @property
     def summary(self) -> Summary:
@@ -55,7 +56,8 @@ class ContenderResult:
                 "latency_median_s": self.latency_summary.median, "latency_iqr_s": self.latency_summary.iqr,
                 "wall_median_s": median(self.walls) if self.walls else math.nan,
                 "escape_median_s": self.escape_median, "warmup_runs": self.warmup_runs,
-                "warmup_s": self.warmup_seconds, "outputs_checked": self.checked, "failure": self.failure}
+                "warmup_s": self.warmup_seconds, "outputs_checked": self.checked, "failure": self.failure,
+                "untimed": self.untimed}
 
 
 @dataclass

@@ -91,11 +91,12 @@ def _traces(lineup_: lineup.Lineup, measurement: engine.Measurement, args: list,
     (the more telling reason, given first)."""
     results = measurement.results
     custom = results.get(lineup.CUSTOM)
-    if untrusted and custom is not None:
+    # Failed untimed as far slower, its warm-up figures decided: a timer that under-reports them only hides more.
+    if untrusted and custom is not None and not custom.untimed:
         custom.failure = untrusted if custom.failure is None else f"{untrusted}; {custom.failure}"
     if tracer is None:
         return {}
-    timed = [c for c in lineup_.contenders if results[c.key].error is None
+    timed = [c for c in lineup_.contenders if results[c.key].error is None and not results[c.key].untimed
              and (results[c.key].samples or results[c.key].failure)]
     leads = {c.key: results[c.key].latency_summary.median if results[c.key].samples else 0.0 for c in timed}
     traces = trace.trace_lineup(timed, args, tracer, leads)
@@ -200,7 +201,8 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str, trac
         group, one_check, batch, plan_note = memory.perf_input_plan(
             *arranged.sizes, memory.free_bytes(device), len(line.contenders), engine.Config.max_batch)
         config = engine.Config.from_settings(settings, seed=derive_seed(seed, "perf", "checks"),
-                                             queue_group=group, one_check_per_pass=one_check, max_batch=batch)
+                                             queue_group=group, one_check_per_pass=one_check, max_batch=batch,
+                                             gate=(lineup.CUSTOM, gate.GATES[settings.gate]))
         measurement = engine.measure(line.contenders, feed, clock=clock, config=config, compare=_compare(settings))
         traces = _traces(line, measurement, feed.next()[1], tracer, model_new.timing_failure())
     result = _result(workdir, test, settings, measurement, line, tiers, traces,

@@ -3,7 +3,9 @@ without a place on the device, then asks for one (`PLACE`) before its first use 
 then prepares its baseline beside other stages and asks for its turn (`TURN`): the device to itself for
 the timed part. Each channel is a folder the environment names: the child writes `want` (what it has
 touched so far), the judge writes `go`. While a turn is asked for or held, the checks placed beside it
-pause between their items (`PAUSE`: the judge writes `pause`, the child `paused`, the judge removes `pause`)."""
+pause between their items (`PAUSE`: the judge writes `pause`, the child `paused`, the judge removes `pause`).
+A child done with its device (its items over, its workers stopped) writes `left` in its channels: its place and
+its turn end then, not at its exit (seconds later: its exit handlers, its CUDA context's teardown)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import time
 from pathlib import Path
 
 TURN, PLACE, PAUSE = "CUDAOPT_TURN", "CUDAOPT_PLACE", "CUDAOPT_PAUSE"
+LEFT = "left"
 ENV = TURN
 POLL_S = 0.002
 
@@ -56,6 +59,25 @@ def enter_place() -> None:
 
         with watchdog.harness_step("waiting for a place on the device (the judge's other stages on it)"):
             wait(env=PLACE)
+
+
+def leave() -> None:
+    """A judge's child is done with its device: its work there finished, it writes `left` in each channel it has
+    (at once outside a judge: none). Its workers must be stopped first: no code of the candidate's runs after."""
+    folders = [os.environ[env] for env in (PLACE, TURN) if os.environ.get(env)]
+    if not folders:
+        return
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        try:
+            torch.cuda.synchronize()
+        except Exception:   # a broken context: nothing more of this process's runs there
+            pass
+    for folder in folders:
+        try:
+            Path(folder, LEFT).touch()
+        except OSError:   # the channel is gone (the judge ended): nothing to tell
+            pass
 
 
 def pause_point(hold=None, folder: Path | None = None) -> None:
@@ -140,16 +162,17 @@ class Pause:
 
 class Turn:
     """The judge's side of one channel of one child (`env`: TURN or PLACE): `env` for the child, `wanted`,
-    `grant`, `waited`, `held`."""
+    `grant`, `waited`, `left` (done with the device), `held`."""
 
     def __init__(self, folder: Path, env: str = TURN):
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
-        for name in ("want", "go"):   # a stage run again starts its channel afresh
+        for name in ("want", "go", LEFT):   # a stage run again starts its channel afresh
             (self.folder / name).unlink(missing_ok=True)
         self.env = {env: str(self.folder)}
         self.asked_at: float | None = None
         self.granted_at: float | None = None
+        self.left_at: float | None = None
 
     def wanted(self) -> bool:
         if self.asked_at is None and (self.folder / "want").exists():
@@ -164,6 +187,14 @@ class Turn:
         """Seconds from the ask to the grant (to now while it waits): the child's limit grows by them (up to itself)."""
         return 0.0 if self.asked_at is None else (self.granted_at or time.monotonic()) - self.asked_at
 
+    def left(self) -> bool:
+        """The child said it is done with its device (`leave`)."""
+        if self.left_at is None and (self.folder / LEFT).exists():
+            self.left_at = time.monotonic()
+        return self.left_at is not None
+
     def held(self) -> float:
-        """Seconds from the grant to now (at the stage's end: how long it held the device alone)."""
-        return time.monotonic() - self.granted_at if self.granted_at is not None else 0.0
+        """Seconds from the grant to the child's leaving, else to now (how long it held the device alone)."""
+        if self.granted_at is None:
+            return 0.0
+        return (self.left_at if self.left_at is not None else time.monotonic()) - self.granted_at

@@ -156,6 +156,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("compile_backend", str, "inductor",
            "torch.compile backend of the baselines; 'eager' (Dynamo only, no code generation) keeps CPU self-tests fast"),
     Option("warmup", _positive(float), 1.0, "seconds of warm-up per contender before timing"),
+    Option("far_slower", _non_negative, 10.0,
+           "the custom path fails untimed when its fastest warm-up call (of the second half) is more than this many "
+           "times the gate baseline's slowest: its gate cannot pass (0: always timed in full)"),
     Option("max_time", _positive(float), 20.0, "seconds of timing per perf test before it stops"),
     Option("target_rse", _positive(float), 0.005,
            "stop timing once the relative standard error of every median is below this"),
