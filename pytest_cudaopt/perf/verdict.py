@@ -91,8 +91,10 @@ def _traces(lineup_: lineup.Lineup, measurement: engine.Measurement, args: list,
     (the more telling reason, given first)."""
     results = measurement.results
     custom = results.get(lineup.CUSTOM)
-    # Failed untimed as far slower, its warm-up figures decided: a timer that under-reports them only hides more.
-    if untrusted and custom is not None and not custom.untimed:
+    # Failed untimed as far slower, that reason comes first: a timer that under-reports its warm-up only hid more.
+    if untrusted and custom is not None and custom.untimed:
+        custom.failure = f"{custom.failure}; {untrusted}"
+    elif untrusted and custom is not None:
         custom.failure = untrusted if custom.failure is None else f"{untrusted}; {custom.failure}"
     if tracer is None:
         return {}
