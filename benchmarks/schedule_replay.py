@@ -6,7 +6,7 @@ predicts for other settings (`--share`, turn batching), from one GPU run's lines
 
 Each workdir's stages take what they took in the run: a check or perf stage its start-up before it asked for
 its place (`--ahead`: without one), then a check its time in its place, a perf stage its time before its turn,
-then its turn; the waits are the scheduler's to decide. CPU contention is not modelled: builds keep their
+then its turn, then its exit after it left its place (`*_exit`); the waits are the scheduler's to decide. CPU contention is not modelled: builds keep their
 measured time.
 With the run's own settings, the replay's wall against the run's (`--measured`) is the replay's error.
 """
@@ -26,7 +26,8 @@ from pytest_cudaopt.judge.scheduler import STAGES, Scheduler, Task
 @dataclass
 class Work:
     stages: list[str]                 # the stages it ran, in order
-    seconds: dict[str, float]         # build, policy, check_before, check, perf_before, perf_prepare, perf_turn
+    seconds: dict[str, float]         # build, policy, check_before, check, check_exit, perf_before, perf_prepare,
+    #                                   perf_turn, perf_exit
 
 
 def load(path: Path) -> list[Work]:
@@ -39,13 +40,17 @@ def load(path: Path) -> list[Work]:
         perf = seconds.get("perf", 0.0)
         before = {s: seconds.get(f"{s}_before_place", 0.0) for s in ("check", "perf")}   # 0: an older run's line
         waited = {s: seconds.get(f"{s}_place_wait", 0.0) for s in ("check", "perf")}
+        exits = {s: seconds.get(f"{s}_exit", 0.0) for s in ("check", "perf")}   # 0: the place held to the end
         works.append(Work(stages, {"build": seconds.get("build", 0.0), "policy": seconds.get("policy", 0.0),
                                    "check_before": before["check"],
-                                   "check": max(0.0, seconds.get("check", 0.0) - before["check"] - waited["check"]),
+                                   "check": max(0.0, seconds.get("check", 0.0) - before["check"] - waited["check"]
+                                                - exits["check"]),
+                                   "check_exit": exits["check"],
                                    "perf_before": before["perf"],
                                    "perf_prepare": max(0.0, perf - seconds.get("perf_wait", 0.0) - before["perf"]
-                                                       - waited["perf"] - seconds.get("perf_turn", 0.0)),
-                                   "perf_turn": seconds.get("perf_turn", 0.0)}))
+                                                       - waited["perf"] - seconds.get("perf_turn", 0.0)
+                                                       - exits["perf"]),
+                                   "perf_turn": seconds.get("perf_turn", 0.0), "perf_exit": exits["perf"]}))
     return works
 
 
@@ -95,7 +100,7 @@ def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0, ah
                 push(now[0] + works[task.job].seconds["perf_prepare"], "want", task)
             else:
                 at = now[0] + works[task.job].seconds[task.stage]
-                ends[task.job] = (at, push(at, "end", task))
+                ends[task.job] = (at, push(at, "leave", task))
         for job in scheduler.pauses():   # it pauses at its item's end, or ends first
             at, _ = ends[job]
             if at - now[0] > pause:
@@ -105,11 +110,11 @@ def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0, ah
         for job in scheduler.resumes():
             if job in frozen:
                 at = now[0] + frozen.pop(job)
-                ends[job] = (at, push(at, "end", running[job]))
+                ends[job] = (at, push(at, "leave", running[job]))
         for job in scheduler.grants():
             turns += 1
             waited += now[0] - want_at[job]
-            push(now[0] + works[job].seconds["perf_turn"], "end", Task(job, "perf", "0"))
+            push(now[0] + works[job].seconds["perf_turn"], "leave", Task(job, "perf", "0"))
         if not events:
             if asked:
                 pass_asks(True)
@@ -121,9 +126,12 @@ def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0, ah
         now[0] = max(now[0], due)
         while events and events[0][0] <= now[0]:
             _, number, what, task = heapq.heappop(events)
-            if what == "end" and task.stage == "check" and ends.get(task.job, (0, number))[1] != number:
+            if what == "leave" and task.stage == "check" and ends.get(task.job, (0, number))[1] != number:
                 continue   # voided by a pause
-            if what == "paused":
+            if what == "leave":   # its place (and turn) end; its exit goes on without one
+                scheduler.leave(task)
+                push(now[0] + works[task.job].seconds[f"{task.stage}_exit"], "end", task)
+            elif what == "paused":
                 if task.job in frozen:
                     scheduler.paused(task)
             elif what == "enter":

@@ -777,3 +777,10 @@ def test_a_runs_stage_times_replayed_through_the_scheduler_give_the_wall_time_wo
     assert (works[0].seconds["check_before"], works[0].seconds["check"]) == (1.0, 1.5)
     assert schedule_replay.replay(works, share=1, jobs=2)["wall_s"] == 7.0
     assert schedule_replay.replay(works, share=1, jobs=2, ahead=1)["wall_s"] == 6.0
+    # A check that leaves its place 0.5 s before its end (its exit): the second check's place begins then.
+    # One place, no ahead: 2 + (1 + 1.0) + (1 + 1.0) + 0.5 = 6.5 s (each start-up holds the place).
+    path.write_text("".join(json.dumps({"stages": {k: stages[k] for k in ("build", "policy", "check")},
+                                        "seconds": {**placed, "check_exit": 0.5}}) + "\n" for _ in range(2)))
+    works = schedule_replay.load(path)
+    assert (works[0].seconds["check"], works[0].seconds["check_exit"]) == (1.0, 0.5)
+    assert schedule_replay.replay(works, share=1, jobs=2)["wall_s"] == 6.5
