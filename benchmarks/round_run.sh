@@ -15,7 +15,9 @@
 #             did not run): blame when they crowd one GPU, the memory hog among them
 #   service   benchmarks/judge_latency.py over the gallery at RATE workdirs an hour (p50/p95 latency), its timing settings
 #   rate      benchmarks/judge_gallery.py --arm judge --copies COPIES (default 3): the judge's steady rate, cold builds
-#   rate_tree the rate step in TREE's own checkout (another form of the judge, side by side with this one)
+#   rate_tree the rate step in TREE's own checkout (another form of the judge, side by side with this one;
+#             the arm run first on a fresh machine ran 15-20% slower on 2026-12-06: run a throwaway arm first
+#             or alternate the arms, e.g. `rate rate_tree rate`)
 #   rate_args the rate step with more pytest arguments, RATE_ARGS (e.g. "--cudaopt-warmup=0.05"), side by side
 #   alone     the rate step with each perf stage alone on its GPU from its start (judge_gallery.py --no-turns)
 #   profile   benchmarks/stage_profile.py: where one honest gallery workdir's check and perf stages spend their time
@@ -37,6 +39,10 @@ step() {  # step NAME LIMIT_S COMMAND...
   local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
   printf '%-10s rc=%-3s %5d.%01d s\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000 / 100)) >> "$summary"
   tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
+}
+fresh() {  # fresh NAME: NAME, or NAME_2, NAME_3, ... when a step of that name ran already (arms alternated)
+  local name=$1 n=1; while [ -e "$LOGS/$name" ] || [ -e "$LOGS/$name.log" ]; do n=$((n + 1)); name=$1_$n; done
+  echo "$name"
 }
 gallery() {  # gallery FOLDER: the GPU gallery's workdirs (made by the gallery step, else here)
   [ -d "$1" ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks')
@@ -61,11 +67,12 @@ for name in ${@:-correct verdicts gallery attacks shared service}; do case $name
             step service "${SERVICE_S:-420}" python3 benchmarks/judge_latency.py "$LOGS/gallery/work/pytest" \
               --per-hour "${RATE:-500}" --count "${COUNT:-36}" --out "$LOGS/service.json" -- \
               $(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import judge_gallery; print(*judge_gallery.GPU_ARGS)") ;;
-  rate)     step rate "${RATE_S:-420}" python3 benchmarks/judge_gallery.py --arm judge --copies "${COPIES:-3}" \
-              --out "$LOGS/rate" ;;
+  rate)     at=$(fresh rate); step "$at" "${RATE_S:-420}" python3 benchmarks/judge_gallery.py --arm judge \
+              --copies "${COPIES:-3}" --out "$LOGS/$at" ;;
   rate_tree) tree=$(cd "$TREE" && pwd)   # run from the tree: its zygote must import the tree's package, not this one
-            (cd "$tree" && step rate_tree "${RATE_S:-420}" env PYTHONPATH="$tree" python3 benchmarks/judge_gallery.py \
-              --arm judge --copies "${COPIES:-3}" --out "$LOGS/rate_tree") ;;
+            at=$(fresh rate_tree)
+            (cd "$tree" && step "$at" "${RATE_S:-420}" env PYTHONPATH="$tree" python3 benchmarks/judge_gallery.py \
+              --arm judge --copies "${COPIES:-3}" --out "$LOGS/$at") ;;
   alone)    step alone "${RATE_S:-420}" python3 benchmarks/judge_gallery.py --arm judge --no-turns \
               --copies "${COPIES:-3}" --out "$LOGS/alone" ;;
   rate_args) step rate_args "${RATE_S:-420}" python3 benchmarks/judge_gallery.py --arm judge --copies "${COPIES:-3}" \
@@ -89,8 +96,8 @@ esac; done
   tail -n 12 "$LOGS/verdicts/table.txt" 2>/dev/null; echo
   cat "$LOGS/gallery_before/judge_gallery.txt" 2>/dev/null | tail -n 30; echo
   cat "$LOGS/gallery/judge_gallery.txt" 2>/dev/null | tail -n 30; echo
-  tail -n 7 "$LOGS/rate/judge_gallery.txt" 2>/dev/null; echo
-  tail -n 6 "$LOGS/rate_tree/judge_gallery.txt" 2>/dev/null; echo
+  for f in "$LOGS"/rate/judge_gallery.txt "$LOGS"/rate_[0-9]*/judge_gallery.txt "$LOGS"/rate_tree*/judge_gallery.txt; do
+    [ -f "$f" ] && { echo "$f"; tail -n 7 "$f"; }; done; echo
   tail -n 6 "$LOGS/rate_args/judge_gallery.txt" 2>/dev/null; echo
   tail -n 7 "$LOGS/alone/judge_gallery.txt" 2>/dev/null; echo
   for f in "$LOGS"/scaling_*/judge_gallery.txt "$LOGS"/ahead_*/judge_gallery.txt; do [ -f "$f" ] && { echo "$f"; tail -n 8 "$f"; }; done; echo
