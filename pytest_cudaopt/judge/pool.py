@@ -260,9 +260,10 @@ class LocalPool:
             if place is not None and place.asked_at is not None:   # of the stage's seconds: before its place, waiting
                 job.seconds.update({f"{task.stage}_before_place": place.asked_at - began,
                                     f"{task.stage}_place_wait": place.waited()})
-            if turn is not None:   # and for its turn, then holding the device alone
+            if turn is not None:   # and for its turn, then holding the device alone (to its leaving)
+                turn.left()
                 job.seconds.update(perf_wait=turn.waited(), perf_turn=turn.held())
-            if place is not None and place.left_at is not None:   # its exit, after it left its device
+            if place is not None and place.left():   # its exit, after it left its device (seen late or not)
                 job.seconds[f"{task.stage}_exit"] = time.monotonic() - place.left_at
         except (OSError, copies.CopyError) as exc:
             result = StageResult(task.stage, "error", reason=f"could not {'copy' if task.stage == 'build' else 'run'} "

@@ -75,7 +75,7 @@ def leave() -> None:
             pass
     for folder in folders:
         try:
-            Path(folder, LEFT).touch()
+            _write(Path(folder, LEFT), repr(time.time()))   # when: the judge may see it late
         except OSError:   # the channel is gone (the judge ended): nothing to tell
             pass
 
@@ -188,13 +188,17 @@ class Turn:
         return 0.0 if self.asked_at is None else (self.granted_at or time.monotonic()) - self.asked_at
 
     def left(self) -> bool:
-        """The child said it is done with its device (`leave`)."""
-        if self.left_at is None and (self.folder / LEFT).exists():
-            self.left_at = time.monotonic()
-        return self.left_at is not None
+        """The child said it is done with its device (`leave`); `left_at` is when it wrote so, however late seen."""
+        if self.left_at is None:
+            try:
+                written = float((self.folder / LEFT).read_text())
+            except (OSError, ValueError):
+                return False
+            self.left_at = time.monotonic() - max(0.0, time.time() - written)
+        return True
 
     def held(self) -> float:
         """Seconds from the grant to the child's leaving, else to now (how long it held the device alone)."""
         if self.granted_at is None:
             return 0.0
-        return (self.left_at if self.left_at is not None else time.monotonic()) - self.granted_at
+        return max(0.0, (self.left_at if self.left_at is not None else time.monotonic()) - self.granted_at)
