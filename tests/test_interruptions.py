@@ -221,6 +221,36 @@ def test_an_interrupt_that_code_caught_and_discarded_still_ends_the_run_as_inter
     assert (doc["passed"], doc["complete"], doc["reason"]) == (False, False, "interrupted by SIGINT (Ctrl-C)"), doc
 
 
+SIGNAL_AT_THE_END = """\
+import os, signal, time
+
+import pytest
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    os.kill(os.getpid(), signal.{name})
+    time.sleep(0.3)   # handled here: in the middle of the session's end, its reports being written
+"""
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
+def test_a_signal_while_the_session_writes_its_reports_is_said_and_the_finished_run_stands(tmp_path, workdir, name):
+    """Raised there, it cut the report short: a run that had passed every item read as a crash (about one SIGTERM
+    in fifteen sent at a random time to a CPU run; found 2026-12-06)."""
+    workdir()
+    (tmp_path / "conftest.py").write_text(SIGNAL_AT_THE_END.format(name=name))
+    ended = run_group(tmp_path, "wd/model_new.py", "-m", "correctness", "--cudaopt-report=r.json",
+                      "--junitxml=j.xml")
+    assert ended.ret == 0, ended.stdout + ended.stderr
+    doc = ended.report()
+    assert (doc["passed"], doc["complete"], doc["cause"]) == (True, True, None), doc
+    shown = "SIGTERM" if name == "SIGTERM" else "SIGINT (Ctrl-C)"
+    assert f"cudaopt: {shown} while the run writes its reports: they are written, then it ends" in ended.stderr
+    assert "Traceback" not in ended.stderr and "from the sentinel" not in ended.stderr
+    assert {outcome for outcome, _ in ended.cases().values()} == {"passed"}
+
+
 def test_a_lost_interrupt_is_raised_again_until_pytest_catches_one(monkeypatch):
     from pytest_cudaopt.run import signals
 
@@ -407,3 +437,16 @@ def test_a_hung_workers_stacks_are_read_whole_though_it_prints_them_slowly(tmp_p
         proc.kill()
         proc.wait()
     assert "Current thread" in stacks and 'model_new.py", line 19 in forward' in stacks, stacks
+
+
+def test_while_the_reports_are_written_a_second_ctrl_c_interrupts_at_once(monkeypatch):
+    """An end that hangs (a worker that will not die) must still yield to Ctrl-C pressed twice."""
+    from pytest_cudaopt.run import signals
+
+    monkeypatch.setattr(signals, "_finishing", [True])
+    monkeypatch.setattr(signals, "_finish_seen", set())
+    signals._handler(signal.SIGINT, None)          # said, ignored
+    signals._handler(signal.SIGTERM, None)
+    signals._handler(signal.SIGTERM, None)         # SIGTERM again: still ignored (SIGKILL ends it)
+    with pytest.raises(KeyboardInterrupt):
+        signals._handler(signal.SIGINT, None)

@@ -25,6 +25,8 @@ _ours: dict[int, int] = {}          # signal -> deliveries made by the timers, n
 _ours_lock = threading.Lock()       # the timers count up, the handler (main thread) down
 received: list[str] = []            # the names of the signals that interrupted the run
 _caught = [0]                       # how many of them pytest has caught (the rest were raised and lost)
+_finishing = [False]                # the session writes its reports: a signal now is said, not raised ...
+_finish_seen: set[int] = set()      # ... and which came (a second Ctrl-C is raised)
 
 
 class Terminated(KeyboardInterrupt):
@@ -45,6 +47,8 @@ def uninstall() -> None:
     """Python's handlers again; a signal still deferred is said, not raised outside pytest's reach."""
     if threading.current_thread() is not threading.main_thread():
         return
+    _finishing[0] = False
+    _finish_seen.clear()
     for timer in _timers:
         timer.cancel()
     _timers.clear()
@@ -56,6 +60,12 @@ def uninstall() -> None:
         if signal.getsignal(signum) is _handler:
             signal.signal(signum, handler)
         del _previous[signum]
+
+
+def finishing() -> None:
+    """Every verdict is in and the session writes its reports: a signal from now on is said on stderr and the run
+    ends as it would have (raised in the middle of a report, it left none, and a passing run read as a crash)."""
+    _finishing[0] = True
 
 
 def caught() -> None:
@@ -81,6 +91,14 @@ def _handler(signum: int, frame) -> None:
         ours = _ours.get(signum, 0) > 0
         if ours:
             _ours[signum] -= 1
+    name = "SIGTERM" if signum == signal.SIGTERM else "SIGINT (Ctrl-C)"
+    if _finishing[0]:   # said as it comes (a deferred one, not said when it came, once among its deliveries)
+        if signum == signal.SIGINT and not ours and signum in _finish_seen:
+            raise KeyboardInterrupt   # Ctrl-C twice: at once, as ever (an end that hangs)
+        if not ours or _first_seen.pop(signum, None) is not None:
+            _finish_seen.add(signum)
+            sys.stderr.write(f"cudaopt: {name} while the run writes its reports: they are written, then it ends\n")
+        return
     again = signum in _first_seen and not ours  # pressed again while deferred: at once
     first = _first_seen.setdefault(signum, now)
     # A frame between two lines (f_lineno None) would break pytest's report of the interrupt.
@@ -93,7 +111,6 @@ def _handler(signum: int, frame) -> None:
     del _first_seen[signum]
     with _ours_lock:
         _ours.pop(signum, None)
-    name = "SIGTERM" if signum == signal.SIGTERM else "SIGINT (Ctrl-C)"
     if signum == signal.SIGTERM and "SIGTERM" in received:
         # pytest is already ending on the first one: let it write its files (SIGKILL ends it now).
         sys.stderr.write("cudaopt: SIGTERM again while the run ends; it is writing its reports\n")

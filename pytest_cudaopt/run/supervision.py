@@ -214,6 +214,11 @@ class InterruptHooks:
         self.finished.add(nodeid)
         signals.raise_lost()   # an interrupt C code discarded while the item ran
 
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session):
+        signals.finishing()   # outermost: from here a signal no longer cuts a report short
+        return (yield)
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.workers[report.nodeid] = getattr(report, "node", None)  # a pytest-xdist worker's
 
