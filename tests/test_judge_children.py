@@ -397,7 +397,7 @@ def test_a_check_child_pauses_between_items_with_its_workers_stopped_and_goes_on
     assert proc.returncode == 0 and "failed" not in output, output[-3000:]   # its worker went on too
 
 
-def test_a_leaving_seen_late_counts_from_when_the_child_wrote_it(tmp_path):
+def test_a_leaving_seen_late_counts_from_when_the_child_wrote_it(tmp_path, monkeypatch):
     """The judge polls; a child that leaves and exits between two polls still has its turn end at its leaving."""
     from pytest_cudaopt.run import turn as turns
     from pytest_cudaopt.run.turn import PLACE, Turn
@@ -405,15 +405,11 @@ def test_a_leaving_seen_late_counts_from_when_the_child_wrote_it(tmp_path):
     place, turn = Turn(tmp_path / "place", PLACE), Turn(tmp_path / "turn")
     turn.grant()
     assert not place.left() and not turn.left()
-    saved = {k: os.environ.get(k) for k in (PLACE, turns.TURN)}
-    os.environ.update({**place.env, **turn.env})
-    try:
-        time.sleep(0.2)
-        turns.leave()
-        written = time.monotonic()
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    for name, value in {**place.env, **turn.env}.items():
+        monkeypatch.setenv(name, value)
+    time.sleep(0.2)
+    turns.leave()
+    written = time.monotonic()
     time.sleep(0.5)   # seen late
     assert place.left() and turn.left()
     assert abs(turn.left_at - written) < 0.1 and 0.1 < turn.held() < 0.4

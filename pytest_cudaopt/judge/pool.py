@@ -169,6 +169,7 @@ class LocalPool:
     def _loop(self, scheduler: Scheduler, jobs: dict[int, Job], scratch: Path) -> Iterator[dict]:
         done: set[int] = set()
         closed = not self.fed
+        told = {_WANT: scheduler.want, _ENTER: scheduler.enter, _PAUSED: scheduler.paused, _LEFT: scheduler.leave}
         try:
             # an add made while the last line was out (a judge-again) is taken before the loop ends
             while not (closed and scheduler.done and self._events.empty()):
@@ -192,17 +193,8 @@ class LocalPool:
                 if task is _ADD:
                     self._new_job(scheduler, jobs, scratch, *result)
                     continue
-                if task is _WANT:
-                    scheduler.want(result)
-                    continue
-                if task is _ENTER:
-                    scheduler.enter(result)
-                    continue
-                if task is _PAUSED:
-                    scheduler.paused(result)
-                    continue
-                if task is _LEFT:
-                    scheduler.leave(result)
+                if task in told:   # a running stage's word on its channels
+                    told[task](result)
                     continue
                 if task is _ABANDON:
                     for job in jobs.values():
@@ -241,13 +233,12 @@ class LocalPool:
             pause = job.pause = (Pause(job.out / "check-pause") if task.stage == "check" and self.options.pause
                                  and self.options.turns and task.device is not None else None)
             ended = threading.Event()
-            for channel, event in ((turn, _WANT), (place, _ENTER)):   # asked for once ready (run/turn.py)
-                if channel is not None:
-                    threading.Thread(target=self._watch, args=(channel, task, ended, event), daemon=True).start()
+            if turn is not None:   # asked for once ready (run/turn.py)
+                threading.Thread(target=self._watch_turn, args=(turn, task, ended), daemon=True).start()
+            if place is not None:
+                threading.Thread(target=self._watch_place, args=(place, task, ended), daemon=True).start()
             if pause is not None:
                 threading.Thread(target=self._watch_pause, args=(pause, task, ended), daemon=True).start()
-            if place is not None:
-                threading.Thread(target=self._watch_left, args=(place, turn, task, ended), daemon=True).start()
             began = time.monotonic()
             try:
                 result = (self._run_stage or run_stage)(task.stage, job.copy, job.out, self.devices, task.device,
@@ -272,18 +263,21 @@ class LocalPool:
             result = StageResult(task.stage, "error", reason=f"the judge failed: {exc!r}")
         events.put((task, result))
 
-    def _watch(self, channel: Turn, task: Task, ended: threading.Event, event: object) -> None:
+    def _watch_turn(self, turn: Turn, task: Task, ended: threading.Event) -> None:
         while not ended.wait(POLL_S * 2):
-            if channel.wanted():
-                self._events.put((event, task))
+            if turn.wanted():
+                self._events.put((_WANT, task))
                 return
 
-    def _watch_left(self, place: Turn, turn: Turn | None, task: Task, ended: threading.Event) -> None:
-        """The stage said it is done with its device: the scheduler frees its place (and turn) before its exit."""
+    def _watch_place(self, place: Turn, task: Task, ended: threading.Event) -> None:
+        """The stage's ask for its place, then its leaving it (its place and turn end before its exit): the
+        scheduler hears of each; a stage may leave without having asked."""
+        asked = False
         while not ended.wait(POLL_S * 2):
+            if not asked and place.wanted():
+                asked = True
+                self._events.put((_ENTER, task))
             if place.left():
-                if turn is not None:
-                    turn.left()
                 self._events.put((_LEFT, task))
                 return
 

@@ -67,12 +67,7 @@ def leave() -> None:
     folders = [os.environ[env] for env in (PLACE, TURN) if os.environ.get(env)]
     if not folders:
         return
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        try:
-            torch.cuda.synchronize()
-        except Exception:   # a broken context: nothing more of this process's runs there
-            pass
+    _synchronize()
     for folder in folders:
         try:
             _write(Path(folder, LEFT), repr(time.time()))   # when: the judge may see it late
@@ -92,12 +87,7 @@ def pause_point(hold=None, folder: Path | None = None) -> None:
         return
     if not number:
         return
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        try:
-            torch.cuda.synchronize()
-        except Exception:   # a broken context: the next item meets it and says so
-            pass
+    _synchronize()
     from pytest_cudaopt.run import watchdog
 
     with watchdog.harness_step("paused for another workdir's turn on the device"):
@@ -110,6 +100,16 @@ def pause_point(hold=None, folder: Path | None = None) -> None:
         finally:
             if hold is not None:
                 hold(False)
+
+
+def _synchronize() -> None:
+    """This process's device work done, where it has any (a broken context: what runs next meets it and says so)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        try:
+            torch.cuda.synchronize()
+        except Exception:
+            pass
 
 
 def _write(path: Path, text: str) -> None:
