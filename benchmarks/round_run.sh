@@ -38,7 +38,13 @@ step() {  # step NAME LIMIT_S COMMAND...
   timeout "$limit" "$@" > "$LOGS/$name.log" 2>&1; local rc=$?
   local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
   printf '%-10s rc=%-3s %5d.%01d s\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000 / 100)) >> "$summary"
-  tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
+  for f in "$LOGS/$name"/judge.jsonl "$LOGS/$name"/judge_gallery.{json,txt}; do   # small, and always back
+    [ -f "$f" ] && mkdir -p "$OUT/$name" && cp "$f" "$OUT/$name/"; done
+  pack
+}
+pack() {  # the logs without the workdirs' copies and builds (the device returns files of a bounded size)
+  tar czf "$OUT/logs.tgz" -C "$LOGS" --exclude='*/work' --exclude='*.so' --exclude='*.o' --exclude='*/objects' . \
+    2>/dev/null
 }
 fresh() {  # fresh NAME: NAME, or NAME_2, NAME_3, ... when a step of that name ran already (arms alternated)
   local name=$1 n=1; while [ -e "$LOGS/$name" ] || [ -e "$LOGS/$name.log" ]; do n=$((n + 1)); name=$1_$n; done
@@ -97,10 +103,11 @@ esac; done
   cat "$LOGS/gallery_before/judge_gallery.txt" 2>/dev/null | tail -n 30; echo
   cat "$LOGS/gallery/judge_gallery.txt" 2>/dev/null | tail -n 30; echo
   for f in "$LOGS"/rate/judge_gallery.txt "$LOGS"/rate_[0-9]*/judge_gallery.txt "$LOGS"/rate_tree*/judge_gallery.txt; do
-    [ -f "$f" ] && { echo "$f"; tail -n 7 "$f"; }; done; echo
+    [ -f "$f" ] && { echo "$f"; grep -E "workdirs/hour|by stage|perf turns|in its place|verdicts:" "$f"; }; done; echo
   tail -n 6 "$LOGS/rate_args/judge_gallery.txt" 2>/dev/null; echo
   tail -n 7 "$LOGS/alone/judge_gallery.txt" 2>/dev/null; echo
-  for f in "$LOGS"/scaling_*/judge_gallery.txt "$LOGS"/ahead_*/judge_gallery.txt; do [ -f "$f" ] && { echo "$f"; tail -n 8 "$f"; }; done; echo
+  for f in "$LOGS"/scaling_*/judge_gallery.txt "$LOGS"/ahead_*/judge_gallery.txt; do [ -f "$f" ] && { echo "$f"
+    grep -E "workdirs/hour|by stage|perf turns|in its place|verdicts:" "$f"; }; done; echo
   for f in "$LOGS"/ahead_*/cpu.json; do [ -f "$f" ] && python3 -c "import json, sys
 d = json.load(open(sys.argv[1])); d.pop('timeline'); d.pop('gpu'); print(sys.argv[1], json.dumps(d))" "$f"; done; echo
   cat "$LOGS/replay.log" 2>/dev/null; echo
@@ -109,4 +116,4 @@ d = json.load(open(sys.argv[1])); d.pop('timeline'); d.pop('gpu'); print(sys.arg
   tail -n 4 "$LOGS/attacks.log" 2>/dev/null; echo
   tail -n 20 "$LOGS/shared.log" 2>/dev/null; echo
   tail -n 25 "$LOGS/service.log" 2>/dev/null; } | tee "$OUT/report.txt"
-tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
+pack

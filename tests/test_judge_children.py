@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -98,6 +99,52 @@ def test_the_pools_zygote_and_its_children_compile_in_process_unless_the_caller_
         finally:
             proc.stdin.close()
             proc.wait(timeout=30)
+
+
+BYTECODE_PROBE = """\
+import json, pathlib, sys
+import probe_only_here
+pathlib.Path("bytecode").write_text(json.dumps([sys.pycache_prefix, sys.dont_write_bytecode]))
+"""
+
+
+def test_the_pools_zygote_alone_writes_the_bytecode_folder_its_children_read(tmp_path, monkeypatch):
+    """With a cache folder, the zygote writes torch's bytecode and the packages a fork imports afresh into
+    `bytecode/`; a child reads it and writes nothing there (a module only it imports stays uncompiled)."""
+    (tmp_path / "bytecode_probe.py").write_text(BYTECODE_PROBE)
+    (tmp_path / "probe_only_here.py").write_text("VALUE = 1\n")
+    monkeypatch.delenv(zygote.ENV, raising=False)
+    options = Options(fork=True, cache_dir=tmp_path / "cache", scratch=tmp_path / "scratch")
+    folder = (tmp_path / "cache" / "bytecode").resolve()
+    # without the pool's zygote (none started, or --no-fork) a child reads its install's own bytecode
+    assert "PYTHONPYCACHEPREFIX" not in stages.environment("check", DeviceSet(["0"]), "0", options)
+    pool = pool_module.LocalPool([], options, DeviceSet(["0"]))
+    proc = pool._offer_zygote()
+    assert proc is not None
+    env = stages.environment("check", DeviceSet(["0"]), "0", pool.options)
+    assert env["PYTHONPYCACHEPREFIX"] == str(folder) and env["PYTHONDONTWRITEBYTECODE"] == "1"
+    try:
+        child_env = {**subprocess_env(), "PYTHONPYCACHEPREFIX": str(folder), "PYTHONDONTWRITEBYTECODE": "1",
+                     "PYTHONPATH": os.pathsep.join([str(tmp_path), subprocess_env()["PYTHONPATH"]])}
+        outcome = runner.run([sys.executable, "-m", "bytecode_probe"], env=child_env, cwd=tmp_path, timeout=120,
+                             log=tmp_path / "probe.log", zygote_name=pool.options.zygote)
+        assert outcome.returncode == 0, (tmp_path / "probe.log").read_text()[-2000:]
+        assert pool.options.zygote not in runner._UNFORKED, "the zygote forked no child"
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    assert json.loads((tmp_path / "bytecode").read_text()) == [str(folder), True]
+    written = {p.relative_to(folder) for p in folder.rglob("*.pyc")}
+    named = lambda *parts: any(p.parts[-len(parts):-1] == parts[:-1] and p.name.startswith(parts[-1] + ".")
+                               for p in written)
+    assert named("torch", "__init__") and named("pytest_cudaopt", "judge", "pool"), sorted(written)[:20]
+    assert named("hypothesis", "__init__") and not named("probe_only_here"), "a child wrote bytecode"
+
+
+def test_a_sanitized_child_writes_no_bytecode():
+    from pytest_cudaopt.memsafety.verdict import child_environment
+
+    assert child_environment()["PYTHONDONTWRITEBYTECODE"] == "1"
 
 
 def test_without_a_zygote_the_child_is_executed_and_says_the_same(tmp_path):

@@ -140,3 +140,21 @@ def test_the_report_holds_the_evidence():
     assert found["timed_calls"] == 40 + 12 * 16 and found["gated_batches"] == 52
     assert found["slope"]["fewest_calls"] == 1 and found["slope"]["most_calls"] == 16
     assert found["per_batch"][-1][:3] == [16, 1, pytest.approx(16 * 8.5)]
+
+
+def test_a_long_honest_call_a_little_past_its_window_is_believed_and_a_long_shave_is_not():
+    """An honest 200 ms call ran 1.15 ms (0.58%) past the judging side's window on each of its calls (an H100
+    with its host busy): past the fixed 100 us, within 1% of the figure. A 3% shave of it is not."""
+    def audit(past: float) -> ClockAudit:
+        found = ClockAudit()
+        for _ in range(4):
+            found.add(gated_batch(1, 200e-3, offset=past))
+        return found
+
+    honest = audit(1.15e-3)
+    assert honest.failure() == "" and honest.short_batches == []
+    assert min(c for b in honest.batches for c in b.counted) > 200e-3   # still counted at the window less the allowance
+    shaved = ClockAudit()
+    for _ in range(4):
+        shaved.add(gated_batch(1, 200e-3, shave=0.03))
+    assert "on 4 of 4 timed calls its own timer reported less time" in shaved.failure()

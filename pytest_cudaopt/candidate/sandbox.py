@@ -125,6 +125,7 @@ def rules(workdir: str, build: str | None, scratch: str) -> list[tuple[str, int]
     reads += [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
     reads += [*getattr(site, "getsitepackages", lambda: [])(), *filter(None, [getattr(site, "USER_SITE", None)])]
     reads += [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
+    reads += [sys.pycache_prefix] if sys.pycache_prefix and Path(sys.pycache_prefix).is_dir() else []
     reads += [os.environ[k] for k in ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT") if os.environ.get(k)]
     reads += glob.glob("/usr/local/cuda*") + [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
     reads += ["/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib", "/usr/share/zoneinfo",

@@ -33,6 +33,7 @@ class Options:
     fork: bool = True
     backstop: float | None = None
     zygote: str | None = None  # the zygote this host's pool forks its children and their workers from (set by LocalPool)
+    bytecode: Path | None = None  # the folder of bytecode that zygote writes, its children read (LocalPool)
     recorded_device: str | None = None  # the device every workdir records (cudaopt_device in its ini; set by Judge)
     environment_retries: int = 2  # judge a workdir again, up to this many times, while the environment is to blame
     turns: bool = True  # perf starts beside checks, its GPU alone from its turn (run/turn.py); else from its start
@@ -78,7 +79,7 @@ class Options:
 
     @classmethod
     def from_json(cls, data: dict) -> "Options":
-        paths = {k: None if data.get(k) is None else Path(data[k]) for k in ("cache_dir", "scratch")}
+        paths = {k: None if data.get(k) is None else Path(data[k]) for k in ("cache_dir", "scratch", "bytecode")}
         return cls(**{**data, **paths})
 
 

@@ -20,7 +20,8 @@ from pytest_cudaopt.judge import copies, lines, runner
 from pytest_cudaopt.judge.devices import DeviceSet, cpu_slots, gpus
 from pytest_cudaopt.judge.options import Options, result_key
 from pytest_cudaopt.judge.scheduler import STAGES, Scheduler, Task
-from pytest_cudaopt.judge.stages import FAILED, OK, StageResult, common_environment, run_stage, shortfall
+from pytest_cudaopt.judge.stages import (FAILED, OK, StageResult, bytecode_folder, common_environment, run_stage,
+                                         shortfall)
 from pytest_cudaopt.run import zygote
 from pytest_cudaopt.run.turn import PLACE, POLL_S, Pause, Turn
 
@@ -148,12 +149,14 @@ class LocalPool:
             self.options = dataclasses.replace(self.options, zygote=os.environ[zygote.ENV])
             return None
         name = f"cudaopt-judge-{os.getpid()}-{secrets.token_hex(4)}"
+        # its children read the bytecode it writes only once it runs: else their install's own
+        with_bytecode = dataclasses.replace(self.options, bytecode=bytecode_folder(self.options))
         try:
-            env = copies.scrubbed_env(common_environment(self.options), keep=self.options.keep_env)
+            env = copies.scrubbed_env(common_environment(with_bytecode), keep=self.options.keep_env)
             proc = zygote.start(name, env)
         except OSError:
             return None
-        self.options = dataclasses.replace(self.options, zygote=name)
+        self.options = dataclasses.replace(with_bytecode, zygote=name)
         return proc
 
     def _new_job(self, scheduler: Scheduler, jobs: dict[int, Job], scratch: Path, workdir: Path, name: str,

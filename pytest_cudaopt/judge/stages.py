@@ -62,9 +62,19 @@ class StageResult:
 def common_environment(options: Options) -> dict[str, str]:
     """What every child and the zygote that forks them get. Inductor compiles in the child's own process: its
     default, a pool of min(32, cores) worker processes per child that compiles, adds nothing where every core has
-    a judge's child, and its shutdown at the child's exit takes seconds."""
+    a judge's child, and its shutdown at the child's exit takes seconds. Python's bytecode: in the folder the
+    pool's zygote writes (`options.bytecode`, PYTHONPYCACHEPREFIX; run/zygote.py), which its children read."""
     keep = set(options.keep_env)
-    return {} if "TORCHINDUCTOR_COMPILE_THREADS" in keep else {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    given = {} if "TORCHINDUCTOR_COMPILE_THREADS" in keep else {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    if options.bytecode is not None:
+        given["PYTHONPYCACHEPREFIX"] = str(options.bytecode)
+    return given
+
+
+def bytecode_folder(options: Options) -> Path | None:
+    """Where a pool's zygote writes Python's bytecode: `<cache-dir>/bytecode` (none without a cache). A fresh
+    Python (a sanitized child) then reads torch's compiled, where an install without bytecode compiles it each time."""
+    return None if options.cache_dir is None else Path(options.cache_dir).expanduser().resolve() / "bytecode"
 
 
 def environment(stage: str, devices: DeviceSet, device: str | None, options: Options) -> dict[str, str]:

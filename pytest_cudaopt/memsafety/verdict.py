@@ -89,8 +89,9 @@ def child_command(workdir: Path, extension: str, scratch: str, device: str, sand
 
 
 def child_environment() -> dict[str, str]:
-    """The caching allocator off (a pooled block hides a write past a tensor's end) and this package importable."""
-    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
+    """The caching allocator off (a pooled block hides a write past a tensor's end), this package importable, and
+    no bytecode written: the candidate's code runs there."""
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", PYTHONDONTWRITEBYTECODE="1")
     paths = [str(Path(__file__).resolve().parents[2]), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return env

@@ -39,8 +39,11 @@ HONEST_CALL_S = 1.1e-6
 # SHORT_*: short past the allowance (+SHORT_PAST_S behind the gate) on > SHORT_SHARE of calls; honest: 0%.
 # SLOPE_*: the shortfall's growth from the fewest to the most calls a batch; honest: <= 58 us (2.2%),
 # up to 17% of a 16 us kernel's figures under 31 us; a 50% shave: 102-174 us, 83-150%.
+# SHORT_PAST_SHARE: of a long batch, noise grows with it (an honest 200 ms call ran 0.58% past its window on an
+# H100 with the host busy: benchmarks/results/2026-12-06-exits.md); a shave under it gains under 1%.
 SHORT_SHARE = 0.75
 SHORT_PAST_S = 100e-6
+SHORT_PAST_SHARE = 0.01
 SHORT_MIN = 3
 SLOPE_FLOOR_S = 40e-6
 SLOPE_SHARE = 0.10
@@ -115,8 +118,10 @@ class ClockAudit:
 
     @property
     def short_batches(self) -> list[Batch]:
-        """The batches short past their allowance by more than noise (SHORT_PAST_S behind the gate)."""
-        return [b for b in self.batches if b.short > (SHORT_PAST_S if b.gated else 0.0)]
+        """The batches short past their allowance by more than noise (behind the gate SHORT_PAST_S, or
+        SHORT_PAST_SHARE of the batch's figures where that is more)."""
+        return [b for b in self.batches
+                if b.short > (max(SHORT_PAST_S, SHORT_PAST_SHARE * sum(b.figures)) if b.gated else 0.0)]
 
     @property
     def gated(self) -> list[Batch]:

@@ -23,6 +23,8 @@ CONNECT_TIMEOUT_S = 120.0  # the zygote accepts once its imports are done
 # imports the plugin as a fresh `python -m pytest` would, reading its own environment.
 PRELOAD = ("torch", "torch.multiprocessing", "torch._dynamo", "torch._inductor", "torch._inductor.config",
            "numpy", "pytest", "filelock")
+# What the forks import afresh, compiled into a bytecode folder of the judge's (PYTHONPYCACHEPREFIX) with PRELOAD.
+COMPILED = ("pytest_cudaopt", "_pytest", "pluggy", "hypothesis")
 
 
 def _address(name: str) -> str:
@@ -210,8 +212,27 @@ def _preload() -> None:
     finally:
         if not asked:
             del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
+    _compile_for_forks()
     gc.collect()
     gc.freeze()
+
+
+def _compile_for_forks() -> None:
+    """With a bytecode folder (PYTHONPYCACHEPREFIX) it may write, the zygote writes it alone: PRELOAD's bytecode
+    as it imports, then COMPILED's. Its forks and the fresh Pythons the judge's children start read it and write
+    none (PYTHONDONTWRITEBYTECODE): nothing that runs the candidate's code writes what another process loads."""
+    if not sys.pycache_prefix or sys.dont_write_bytecode:
+        return
+    import compileall
+    import importlib.util
+
+    for name in COMPILED:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+            compileall.compile_dir(folder, quiet=2, workers=1)
 
 
 def _cuda_poisoned() -> bool:
@@ -303,6 +324,7 @@ def _become(request: dict, log: int, base_path: list[str]) -> None:
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [os.getcwd(), *extra, *[p for p in base_path if p not in extra]]
     sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
+    sys.pycache_prefix = os.environ.get("PYTHONPYCACHEPREFIX") or None
     import importlib
 
     importlib.invalidate_caches()
