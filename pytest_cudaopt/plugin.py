@@ -286,6 +286,7 @@ def pytest_runtest_setup(item: pytest.Item):
     if not (item.get_closest_marker("build") or item.get_closest_marker("policy")):
         turn.enter_place()   # a judge's child: started, imported and collected without its place on the device
     if os.environ.get(turn.PAUSE):
+        turn.set_hold(session.workers.hold)      # and before each correctness case (turn.pause_within)
         turn.pause_point(session.workers.hold)   # a judge's check child: another workdir's turn on its device
     return (yield from _run_supervised(item, "setup"))
 

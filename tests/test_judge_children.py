@@ -444,6 +444,55 @@ def test_a_check_child_pauses_between_items_with_its_workers_stopped_and_goes_on
     assert proc.returncode == 0 and "failed" not in output, output[-3000:]   # its worker went on too
 
 
+MID_ITEM = """\
+import os, pathlib, pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item):   # asked once the drawn-shapes item has begun: past its pause point between items
+    if item.name == "test_drawn_shapes":
+        pathlib.Path(os.environ["CUDAOPT_PAUSE"], "pause").write_text("7")
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and report.nodeid.endswith("test_drawn_shapes"):
+        pathlib.Path(os.environ["MID_ITEM_DONE"]).write_text(report.outcome)
+"""
+
+
+def test_a_check_child_asked_during_a_long_item_pauses_before_its_next_case(tmp_path):
+    """A turn asked while a check runs its drawn shapes waits for one case, not the item: the child pauses before
+    its next case, its worker stopped, the item unfinished; let go, the item goes on and passes."""
+    import subprocess
+
+    from support import JUDGE_CPU_ARGS, OBJECT_CACHE, judge_workdirs
+
+    work = judge_workdirs(tmp_path / "w", ["honest"])["honest"]
+    pause, done = tmp_path / "pause", tmp_path / "done"
+    pause.mkdir()
+    (tmp_path / "mid_item.py").write_text(MID_ITEM)
+    env = {k: v for k, v in subprocess_env().items() if k != zygote.ENV}
+    env.update({"CUDAOPT_PAUSE": str(pause), "CUDAOPT_OBJECT_CACHE": str(OBJECT_CACHE), "MID_ITEM_DONE": str(done),
+                "PYTHONPATH": os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])})
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", str(work / "model_new.py"), "--rootdir", str(work),
+                             "-m", stages.MARKERS["check"], "-p", "no:cacheprovider", "-p", "mid_item", "-v",
+                             *JUDGE_CPU_ARGS], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (pause / "paused").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert proc.poll() is None and (pause / "paused").read_text() == "7"
+        assert not done.exists(), "it paused only after the item"
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        stopped = [pid for pid in children if "pytest_cudaopt.candidate" in Path(f"/proc/{pid}/cmdline").read_text()]
+        assert stopped and all(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+                               for pid in stopped)
+        (pause / "pause").unlink()
+        output = proc.communicate(timeout=300)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and done.read_text() == "passed", output[-3000:]
+
+
 def test_a_leaving_seen_late_counts_from_when_the_child_wrote_it(tmp_path, monkeypatch):
     """The judge polls; a child that leaves and exits between two polls still has its turn end at its leaving."""
     from pytest_cudaopt.run import turn as turns

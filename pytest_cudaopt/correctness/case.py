@@ -14,6 +14,7 @@ from pytest_cudaopt.correctness.faults import CudaFault
 from pytest_cudaopt.correctness.precision import Precision
 from pytest_cudaopt.results.records import SHORTFALL, CorrectnessResult
 from pytest_cudaopt.primitives.tensors import clone_inputs, describe_inputs
+from pytest_cudaopt.run.turn import pause_within
 from pytest_cudaopt.run.watchdog import harness_step, set_case
 from pytest_cudaopt.workdir import Workdir, WorkdirError
 
@@ -84,6 +85,7 @@ def run_case(workdir: Workdir, settings, constants: dict[str, int], seed: int, l
 def _run_case(workdir: Workdir, settings, constants: dict[str, int], seed: int, label: str, replay: str,
               reference_decides: bool, moved: bool, family: str) -> tuple[guards.CaseOutcome, list, list[str] | None]:
     device = torch.device(settings.device)
+    pause_within()   # a judge's check child: another workdir's turn on its device
     set_case(label, replay)
     planned = _check_memory(workdir, settings, constants, label, replay)
     with shapes.applied(workdir.reference, constants):

@@ -102,6 +102,21 @@ def pause_point(hold=None, folder: Path | None = None) -> None:
                 hold(False)
 
 
+_HOLD: list = []   # the check child's `hold` (set_hold): what a pause inside an item stops
+
+
+def set_hold(hold) -> None:
+    """A judge's check child: what `pause_within` stops while paused (its workers and sanitized children)."""
+    _HOLD[:] = [hold] if hold is not None else []
+
+
+def pause_within() -> None:
+    """A pause point inside a long item, where none of its work is in flight (before each correctness case): a turn
+    then waits for a case to end, not for the whole item (a drawn-shapes item's cases took seconds)."""
+    if _HOLD and os.environ.get(PAUSE):
+        pause_point(_HOLD[0])
+
+
 def _synchronize() -> None:
     """This process's device work done, where it has any (a broken context: what runs next meets it and says so)."""
     torch = sys.modules.get("torch")
