@@ -277,7 +277,7 @@ def pytest_runtest_setup(item: pytest.Item):
                    f"\"cpu\" in its pyproject.toml)" if where is not None else "")
             pytest.fail(f"{reason}: the CI gate never passes without the device{cpu}", pytrace=False)
     node = workdir_node(item)
-    if node is not None and session.hung:
+    if node is not None and (session.hung or session.hogs):
         from pytest_cudaopt.run.supervision import judged, static
 
         reason = None if static(item) else session.not_run_reason(node.workdir_path, judged=judged(item))

@@ -100,6 +100,52 @@ def test_a_candidate_whose_worker_holds_more_than_the_case_allows_is_blamed_with
     assert result.ret == 1
 
 
+LOGGED_STOPS = '''
+import pathlib
+
+import pytest_cudaopt.remote.worker as remote_worker
+
+_stop = remote_worker.Worker.stop
+
+
+def _logged(self):
+    if self.alive():
+        with open("events.log", "a") as log:
+            log.write("stopped\\n")
+    _stop(self)
+
+
+remote_worker.Worker.stop = _logged
+
+
+def pytest_runtest_logstart(nodeid, location):
+    with open("events.log", "a") as log:
+        log.write(f"start {nodeid.split('::')[-1]}\\n")
+'''
+
+
+def test_a_worker_found_holding_more_than_its_workdir_allows_is_stopped_at_once_and_later_items_fail_unrun(
+        pytester, make_workdir):
+    """A hog frees the device as soon as an item finds it (a judge's other checks share it): its worker is stopped
+    before the next item, which fails unrun, naming the item that found it."""
+    make_workdir("cpu_scale", pytester.path / "wd")
+    (pytester.path / "conftest.py").write_text(WORKER_HOLDS_110_GIB + LOGGED_STOPS)
+    result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness", "--cudaopt-device=cpu",
+                        "--cudaopt-report=r.json", timeout=300)
+    doc = json.loads((pytester.path / "r.json").read_text())
+    items = {i["test"].split("::")[-1]: i for i in doc["items"] if i["kind"] == "correctness"}
+    first = items["test_canonical[seed0]"]
+    assert first["status"] == "failed" and "holds 110.00 GiB" in first["reason"], first
+    for name in ("test_canonical[seed1]", "test_canonical[seed2]", "test_drawn_shapes"):
+        said = items[name]["reason"]
+        assert items[name]["status"] == "not run", items[name]
+        assert said.startswith("not run: ") and "test_canonical[seed0] found ModelNew's process (pid " in said, said
+        assert "holds 110.00 GiB" in said and "its worker was stopped" in said, said
+    events = (pytester.path / "events.log").read_text().split("\n")
+    assert events.index("stopped") < events.index("start test_canonical[seed1]"), events
+    assert doc["complete"] is True and doc["blame"] == "candidate" and result.ret == 1
+
+
 @pytest.mark.parametrize("conftest, blamed", [(SHORT_OF_MEMORY, "environment"), (WORKER_HOLDS_110_GIB, "candidate")],
                          ids=["memory short", "worker holds 110 GiB"])
 def test_drawn_shapes_that_memory_left_no_room_for_are_blamed_on_whoever_holds_it(pytester, make_workdir, conftest,

@@ -165,6 +165,17 @@ class Workers:
         for held in (self.all, self._policy, self._extension, self.launched, self.sanitized, self.begun):
             held.clear()
 
+    def stop_workdir(self, path: Path) -> None:
+        """Kill the workers and the sanitized children of the workdir at `path` (the rest of the session's run)."""
+        path = Path(path).resolve()
+        for worker in self.all:
+            if worker.workdir == path:
+                worker.stop()
+        begun = self.begun.pop(path, None)
+        for sanitized in [self.sanitized.pop(path, None), begun[0].sanitized if begun is not None else None]:
+            if sanitized is not None:
+                sanitized.close()
+
     def sanitize_ahead(self, path: Path, so_path: Path, sanitizer: str) -> None:
         """Start the memory-safety children of the workdir at `path`, built as `so_path`: they import torch while
         this process waits for its place and loads the workdir (the item takes them, `take_sanitized`)."""

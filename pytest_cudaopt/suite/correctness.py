@@ -8,9 +8,10 @@ import torch
 
 from pytest_cudaopt.results import blame
 from pytest_cudaopt.primitives import nvml
+from pytest_cudaopt.correctness.case import holder
 from pytest_cudaopt.correctness.verdict import judge_canonical, judge_drawn
 from pytest_cudaopt.results.ledger import SKIP_PROPERTY
-from pytest_cudaopt.results.records import NOT_APPLICABLE
+from pytest_cudaopt.results.records import NOT_APPLICABLE, SHORTFALL
 from pytest_cudaopt.workdir import Workdir
 
 
@@ -28,7 +29,7 @@ class TestCorrectness:
         failure = judge_canonical(loaded, cudaopt_settings, cudaopt_session, request.node.nodeid, seed_index)
         _worker_memory(request.node, cudaopt_session, loaded, cudaopt_settings)
         if failure:
-            _fail(request.node, cudaopt_session, failure)
+            _fail(request.node, cudaopt_session, failure, loaded, cudaopt_settings)
 
     def test_drawn_shapes(self, request, loaded, cudaopt_session, cudaopt_settings):
         """Shapes drawn by Hypothesis around the canonical one (or as model.py declares)."""
@@ -38,7 +39,7 @@ class TestCorrectness:
             request.node.user_properties.append((SKIP_PROPERTY, NOT_APPLICABLE))
             pytest.skip(verdict.skip)
         if verdict.failure:
-            _fail(request.node, cudaopt_session, verdict.failure)
+            _fail(request.node, cudaopt_session, verdict.failure, loaded, cudaopt_settings)
 
 
 def _worker_memory(item: pytest.Item, session, loaded: Workdir, settings) -> None:
@@ -53,9 +54,14 @@ def _worker_memory(item: pytest.Item, session, loaded: Workdir, settings) -> Non
             result.worker_bytes = held
 
 
-def _fail(item: pytest.Item, session, failure: str) -> None:
-    """Fail the item with `failure`, blamed as its result says."""
+def _fail(item: pytest.Item, session, failure: str, loaded: Workdir, settings) -> None:
+    """Fail the item with `failure`, blamed as its result says. A memory shortfall of the candidate's whose worker
+    holds more than the workdir's largest case allows: the worker is stopped (`note_hog`)."""
     mine = [r for r in session.results if getattr(r, "test", None) == item.nodeid and getattr(r, "blame", None)]
     if mine:
         blame.assign(item, mine[-1].blame)
+        if mine[-1].blame == blame.CANDIDATE and getattr(mine[-1], "check", "") == SHORTFALL:
+            who, why = holder(loaded, settings, 0, 0)
+            if who == blame.CANDIDATE and why:
+                session.note_hog(loaded.path, item.nodeid, why)
     pytest.fail(failure, pytrace=False)

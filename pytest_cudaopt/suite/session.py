@@ -31,6 +31,7 @@ class CudaoptSession:
         self.fault: tuple[str, str] | None = None
         # Workdir → (item id, message, in setup) of its first item that timed out (not_run_reason).
         self.hung: dict[Path, tuple[str, str, bool]] = {}
+        self.hogs: dict[Path, tuple[str, str]] = {}   # workdir -> (the item, what its worker held): note_hog
         self.ledger = Ledger(asked)
         # Where `--cudaopt-report` goes, and why it cannot be written, once known.
         self.report_path: Path | None = Path(settings.report) if settings.report else None
@@ -260,8 +261,20 @@ class CudaoptSession:
             self.results.append(CorrectnessResult(workdir=str(workdir), test=test, case=case or "?",
                                                   passed=False, check="timeout", message=message))
 
+    def note_hog(self, workdir: Path, test: str, why: str) -> None:
+        """`test` found ModelNew's process holding more device memory than the workdir's largest case allows (`why`):
+        its workers are stopped at once, so the device's other users get the memory back (a judge's checks share
+        it), and the workdir's later items fail unrun."""
+        path = Path(workdir).resolve()
+        if path not in self.hogs:
+            self.hogs[path] = (test, why)
+            self.workers.stop_workdir(path)
+
     def not_run_reason(self, workdir: Path, judged: bool = True) -> str | None:
-        """Why an item of `workdir` fails at once after a hang (None: it runs)."""
+        """Why an item of `workdir` fails at once after a hang or a hog (None: it runs)."""
+        hog = self.hogs.get(Path(workdir).resolve())
+        if hog is not None and judged:
+            return f"not run: {hog[0]} found {hog[1]}; its worker was stopped, freeing the device"
         hung = self.hung.get(Path(workdir).resolve())
         if hung is None or not (judged or hung[2]):
             return None
