@@ -172,6 +172,34 @@ def test_a_workdir_the_environment_failed_is_judged_again_and_counted_once(tmp_p
     assert service.in_flight == 0
 
 
+def test_cudaopt_judge_judges_a_workdir_the_environment_failed_again_in_the_same_pool_ahead_of_the_queue(
+        tmp_path, monkeypatch):
+    """`cudaopt judge` (Judge) as a Service does: the second attempt goes back into the running pool, before the
+    workdirs still queued, not into a second pass after them all; one line each, `attempts` counted."""
+    from pytest_cudaopt.judge import engine, pool as pool_module
+
+    made: list = []
+
+    class Pool(pool_module.LocalPool):
+        def __init__(self, workdirs, options, on_event=None):
+            super().__init__(workdirs, options, devices=cpu_slots(1), on_event=on_event, run_stage=Stages(busy=1))
+            made.append(self)
+
+    monkeypatch.setattr(pool_module, "LocalPool", Pool)
+    names = ["busy", "a", "b", "c", "d"]
+    for name in names:
+        _workdir(tmp_path, name)
+    judge = engine.Judge([str(tmp_path / n) for n in names],
+                         Options(cache_dir=None, pytest_args=["--cudaopt-device=cpu"], jobs=1))
+    lines = list(judge)
+    assert len(made) == 1, "a second pool judged the retry"
+    assert sorted(Path(line["workdir"]).name for line in lines) == sorted(names)
+    busy = next(line for line in lines if line["workdir"].endswith("busy"))
+    assert busy["attempts"] == 2 and busy["passed"] and busy["id"] == 0, busy
+    assert {line["attempts"] for line in lines if line is not busy} == {1}
+    assert [Path(line["workdir"]).name for line in lines][-1] != "busy", "the retry waited behind the queue"
+
+
 def test_close_drains_every_submission_to_exactly_one_line(tmp_path):
     fake = Stages(pause=0.1)
     service = _service(fake)

@@ -45,8 +45,8 @@ class Judge:
         try:
             while todo:
                 again = []
-                for line in self._attempt(todo):
-                    attempts[line["workdir"]] = attempts.get(line["workdir"], 0) + 1
+                for line in self._attempt(todo):   # a local pool's line has counted its own attempts
+                    attempts[line["workdir"]] = attempts.get(line["workdir"], 0) + line.get("attempts", 1)
                     line["attempts"] = attempts[line["workdir"]]
                     if line.get("blame") == "environment" and line["attempts"] <= self.options.environment_retries:
                         again.append(Path(line["workdir"]))  # counted once: only its last attempt's line is yielded
@@ -63,21 +63,45 @@ class Judge:
                                                id=order[str(workdir)])
 
     def _attempt(self, todo: list[Path]) -> Iterator[dict]:
-        """One line per workdir of `todo`, judged once; the busy fractions and wall time add up."""
+        """One line per workdir of `todo`; the busy fractions and wall time add up. On this host a line that blames
+        the environment is judged again in the same pool at once, ahead of the workdirs still queued (as a Service
+        does), and only the last attempt's line comes out; with Ray each pass judges every workdir once."""
         if self.ray:
             from pytest_cudaopt.judge.ray_backend import RayPool
 
             backend = RayPool(todo, self.options, self.ray)
+            lines = backend.lines()
         else:
             from pytest_cudaopt.judge.pool import LocalPool
 
             backend = LocalPool(todo, self.options, on_event=self.on_event)
+            lines = backend.lines()
+            if backend.devices.names:   # else each workdir's line says at once that there is no device
+                backend.fed = True
+                lines = self._with_retries(backend, len(todo))
         try:
-            yield from backend.lines()
+            yield from lines
         finally:
             self.wall_s += backend.wall_s
             for device, busy in backend.busy.items():
                 self.busy[device] = busy if device not in self.busy else max(self.busy[device], busy)
+
+    def _with_retries(self, pool, count: int) -> Iterator[dict]:
+        """The lines of a fed `pool` holding `count` workdirs; one that blames the environment goes back into it
+        (`attempts` counted here, the last attempt's line yielded), and the pool closes after the last line."""
+        tries: dict[str, int] = {}
+        if not count:
+            pool.close()
+        for line in pool.lines():
+            tries[line["workdir"]] = tries.get(line["workdir"], 0) + 1
+            if line.get("blame") == "environment" and tries[line["workdir"]] <= self.options.environment_retries:
+                pool.add(Path(line["workdir"]), again=True)
+                continue
+            line["attempts"] = tries[line["workdir"]]
+            count -= 1
+            if not count:
+                pool.close()
+            yield line
 
 
 def _recorded_device(workdir: Path) -> str | None:

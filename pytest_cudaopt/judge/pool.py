@@ -91,11 +91,13 @@ class LocalPool:
         self._events: queue.Queue = queue.Queue()   # (task, result) of a stage, or (_ADD, ...) and the like
 
     def add(self, workdir: Path, name: str | None = None, key: str | None = None, id: object = None,
-            submitted: float | None = None) -> None:
-        """One more workdir for a `fed` pool (`submitted`: the monotonic time its queue time counts from)."""
+            submitted: float | None = None, again: bool = False) -> None:
+        """One more workdir for a `fed` pool (`submitted`: the monotonic time its queue time counts from; `again`:
+        judged again, its stages go before those of the workdirs still queued)."""
         if not self.fed:
             raise ValueError("workdirs are added only to a pool made with fed=True")
-        self._events.put((_ADD, (Path(workdir), name if name is not None else str(workdir), key, id, submitted)))
+        self._events.put((_ADD, (Path(workdir), name if name is not None else str(workdir), key, id, submitted,
+                                 again)))
 
     def close(self) -> None:
         """No more workdirs: `lines()` ends once those added have their lines."""
@@ -127,7 +129,7 @@ class LocalPool:
                               pause=self.options.pause)
         jobs: dict[int, Job] = {}
         for workdir, name in zip(self.workdirs, self.names):
-            self._new_job(scheduler, jobs, scratch, workdir, name, None, None, None)
+            self._new_job(scheduler, jobs, scratch, workdir, name, None, None, None, False)
         offered = self._offer_zygote()
         start = time.monotonic()
         try:
@@ -160,14 +162,14 @@ class LocalPool:
         return proc
 
     def _new_job(self, scheduler: Scheduler, jobs: dict[int, Job], scratch: Path, workdir: Path, name: str,
-                 key: str | None, id: object, submitted: float | None) -> None:
+                 key: str | None, id: object, submitted: float | None, again: bool) -> None:
         index = len(jobs)
         job = Job(index, workdir, scratch / f"{index:05d}", _problem(workdir), name=name, key=key,
                   id=index if id is None else id, children=runner.Children(self.children))
         if submitted is not None:
             job.started = submitted
         jobs[index] = job
-        scheduler.add(index, job.problem)
+        scheduler.add(index, job.problem, first=again)
 
     def _loop(self, scheduler: Scheduler, jobs: dict[int, Job], scratch: Path) -> Iterator[dict]:
         done: set[int] = set()

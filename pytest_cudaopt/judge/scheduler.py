@@ -51,6 +51,7 @@ class _Job:
     waiting: str | None = None      # the stage ready to start
     running: Task | None = None
     alone: bool = False             # its check runs alone (it ran out of memory beside others)
+    first: bool = False             # its stages go before those of jobs added without `first` (judged again)
 
 
 class Scheduler:
@@ -85,25 +86,29 @@ class Scheduler:
         self._now: list[int] = []          # jobs that asked for their turn with their device alone already
         self._entered: list[int] = []      # jobs that asked for their place with one already
 
-    def add(self, job: int, problem: str | None = None, stages: Sequence[str] = STAGES) -> None:
+    def add(self, job: int, problem: str | None = None, stages: Sequence[str] = STAGES, first: bool = False) -> None:
+        """A job whose `stages` run in order; `first`: its stages start before the waiting ones of jobs added
+        without it (a workdir judged again), else in the order the jobs were added."""
         if job in self._jobs:
             raise ValueError(f"job {job} was added twice")
         unknown = [s for s in stages if s not in STAGES]
         if unknown or not stages:
             raise ValueError(f"unknown stages {unknown} (the stages are {', '.join(STAGES)})")
-        self._jobs[job] = _Job(list(stages), problem, waiting=stages[0])
+        self._jobs[job] = _Job(list(stages), problem, waiting=stages[0], first=first)
 
     @property
     def done(self) -> bool:
         return all(j.waiting is None and j.running is None for j in self._jobs.values())
 
     def waiting(self) -> list[tuple[int, str]]:
-        return [(n, j.waiting) for n, j in self._jobs.items() if j.waiting is not None]
+        """(job, its stage ready to start), in the order they start: jobs added `first`, then by number."""
+        found = [(n, j.waiting) for n, j in self._jobs.items() if j.waiting is not None]
+        return sorted(found, key=lambda w: (not self._jobs[w[0]].first, w[0]))
 
     def ready(self) -> list[Task]:
         """The tasks that may start now, marked running: the stages that run alone, checks, CPU stages."""
         started: list[Task] = []
-        waiting = sorted(self.waiting())
+        waiting = self.waiting()
         for job, stage in [w for w in waiting if self._sole(*w)]:
             device = next((d for d in self.devices if d.idle and d.draining), None) or next(
                 (d for d in self.devices if d.idle), None)

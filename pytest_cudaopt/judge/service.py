@@ -182,7 +182,7 @@ class Service:
                     or self._state == STOPPED or line["id"] in self._abandoned):
                 return False
             pending.attempts += 1
-            self._pool.add(pending.path, pending.name, None, line["id"], pending.submitted)
+            self._pool.add(pending.path, pending.name, None, line["id"], pending.submitted, again=True)
             return True
 
     def _resolve(self, id: Any, line: dict) -> None:
