@@ -48,7 +48,7 @@ class Judge:
                 for line in self._attempt(todo):   # a local pool's line has counted its own attempts
                     attempts[line["workdir"]] = attempts.get(line["workdir"], 0) + line.get("attempts", 1)
                     line["attempts"] = attempts[line["workdir"]]
-                    if line.get("blame") == "environment" and line["attempts"] <= self.options.environment_retries:
+                    if self.options.judge_again(line, line["attempts"]):
                         again.append(Path(line["workdir"]))  # counted once: only its last attempt's line is yielded
                         continue
                     named.add(line["workdir"])
@@ -75,10 +75,8 @@ class Judge:
             from pytest_cudaopt.judge.pool import LocalPool
 
             backend = LocalPool(todo, self.options, on_event=self.on_event)
-            lines = backend.lines()
-            if backend.devices.names:   # else each workdir's line says at once that there is no device
-                backend.fed = True
-                lines = self._with_retries(backend, len(todo))
+            backend.fed = bool(backend.devices.names)   # else each workdir's line says at once there is no device
+            lines = self._with_retries(backend, len(todo)) if backend.fed else backend.lines()
         try:
             yield from lines
         finally:
@@ -94,7 +92,7 @@ class Judge:
             pool.close()
         for line in pool.lines():
             tries[line["workdir"]] = tries.get(line["workdir"], 0) + 1
-            if line.get("blame") == "environment" and tries[line["workdir"]] <= self.options.environment_retries:
+            if self.options.judge_again(line, tries[line["workdir"]]):
                 pool.add(Path(line["workdir"]), again=True)
                 continue
             line["attempts"] = tries[line["workdir"]]

@@ -69,6 +69,11 @@ class Options:
             return self.backstop
         return self.build_timeout + self.grace + 5 * (self.timeout + self.grace) + 60.0
 
+    def judge_again(self, line: dict, attempts: int) -> bool:
+        """Whether a workdir whose `attempts`-th line is `line` is judged again: the line blames the environment
+        and `environment_retries` are left."""
+        return line.get("blame") == "environment" and attempts <= self.environment_retries
+
     def fingerprint(self) -> str:
         """What changes a verdict (pytest arguments, seed, stages): part of every result key."""
         wanted = {"pytest_args": self.pytest_args, "seed": self.seed, "all_stages": self.all_stages}

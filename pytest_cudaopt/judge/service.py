@@ -18,7 +18,6 @@ from pytest_cudaopt.judge.devices import DeviceSet
 from pytest_cudaopt.judge.discover import is_workdir
 from pytest_cudaopt.judge.options import Options, result_key
 from pytest_cudaopt.judge.pool import LocalPool
-from pytest_cudaopt.results.blame import ENVIRONMENT
 
 OPEN, CLOSED, STOPPED = "open", "closed", "stopped"
 
@@ -178,8 +177,8 @@ class Service:
             if pending is None:
                 return False
             line["attempts"] = pending.attempts
-            if (line.get("blame") != ENVIRONMENT or pending.attempts > self.options.environment_retries
-                    or self._state == STOPPED or line["id"] in self._abandoned):
+            if (not self.options.judge_again(line, pending.attempts) or self._state == STOPPED
+                    or line["id"] in self._abandoned):
                 return False
             pending.attempts += 1
             self._pool.add(pending.path, pending.name, None, line["id"], pending.submitted, again=True)
