@@ -60,13 +60,32 @@ def _loading_out_of_memory() -> stages.StageResult:
     return result
 
 
+def _environment_shortfall(out: Path) -> stages.StageResult:
+    """A check whose child found too little device memory free while others held it, as it reports that: the
+    SHORTFALL blamed on the environment, the session ended there (not complete), exit 75; read as the judge does."""
+    test = "model_new.py::TestCorrectness::test_canonical[seed0]"
+    out.mkdir(parents=True, exist_ok=True)
+    report = {**_report(False, "memory", SHORT), "complete": False, "cause": "environment", "blame": "environment",
+              "reason": f"{test} failed for the environment's sake, not the candidate's: {SHORT}",
+              "items": [{"test": test, "kind": "correctness", "status": "failed", "reason": SHORT,
+                         "blame": "environment"}]}
+    report["results"][0]["data"]["blame"] = "environment"
+    (out / "check.json").write_text(json.dumps(report))
+    (out / "check.xml").write_text('<testsuites><testsuite><testcase classname="model_new.TestCorrectness" '
+                                   'name="test_canonical[seed0]"><failure message="short"/></testcase></testsuite>'
+                                   '</testsuites>')
+    outcome = runner.Outcome(75, False, 0.1, "", out / "check.log")
+    return stages.read_pytest("check", outcome, out / "check.json", out / "check.xml")
+
+
 class FakeStages:
     """run_stage without processes: every stage passes, except that the named workdirs' checks
     run out of device memory (`short`: how many times each), and `overlap` checks wait until
     they have all started, so that they share the device."""
 
-    def __init__(self, short: dict[str, int], overlap: int = 1, at_load: bool = False):
+    def __init__(self, short: dict[str, int], overlap: int = 1, at_load: bool = False, blamed: bool = False):
         self.short, self.calls, self.at_load = dict(short), [], at_load   # at_load: CUDA's error loading the workdir
+        self.blamed = blamed   # the shortfall as the child reports it when others hold the memory
         self.running: set[str] = set()
         self.lock = threading.Lock()
         self.together = threading.Barrier(overlap, timeout=20)
@@ -87,6 +106,8 @@ class FakeStages:
                 self.short[name] -= 1
                 if self.at_load:
                     return _loading_out_of_memory()
+                if self.blamed:
+                    return _environment_shortfall(out)
                 return _stage("check", stages.FAILED, _report(False, "memory", SHORT))
             return _stage("check", report=_report(True, peak=30 * GiB))
         finally:
@@ -113,6 +134,23 @@ def test_a_check_out_of_memory_beside_another_is_judged_again_alone_never_failed
     note = found["a"]["stages"]["check"]["note"]
     assert "ran out of device memory on 0 beside other checks" in note and "32.69 GiB" in note
     assert "judged again alone" in note
+
+
+def test_a_check_the_environment_starved_beside_another_is_judged_again_alone_not_the_whole_workdir(
+        monkeypatch, tmp_path):
+    """The shortfall as a real child reports it (blamed on the environment, exit 75: the stage an `error`). On an
+    H100 a memory hog's neighbours went round again as whole workdirs, back among the hogs, up to three times."""
+    result = _environment_shortfall(tmp_path / "read")
+    assert result.status == "error" and stages.shortfall(result) == SHORT
+    fake = FakeStages({"a": 1}, overlap=2, blamed=True)
+    found = _pool_lines(monkeypatch, tmp_path, fake, ["a", "b"])
+    assert (found["a"]["status"], found["a"]["passed"]) == ("judged", True), found["a"]["reason"]
+    runs = [(device, beside) for name, device, beside in fake.calls if name == "a"]
+    assert len(runs) == 2 and runs[1] == ("0", set())      # the second run had the GPU to itself
+    assert "beside other checks" in found["a"]["stages"]["check"]["note"]
+    alone = _pool_lines(monkeypatch, tmp_path / "alone", FakeStages({"a": 1}, blamed=True), ["a"])["a"]
+    assert (alone["status"], alone["blame"]) == ("error", "environment"), alone   # not called the workdir's
+    assert "the shortfall is this workdir's" not in alone["reason"], alone["reason"]
 
 
 def test_a_check_whose_workdir_could_not_load_for_cuda_memory_beside_another_is_judged_again_alone(

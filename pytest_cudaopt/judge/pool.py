@@ -310,7 +310,7 @@ class LocalPool:
             job.notes[task.stage] = f"{why}; judged again alone on an idle device"
             scheduler.finish(task, peak_bytes=peak, retry_alone=True)
             return None
-        if short is not None:   # with its device to itself: the shortfall is the workdir's own
+        if short is not None and result.status == FAILED:   # with its device to itself: the workdir's own
             total = self.devices.memory.get(task.device) if task.device is not None else None
             size = f" ({total / (1 << 30):.2f} GiB in all)" if total else ""
             where = task.device if self.devices.cpu else f"GPU {task.device}"

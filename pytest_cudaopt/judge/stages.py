@@ -260,7 +260,8 @@ def _timed_out(report: dict) -> bool:
 
 def shortfall(result: StageResult) -> str | None:
     """The message of a check that failed only for want of device memory (every failure a SHORTFALL, or CUDA's
-    out-of-memory error where the others were not run after it: loading the workdir), or None."""
+    out-of-memory error where the others were not run after it: loading the workdir), or None. A SHORTFALL the
+    child blamed on the environment (others held the memory; it exits 75, the stage an `error`) counts too."""
     from pytest_cudaopt.results.records import SHORTFALL
 
     if result.stage != "check" or result.status not in (FAILED, "error") or not result.report:
@@ -268,7 +269,7 @@ def shortfall(result: StageResult) -> str | None:
     items = [i for i in result.report.get("items", []) if isinstance(i, dict) and i.get("status") == "failed"]
     if items and all("CUDA error: out of memory" in str(i.get("reason")) for i in items):
         return f"{items[0].get('test')}: {items[0].get('reason')}"
-    if result.status != FAILED:
+    if result.status != FAILED and result.report.get("blame") != "environment":
         return None
     failed = [r for r in result.report.get("results", []) if not r.get("passed")]
     memory = [r for r in failed if r.get("kind") == "correctness" and r.get("data", {}).get("check") == SHORTFALL]
