@@ -132,6 +132,40 @@ def test_a_judge_that_died_has_its_workdirs_judged_again_elsewhere_and_counted_o
     assert {line["pid"] for line in found} != {int(marker.read_text())}
 
 
+def busy_once_stages(log: Path, marker: Path):
+    """sleeping_stages, but the first check of workdir 0 fails as a device held by others does (its report blames
+    the environment); `marker` (a file: the stages run in the judge's process) records that it did."""
+    inner = sleeping_stages(log)
+
+    def run(stage, copy, out, devices, device, options, children=None, turn=None, place=None, pause=None):
+        result = inner(stage, copy, out, devices, device, options, children, turn, place, pause)
+        if stage == "check" and "CANDIDATE = 0" in (copy / "model_new.py").read_text() and not marker.exists():
+            marker.write_text("busy")
+            result.status = "failed"
+            result.report = {**result.report, "passed": False, "complete": False, "blame": "environment",
+                             "cause": "environment"}
+        return result
+
+    return run
+
+
+def test_a_line_that_blames_the_environment_is_judged_again_by_the_driver_at_once(cluster, tmp_path):
+    """As the local pool does: the workdir goes back ahead of those still queued, in the same run (no second pass
+    after them all), and comes out once, its attempts counted."""
+    workdirs = _fake_workdirs(tmp_path / "w", 4)
+    marker = tmp_path / "busy-once"
+    pool = RayPool(workdirs, _gpu_options(), "local",
+                   actor_args=(DeviceSet(["0"], memory={"0": 80 * GiB}),
+                               busy_once_stages(tmp_path / "log.jsonl", marker)))
+    found = list(pool.lines())
+    assert marker.exists()
+    assert sorted(line["workdir"] for line in found) == sorted(str(w) for w in workdirs) and pool.duplicates == 0
+    first = next(line for line in found if line["workdir"] == str(workdirs[0]))
+    assert first["attempts"] == 2 and first["passed"] and first["blame"] is None, first
+    assert [(e["status"], e["blame"]) for e in first["earlier"]] == [("judged", "environment")], first
+    assert {line["attempts"] for line in found if line is not first} == {1}
+
+
 def test_a_workdir_whose_judge_dies_every_time_still_gets_a_line(cluster, tmp_path):
     class AlwaysDies(NodeJudge):
         def judge(self, packed, name, key):

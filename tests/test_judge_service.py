@@ -169,6 +169,9 @@ def test_a_workdir_the_environment_failed_is_judged_again_and_counted_once(tmp_p
     service.close()
     assert line["attempts"] == attempts and line["passed"] == (status == "judged"), line
     assert line["blame"] == (None if status == "judged" else "environment"), line
+    # why it went again is kept: each earlier attempt's status, blame and reason
+    assert line.get("earlier", []) == [{"status": "judged", "blame": "environment",
+                                        "reason": "check: device busy"}] * (attempts - 1), line
     assert service.in_flight == 0
 
 
@@ -196,7 +199,9 @@ def test_cudaopt_judge_judges_a_workdir_the_environment_failed_again_in_the_same
     assert sorted(Path(line["workdir"]).name for line in lines) == sorted(names)
     busy = next(line for line in lines if line["workdir"].endswith("busy"))
     assert busy["attempts"] == 2 and busy["passed"] and busy["id"] == 0, busy
+    assert [e["blame"] for e in busy["earlier"]] == ["environment"], busy
     assert {line["attempts"] for line in lines if line is not busy} == {1}
+    assert not any("earlier" in line for line in lines if line is not busy)
     assert [Path(line["workdir"]).name for line in lines][-1] != "busy", "the retry waited behind the queue"
 
 

@@ -42,15 +42,20 @@ class Judge:
         todo = [w for w in self.workdirs if not self.skip or _key(w, self.options) not in self.skip]
         named: set[str] = set()
         attempts = {str(w): 0 for w in todo}
+        earlier: dict[str, list[dict]] = {}
         try:
             while todo:
                 again = []
-                for line in self._attempt(todo):   # a local pool's line has counted its own attempts
+                for line in self._attempt(todo):   # a fed pool's line (or Ray's) has counted its own attempts
                     attempts[line["workdir"]] = attempts.get(line["workdir"], 0) + line.get("attempts", 1)
                     line["attempts"] = attempts[line["workdir"]]
+                    kept = earlier.setdefault(line["workdir"], [])
                     if self.options.judge_again(line, line["attempts"]):
+                        kept += [*line.get("earlier", []), line_module.attempt(line)]
                         again.append(Path(line["workdir"]))  # counted once: only its last attempt's line is yielded
                         continue
+                    if kept:
+                        line["earlier"] = kept + line.get("earlier", [])
                     named.add(line["workdir"])
                     line["id"] = order.get(line["workdir"], line.get("id"))
                     yield line
@@ -63,9 +68,9 @@ class Judge:
                                                id=order[str(workdir)])
 
     def _attempt(self, todo: list[Path]) -> Iterator[dict]:
-        """One line per workdir of `todo`; the busy fractions and wall time add up. On this host a line that blames
-        the environment is judged again in the same pool at once, ahead of the workdirs still queued (as a Service
-        does), and only the last attempt's line comes out; with Ray each pass judges every workdir once."""
+        """One line per workdir of `todo`; the busy fractions and wall time add up. A line that blames the
+        environment is judged again at once, ahead of the workdirs still queued (in the same local pool, as a Service
+        does, or by the Ray driver), and only the last attempt's line comes out."""
         if self.ray:
             from pytest_cudaopt.judge.ray_backend import RayPool
 
@@ -88,14 +93,18 @@ class Judge:
         """The lines of a fed `pool` holding `count` workdirs; one that blames the environment goes back into it
         (`attempts` counted here, the last attempt's line yielded), and the pool closes after the last line."""
         tries: dict[str, int] = {}
+        earlier: dict[str, list[dict]] = {}
         if not count:
             pool.close()
         for line in pool.lines():
             tries[line["workdir"]] = tries.get(line["workdir"], 0) + 1
             if self.options.judge_again(line, tries[line["workdir"]]):
+                earlier.setdefault(line["workdir"], []).append(line_module.attempt(line))
                 pool.add(Path(line["workdir"]), again=True)
                 continue
             line["attempts"] = tries[line["workdir"]]
+            if line["workdir"] in earlier:
+                line["earlier"] = earlier[line["workdir"]]
             count -= 1
             if not count:
                 pool.close()

@@ -128,6 +128,12 @@ def unjudged(workdir: str, key: str, status: str, reason: str, seconds: float = 
                     seconds={"queued": queued, "judging": seconds - queued, "total": seconds})
 
 
+def attempt(line: dict) -> dict:
+    """What the last attempt's line keeps, in `earlier`, of an attempt that was judged again: its status, blame and
+    reason (why it went again is not lost)."""
+    return {"status": line.get("status"), "blame": line.get("blame"), "reason": line.get("reason")}
+
+
 def dumps(line: dict) -> str:
     """Strict JSON on one line (NaN and infinities as null)."""
     return json.dumps(finite(line), allow_nan=False, default=str, separators=(",", ":"))

@@ -178,7 +178,9 @@ class RayPool:
 
     def _judge(self, ray, judges: list[_Node]) -> Iterator[dict]:
         todo = collections.deque(zip(self.names, self.workdirs))
-        tries: dict[str, int] = {}
+        tries: dict[str, int] = {}      # per key: the deaths of the judges that held it
+        attempts: dict[str, int] = {}   # per key: the lines it has had (one that blames the environment goes again)
+        earlier: dict[str, list[dict]] = {}   # per key: its attempts judged again (lines.attempt)
         seen: set[str] = set()
         while todo or any(j.holding for j in judges):
             if not judges and not self._starting:
@@ -222,10 +224,18 @@ class RayPool:
                     yield from self._unjudged([name for name, _ in judge.holding.values()],
                                               f"not judged: the judge on {judge.host} failed: {line['failed']}")
                     break
-                judge.holding.pop(line["key"], None)
+                held = judge.holding.pop(line["key"], None)
                 if line["key"] in seen:   # exactly once, whatever re-ran
                     self.duplicates += 1
                     continue
+                attempts[line["key"]] = attempts.get(line["key"], 0) + 1
+                if held is not None and self.options.judge_again(line, attempts[line["key"]]):
+                    earlier.setdefault(line["key"], []).append(lines.attempt(line))
+                    todo.appendleft(held)   # judged again at once, ahead of the workdirs still queued
+                    continue
+                line["attempts"] = attempts[line["key"]]
+                if line["key"] in earlier:
+                    line["earlier"] = earlier[line["key"]]
                 seen.add(line["key"])
                 yield line
 

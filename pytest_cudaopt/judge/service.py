@@ -9,7 +9,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,6 +33,7 @@ class _Pending:
     began: float | None = None    # when its first stage started
     path: Path | None = None      # what the pool copies (judged again while the environment is blamed)
     attempts: int = 1
+    earlier: list = field(default_factory=list)   # its attempts judged again (lines.attempt)
 
 
 class Service:
@@ -179,7 +180,10 @@ class Service:
             line["attempts"] = pending.attempts
             if (not self.options.judge_again(line, pending.attempts) or self._state == STOPPED
                     or line["id"] in self._abandoned):
+                if pending.earlier:
+                    line["earlier"] = list(pending.earlier)
                 return False
+            pending.earlier.append(lines.attempt(line))
             pending.attempts += 1
             self._pool.add(pending.path, pending.name, None, line["id"], pending.submitted, again=True)
             return True
