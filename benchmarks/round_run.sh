@@ -24,6 +24,8 @@
 #             (PROFILE_ARGS="--turns --stages perf": the perf stage's time before and in its turn)
 #   scaling   the rate step (COPIES default 1) at each --share of SHARES (default "1 2 4"): 1 to N workdirs at once
 #   ahead     the rate step at each --ahead of AHEADS (default "0 4"): device stages starting up before their place
+#   contention benchmarks/check_contention.py: N check sessions of one workdir at once (COUNTS, default "1 4 6"):
+#             what shared checks wait on (busy cores, the GPU's utilisation)
 #   replay    benchmarks/schedule_replay.py over the rate step's lines (CPU): its replay error, and --share 4 and 8
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -93,6 +95,8 @@ for name in ${@:-correct verdicts gallery attacks shared service}; do case $name
   replay)   step replay 60 python3 benchmarks/schedule_replay.py "$LOGS/rate/judge.jsonl" --share 4 8 \
               --measured "$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['judge']['wall_s'])" \
               "$LOGS/rate/judge_gallery.json")" ;;
+  contention) step contention "${CONTENTION_S:-300}" python3 benchmarks/check_contention.py --counts ${COUNTS:-1 4 6} \
+              --out "$LOGS/contention" ;;
   profile)  step profile "${PROFILE_S:-300}" python3 benchmarks/stage_profile.py --problem "${PROBLEM:-gelu}" \
               ${PROFILE_ARGS:-} --out "$LOGS/profile" ;;
   *) echo "unknown step: $name" >&2; exit 2 ;;
@@ -111,6 +115,7 @@ esac; done
   for f in "$LOGS"/ahead_*/cpu.json; do [ -f "$f" ] && python3 -c "import json, sys
 d = json.load(open(sys.argv[1])); d.pop('timeline'); d.pop('gpu'); print(sys.argv[1], json.dumps(d))" "$f"; done; echo
   cat "$LOGS/replay.log" 2>/dev/null; echo
+  grep -E "^(built|check|correctness|memsafety)" "$LOGS/contention.log" 2>/dev/null; echo
   head -n 30 "$LOGS/profile/perf.txt" 2>/dev/null; echo
   tail -n 1 "$LOGS/attacks_vs/table.txt" 2>/dev/null; echo
   tail -n 4 "$LOGS/attacks.log" 2>/dev/null; echo
