@@ -212,6 +212,13 @@ def table(pytest_run: dict | None, judge_run: dict | None, devices: int) -> tupl
                           for line in judge_run["results"].values() if "check_place_wait" in line["seconds"])
         if in_place:
             notes.append(f"a check in its place, not paused: median {in_place[len(in_place) // 2]:.2f} s")
+        again = [e for line in judge_run["results"].values() for e in line.get("earlier", [])]
+        if again:   # each attempt judged again, by its status and its reason's first words
+            causes: dict[str, int] = {}
+            for e in again:
+                cause = f"{e.get('status')}: {' '.join(str(e.get('reason') or '').split()[:12])}"
+                causes[cause] = causes.get(cause, 0) + 1
+            notes.append(f"judged again: {len(again)} attempts; " + "; ".join(f"{n} x {c}" for c, n in causes.items()))
         before = [line["seconds"].get(f"{s}_before_place", 0.0) for line in judge_run["results"].values()
                   for s in ("check", "perf") if f"{s}_place_wait" in line["seconds"]]
         waits = [line["seconds"].get(f"{s}_place_wait", 0.0) for line in judge_run["results"].values()

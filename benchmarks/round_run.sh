@@ -107,11 +107,11 @@ esac; done
   cat "$LOGS/gallery_before/judge_gallery.txt" 2>/dev/null | tail -n 30; echo
   cat "$LOGS/gallery/judge_gallery.txt" 2>/dev/null | tail -n 30; echo
   for f in "$LOGS"/rate/judge_gallery.txt "$LOGS"/rate_[0-9]*/judge_gallery.txt "$LOGS"/rate_tree*/judge_gallery.txt; do
-    [ -f "$f" ] && { echo "$f"; grep -E "workdirs/hour|by stage|perf turns|in its place|verdicts:" "$f"; }; done; echo
+    [ -f "$f" ] && { echo "$f"; grep -E "workdirs/hour|by stage|perf turns|in its place|judged again|verdicts:" "$f"; }; done; echo
   tail -n 6 "$LOGS/rate_args/judge_gallery.txt" 2>/dev/null; echo
   tail -n 7 "$LOGS/alone/judge_gallery.txt" 2>/dev/null; echo
   for f in "$LOGS"/scaling_*/judge_gallery.txt "$LOGS"/ahead_*/judge_gallery.txt; do [ -f "$f" ] && { echo "$f"
-    grep -E "workdirs/hour|by stage|perf turns|in its place|verdicts:" "$f"; }; done; echo
+    grep -E "workdirs/hour|by stage|perf turns|in its place|judged again|verdicts:" "$f"; }; done; echo
   for f in "$LOGS"/ahead_*/cpu.json; do [ -f "$f" ] && python3 -c "import json, sys
 d = json.load(open(sys.argv[1])); d.pop('timeline'); d.pop('gpu'); print(sys.argv[1], json.dumps(d))" "$f"; done; echo
   cat "$LOGS/replay.log" 2>/dev/null; echo

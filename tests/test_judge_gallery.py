@@ -83,3 +83,20 @@ def test_with_no_pytest_arm_each_copy_is_compared_with_its_first_copy_item_by_it
     judge_run["results"]["a-3"] = line("pass")
     text, same = judge_gallery.table(None, judge_run, 1)
     assert same and "verdicts: each copy's items as its first copy's" in text
+
+
+def test_the_summary_counts_the_attempts_judged_again_by_their_cause():
+    import sys
+
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    try:
+        import judge_gallery
+    finally:
+        sys.path.pop(0)
+    short = {"status": "error", "blame": "environment",
+             "reason": "not the candidate's fault but the environment's: test_canonical[seed0] ran short"}
+    lines = {name: {"passed": False, "status": "judged", "verdicts": {"correctness": "pass"}, "seconds": {"total": 1.0},
+                    "time": {}, "objects": {}, **({"earlier": earlier} if earlier else {})}
+             for name, earlier in (("a", [short, short]), ("b", [short]), ("c", []))}
+    text, _ = judge_gallery.table(None, {"wall_s": 10.0, "busy": {"0": 0.9}, "results": lines}, 1)
+    assert "judged again: 3 attempts; 3 x error: not the candidate's fault but the environment's:" in text, text
