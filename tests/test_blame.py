@@ -309,3 +309,39 @@ def test_a_worker_is_allowed_modelnews_weights_beside_its_largest_case(monkeypat
     monkeypatch.setattr(nvml, "processes", lambda index=0: [{"pid": 7, "used_bytes": 6 * GiB}])
     who, why = holder(workdir, settings, 2 * GiB, 2 * GiB)
     assert who == blame.CANDIDATE and "holds 6.00 GiB; the workdir's largest case with ModelNew's weights" in why, why
+
+
+# The worker's device memory as NVML would give it (the CPU has none): `extra` bytes past the hoarding line.
+HOARDS = '''
+import pytest_cudaopt.suite.correctness as items
+
+EXTRA = {extra}
+items.held_bytes = lambda loaded, settings: 2 * items.allowance(loaded, settings)[0] + items.HOARD_SLACK + EXTRA
+'''
+
+
+@pytest.mark.parametrize("extra, hoards", [(0, False), (1, True)], ids=["at the line", "past it"])
+def test_a_worker_holding_far_more_than_its_cases_need_fails_though_no_case_ran_short(pytester, make_workdir, extra,
+                                                                                     hoards):
+    """Beside other checks a memory hog takes what is free, so its own cases need not run short, and once passed
+    where it fails alone (an H100 run). Past twice its allowance and 8 GiB more, the item fails it, and its worker is
+    stopped; up to that line it passes."""
+    make_workdir("cpu_scale", pytester.path / "wd")
+    (pytester.path / "conftest.py").write_text(HOARDS.format(extra=extra) + LOGGED_STOPS)
+    result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness", "--cudaopt-device=cpu",
+                        "--cudaopt-report=r.json", timeout=300)
+    doc = json.loads((pytester.path / "r.json").read_text())
+    items = {i["test"].split("::")[-1]: i for i in doc["items"] if i["kind"] == "correctness"}
+    first = items["test_canonical[seed0]"]
+    if not hoards:
+        assert {i["status"] for i in items.values()} == {"passed"} and result.ret == 0, items
+        return
+    assert first["status"] == "failed" and first["blame"] == "candidate", first
+    assert "ModelNew's process (pid " in first["reason"] and "it took device memory its cases do not need" \
+        in first["reason"], first["reason"]
+    [record] = [r["data"] for r in doc["results"] if r["kind"] == "correctness" and r["data"].get("check")]
+    assert record["check"] == "memory" and record["worker_bytes"] > 8 << 30, record
+    assert items["test_drawn_shapes"]["status"] == "not run", items
+    events = (pytester.path / "events.log").read_text().split("\n")
+    assert events.index("stopped") < events.index("start test_canonical[seed1]"), events
+    assert doc["blame"] == "candidate" and result.ret == 1

@@ -218,12 +218,9 @@ def shortfall_text(who: str, why: str, text: str) -> str:
     return "\n".join(line for line in lines if line)
 
 
-def holder(workdir: Workdir, settings, need: int, budget: int, own: bool = False) -> tuple[str, str]:
-    """Whose a memory shortfall is, (blame, why), from NVML's process table."""
-    device = torch.device(settings.device)
-    worker = workdir.worker
-    pid = worker.proc.pid if worker is not None and worker.proc is not None else None
-    index = nvml.index_of(device.index or 0) if device.type == "cuda" else 0
+def allowance(workdir: Workdir, settings, budget: int = 0) -> tuple[int, str]:
+    """The device memory the candidate's worker may hold at any case, and what it is: the workdir's largest case's
+    budget (at least `budget`) and twice ModelNew's weights."""
     # The worker keeps what its largest case left in torch's cache: it may hold that much at any case.
     try:
         space = shapes.shape_space(workdir.reference, settings.max_elements)
@@ -235,4 +232,14 @@ def holder(workdir: Workdir, settings, need: int, budget: int, own: bool = False
     # ModelNew's parameters, and a copy it derives from them (packed, transposed), are the worker's too.
     weights = memory.weights_on_meta(workdir.reference)
     what = "the workdir's largest case with ModelNew's weights" if weights else "the workdir's largest case"
-    return blame.memory_blame(need, budget + 2 * weights, pid, nvml.processes(index), what, own=own)
+    return budget + 2 * weights, what
+
+
+def holder(workdir: Workdir, settings, need: int, budget: int, own: bool = False) -> tuple[str, str]:
+    """Whose a memory shortfall is, (blame, why), from NVML's process table."""
+    device = torch.device(settings.device)
+    worker = workdir.worker
+    pid = worker.proc.pid if worker is not None and worker.proc is not None else None
+    index = nvml.index_of(device.index or 0) if device.type == "cuda" else 0
+    allowed, what = allowance(workdir, settings, budget)
+    return blame.memory_blame(need, allowed, pid, nvml.processes(index), what, own=own)

@@ -7,12 +7,16 @@ import pytest
 import torch
 
 from pytest_cudaopt.results import blame
-from pytest_cudaopt.primitives import nvml
-from pytest_cudaopt.correctness.case import holder
+from pytest_cudaopt.primitives import memory, nvml
+from pytest_cudaopt.correctness.case import allowance, holder
 from pytest_cudaopt.correctness.verdict import judge_canonical, judge_drawn
 from pytest_cudaopt.results.ledger import SKIP_PROPERTY
 from pytest_cudaopt.results.records import NOT_APPLICABLE, SHORTFALL
 from pytest_cudaopt.workdir import Workdir
+
+# Beyond twice what its largest case allows and this much more, a worker is taking device memory its cases do not
+# need: on a shared GPU that is what its neighbours run short of, and what it took depends on what was free.
+HOARD_SLACK = 8 << 30
 
 
 @pytest.mark.correctness
@@ -27,14 +31,16 @@ class TestCorrectness:
     def test_canonical(self, request, loaded, cudaopt_session, cudaopt_settings, seed_index):
         """The canonical inputs of get_inputs(), with a fresh secret seed for each index."""
         failure = judge_canonical(loaded, cudaopt_settings, cudaopt_session, request.node.nodeid, seed_index)
-        _worker_memory(request.node, cudaopt_session, loaded, cudaopt_settings)
+        failure = _worker_memory(request.node, cudaopt_session, loaded, cudaopt_settings) or failure
         if failure:
             _fail(request.node, cudaopt_session, failure, loaded, cudaopt_settings)
 
     def test_drawn_shapes(self, request, loaded, cudaopt_session, cudaopt_settings):
         """Shapes drawn by Hypothesis around the canonical one (or as model.py declares)."""
         verdict = judge_drawn(loaded, cudaopt_settings, cudaopt_session, request.node.nodeid)
-        _worker_memory(request.node, cudaopt_session, loaded, cudaopt_settings)
+        hoard = _worker_memory(request.node, cudaopt_session, loaded, cudaopt_settings)
+        if hoard:
+            _fail(request.node, cudaopt_session, hoard, loaded, cudaopt_settings)
         if verdict.skip:  # model.py has nothing to vary: no verdict is missing
             request.node.user_properties.append((SKIP_PROPERTY, NOT_APPLICABLE))
             pytest.skip(verdict.skip)
@@ -42,16 +48,32 @@ class TestCorrectness:
             _fail(request.node, cudaopt_session, verdict.failure, loaded, cudaopt_settings)
 
 
-def _worker_memory(item: pytest.Item, session, loaded: Workdir, settings) -> None:
-    """The device memory the candidate's worker holds now (NVML), in the item's results."""
+def held_bytes(loaded: Workdir, settings) -> int | None:
+    """The device memory the candidate's worker holds now (NVML); None on the CPU or with no worker."""
     worker = loaded.worker
     if worker is None or worker.proc is None or settings.device == "cpu":
-        return
-    device = torch.device(settings.device)
-    held = nvml.used_by(worker.proc.pid, nvml.index_of(device.index or 0))
-    for result in session.results:
-        if getattr(result, "test", None) == item.nodeid and getattr(result, "kind", "") == "correctness":
-            result.worker_bytes = held
+        return None
+    return nvml.used_by(worker.proc.pid, nvml.index_of(torch.device(settings.device).index or 0))
+
+
+def _worker_memory(item: pytest.Item, session, loaded: Workdir, settings) -> str | None:
+    """The device memory the candidate's worker holds now, in the item's results; the item's failure (a memory
+    verdict, the candidate's) when that is more than twice what the workdir's largest case allows and HOARD_SLACK
+    more, whether or not a case ran short (alone it would: beside other checks, others do)."""
+    held = held_bytes(loaded, settings)
+    mine = [r for r in session.results if getattr(r, "test", None) == item.nodeid and getattr(r, "kind", "") == "correctness"]
+    for result in mine:
+        result.worker_bytes = held
+    if held is None or not mine or not mine[-1].passed:
+        return None
+    allowed, what = allowance(loaded, settings)
+    if held <= 2 * allowed + HOARD_SLACK:
+        return None
+    text = (f"ModelNew's process (pid {loaded.worker.proc.pid}) holds {memory.gib(held)}; {what} allows "
+            f"{memory.gib(allowed)}: it took device memory its cases do not need")
+    mine[-1].passed, mine[-1].check, mine[-1].message, mine[-1].blame = False, SHORTFALL, text, blame.CANDIDATE
+    session.note_hog(loaded.path, item.nodeid, text)
+    return text
 
 
 def _fail(item: pytest.Item, session, failure: str, loaded: Workdir, settings) -> None:
