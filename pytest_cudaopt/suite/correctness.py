@@ -61,7 +61,8 @@ def _worker_memory(item: pytest.Item, session, loaded: Workdir, settings) -> str
     verdict, the candidate's) when that is more than twice what the workdir's largest case allows and HOARD_SLACK
     more, whether or not a case ran short (alone it would: beside other checks, others do)."""
     held = held_bytes(loaded, settings)
-    mine = [r for r in session.results if getattr(r, "test", None) == item.nodeid and getattr(r, "kind", "") == "correctness"]
+    mine = [r for r in session.results
+            if getattr(r, "test", None) == item.nodeid and getattr(r, "kind", "") == "correctness"]
     for result in mine:
         result.worker_bytes = held
     if held is None or not mine or not mine[-1].passed:
