@@ -41,25 +41,12 @@ class Judge:
             yield line_module.unjudged(raw, result_key(raw, "", self.options), "error", why, id=len(order) + n)
         todo = [w for w in self.workdirs if not self.skip or _key(w, self.options) not in self.skip]
         named: set[str] = set()
-        attempts = {str(w): 0 for w in todo}
-        earlier: dict[str, list[dict]] = {}
         try:
-            while todo:
-                again = []
-                for line in self._attempt(todo):   # a fed pool's line (or Ray's) has counted its own attempts
-                    attempts[line["workdir"]] = attempts.get(line["workdir"], 0) + line.get("attempts", 1)
-                    line["attempts"] = attempts[line["workdir"]]
-                    kept = earlier.setdefault(line["workdir"], [])
-                    if self.options.judge_again(line, line["attempts"]):
-                        kept += [*line.get("earlier", []), line_module.attempt(line)]
-                        again.append(Path(line["workdir"]))  # counted once: only its last attempt's line is yielded
-                        continue
-                    if kept:
-                        line["earlier"] = kept + line.get("earlier", [])
-                    named.add(line["workdir"])
-                    line["id"] = order.get(line["workdir"], line.get("id"))
-                    yield line
-                todo = again
+            for line in self._lines(todo):
+                line.setdefault("attempts", 1)
+                named.add(line["workdir"])
+                line["id"] = order.get(line["workdir"], line.get("id"))
+                yield line
         except Exception as exc:  # noqa: BLE001 - the judge's own failure: each workdir left still gets its line
             why = f"not judged: the judge failed before this workdir was judged: {type(exc).__name__}: {exc}"
             for workdir in todo:
@@ -67,10 +54,10 @@ class Judge:
                     yield line_module.unjudged(str(workdir), result_key(str(workdir), "", self.options), "error", why,
                                                id=order[str(workdir)])
 
-    def _attempt(self, todo: list[Path]) -> Iterator[dict]:
+    def _lines(self, todo: list[Path]) -> Iterator[dict]:
         """One line per workdir of `todo`; the busy fractions and wall time add up. A line that blames the
         environment is judged again at once, ahead of the workdirs still queued (in the same local pool, as a Service
-        does, or by the Ray driver), and only the last attempt's line comes out."""
+        does, or by the Ray driver), and only the last attempt's line comes out (lines.Attempts)."""
         if self.ray:
             from pytest_cudaopt.judge.ray_backend import RayPool
 
@@ -92,19 +79,13 @@ class Judge:
     def _with_retries(self, pool, count: int) -> Iterator[dict]:
         """The lines of a fed `pool` holding `count` workdirs; one that blames the environment goes back into it
         (`attempts` counted here, the last attempt's line yielded), and the pool closes after the last line."""
-        tries: dict[str, int] = {}
-        earlier: dict[str, list[dict]] = {}
+        attempts = line_module.Attempts(self.options.judge_again)
         if not count:
             pool.close()
         for line in pool.lines():
-            tries[line["workdir"]] = tries.get(line["workdir"], 0) + 1
-            if self.options.judge_again(line, tries[line["workdir"]]):
-                earlier.setdefault(line["workdir"], []).append(line_module.attempt(line))
+            if attempts.again(line["workdir"], line):
                 pool.add(Path(line["workdir"]), again=True)
                 continue
-            line["attempts"] = tries[line["workdir"]]
-            if line["workdir"] in earlier:
-                line["earlier"] = earlier[line["workdir"]]
             count -= 1
             if not count:
                 pool.close()

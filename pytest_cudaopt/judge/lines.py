@@ -6,7 +6,7 @@ import json
 import socket
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from pytest_cudaopt.results import blame
 from pytest_cudaopt.results.records import finite
@@ -128,10 +128,26 @@ def unjudged(workdir: str, key: str, status: str, reason: str, seconds: float = 
                     seconds={"queued": queued, "judging": seconds - queued, "total": seconds})
 
 
-def attempt(line: dict) -> dict:
-    """What the last attempt's line keeps, in `earlier`, of an attempt that was judged again: its status, blame and
-    reason (why it went again is not lost)."""
-    return {"status": line.get("status"), "blame": line.get("blame"), "reason": line.get("reason")}
+class Attempts:
+    """Each workdir's lines so far, by any key: whether its latest is judged again (`judge_again(line, attempts)`,
+    Options.judge_again), else that line stamped with its `attempts` and the `earlier` ones' status, blame and
+    reason. The local pool's retries, the Ray driver's and a Service's share it."""
+
+    def __init__(self, judge_again: Callable[[dict, int], bool]):
+        self._judge_again = judge_again
+        self._count: dict[Any, int] = {}
+        self._earlier: dict[Any, list[dict]] = {}
+
+    def again(self, key: Any, line: dict, allowed: bool = True) -> bool:
+        count = self._count[key] = self._count.get(key, 0) + 1
+        if allowed and self._judge_again(line, count):
+            self._earlier.setdefault(key, []).append({k: line.get(k) for k in ("status", "blame", "reason")})
+            return True
+        del self._count[key]
+        line["attempts"] = count
+        if key in self._earlier:
+            line["earlier"] = self._earlier.pop(key)
+        return False
 
 
 def dumps(line: dict) -> str:

@@ -179,8 +179,7 @@ class RayPool:
     def _judge(self, ray, judges: list[_Node]) -> Iterator[dict]:
         todo = collections.deque(zip(self.names, self.workdirs))
         tries: dict[str, int] = {}      # per key: the deaths of the judges that held it
-        attempts: dict[str, int] = {}   # per key: the lines it has had (one that blames the environment goes again)
-        earlier: dict[str, list[dict]] = {}   # per key: its attempts judged again (lines.attempt)
+        attempts = lines.Attempts(self.options.judge_again)   # per key: its lines (judged again for the environment)
         seen: set[str] = set()
         while todo or any(j.holding for j in judges):
             if not judges and not self._starting:
@@ -228,14 +227,9 @@ class RayPool:
                 if line["key"] in seen:   # exactly once, whatever re-ran
                     self.duplicates += 1
                     continue
-                attempts[line["key"]] = attempts.get(line["key"], 0) + 1
-                if held is not None and self.options.judge_again(line, attempts[line["key"]]):
-                    earlier.setdefault(line["key"], []).append(lines.attempt(line))
+                if attempts.again(line["key"], line, allowed=held is not None):
                     todo.appendleft(held)   # judged again at once, ahead of the workdirs still queued
                     continue
-                line["attempts"] = attempts[line["key"]]
-                if line["key"] in earlier:
-                    line["earlier"] = earlier[line["key"]]
                 seen.add(line["key"])
                 yield line
 

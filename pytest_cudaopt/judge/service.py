@@ -9,7 +9,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,8 +32,6 @@ class _Pending:
     folder: Path | None = None    # where its bytes were unpacked (removed with its line)
     began: float | None = None    # when its first stage started
     path: Path | None = None      # what the pool copies (judged again while the environment is blamed)
-    attempts: int = 1
-    earlier: list = field(default_factory=list)   # its attempts judged again (lines.attempt)
 
 
 class Service:
@@ -51,6 +49,7 @@ class Service:
         self._wake = threading.Condition()
         self._pending: dict[Any, _Pending] = {}
         self._abandoned: set[Any] = set()   # ids past their backstop whose pool line is still to come
+        self._attempts = lines.Attempts(self.options.judge_again)   # each id's lines (judged again: environment)
         self._numbers = itertools.count()
         self._state = OPEN
         self._over = False
@@ -177,14 +176,9 @@ class Service:
             pending = self._pending.get(line["id"])
             if pending is None:
                 return False
-            line["attempts"] = pending.attempts
-            if (not self.options.judge_again(line, pending.attempts) or self._state == STOPPED
-                    or line["id"] in self._abandoned):
-                if pending.earlier:
-                    line["earlier"] = list(pending.earlier)
+            if not self._attempts.again(line["id"], line,
+                                        allowed=self._state != STOPPED and line["id"] not in self._abandoned):
                 return False
-            pending.earlier.append(lines.attempt(line))
-            pending.attempts += 1
             self._pool.add(pending.path, pending.name, None, line["id"], pending.submitted, again=True)
             return True
 
