@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from support import run_pytest
 
@@ -41,6 +42,21 @@ def _broken(*args, **kwargs):
 
 
 pytest_cudaopt.suite.correctness.judge_canonical = _broken
+'''
+# The judging process runs out of device memory while a neighbour holds it (torch's message, as a perf stage met it).
+NEIGHBOUR_HOLDS = '''
+import torch
+import pytest_cudaopt.suite.correctness
+
+
+def _short(*args, **kwargs):
+    raise torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 128.00 MiB. GPU 0 has a total capacity of 79.18 GiB of which 106.94 MiB "
+        "is free. Process 4987 has 1.03 GiB memory in use. Including non-PyTorch memory, this process has 1.40 GiB "
+        "memory in use. Process 8185 has 73.17 GiB memory in use.")
+
+
+pytest_cudaopt.suite.correctness.judge_canonical = _short
 '''
 CRASHING = '''"""Kills its own process in forward."""
 
@@ -204,6 +220,27 @@ def test_an_unexpected_exception_in_the_harness_is_the_harnesss_and_exits_70(pyt
     assert doc["passed"] is False and doc["complete"] is False and doc["cause"] == "harness", doc
     assert doc["blame"] == "harness"
     assert result.ret == 70, result.stdout.str()[-3000:]
+
+
+def test_device_memory_the_judging_process_cannot_get_beside_a_neighbour_is_the_environments_and_exits_75(
+        pytester, make_workdir):
+    result, doc = _run(pytester, make_workdir, NEIGHBOUR_HOLDS)
+    item = _canonical_item(doc)
+    assert item["status"] == "failed" and item["blame"] == "environment", item
+    assert "CUDA out of memory" in item["reason"], item
+    assert doc["passed"] is False and doc["complete"] is False and doc["cause"] == "environment", doc
+    assert result.ret == 75, result.stdout.str()[-3000:]
+
+
+def test_an_out_of_memory_error_is_the_harnesss_only_where_the_judging_process_held_the_most():
+    others = "Including non-PyTorch memory, this process has 1.40 GiB memory in use. Process 8 has 73.17 GiB memory in use."
+    own = "Process 8 has 900.00 MiB memory in use. Including non-PyTorch memory, this process has 70.02 GiB memory in use."
+    assert blame.classify(torch.OutOfMemoryError(f"CUDA out of memory. {others}")) == blame.ENVIRONMENT
+    assert blame.classify(torch.OutOfMemoryError(f"CUDA out of memory. {own}")) == blame.HARNESS
+    assert blame.classify(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")) == blame.ENVIRONMENT
+    # the candidate's own out-of-memory error reaches the harness wrapped: it stays the candidate's
+    wrapped = blame.classify(type("CandidateError", (Exception,), {})("ModelNew: CUDA out of memory. " + own))
+    assert wrapped == blame.CANDIDATE
 
 
 def test_a_device_busy_or_unavailable_is_the_environments_and_our_own_bugs_are_the_harnesss():

@@ -5,6 +5,7 @@ leaves the run incomplete, with exit status 75 (run it again) or 70 (a bug of ou
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable, Mapping, Sequence
 
 CANDIDATE, ENVIRONMENT, HARNESS = "candidate", "environment", "harness"
@@ -19,6 +20,9 @@ ENVIRONMENT_MARKERS = ("no CUDA device visible", "busy or unavailable", "no CUDA
 CANDIDATE_ERRORS = frozenset({"Failed", "WorkerError", "WorkerFailed", "CudaFault", "WorkerCrash", "WorkdirError",
                               "BuildError", "CandidateError", "GuardFailure", "CaseFailed", "Abort", "DoesNotFit"})
 NOT_RUN_AFTER_FAULT = "not run: the candidate's earlier CUDA fault"
+# torch's out-of-memory message names each process on the device and what it holds; the raising one is "this process".
+_HOLDS = re.compile(r"(Process \d+|this process) has ([\d.]+) ([KMGT]i)?B memory in use")
+_UNIT = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
 
 
 def environmental(text: str) -> bool:
@@ -32,7 +36,19 @@ def classify(exc: BaseException | None, text: str = "") -> str:
         return ENVIRONMENT
     if exc is None or any(cls.__name__ in CANDIDATE_ERRORS for cls in type(exc).__mro__):
         return CANDIDATE
+    if any(cls.__name__ == "OutOfMemoryError" for cls in type(exc).__mro__):
+        return out_of_memory(str(exc))
     return HARNESS
+
+
+def out_of_memory(text: str) -> str:
+    """Whose the device memory was that the judging process could not get (torch's message says who held it): the
+    environment's while other processes held more than this one (a shared device, a neighbour's hog: run it again),
+    the harness's when this process held the most (our own planning fell short)."""
+    held = {"own": 0, "others": 0}
+    for who, amount, unit in _HOLDS.findall(text):
+        held["own" if who == "this process" else "others"] += int(float(amount) * _UNIT[unit or None])
+    return HARNESS if held["own"] and held["own"] >= held["others"] else ENVIRONMENT
 
 
 def assign(item: Any, blame: str) -> None:
