@@ -55,6 +55,15 @@ def test_heavy_tails_keep_the_sign_of_nonnegative_inputs_and_reach_far():
     assert bool((heavy >= 0).all()) and heavy.max().item() > 100 * t.max().item()
 
 
+def test_the_output_scale_is_the_upper_quartile_of_the_finite_magnitudes_of_every_float_output():
+    a = torch.tensor([[1.0, -2.0], [3.0, float("inf")]])
+    b = torch.tensor([-4.0, float("nan"), 5.0], dtype=torch.float64)
+    expected = float(torch.quantile(torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], dtype=torch.float64), 0.75))
+    assert values.output_scale((a, {"b": b, "n": torch.arange(9)})) == expected == 4.0
+    assert values.output_scale(torch.zeros(4) + torch.tensor([0, 0, 0, 2.0])) == 0.5   # the quartile is 0: the mean
+    assert values.output_scale((torch.arange(3), 7)) == 1.0                            # no float output
+
+
 def test_the_setting_names_families_and_rejects_unknown_ones():
     assert values.parse("all") == values.FAMILIES and values.parse("none") == ()
     assert values.parse("small, spikes") == ("spikes", "small")

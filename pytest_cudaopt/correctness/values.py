@@ -197,7 +197,8 @@ def output_scale(nest: Any, sample: int = 1 << 20) -> float:
              if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()]
     if not parts:
         return 1.0
-    values = torch.cat([p.cpu() for p in parts])
+    # On the outputs' device: a quantile sorts, 30-60 ms a case on the judging process's CPU, well under 1 ms on a GPU.
+    values = torch.cat([p.to(parts[0].device) for p in parts])
     values = values[torch.isfinite(values)]
     if not values.numel():
         return 1.0
