@@ -509,3 +509,35 @@ def test_a_leaving_seen_late_counts_from_when_the_child_wrote_it(tmp_path, monke
     time.sleep(0.5)   # seen late
     assert place.left() and turn.left()
     assert abs(turn.left_at - written) < 0.1 and 0.1 < turn.held() < 0.4
+
+
+REWRITE_PROBE = '''
+import json, os, sys
+from _pytest.assertion.rewrite import AssertionRewritingHook
+
+
+def pytest_sessionfinish(session):
+    rewritten = sorted(name for name, module in sys.modules.items()
+                       if name.startswith("pytest_cudaopt") and isinstance(getattr(module, "__loader__", None),
+                                                                           AssertionRewritingHook))
+    with open(os.environ["REWRITE_PROBE_OUT"], "w") as out:
+        json.dump(rewritten, out)
+'''
+
+
+@pytest.mark.parametrize("rewrite", [False, True])
+def test_a_judges_child_leaves_the_plugins_modules_unrewritten(tmp_path, make_workdir, rewrite):
+    """pytest rewrites the asserts of every module of a plugin's package as it imports it; a child writes no
+    bytecode, so each one parsed and compiled them afresh. The control (`--assert=rewrite` after `--`) shows the
+    probe sees a rewrite."""
+    copy = make_workdir("cpu_scale", tmp_path / "w")
+    (tmp_path / "probe").mkdir()
+    (tmp_path / "probe" / "rewrite_probe.py").write_text(REWRITE_PROBE)
+    extra = ["--cudaopt-device=cpu", "-p", "rewrite_probe", *(["--assert=rewrite"] if rewrite else [])]
+    command = stages.command("policy", copy, tmp_path, Options(pytest_args=extra))
+    env = {**subprocess_env(), "PYTHONDONTWRITEBYTECODE": "1", "REWRITE_PROBE_OUT": str(tmp_path / "rewritten.json"),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path / "probe"), subprocess_env().get("PYTHONPATH", "")])}
+    outcome = runner.run(command, env=env, cwd=tmp_path, timeout=300, log=tmp_path / "child.log")
+    assert outcome.returncode in (0, 1), (tmp_path / "child.log").read_text()[-3000:]   # 1: the copy has no lock
+    rewritten = json.loads((tmp_path / "rewritten.json").read_text())
+    assert bool(rewritten) == rewrite, rewritten

@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
     workdir = Path(argv[0]).resolve()
     plugin = BuildPlugin(workdir)
     status = run_pytest([str(workdir / "model_new.py"), "--rootdir", str(workdir), "--collect-only", "-q",
-                         "-p", "no:cacheprovider", *argv[1:]], plugins=[plugin])
+                         "-p", "no:cacheprovider", "--assert=plain", *argv[1:]], plugins=[plugin])
     if plugin.code is None:
         print(f"cudaopt judge: pytest ended with status {status} before the build of {workdir}", file=sys.stderr)
         return 2
