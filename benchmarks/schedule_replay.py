@@ -41,15 +41,16 @@ def load(path: Path) -> list[Work]:
         before = {s: seconds.get(f"{s}_before_place", 0.0) for s in ("check", "perf")}   # 0: an older run's line
         waited = {s: seconds.get(f"{s}_place_wait", 0.0) for s in ("check", "perf")}
         exits = {s: seconds.get(f"{s}_exit", 0.0) for s in ("check", "perf")}   # 0: the place held to the end
+        paused = {s: seconds.get(f"{s}_paused", 0.0) for s in ("check", "perf")}  # the replay pauses them itself
         works.append(Work(stages, {"build": seconds.get("build", 0.0), "policy": seconds.get("policy", 0.0),
                                    "check_before": before["check"],
                                    "check": max(0.0, seconds.get("check", 0.0) - before["check"] - waited["check"]
-                                                - exits["check"]),
+                                                - exits["check"] - paused["check"]),
                                    "check_exit": exits["check"],
                                    "perf_before": before["perf"],
                                    "perf_prepare": max(0.0, perf - seconds.get("perf_wait", 0.0) - before["perf"]
                                                        - waited["perf"] - seconds.get("perf_turn", 0.0)
-                                                       - exits["perf"]),
+                                                       - exits["perf"] - paused["perf"]),
                                    "perf_turn": seconds.get("perf_turn", 0.0), "perf_exit": exits["perf"]}))
     return works
 
@@ -95,9 +96,10 @@ def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0, ah
                 push(now[0] + works[task.job].seconds[task.stage], "end", task)
         for job in scheduler.admits():
             task = running[job]
-            if task.stage == "perf":
+            if task.stage == "perf":   # it prepares (paused for turns as a check is), then asks for its turn
                 running_perf.add(task.job)
-                push(now[0] + works[task.job].seconds["perf_prepare"], "want", task)
+                at = now[0] + works[task.job].seconds["perf_prepare"]
+                ends[task.job] = (at, push(at, "want", task))
             else:
                 at = now[0] + works[task.job].seconds[task.stage]
                 ends[task.job] = (at, push(at, "leave", task))
@@ -110,7 +112,7 @@ def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0, ah
         for job in scheduler.resumes():
             if job in frozen:
                 at = now[0] + frozen.pop(job)
-                ends[job] = (at, push(at, "leave", running[job]))
+                ends[job] = (at, push(at, "want" if running[job].stage == "perf" else "leave", running[job]))
         for job in scheduler.grants():
             turns += 1
             waited += now[0] - want_at[job]
@@ -126,7 +128,8 @@ def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0, ah
         now[0] = max(now[0], due)
         while events and events[0][0] <= now[0]:
             _, number, what, task = heapq.heappop(events)
-            if what == "leave" and task.stage == "check" and ends.get(task.job, (0, number))[1] != number:
+            if ((what == "leave" and task.stage == "check") or what == "want") and \
+                    ends.get(task.job, (0, number))[1] != number:
                 continue   # voided by a pause
             if what == "leave":   # its place (and turn) end; its exit goes on without one
                 scheduler.leave(task)

@@ -493,6 +493,68 @@ def test_a_check_child_asked_during_a_long_item_pauses_before_its_next_case(tmp_
     assert proc.returncode == 0 and done.read_text() == "passed", output[-3000:]
 
 
+MID_PREPARATION = """\
+import os, pathlib
+import pytest_cudaopt.suite.perf as perf
+
+_arrange = perf.arrange
+
+
+def arrange(**kwargs):   # asked once its worker is up, in its preparation: past the item's own pause point
+    pathlib.Path(os.environ["CUDAOPT_PAUSE"], "pause").write_text("3")
+    return _arrange(**kwargs)
+
+
+perf.arrange = arrange
+"""
+
+
+def test_a_perf_child_asked_while_it_prepares_pauses_with_its_workers_stopped_before_asking_for_its_turn(tmp_path):
+    """Another workdir's turn waits for a preparing perf stage to pause between its steps, not for its whole
+    preparation: it pauses with its worker stopped, asks for no turn while paused, and once let go it finishes
+    preparing, asks for its turn and, granted, is timed."""
+    import subprocess
+
+    from support import JUDGE_CPU_ARGS, OBJECT_CACHE, judge_workdirs
+
+    work = judge_workdirs(tmp_path / "w", ["honest"])["honest"]
+    place, turn, pause = tmp_path / "place", tmp_path / "turn", tmp_path / "pause"
+    for folder in (place, turn, pause):
+        folder.mkdir()
+    (place / "go").touch()
+    (tmp_path / "mid_preparation.py").write_text(MID_PREPARATION)
+    env = {k: v for k, v in subprocess_env().items() if k != zygote.ENV}
+    env.update({"CUDAOPT_PLACE": str(place), "CUDAOPT_TURN": str(turn), "CUDAOPT_PAUSE": str(pause),
+                "CUDAOPT_OBJECT_CACHE": str(OBJECT_CACHE), "PYTHONPATH": os.pathsep.join([str(tmp_path),
+                                                                                           env["PYTHONPATH"]])})
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", str(work / "model_new.py"), "--rootdir", str(work),
+                             "-m", stages.MARKERS["perf"], "-p", "no:cacheprovider", "-p", "mid_preparation", "-v",
+                             f"--cudaopt-report={tmp_path / 'perf.json'}", *JUDGE_CPU_ARGS], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (pause / "paused").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert proc.poll() is None and (pause / "paused").read_text() == "3"
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        stopped = [pid for pid in children if "pytest_cudaopt.candidate" in Path(f"/proc/{pid}/cmdline").read_text()]
+        assert stopped and all(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+                               for pid in stopped)
+        time.sleep(1.0)
+        assert not (turn / "want").exists(), "it asked for its turn while paused"
+        (pause / "pause").unlink()
+        while not (turn / "want").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert proc.poll() is None, "it ended without asking for its turn"
+        (turn / "go").touch()
+        output = proc.communicate(timeout=300)[0]
+    finally:
+        proc.kill()
+    items = json.loads((tmp_path / "perf.json").read_text())["items"]
+    speed = [item for item in items if item["test"].endswith("test_speedup")]
+    assert speed and speed[0]["status"] in ("passed", "failed") and "not run" not in speed[0]["reason"], output[-3000:]
+
+
 def test_a_leaving_seen_late_counts_from_when_the_child_wrote_it(tmp_path, monkeypatch):
     """The judge polls; a child that leaves and exits between two polls still has its turn end at its leaving."""
     from pytest_cudaopt.run import turn as turns

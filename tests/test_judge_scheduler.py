@@ -545,17 +545,32 @@ def test_with_pause_a_turn_begins_once_the_checks_beside_it_pause_and_they_resum
     perf = {t.job: t for t in s.ready()}
     assert set(perf) == {0, 1}
     s.want(perf[0])
-    assert s.pauses() == [2, 3] and s.pauses() == []   # each asked once
+    assert sorted(s.pauses()) == [1, 2, 3] and s.pauses() == []   # each asked once: the checks, job 1's perf stage
     s.paused(first[2])
-    assert s.grants() == []   # job 3's check has not paused yet, and job 1's perf is still preparing
+    assert s.grants() == []   # job 3's check has not paused yet, and job 1's perf stage is still preparing
     s.paused(first[3])
-    s.want(perf[1])
+    s.want(perf[1])   # it asks for its turn before it meets its pause point: a turn waits for it no longer
     assert s.grants() == [0] and s.resumes() == []
     s.finish(perf[0])
     assert s.resumes() == [] and s.grants() == [1]   # turns back to back; the checks stay paused
     s.finish(perf[1])
     assert s.resumes() == [2, 3] and s.resumes() == []
     assert not s.devices[0].draining and s.grants() == []
+
+
+def test_with_pause_a_turn_begins_once_a_perf_stage_preparing_beside_it_pauses_not_once_it_is_prepared():
+    s = Scheduler(["0"], jobs=4, share=4, turns=True, pause=True)
+    for job in range(2):
+        s.add(job, stages=["perf"])
+    perf = {t.job: t for t in s.ready()}
+    s.want(perf[0])
+    assert s.pauses() == [1] and s.grants() == []   # job 1 prepares: asked to pause, the turn waits for that
+    s.paused(perf[1])
+    assert s.grants() == [0]
+    s.finish(perf[0])
+    assert s.resumes() == [1] and s.grants() == []   # it prepares on, then asks for its own turn
+    s.want(perf[1])
+    assert s.pauses() == [] and s.grants() == [1]    # nothing else there to pause; a stage never pauses for its own
 
 
 def test_a_check_asked_to_pause_that_ends_instead_holds_up_no_turn():

@@ -52,7 +52,7 @@ class Job:
     children: runner.Children = field(default_factory=runner.Children)   # its own, within the pool's
     turn: Turn | None = None   # its running perf stage's (the device alone once it asks)
     place: Turn | None = None  # its running check or perf stage's (a place on the device once it asks)
-    pause: Pause | None = None  # its running check's (paused between items for a turn beside it)
+    pause: Pause | None = None  # its running check's or preparing perf stage's (paused for a turn beside it)
 
     @property
     def copy(self) -> Path:
@@ -235,8 +235,8 @@ class LocalPool:
                 job.seconds["copy"] = time.monotonic() - copied
             turn = job.turn = Turn(job.out / "turn") if task.stage == "perf" and self.options.turns else None
             place = job.place = Turn(job.out / f"{task.stage}-place", PLACE) if task.device is not None else None
-            pause = job.pause = (Pause(job.out / "check-pause") if task.stage == "check" and self.options.pause
-                                 and self.options.turns and task.device is not None else None)
+            pause = job.pause = (Pause(job.out / f"{task.stage}-pause") if task.stage in ("check", "perf")
+                                 and self.options.pause and self.options.turns and task.device is not None else None)
             ended = threading.Event()
             if turn is not None:   # asked for once ready (run/turn.py)
                 threading.Thread(target=self._watch_turn, args=(turn, task, ended), daemon=True).start()
@@ -252,7 +252,8 @@ class LocalPool:
             finally:
                 ended.set()
             if pause is not None and pause.total:
-                job.seconds["check_paused"] = job.seconds.get("check_paused", 0.0) + pause.total
+                key = f"{task.stage}_paused"
+                job.seconds[key] = job.seconds.get(key, 0.0) + pause.total
             if place is not None and place.asked_at is not None:   # of the stage's seconds: before its place, waiting
                 job.seconds.update({f"{task.stage}_before_place": place.asked_at - began,
                                     f"{task.stage}_place_wait": place.waited()})
@@ -287,7 +288,7 @@ class LocalPool:
                 return
 
     def _watch_pause(self, pause: Pause, task: Task, ended: threading.Event) -> None:
-        """Each time the check pauses as asked, the scheduler hears of it (its ask is the loop's)."""
+        """Each time the stage pauses as asked, the scheduler hears of it (its ask is the loop's)."""
         told = 0
         while not ended.wait(POLL_S * 2):
             if pause.number != told and pause.answered():

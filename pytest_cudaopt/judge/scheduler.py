@@ -209,25 +209,26 @@ class Scheduler:
         self._touch(device)
 
     def pauses(self) -> list[int]:
-        """The placed checks to ask to pause now: on a device where a turn is asked for or held (`pause` only)."""
+        """The placed stages to ask to pause now, on a device where a turn is asked for or held (`pause` only): its
+        checks, and its perf stages still preparing (a turn waited for their whole preparation)."""
         asked: list[int] = []
         for device in self.devices if self.pause else ():
             if device.wanting or device.alone is not None:
                 for job in device.checks:
-                    running = self._jobs[job].running
-                    if running is not None and running.stage == "check" and job not in device.pausing:
+                    if (self._jobs[job].running is not None and job not in device.pausing
+                            and job not in device.wanting and job != device.alone):
                         device.pausing.add(job)
                         asked.append(job)
         return asked
 
     def paused(self, task: Task) -> None:
-        """The check `task`, asked to pause, has paused (no work of its own on its device until it resumes)."""
+        """The stage `task`, asked to pause, has paused (no work of its own on its device until it resumes)."""
         device = next(d for d in self.devices if d.name == task.device)
         if task.job in device.pausing:
             device.paused.add(task.job)
 
     def resumes(self) -> list[int]:
-        """The checks asked to pause that go on now: on a device where no turn is held or asked for."""
+        """The stages asked to pause that go on now: on a device where no turn is held or asked for."""
         going: list[int] = []
         for device in self.devices:
             if device.pausing and not device.wanting and device.alone is None:

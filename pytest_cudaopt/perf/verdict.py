@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -155,9 +155,10 @@ class Arranged:
 
 
 def arrange(*, workdir: Any, settings: Any, seed: int, target: Any = None, known: Sequence[tuple[str, Any]] = (),
-            prepared: Prepared | None = None) -> Arranged:
+            prepared: Prepared | None = None, between: Callable[[], None] = lambda: None) -> Arranged:
     """Model and ModelNew built, the contenders lined up (compiled), each one's precision measured: all of
-    `judge` but the timing and the traces. `target`: the target branch's workdir or the error loading it."""
+    `judge` but the timing and the traces. `target`: the target branch's workdir or the error loading it.
+    `between`: called between its steps, none of its device work in flight (a judge's pause point)."""
     device = torch.device(settings.device)
     weights = derive_seed(seed, "perf", "weights")
     with memory.Peak(device) as peak, saved_rng():
@@ -169,6 +170,7 @@ def arrange(*, workdir: Any, settings: Any, seed: int, target: Any = None, known
         feed = _feed(workdir, model, model_new, seed, device)
         _, example = feed.next()
         tier, note = _workdir_tier(*_tier(model, model_new, example), known)
+        between()
         # TF32 exists only on CUDA: on the CPU the "+ TF32" baseline would be the fp32 one again.
         precision_matched = (device.type == "cuda" and below_fp32(tier)) or settings.gate == "precision-matched"
         line = lineup.lineup(
@@ -182,6 +184,7 @@ def arrange(*, workdir: Any, settings: Any, seed: int, target: Any = None, known
         tiers = {lineup.EAGER: FP32, lineup.CUSTOM: tier}
         for contender in line.contenders:
             if contender.key not in tiers:
+                between()
                 tiers[contender.key] = _tier(model, contender.fn, example, contender.scope)[0]
         sizes = (nbytes(example), nbytes(feed.expected(example)))
         del example  # every timed call draws its own

@@ -90,15 +90,19 @@ class TestPerf:
                       or trace.default_tracer(device))
         arranged = None
         if turn.pending():  # a judge's perf child: all but the timing is made before its turn, beside other stages
+            # paused between its steps for another workdir's turn (turn.pause_within), as a check between its cases
             reference = cudaopt_session.reference(cudaopt_workdir_path)
             with torch.no_grad(), lineup.quiet_compile_log():
                 prepared = prepare(reference, cudaopt_settings, cudaopt_session.seed, tracer) if reference else None
+            turn.pause_within()
             cudaopt_session.workers.make_context(cudaopt_workdir_path)   # its worker's context: not in the turn
             workdir = cudaopt_session.loaded_or_fail(cudaopt_workdir_path, request.node.nodeid, "run")
+            turn.pause_within()
             with torch.no_grad(), lineup.quiet_compile_log():
                 arranged = arrange(workdir=workdir, settings=cudaopt_settings, seed=cudaopt_session.seed,
                                    target=cudaopt_session.target_workdir(), prepared=prepared,
-                                   known=judged_precisions(cudaopt_session.results, workdir.path))
+                                   known=judged_precisions(cudaopt_session.results, workdir.path),
+                                   between=turn.pause_within)
             # its workers stopped while it waits: no candidate code runs beside another workdir's turn
             with watchdog.harness_step("waiting for the device to itself (the judge's other stages on it)"):
                 cudaopt_session.workers.hold(True)
