@@ -203,10 +203,11 @@ def table(pytest_run: dict | None, judge_run: dict | None, devices: int) -> tupl
             held = sorted(h for _, h in turns)
             notes.append(f"perf turns: {len(turns)}, waited {sum(w for w, _ in turns):.1f} s, held the device alone "
                          f"{sum(held):.1f} s (median {held[len(held) // 2]:.2f} s)")
-        paused = [line["seconds"]["check_paused"] for line in judge_run["results"].values()
-                  if line["seconds"].get("check_paused")]
-        if paused:
-            notes.append(f"checks paused for a turn: {len(paused)}, {sum(paused):.1f} s in all")
+        for stage in ("check", "perf"):
+            paused = [line["seconds"][f"{stage}_paused"] for line in judge_run["results"].values()
+                      if line["seconds"].get(f"{stage}_paused")]
+            if paused:
+                notes.append(f"{stage} stages paused for a turn: {len(paused)}, {sum(paused):.1f} s in all")
         in_place = sorted(line["seconds"]["check"] - line["seconds"].get("check_before_place", 0.0)
                           - line["seconds"].get("check_place_wait", 0.0) - line["seconds"].get("check_paused", 0.0)
                           for line in judge_run["results"].values() if "check_place_wait" in line["seconds"])
