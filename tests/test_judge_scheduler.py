@@ -521,6 +521,49 @@ def test_in_a_pool_a_turn_pauses_the_checks_beside_it_between_their_items_instea
     assert any(line["seconds"].get("check_paused", 0) > 0.05 for line in found)
 
 
+@pytest.mark.parametrize("ahead", [0, 2])
+def test_in_a_pool_a_turn_pauses_a_perf_stage_preparing_beside_it_between_its_steps(tmp_path, ahead):
+    """w0's perf stage prepares quickly, w1's slowly: w0's turn comes while w1 prepares, paused between its steps
+    (its channel exists from its start, placed then or later), not once w1 has prepared."""
+    import time
+
+    from pytest_cudaopt.judge.devices import DeviceSet
+    from pytest_cudaopt.judge.options import Options
+    from pytest_cudaopt.judge.pool import LocalPool
+    from pytest_cudaopt.run import turn as turns
+
+    spans: list[tuple[str, str, float, float]] = []   # (what, workdir, start, end)
+
+    def stage(stage, copy, out, devices, device, options, children=None, turn=None, place=None, pause=None):
+        if place is not None:
+            turns.wait(place.folder)
+        began = time.monotonic()
+        if stage == "perf":   # as a perf child prepares: steps, a pause point before each
+            for _ in range(1 if copy.name == "w0" else 12):
+                turns.pause_point(folder=pause.folder)
+                start = time.monotonic()
+                time.sleep(0.05)
+                spans.append(("step", copy.name, start, time.monotonic()))
+            spans.append(("prepare", copy.name, began, time.monotonic()))
+            spans.append(_timed_turn(turn, copy.name))
+        return _passed(stage, time.monotonic() - began)
+
+    workdirs = _workdirs(tmp_path, 2)
+    options = Options(jobs=2, share=4, ahead=ahead, cache_dir=None, fork=False, scratch=tmp_path / "scratch",
+                      turns=True)
+    found = list(LocalPool(workdirs, options, DeviceSet(["0"]), run_stage=stage).lines())
+    assert len(found) == 2 and all(line["passed"] for line in found)
+    turn_spans = [s for s in spans if s[0] == "turn"]
+    for what, name, start, end in turn_spans:
+        beside = [s for s in spans if s[0] in ("step", "turn") and s[1] != name and s[2] < end and s[3] > start]
+        assert beside == [], f"{name}'s turn overlapped {beside}"
+    w0_turn = next(s for s in turn_spans if s[1] == "w0")
+    w1_prepare = next(s for s in spans if s[0] == "prepare" and s[1] == "w1")
+    assert w1_prepare[2] < w0_turn[2] and w0_turn[3] < w1_prepare[3], "w0's turn waited for w1's preparation"
+    assert {line["workdir"].rsplit("/", 1)[-1]: line["seconds"].get("perf_paused", 0) > 0 for line in found} == {
+        "w0": False, "w1": True}
+
+
 def test_without_pause_a_turn_waits_for_the_checks_beside_it_to_end():
     s = Scheduler(["0"], jobs=4, share=3, turns=True, pause=False)
     for job in range(2):

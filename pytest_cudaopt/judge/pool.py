@@ -182,6 +182,10 @@ class LocalPool:
                     if jobs[task.job].began is None:
                         jobs[task.job].began = time.monotonic()
                     self.on_event("start", jobs[task.job], task)
+                    # its pause channel before the scheduler can ask it to pause (a stage placed at its start)
+                    jobs[task.job].pause = (Pause(jobs[task.job].out / f"{task.stage}-pause")
+                                            if task.stage in ("check", "perf") and self.options.pause
+                                            and self.options.turns and task.device is not None else None)
                     threading.Thread(target=self._work, args=(jobs[task.job], task, self._events), daemon=True).start()
                 for job in scheduler.admits():
                     jobs[job].place.grant()
@@ -235,8 +239,7 @@ class LocalPool:
                 job.seconds["copy"] = time.monotonic() - copied
             turn = job.turn = Turn(job.out / "turn") if task.stage == "perf" and self.options.turns else None
             place = job.place = Turn(job.out / f"{task.stage}-place", PLACE) if task.device is not None else None
-            pause = job.pause = (Pause(job.out / f"{task.stage}-pause") if task.stage in ("check", "perf")
-                                 and self.options.pause and self.options.turns and task.device is not None else None)
+            pause = job.pause
             ended = threading.Event()
             if turn is not None:   # asked for once ready (run/turn.py)
                 threading.Thread(target=self._watch_turn, args=(turn, task, ended), daemon=True).start()
