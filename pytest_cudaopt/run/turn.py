@@ -195,8 +195,8 @@ class Turn:
         return self.asked_at is not None
 
     def grant(self) -> None:
+        self.granted_at = time.monotonic()   # before the `go`: the child may start on it before this thread goes on
         (self.folder / "go").touch()
-        self.granted_at = time.monotonic()
 
     def waited(self) -> float:
         """Seconds from the ask to the grant (to now while it waits): the child's limit grows by them (up to itself)."""
