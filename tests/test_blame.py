@@ -233,8 +233,10 @@ def test_device_memory_the_judging_process_cannot_get_beside_a_neighbour_is_the_
 
 
 def test_an_out_of_memory_error_is_the_harnesss_only_where_the_judging_process_held_the_most():
-    others = "Including non-PyTorch memory, this process has 1.40 GiB memory in use. Process 8 has 73.17 GiB memory in use."
-    own = "Process 8 has 900.00 MiB memory in use. Including non-PyTorch memory, this process has 70.02 GiB memory in use."
+    others = ("Including non-PyTorch memory, this process has 1.40 GiB memory in use. "
+              "Process 8 has 73.17 GiB memory in use.")
+    own = ("Process 8 has 900.00 MiB memory in use. "
+           "Including non-PyTorch memory, this process has 70.02 GiB memory in use.")
     assert blame.classify(torch.OutOfMemoryError(f"CUDA out of memory. {others}")) == blame.ENVIRONMENT
     assert blame.classify(torch.OutOfMemoryError(f"CUDA out of memory. {own}")) == blame.HARNESS
     assert blame.classify(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")) == blame.ENVIRONMENT

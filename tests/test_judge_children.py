@@ -401,6 +401,17 @@ def test_a_device_childs_limit_grows_by_its_waits_for_its_place_and_its_turn(tmp
     assert seen["paused"]() == 30.0
 
 
+def _workers(proc) -> list[str]:
+    """The candidate's worker processes among `proc`'s children."""
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    return [pid for pid in children if "pytest_cudaopt.candidate" in Path(f"/proc/{pid}/cmdline").read_text()]
+
+
+def _state(pid: str) -> str:
+    """A process's state letter (T: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
 def test_a_check_child_pauses_between_items_with_its_workers_stopped_and_goes_on_when_let(tmp_path):
     """Asked to pause once placed (another workdir's turn), a real check child pauses before its next item:
     its worker (the candidate's process) stopped, no item run while paused; let go, it goes on and passes."""
@@ -417,13 +428,6 @@ def test_a_check_child_pauses_between_items_with_its_workers_stopped_and_goes_on
                              "-m", stages.MARKERS["check"], "-p", "no:cacheprovider", "-v", *JUDGE_CPU_ARGS],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
-    def workers() -> list[str]:
-        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-        return [pid for pid in children if "pytest_cudaopt.candidate" in Path(f"/proc/{pid}/cmdline").read_text()]
-
-    def state(pid: str) -> str:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-
     try:
         deadline = time.monotonic() + 240
         while not (place / "want").exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -433,10 +437,10 @@ def test_a_check_child_pauses_between_items_with_its_workers_stopped_and_goes_on
         while not (pause / "paused").exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert proc.poll() is None and (pause / "paused").read_text() == "1"
-        stopped = workers()
-        assert stopped and all(state(pid) == "T" for pid in stopped), [state(pid) for pid in stopped]
+        stopped = _workers(proc)
+        assert stopped and all(_state(pid) == "T" for pid in stopped), [_state(pid) for pid in stopped]
         time.sleep(1.0)
-        assert proc.poll() is None and all(state(pid) == "T" for pid in stopped)   # it stays paused until let go
+        assert proc.poll() is None and all(_state(pid) == "T" for pid in stopped)   # it stays paused until let go
         (pause / "pause").unlink()
         output = proc.communicate(timeout=300)[0]
     finally:
@@ -482,10 +486,8 @@ def test_a_check_child_asked_during_a_long_item_pauses_before_its_next_case(tmp_
             time.sleep(0.02)
         assert proc.poll() is None and (pause / "paused").read_text() == "7"
         assert not done.exists(), "it paused only after the item"
-        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-        stopped = [pid for pid in children if "pytest_cudaopt.candidate" in Path(f"/proc/{pid}/cmdline").read_text()]
-        assert stopped and all(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-                               for pid in stopped)
+        stopped = _workers(proc)
+        assert stopped and all(_state(pid) == "T" for pid in stopped)
         (pause / "pause").unlink()
         output = proc.communicate(timeout=300)[0]
     finally:
@@ -536,10 +538,8 @@ def test_a_perf_child_asked_while_it_prepares_pauses_with_its_workers_stopped_be
         while not (pause / "paused").exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
         assert proc.poll() is None and (pause / "paused").read_text() == "3"
-        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-        stopped = [pid for pid in children if "pytest_cudaopt.candidate" in Path(f"/proc/{pid}/cmdline").read_text()]
-        assert stopped and all(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-                               for pid in stopped)
+        stopped = _workers(proc)
+        assert stopped and all(_state(pid) == "T" for pid in stopped)
         time.sleep(1.0)
         assert not (turn / "want").exists(), "it asked for its turn while paused"
         (pause / "pause").unlink()

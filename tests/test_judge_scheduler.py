@@ -442,6 +442,28 @@ def _timed_turn(turn, name: str) -> tuple[str, str, float, float]:
     return "turn", name, granted, time.monotonic()
 
 
+def _paused_steps(what: str, name: str, count: int, pause, spans: list) -> None:
+    """As a child's paused work does: `count` steps of 0.05 s, a pause point before each; each step's span."""
+    import time
+
+    from pytest_cudaopt.run import turn as turns
+
+    for _ in range(count):
+        turns.pause_point(folder=pause.folder)
+        start = time.monotonic()
+        time.sleep(0.05)
+        spans.append((what, name, start, time.monotonic()))
+
+
+def _turns_alone(spans: list, kinds: tuple[str, ...]) -> list:
+    """The turn spans, after checking none overlaps another workdir's span of `kinds` (all kinds when empty)."""
+    turn_spans = [s for s in spans if s[0] == "turn"]
+    for what, name, start, end in turn_spans:
+        beside = [s for s in spans if (not kinds or s[0] in kinds) and s[1] != name and s[2] < end and s[3] > start]
+        assert beside == [], f"{name}'s turn overlapped {beside}"
+    return turn_spans
+
+
 def test_in_a_pool_a_perf_turn_overlaps_no_other_stage_on_its_gpu_and_its_wait_is_in_the_line(tmp_path):
     import time
 
@@ -470,11 +492,8 @@ def test_in_a_pool_a_perf_turn_overlaps_no_other_stage_on_its_gpu_and_its_wait_i
     options = Options(jobs=6, share=3, cache_dir=None, fork=False, scratch=tmp_path / "scratch", turns=True)
     found = list(LocalPool(workdirs, options, DeviceSet(["0"]), run_stage=stage).lines())
     assert len(found) == 6 and all(line["passed"] for line in found)
-    turn_spans = [s for s in spans if s[0] == "turn"]
+    turn_spans = _turns_alone(spans, ())
     assert len(turn_spans) == 6
-    for what, name, start, end in turn_spans:
-        beside = [s for s in spans if s[1] != name and s[2] < end and s[3] > start]
-        assert beside == [], f"{name}'s turn overlapped {beside}"
     # (that a preparing perf stage runs beside checks: the scheduler's tests above, without timing)
     assert all("perf_wait" in line["seconds"] and line["seconds"]["perf_turn"] >= 0.1 for line in found)
     for line in found:   # each device stage started up (0.05 s) before it asked for its place
@@ -498,11 +517,7 @@ def test_in_a_pool_a_turn_pauses_the_checks_beside_it_between_their_items_instea
             turns.wait(place.folder)
         began = time.monotonic()
         if stage == "check":   # as a check child does: a pause point before each item (w0's check is short)
-            for _ in range(2 if copy.name == "w0" else 10):
-                turns.pause_point(folder=pause.folder)
-                start = time.monotonic()
-                time.sleep(0.05)
-                spans.append(("item", copy.name, start, time.monotonic()))
+            _paused_steps("item", copy.name, 2 if copy.name == "w0" else 10, pause, spans)
             spans.append(("check", copy.name, began, time.monotonic()))
         if stage == "perf":
             spans.append(_timed_turn(turn, copy.name))
@@ -512,10 +527,7 @@ def test_in_a_pool_a_turn_pauses_the_checks_beside_it_between_their_items_instea
     options = Options(jobs=4, share=4, ahead=0, cache_dir=None, fork=False, scratch=tmp_path / "scratch", turns=True)
     found = list(LocalPool(workdirs, options, DeviceSet(["0"]), run_stage=stage).lines())
     assert len(found) == 4 and all(line["passed"] for line in found)
-    turn_spans = [s for s in spans if s[0] == "turn"]
-    for what, name, start, end in turn_spans:
-        beside = [s for s in spans if s[0] in ("item", "turn") and s[1] != name and s[2] < end and s[3] > start]
-        assert beside == [], f"{name}'s turn overlapped {beside}"
+    turn_spans = _turns_alone(spans, ("item", "turn"))
     within = [t for t in turn_spans if any(c[0] == "check" and c[2] < t[2] and c[3] > t[3] for c in spans)]
     assert within, "a turn began and ended while a check stage was under way (paused), not after it"
     assert any(line["seconds"].get("check_paused", 0) > 0.05 for line in found)
@@ -539,11 +551,7 @@ def test_in_a_pool_a_turn_pauses_a_perf_stage_preparing_beside_it_between_its_st
             turns.wait(place.folder)
         began = time.monotonic()
         if stage == "perf":   # as a perf child prepares: steps, a pause point before each
-            for _ in range(1 if copy.name == "w0" else 12):
-                turns.pause_point(folder=pause.folder)
-                start = time.monotonic()
-                time.sleep(0.05)
-                spans.append(("step", copy.name, start, time.monotonic()))
+            _paused_steps("step", copy.name, 1 if copy.name == "w0" else 12, pause, spans)
             spans.append(("prepare", copy.name, began, time.monotonic()))
             spans.append(_timed_turn(turn, copy.name))
         return _passed(stage, time.monotonic() - began)
@@ -553,10 +561,7 @@ def test_in_a_pool_a_turn_pauses_a_perf_stage_preparing_beside_it_between_its_st
                       turns=True)
     found = list(LocalPool(workdirs, options, DeviceSet(["0"]), run_stage=stage).lines())
     assert len(found) == 2 and all(line["passed"] for line in found)
-    turn_spans = [s for s in spans if s[0] == "turn"]
-    for what, name, start, end in turn_spans:
-        beside = [s for s in spans if s[0] in ("step", "turn") and s[1] != name and s[2] < end and s[3] > start]
-        assert beside == [], f"{name}'s turn overlapped {beside}"
+    turn_spans = _turns_alone(spans, ("step", "turn"))
     w0_turn = next(s for s in turn_spans if s[1] == "w0")
     w1_prepare = next(s for s in spans if s[0] == "prepare" and s[1] == "w1")
     assert w1_prepare[2] < w0_turn[2] and w0_turn[3] < w1_prepare[3], "w0's turn waited for w1's preparation"

@@ -182,10 +182,7 @@ class LocalPool:
                     if jobs[task.job].began is None:
                         jobs[task.job].began = time.monotonic()
                     self.on_event("start", jobs[task.job], task)
-                    # its pause channel before the scheduler can ask it to pause (a stage placed at its start)
-                    jobs[task.job].pause = (Pause(jobs[task.job].out / f"{task.stage}-pause")
-                                            if task.stage in ("check", "perf") and self.options.pause
-                                            and self.options.turns and task.device is not None else None)
+                    self._channels(jobs[task.job], task)
                     threading.Thread(target=self._work, args=(jobs[task.job], task, self._events), daemon=True).start()
                 for job in scheduler.admits():
                     jobs[job].place.grant()
@@ -230,6 +227,15 @@ class LocalPool:
                 when = "before this workdir's judging began" if job.began is None else "while this workdir was judged"
                 yield self._line(job, status="cancelled", reason=f"{why} {when}")
 
+    def _channels(self, job: Job, task: Task) -> None:
+        """The stage's channels with its child (run/turn.py), made before it starts: the scheduler may grant, admit
+        or ask it to pause (a stage placed at its start) before its thread runs."""
+        device = task.device is not None
+        job.turn = Turn(job.out / "turn") if task.stage == "perf" and self.options.turns else None
+        job.place = Turn(job.out / f"{task.stage}-place", PLACE) if device else None
+        job.pause = (Pause(job.out / f"{task.stage}-pause") if device and task.stage in ("check", "perf")
+                     and self.options.pause and self.options.turns else None)
+
     def _work(self, job: Job, task: Task, events: queue.Queue) -> None:
         try:
             if task.stage == "build":
@@ -237,9 +243,7 @@ class LocalPool:
                 job.out.mkdir(parents=True, exist_ok=True)
                 job.content = copies.private_copy(job.workdir, job.copy)
                 job.seconds["copy"] = time.monotonic() - copied
-            turn = job.turn = Turn(job.out / "turn") if task.stage == "perf" and self.options.turns else None
-            place = job.place = Turn(job.out / f"{task.stage}-place", PLACE) if task.device is not None else None
-            pause = job.pause
+            turn, place, pause = job.turn, job.place, job.pause
             ended = threading.Event()
             if turn is not None:   # asked for once ready (run/turn.py)
                 threading.Thread(target=self._watch_turn, args=(turn, task, ended), daemon=True).start()

@@ -22,7 +22,7 @@ CANDIDATE_ERRORS = frozenset({"Failed", "WorkerError", "WorkerFailed", "CudaFaul
 NOT_RUN_AFTER_FAULT = "not run: the candidate's earlier CUDA fault"
 # torch's out-of-memory message names each process on the device and what it holds; the raising one is "this process".
 _HOLDS = re.compile(r"(Process \d+|this process) has ([\d.]+) ([KMGT]i)?B memory in use")
-_UNIT = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+_UNIT = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
 
 
 def environmental(text: str) -> bool:
@@ -45,10 +45,9 @@ def out_of_memory(text: str) -> str:
     """Whose the device memory was that the judging process could not get (torch's message says who held it): the
     environment's while other processes held more than this one (a shared device, a neighbour's hog: run it again),
     the harness's when this process held the most (our own planning fell short)."""
-    held = {"own": 0, "others": 0}
-    for who, amount, unit in _HOLDS.findall(text):
-        held["own" if who == "this process" else "others"] += int(float(amount) * _UNIT[unit or None])
-    return HARNESS if held["own"] and held["own"] >= held["others"] else ENVIRONMENT
+    holds = [(who == "this process", float(amount) * _UNIT[unit]) for who, amount, unit in _HOLDS.findall(text)]
+    own = sum(held for mine, held in holds if mine)
+    return HARNESS if own and own >= sum(held for mine, held in holds if not mine) else ENVIRONMENT
 
 
 def assign(item: Any, blame: str) -> None:

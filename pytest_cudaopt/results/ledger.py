@@ -116,7 +116,7 @@ class Ledger:
         if outcome == "failed":
             if entry.status in (PASSED, NOT_RUN) or not entry.reason:
                 line = _violation(text) if entry.kind == "policy" else first_line(text)
-                if properties.get(blame_.PROPERTY) in (HARNESS, ENVIRONMENT):  # a traceback: its exception's line says what
+                if properties.get(blame_.PROPERTY) in (HARNESS, ENVIRONMENT):  # a traceback: its exception's line
                     line = _exception_line(text) or line
                 line = line or f"failed at {when}"
                 entry.status = NOT_RUN if line.startswith("not run") else FAILED
