@@ -60,9 +60,13 @@ def _loading_out_of_memory() -> stages.StageResult:
     return result
 
 
-def _environment_shortfall(out: Path) -> stages.StageResult:
+WRONG = "output 0 differs from the reference beyond tolerance"
+
+
+def _environment_shortfall(out: Path, wrong: bool = False) -> stages.StageResult:
     """A check whose child found too little device memory free while others held it, as it reports that: the
-    SHORTFALL blamed on the environment, the session ended there (not complete), exit 75; read as the judge does."""
+    SHORTFALL blamed on the environment, the session ended there (not complete), exit 75; read as the judge does.
+    `wrong`: an item before it failed for the candidate's own sake (its outputs differ)."""
     test = "model_new.py::TestCorrectness::test_canonical[seed0]"
     out.mkdir(parents=True, exist_ok=True)
     report = {**_report(False, "memory", SHORT), "complete": False, "cause": "environment", "blame": "environment",
@@ -70,6 +74,10 @@ def _environment_shortfall(out: Path) -> stages.StageResult:
               "items": [{"test": test, "kind": "correctness", "status": "failed", "reason": SHORT,
                          "blame": "environment"}]}
     report["results"][0]["data"]["blame"] = "environment"
+    if wrong:
+        report["items"].insert(0, {"test": "model_new.py::TestCorrectness::test_drawn[0]", "kind": "correctness",
+                                   "status": "failed", "reason": WRONG, "blame": "candidate"})
+        report["results"].insert(0, _report(False, "values", WRONG)["results"][0])
     (out / "check.json").write_text(json.dumps(report))
     (out / "check.xml").write_text('<testsuites><testsuite><testcase classname="model_new.TestCorrectness" '
                                    'name="test_canonical[seed0]"><failure message="short"/></testcase></testsuite>'
@@ -83,9 +91,11 @@ class FakeStages:
     run out of device memory (`short`: how many times each), and `overlap` checks wait until
     they have all started, so that they share the device."""
 
-    def __init__(self, short: dict[str, int], overlap: int = 1, at_load: bool = False, blamed: bool = False):
+    def __init__(self, short: dict[str, int], overlap: int = 1, at_load: bool = False, blamed: bool = False,
+                 wrong: frozenset[str] = frozenset()):
         self.short, self.calls, self.at_load = dict(short), [], at_load   # at_load: CUDA's error loading the workdir
         self.blamed = blamed   # the shortfall as the child reports it when others hold the memory
+        self.wrong = wrong     # workdirs whose outputs differ: their checks fail for themselves too
         self.running: set[str] = set()
         self.lock = threading.Lock()
         self.together = threading.Barrier(overlap, timeout=20)
@@ -107,8 +117,10 @@ class FakeStages:
                 if self.at_load:
                     return _loading_out_of_memory()
                 if self.blamed:
-                    return _environment_shortfall(out)
+                    return _environment_shortfall(out, wrong=name in self.wrong)
                 return _stage("check", stages.FAILED, _report(False, "memory", SHORT))
+            if name in self.wrong:
+                return _stage("check", stages.FAILED, _report(False, "values", WRONG))
             return _stage("check", report=_report(True, peak=30 * GiB))
         finally:
             time.sleep(0.05)
@@ -151,6 +163,28 @@ def test_a_check_the_environment_starved_beside_another_is_judged_again_alone_no
     alone = _pool_lines(monkeypatch, tmp_path / "alone", FakeStages({"a": 1}, blamed=True), ["a"])["a"]
     assert (alone["status"], alone["blame"]) == ("error", "environment"), alone   # not called the workdir's
     assert "the shortfall is this workdir's" not in alone["reason"], alone["reason"]
+
+
+def test_a_wrong_check_the_environment_starved_beside_another_is_judged_again_alone_and_fails_as_its_own(
+        monkeypatch, tmp_path):
+    """A check that fails for itself and also ran short beside a memory hog: its child blames the environment (exit
+    75), as no shortfall of its own decides it. Only its check is judged again, alone, where it fails as `pytest`
+    alone fails it; on an H100 such neighbours went back to the queue whole (build and policy again)."""
+    result = _environment_shortfall(tmp_path / "read", wrong=True)
+    assert result.status == "error" and stages.shortfall(result) is None   # not a shortfall alone
+    fake = FakeStages({"a": 1}, overlap=2, blamed=True, wrong=frozenset({"a"}))
+    found = _pool_lines(monkeypatch, tmp_path, fake, ["a", "b"])
+    line = found["a"]
+    assert (line["status"], line["passed"], line["blame"]) == ("judged", False, "candidate"), line
+    assert line["stages"]["check"]["status"] == "failed" and found["b"]["passed"]
+    runs = [(device, beside) for name, device, beside in fake.calls if name == "a"]
+    assert len(runs) == 2 and runs[1] == ("0", set())      # the check again, with the GPU to itself
+    note = line["stages"]["check"]["note"]
+    assert "was kept from a verdict beside other checks on 0 (not the candidate's fault" in note, note
+    assert "judged again alone" in note
+    alone = _pool_lines(monkeypatch, tmp_path / "alone", FakeStages({"a": 1}, blamed=True, wrong=frozenset({"a"})),
+                        ["a"])["a"]
+    assert (alone["status"], alone["blame"]) == ("error", "environment"), alone   # alone already: the judge's call
 
 
 def test_a_check_whose_workdir_could_not_load_for_cuda_memory_beside_another_is_judged_again_alone(

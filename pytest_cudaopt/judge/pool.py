@@ -311,10 +311,15 @@ class LocalPool:
         # A perf stage that ended with no verdict before its turn did so beside other stages: not held against it.
         early = (task.stage == "perf" and job.turn is not None and job.turn.granted_at is None
                  and result.status not in (OK, FAILED))
-        if (short is not None or early) and scheduler.shared(task):   # not the candidate's: judged again, alone
+        # A check its child could not judge for the environment's sake beside others (a shortfall among its own
+        # failures, say): its verdict comes from this stage alone, not from the whole workdir back in the queue.
+        starved = task.stage == "check" and result.status == "error" and (result.report or {}).get(
+            "blame") == "environment"
+        if (short is not None or early or starved) and scheduler.shared(task):   # judged again, alone
+            said = (result.reason or result.status).splitlines()[0]
             why = (f"ran out of device memory on {task.device} beside other checks ({short.splitlines()[0]})"
-                   if short is not None else f"ended before its turn beside other stages on {task.device} "
-                                             f"({(result.reason or result.status).splitlines()[0]})")
+                   if short is not None else f"ended before its turn beside other stages on {task.device} ({said})"
+                   if early else f"was kept from a verdict beside other checks on {task.device} ({said})")
             job.notes[task.stage] = f"{why}; judged again alone on an idle device"
             scheduler.finish(task, peak_bytes=peak, retry_alone=True)
             return None
