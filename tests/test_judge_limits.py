@@ -92,10 +92,11 @@ class FakeStages:
     they have all started, so that they share the device."""
 
     def __init__(self, short: dict[str, int], overlap: int = 1, at_load: bool = False, blamed: bool = False,
-                 wrong: frozenset[str] = frozenset()):
+                 wrong: frozenset[str] = frozenset(), slow: frozenset[str] = frozenset()):
         self.short, self.calls, self.at_load = dict(short), [], at_load   # at_load: CUDA's error loading the workdir
         self.blamed = blamed   # the shortfall as the child reports it when others hold the memory
         self.wrong = wrong     # workdirs whose outputs differ: their checks fail for themselves too
+        self.slow = slow       # workdirs whose checks last until another's check has run again (beside them)
         self.running: set[str] = set()
         self.lock = threading.Lock()
         self.together = threading.Barrier(overlap, timeout=20)
@@ -112,6 +113,10 @@ class FakeStages:
         try:
             if first:
                 self.together.wait()
+            deadline = time.monotonic() + 20
+            while name in self.slow and time.monotonic() < deadline and not any(
+                    [c[0] for c in self.calls].count(other) > 1 for other in self.short):
+                time.sleep(0.01)
             if self.short.get(name, 0) > 0:
                 self.short[name] -= 1
                 if self.at_load:
@@ -165,23 +170,28 @@ def test_a_check_the_environment_starved_beside_another_is_judged_again_alone_no
     assert "the shortfall is this workdir's" not in alone["reason"], alone["reason"]
 
 
-def test_a_wrong_check_the_environment_starved_beside_another_is_judged_again_alone_and_fails_as_its_own(
+def test_a_wrong_check_the_environment_starved_beside_another_is_judged_again_and_fails_as_its_own(
         monkeypatch, tmp_path):
     """A check that fails for itself and also ran short beside a memory hog: its child blames the environment (exit
-    75), as no shortfall of its own decides it. Only its check is judged again, alone, where it fails as `pytest`
-    alone fails it; on an H100 such neighbours went back to the queue whole (build and policy again)."""
+    75), as no shortfall of its own decides it. Only its check is judged again, placed as any check is (the whole
+    workdir went back to the queue on an H100: build and policy again), where it fails as `pytest` alone fails it;
+    kept from its verdict a second time, it is judged alone."""
     result = _environment_shortfall(tmp_path / "read", wrong=True)
     assert result.status == "error" and stages.shortfall(result) is None   # not a shortfall alone
-    fake = FakeStages({"a": 1}, overlap=2, blamed=True, wrong=frozenset({"a"}))
-    found = _pool_lines(monkeypatch, tmp_path, fake, ["a", "b"])
-    line = found["a"]
-    assert (line["status"], line["passed"], line["blame"]) == ("judged", False, "candidate"), line
-    assert line["stages"]["check"]["status"] == "failed" and found["b"]["passed"]
+    for times in (1, 2):
+        fake = FakeStages({"a": times}, overlap=2, blamed=True, wrong=frozenset({"a"}), slow=frozenset({"b"}))
+        found = _pool_lines(monkeypatch, tmp_path / str(times), fake, ["a", "b"])
+        line = found["a"]
+        assert (line["status"], line["passed"], line["blame"]) == ("judged", False, "candidate"), line
+        assert line["stages"]["check"]["status"] == "failed" and found["b"]["passed"]
+        assert [c[0] for c in fake.calls].count("a") == times + 1 and [c[0] for c in fake.calls].count("b") == 1
+        note = line["stages"]["check"]["note"]
+        kept = "was kept from a verdict beside other checks on 0 (not the candidate's fault but the environment's"
+        assert note.startswith(kept) and "; judged again" in note, note
+        assert ("alone" in note) == (times == 2), note
+    assert "; judged again; then it " + kept in note and note.endswith("judged again alone on an idle device")
     runs = [(device, beside) for name, device, beside in fake.calls if name == "a"]
-    assert len(runs) == 2 and runs[1] == ("0", set())      # the check again, with the GPU to itself
-    note = line["stages"]["check"]["note"]
-    assert "was kept from a verdict beside other checks on 0 (not the candidate's fault" in note, note
-    assert "judged again alone" in note
+    assert runs[1] == ("0", {"b"}) and runs[2] == ("0", set())   # again beside b, then with the GPU to itself
     alone = _pool_lines(monkeypatch, tmp_path / "alone", FakeStages({"a": 1}, blamed=True, wrong=frozenset({"a"})),
                         ["a"])["a"]
     assert (alone["status"], alone["blame"]) == ("error", "environment"), alone   # alone already: the judge's call

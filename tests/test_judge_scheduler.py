@@ -374,6 +374,18 @@ def test_a_check_short_of_memory_beside_another_runs_again_alone_and_nothing_joi
     assert {(t.job, t.stage) for t in s.ready()} == {(0, "perf")}
 
 
+def test_a_check_retried_in_place_waits_as_any_check_and_joins_the_others_without_draining():
+    s = Scheduler(["0"], jobs=4, share=2)
+    for job in range(3):
+        s.add(job, stages=["check", "perf"])
+    first = {t.job: t for t in s.ready()}
+    assert s.finish(first[0], retry=True) == "check"
+    again = s.ready()
+    assert again == [Task(0, "check", "0")] and not s.devices[0].draining   # beside job 1, ahead of job 2
+    assert s.devices[0].alone is None and s.shared(again[0])
+    assert s.finish(again[0]) == "perf"
+
+
 def test_a_check_that_ran_alone_throughout_was_not_shared():
     s = Scheduler(["0", "1"], jobs=4, share=2)
     s.add(0, stages=["check"])

@@ -311,16 +311,22 @@ class LocalPool:
         # A perf stage that ended with no verdict before its turn did so beside other stages: not held against it.
         early = (task.stage == "perf" and job.turn is not None and job.turn.granted_at is None
                  and result.status not in (OK, FAILED))
-        # A check its child could not judge for the environment's sake beside others (a shortfall among its own
-        # failures, say): its verdict comes from this stage alone, not from the whole workdir back in the queue.
+        # A check its child could not judge for the environment's sake beside others (a shortfall among failures of
+        # its own, say): that stage again, placed as the whole workdir's would be but without its build and policy;
+        # alone if it is kept from its verdict a second time.
         starved = task.stage == "check" and result.status == "error" and (result.report or {}).get(
             "blame") == "environment"
-        if (short is not None or early or starved) and scheduler.shared(task):   # judged again, alone
+        if (short is not None or early or starved) and scheduler.shared(task):   # not the candidate's
             said = (result.reason or result.status).splitlines()[0]
             why = (f"ran out of device memory on {task.device} beside other checks ({short.splitlines()[0]})"
                    if short is not None else f"ended before its turn beside other stages on {task.device} ({said})"
                    if early else f"was kept from a verdict beside other checks on {task.device} ({said})")
-            job.notes[task.stage] = f"{why}; judged again alone on an idle device"
+            if short is None and starved and task.stage not in job.notes:
+                job.notes[task.stage] = f"{why}; judged again"
+                scheduler.finish(task, peak_bytes=peak, retry=True)
+                return None
+            earlier = f"{job.notes[task.stage]}; then it " if task.stage in job.notes else ""
+            job.notes[task.stage] = f"{earlier}{why}; judged again alone on an idle device"
             scheduler.finish(task, peak_bytes=peak, retry_alone=True)
             return None
         if short is not None and result.status == FAILED:   # with its device to itself: the workdir's own

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 # The stages of a workdir, in order. A check that ran out of device memory beside other checks
-# runs again alone, as a perf stage does.
+# runs again alone, as a perf stage does (pool.py decides which run again, and how).
 STAGES = ("build", "policy", "check", "perf")
 CPU_STAGES = frozenset({"build", "policy"})
 OVERHEAD_BYTES = 2 << 30   # what a judging process holds besides its cases (the CUDA context, workspaces)
@@ -291,9 +291,10 @@ class Scheduler:
         return task.job in self._shared
 
     def finish(self, task: Task, *, proceed: bool = True, peak_bytes: int | None = None, complete: bool = False,
-               retry_alone: bool = False) -> str | None:
-        """Mark `task` done; the job's next stage, or None when it is over. `retry_alone`: the same stage again, alone.
-        The first `complete` check's `peak_bytes` replaces the estimate."""
+               retry: bool = False, retry_alone: bool = False) -> str | None:
+        """Mark `task` done; the job's next stage, or None when it is over. `retry`: the same stage again, placed as
+        any; `retry_alone`: the same stage again, alone. The first `complete` check's `peak_bytes` replaces the
+        estimate."""
         job = self._jobs[task.job]
         if job.running != task:
             raise ValueError(f"{task} is not running")
@@ -323,6 +324,9 @@ class Scheduler:
             self._learn(job.problem, peak_bytes + OVERHEAD_BYTES, complete)
         if retry_alone and not alone:
             job.waiting, job.alone = task.stage, True
+            return job.waiting
+        if retry:
+            job.waiting = task.stage
             return job.waiting
         following = job.stages[job.stages.index(task.stage) + 1:] if proceed else []
         job.waiting = following[0] if following else None
