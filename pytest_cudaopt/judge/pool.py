@@ -318,13 +318,16 @@ class LocalPool:
             "blame") == "environment"
         if (short is not None or early or starved) and scheduler.shared(task):   # not the candidate's
             said = (result.reason or result.status).splitlines()[0]
-            why = (f"ran out of device memory on {task.device} beside other checks ({short.splitlines()[0]})"
-                   if short is not None else f"ended before its turn beside other stages on {task.device} ({said})"
-                   if early else f"was kept from a verdict beside other checks on {task.device} ({said})")
-            if short is None and starved and task.stage not in job.notes:
-                job.notes[task.stage] = f"{why}; judged again"
-                scheduler.finish(task, peak_bytes=peak, retry=True)
-                return None
+            if short is not None:
+                why = f"ran out of device memory on {task.device} beside other checks ({short.splitlines()[0]})"
+            elif early:
+                why = f"ended before its turn beside other stages on {task.device} ({said})"
+            else:
+                why = f"was kept from a verdict beside other checks on {task.device} ({said})"
+                if task.stage not in job.notes:   # placed as any check the first time
+                    job.notes[task.stage] = f"{why}; judged again"
+                    scheduler.finish(task, peak_bytes=peak, retry=True)
+                    return None
             earlier = f"{job.notes[task.stage]}; then it " if task.stage in job.notes else ""
             job.notes[task.stage] = f"{earlier}{why}; judged again alone on an idle device"
             scheduler.finish(task, peak_bytes=peak, retry_alone=True)
