@@ -14,6 +14,7 @@
 #   shared    benchmarks/shared_gpu.sh over the gallery's workdirs at once (made here when the gallery step
 #             did not run): blame when they crowd one GPU, the memory hog among them
 #   service   benchmarks/judge_latency.py over the gallery at RATE workdirs an hour (p50/p95 latency), its timing settings
+#             (RATE=half: half the rate step's, run before it)
 #   rate      benchmarks/judge_gallery.py --arm judge --copies COPIES (default 3): the judge's steady rate, cold builds
 #   rate_tree the rate step in TREE's own checkout (another form of the judge, side by side with this one;
 #             the arm run first on a fresh machine ran 15-20% slower on 2026-12-06: run a throwaway arm first
@@ -72,8 +73,11 @@ for name in ${@:-correct verdicts gallery attacks shared service}; do case $name
   shared)   gallery "$LOGS/gallery/work/pytest"
             OUT="$LOGS/shared" step shared "${SHARED_S:-300}" bash benchmarks/shared_gpu.sh "$LOGS"/gallery/work/pytest/*/ ;;
   service)  gallery "$LOGS/gallery/work/pytest"
+            rate=${RATE:-500}; [ "$rate" = half ] && rate=$(python3 -c "import json, sys   # half the rate step's
+d = json.load(open(sys.argv[1]))['judge']; print(round(len(d['results']) * 1800 / d['wall_s']))" \
+              "$LOGS/rate/judge_gallery.json" || echo 500)
             step service "${SERVICE_S:-420}" python3 benchmarks/judge_latency.py "$LOGS/gallery/work/pytest" \
-              --per-hour "${RATE:-500}" --count "${COUNT:-36}" --out "$LOGS/service.json" -- \
+              --per-hour "$rate" --count "${COUNT:-36}" --out "$LOGS/service.json" -- \
               $(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import judge_gallery; print(*judge_gallery.GPU_ARGS)") ;;
   rate)     at=$(fresh rate); step "$at" "${RATE_S:-420}" python3 benchmarks/judge_gallery.py --arm judge \
               --copies "${COPIES:-3}" --out "$LOGS/$at" ;;
@@ -94,7 +98,7 @@ for name in ${@:-correct verdicts gallery attacks shared service}; do case $name
               --out "$LOGS/ahead_$n"; done ;;
   replay)   step replay 60 python3 benchmarks/schedule_replay.py "$LOGS/rate/judge.jsonl" --share 4 8 \
               --measured "$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['judge']['wall_s'])" \
-              "$LOGS/rate/judge_gallery.json")" ;;
+              "$LOGS/rate/judge_gallery.json" || echo 500)" ;;
   contention) step contention "${CONTENTION_S:-300}" python3 benchmarks/check_contention.py --counts ${COUNTS:-1 4 6} \
               --out "$LOGS/contention" ;;
   profile)  step profile "${PROFILE_S:-300}" python3 benchmarks/stage_profile.py --problem "${PROBLEM:-gelu}" \
