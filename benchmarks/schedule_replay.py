@@ -6,8 +6,9 @@ predicts for other settings (`--share`, turn batching), from one GPU run's lines
 
 Each workdir's stages take what they took in the run: a check or perf stage its start-up before it asked for
 its place (`--ahead`: without one), then a check its time in its place, a perf stage its time before its turn,
-then its turn, then its exit after it left its place (`*_exit`); the waits are the scheduler's to decide. CPU contention is not modelled: builds keep their
-measured time.
+then its turn, then its exit after it left its place (`*_exit`); the waits are the scheduler's to decide. An attempt
+judged again (`*_again`, `*_again_alone`) holds its place for its seconds, then goes back to the scheduler as the
+judge's did. CPU contention is not modelled: builds keep their measured time.
 With the run's own settings, the replay's wall against the run's (`--measured`) is the replay's error.
 """
 
@@ -17,7 +18,7 @@ import argparse
 import heapq
 import itertools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_cudaopt.judge.scheduler import STAGES, Scheduler, Task
@@ -28,6 +29,8 @@ class Work:
     stages: list[str]                 # the stages it ran, in order
     seconds: dict[str, float]         # build, policy, check_before, check, check_exit, perf_before, perf_prepare,
     #                                   perf_turn, perf_exit
+    # per stage, its attempts judged again: (their seconds, then alone?), in the judge's order (placed, then alone)
+    again: dict[str, list[tuple[float, bool]]] = field(default_factory=dict)
 
 
 def load(path: Path) -> list[Work]:
@@ -42,16 +45,21 @@ def load(path: Path) -> list[Work]:
         waited = {s: seconds.get(f"{s}_place_wait", 0.0) for s in ("check", "perf")}
         exits = {s: seconds.get(f"{s}_exit", 0.0) for s in ("check", "perf")}   # 0: the place held to the end
         paused = {s: seconds.get(f"{s}_paused", 0.0) for s in ("check", "perf")}  # the replay pauses them itself
+        again = {s: [(seconds[k], alone) for k, alone in ((f"{s}_again", False), (f"{s}_again_alone", True))
+                     if seconds.get(k)] for s in ("check", "perf")}
+        spent = {s: sum(t for t, _ in again[s]) for s in again}   # in the stage's seconds, beside the last attempt
         works.append(Work(stages, {"build": seconds.get("build", 0.0), "policy": seconds.get("policy", 0.0),
                                    "check_before": before["check"],
-                                   "check": max(0.0, seconds.get("check", 0.0) - before["check"] - waited["check"]
-                                                - exits["check"] - paused["check"]),
+                                   "check": max(0.0, seconds.get("check", 0.0) - spent["check"] - before["check"]
+                                                - waited["check"] - exits["check"] - paused["check"]),
                                    "check_exit": exits["check"],
                                    "perf_before": before["perf"],
-                                   "perf_prepare": max(0.0, perf - seconds.get("perf_wait", 0.0) - before["perf"]
+                                   "perf_prepare": max(0.0, perf - spent["perf"] - seconds.get("perf_wait", 0.0)
+                                                       - before["perf"]
                                                        - waited["perf"] - seconds.get("perf_turn", 0.0)
                                                        - exits["perf"] - paused["perf"]),
-                                   "perf_turn": seconds.get("perf_turn", 0.0), "perf_exit": exits["perf"]}))
+                                   "perf_turn": seconds.get("perf_turn", 0.0), "perf_exit": exits["perf"]},
+                          {s: a for s, a in again.items() if a}))
     return works
 
 
@@ -75,6 +83,16 @@ def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0, ah
     running_perf: set[int] = set()
     turns, waited = 0, 0.0
     want_at: dict[int, float] = {}
+    tried: dict[tuple[int, str], int] = {}   # a stage's attempts judged again so far
+    starting: set[int] = set()               # asked to pause before its time in its place began
+
+    def again(task: Task) -> tuple[float, bool] | None:   # the attempt now running is judged again: its seconds
+        attempts = works[task.job].again.get(task.stage, [])
+        done = tried.get((task.job, task.stage), 0)
+        return attempts[done] if done < len(attempts) else None
+
+    def ending(task: Task) -> str:   # what ends its time in its place
+        return "again" if again(task) else "want" if task.stage == "perf" else "leave"
 
     def push(at: float, what: str, task: Task) -> int:
         heapq.heappush(events, (at, number := next(order), what, task))
@@ -96,23 +114,35 @@ def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0, ah
                 push(now[0] + works[task.job].seconds[task.stage], "end", task)
         for job in scheduler.admits():
             task = running[job]
-            if task.stage == "perf":   # it prepares (paused for turns as a check is), then asks for its turn
+            if (attempt := again(task)) is not None:   # it holds its place for what it took, less its start-up
+                at = now[0] + max(0.0, attempt[0] - works[task.job].seconds[f"{task.stage}_before"])
+                ends[task.job] = (at, push(at, "again", task))
+            elif task.stage == "perf":   # it prepares (paused for turns as a check is), then asks for its turn
                 running_perf.add(task.job)
                 at = now[0] + works[task.job].seconds["perf_prepare"]
                 ends[task.job] = (at, push(at, "want", task))
             else:
                 at = now[0] + works[task.job].seconds[task.stage]
                 ends[task.job] = (at, push(at, "leave", task))
+            if job in starting:   # asked to pause while it started up in a place held from its start: at its first item
+                starting.discard(job)
+                frozen[job] = ends[job][0] - now[0]
+                ends[job] = (ends[job][0], -1)
+                push(now[0], "paused", task)
         for job in scheduler.pauses():   # it pauses at its item's end, or ends first
+            if job not in ends:
+                starting.add(job)
+                continue
             at, _ = ends[job]
             if at - now[0] > pause:
                 frozen[job] = at - now[0] - pause
                 ends[job] = (at, -1)   # its end event is void until it resumes
                 push(now[0] + pause, "paused", running[job])
         for job in scheduler.resumes():
+            starting.discard(job)
             if job in frozen:
                 at = now[0] + frozen.pop(job)
-                ends[job] = (at, push(at, "want" if running[job].stage == "perf" else "leave", running[job]))
+                ends[job] = (at, push(at, ending(running[job]), running[job]))
         for job in scheduler.grants():
             turns += 1
             waited += now[0] - want_at[job]
@@ -128,15 +158,21 @@ def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0, ah
         now[0] = max(now[0], due)
         while events and events[0][0] <= now[0]:
             _, number, what, task = heapq.heappop(events)
-            if ((what == "leave" and task.stage == "check") or what == "want") and \
+            if ((what == "leave" and task.stage == "check") or what in ("want", "again")) and \
                     ends.get(task.job, (0, number))[1] != number:
                 continue   # voided by a pause
+            if what in ("leave", "again", "end"):
+                ends.pop(task.job, None)   # its time in its place is over
             if what == "leave":   # its place (and turn) end; its exit goes on without one
                 scheduler.leave(task)
                 push(now[0] + works[task.job].seconds[f"{task.stage}_exit"], "end", task)
             elif what == "paused":
                 if task.job in frozen:
                     scheduler.paused(task)
+            elif what == "again":   # the judge places it again as any, or alone
+                alone = again(task)[1]
+                tried[task.job, task.stage] = tried.get((task.job, task.stage), 0) + 1
+                scheduler.finish(task, retry=not alone, retry_alone=alone)
             elif what == "enter":
                 scheduler.enter(task)
             elif what == "want":

@@ -189,6 +189,9 @@ def test_a_wrong_check_the_environment_starved_beside_another_is_judged_again_an
         kept = "was kept from a verdict beside other checks on 0 (not the candidate's fault but the environment's"
         assert note.startswith(kept) and "; judged again" in note, note
         assert ("alone" in note) == (times == 2), note
+        again = {k: v for k, v in line["seconds"].items() if "_again" in k}   # the attempts a replay replays
+        assert set(again) == ({"check_again", "check_again_alone"} if times == 2 else {"check_again"}), again
+        assert line["seconds"]["check"] > sum(again.values()) > 0
     assert "; judged again; then it " + kept in note and note.endswith("judged again alone on an idle device")
     runs = [(device, beside) for name, device, beside in fake.calls if name == "a"]
     assert runs[1] == ("0", {"b"}) and runs[2] == ("0", set())   # again beside b, then with the GPU to itself
@@ -206,6 +209,7 @@ def test_a_check_whose_workdir_could_not_load_for_cuda_memory_beside_another_is_
     assert (found["a"]["status"], found["a"]["passed"]) == ("judged", True), found["a"]["reason"]
     runs = [(device, beside) for name, device, beside in fake.calls if name == "a"]
     assert len(runs) == 2 and runs[1] == ("0", set())
+    assert [k for k in found["a"]["seconds"] if "_again" in k] == ["check_again_alone"]
     note = found["a"]["stages"]["check"]["note"]
     assert "beside other checks (model_new.py::TestCorrectness::test_canonical[seed0]: AcceleratorError: CUDA " \
            "error: out of memory); judged again alone" in note, note

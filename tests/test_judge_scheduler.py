@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -816,11 +817,8 @@ def test_a_perf_stage_that_ends_with_no_verdict_before_its_turn_beside_checks_is
     assert "judged again alone" in note and found["w1"]["passed"]
 
 
-def test_a_runs_stage_times_replayed_through_the_scheduler_give_the_wall_time_worked_out_by_hand(tmp_path):
-    """benchmarks/schedule_replay.py: two workdirs (build 1 s, policy 1 s, check 2 s, perf 1 s before its turn, a
-    1 s turn) and a build failure. Both check at once (share 2), prepare at once, then take their turns one after
-    the other: 7 s, the second turn waiting 1 s. With one place on the GPU everything runs one at a time."""
-    import json
+def _schedule_replay():
+    """benchmarks/schedule_replay.py as a module."""
     import sys
 
     from support import REPO_ROOT
@@ -830,6 +828,14 @@ def test_a_runs_stage_times_replayed_through_the_scheduler_give_the_wall_time_wo
         import schedule_replay
     finally:
         sys.path.pop(0)
+    return schedule_replay
+
+
+def test_a_runs_stage_times_replayed_through_the_scheduler_give_the_wall_time_worked_out_by_hand(tmp_path):
+    """benchmarks/schedule_replay.py: two workdirs (build 1 s, policy 1 s, check 2 s, perf 1 s before its turn, a
+    1 s turn) and a build failure. Both check at once (share 2), prepare at once, then take their turns one after
+    the other: 7 s, the second turn waiting 1 s. With one place on the GPU everything runs one at a time."""
+    schedule_replay = _schedule_replay()
     stages = {"build": {"status": "ok"}, "policy": {"status": "ok"}, "check": {"status": "ok"}, "perf": {"status": "ok"}}
     seconds = {"build": 1.0, "policy": 1.0, "check": 2.0, "perf": 3.5, "perf_wait": 1.5, "perf_turn": 1.0}
     lines = [{"stages": stages, "seconds": seconds}] * 2 + [
@@ -859,3 +865,40 @@ def test_a_runs_stage_times_replayed_through_the_scheduler_give_the_wall_time_wo
     works = schedule_replay.load(path)
     assert (works[0].seconds["check"], works[0].seconds["check_exit"]) == (1.0, 0.5)
     assert schedule_replay.replay(works, share=1, jobs=2)["wall_s"] == 6.5
+
+
+def test_the_replay_replays_an_attempt_judged_again_placed_or_alone(tmp_path):
+    """A check judged again holds its place for its first attempt's seconds, then goes back as the judge placed it:
+    among the others (as without the attempt), or alone, after the GPU drained."""
+    schedule_replay = _schedule_replay()
+    stages = {s: {"status": "ok"} for s in ("build", "policy", "check")}
+
+    def wall(**again) -> float:   # w0's check: 1.5 s, after an attempt of 2 s; w1's: 4 s; both placed at 2 s
+        lines = [{"stages": stages, "seconds": {"build": 1.0, "policy": 1.0, "check": 1.5 + sum(again.values()),
+                                                **again}},
+                 {"stages": stages, "seconds": {"build": 1.0, "policy": 1.0, "check": 4.0}}]
+        path = tmp_path / "judge.jsonl"
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        works = schedule_replay.load(path)
+        assert works[0].seconds["check"] == 1.5
+        return schedule_replay.replay(works, share=2, jobs=2)["wall_s"]
+
+    assert wall() == 6.0                       # 2 + 4 (w1), w0 ends at 3.5
+    assert wall(check_again=2.0) == 6.0        # w0: 2-4, again 4-5.5 beside w1
+    assert wall(check_again_alone=2.0) == 7.5  # w0: 2-4, alone once w1 ends at 6: 6-7.5
+    assert wall(check_again=1.0, check_again_alone=1.0) == 7.5   # 2-3, 3-4, then alone 6-7.5
+
+
+def test_the_replay_pauses_a_check_asked_while_it_starts_up_in_its_place_at_its_first_item(tmp_path):
+    """Without --ahead a check holds its place from its start. w0's perf asks for its turn at 3 s while w1's check
+    still starts up (2-5 s): w1 pauses on entering its place, the turn runs 5-6 s, then w1's check 6-7 s."""
+    schedule_replay = _schedule_replay()
+    ok = {"status": "ok"}
+    lines = [{"stages": {"build": ok, "policy": ok, "check": ok, "perf": ok},
+              "seconds": {"build": 1.0, "policy": 1.0, "check": 0.5, "perf": 1.5, "perf_turn": 1.0}},
+             {"stages": {"build": ok, "policy": ok, "check": ok},
+              "seconds": {"build": 1.0, "policy": 1.0, "check": 4.0, "check_before_place": 3.0}}]
+    path = tmp_path / "judge.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    got = schedule_replay.replay(schedule_replay.load(path), share=2, jobs=2, ahead=0, pause=0.8)
+    assert (got["wall_s"], got["turns"], got["waited_s"]) == (7.0, 1, 2.0)

@@ -326,10 +326,12 @@ class LocalPool:
                 why = f"was kept from a verdict beside other checks on {task.device} ({said})"
                 if task.stage not in job.notes:   # placed as any check the first time
                     job.notes[task.stage] = f"{why}; judged again"
+                    self._again(job, f"{task.stage}_again", result.seconds)
                     scheduler.finish(task, peak_bytes=peak, retry=True)
                     return None
             earlier = f"{job.notes[task.stage]}; then it " if task.stage in job.notes else ""
             job.notes[task.stage] = f"{earlier}{why}; judged again alone on an idle device"
+            self._again(job, f"{task.stage}_again_alone", result.seconds)
             scheduler.finish(task, peak_bytes=peak, retry_alone=True)
             return None
         if short is not None and result.status == FAILED:   # with its device to itself: the workdir's own
@@ -351,6 +353,11 @@ class LocalPool:
         if not self.options.keep:
             shutil.rmtree(job.folder, ignore_errors=True)
         return line
+
+    @staticmethod
+    def _again(job: Job, key: str, seconds: float) -> None:
+        """Of the stage's seconds, an attempt judged again (then placed as any, or alone): what a replay needs."""
+        job.seconds[key] = job.seconds.get(key, 0.0) + seconds
 
     def _line(self, job: Job, status: str | None = None, reason: str | None = None) -> dict:
         name, now = job.name, time.monotonic()
