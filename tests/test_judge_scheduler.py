@@ -815,6 +815,7 @@ def test_a_perf_stage_that_ends_with_no_verdict_before_its_turn_beside_checks_is
     note = found["w0"]["stages"]["perf"]["note"]
     assert "ended before its turn beside other stages on 0" in note and "CUDA error: out of memory" in note, note
     assert "judged again alone" in note and found["w1"]["passed"]
+    assert found["w0"]["seconds"]["perf_again_alone"] >= 0.1 and "perf_again_alone" not in found["w1"]["seconds"]
 
 
 def _schedule_replay():
