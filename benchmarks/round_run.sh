@@ -98,7 +98,7 @@ d = json.load(open(sys.argv[1]))['judge']; print(round(len(d['results']) * 1800 
               --out "$LOGS/ahead_$n"; done ;;
   replay)   step replay 60 python3 benchmarks/schedule_replay.py "$LOGS/rate/judge.jsonl" --share 4 8 \
               --measured "$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['judge']['wall_s'])" \
-              "$LOGS/rate/judge_gallery.json" || echo 500)" ;;
+              "$LOGS/rate/judge_gallery.json")" ;;
   contention) step contention "${CONTENTION_S:-300}" python3 benchmarks/check_contention.py --counts ${COUNTS:-1 4 6} \
               --out "$LOGS/contention" ;;
   profile)  step profile "${PROFILE_S:-300}" python3 benchmarks/stage_profile.py --problem "${PROBLEM:-gelu}" \

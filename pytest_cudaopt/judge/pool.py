@@ -12,6 +12,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -41,7 +42,7 @@ class Job:
     folder: Path
     problem: str | None
     results: list[StageResult] = field(default_factory=list)
-    seconds: dict[str, float] = field(default_factory=dict)
+    seconds: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     started: float = field(default_factory=time.monotonic)
     content: str = ""
     notes: dict[str, str] = field(default_factory=dict)   # stage -> why it was judged again alone
@@ -259,8 +260,7 @@ class LocalPool:
             finally:
                 ended.set()
             if pause is not None and pause.total:
-                key = f"{task.stage}_paused"
-                job.seconds[key] = job.seconds.get(key, 0.0) + pause.total
+                job.seconds[f"{task.stage}_paused"] += pause.total
             if place is not None and place.asked_at is not None:   # of the stage's seconds: before its place, waiting
                 job.seconds.update({f"{task.stage}_before_place": place.asked_at - began,
                                     f"{task.stage}_place_wait": place.waited()})
@@ -307,7 +307,7 @@ class LocalPool:
         peaks = [r.get("data", {}).get("peak_bytes") for r in (result.report or {}).get("results", [])]
         peak = max((p for p in peaks if isinstance(p, int)), default=None) if task.stage == "check" else None
         short = shortfall(result)
-        job.seconds[task.stage] = job.seconds.get(task.stage, 0.0) + result.seconds
+        job.seconds[task.stage] += result.seconds
         # A perf stage that ended with no verdict before its turn did so beside other stages: not held against it.
         early = (task.stage == "perf" and job.turn is not None and job.turn.granted_at is None
                  and result.status not in (OK, FAILED))
@@ -326,12 +326,12 @@ class LocalPool:
                 why = f"was kept from a verdict beside other checks on {task.device} ({said})"
                 if task.stage not in job.notes:   # placed as any check the first time
                     job.notes[task.stage] = f"{why}; judged again"
-                    self._again(job, f"{task.stage}_again", result.seconds)
+                    job.seconds[f"{task.stage}_again"] += result.seconds   # of its seconds: for a replay
                     scheduler.finish(task, peak_bytes=peak, retry=True)
                     return None
             earlier = f"{job.notes[task.stage]}; then it " if task.stage in job.notes else ""
             job.notes[task.stage] = f"{earlier}{why}; judged again alone on an idle device"
-            self._again(job, f"{task.stage}_again_alone", result.seconds)
+            job.seconds[f"{task.stage}_again_alone"] += result.seconds
             scheduler.finish(task, peak_bytes=peak, retry_alone=True)
             return None
         if short is not None and result.status == FAILED:   # with its device to itself: the workdir's own
@@ -353,11 +353,6 @@ class LocalPool:
         if not self.options.keep:
             shutil.rmtree(job.folder, ignore_errors=True)
         return line
-
-    @staticmethod
-    def _again(job: Job, key: str, seconds: float) -> None:
-        """Of the stage's seconds, an attempt judged again (then placed as any, or alone): what a replay needs."""
-        job.seconds[key] = job.seconds.get(key, 0.0) + seconds
 
     def _line(self, job: Job, status: str | None = None, reason: str | None = None) -> dict:
         name, now = job.name, time.monotonic()
