@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -238,10 +239,20 @@ def cmd_judge(args: argparse.Namespace) -> int:
     if not args.paths:
         return _error("judge", "name the workdirs (or folders holding them), or --serve to read them from stdin", USAGE)
     out = Path(args.out).resolve()
+    terminated = []
+
+    def on_sigterm(signum, frame) -> None:   # as Ctrl-C: children ended, unfinished workdirs' lines `cancelled`
+        terminated.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         written = judge.run(args.paths, options, out=out, ray=args.ray, resume=args.resume, progress=Progress(0))
     except KeyboardInterrupt:
-        return _error("judge", f"interrupted; the lines so far (unfinished workdirs as cancelled) are in {out}", 130)
+        return _error("judge", f"interrupted; the lines so far (unfinished workdirs as cancelled) are in {out}",
+                      128 + signal.SIGTERM if terminated else 130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(summary(written.lines, wall_s=written.wall_s, busy=written.busy, root=Path.cwd()))
     kept = f" ({written.kept} kept from the earlier run)" if written.kept else ""
     print(f"cudaopt judge: {len(written.lines)} lines{kept} in {out}; exit {written.code}")

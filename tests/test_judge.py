@@ -148,6 +148,42 @@ def test_resume_keeps_the_judged_lines_and_judges_only_the_rest(judged):
 
 # ------------------------------------------------------------------ what a child is given
 
+def test_sigterm_ends_the_children_and_writes_a_cancelled_line_for_each_unfinished_workdir(tmp_path):
+    """A CI job's time limit or a scheduler stops a judge with SIGTERM: as with Ctrl-C, every workdir named gets its
+    line, the unfinished ones `cancelled`, exit 143, and no child outlives the judge."""
+    import signal
+    import sys
+    import time
+
+    from support import subprocess_env
+
+    made = judge_workdirs(tmp_path / "gallery", names=("honest", "hang"))
+    out, scratch = tmp_path / "lines.jsonl", tmp_path / "scratch"
+    proc = subprocess.Popen([sys.executable, "-m", "pytest_cudaopt.cli", "judge", *map(str, made.values()),
+                             "--cpu-slots", "2", "--jobs", "2", "--timeout", "600", "--cache-dir", str(JUDGE_CACHE),
+                             "--out", str(out), "--scratch", str(scratch), "--", *JUDGE_CPU_ARGS],
+                            cwd=tmp_path, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None and not (out.exists() and out.read_text()):
+        time.sleep(0.2)   # the honest workdir's line: the hang's check runs meanwhile, to its 600 s limit
+    proc.send_signal(signal.SIGTERM)
+    said, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, said[-3000:]
+    found = {Path(line["workdir"]).name: line for line in judge_lines.read_lines(out)}
+    assert (found["honest"]["status"], found["hang"]["status"]) == ("judged", "cancelled"), said[-3000:]
+    assert found["hang"]["reason"] == "the judge was interrupted while this workdir was judged"
+    left = [c for c in Path("/proc").glob("[0-9]*/cmdline") if _reads(c, str(scratch).encode())]
+    assert not left
+
+
+def _reads(cmdline: Path, part: bytes) -> bool:
+    try:
+        return any(part in arg for arg in cmdline.read_bytes().split(b"\0"))
+    except OSError:
+        return False
+
+
 def test_a_childs_environment_is_scrubbed_of_the_judges_secrets(monkeypatch, tmp_path):
     monkeypatch.setenv("CUDAOPT_SEED", "1234")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hunter2")
