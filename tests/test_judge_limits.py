@@ -119,6 +119,8 @@ class FakeStages:
                 time.sleep(0.01)
             if self.short.get(name, 0) > 0:
                 self.short[name] -= 1
+                if pause is not None:   # paused for a turn in the attempt judged again, not in the last
+                    pause.total = 0.25
                 if self.at_load:
                     return _loading_out_of_memory()
                 if self.blamed:
@@ -209,7 +211,11 @@ def test_a_check_whose_workdir_could_not_load_for_cuda_memory_beside_another_is_
     assert (found["a"]["status"], found["a"]["passed"]) == ("judged", True), found["a"]["reason"]
     runs = [(device, beside) for name, device, beside in fake.calls if name == "a"]
     assert len(runs) == 2 and runs[1] == ("0", set())
-    assert [k for k in found["a"]["seconds"] if "_again" in k] == ["check_again_alone"]
+    seconds = found["a"]["seconds"]
+    assert [k for k in seconds if "_again" in k] == ["check_again_alone"]
+    # the parts of the stage's seconds are the last attempt's, as a replay reads them: it did not pause
+    assert "check_paused" not in seconds and seconds["check_before_place"] < seconds["check"] - seconds[
+        "check_again_alone"], seconds
     note = found["a"]["stages"]["check"]["note"]
     assert "beside other checks (model_new.py::TestCorrectness::test_canonical[seed0]: AcceleratorError: CUDA " \
            "error: out of memory); judged again alone" in note, note

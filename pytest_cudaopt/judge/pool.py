@@ -252,6 +252,8 @@ class LocalPool:
                 threading.Thread(target=self._watch_place, args=(place, task, ended), daemon=True).start()
             if pause is not None:
                 threading.Thread(target=self._watch_pause, args=(pause, task, ended), daemon=True).start()
+            for part in ("before_place", "place_wait", "paused", "exit"):   # the attempt whose verdict counts
+                job.seconds.pop(f"{task.stage}_{part}", None)
             began = time.monotonic()
             try:
                 result = (self._run_stage or run_stage)(task.stage, job.copy, job.out, self.devices, task.device,
