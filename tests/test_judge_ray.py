@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -177,6 +179,77 @@ def test_a_workdir_whose_judge_dies_every_time_still_gets_a_line(cluster, tmp_pa
     found = list(pool.lines())
     assert len(found) == 1 and found[0]["status"] == "error" and not found[0]["passed"]
     assert "died 2 times, retried 1" in found[0]["reason"] and pool.restarts == 2
+
+
+def hanging_stages(log: Path, pids: Path):
+    """sleeping_stages, but workdir 1's check starts a child that would sleep for minutes (its pid to `pids`), as a
+    hung check's pytest does, and waits for it."""
+    inner = sleeping_stages(log)
+
+    def run(stage, copy, out, devices, device, options, children=None, turn=None, place=None, pause=None):
+        import subprocess
+
+        if stage == "check" and "CANDIDATE = 1" in (copy / "model_new.py").read_text():
+            proc = subprocess.Popen(["sleep", "300"], start_new_session=True)
+            children.add(proc)
+            pids.write_text(str(proc.pid))
+            proc.wait()
+            children.remove(proc)
+        return inner(stage, copy, out, devices, device, options, children, turn, place, pause)
+
+    return run
+
+
+def test_an_interrupted_driver_ends_the_nodes_children_and_writes_a_cancelled_line_for_each_workdir_left(
+        cluster, tmp_path):
+    """Ctrl-C (or SIGTERM, which `cudaopt judge` turns into it) while a node judges: as with the local pool, every
+    workdir gets one line, those unfinished `cancelled`, and no child outlives the run on the node."""
+    workdirs = _fake_workdirs(tmp_path / "w", 3)
+    pids = tmp_path / "pids"
+    pool = RayPool(workdirs, _gpu_options(), "local",
+                   actor_args=(DeviceSet(["0"], memory={"0": 80 * GiB}),
+                               hanging_stages(tmp_path / "log.jsonl", pids)))
+    found = []
+    running = pool.lines()
+    for line in running:   # the others' lines come while workdir 1's check hangs
+        found.append(line)
+        if {line["workdir"] for line in found} == {str(workdirs[0]), str(workdirs[2])}:
+            break
+    deadline = time.monotonic() + 30
+    while not pids.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child = int(pids.read_text())
+    with pytest.raises(KeyboardInterrupt):
+        found.append(running.throw(KeyboardInterrupt))
+        found.extend(running)
+    assert sorted(line["workdir"] for line in found) == sorted(str(w) for w in workdirs)
+    last = found[-1]
+    assert (last["workdir"], last["status"], last["passed"]) == (str(workdirs[1]), "cancelled", False), last
+    assert last["reason"] == "the judge was interrupted while this workdir was judged"
+    assert all(line["passed"] for line in found[:-1])
+    deadline = time.monotonic() + 10   # ended by the node's judge, and reaped by it
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{child}").exists(), f"the hung check's child {child} outlived the interrupted run"
+
+
+def test_the_driver_keeps_the_sigterm_handler_ray_init_replaces(tmp_path):
+    """`ray.init` puts in a SIGTERM handler of its own (an exit with no line for the workdirs left, where `cudaopt
+    judge` ends the run as on Ctrl-C): the driver puts the one it found back. In a process of its own, as Ray is
+    started there."""
+    script = tmp_path / "driver.py"
+    script.write_text(
+        "import signal\n"
+        "from pytest_cudaopt.judge import Options\n"
+        "from pytest_cudaopt.judge.ray_backend import RayPool\n"
+        "def mine(signum, frame):\n"
+        "    raise KeyboardInterrupt\n"
+        "signal.signal(signal.SIGTERM, mine)\n"
+        "assert list(RayPool([], Options(gpus=['0'], cache_dir=None, scratch=None), 'local').lines()) == []\n"
+        "print('kept' if signal.getsignal(signal.SIGTERM) is mine else signal.getsignal(signal.SIGTERM))\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+    assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "kept", done.stdout + done.stderr
 
 
 def test_a_nodes_judge_unpacks_each_workdir_apart_and_removes_it_after_its_line(tmp_path):

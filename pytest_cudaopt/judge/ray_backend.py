@@ -7,6 +7,7 @@ import collections
 import os
 import queue
 import shutil
+import signal
 import tarfile
 import tempfile
 import threading
@@ -22,6 +23,7 @@ RETRIES = 3    # times a workdir is judged again after the node judging it died
 PROBE_S = 5.0  # how long the driver waits for a cluster's address to accept a connection
 POLL_S = 5.0   # how long one call for a node's finished lines waits for the first of them
 START_S = 600.0  # how long a node's judge may take to come up (Ray places it, it imports the judge)
+STOP_S = 30.0   # how long an interrupted driver waits for the judges to end their children (SIGTERM, then SIGKILL)
 
 
 class NodeJudge:
@@ -99,6 +101,11 @@ class NodeJudge:
     def close(self) -> None:
         self.pool.close()
 
+    def stop(self, why: str) -> None:
+        """Every child ended, before the driver ends this actor (its children would outlive it)."""
+        self.pool.stop(why)
+        self._thread.join(timeout=STOP_S)
+
 
 def _ray_gpu_ids() -> list[str] | None:
     import ray
@@ -156,7 +163,8 @@ class RayPool:
 
             if not ray.is_initialized():
                 probe(self.address)
-                ray.init(address=None if self.address == "local" else self.address, log_to_driver=False)
+                _keeping_sigterm(ray.init, address=None if self.address == "local" else self.address,
+                                 log_to_driver=False)
         except ImportError as exc:
             yield from self._unjudged(self.names, f"not judged: the Ray backend needs the ray extra "
                                                   f"(pip install -e '.[ray]'): {exc}")
@@ -168,10 +176,24 @@ class RayPool:
             return
         judges: list[_Node] = []
         finished = False
+        told: set[str] = set()
         try:
             self._start_missing(judges)
-            yield from self._judge(ray, judges)
+            for line in self._judge(ray, judges):
+                told.add(line["workdir"])
+                yield line
             finished = True
+        except KeyboardInterrupt:   # as the local pool: every child ended, a `cancelled` line for each workdir left
+            held = {name for judge in judges for name, _ in judge.holding.values()}
+            if judges:
+                ray.wait([judge.handle.stop.remote("the judge was interrupted") for judge in judges],
+                         num_returns=len(judges), timeout=STOP_S)
+            for name in self.names:
+                if name not in told:
+                    when = "while this workdir was judged" if name in held else "before this workdir's judging began"
+                    yield lines.unjudged(name, result_key(name, "", self.options), "cancelled",
+                                         f"the judge was interrupted {when}")
+            raise
         finally:
             self._wind_down(ray, judges, stats=finished)
             self.wall_s = time.monotonic() - start
@@ -279,6 +301,18 @@ class RayPool:
     def _unjudged(self, names: Sequence[str], reason: str) -> Iterator[dict]:
         for name in names:
             yield lines.unjudged(name, result_key(name, "", self.options), "error", reason)
+
+
+def _keeping_sigterm(call: Callable[..., Any], **kwargs: Any) -> None:
+    """`ray.init` with the SIGTERM handler it replaces (an exit with no line for the workdirs left) put back:
+    `cudaopt judge`'s, which ends the run as Ctrl-C does."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        call(**kwargs)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _quietly(call: Callable[..., Any], *args: Any) -> None:
