@@ -16,6 +16,8 @@
 #   service   benchmarks/judge_latency.py over the gallery at RATE workdirs an hour (p50/p95 latency), its timing settings
 #             (RATE=half: half the rate step's, run before it)
 #   rate      benchmarks/judge_gallery.py --arm judge --copies COPIES (default 3): the judge's steady rate, cold builds
+#   warm      a throwaway rate step (one copy, ended at WARM_S, default 60): a fresh machine's first arm
+#             ran 15-20% slower (benchmarks/results/2026-12-06-exits.md)
 #   rate_tree the rate step in TREE's own checkout (another form of the judge, side by side with this one;
 #             the arm run first on a fresh machine ran 15-20% slower on 2026-12-06: run a throwaway arm first
 #             or alternate the arms, e.g. `rate rate_tree rate`)
@@ -81,6 +83,7 @@ d = json.load(open(sys.argv[1]))['judge']; print(round(len(d['results']) * 1800 
               $(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import judge_gallery; print(*judge_gallery.GPU_ARGS)") ;;
   rate)     at=$(fresh rate); step "$at" "${RATE_S:-420}" python3 benchmarks/judge_gallery.py --arm judge \
               --copies "${COPIES:-3}" --out "$LOGS/$at" ;;
+  warm)     step warm "${WARM_S:-60}" python3 benchmarks/judge_gallery.py --arm judge --copies 1 --out "$LOGS/warm" ;;
   rate_tree) tree=$(cd "$TREE" && pwd)   # run from the tree: its zygote must import the tree's package, not this one
             at=$(fresh rate_tree)
             (cd "$tree" && step "$at" "${RATE_S:-420}" env PYTHONPATH="$tree" python3 benchmarks/judge_gallery.py \
