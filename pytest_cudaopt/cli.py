@@ -214,6 +214,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_judge(args: argparse.Namespace) -> int:
     from pytest_cudaopt import judge
     from pytest_cudaopt.judge.display import Progress, summary
+    from pytest_cudaopt.judge.lines import unwritable
 
     low = [f"{flag} {value}" for flag, value, least in (("--share", args.share, 1), ("--jobs", args.jobs, 1),
                                                        ("--ahead", args.ahead, 0), ("--cpu-slots", args.cpu_slots, 1))
@@ -239,6 +240,8 @@ def cmd_judge(args: argparse.Namespace) -> int:
     if not args.paths:
         return _error("judge", "name the workdirs (or folders holding them), or --serve to read them from stdin", USAGE)
     out = Path(args.out).resolve()
+    if why := unwritable(out):
+        return _error("judge", f"--out {args.out}: {why}", USAGE)
     terminated = []
 
     def on_sigterm(signum, frame) -> None:   # as Ctrl-C: children ended, unfinished workdirs' lines `cancelled`

@@ -285,6 +285,28 @@ def test_judge_takes_any_number_of_paths_then_pytest_arguments_after_a_double_da
     assert seen == {"paths": ["a", "b"], "extra": ["--cudaopt-device=cpu", "-x"], "gpus": "0,3"}
 
 
+def test_an_out_that_is_a_folder_another_file_or_unwritable_is_refused_before_any_workdir_is_judged(
+        tmp_path, capsys):
+    """Exit 2 with the reason, nothing judged and nothing overwritten: a typo such as `--out model.py` must not
+    empty the user's file hours into a run, nor end it with a traceback."""
+    from pytest_cudaopt import cli
+
+    model = tmp_path / "model.py"
+    model.write_text("import torch\n")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for out, why in ((tmp_path, "is a folder"), (model, "exists and does not hold `cudaopt judge` lines; it is "
+                                                        "left alone"), (blocker / "lines.jsonl", "cannot be written")):
+        assert cli.main(["judge", str(tmp_path / "missing"), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"cudaopt judge: --out {out}: ") and why in err, err
+    assert model.read_text() == "import torch\n"
+    lines = tmp_path / "lines.jsonl"   # an earlier run's lines (the workdir named is none: its line says so)
+    lines.write_text(json.dumps({"schema": "cudaopt-judge/1", "workdir": "old"}) + "\n")
+    assert cli.main(["judge", str(tmp_path / "missing"), "--out", str(lines)]) == 3
+    assert [json.loads(raw)["status"] for raw in lines.read_text().splitlines()] == ["error"]
+
+
 def test_each_line_carries_its_id_and_its_time_queued_and_judging(judged):
     """Ids: each workdir's place among those found, then the path that named none; the time from
     the judge's start to a line is its queue time and its judging time."""

@@ -155,6 +155,28 @@ def dumps(line: dict) -> str:
     return json.dumps(finite(line), allow_nan=False, default=str, separators=(",", ":"))
 
 
+def unwritable(path: Path) -> str:
+    """Why the lines cannot go to `path` ("" when they can): a folder, a file of something else (never
+    overwritten), a place that cannot be written. Asked before any workdir is judged."""
+    if path.is_dir():
+        return f"{path} is a folder"
+    if path.is_file() and path.stat().st_size:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                first = json.loads(handle.readline())
+        except (OSError, ValueError):
+            first = None
+        if not isinstance(first, dict) or first.get("schema") != LINE_SCHEMA:
+            return f"{path} exists and does not hold `cudaopt judge` lines; it is left alone"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        return f"{path} cannot be written ({type(exc).__name__}: {exc.strerror or exc})"
+    return ""
+
+
 def read_lines(path: Path) -> list[dict]:
     """The lines of a JSON-lines file (a torn last line, from a killed judge, is left out)."""
     try:
