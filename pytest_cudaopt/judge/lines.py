@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from pytest_cudaopt.results import blame
+from pytest_cudaopt.results.jsonreport import cannot_write
 from pytest_cudaopt.results.records import finite
 from pytest_cudaopt.judge.stages import FAILED, OK, StageResult
 
@@ -128,6 +129,12 @@ def unjudged(workdir: str, key: str, status: str, reason: str, seconds: float = 
                     seconds={"queued": queued, "judging": seconds - queued, "total": seconds})
 
 
+def cancelled_reason(why: str, began: bool) -> str:
+    """A `cancelled` line's reason: `why`, and whether the workdir's judging had begun."""
+    when = "while this workdir was judged" if began else "before this workdir's judging began"
+    return f"{why} {when}"
+
+
 class Attempts:
     """Each workdir's lines so far, by any key: whether its latest is judged again (`judge_again(line, attempts)`,
     Options.judge_again), else that line stamped with its `attempts` and the `earlier` ones' status, blame and
@@ -168,13 +175,7 @@ def unwritable(path: Path) -> str:
             first = None
         if not isinstance(first, dict) or first.get("schema") != LINE_SCHEMA:
             return f"{path} exists and does not hold `cudaopt judge` lines; it is left alone"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8"):
-            pass
-    except OSError as exc:
-        return f"{path} cannot be written ({type(exc).__name__}: {exc.strerror or exc})"
-    return ""
+    return cannot_write(path)
 
 
 def read_lines(path: Path) -> list[dict]:

@@ -225,8 +225,7 @@ class LocalPool:
         for job in jobs.values():
             if job.index not in done:
                 done.add(job.index)
-                when = "before this workdir's judging began" if job.began is None else "while this workdir was judged"
-                yield self._line(job, status="cancelled", reason=f"{why} {when}")
+                yield self._line(job, status="cancelled", reason=lines.cancelled_reason(why, job.began is not None))
 
     def _channels(self, job: Job, task: Task) -> None:
         """The stage's channels with its child (run/turn.py), made before it starts: the scheduler may grant, admit

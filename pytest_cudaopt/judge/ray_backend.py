@@ -190,9 +190,8 @@ class RayPool:
                          num_returns=len(judges), timeout=STOP_S)
             for name in self.names:
                 if name not in told:
-                    when = "while this workdir was judged" if name in held else "before this workdir's judging began"
                     yield lines.unjudged(name, result_key(name, "", self.options), "cancelled",
-                                         f"the judge was interrupted {when}")
+                                         lines.cancelled_reason("the judge was interrupted", name in held))
             raise
         finally:
             self._wind_down(ray, judges, stats=finished)

@@ -54,13 +54,19 @@ def unusable(path: str | Path, others: Mapping[str, str | Path | None] = {}) -> 
             read(path)
         except ValueError:
             return f"{path} exists and is not a cudaopt JSON report; it is left alone", True
+    return cannot_write(path), False
+
+
+def cannot_write(path: Path) -> str:
+    """Why no file can be made at `path` ("" when one can): its folder made if need be, a probe file beside it
+    written and removed (the file itself untouched)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".probe"):
             pass
     except OSError as exc:
-        return f"{path} cannot be written ({type(exc).__name__}: {exc.strerror or exc})", False
-    return "", False
+        return f"{path} cannot be written ({type(exc).__name__}: {exc.strerror or exc})"
+    return ""
 
 
 def read(path: str | Path) -> dict[str, Any]:
