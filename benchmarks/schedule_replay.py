@@ -8,7 +8,8 @@ Each workdir's stages take what they took in the run: a check or perf stage its 
 its place (`--ahead`: without one), then a check its time in its place, a perf stage its time before its turn,
 then its turn, then its exit after it left its place (`*_exit`); the waits are the scheduler's to decide. An attempt
 judged again (`*_again`, `*_again_alone`) holds its place for its seconds, then goes back to the scheduler as the
-judge's did. CPU contention is not modelled: builds keep their measured time.
+judge's did; a workdir judged again whole (its line's `earlier`, with their seconds) runs each earlier attempt's
+stages, then goes again ahead of the queue. CPU contention is not modelled: builds keep their measured time.
 With the run's own settings, the replay's wall against the run's (`--measured`) is the replay's error.
 """
 
@@ -31,6 +32,31 @@ class Work:
     #                                   perf_turn, perf_exit
     # per stage, its attempts judged again: (their seconds, then alone?), in the judge's order (placed, then alone)
     again: dict[str, list[tuple[float, bool]]] = field(default_factory=dict)
+    # the workdir's attempts judged again whole before this one (its line's `earlier` with their seconds), in order
+    earlier: list["Work"] = field(default_factory=list)
+
+
+def _work(stages: list[str], seconds: dict[str, float]) -> Work:
+    """One attempt at a workdir: the stages it ran and its line's (or `earlier` entry's) seconds."""
+    perf = seconds.get("perf", 0.0)
+    before = {s: seconds.get(f"{s}_before_place", 0.0) for s in ("check", "perf")}   # 0: an older run's line
+    waited = {s: seconds.get(f"{s}_place_wait", 0.0) for s in ("check", "perf")}
+    exits = {s: seconds.get(f"{s}_exit", 0.0) for s in ("check", "perf")}   # 0: the place held to the end
+    paused = {s: seconds.get(f"{s}_paused", 0.0) for s in ("check", "perf")}  # the replay pauses them itself
+    again = {s: [(seconds[k], alone) for k, alone in ((f"{s}_again", False), (f"{s}_again_alone", True))
+                 if seconds.get(k)] for s in ("check", "perf")}
+    spent = {s: sum(t for t, _ in again[s]) for s in again}   # in the stage's seconds, beside the last attempt
+    return Work(stages, {"build": seconds.get("build", 0.0), "policy": seconds.get("policy", 0.0),
+                         "check_before": before["check"],
+                         "check": max(0.0, seconds.get("check", 0.0) - spent["check"] - before["check"]
+                                      - waited["check"] - exits["check"] - paused["check"]),
+                         "check_exit": exits["check"],
+                         "perf_before": before["perf"],
+                         "perf_prepare": max(0.0, perf - spent["perf"] - seconds.get("perf_wait", 0.0)
+                                             - before["perf"] - waited["perf"] - seconds.get("perf_turn", 0.0)
+                                             - exits["perf"] - paused["perf"]),
+                         "perf_turn": seconds.get("perf_turn", 0.0), "perf_exit": exits["perf"]},
+                {s: a for s, a in again.items() if a})
 
 
 def load(path: Path) -> list[Work]:
@@ -38,28 +64,12 @@ def load(path: Path) -> list[Work]:
     works = []
     for raw in path.read_text().splitlines():
         line = json.loads(raw)
-        seconds = line["seconds"]
-        stages = [s for s in STAGES if s in line["stages"] and line["stages"][s].get("status") != "not-run"]
-        perf = seconds.get("perf", 0.0)
-        before = {s: seconds.get(f"{s}_before_place", 0.0) for s in ("check", "perf")}   # 0: an older run's line
-        waited = {s: seconds.get(f"{s}_place_wait", 0.0) for s in ("check", "perf")}
-        exits = {s: seconds.get(f"{s}_exit", 0.0) for s in ("check", "perf")}   # 0: the place held to the end
-        paused = {s: seconds.get(f"{s}_paused", 0.0) for s in ("check", "perf")}  # the replay pauses them itself
-        again = {s: [(seconds[k], alone) for k, alone in ((f"{s}_again", False), (f"{s}_again_alone", True))
-                     if seconds.get(k)] for s in ("check", "perf")}
-        spent = {s: sum(t for t, _ in again[s]) for s in again}   # in the stage's seconds, beside the last attempt
-        works.append(Work(stages, {"build": seconds.get("build", 0.0), "policy": seconds.get("policy", 0.0),
-                                   "check_before": before["check"],
-                                   "check": max(0.0, seconds.get("check", 0.0) - spent["check"] - before["check"]
-                                                - waited["check"] - exits["check"] - paused["check"]),
-                                   "check_exit": exits["check"],
-                                   "perf_before": before["perf"],
-                                   "perf_prepare": max(0.0, perf - spent["perf"] - seconds.get("perf_wait", 0.0)
-                                                       - before["perf"]
-                                                       - waited["perf"] - seconds.get("perf_turn", 0.0)
-                                                       - exits["perf"] - paused["perf"]),
-                                   "perf_turn": seconds.get("perf_turn", 0.0), "perf_exit": exits["perf"]},
-                          {s: a for s, a in again.items() if a}))
+        work = _work([s for s in STAGES if s in line["stages"] and line["stages"][s].get("status") != "not-run"],
+                     line["seconds"])
+        # an earlier attempt ran the stages its seconds name (an older run's `earlier` has none: not replayed)
+        work.earlier = [_work([s for s in STAGES if s in e["seconds"]], e["seconds"])
+                        for e in line.get("earlier", []) if e.get("seconds")]
+        works.append(work)
     return works
 
 
@@ -75,8 +85,26 @@ def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0, ah
     ends: dict[int, tuple[float, int]] = {}   # a placed check's job -> (its end, the order of its end event)
     frozen: dict[int, float] = {}             # a paused check's job -> the seconds of work it has left
     running: dict[int, Task] = {}
+    # each attempt a job of its own (a workdir judged again whole: its earlier attempts first, then its line's);
+    # `attempts` indexes them by job, `follows` names the attempt added once a job's last stage ends
+    attempts: list[Work] = []
+    follows: dict[int, tuple[int, list[Work]]] = {}
     for index, work in enumerate(works):
-        scheduler.add(index, f"p{index}", stages=work.stages)
+        chain = [*work.earlier, work]
+        attempts.append(chain[0])
+        if len(chain) > 1:
+            follows[index] = (index, chain[1:])
+    for index, work in enumerate(works):
+        scheduler.add(index, f"p{index}", stages=attempts[index].stages)
+
+    def ended(job: int, stage: str) -> None:   # the attempt's last stage ended: the workdir goes again, ahead
+        if stage != attempts[job].stages[-1] or job not in follows:
+            return
+        workdir, rest = follows.pop(job)
+        attempts.append(rest[0])
+        if len(rest) > 1:
+            follows[len(attempts) - 1] = (workdir, rest[1:])
+        scheduler.add(len(attempts) - 1, f"p{workdir}", stages=rest[0].stages, first=True)
     events: list[tuple[float, int, str, Task]] = []
     order = itertools.count()   # ties in time keep the order they were pushed in
     asked: list[tuple[float, Task]] = []     # asks held back for a batch
@@ -87,9 +115,9 @@ def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0, ah
     starting: set[int] = set()               # asked to pause before its time in its place began
 
     def again(task: Task) -> tuple[float, bool] | None:   # the attempt now running is judged again: its seconds
-        attempts = works[task.job].again.get(task.stage, [])
+        tries = attempts[task.job].again.get(task.stage, [])
         done = tried.get((task.job, task.stage), 0)
-        return attempts[done] if done < len(attempts) else None
+        return tries[done] if done < len(tries) else None
 
     def ending(task: Task) -> str:   # what ends its time in its place
         return "again" if again(task) else "want" if task.stage == "perf" else "leave"
@@ -109,20 +137,20 @@ def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0, ah
         for task in scheduler.ready():
             if task.device is not None:   # starts up, then asks for its place
                 running[task.job] = task
-                push(now[0] + works[task.job].seconds[f"{task.stage}_before"], "enter", task)
+                push(now[0] + attempts[task.job].seconds[f"{task.stage}_before"], "enter", task)
             else:
-                push(now[0] + works[task.job].seconds[task.stage], "end", task)
+                push(now[0] + attempts[task.job].seconds[task.stage], "end", task)
         for job in scheduler.admits():
             task = running[job]
             if (attempt := again(task)) is not None:   # it holds its place for what it took, less its start-up
-                at = now[0] + max(0.0, attempt[0] - works[task.job].seconds[f"{task.stage}_before"])
+                at = now[0] + max(0.0, attempt[0] - attempts[task.job].seconds[f"{task.stage}_before"])
                 ends[task.job] = (at, push(at, "again", task))
             elif task.stage == "perf":   # it prepares (paused for turns as a check is), then asks for its turn
                 running_perf.add(task.job)
-                at = now[0] + works[task.job].seconds["perf_prepare"]
+                at = now[0] + attempts[task.job].seconds["perf_prepare"]
                 ends[task.job] = (at, push(at, "want", task))
             else:
-                at = now[0] + works[task.job].seconds[task.stage]
+                at = now[0] + attempts[task.job].seconds[task.stage]
                 ends[task.job] = (at, push(at, "leave", task))
             if job in starting:   # asked to pause while it started up in a place held from its start: at its first item
                 starting.discard(job)
@@ -146,7 +174,7 @@ def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0, ah
         for job in scheduler.grants():
             turns += 1
             waited += now[0] - want_at[job]
-            push(now[0] + works[job].seconds["perf_turn"], "leave", Task(job, "perf", "0"))
+            push(now[0] + attempts[job].seconds["perf_turn"], "leave", Task(job, "perf", "0"))
         if not events:
             if asked:
                 pass_asks(True)
@@ -165,7 +193,7 @@ def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0, ah
                 ends.pop(task.job, None)   # its time in its place is over
             if what == "leave":   # its place (and turn) end; its exit goes on without one
                 scheduler.leave(task)
-                push(now[0] + works[task.job].seconds[f"{task.stage}_exit"], "end", task)
+                push(now[0] + attempts[task.job].seconds[f"{task.stage}_exit"], "end", task)
             elif what == "paused":
                 if task.job in frozen:
                     scheduler.paused(task)
@@ -182,6 +210,7 @@ def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0, ah
                 if task.stage == "perf":
                     running_perf.discard(task.job)
                 scheduler.finish(task, proceed=True, complete=task.stage == "check")
+                ended(task.job, task.stage)
         pass_asks(batch_wait <= 0)
     return {"wall_s": now[0], "per_hour": len(works) / now[0] * 3600, "turns": turns, "waited_s": waited,
             "busy": scheduler.busy_fraction()["0"]}
@@ -206,7 +235,7 @@ def main() -> None:
     args = parser.parse_args()
     works = load(args.lines)
     for part, factor in (item.split("=") for item in args.scale):
-        for work in works:
+        for work in (attempt for work in works for attempt in (*work.earlier, work)):
             work.seconds[part] *= float(factor)
     print(f"{len(works)} workdirs from {args.lines}")
     print(f"{'share':>5}  {'ahead':>5}  {'pause s':>7}  {'batch wait s':>12}  {'wall s':>7}  {'per hour':>8}  {'turns':>5}  "

@@ -890,6 +890,35 @@ def test_the_replay_replays_an_attempt_judged_again_placed_or_alone(tmp_path):
     assert wall(check_again=1.0, check_again_alone=1.0) == 7.5   # 2-3, 3-4, then alone 6-7.5
 
 
+def test_the_replay_replays_a_workdir_judged_again_whole_its_earlier_attempt_first_then_ahead_of_the_queue(tmp_path):
+    """A line's `earlier` attempts (with their seconds) run first; when one ends, the workdir goes again before the
+    workdirs still waiting. One place: w0's first attempt checks 2-4 s, w1's check 4-6 s while w0 builds again (4-5)
+    and checks its policy (5-6), then w0's check 6-7 s. An `earlier` of an older run, without seconds, is not
+    replayed."""
+    schedule_replay = _schedule_replay()
+    stages = {s: {"status": "ok"} for s in ("build", "policy", "check")}
+    first = {"status": "judged", "blame": "environment", "reason": "check: busy",
+             "seconds": {"copy": 0.0, "build": 1.0, "policy": 1.0, "check": 2.0, "total": 4.0}}
+
+    def wall(*earlier: dict) -> float:
+        lines = [{"stages": stages, "seconds": {"build": 1.0, "policy": 1.0, "check": 1.0},
+                  **({"earlier": list(earlier)} if earlier else {})},
+                 {"stages": stages, "seconds": {"build": 1.0, "policy": 1.0, "check": 2.0}}]
+        path = tmp_path / "judge.jsonl"
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        works = schedule_replay.load(path)
+        got = schedule_replay.replay(works, share=1, jobs=2)
+        assert got["per_hour"] == pytest.approx(2 * 3600 / got["wall_s"])   # workdirs, not attempts
+        return got["wall_s"]
+
+    assert wall() == 5.0                                  # w0's check 2-3, w1's 3-5
+    assert wall(first) == 7.0
+    assert wall({k: v for k, v in first.items() if k != "seconds"}) == 5.0
+    # twice judged again: 2-4 (w0), 4-6 (w1; w0 builds 4-5, policy 5-6), 6-8 (w0 again), then build 8-9,
+    # policy 9-10, check 10-11
+    assert wall(first, first) == 11.0
+
+
 def test_the_replay_pauses_a_check_asked_while_it_starts_up_in_its_place_at_its_first_item(tmp_path):
     """Without --ahead a check holds its place from its start. w0's perf asks for its turn at 3 s while w1's check
     still starts up (2-5 s): w1 pauses on entering its place, the turn runs 5-6 s, then w1's check 6-7 s."""

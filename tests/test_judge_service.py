@@ -169,9 +169,12 @@ def test_a_workdir_the_environment_failed_is_judged_again_and_counted_once(tmp_p
     service.close()
     assert line["attempts"] == attempts and line["passed"] == (status == "judged"), line
     assert line["blame"] == (None if status == "judged" else "environment"), line
-    # why it went again is kept: each earlier attempt's status, blame and reason
-    assert line.get("earlier", []) == [{"status": "judged", "blame": "environment",
-                                        "reason": "check: device busy"}] * (attempts - 1), line
+    # why it went again is kept: each earlier attempt's status, blame and reason, and its seconds (for a replay)
+    earlier = line.get("earlier", [])
+    assert [{k: e[k] for k in ("status", "blame", "reason")} for e in earlier] == [
+        {"status": "judged", "blame": "environment", "reason": "check: device busy"}] * (attempts - 1), line
+    assert all(set(e["seconds"]) >= {"build", "policy", "check", "total"} and "perf" not in e["seconds"]
+               for e in earlier), earlier
     assert service.in_flight == 0
 
 

@@ -137,8 +137,9 @@ def cancelled_reason(why: str, began: bool) -> str:
 
 class Attempts:
     """Each workdir's lines so far, by any key: whether its latest is judged again (`judge_again(line, attempts)`,
-    Options.judge_again), else that line stamped with its `attempts` and the `earlier` ones' status, blame and
-    reason. The local pool's retries, the Ray driver's and a Service's share it."""
+    Options.judge_again), else that line stamped with its `attempts` and the `earlier` ones' status, blame,
+    reason and seconds (for a replay of the run). The local pool's retries, the Ray driver's and a Service's
+    share it."""
 
     def __init__(self, judge_again: Callable[[dict, int], bool]):
         self._judge_again = judge_again
@@ -148,7 +149,8 @@ class Attempts:
     def again(self, key: Any, line: dict, allowed: bool = True) -> bool:
         count = self._count[key] = self._count.get(key, 0) + 1
         if allowed and self._judge_again(line, count):
-            self._earlier.setdefault(key, []).append({k: line.get(k) for k in ("status", "blame", "reason")})
+            self._earlier.setdefault(key, []).append({k: line.get(k) for k in ("status", "blame", "reason",
+                                                                                "seconds")})
             return True
         del self._count[key]
         line["attempts"] = count
