@@ -6,6 +6,7 @@ import json
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -320,13 +321,17 @@ def test_ray_with_no_node_that_has_a_gpu_gives_a_line_per_workdir_and_exit_3(tmp
     assert "nothing judged" in proc.stdout and "per hour" not in proc.stdout
 
 
-def test_the_judges_own_failure_before_judging_gives_each_workdir_a_line(tmp_path):
+def test_the_judges_own_failure_before_judging_gives_each_workdir_a_line(tmp_path, monkeypatch):
     for name in ("a", "b"):
-        _workdir(tmp_path, name)
+        _workdir(tmp_path / "workdirs", name)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))   # where the pool's own scratch folder would go
     options = Options(jobs=0, cache_dir=None, pytest_args=["--cudaopt-device=cpu"])   # the scheduler refuses it
-    found = list(Judge([tmp_path], options))
+    found = list(Judge([tmp_path / "workdirs"], options))
     assert sorted(Path(line["workdir"]).name for line in found) == ["a", "b"]
     assert all(line["status"] == "error" and "jobs and share must be at least 1" in line["reason"] for line in found)
+    assert not list(temp.iterdir()), "a scratch folder was left behind"
 
 
 def test_with_nothing_judged_the_summary_gives_no_rate():

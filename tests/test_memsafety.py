@@ -292,6 +292,72 @@ def test_the_case_is_sent_as_the_workdir_loads_and_runs_beside_the_correctness_i
     assert record["data"]["passed"] and record["data"]["tools"] == {t: "clean" for t in ran}
 
 
+PAUSE_IN_ITEM = """\
+import json, os, pathlib, threading, time
+
+import pytest
+
+PAUSE, SEEN = pathlib.Path(os.environ["CUDAOPT_PAUSE"]), pathlib.Path(os.environ["PAUSE_SEEN"])
+ended = []
+
+
+def sanitizers():   # the states of this process's stand-in sanitizer children (T: stopped)
+    states = []
+    for task in pathlib.Path(f"/proc/{os.getpid()}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            if b"compute-sanitizer" in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes():
+                states.append(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0])
+    return states
+
+
+def watch():   # a turn's judge: wait for the answer, look, then let it go on
+    deadline = time.time() + 20
+    while not (PAUSE / "paused").exists() and time.time() < deadline:
+        time.sleep(0.01)
+    seen = {"paused": (PAUSE / "paused").exists(), "item_ended": bool(ended), "states": sanitizers()}
+    time.sleep(1.0)
+    seen["states_later"] = sanitizers()
+    SEEN.write_text(json.dumps(seen))
+    (PAUSE / "pause").unlink()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item):   # asked once the memory-safety item has begun: past its pause point between items
+    if "MemorySafety" in item.nodeid:
+        (PAUSE / "pause").write_text("4")
+        threading.Thread(target=watch, daemon=True).start()
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and "MemorySafety" in report.nodeid:
+        ended.append(report.outcome)
+"""
+
+
+def test_a_check_asked_to_pause_while_its_item_waits_on_the_sanitizer_pauses_with_the_sanitizer_stopped(
+        pytester, sanitized, monkeypatch, tmp_path):
+    """A judge's check child asked to pause (another workdir's turn) while its memory-safety item waits on the
+    sanitizer's children pauses then, with those children stopped, not once the item ends (a turn waited for a
+    whole sanitizer run, and for ever on one that never ended); let go, the item goes on and passes."""
+    path = sanitized()
+    pause, seen = tmp_path / "pause", tmp_path / "seen.json"
+    pause.mkdir()
+    (path / "conftest.py").write_text(PAUSE_IN_ITEM)
+    monkeypatch.setenv("CUDAOPT_PAUSE", str(pause))
+    monkeypatch.setenv("PAUSE_SEEN", str(seen))
+    monkeypatch.setenv("FAKE_SANITIZER_SLEEP_MEMCHECK", "4")   # the item waits on memcheck for seconds
+    result = run_pytest(pytester, "wd", "-m", "memsafety", "--cudaopt-report=report.json", "-rA")
+    result.assert_outcomes(passed=1)
+    assert seen.exists(), "the pause was not answered while the item ran (the session ended first)"
+    found = json.loads(seen.read_text())
+    assert found["paused"] and not found["item_ended"], found
+    assert len(found["states"]) == 3 and set(found["states"]) == {"T"}, found       # the three tools stopped
+    assert set(found["states_later"]) == {"T"}, found                                # until let go
+    [record] = [r for r in json.loads((pytester.path / "report.json").read_text())["results"]
+                if r["kind"] == "memsafety"]
+    assert record["data"]["passed"] and record["data"]["tools"] == {t: "clean" for t in record["data"]["tools"]}
+
+
 def test_the_item_fails_a_write_past_the_output_naming_the_kernel_line(pytester, sanitized):
     sanitized({"memcheck": SCALE_PAST_END.format(line=scale_line())})
     result = run_pytest(pytester, "wd", "-m", "memsafety", "--cudaopt-report=report.json")
@@ -397,6 +463,8 @@ def test_a_memcheck_that_runs_past_its_time_fails_and_slow_optional_tools_are_no
     result = run_pytest(pytester, "wd", "-m", "memsafety")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*memcheck did not finish within its time (1? s); raise cudaopt_memsafety_timeout*"])
+    # what its processes were doing then: the stand-in sanitizer asleep (S), not stopped (T) by a pause
+    result.stdout.fnmatch_lines(["*its processes then: compute-sanitiz S)*"])   # /proc keeps 15 characters of a name
 
 
 def test_an_optional_tool_still_running_at_the_time_limit_is_a_note_not_a_failure(pytester, sanitized, monkeypatch):
@@ -433,8 +501,8 @@ def test_on_the_cpu_device_the_item_skips_and_on_cuda_it_needs_the_gpu(pytester,
 
 
 def _case_in(path: Path, scratch: Path, case: dict) -> list:
-    """The sanitized case of the workdir at `path` saved in `scratch` as judge_memory_safety saves it; model.py's
-    output on it."""
+    """The sanitized case of the workdir at `path` saved in `scratch` as the memory-safety item saves it
+    (verdict.begin); model.py's output on it."""
     import torch
 
     from pytest_cudaopt.candidate.construct import stand_in_extension
@@ -494,7 +562,7 @@ def test_the_child_confines_itself_and_still_runs_its_call(prebuilt_workdir, sub
              "from pytest_cudaopt.candidate import sanitized as s; code = s.main(sys.argv); "
              "open(%r, 'w').write('forged')" % str(path.parent / "forged.log"))
     done = subprocess.run([cmd[0], "-c", probe, *cmd[3:]], capture_output=True, text=True, timeout=300,
-                          env={**subprocess_env, "TMPDIR": str(tmp_path)})  # as judge_memory_safety sets it
+                          env={**subprocess_env, "TMPDIR": str(tmp_path)})  # as verdict.Sanitized sets it
     assert 'cudaopt-memsafety-call: {"audit": []}' in done.stdout, done.stderr
     assert "PermissionError" in done.stderr and not (path.parent / "forged.log").exists()
 
@@ -524,7 +592,7 @@ def test_children_started_ahead_load_nothing_of_the_workdir_before_their_case_an
         want = _case_in(path, tmp_path, {"features": 3})
         ahead.send(torch.load(tmp_path / "memsafety-case.pt", weights_only=True))
         for tool, child in ahead.children.items():
-            run = child.finish(120)
+            run = child.finish(lambda: 120.0)
             assert run.returncode == 0 and "cudaopt-memsafety-call:" in run.output, (tool, run.output[-2000:])
             [got] = torch.load(ahead.child_scratch / tool / "memsafety-output.pt", weights_only=True)
             assert torch.allclose(got, want[0].float())

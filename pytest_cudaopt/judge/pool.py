@@ -123,17 +123,18 @@ class LocalPool:
             for name in self.names:
                 yield lines.unjudged(name, result_key(name, "", self.options), "error", why)
             return
-        own_scratch = self.options.scratch is None
-        scratch = Path(tempfile.mkdtemp(prefix="cudaopt-judge-")) if own_scratch else Path(self.options.scratch)
         scheduler = Scheduler(self.devices.names, jobs=self.options.cpu_jobs, share=self.options.share,
                               memory=self.devices.memory, turns=self.options.turns, ahead=self.options.stages_ahead,
                               pause=self.options.pause)
-        jobs: dict[int, Job] = {}
-        for workdir, name in zip(self.workdirs, self.names):
-            self._new_job(scheduler, jobs, scratch, workdir, name, None, None, None, False)
-        offered = self._offer_zygote()
-        start = time.monotonic()
-        try:
+        own_scratch = self.options.scratch is None
+        scratch = Path(tempfile.mkdtemp(prefix="cudaopt-judge-")) if own_scratch else Path(self.options.scratch)
+        start, offered = time.monotonic(), None
+        try:   # from here on, whatever ends the pool removes its own scratch folder
+            jobs: dict[int, Job] = {}
+            for workdir, name in zip(self.workdirs, self.names):
+                self._new_job(scheduler, jobs, scratch, workdir, name, None, None, None, False)
+            offered = self._offer_zygote()
+            start = time.monotonic()
             yield from self._loop(scheduler, jobs, scratch)
         finally:
             self.children.stop_all()

@@ -29,6 +29,7 @@ TOOLS: dict[str, tuple[str, ...]] = {"memcheck": ("--tool", "memcheck", "--paddi
                                      "racecheck": ("--tool", "racecheck"), "initcheck": ("--tool", "initcheck")}
 REQUIRED = "memcheck"
 WATCHDOG_MARGIN_S = 30.0  # the children end this long before the item's cudaopt_timeout
+POLL_S = 0.05  # how often the item, waiting on its children, looks for a pause asked (a turn's wait at most)
 PRINT_LIMIT = 50
 
 
@@ -106,6 +107,23 @@ class Run:
     log: str
     output: str
     seconds: float
+    states: str = ""   # stopped at its time limit: its processes' states then (`name state`, /proc's letters)
+
+
+def _group_states(pgid: int) -> str:
+    """`name state` of each process in group `pgid` (R running, S sleeping, D in the kernel, T stopped)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            name, rest = (entry / "stat").read_text().rsplit(")", 1)
+            state, _, group = rest.split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(group) == pgid:
+            found.append(f"{name.split('(', 1)[1]} {state}")
+    return ", ".join(found)
 
 
 class Child:
@@ -122,16 +140,25 @@ class Child:
         self.reader = threading.Thread(target=lambda: self.output.append(self.proc.stdout.read()), daemon=True)
         self.reader.start()
 
-    def finish(self, timeout: float) -> Run:
-        """Its Run once it exits, or after `timeout` seconds with its group killed (returncode None)."""
-        try:
-            code: int | None = self.proc.wait(timeout=max(0.0, timeout))
-        except subprocess.TimeoutExpired:
-            self.kill()
-            code = None
+    def finish(self, left: Callable[[], float], between: Callable[[], None] = lambda: None) -> Run:
+        """Its Run once it exits, or once `left()` seconds are none, its group killed (returncode None). `between`
+        runs every POLL_S while it waits (a pause point: a turn on the device stops the children meanwhile, and
+        `left()` grows by the pause)."""
+        code: int | None = None
+        states = ""
+        while True:
+            try:
+                code = self.proc.wait(timeout=max(0.0, min(POLL_S, left())))
+                break
+            except subprocess.TimeoutExpired:
+                if left() <= 0:
+                    states = _group_states(self.proc.pid)
+                    self.kill()
+                    break
+                between()
         self.reader.join()
         text = self.log.read_text(errors="replace") if self.log.is_file() else ""
-        return Run(self.tool, code, text, "".join(self.output), time.perf_counter() - self.started)
+        return Run(self.tool, code, text, "".join(self.output), time.perf_counter() - self.started, states)
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -266,11 +293,12 @@ def judge_run(run: Run, workdir: Path, build_dir: Path | None, result: MemorySaf
     result.notes += report.notes
     if run.returncode is None:
         result.tools[run.tool] = f"stopped after {run.seconds:.0f} s"
+        then = f" (its processes then: {run.states})" if run.states else ""
         if run.tool == REQUIRED:
             result.failures.append(f"{run.tool} did not finish within its time ({run.seconds:.0f} s); raise "
-                                   "cudaopt_memsafety_timeout or set a smaller cudaopt_memsafety_case")
+                                   f"cudaopt_memsafety_timeout or set a smaller cudaopt_memsafety_case{then}")
         else:
-            result.notes.append(f"{run.tool} was stopped at the time limit after {run.seconds:.0f} s")
+            result.notes.append(f"{run.tool} was stopped at the time limit after {run.seconds:.0f} s{then}")
         return
     result.tools[run.tool] = f"{len(report.findings)} finding(s)" if report.findings else "clean"
     unread = (report.summary_errors or 0) > report.records or (run.returncode == ERROR_EXIT and not report.records)
@@ -356,9 +384,11 @@ def begin(workdir: Any, settings: Any, seed: int, sanitizer: str, ahead: Sanitiz
     return Begun(key, sanitized, result, want, build_dir, limit, started)
 
 
-def conclude(begun: Begun, workdir: Path, test: str, paused: Callable[[], float] = lambda: 0.0) -> MemorySafetyResult:
+def conclude(begun: Begun, workdir: Path, test: str, paused: Callable[[], float] = lambda: 0.0,
+             between: Callable[[], None] = lambda: None) -> MemorySafetyResult:
     """Wait for the children of `begun` and decide; memcheck's findings stop the others. `paused()`: seconds they
-    were stopped since the case was sent (their time limit grows by them)."""
+    were stopped since the case was sent (their time limit grows by them). `between`: a pause point, run while
+    they are waited on (a judge's check child: another workdir's turn waits for no sanitizer run)."""
     result, sanitized = begun.result, begun.sanitized
     result.test = test
     try:
@@ -368,7 +398,7 @@ def conclude(begun: Begun, workdir: Path, test: str, paused: Callable[[], float]
                 child.kill()
                 result.tools[tool] = f"stopped ({REQUIRED} decided)"
                 continue
-            run = child.finish(begun.limit + paused() - (time.perf_counter() - begun.started))
+            run = child.finish(lambda: begun.limit + paused() - (time.perf_counter() - begun.started), between)
             result.seconds_by_tool[tool] = run.seconds
             judge_run(run, Path(workdir), begun.build_dir, result,
                       lambda run: call_evidence(run, sanitized.child_scratch / run.tool, begun.want))
@@ -378,10 +408,3 @@ def conclude(begun: Begun, workdir: Path, test: str, paused: Callable[[], float]
     result.seconds = time.perf_counter() - begun.started
     result.passed = not result.findings and not result.failures
     return result
-
-
-def judge_memory_safety(workdir: Any, settings: Any, seed: int, test: str, sanitizer: str,
-                        ahead: Sanitized | None = None) -> MemorySafetyResult:
-    """Run the tools on one small case of the loaded `workdir` (its extension as built) and decide: `begin`, then
-    `conclude`. The three run at once (each is mostly the sanitizer's own work on the CPU)."""
-    return conclude(begin(workdir, settings, seed, sanitizer, ahead), workdir.path, test)

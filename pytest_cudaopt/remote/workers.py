@@ -9,6 +9,24 @@ import time
 from pathlib import Path
 
 
+STOP_WAIT_S = 1.0   # how long `hold` waits for a process it stopped to show as stopped
+
+
+def _until_stopped(pids: list[int]) -> None:
+    """Wait (STOP_WAIT_S at most) until each of `pids` is stopped, gone or not to be read (/proc's state T, t, X,
+    Z)."""
+    deadline = time.monotonic() + STOP_WAIT_S
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                break
+            if state in "TtXZ":
+                break
+            time.sleep(0.001)
+
+
 class Workers:
     def __init__(self, settings):
         self.settings = settings
@@ -139,6 +157,8 @@ class Workers:
                     os.killpg(proc.pid, sent)
                 except OSError:
                     os.kill(proc.pid, sent)
+        if stopped:   # a signal is delivered when the process next runs: the pause is answered once each has stopped
+            _until_stopped([proc.pid for proc in procs])
         if stopped and self._held_at is None:
             self._held_at = time.monotonic()
         elif not stopped and self._held_at is not None:
@@ -152,9 +172,13 @@ class Workers:
         self.begun[Path(path).resolve()] = (begun, self.held_seconds())
 
     def take_begun(self, path: Path):
-        """(the memory-safety case begun for `path`, seconds held since) or None; the item decides it."""
-        found = self.begun.pop(Path(path).resolve(), None)
+        """(the memory-safety case begun for `path`, seconds held since) or None; the item decides it. Its children
+        stay among those `hold` stops until the item is done (`end_begun`): it may pause while it waits on them."""
+        found = self.begun.get(Path(path).resolve())
         return None if found is None else (found[0], lambda: self.held_seconds() - found[1])
+
+    def end_begun(self, path: Path) -> None:
+        self.begun.pop(Path(path).resolve(), None)
 
     def stop(self) -> None:
         """Kill every worker of this session (before any verdict file is written)."""

@@ -111,8 +111,9 @@ def set_hold(hold) -> None:
 
 
 def pause_within() -> None:
-    """A pause point inside a long item, where none of its work is in flight (before each correctness case): a turn
-    then waits for a case to end, not for the whole item (a drawn-shapes item's cases took seconds)."""
+    """A pause point inside a long item (before each correctness case, while the memory-safety item waits on its
+    sanitized children, whose kernels already launched may still finish): a turn then waits for a case to end, not
+    for the whole item (a drawn-shapes item's cases took seconds, a sanitizer's run more)."""
     if _HOLD and os.environ.get(PAUSE):
         pause_point(_HOLD[0])
 

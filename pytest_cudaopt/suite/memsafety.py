@@ -6,11 +6,12 @@ import pytest
 
 from pytest_cudaopt.correctness.case import holder
 from pytest_cudaopt.correctness.guards import derive_seed
-from pytest_cudaopt.memsafety.verdict import conclude, failure_text, find_sanitizer, judge_memory_safety, key_of, sanitizes
+from pytest_cudaopt.memsafety.verdict import begin, conclude, failure_text, find_sanitizer, key_of, sanitizes
 from pytest_cudaopt.primitives.memory import OVERHEAD
 from pytest_cudaopt.results import blame
 from pytest_cudaopt.results.ledger import SKIP_PROPERTY
 from pytest_cudaopt.results.records import NOT_APPLICABLE
+from pytest_cudaopt.run.turn import pause_within
 
 
 @pytest.mark.memsafety
@@ -33,15 +34,20 @@ class TestMemorySafety:
                 pytest.fail(f"{reason}: the CI gate never passes without the memory-safety verdict", pytrace=False)
             pytest.skip(reason)
         workdir = cudaopt_session.loaded_or_fail(cudaopt_workdir_path, request.node.nodeid, "run")
-        begun = cudaopt_session.workers.take_begun(cudaopt_workdir_path)   # sent as the workdir loaded
-        if begun is not None and begun[0].key == key_of(workdir, cudaopt_settings, sanitizer):
-            result = conclude(begun[0], workdir.path, request.node.nodeid, paused=begun[1])
-        else:
-            if begun is not None:   # another build since: afresh
-                begun[0].sanitized.close()
-            result = judge_memory_safety(workdir, cudaopt_settings, derive_seed(cudaopt_session.seed, "memsafety"),
-                                         request.node.nodeid, sanitizer,
-                                         ahead=cudaopt_session.workers.take_sanitized(cudaopt_workdir_path))
+        workers = cudaopt_session.workers
+        try:
+            begun = workers.take_begun(cudaopt_workdir_path)   # sent as the workdir loaded
+            if begun is None or begun[0].key != key_of(workdir, cudaopt_settings, sanitizer):
+                if begun is not None:   # another build since: afresh
+                    begun[0].sanitized.close()
+                workers.keep_begun(cudaopt_workdir_path, begin(
+                    workdir, cudaopt_settings, derive_seed(cudaopt_session.seed, "memsafety"), sanitizer,
+                    ahead=workers.take_sanitized(cudaopt_workdir_path)))
+                begun = workers.take_begun(cudaopt_workdir_path)
+            # a judge's check child pauses while it waits on them (their time limit grows by the pause)
+            result = conclude(begun[0], workdir.path, request.node.nodeid, paused=begun[1], between=pause_within)
+        finally:
+            workers.end_begun(cudaopt_workdir_path)
         cudaopt_session.results.append(result)
         if not result.passed and not result.findings and any("out of memory" in f for f in result.failures):
             # The sanitized case could not get its memory: whose it is, as for a correctness case.
