@@ -384,3 +384,36 @@ def test_a_worker_holding_far_more_than_its_cases_need_fails_though_no_case_ran_
     events = (pytester.path / "events.log").read_text().split("\n")
     assert events.index("stopped") < events.index("start test_canonical[seed1]"), events
     assert doc["blame"] == "candidate" and result.ret == 1
+
+
+def test_figures_the_timing_gate_could_not_check_for_want_of_device_memory_are_the_other_holders(monkeypatch):
+    """ModelNew's figures fall back to the round trip when its timing gate, set up before the workdir loads, finds no
+    device memory (a neighbour's hog): the failure is whoever holds the memory (NVML), with the gate's error named,
+    not the candidate's by default. Any other reason the gate is missing, or figures that could be checked, is
+    left alone."""
+    import pytest_cudaopt.correctness.case as case
+    from pytest_cudaopt.suite import perf as perf_item
+
+    class Worker:
+        stream_gate_error = "AcceleratorError: CUDA error: out of memory\nSearch for `cudaErrorMemoryAllocation'"
+
+    class Model:
+        worker = Worker()
+
+        def __init__(self, failure: str):
+            self.failure = failure
+
+        def timing_failure(self) -> str:
+            return self.failure
+
+    asked = []
+    monkeypatch.setattr(case, "holder", lambda workdir, settings, need, budget, own=False: asked.append(need) or (
+        "environment", "other processes hold the device memory this case needs (2.00 GiB): pid 7 70.00 GiB"))
+    unresolved = Model("ModelNew's calls could be timed only by the round trip to its process, ...")
+    who, why = perf_item.gate_shortfall(unresolved, workdir=None, settings=None)
+    assert who == "environment" and asked, (who, why)
+    assert why.startswith("its timing gate was not set up: AcceleratorError: CUDA error: out of memory;"), why
+    assert "pid 7 70.00 GiB" in why and "Search for" not in why
+    assert perf_item.gate_shortfall(Model(""), None, None) is None        # its figures were checked another way
+    Worker.stream_gate_error = "WindowError: no shared memory"
+    assert perf_item.gate_shortfall(unresolved, None, None) is None       # no gate for another reason

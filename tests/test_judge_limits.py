@@ -189,7 +189,7 @@ def test_a_wrong_check_the_environment_starved_beside_another_is_judged_again_an
         assert line["stages"]["check"]["status"] == "failed" and found["b"]["passed"]
         assert [c[0] for c in fake.calls].count("a") == times + 1 and [c[0] for c in fake.calls].count("b") == 1
         note = line["stages"]["check"]["note"]
-        kept = "was kept from a verdict beside other checks on 0 (not the candidate's fault but the environment's"
+        kept = "was kept from a verdict beside other stages on 0 (not the candidate's fault but the environment's"
         assert note.startswith(kept) and "; judged again" in note, note
         assert ("alone" in note) == (times == 2), note
         again = {k: v for k, v in line["seconds"].items() if "_again" in k}   # the attempts a replay replays

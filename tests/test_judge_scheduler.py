@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -816,6 +817,55 @@ def test_a_perf_stage_that_ends_with_no_verdict_before_its_turn_beside_checks_is
     assert "ended before its turn beside other stages on 0" in note and "CUDA error: out of memory" in note, note
     assert "judged again alone" in note and found["w1"]["passed"]
     assert found["w0"]["seconds"]["perf_again_alone"] >= 0.1 and "perf_again_alone" not in found["w1"]["seconds"]
+
+
+def test_a_perf_stage_kept_from_its_verdict_by_the_environment_after_its_turn_is_judged_again_alone(tmp_path):
+    """A perf stage whose timing gate found no device memory beside a hog (its child blames the environment, exit
+    75) had its turn: that stage goes again alone on an idle device, not the whole workdir, and its line is the
+    alone attempt's."""
+    import threading
+
+    from pytest_cudaopt.judge.devices import DeviceSet
+    from pytest_cudaopt.judge.options import Options
+    from pytest_cudaopt.judge.pool import LocalPool
+    from pytest_cudaopt.judge.stages import StageResult
+    from pytest_cudaopt.run import turn as turns
+
+    perf_runs: list[tuple[str, bool]] = []   # (workdir, whether another stage held a place beside it)
+    placed, lock = set(), threading.Lock()
+
+    def stage(stage, copy, out, devices, device, options, children=None, turn=None, place=None, pause=None):
+        if place is not None:
+            turns.wait(place.folder)
+            with lock:
+                placed.add((copy.name, stage))
+                if stage == "perf":   # placed beside another workdir's stage?
+                    perf_runs.append((copy.name, any(w != copy.name for w, _ in placed)))
+        try:
+            if stage == "check":
+                time.sleep(0.4 if copy.name == "w1" else 0.05)
+            if stage == "perf":
+                turns.wait(turn.folder)
+                if copy.name == "w0" and len(perf_runs) == 1:
+                    kept = {**_passed(stage).report, "passed": False, "blame": "environment"}
+                    return StageResult(stage, "error", 0.1, exit_code=75, report=kept,
+                                       reason="not the candidate's fault but the environment's: test_speedup failed: "
+                                              "its timing gate was not set up: CUDA error: out of memory")
+            return _passed(stage)
+        finally:
+            with lock:
+                placed.discard((copy.name, stage))
+
+    workdirs = _workdirs(tmp_path, 2)
+    options = Options(jobs=2, share=2, cache_dir=None, fork=False, scratch=tmp_path / "scratch", turns=True)
+    found = {Path(line["workdir"]).name: line for line in LocalPool(workdirs, options, DeviceSet(["0"]),
+                                                                     run_stage=stage).lines()}
+    assert [run for run in perf_runs if run[0] == "w0"] == [("w0", True), ("w0", False)], perf_runs
+    w0 = found["w0"]
+    assert (w0["status"], w0["passed"], w0["blame"], w0.get("attempts", 1)) == ("judged", True, None, 1), w0
+    note = w0["stages"]["perf"]["note"]
+    assert "was kept from a verdict beside other stages on 0" in note and "judged again alone" in note, note
+    assert w0["seconds"]["perf_again_alone"] >= 0.1 and found["w1"]["passed"]
 
 
 def _schedule_replay():

@@ -315,9 +315,9 @@ class LocalPool:
                  and result.status not in (OK, FAILED))
         # A check its child could not judge for the environment's sake beside others (a shortfall among failures of
         # its own, say): that stage again, placed as the whole workdir's would be but without its build and policy;
-        # alone if it is kept from its verdict a second time.
-        starved = task.stage == "check" and result.status == "error" and (result.report or {}).get(
-            "blame") == "environment"
+        # alone if it is kept from its verdict a second time. A perf stage so kept (its timing gate found no device
+        # memory beside a hog) goes alone at once.
+        starved = result.status == "error" and (result.report or {}).get("blame") == "environment"
         if (short is not None or early or starved) and scheduler.shared(task):   # not the candidate's
             said = (result.reason or result.status).splitlines()[0]
             if short is not None:
@@ -325,8 +325,8 @@ class LocalPool:
             elif early:
                 why = f"ended before its turn beside other stages on {task.device} ({said})"
             else:
-                why = f"was kept from a verdict beside other checks on {task.device} ({said})"
-                if task.stage not in job.notes:   # placed as any check the first time
+                why = f"was kept from a verdict beside other stages on {task.device} ({said})"
+                if task.stage == "check" and task.stage not in job.notes:   # placed as any check the first time
                     job.notes[task.stage] = f"{why}; judged again"
                     job.seconds[f"{task.stage}_again"] += result.seconds   # of its seconds: for a replay
                     scheduler.finish(task, peak_bytes=peak, retry=True)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_cudaopt.results import report
+from pytest_cudaopt.results import blame, report
 from pytest_cudaopt.perf import clocks, lineup, trace
 from pytest_cudaopt.perf.feed import Feed
 from pytest_cudaopt.perf.verdict import arrange, judge, prepare
@@ -55,6 +55,20 @@ def judged_precisions(results: list, path: Any) -> list[tuple[str, Any]]:
     """(case, Precision) of every correctness result of this session for the workdir at `path`."""
     return [(r.case, r.precision) for r in results if getattr(r, "kind", "") == "correctness"
             and getattr(r, "workdir", None) == str(path) and getattr(r, "precision", None) is not None]
+
+
+def gate_shortfall(model_new: Any, workdir: Any, settings: Any) -> tuple[str, str] | None:
+    """(blame, why) when ModelNew's figures could not be checked because its timing gate found no device memory,
+    else None. The gate is set up before the workdir loads: its shortfall is the other holders' (a neighbour's
+    hog: judged again), unless ModelNew's process holds more than its case allows by now."""
+    from pytest_cudaopt.correctness.case import holder
+    from pytest_cudaopt.primitives.memory import OVERHEAD
+
+    error = getattr(getattr(model_new, "worker", None), "stream_gate_error", None) or ""
+    if "out of memory" not in error or not model_new.timing_failure():
+        return None
+    who, why = holder(workdir, settings, OVERHEAD, OVERHEAD)
+    return who, f"its timing gate was not set up: {error.splitlines()[0]}" + (f"; {why}" if why else "")
 
 
 def failed_correctness(results: list, path: Any) -> str:
@@ -128,4 +142,8 @@ class TestPerf:
                 cudaopt_session.note_fault(request.node.nodeid, contender.error, contender.failure)
             record_benchmark(benchmark, result, clock, **extra)
         if not result.passed:  # the reason first: the summary, JUnit and the judge show the first line
-            pytest.fail(f"{result.reason}\n{report.perf_table(result)}", pytrace=False)
+            short = gate_shortfall(extra["model_new"], workdir, cudaopt_settings)
+            if short is not None:
+                blame.assign(request.node, short[0])
+            why = f"\n{short[1]}" if short is not None and short[1] else ""
+            pytest.fail(f"{result.reason}{why}\n{report.perf_table(result)}", pytrace=False)
