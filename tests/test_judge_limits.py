@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -332,6 +333,25 @@ def test_the_judges_own_failure_before_judging_gives_each_workdir_a_line(tmp_pat
     assert sorted(Path(line["workdir"]).name for line in found) == ["a", "b"]
     assert all(line["status"] == "error" and "jobs and share must be at least 1" in line["reason"] for line in found)
     assert not list(temp.iterdir()), "a scratch folder was left behind"
+
+
+def test_a_scratch_folder_left_by_a_killed_judge_of_this_host_is_removed_by_the_next(tmp_path, monkeypatch):
+    """A judge killed outright (SIGKILL, a lost Ray actor) leaves its scratch folder, the workdirs' copies in it; the
+    next pool of that host and user removes it. A live judge's, another host's and any other folder stay."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", ""])
+    gone.wait()
+    host = socket.gethostname()
+    dead = tmp_path / f"cudaopt-judge-{host}-{gone.pid}-abcd1234"
+    (dead / "00000").mkdir(parents=True)
+    alive = tmp_path / f"cudaopt-judge-{host}-{os.getpid()}-efgh5678"
+    elsewhere = tmp_path / f"cudaopt-judge-{host}x-{gone.pid}-ijkl9012"   # another host of a longer name
+    odd = tmp_path / f"cudaopt-judge-{host}-{gone.pid}-2-mnop3456"          # not a scratch folder's name
+    for folder in (alive, elsewhere, odd):
+        folder.mkdir()
+    made = pool.own_scratch_folder()
+    assert not dead.exists() and alive.exists() and elsewhere.exists() and odd.exists()
+    assert made.parent == tmp_path and made.name.startswith(f"cudaopt-judge-{host}-{os.getpid()}-"), made
 
 
 def test_with_nothing_judged_the_summary_gives_no_rate():

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import glob
 import hashlib
 import os
 import queue
+import re
 import secrets
 import shlex
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -73,6 +76,28 @@ def _problem(workdir: Path) -> str | None:
         return None
 
 
+def _scratch_prefix(pid: int) -> str:
+    return f"cudaopt-judge-{socket.gethostname()}-{pid}-"
+
+
+def own_scratch_folder() -> Path:
+    """A pool's own scratch folder in the temp folder, named for its host and process. Left behind by a judge of
+    this host and user that was killed (SIGKILL, a lost Ray actor), such a folder is removed here."""
+    temp = Path(tempfile.gettempdir())
+    mine = _scratch_prefix(0)[:-2]   # cudaopt-judge-HOST-, then PID-, then mkdtemp's 8 characters
+    for stale in temp.glob(f"{glob.escape(mine)}*"):
+        found = re.fullmatch(r"(\d+)-[A-Za-z0-9_]{8}", stale.name[len(mine):])
+        try:
+            if found is None or stale.stat().st_uid != os.getuid():
+                continue
+            os.kill(int(found.group(1)), 0)   # alive (or another's process of that number): kept
+        except ProcessLookupError:
+            shutil.rmtree(stale, ignore_errors=True)
+        except OSError:
+            continue
+    return Path(tempfile.mkdtemp(prefix=_scratch_prefix(os.getpid())))
+
+
 class LocalPool:
     """Judges `workdirs` on this host. Iterate `lines()`; afterwards `busy` and `wall_s`. `fed`: more workdirs come
     while it runs (`add`, from any thread) until `close()`. `run_stage` replaces the stages' children (tests)."""
@@ -127,7 +152,7 @@ class LocalPool:
                               memory=self.devices.memory, turns=self.options.turns, ahead=self.options.stages_ahead,
                               pause=self.options.pause)
         own_scratch = self.options.scratch is None
-        scratch = Path(tempfile.mkdtemp(prefix="cudaopt-judge-")) if own_scratch else Path(self.options.scratch)
+        scratch = own_scratch_folder() if own_scratch else Path(self.options.scratch)
         start, offered = time.monotonic(), None
         try:   # from here on, whatever ends the pool removes its own scratch folder
             jobs: dict[int, Job] = {}
