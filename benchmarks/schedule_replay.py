@@ -94,8 +94,7 @@ def replay(works: list[Work], share: int, jobs: int, batch_wait: float = 0.0, ah
         attempts.append(chain[0])
         if len(chain) > 1:
             follows[index] = (index, chain[1:])
-    for index, work in enumerate(works):
-        scheduler.add(index, f"p{index}", stages=attempts[index].stages)
+        scheduler.add(index, f"p{index}", stages=chain[0].stages)
 
     def ended(job: int, stage: str) -> None:   # the attempt's last stage ended: the workdir goes again, ahead
         if stage != attempts[job].stages[-1] or job not in follows:

@@ -413,7 +413,7 @@ def test_hold_stops_the_workers_and_a_sanitized_case_running_beside_the_items_an
         workers.hold(False)
         time.sleep(0.1)
         assert "T" not in [state(p.pid) for p in procs]
-        taken, held = workers.take_begun(Path("wd"))
+        taken, held = workers.begun_for(Path("wd"))
         assert taken is begun and 0.3 <= held() < 5.0
     finally:
         for proc in procs:

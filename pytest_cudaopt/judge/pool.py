@@ -76,15 +76,11 @@ def _problem(workdir: Path) -> str | None:
         return None
 
 
-def _scratch_prefix(pid: int) -> str:
-    return f"cudaopt-judge-{socket.gethostname()}-{pid}-"
-
-
 def own_scratch_folder() -> Path:
     """A pool's own scratch folder in the temp folder, named for its host and process. Left behind by a judge of
     this host and user that was killed (SIGKILL, a lost Ray actor), such a folder is removed here."""
     temp = Path(tempfile.gettempdir())
-    mine = _scratch_prefix(0)[:-2]   # cudaopt-judge-HOST-, then PID-, then mkdtemp's 8 characters
+    mine = f"cudaopt-judge-{socket.gethostname()}-"   # then PID-, then mkdtemp's 8 characters
     for stale in temp.glob(f"{glob.escape(mine)}*"):
         found = re.fullmatch(r"(\d+)-[A-Za-z0-9_]{8}", stale.name[len(mine):])
         try:
@@ -95,7 +91,7 @@ def own_scratch_folder() -> Path:
             shutil.rmtree(stale, ignore_errors=True)
         except OSError:
             continue
-    return Path(tempfile.mkdtemp(prefix=_scratch_prefix(os.getpid())))
+    return Path(tempfile.mkdtemp(prefix=f"{mine}{os.getpid()}-"))
 
 
 class LocalPool:

@@ -168,10 +168,12 @@ class Workers:
         """Seconds this session's workers were stopped by `hold`, in all (a sanitized case's limit grows by them)."""
         return self._held_s + (time.monotonic() - self._held_at if self._held_at is not None else 0.0)
 
-    def keep_begun(self, path: Path, begun) -> None:
+    def keep_begun(self, path: Path, begun):
+        """Keep the memory-safety case `begun` for `path` (its children among those `hold` stops); `begun_for`'s."""
         self.begun[Path(path).resolve()] = (begun, self.held_seconds())
+        return self.begun_for(path)
 
-    def take_begun(self, path: Path):
+    def begun_for(self, path: Path):
         """(the memory-safety case begun for `path`, seconds held since) or None; the item decides it. Its children
         stay among those `hold` stops until the item is done (`end_begun`): it may pause while it waits on them."""
         found = self.begun.get(Path(path).resolve())

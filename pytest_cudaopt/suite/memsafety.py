@@ -36,14 +36,13 @@ class TestMemorySafety:
         workdir = cudaopt_session.loaded_or_fail(cudaopt_workdir_path, request.node.nodeid, "run")
         workers = cudaopt_session.workers
         try:
-            begun = workers.take_begun(cudaopt_workdir_path)   # sent as the workdir loaded
+            begun = workers.begun_for(cudaopt_workdir_path)   # sent as the workdir loaded
             if begun is None or begun[0].key != key_of(workdir, cudaopt_settings, sanitizer):
                 if begun is not None:   # another build since: afresh
                     begun[0].sanitized.close()
-                workers.keep_begun(cudaopt_workdir_path, begin(
+                begun = workers.keep_begun(cudaopt_workdir_path, begin(
                     workdir, cudaopt_settings, derive_seed(cudaopt_session.seed, "memsafety"), sanitizer,
                     ahead=workers.take_sanitized(cudaopt_workdir_path)))
-                begun = workers.take_begun(cudaopt_workdir_path)
             # a judge's check child pauses while it waits on them (their time limit grows by the pause)
             result = conclude(begun[0], workdir.path, request.node.nodeid, paused=begun[1], between=pause_within)
         finally:

@@ -145,5 +145,5 @@ class TestPerf:
             short = gate_shortfall(extra["model_new"], workdir, cudaopt_settings)
             if short is not None:
                 blame.assign(request.node, short[0])
-            why = f"\n{short[1]}" if short is not None and short[1] else ""
+            why = f"\n{short[1]}" if short is not None else ""
             pytest.fail(f"{result.reason}{why}\n{report.perf_table(result)}", pytrace=False)

@@ -136,7 +136,7 @@ class CudaoptSession:
 
     def _begin_memory_safety(self, loaded) -> None:
         """Its sanitized children started ahead: the memory-safety case goes to them now, to run beside the
-        correctness items (the item decides it, `workers.take_begun`); if it cannot, the item starts afresh."""
+        correctness items (the item decides it, `workers.begun_for`); if it cannot, the item starts afresh."""
         from pytest_cudaopt.correctness.guards import derive_seed
         from pytest_cudaopt.memsafety.verdict import begin
 
