@@ -17,6 +17,7 @@ import pytest
 from pytest_cudaopt.judge import Judge, Options, lines as judge_lines, pool, runner, stages
 from pytest_cudaopt.judge.devices import DeviceSet, cpu_slots
 from pytest_cudaopt.run import turn as turns
+from pytest_cudaopt.run.scratch import own_folder
 from pytest_cudaopt.judge.display import summary
 from support import JUDGE_CACHE, subprocess_env
 
@@ -349,7 +350,7 @@ def test_a_scratch_folder_left_by_a_killed_judge_of_this_host_is_removed_by_the_
     odd = tmp_path / f"cudaopt-judge-{host}-{gone.pid}-2-mnop3456"          # not a scratch folder's name
     for folder in (alive, elsewhere, odd):
         folder.mkdir()
-    made = pool.own_scratch_folder()
+    made = own_folder("judge")
     assert not dead.exists() and alive.exists() and elsewhere.exists() and odd.exists()
     assert made.parent == tmp_path and made.name.startswith(f"cudaopt-judge-{host}-{os.getpid()}-"), made
 

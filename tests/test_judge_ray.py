@@ -118,7 +118,7 @@ def test_a_judge_that_died_has_its_workdirs_judged_again_elsewhere_and_counted_o
         def judge(self, packed, name, key):
             if not marker.exists():
                 staged = marker.with_name(f"{marker.name}.{os.getpid()}")
-                staged.write_text(str(os.getpid()))
+                staged.write_text(f"{os.getpid()} {self.shipped}")
                 os.replace(staged, marker)  # never seen empty (a judge killed mid-write left it so once)
                 os._exit(1)   # the judge's process dies, as on a lost node
             return super().judge(packed, name, key)
@@ -131,7 +131,10 @@ def test_a_judge_that_died_has_its_workdirs_judged_again_elsewhere_and_counted_o
     assert marker.exists() and pool.restarts == 1
     assert sorted(line["workdir"] for line in found) == sorted(str(w) for w in workdirs)
     assert all(line["passed"] for line in found) and pool.duplicates == 0
-    assert {line["pid"] for line in found} != {int(marker.read_text())}
+    dead, shipped = marker.read_text().split(" ", 1)
+    assert {line["pid"] for line in found} != {int(dead)}
+    # The dead judge's folder of shipped workdirs: removed by the judge started in its place on this host.
+    assert not Path(shipped).exists(), shipped
 
 
 def busy_once_stages(log: Path, marker: Path):

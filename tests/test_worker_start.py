@@ -108,7 +108,8 @@ def test_a_forked_worker_is_the_process_an_executed_one_is(workdir, monkeypatch,
     assert not forked.alive() and not executed.alive()
 
 
-def test_a_forked_worker_dies_when_its_judging_process_does(workdir, zygote_name):
+def test_a_forked_worker_dies_when_its_judging_process_does_and_the_next_worker_removes_its_scratch(
+        workdir, zygote_name):
     # A judging process that starts a worker and dies without stopping it (SIGKILL: no atexit).
     script = textwrap.dedent(f"""
         import os, signal, sys
@@ -116,7 +117,7 @@ def test_a_forked_worker_dies_when_its_judging_process_does(workdir, zygote_name
         from pytest_cudaopt.run import zygote
         worker = Worker({str(workdir)!r}, None, "cpu").start()
         assert isinstance(worker.proc, zygote.Forked), type(worker.proc)
-        print("pid", worker.proc.pid, flush=True)
+        print("pid", worker.proc.pid, "scratch", worker.scratch, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     env = {**subprocess_env(), zygote.ENV: zygote_name}
@@ -124,6 +125,10 @@ def test_a_forked_worker_dies_when_its_judging_process_does(workdir, zygote_name
     pid = int(done.stdout.split("pid ")[1].split()[0])
     assert done.returncode == -9
     assert _gone(pid, within=10), f"worker {pid} outlived the process that asked for it"
+    left = Path(done.stdout.split("scratch ")[1].split()[0])
+    assert left.is_dir()   # nothing of the dead process's ran to remove it ...
+    Worker(workdir, None, "cpu").launch().stop()
+    assert not left.exists(), f"{left}: the next worker of this host left a dead judging process's scratch"
 
 
 def test_without_a_zygote_at_the_address_the_worker_is_executed(workdir, monkeypatch):

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import glob
 import hashlib
 import os
 import queue
-import re
 import secrets
 import shlex
 import shutil
-import socket
-import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -27,6 +23,7 @@ from pytest_cudaopt.judge.scheduler import STAGES, Scheduler, Task
 from pytest_cudaopt.judge.stages import (FAILED, OK, StageResult, bytecode_folder, common_environment, run_stage,
                                          shortfall)
 from pytest_cudaopt.run import zygote
+from pytest_cudaopt.run.scratch import own_folder
 from pytest_cudaopt.run.turn import PLACE, POLL_S, Pause, Turn
 
 # The events of a fed pool besides a stage's end: a workdir added, no more to come, one workdir's
@@ -74,24 +71,6 @@ def _problem(workdir: Path) -> str | None:
         return hashlib.sha256((workdir / "model.py").read_bytes()).hexdigest()[:16]
     except OSError:
         return None
-
-
-def own_scratch_folder() -> Path:
-    """A pool's own scratch folder in the temp folder, named for its host and process. Left behind by a judge of
-    this host and user that was killed (SIGKILL, a lost Ray actor), such a folder is removed here."""
-    temp = Path(tempfile.gettempdir())
-    mine = f"cudaopt-judge-{socket.gethostname()}-"   # then PID-, then mkdtemp's 8 characters
-    for stale in temp.glob(f"{glob.escape(mine)}*"):
-        found = re.fullmatch(r"(\d+)-[A-Za-z0-9_]{8}", stale.name[len(mine):])
-        try:
-            if found is None or stale.stat().st_uid != os.getuid():
-                continue
-            os.kill(int(found.group(1)), 0)   # alive (or another's process of that number): kept
-        except ProcessLookupError:
-            shutil.rmtree(stale, ignore_errors=True)
-        except OSError:
-            continue
-    return Path(tempfile.mkdtemp(prefix=f"{mine}{os.getpid()}-"))
 
 
 class LocalPool:
@@ -148,7 +127,7 @@ class LocalPool:
                               memory=self.devices.memory, turns=self.options.turns, ahead=self.options.stages_ahead,
                               pause=self.options.pause)
         own_scratch = self.options.scratch is None
-        scratch = own_scratch_folder() if own_scratch else Path(self.options.scratch)
+        scratch = own_folder("judge") if own_scratch else Path(self.options.scratch)
         start, offered = time.monotonic(), None
         try:   # from here on, whatever ends the pool removes its own scratch folder
             jobs: dict[int, Job] = {}

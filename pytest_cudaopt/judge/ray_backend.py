@@ -33,12 +33,13 @@ class NodeJudge:
     def __init__(self, options_json: dict, devices: DeviceSet | None = None,
                  run_stage: Callable[..., Any] | None = None):
         from pytest_cudaopt.judge.pool import LocalPool
+        from pytest_cudaopt.run.scratch import own_folder
 
         options = Options.from_json(options_json)
         options.scratch = None
         if devices is None:
             devices = cpu_slots(options.cpu_slots) if options.cpu else gpus(_ray_gpu_ids())
-        self.shipped = Path(tempfile.mkdtemp(prefix="cudaopt-ray-"))
+        self.shipped = own_folder("ray")   # a killed node judge's is removed by the next on its host
         self.pool = LocalPool([], options, devices, fed=True, run_stage=run_stage)
         # Workdirs in hand: builds and policy checks running and as many waiting, checks on every device and a
         # perf stage waiting for each: what keeps the pipeline full between feeds.

@@ -18,6 +18,7 @@ from pytest_cudaopt.judge.devices import DeviceSet
 from pytest_cudaopt.judge.discover import is_workdir
 from pytest_cudaopt.judge.options import Options, result_key
 from pytest_cudaopt.judge.pool import LocalPool
+from pytest_cudaopt.run.scratch import own_folder
 
 OPEN, CLOSED, STOPPED = "open", "closed", "stopped"
 
@@ -54,7 +55,7 @@ class Service:
         self._state = OPEN
         self._over = False
         self._failure: str | None = None   # why the judge itself failed, for what is submitted after
-        self._shipped = Path(tempfile.mkdtemp(prefix="cudaopt-serve-"))
+        self._shipped = own_folder("serve")
         self._thread = threading.Thread(target=self._run, name="cudaopt-service", daemon=True)
         self._watch = threading.Thread(target=self._watchdog, name="cudaopt-service-backstop", daemon=True)
         self._thread.start()

@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import Any, Callable
 from pytest_cudaopt.memsafety import log as sanitizer_log
 from pytest_cudaopt.correctness import shapes
 from pytest_cudaopt.results.records import MemorySafetyResult
+from pytest_cudaopt.run.scratch import own_folder
 
 EXECUTABLE = "compute-sanitizer"
 ERROR_EXIT = 86  # --error-exitcode: the sanitizer found errors (the child's own failures are 1-3)
@@ -173,8 +173,8 @@ class Sanitized:
 
     def __init__(self, workdir: Path, extension: str, device: str, sandbox: str, sanitizer: str, wait: float) -> None:
         self.key, self.sanitizer = self.key_of(workdir, extension, device, sandbox, sanitizer), sanitizer
-        self.scratch = Path(tempfile.mkdtemp(prefix="cudaopt-memsafety-"))
-        self.child_scratch = Path(tempfile.mkdtemp(prefix="cudaopt-memsafety-child-"))
+        self.scratch = own_folder("memsafety")   # a killed owner's are removed by the next (run/scratch.py)
+        self.child_scratch = own_folder("sanitized")
         self.children: dict[str, Child] = {}
         try:
             for tool in TOOLS:

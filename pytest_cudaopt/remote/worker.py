@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -22,6 +21,7 @@ from pytest_cudaopt import wire as protocol
 from pytest_cudaopt.remote import timing
 from pytest_cudaopt.run import watchdog, zygote
 from pytest_cudaopt.remote.candidate import WorkerError, WorkerFailed, describe  # noqa: F401 - imported from here
+from pytest_cudaopt.run.scratch import own_folder
 
 POLL_S = 0.05          # how often a wait for a reply looks at the worker's process
 STACK_WAIT_S = 3.0     # after SIGUSR1, the most time for the worker to print its stacks
@@ -100,7 +100,7 @@ class Worker:
 
     def launch(self, builds: Path | None = None) -> "Worker":
         """Start the process and send the sandbox request, not waiting for the reply (`start` takes it)."""
-        self.scratch = Path(tempfile.mkdtemp(prefix="cudaopt-worker-")).resolve()
+        self.scratch = own_folder("worker").resolve()   # a killed owner's is removed by the next
         self.log_path = self.scratch / "worker.log"
         ours, theirs = socket.socketpair()
         log = open(self.log_path, "wb")
