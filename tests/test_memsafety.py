@@ -358,6 +358,29 @@ def test_a_check_asked_to_pause_while_its_item_waits_on_the_sanitizer_pauses_wit
     assert record["data"]["passed"] and record["data"]["tools"] == {t: "clean" for t in record["data"]["tools"]}
 
 
+def test_a_sanitizer_run_that_never_ends_after_a_pause_is_not_held_against_the_candidate(
+        pytester, sanitized, monkeypatch, tmp_path):
+    """compute-sanitizer stopped and continued with a paused check may not come back: memcheck past its time after
+    a pause is the environment's (exit 75: the judge runs the check again), and says so. Unpaused, the same run
+    fails as the candidate's (test_a_memcheck_that_runs_past_its_time_fails...)."""
+    path = sanitized(ini="cudaopt_memsafety_timeout = 12\n")
+    pause, seen = tmp_path / "pause", tmp_path / "seen.json"
+    pause.mkdir()
+    (path / "conftest.py").write_text(PAUSE_IN_ITEM)
+    monkeypatch.setenv("CUDAOPT_PAUSE", str(pause))
+    monkeypatch.setenv("PAUSE_SEEN", str(seen))
+    monkeypatch.setenv("FAKE_SANITIZER_SLEEP_MEMCHECK", "60")
+    result = run_pytest(pytester, "wd", "-m", "memsafety", "--cudaopt-report=report.json")
+    result.assert_outcomes(failed=1)
+    assert result.ret == 75, result.stdout.str()[-2000:]
+    assert json.loads(seen.read_text())["paused"]
+    report = json.loads((pytester.path / "report.json").read_text())
+    [item] = [i for i in report["items"] if i["kind"] == "memsafety"]
+    assert item["blame"] == "environment" and report["complete"] is False, item
+    result.stdout.fnmatch_lines(["*memcheck did not finish within its time*",
+                                 "*its sanitized run was paused *s in all for other workdirs' turns beside it*"])
+
+
 def test_the_item_fails_a_write_past_the_output_naming_the_kernel_line(pytester, sanitized):
     sanitized({"memcheck": SCALE_PAST_END.format(line=scale_line())})
     result = run_pytest(pytester, "wd", "-m", "memsafety", "--cudaopt-report=report.json")

@@ -6,7 +6,8 @@ import pytest
 
 from pytest_cudaopt.correctness.case import holder
 from pytest_cudaopt.correctness.guards import derive_seed
-from pytest_cudaopt.memsafety.verdict import begin, conclude, failure_text, find_sanitizer, key_of, sanitizes
+from pytest_cudaopt.memsafety.verdict import (REQUIRED, begin, conclude, failure_text, find_sanitizer, key_of,
+                                               sanitizes)
 from pytest_cudaopt.primitives.memory import OVERHEAD
 from pytest_cudaopt.results import blame
 from pytest_cudaopt.results.ledger import SKIP_PROPERTY
@@ -54,5 +55,13 @@ class TestMemorySafety:
             blame.assign(request.node, who)
             if why:
                 result.failures.append(why)
+        paused = begun[1]()
+        if not result.passed and not result.findings and paused > 0 and result.tools.get(REQUIRED, "").startswith(
+                "stopped after"):
+            # Stopped and continued for other workdirs' turns, the sanitizer's run never ended: whether that was the
+            # candidate's is for a run without pauses to say (the judge runs the check again; a hang again fails).
+            blame.assign(request.node, blame.ENVIRONMENT)
+            result.failures.append(f"its sanitized run was paused {paused:.1f} s in all for other workdirs' turns "
+                                   f"beside it: run it again alone to decide")
         if not result.passed:
             pytest.fail(failure_text(result), pytrace=False)
