@@ -213,8 +213,13 @@ def test_pytests_faulthandler_timeout_keeps_its_timer(pytester, cheat):
     # pytest's dump comes once the item is in its loop: a faulthandler dump that walks the main
     # thread's frames during an import can crash CPython 3.11 (seen with a 1 s timeout, and once with 6 s
     # on a loaded CI host, where the item's worker took that long to start).
+    # CPython 3.11's dump also crashed once while the main thread left a frame (selectors' close, waiting on the
+    # worker): the sentinel then says CRASH. That crash is the interpreter's, so such a run is tried once more.
     pytester.makeini(INI + "faulthandler_timeout = 10\n")
-    result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness", "--cudaopt-timeout=15", timeout=120)
+    for _ in range(2):
+        result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness", "--cudaopt-timeout=15", timeout=120)
+        if not (sys.version_info < (3, 12) and "CRASH: the pytest process ended" in result.stderr.str()):
+            break
     result.stderr.fnmatch_lines(["*Timeout (0:00:10)!*"])  # pytest's dump, then ours fails the item
     result.stdout.fnmatch_lines(["*TIMEOUT: *test_canonical[[]seed0] ran longer than cudaopt_timeout=15s*"])
 
