@@ -271,3 +271,42 @@ def test_the_watchdog_lets_an_import_finish_before_it_interrupts(tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
     assert done.stdout.splitlines() == ["imported True", "interrupted after the import: True"], \
         done.stdout + done.stderr
+
+
+FILLS = {   # ModelNew.forward writing 256 MiB (the one folder it may write, or its output), then waiting
+    "file": "with open(os.path.join(tempfile.gettempdir(), 'fill'), 'wb') as f:\n"
+            "            for _ in range(32):\n"
+            "                f.write(os.urandom(1 << 23))",
+    "print": "for _ in range(32):\n"
+             "            print('x' * (1 << 23), flush=True)",
+}
+
+
+@pytest.mark.parametrize("how", sorted(FILLS))
+def test_a_worker_that_fills_its_scratch_folder_is_killed_and_fails_its_test(pytester, cheat, how):
+    """A disk filled by one candidate would fail its neighbours' builds and reports: the judging process weighs the
+    worker's scratch folder (its log in it) and kills it past cudaopt_scratch_limit, a failure of the candidate's."""
+    workdir = cheat()
+    source = (VARIANTS / "hangs.py").read_text().replace("import time", "import os\nimport tempfile\nimport time")
+    (workdir / "model_new.py").write_text(source.replace("time.sleep(3600)", FILLS[how] + "\n        time.sleep(60)"))
+    result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness", "--cudaopt-timeout=40",
+                        "--cudaopt-scratch-limit=0.1", "--cudaopt-report=r.json", "-x", timeout=120)
+    result.stdout.fnmatch_lines(["*test_canonical[[]seed0]*the candidate's worker process was killed (it wrote 0.* GiB "
+                                 "in * files to its scratch folder (temporary files and printed output), past "
+                                 "cudaopt_scratch_limit=0.1 GiB or 100000 files) while*"])
+    [item] = [i for i in json.loads((pytester.path / "r.json").read_text())["items"] if "seed0" in i["test"]]
+    assert item["status"] == "failed" and item["blame"] == "candidate", item
+
+
+def test_a_scratch_folder_weighs_its_blocks_not_its_sizes_and_the_walk_ends_past_the_most_entries(tmp_path):
+    from pytest_cudaopt.run.scratch import weigh
+
+    with open(tmp_path / "sparse", "wb") as f:   # 1 GiB long, nothing written: no disk taken
+        f.truncate(1 << 30)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").write_bytes(os.urandom(1 << 20))
+    for i in range(20):
+        (tmp_path / f"e{i}").touch()
+    size, entries = weigh(tmp_path, 1000)
+    assert (1 << 20) <= size < (1 << 20) + (1 << 18) and entries == 23, (size, entries)
+    assert weigh(tmp_path, 5)[1] == 6   # a folder of millions of files is not walked to its end

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -21,12 +22,15 @@ from pytest_cudaopt import wire as protocol
 from pytest_cudaopt.remote import timing
 from pytest_cudaopt.run import watchdog, zygote
 from pytest_cudaopt.remote.candidate import WorkerError, WorkerFailed, describe  # noqa: F401 - imported from here
-from pytest_cudaopt.run.scratch import own_folder
+from pytest_cudaopt.run.scratch import own_folder, weigh
 
 POLL_S = 0.05          # how often a wait for a reply looks at the worker's process
 STACK_WAIT_S = 3.0     # after SIGUSR1, the most time for the worker to print its stacks
 STACK_QUIET_S = 0.3    # ... and how long its log must hold still for the dump to count as done
 LAST_WORDS = 4000      # characters of the worker's output quoted when it dies
+WEIGH_S = 0.5          # how often the worker's scratch folder (its one writable folder, its log in it) is weighed
+MOST_FILES = 100_000   # ... and the most entries it may hold (a weighing stays cheap)
+GiB = 1 << 30
 # How a worker refused by cudaopt_sandbox=require begins its report (the CI gate blames the runner).
 REQUIRE_REFUSED = "cudaopt_sandbox=require: the candidate's worker could not be confined"
 # What a worker keeps of the judging process's environment: what torch, CUDA and the toolchain need.
@@ -76,7 +80,7 @@ class Worker:
     """One worker process for one workdir: `start()`, `request(...)`, `stop()`."""
 
     def __init__(self, workdir: Path, extension: Path | None, device: str = "cpu", *,
-                 secrets: Iterable[str] = (), sandbox: str = "auto"):
+                 secrets: Iterable[str] = (), sandbox: str = "auto", scratch_limit: float | None = None):
         self.workdir = Path(workdir).resolve()
         self.extension = Path(extension).resolve() if extension is not None else None
         self.device = device
@@ -97,6 +101,9 @@ class Worker:
         self.stream_gate = None   # window.JudgeWindow on CUDA, calibrated before the workdir loaded
         self.stream_gate_error = ""  # ... else why not
         self._sandbox_reply: dict | None = None   # taken early by make_context, for `start`
+        self.scratch_limit = scratch_limit   # bytes its scratch folder may hold (None: not weighed)
+        self.overran = ""    # why it was killed for what it wrote there
+        self._weighing = threading.Event()   # set: the weighing ends
 
     def launch(self, builds: Path | None = None) -> "Worker":
         """Start the process and send the sandbox request, not waiting for the reply (`start` takes it)."""
@@ -119,6 +126,9 @@ class Worker:
             theirs.close()
         self.conn = Connection(ours.detach())
         _LIVE.add(self)
+        if self.scratch_limit is not None:
+            threading.Thread(target=self._weigh_scratch, args=(self.scratch, self.proc.pid), daemon=True,
+                             name="cudaopt-scratch-weigh").start()
         self.builds = Path(builds).resolve() if builds is not None else getattr(self.extension, "parent", None)
         from pytest_cudaopt.run.turn import PLACE, pending
 
@@ -213,8 +223,22 @@ class Worker:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def _weigh_scratch(self, folder: Path, group: int) -> None:
+        """Kill the worker once its scratch folder (temporary files, its printed output) holds more than
+        `scratch_limit` bytes or MOST_FILES entries: a disk filled by one candidate fails its neighbours'."""
+        while not self._weighing.wait(WEIGH_S):
+            size, entries = weigh(folder, MOST_FILES)
+            if size > self.scratch_limit or entries > MOST_FILES:
+                self.overran = (f"it wrote {size / GiB:.2f} GiB in {entries}{'+' if entries > MOST_FILES else ''} "
+                                f"files to its scratch folder (temporary files and printed output), past "
+                                f"cudaopt_scratch_limit={self.scratch_limit / GiB:g} GiB or {MOST_FILES} files")
+                with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+                    os.killpg(group, signal.SIGKILL)
+                return
+
     def stop(self) -> None:
         """Kill the worker and everything in its process group, now: no handler of its runs after this returns."""
+        self._weighing.set()
         if self.proc is not None:
             for target in (lambda: os.killpg(self.proc.pid, signal.SIGKILL), lambda: self.proc.kill()):
                 with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
@@ -262,6 +286,8 @@ class Worker:
                 else f"was killed by signal {-code}"
         else:
             how = f"exited with status {code}"
+        if self.overran:
+            how = f"was killed ({self.overran})"
         return WorkerFailed(f"the candidate's worker process {how} while {what}", self.last_words())
 
     def request(self, message: dict, *, timeout: float | None = None, what: str = "",

@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-
+GiB = 1 << 30
 STOP_WAIT_S = 1.0   # how long `hold` waits for a process it stopped to show as stopped
 
 
@@ -53,7 +53,8 @@ class Workers:
                 root.mkdir(parents=True, exist_ok=True)
         except OSError:
             return  # the build says why it cannot write there
-        worker = Worker(path, None, self.settings.device, secrets=self.secrets, sandbox=self.settings.sandbox)
+        worker = Worker(path, None, self.settings.device, secrets=self.secrets, sandbox=self.settings.sandbox,
+                        scratch_limit=self.settings.scratch_limit * GiB)
         self.all.append(worker)
         try:
             self.launched[path] = worker.launch(builds=root)
@@ -92,7 +93,8 @@ class Workers:
         device = device or self.settings.device
         worker = self.take_launched(Path(path).resolve(), so_path, device)
         if worker is None:
-            worker = Worker(path, so_path, device, secrets=self.secrets, sandbox=self.settings.sandbox)
+            worker = Worker(path, so_path, device, secrets=self.secrets, sandbox=self.settings.sandbox,
+                            scratch_limit=self.settings.scratch_limit * GiB)
             self.all.append(worker)
         try:
             worker.start(require_workdir)

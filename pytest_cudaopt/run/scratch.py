@@ -1,4 +1,5 @@
-"""Temporary folders owned by a process, named `cudaopt-KIND-HOST-PID-XXXXXXXX` in the temp folder.
+"""Temporary folders owned by a process, named `cudaopt-KIND-HOST-PID-XXXXXXXX` in the temp folder, and what one
+holds (`weigh`: a worker's, which the judging process bounds).
 
 A process killed outright (SIGKILL at a hang, a lost Ray actor, a judge's child ended with its group) runs no
 clean-up: the next process of this host and user that makes a folder of the same kind removes those whose owner is
@@ -8,6 +9,7 @@ numbers) from losing a live owner's folder.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
@@ -33,3 +35,22 @@ def own_folder(kind: str) -> Path:
         except OSError:
             continue
     return Path(tempfile.mkdtemp(prefix=f"{mine}{os.getpid()}-"))
+
+
+def weigh(folder: Path, most: int) -> tuple[int, int]:
+    """(bytes on disk, entries) of the tree at `folder`, the walk ended once past `most` entries. Allocated blocks,
+    not sizes: a sparse file weighs what it holds."""
+    size = entries = 0
+    todo = [str(folder)]
+    while todo and entries <= most:
+        with contextlib.suppress(OSError), os.scandir(todo.pop()) as found:
+            for entry in found:
+                entries += 1
+                if entries > most:
+                    break
+                with contextlib.suppress(OSError):
+                    if entry.is_dir(follow_symlinks=False):
+                        todo.append(entry.path)
+                    else:
+                        size += entry.stat(follow_symlinks=False).st_blocks * 512
+    return size, entries

@@ -134,6 +134,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("nondeterministic", _bool, False,
            "compare two candidate runs within the tolerance instead of bit for bit (kernels with atomics); "
            "model_new.py can say so with CUDAOPT_NONDETERMINISTIC = True"),
+    Option("scratch_limit", _positive(float), 8.0,
+           "GiB ModelNew's process may write to its scratch folder, the one it may write (temporary files and "
+           "printed output together); past it the process is killed and its test fails"),
     Option("allow_ops", str, "",
            "ATen ops ModelNew.forward may run besides allocation, creation, views and metadata, "
            "comma separated, e.g. 'aten::copy_,aten::as_strided'"),
