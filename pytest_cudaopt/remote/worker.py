@@ -127,7 +127,11 @@ class Worker:
         self.conn = Connection(ours.detach())
         _LIVE.add(self)
         if self.scratch_limit is not None:
-            threading.Thread(target=self._weigh_scratch, args=(self.scratch, self.proc.pid), daemon=True,
+            try:   # the process itself, whatever number a later one gets
+                handle = os.pidfd_open(self.proc.pid)
+            except (AttributeError, OSError):
+                handle = None
+            threading.Thread(target=self._weigh_scratch, args=(self.scratch, handle), daemon=True,
                              name="cudaopt-scratch-weigh").start()
         self.builds = Path(builds).resolve() if builds is not None else getattr(self.extension, "parent", None)
         from pytest_cudaopt.run.turn import PLACE, pending
@@ -223,18 +227,23 @@ class Worker:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def _weigh_scratch(self, folder: Path, group: int) -> None:
+    def _weigh_scratch(self, folder: Path, handle: int | None) -> None:
         """Kill the worker once its scratch folder (temporary files, its printed output) holds more than
-        `scratch_limit` bytes or MOST_FILES entries: a disk filled by one candidate fails its neighbours'."""
-        while not self._weighing.wait(WEIGH_S):
-            size, entries = weigh(folder, MOST_FILES)
-            if size > self.scratch_limit or entries > MOST_FILES:
-                self.overran = (f"it wrote {size / GiB:.2f} GiB in {entries}{'+' if entries > MOST_FILES else ''} "
-                                f"files to its scratch folder (temporary files and printed output), past "
-                                f"cudaopt_scratch_limit={self.scratch_limit / GiB:g} GiB or {MOST_FILES} files")
-                with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
-                    os.killpg(group, signal.SIGKILL)
-                return
+        `scratch_limit` bytes or MOST_FILES entries: a disk filled by one candidate fails its neighbours'. `handle`:
+        its pidfd (without one, nothing is killed here; `stop` ends its group)."""
+        try:
+            while handle is not None and not self._weighing.wait(WEIGH_S):
+                size, entries = weigh(folder, MOST_FILES)
+                if size > self.scratch_limit or entries > MOST_FILES:
+                    self.overran = (f"it wrote {size / GiB:.2f} GiB in {entries}{'+' if entries > MOST_FILES else ''}"
+                                    f" files to its scratch folder (temporary files and printed output), past "
+                                    f"cudaopt_scratch_limit={self.scratch_limit / GiB:g} GiB or {MOST_FILES} files")
+                    with contextlib.suppress(OSError):
+                        signal.pidfd_send_signal(handle, signal.SIGKILL)
+                    return
+        finally:
+            if handle is not None:
+                os.close(handle)
 
     def stop(self) -> None:
         """Kill the worker and everything in its process group, now: no handler of its runs after this returns."""
