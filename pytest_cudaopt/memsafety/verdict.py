@@ -112,18 +112,10 @@ class Run:
 
 def _group_states(pgid: int) -> str:
     """`name state` of each process in group `pgid` (R running, S sleeping, D in the kernel, T stopped)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            name, rest = (entry / "stat").read_text().rsplit(")", 1)
-            state, _, group = rest.split()[:3]
-        except (OSError, ValueError):
-            continue
-        if int(group) == pgid:
-            found.append(f"{name.split('(', 1)[1]} {state}")
-    return ", ".join(found)
+    from pytest_cudaopt.run.signals import process_stat
+
+    found = [process_stat(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+    return ", ".join(f"{name} {state}" for name, state, group in filter(None, found) if group == pgid)
 
 
 class Child:

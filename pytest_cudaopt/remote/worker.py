@@ -101,7 +101,7 @@ class Worker:
         self.stream_gate = None   # window.JudgeWindow on CUDA, calibrated before the workdir loaded
         self.stream_gate_error = ""  # ... else why not
         self._sandbox_reply: dict | None = None   # taken early by make_context, for `start`
-        self.scratch_limit = scratch_limit   # bytes its scratch folder may hold (None: not weighed)
+        self.scratch_limit = scratch_limit   # GiB its scratch folder may hold (cudaopt_scratch_limit; None: not weighed)
         self.overran = ""    # why it was killed for what it wrote there
         self._weighing = threading.Event()   # set: the weighing ends
 
@@ -127,12 +127,10 @@ class Worker:
         self.conn = Connection(ours.detach())
         _LIVE.add(self)
         if self.scratch_limit is not None:
-            try:   # the process itself, whatever number a later one gets
-                handle = os.pidfd_open(self.proc.pid)
-            except (AttributeError, OSError):
-                handle = None
-            threading.Thread(target=self._weigh_scratch, args=(self.scratch, handle), daemon=True,
-                             name="cudaopt-scratch-weigh").start()
+            with contextlib.suppress(AttributeError, OSError):   # no pidfd (Linux < 5.3): not weighed
+                handle = os.pidfd_open(self.proc.pid)   # the process itself, whatever number a later one gets
+                threading.Thread(target=self._weigh_scratch, args=(self.scratch, handle), daemon=True,
+                                 name="cudaopt-scratch-weigh").start()
         self.builds = Path(builds).resolve() if builds is not None else getattr(self.extension, "parent", None)
         from pytest_cudaopt.run.turn import PLACE, pending
 
@@ -227,23 +225,21 @@ class Worker:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def _weigh_scratch(self, folder: Path, handle: int | None) -> None:
-        """Kill the worker once its scratch folder (temporary files, its printed output) holds more than
-        `scratch_limit` bytes or MOST_FILES entries: a disk filled by one candidate fails its neighbours'. `handle`:
-        its pidfd (without one, nothing is killed here; `stop` ends its group)."""
+    def _weigh_scratch(self, folder: Path, handle: int) -> None:
+        """Kill the worker (its pidfd, `handle`) once its scratch folder (temporary files, its printed output) holds
+        more than `scratch_limit` GiB or MOST_FILES entries: a disk filled by one candidate fails its neighbours'."""
         try:
-            while handle is not None and not self._weighing.wait(WEIGH_S):
+            while not self._weighing.wait(WEIGH_S):
                 size, entries = weigh(folder, MOST_FILES)
-                if size > self.scratch_limit or entries > MOST_FILES:
+                if size > self.scratch_limit * GiB or entries > MOST_FILES:
                     self.overran = (f"it wrote {size / GiB:.2f} GiB in {entries}{'+' if entries > MOST_FILES else ''}"
                                     f" files to its scratch folder (temporary files and printed output), past "
-                                    f"cudaopt_scratch_limit={self.scratch_limit / GiB:g} GiB or {MOST_FILES} files")
+                                    f"cudaopt_scratch_limit={self.scratch_limit:g} GiB or {MOST_FILES} files")
                     with contextlib.suppress(OSError):
                         signal.pidfd_send_signal(handle, signal.SIGKILL)
                     return
         finally:
-            if handle is not None:
-                os.close(handle)
+            os.close(handle)
 
     def stop(self) -> None:
         """Kill the worker and everything in its process group, now: no handler of its runs after this returns."""

@@ -8,7 +8,8 @@ import signal
 import time
 from pathlib import Path
 
-GiB = 1 << 30
+from pytest_cudaopt.run.signals import process_stat
+
 STOP_WAIT_S = 1.0   # how long `hold` waits for a process it stopped to show as stopped
 
 
@@ -18,11 +19,8 @@ def _until_stopped(pids: list[int]) -> None:
     deadline = time.monotonic() + STOP_WAIT_S
     for pid in pids:
         while time.monotonic() < deadline:
-            try:
-                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                break
-            if state in "TtXZ":
+            found = process_stat(pid)
+            if found is None or found[1] in "TtXZ":
                 break
             time.sleep(0.001)
 
@@ -54,7 +52,7 @@ class Workers:
         except OSError:
             return  # the build says why it cannot write there
         worker = Worker(path, None, self.settings.device, secrets=self.secrets, sandbox=self.settings.sandbox,
-                        scratch_limit=self.settings.scratch_limit * GiB)
+                        scratch_limit=self.settings.scratch_limit)
         self.all.append(worker)
         try:
             self.launched[path] = worker.launch(builds=root)
@@ -94,7 +92,7 @@ class Workers:
         worker = self.take_launched(Path(path).resolve(), so_path, device)
         if worker is None:
             worker = Worker(path, so_path, device, secrets=self.secrets, sandbox=self.settings.sandbox,
-                            scratch_limit=self.settings.scratch_limit * GiB)
+                            scratch_limit=self.settings.scratch_limit)
             self.all.append(worker)
         try:
             worker.start(require_workdir)

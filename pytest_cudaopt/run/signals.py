@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from pytest_cudaopt.run.watchdog import in_import
@@ -142,3 +143,14 @@ def not_dumpable() -> bool:
         return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def process_stat(pid: int | str) -> tuple[str, str, int] | None:
+    """(name, state, process group) of `pid` from /proc (state: R running, S sleeping, D in the kernel, T stopped,
+    Z a zombie), or None when it is gone or not to be read."""
+    try:
+        name, rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)
+        state, _, group = rest.split()[:3]
+        return name.split("(", 1)[1], state, int(group)
+    except (OSError, ValueError, IndexError):
+        return None
