@@ -28,7 +28,7 @@ def feed(size=8, checked=True, reference=doubler):
     return Feed(draw, reference if checked else None)
 
 
-def table(output, expected):
+def table(output, expected, key=None):
     """The perf item's output check: the correctness comparison at its default tolerances."""
     result = compare_outputs(output, expected)
     return None if result.passed else result.table()

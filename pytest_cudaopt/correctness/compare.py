@@ -57,6 +57,9 @@ class LeafReport:
     first: list[Mismatch] = field(default_factory=list)
     exact: bool = False            # integer/bool output: compared exactly
     max_expected: float = 0.0      # max |expected| over finite elements (float outputs)
+    sq_error: float = 0.0          # sum of (actual - expected)^2 over the finite pairs (float outputs) ...
+    sq_expected: float = 0.0       # ... and of expected^2: the relative L2 error's parts
+    finite: int = 0
 
     @property
     def fraction(self) -> float:
@@ -97,6 +100,16 @@ class Comparison:
     @property
     def total(self) -> int:
         return sum(leaf.total for leaf in self.leaves)
+
+    @property
+    def relative_l2(self) -> float | None:
+        """||actual - expected|| / ||expected|| over the finite pairs of every float output (for an all-zero
+        expected, the RMS of the error); None without float outputs."""
+        floats = [leaf for leaf in self.leaves if not leaf.exact and leaf.finite]
+        if not floats:
+            return None
+        num, den = sum(leaf.sq_error for leaf in floats), sum(leaf.sq_expected for leaf in floats)
+        return math.sqrt(num / den) if den > 0 else math.sqrt(num / sum(leaf.finite for leaf in floats))
 
     @property
     def vacuous(self) -> list[str]:
@@ -169,6 +182,10 @@ def _compare_tensor(path: str, actual: torch.Tensor, expected: torch.Tensor,
         leaf.nan_mismatched += int(nan_bad.sum())
         leaf.inf_mismatched += int(inf_bad.sum())
         if bool(finite.any()):
+            if not leaf.exact:
+                leaf.sq_error += float(torch.sum(diff * diff))
+                leaf.sq_expected += float(torch.sum(torch.where(finite, e * e, torch.zeros_like(e))))
+                leaf.finite += int(finite.sum())
             leaf.max_abs = max(leaf.max_abs, float(diff.max()))
             leaf.max_expected = max(leaf.max_expected, float(torch.where(finite, e.abs(), torch.zeros_like(e)).max()))
             nonzero = finite & (e != 0)

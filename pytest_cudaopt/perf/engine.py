@@ -81,7 +81,7 @@ class Config:
         return cls(**values)
 
 
-Compare = Callable[[Any, Any], "str | None"]  # (output, expected) -> None, or the failure table
+Compare = Callable[[Any, Any, str], "str | None"]  # (output, expected, contender key) -> None, or the failure table
 
 
 def precise_enough(samples: Sequence[Sequence[float]], config: Config) -> bool:
@@ -177,7 +177,7 @@ class Engine:
     def check_output(self, call: Call, output: Any, which: str) -> None:
         result = self.results[call.key]
         result.checked += 1
-        problem = self.compare(output, call.expected)
+        problem = self.compare(output, call.expected, call.key)
         if problem:
             result.fail(f"output of timed round {self.rounds + 1} ({which}, input set {call.index}) "
                         f"differs from the reference: {problem}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -12,35 +13,59 @@ from pytest_cudaopt.primitives import memory
 from pytest_cudaopt.primitives.environment import environment
 from pytest_cudaopt.correctness.compare import compare_outputs
 from pytest_cudaopt.correctness.guards import derive_seed
-from pytest_cudaopt.correctness.precision import FP32, TIER_ORDER, UNKNOWN, WRONG, below_fp32, measure_precision
-from pytest_cudaopt.perf import engine, decision as gate, lineup, trace
+from pytest_cudaopt.correctness.precision import FP32, TIER_ORDER, UNKNOWN, WRONG, Precision, below_fp32, \
+    measure_precision
+from pytest_cudaopt.perf import engine, decision as gate, lineup, timed_precision, trace
 from pytest_cudaopt.perf.feed import Feed
 from pytest_cudaopt.results.records import PerfResult
-from pytest_cudaopt.primitives.tensors import clone_inputs, nbytes
+from pytest_cudaopt.primitives.tensors import clone_inputs, float_elements, nbytes
 from pytest_cudaopt.workdir import WorkdirError, saved_rng
 from pytest_cudaopt.remote.candidate import Candidate
 
 
-def _compare(settings: Any):
-    def check(output: Any, expected: Any) -> str | None:
+def _compare(settings: Any, timed: timed_precision.TimedErrors):
+    def check(output: Any, expected: Any, key: str) -> str | None:
         result = compare_outputs(output, expected, atol=settings.atol, rtol=settings.rtol)
+        timed.add(key, result)
         return None if result.passed else result.table()
 
     return check
 
 
-def _tier(model: torch.nn.Module, candidate: Any, inputs: list, scope: Any = None) -> tuple[str, str]:
-    """(tier, note) of a contender's precision (inside its scope) against a float64 reference."""
+def _measure(model: torch.nn.Module, candidate: Any, inputs: list, scope: Any = None) -> Precision:
+    """A contender's precision (inside its scope) against a float64 reference."""
     def call(*args: Any) -> Any:
         with (scope or nullcontext)():
             return candidate(*args)
 
+    with lineup.fp32_strict():
+        return measure_precision(model, call, inputs)
+
+
+def _tier(model: torch.nn.Module, candidate: Any, inputs: list, scope: Any = None) -> tuple[str, str]:
+    """(tier, note) of a contender's precision against a float64 reference."""
     try:
-        with lineup.fp32_strict():
-            precision = measure_precision(model, call, inputs)
+        precision = _measure(model, candidate, inputs, scope)
     except Exception as exc:
         return UNKNOWN, f"not measured: {type(exc).__name__}: {exc}"
     return precision.tier, precision.describe()
+
+
+def _custom_precision(model: torch.nn.Module, model_new: Any, feed: Feed, example: list) -> tuple[Precision, str]:
+    """ModelNew's untimed precision, over enough input sets for a steady figure (timed_precision.pooled), and its note.
+    Its calls are correctness calls (`checked_call`), which its worker cannot tell from the correctness items': what
+    the timed outputs are held to (timed_precision.bound)."""
+    sets = iter([example])
+
+    def checked(*inputs: Any) -> Any:
+        return model_new.checked_call(list(inputs), frozenset(), None)["output"]
+
+    try:
+        precision = timed_precision.pooled(lambda: _measure(model, checked, next(sets, None) or feed.next()[1]),
+                                           float_elements(feed.expected(example)))
+    except Exception as exc:
+        return Precision(math.nan, math.nan, UNKNOWN), f"not measured: {type(exc).__name__}: {exc}"
+    return precision, precision.describe()
 
 
 def _target_model(target: Any, model: torch.nn.Module, device: torch.device, seed: int) -> Candidate | str | None:
@@ -152,6 +177,7 @@ class Arranged:
     note: str
     sizes: tuple[int, int]
     peak_bytes: int | None
+    timed_bound: timed_precision.Bound | None = None   # what ModelNew's timed outputs are held to
 
 
 def arrange(*, workdir: Any, settings: Any, seed: int, target: Any = None, known: Sequence[tuple[str, Any]] = (),
@@ -169,7 +195,9 @@ def arrange(*, workdir: Any, settings: Any, seed: int, target: Any = None, known
             model, model_new = workdir.make_models(device, seed=weights)
         feed = _feed(workdir, model, model_new, seed, device)
         _, example = feed.next()
-        tier, note = _workdir_tier(*_tier(model, model_new, example), known)
+        precision, note = _custom_precision(model, model_new, feed, example)
+        tier, note = _workdir_tier(precision.tier, note, known)
+        timed_bound = timed_precision.bound(precision, tier, settings.max_rel_error)
         between()
         # TF32 exists only on CUDA: on the CPU the "+ TF32" baseline would be the fp32 one again.
         precision_matched = (device.type == "cuda" and below_fp32(tier)) or settings.gate == "precision-matched"
@@ -188,7 +216,7 @@ def arrange(*, workdir: Any, settings: Any, seed: int, target: Any = None, known
                 tiers[contender.key] = _tier(model, contender.fn, example, contender.scope)[0]
         sizes = (nbytes(example), nbytes(feed.expected(example)))
         del example  # every timed call draws its own
-    return Arranged(model, model_new, feed, line, tiers, note, sizes, peak.bytes)
+    return Arranged(model, model_new, feed, line, tiers, note, sizes, peak.bytes, timed_bound)
 
 
 def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str, tracer: Any = None, target: Any = None,
@@ -208,10 +236,16 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str, trac
         config = engine.Config.from_settings(settings, seed=derive_seed(seed, "perf", "checks"),
                                              queue_group=group, one_check_per_pass=one_check, max_batch=batch,
                                              gate=(lineup.CUSTOM, gate.GATES[settings.gate]))
-        measurement = engine.measure(line.contenders, feed, clock=clock, config=config, compare=_compare(settings))
+        timed = timed_precision.TimedErrors({lineup.CUSTOM: arranged.timed_bound} if arranged.timed_bound else {})
+        measurement = engine.measure(line.contenders, feed, clock=clock, config=config,
+                                     compare=_compare(settings, timed))
+        custom, less_precise = measurement.results.get(lineup.CUSTOM), timed.failure(lineup.CUSTOM)
+        if custom is not None and less_precise:
+            custom.failure = less_precise if custom.failure is None else f"{custom.failure}; {less_precise}"
         traces = _traces(line, measurement, feed.next()[1], tracer, model_new.timing_failure())
     result = _result(workdir, test, settings, measurement, line, tiers, traces,
                      f"{note}; {plan_note}" if plan_note else note)
+    result.timed_precision = timed.to_json().get(lineup.CUSTOM)
     result.peak_bytes = max((b for b in (peak.bytes, arranged.peak_bytes) if b is not None), default=None)
     note = model_new.timing_note()
     if note:

@@ -77,6 +77,7 @@ class PerfResult:
     regression: dict[str, Any] = field(default_factory=dict)     # the check against the target branch
     figure_warnings: list[str] = field(default_factory=list)     # where the candidate's figures disagree
     clock: dict[str, Any] = field(default_factory=dict)          # the worker's clock as checked (remote/timing.py)
+    timed_precision: dict[str, Any] | None = None                # ModelNew's timed outputs' error and bound
     kind: str = "perf"
 
     @property
@@ -127,7 +128,8 @@ class PerfResult:
                 "gate_clock": self.gate_clock, "regression": self.regression, "peak_bytes": self.peak_bytes,
                 "timing": self.measurement.to_json() if self.measurement is not None else None,
                 "traces": {k: t.to_json() for k, t in self.traces.items()},
-                "figure_warnings": list(self.figure_warnings), "clock": self.clock}
+                "figure_warnings": list(self.figure_warnings), "clock": self.clock,
+                "timed_precision": self.timed_precision}
 
 
 @dataclass

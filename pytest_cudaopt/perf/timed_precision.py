@@ -1,0 +1,93 @@
+"""The timed calls held to the precision of untimed ones. A worker can tell a timed call from a correctness call (its
+frames, grad mode, the calls' pattern), so a candidate could be exact where it is checked and compute less where it is
+timed: a loss over a subsample, a lower precision, a stale output that the element-wise tolerance cannot see (a wide
+softmax's outputs all lie below atol). Its precision is measured on correctness calls, over enough input sets for a
+steady figure; the relative L2 error of its checked timed outputs against the float32 reference, a root mean square
+over the calls, may be at most SLACK times that, or fp32's edge where larger."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pytest_cudaopt.correctness.compare import Comparison
+from pytest_cudaopt.correctness.precision import EXACT, FP32_FACTOR, FP32_FLOOR, UNKNOWN, Precision, precision_tier
+
+SLACK = 4.0            # how much less precise than measured untimed a timed output may be (input sets differ)
+POOL_ELEMENTS = 4096   # the untimed precision is measured over input sets until their outputs hold this many
+POOL_SETS = 8          # float elements, or over this many sets: one scalar's error is a draw, not a figure
+
+
+def pooled(measure: Callable[[], Precision], elements: int) -> Precision:
+    """The precision over one input set, or for outputs of fewer than POOL_ELEMENTS float elements over up to
+    POOL_SETS (`measure()` draws the next): each error the root mean square of the sets' errors."""
+    first = measure()
+    sets = min(POOL_SETS, math.ceil(POOL_ELEMENTS / max(1, elements)))
+    if sets <= 1 or first.tier in (EXACT, UNKNOWN):
+        return first
+    found = [first] + [measure() for _ in range(sets - 1)]
+    if any(p.tier in (EXACT, UNKNOWN) for p in found):
+        return next(p for p in found if p.tier in (EXACT, UNKNOWN))
+
+    def rms(values: list[float]) -> float:
+        return math.sqrt(sum(v * v for v in values) / len(values))
+
+    candidate, reference = rms([p.candidate_error for p in found]), rms([p.reference_error for p in found])
+    return Precision(candidate, reference, precision_tier(candidate, reference),
+                     note=f"root mean square over {len(found)} input sets")
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The most a contender's timed outputs may be off the float32 reference (relative L2, RMS over calls), and why."""
+
+    value: float
+    why: str
+
+
+def bound(precision: Precision, tier: str, max_rel_error: float) -> Bound | None:
+    """The timed bound of a contender whose untimed calls measured `precision` and whose tier is `tier` (its own,
+    or a less precise one from the correctness items): SLACK times the error measured, at least fp32's edge; None
+    for integer/bool outputs (compared exactly)."""
+    if EXACT in (tier, precision.tier):
+        return None
+    ref = precision.reference_error
+    if tier == UNKNOWN or math.isnan(precision.candidate_error) or math.isnan(ref):
+        return Bound(max_rel_error, f"cudaopt_max_rel_error allows {max_rel_error:.2e} (its precision was not "
+                                    f"measured)")
+    # On the same kind of inputs, whatever tier the correctness items gave; within fp32's edge, always. The timed
+    # outputs are compared with the float32 reference, itself `ref` off float64.
+    value = max(SLACK * precision.candidate_error, FP32_FACTOR * ref, FP32_FLOOR) + ref
+    return Bound(value, f"the {precision.candidate_error:.2e} measured on its untimed calls ({precision.tier}) allows "
+                        f"{value:.2e}")
+
+
+@dataclass
+class TimedErrors:
+    """Each bounded contender's relative L2 errors of its checked timed outputs against the float32 reference."""
+
+    bounds: dict[str, Bound]
+    squares: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, key: str, comparison: Comparison) -> None:
+        error = comparison.relative_l2
+        if key in self.bounds and error is not None and math.isfinite(error):
+            self.squares.setdefault(key, []).append(error * error)
+
+    def error(self, key: str) -> float | None:
+        squares = self.squares.get(key)
+        return math.sqrt(sum(squares) / len(squares)) if squares else None
+
+    def failure(self, key: str) -> str | None:
+        """Why `key`'s timed outputs fail their bound, or None."""
+        error, limit = self.error(key), self.bounds.get(key)
+        if error is None or limit is None or error <= limit.value:
+            return None
+        return (f"its timed outputs are less precise than its untimed ones: relative L2 error {error:.2e} against the "
+                f"float32 reference (root mean square over {len(self.squares[key])} checked timed calls), where "
+                f"{limit.why}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {key: {"bound": b.value, "error": self.error(key), "calls": len(self.squares.get(key, []))}
+                for key, b in self.bounds.items()}

@@ -1,0 +1,72 @@
+"""The timed outputs held to the untimed precision (pytest_cudaopt.perf.timed_precision): the comparison's relative L2
+error, the pooled untimed figure, the bound and its failure. End to end: tests/exploits/timed_subsample.py."""
+
+import math
+
+import pytest
+import torch
+
+from pytest_cudaopt.correctness.compare import compare_outputs
+from pytest_cudaopt.correctness.precision import Precision, relative_l2_error
+from pytest_cudaopt.perf import timed_precision
+from pytest_cudaopt.perf.timed_precision import Bound, TimedErrors, bound, pooled
+
+
+def test_the_comparison_carries_the_relative_l2_error_of_every_float_output_over_its_finite_pairs():
+    expected = (torch.randn(300, dtype=torch.float64), torch.randn(7, 5, dtype=torch.float64))
+    actual = tuple(e + 1e-3 * torch.randn_like(e) for e in expected)
+    found = compare_outputs(actual, expected).relative_l2
+    assert found == pytest.approx(relative_l2_error(actual, expected), rel=1e-9)
+    # Integer outputs are compared exactly and carry none; an all-zero reference gives the error's RMS.
+    assert compare_outputs(torch.arange(4), torch.arange(4)).relative_l2 is None
+    assert compare_outputs(torch.full((4,), 3e-3), torch.zeros(4)).relative_l2 == pytest.approx(3e-3)
+    # A NaN pair is left out (it is judged element-wise).
+    with_nan = torch.tensor([1.0, float("nan"), 2.0])
+    assert compare_outputs(with_nan * 1.01, with_nan).relative_l2 == pytest.approx(0.01)
+
+
+def _p(candidate, reference=4e-8, tier="fp32"):
+    return Precision(candidate, reference, tier)
+
+
+def test_a_small_output_is_measured_over_several_input_sets_and_a_large_one_once():
+    draws = iter([1e-6, 3e-6, 1e-6, 3e-6, 1e-6, 3e-6, 1e-6, 3e-6, 99.0])
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return _p(next(draws))
+
+    found = pooled(measure, elements=1)
+    assert len(calls) == timed_precision.POOL_SETS and found.candidate_error == pytest.approx(math.sqrt(5e-12))
+    assert found.tier == "fp32" and "over 8 input sets" in found.describe()
+    calls.clear()
+    assert pooled(lambda: (calls.append(1), _p(2e-7))[1], elements=4096).candidate_error == 2e-7 and len(calls) == 1
+    assert len([pooled(lambda: _p(1e-7), elements=1024)]) == 1   # 4 sets reach 4096 elements
+    unknown = Precision(math.nan, math.nan, "unknown", "no float64 run")
+    assert pooled(lambda: unknown, elements=1) is unknown
+
+
+def test_the_bound_is_four_times_the_untimed_error_and_never_below_the_fp32_edge():
+    assert bound(_p(1e-8), "fp32", 1e-2).value == pytest.approx(1e-5 + 4e-8)        # the fp32 floor
+    assert bound(_p(4e-4, tier="tf32-like"), "tf32-like", 1e-2).value == pytest.approx(1.6e-3 + 4e-8)
+    # A less precise tier from the correctness items leaves the figure measured here as the bound's.
+    assert bound(_p(1e-8), "half-like", 1e-2).value == pytest.approx(1e-5 + 4e-8)
+    assert bound(Precision(0.0, 0.0, "exact"), "exact", 1e-2) is None
+    unmeasured = bound(Precision(math.nan, math.nan, "unknown"), "unknown", 1e-2)
+    assert unmeasured.value == 1e-2 and "not measured" in unmeasured.why
+
+
+def test_timed_errors_fail_a_contender_whose_timed_outputs_are_less_precise_than_its_bound():
+    expected = torch.randn(1000, dtype=torch.float64)
+    timed = TimedErrors({"custom": Bound(1e-5, "the 1e-08 measured on its untimed calls (fp32) allows 1e-05")})
+    for scale in (1e-8, 2e-8):
+        timed.add("custom", compare_outputs(expected * (1 + scale), expected))
+        timed.add("compile", compare_outputs(expected * 1.1, expected))   # no bound: not held
+    assert timed.failure("custom") is None and timed.failure("compile") is None
+    for _ in range(2):
+        timed.add("custom", compare_outputs(expected * (1 + 4e-3), expected))   # within atol and rtol
+    failure = timed.failure("custom")
+    assert failure.startswith("its timed outputs are less precise than its untimed ones: relative L2 error 2.83e-03")
+    assert "over 4 checked timed calls" in failure and failure.endswith("allows 1e-05")
+    assert timed.to_json() == {"custom": {"bound": 1e-5, "error": pytest.approx(2.83e-3, rel=1e-2), "calls": 4}}
