@@ -203,6 +203,16 @@ def test_no_seed_reaches_a_childs_command_line_unless_replaying(tmp_path):
     assert "--cudaopt-seed=5" in replay
 
 
+def test_a_perf_child_is_given_its_check_stages_report_when_there_is_one(tmp_path):
+    """So that its workdir tier counts the correctness results as a whole pytest session's perf item does."""
+    out = tmp_path / "out"
+    out.mkdir()
+    assert not any(a.startswith("--cudaopt-correctness-report") for a in stages.command("perf", tmp_path, out, Options()))
+    (out / "check.json").write_text("{}")
+    assert f"--cudaopt-correctness-report={out / 'check.json'}" in stages.command("perf", tmp_path, out, Options())
+    assert not any(a.startswith("--cudaopt-correctness-report") for a in stages.command("check", tmp_path, out, Options()))
+
+
 def test_a_private_copy_has_no_earlier_build_and_no_link_out(tmp_path):
     src = tmp_path / "src"
     (src / "build" / "cudaopt").mkdir(parents=True)

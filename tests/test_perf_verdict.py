@@ -1,13 +1,14 @@
 """`pytest -m perf` end to end on the CPU example workdir: the gate, the table, the JSON report, pytest-benchmark."""
 
 import json
+import shutil
 import sys
 import textwrap
 
 import pytest
 
 from doubles import DOUBLES_PATH
-from support import run_pytest, subprocess_env
+from support import JUDGE_CACHE, JUDGE_CPU_ARGS, run_pytest, run_python, subprocess_env
 
 MS = 1e-3
 INI = """\
@@ -502,13 +503,53 @@ def test_the_perf_verdict_names_the_workdirs_worst_tier_and_on_the_cpu_times_no_
     result.stdout.fnmatch_lines([
         "ModelNew (custom) *1.00 ms *half-like *PASS (>= 1.05x)",
         "precision of ModelNew (custom): half-like: * on drawn shapes (* cases), the least precise of 4 "
-        "correctness results of this run; on the timed inputs fp32: *",
+        "correctness results of this workdir; on the timed inputs fp32: *",
     ])
     assert "TF32" not in result.stdout.str()   # a CPU has none: on CUDA this tier adds torch.compile + TF32
     perf = next(r["data"] for r in json.loads((pytester.path / "report.json").read_text())["results"]
                 if r["kind"] == "perf")
     assert perf["precision"] == "half-like" and "precision-matched" not in perf["tiers"]
     assert perf["gate"]["baseline"] == "compile"
+
+
+def test_a_perf_run_given_a_correctness_report_finds_the_tier_a_whole_session_finds(pytester, make_workdir, monkeypatch):
+    """`cudaopt judge` runs correctness and perf in two processes, and names the first's report to the second."""
+    monkeypatch.setenv("CUDAOPT_SELF_TEST", "1")
+    path = make_workdir("cheat_kernels", dest=pytester.path / "wd")
+    (path / "model_new.py").write_text(HALF_OFF_CANONICAL)
+    (path / "pytest.ini").write_text(INI)
+    (path / "conftest.py").write_text(FAKE_CLOCK.format(
+        durations=speeds(custom=1 * MS, compile_=2 * MS, **{"precision-matched": 1.5 * MS}), escaped={}, latency={}))
+    run_pytest(pytester, "wd", "-m", "correctness", "-p", "no:randomly", "--cudaopt-report=check.json")
+    alone = run_pytest(pytester, "wd", "-m", "perf", "-p", "no:randomly", "--cudaopt-report=alone.json")
+    alone.stdout.fnmatch_lines(["ModelNew (custom) *1.00 ms *fp32 *PASS (>= 1.05x)"])   # the canonical size only
+    result = run_pytest(pytester, "wd", "-m", "perf", "-p", "no:randomly", "--cudaopt-report=perf.json",
+                        "--cudaopt-correctness-report=check.json")
+    result.stdout.fnmatch_lines([
+        "ModelNew (custom) *1.00 ms *half-like *PASS (>= 1.05x)",
+        "precision of ModelNew (custom): half-like: * on drawn shapes (* cases), the least precise of 4 "
+        "correctness results of this workdir; on the timed inputs fp32: *",
+    ])
+    broken = run_pytest(pytester, "wd", "-m", "perf", "-p", "no:randomly", "--cudaopt-correctness-report=nowhere.json")
+    broken.assert_outcomes(failed=1)
+    assert "cudaopt_correctness_report: nowhere.json is not a readable cudaopt JSON report" in broken.stdout.str()
+
+
+def test_the_judges_perf_stage_finds_the_workdirs_tier_from_its_check_stage(tmp_path, make_workdir):
+    """The workdir above judged by `cudaopt judge` (correctness and perf in two processes): its perf result names the
+    half-like tier of the correctness items, as `pytest` alone does, not the timed inputs' fp32."""
+    path = make_workdir("cheat_kernels", dest=tmp_path / "wd")
+    (path / "model_new.py").write_text(HALF_OFF_CANONICAL)
+    shutil.rmtree(path / "build", ignore_errors=True)
+    out = tmp_path / "lines.jsonl"
+    done = run_python(["-m", "pytest_cudaopt.cli", "judge", str(path), "--cpu-slots", "1", "--jobs", "1",
+                       "--cache-dir", str(JUDGE_CACHE), "--out", str(out), "--scratch", str(tmp_path / "scratch"),
+                       "--all-stages", "--", *JUDGE_CPU_ARGS], cwd=tmp_path, timeout=900)
+    [line] = [json.loads(raw) for raw in out.read_text().splitlines()]
+    assert line["verdicts"]["correctness"] == "pass", (line["reason"], done.stdout[-2000:], done.stderr[-2000:])
+    [perf] = [r["data"] for r in line["report"]["results"] if r["kind"] == "perf"]
+    assert perf["precision"] == "half-like", perf["precision_note"]
+    assert "correctness results of this workdir; on the timed inputs fp32" in perf["precision_note"]
 
 
 FAST_CPU = ("--cudaopt-compile-backend=eager", "--cudaopt-max-time=1", "--cudaopt-warmup=0.1",

@@ -111,6 +111,8 @@ def command(stage: str, copy: Path, out: Path, options: Options) -> list[str]:
         args.append("--cudaopt-ci-gate")   # a GPU item that would be skipped fails instead
     if options.seed is not None and stage != "policy":
         args.append(f"--cudaopt-seed={options.seed}")
+    if stage == "perf" and (out / "check.json").is_file():   # the workdir's tier as a whole session finds it
+        args.append(f"--cudaopt-correctness-report={out / 'check.json'}")
     args += strict_sandbox(options.pytest_args, env={})  # GPU workdirs: no candidate runs unconfined
     return pytest_command([*args, *options.pytest_args])
 

@@ -90,9 +90,9 @@ def _workdir_tier(tier: str, note: str, known: Sequence[tuple[str, Any]]) -> tup
         return tier, note
     case, worst = max(cases, key=lambda cp: (TIER_ORDER.index(cp[1].tier), cp[1].candidate_error))
     if tier in TIER_ORDER and TIER_ORDER.index(tier) >= TIER_ORDER.index(worst.tier):
-        return tier, f"{note} (no less precise on the {len(cases)} correctness results of this run)"
+        return tier, f"{note} (no less precise on the {len(cases)} correctness results of this workdir)"
     return worst.tier, (f"{worst.describe()} on {case}, the least precise of {len(cases)} correctness "
-                        f"results of this run; on the timed inputs {note}")
+                        f"results of this workdir; on the timed inputs {note}")
 
 
 def _feed(workdir: Any, model: torch.nn.Module, candidate: Candidate, seed: int, device: torch.device) -> Feed:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -51,10 +54,30 @@ def record_benchmark(benchmark: Any, result: PerfResult, clock: Any,
         benchmark.pedantic(target, setup=setup, rounds=rounds, warmup_rounds=2)
 
 
-def judged_precisions(results: list, path: Any) -> list[tuple[str, Any]]:
-    """(case, Precision) of every correctness result of this session for the workdir at `path`."""
-    return [(r.case, r.precision) for r in results if getattr(r, "kind", "") == "correctness"
-            and getattr(r, "workdir", None) == str(path) and getattr(r, "precision", None) is not None]
+def judged_precisions(results: list, path: Any, report: str | None = None) -> list[tuple[str, Any]]:
+    """(case, Precision) of every correctness result of this session for the workdir at `path`, and of the JSON
+    report `report` (`correctness_report`: `cudaopt judge` names its check stage's, so that its perf stage finds the
+    workdir's tier a whole pytest session finds, and times the same baselines)."""
+    found = [(r.case, r.precision) for r in results if getattr(r, "kind", "") == "correctness"
+             and getattr(r, "workdir", None) == str(path) and getattr(r, "precision", None) is not None]
+    return found + (reported_precisions(report) if report else [])
+
+
+def reported_precisions(path: str) -> list[tuple[str, Any]]:
+    """(case, Precision) of every correctness result of the JSON report at `path` (a report's NaN is its null)."""
+    from pytest_cudaopt.correctness.precision import Precision
+
+    def precision(data: dict) -> Precision:
+        errors = {k: math.nan if data.get(k) is None else float(data[k]) for k in ("candidate_error", "reference_error")}
+        return Precision(**errors, tier=str(data["tier"]), note=str(data.get("note") or ""))
+
+    try:
+        results = json.loads(Path(path).read_text()).get("results", [])
+        return [(str(r["data"]["case"]), precision(r["data"]["precision"])) for r in results
+                if r.get("kind") == "correctness" and r.get("data", {}).get("precision")]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise RuntimeError(f"cudaopt_correctness_report: {path} is not a readable cudaopt JSON report: "
+                           f"{type(exc).__name__}: {exc}") from exc
 
 
 def gate_shortfall(model_new: Any, workdir: Any, settings: Any) -> tuple[str, str] | None:
@@ -115,7 +138,8 @@ class TestPerf:
             with torch.no_grad(), lineup.quiet_compile_log():
                 arranged = arrange(workdir=workdir, settings=cudaopt_settings, seed=cudaopt_session.seed,
                                    target=cudaopt_session.target_workdir(), prepared=prepared,
-                                   known=judged_precisions(cudaopt_session.results, workdir.path),
+                                   known=judged_precisions(cudaopt_session.results, workdir.path,
+                                                          cudaopt_settings.correctness_report),
                                    between=turn.pause_within)
             # its workers stopped while it waits: no candidate code runs beside another workdir's turn
             with watchdog.harness_step("waiting for the device to itself (the judge's other stages on it)"):
@@ -132,7 +156,8 @@ class TestPerf:
             result, extra = judge(workdir=workdir, settings=cudaopt_settings, seed=cudaopt_session.seed,
                                   clock=clock, test=request.node.nodeid, tracer=tracer,
                                   target=cudaopt_session.target_workdir(), arranged=arranged,
-                                  known=judged_precisions(cudaopt_session.results, workdir.path))
+                                  known=judged_precisions(cudaopt_session.results, workdir.path,
+                                                          cudaopt_settings.correctness_report))
             changed = clocks.tampered()
             if changed:
                 result.failure = (f"the timing functions {', '.join(changed)} were replaced while "

@@ -180,6 +180,9 @@ OPTIONS: tuple[Option, ...] = (
            "the candidate fails when slower than it by more than regression_margin", ini=False),
     Option("regression_margin", _positive(float), 0.03,
            "how much slower than the baseline workdir's ModelNew the candidate may be, as a fraction (0.03 is 3 percent)"),
+    Option("correctness_report", str, None,
+           "the JSON report of an earlier correctness run of this workdir: its precision tiers count toward the perf "
+           "item's workdir tier as the session's own do (`cudaopt judge` names its check stage's)", ini=False),
     Option("ci_gate", _bool, False,
            "the CI gate: items run policy, correctness, perf; a GPU item that would be skipped fails",
            ini=False),
