@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -117,9 +118,11 @@ def test_a_judge_that_died_has_its_workdirs_judged_again_elsewhere_and_counted_o
     class DiesOnce(NodeJudge):
         def judge(self, packed, name, key):
             if not marker.exists():
-                staged = marker.with_name(f"{marker.name}.{os.getpid()}")
+                # Staged per thread (the actor judges 4 at once: two threads that shared one staged name once
+                # renamed a file the other had just truncated), so the marker is never seen empty or half-written.
+                staged = marker.with_name(f"{marker.name}.{os.getpid()}.{threading.get_ident()}")
                 staged.write_text(f"{os.getpid()} {self.shipped}")
-                os.replace(staged, marker)  # never seen empty (a judge killed mid-write left it so once)
+                os.replace(staged, marker)
                 os._exit(1)   # the judge's process dies, as on a lost node
             return super().judge(packed, name, key)
 
