@@ -69,4 +69,19 @@ def test_timed_errors_fail_a_contender_whose_timed_outputs_are_less_precise_than
     failure = timed.failure("custom")
     assert failure.startswith("its timed outputs are less precise than its untimed ones: relative L2 error 2.83e-03")
     assert "over 4 checked timed calls" in failure and failure.endswith("allows 1e-05")
-    assert timed.to_json() == {"custom": {"bound": 1e-5, "error": pytest.approx(2.83e-3, rel=1e-2), "calls": 4}}
+    assert timed.to_json() == {"custom": {"bound": 1e-5, "error": pytest.approx(2.83e-3, rel=1e-2), "calls": 4,
+                                          "baseline_error": None}}
+
+
+def test_where_the_timed_inputs_make_torch_compile_drift_too_a_contender_may_drift_four_times_as_far():
+    """Worse conditioned timed inputs than the untimed ones: float32 itself drifts, and that is no one's fault."""
+    expected = torch.randn(1000, dtype=torch.float64)
+    timed = TimedErrors({"custom": Bound(1e-5, "measured")}, baseline="compile")
+    timed.add("custom", compare_outputs(expected * (1 + 3e-5), expected))
+    assert timed.failure("custom").endswith("where measured")   # no baseline figure yet: its own bound
+    timed.add("compile", compare_outputs(expected * (1 + 1e-5), expected))
+    assert timed.failure("custom") is None and timed.limit("custom").value == pytest.approx(4e-5, rel=1e-6)
+    assert timed.to_json()["custom"]["baseline_error"] == pytest.approx(1e-5, rel=1e-6)
+    timed.add("custom", compare_outputs(expected * (1 + 2e-4), expected))
+    failure = timed.failure("custom")
+    assert "4x the 1.00e-05 of compile's timed outputs allows 4.00e-05 (measured)" in failure, failure

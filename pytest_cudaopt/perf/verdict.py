@@ -236,7 +236,8 @@ def judge(*, workdir: Any, settings: Any, seed: int, clock: Any, test: str, trac
         config = engine.Config.from_settings(settings, seed=derive_seed(seed, "perf", "checks"),
                                              queue_group=group, one_check_per_pass=one_check, max_batch=batch,
                                              gate=(lineup.CUSTOM, gate.GATES[settings.gate]))
-        timed = timed_precision.TimedErrors({lineup.CUSTOM: arranged.timed_bound} if arranged.timed_bound else {})
+        timed = timed_precision.TimedErrors({lineup.CUSTOM: arranged.timed_bound} if arranged.timed_bound else {},
+                                            baseline=lineup.COMPILE)
         measurement = engine.measure(line.contenders, feed, clock=clock, config=config,
                                      compare=_compare(settings, timed))
         custom, less_precise = measurement.results.get(lineup.CUSTOM), timed.failure(lineup.CUSTOM)
