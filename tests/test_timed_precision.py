@@ -57,6 +57,16 @@ def test_the_bound_is_four_times_the_untimed_error_and_never_below_the_fp32_edge
     assert unmeasured.value == 1e-2 and "not measured" in unmeasured.why
 
 
+def test_the_check_stages_figure_on_model_values_bounds_too_where_one_draw_is_steady():
+    """A worker that computes less in the perf stage's own correctness calls than in the check stage's gains nothing."""
+    own, checked = _p(2e-3, tier="half-like"), [_p(3e-6), _p(5e-6)]
+    held = bound(own, "half-like", 1e-2, checked, elements=4096)
+    assert held.value == pytest.approx(1.2e-5 + 4e-8) and "its correctness items measured" in held.why
+    assert bound(own, "half-like", 1e-2, checked, elements=100).value == pytest.approx(8e-3 + 4e-8)   # a noisy draw
+    assert bound(Precision(math.nan, math.nan, "unknown"), "fp32", 1e-2, checked, elements=10**6).value == \
+        pytest.approx(1.2e-5 + 4e-8)   # the perf stage's own measurement ran out of memory
+
+
 def test_timed_errors_fail_a_contender_whose_timed_outputs_are_less_precise_than_its_bound():
     expected = torch.randn(1000, dtype=torch.float64)
     timed = TimedErrors({"custom": Bound(1e-5, "the 1e-08 measured on its untimed calls (fp32) allows 1e-05")})

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from pytest_cudaopt.correctness.compare import Comparison
 from pytest_cudaopt.correctness.precision import EXACT, FP32_FACTOR, FP32_FLOOR, UNKNOWN, Precision, precision_tier
@@ -46,21 +46,30 @@ class Bound:
     why: str
 
 
-def bound(precision: Precision, tier: str, max_rel_error: float) -> Bound | None:
+def bound(precision: Precision, tier: str, max_rel_error: float, checked: Sequence[Precision] = (),
+          elements: int = 0) -> Bound | None:
     """The timed bound of a contender whose untimed calls measured `precision` and whose tier is `tier` (its own,
     or a less precise one from the correctness items): SLACK times the error measured, at least fp32's edge; None
-    for integer/bool outputs (compared exactly)."""
+    for integer/bool outputs (compared exactly). `checked`: what the correctness items measured on model.py's values
+    at this shape (the check stage's, under `cudaopt judge`); where the outputs hold `elements` >= POOL_ELEMENTS float
+    elements (one draw is then a steady figure), the least of those counts as measured too, so that a worker that
+    tells the perf stage from the check stage gains nothing by computing less in the perf stage's own calls."""
     if EXACT in (tier, precision.tier):
         return None
-    ref = precision.reference_error
-    if tier == UNKNOWN or math.isnan(precision.candidate_error) or math.isnan(ref):
+    found = [(p.candidate_error, p.reference_error, p.tier, "its correctness items measured on model.py's values")
+             for p in checked if elements >= POOL_ELEMENTS and p.tier not in (EXACT, UNKNOWN)
+             and not math.isnan(p.candidate_error) and not math.isnan(p.reference_error)]
+    if not (math.isnan(precision.candidate_error) or math.isnan(precision.reference_error)):
+        found.append((precision.candidate_error, precision.reference_error, precision.tier,
+                      "measured on its untimed calls"))
+    if not found:
         return Bound(max_rel_error, f"cudaopt_max_rel_error allows {max_rel_error:.2e} (its precision was not "
                                     f"measured)")
+    error, ref, measured_tier, where = min(found)
     # On the same kind of inputs, whatever tier the correctness items gave; within fp32's edge, always. The timed
     # outputs are compared with the float32 reference, itself `ref` off float64.
-    value = max(SLACK * precision.candidate_error, FP32_FACTOR * ref, FP32_FLOOR) + ref
-    return Bound(value, f"the {precision.candidate_error:.2e} measured on its untimed calls ({precision.tier}) allows "
-                        f"{value:.2e}")
+    value = max(SLACK * error, FP32_FACTOR * ref, FP32_FLOOR) + ref
+    return Bound(value, f"the {error:.2e} {where} ({measured_tier}) allows {value:.2e}")
 
 
 @dataclass

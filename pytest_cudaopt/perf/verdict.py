@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -51,7 +52,8 @@ def _tier(model: torch.nn.Module, candidate: Any, inputs: list, scope: Any = Non
     return precision.tier, precision.describe()
 
 
-def _custom_precision(model: torch.nn.Module, model_new: Any, feed: Feed, example: list) -> tuple[Precision, str]:
+def _custom_precision(model: torch.nn.Module, model_new: Any, feed: Feed, example: list,
+                      elements: int) -> tuple[Precision, str]:
     """ModelNew's untimed precision, over enough input sets for a steady figure (timed_precision.pooled), and its note.
     Its calls are correctness calls (`checked_call`), which its worker cannot tell from the correctness items': what
     the timed outputs are held to (timed_precision.bound)."""
@@ -62,7 +64,7 @@ def _custom_precision(model: torch.nn.Module, model_new: Any, feed: Feed, exampl
 
     try:
         precision = timed_precision.pooled(lambda: _measure(model, checked, next(sets, None) or feed.next()[1]),
-                                           float_elements(feed.expected(example)))
+                                           elements)
     except Exception as exc:
         return Precision(math.nan, math.nan, UNKNOWN), f"not measured: {type(exc).__name__}: {exc}"
     return precision, precision.describe()
@@ -195,9 +197,11 @@ def arrange(*, workdir: Any, settings: Any, seed: int, target: Any = None, known
             model, model_new = workdir.make_models(device, seed=weights)
         feed = _feed(workdir, model, model_new, seed, device)
         _, example = feed.next()
-        precision, note = _custom_precision(model, model_new, feed, example)
+        elements = float_elements(feed.expected(example))
+        precision, note = _custom_precision(model, model_new, feed, example, elements)
         tier, note = _workdir_tier(precision.tier, note, known)
-        timed_bound = timed_precision.bound(precision, tier, settings.max_rel_error)
+        canonical = [p for case, p in known if re.fullmatch(r"canonical seed\d+", case)]   # model.py's values
+        timed_bound = timed_precision.bound(precision, tier, settings.max_rel_error, canonical, elements)
         between()
         # TF32 exists only on CUDA: on the CPU the "+ TF32" baseline would be the fp32 one again.
         precision_matched = (device.type == "cuda" and below_fp32(tier)) or settings.gate == "precision-matched"
