@@ -3,7 +3,8 @@ frames, grad mode, the calls' pattern), so a candidate could be exact where it i
 timed: a loss over a subsample, a lower precision, a stale output that the element-wise tolerance cannot see (a wide
 softmax's outputs all lie below atol). Its precision is measured on correctness calls, over enough input sets for a
 steady figure; the relative L2 error of its checked timed outputs against the float32 reference, a root mean square
-over the calls, may be at most SLACK times that, or fp32's edge where larger."""
+over the calls, may be at most SLACK times that (or the correctness items' on model.py's values, where less and the
+outputs large), fp32's edge, or SLACK times torch.compile's own timed error, where larger."""
 
 from __future__ import annotations
 
