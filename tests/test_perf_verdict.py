@@ -489,14 +489,19 @@ class ModelNew(nn.Module):
 '''
 
 
-def test_the_perf_verdict_names_the_workdirs_worst_tier_and_on_the_cpu_times_no_tf32_baseline(
-        pytester, make_workdir, monkeypatch):
+def _half_off_canonical(pytester, make_workdir, monkeypatch) -> None:
+    """HALF_OFF_CANONICAL in the cheat_kernels workdir at pytester's wd/, under a scripted clock that passes it."""
     monkeypatch.setenv("CUDAOPT_SELF_TEST", "1")
     path = make_workdir("cheat_kernels", dest=pytester.path / "wd")
     (path / "model_new.py").write_text(HALF_OFF_CANONICAL)
     (path / "pytest.ini").write_text(INI)
     (path / "conftest.py").write_text(FAKE_CLOCK.format(
         durations=speeds(custom=1 * MS, compile_=2 * MS, **{"precision-matched": 1.5 * MS}), escaped={}, latency={}))
+
+
+def test_the_perf_verdict_names_the_workdirs_worst_tier_and_on_the_cpu_times_no_tf32_baseline(
+        pytester, make_workdir, monkeypatch):
+    _half_off_canonical(pytester, make_workdir, monkeypatch)
     result = run_pytest(pytester, "wd", "-m", "correctness or perf", "-p", "no:randomly",
                         "--cudaopt-report=report.json")
     result.assert_outcomes(passed=5)
@@ -514,12 +519,7 @@ def test_the_perf_verdict_names_the_workdirs_worst_tier_and_on_the_cpu_times_no_
 
 def test_a_perf_run_given_a_correctness_report_finds_the_tier_a_whole_session_finds(pytester, make_workdir, monkeypatch):
     """`cudaopt judge` runs correctness and perf in two processes, and names the first's report to the second."""
-    monkeypatch.setenv("CUDAOPT_SELF_TEST", "1")
-    path = make_workdir("cheat_kernels", dest=pytester.path / "wd")
-    (path / "model_new.py").write_text(HALF_OFF_CANONICAL)
-    (path / "pytest.ini").write_text(INI)
-    (path / "conftest.py").write_text(FAKE_CLOCK.format(
-        durations=speeds(custom=1 * MS, compile_=2 * MS, **{"precision-matched": 1.5 * MS}), escaped={}, latency={}))
+    _half_off_canonical(pytester, make_workdir, monkeypatch)
     run_pytest(pytester, "wd", "-m", "correctness", "-p", "no:randomly", "--cudaopt-report=check.json")
     alone = run_pytest(pytester, "wd", "-m", "perf", "-p", "no:randomly", "--cudaopt-report=alone.json")
     alone.stdout.fnmatch_lines(["ModelNew (custom) *1.00 ms *fp32 *PASS (>= 1.05x)"])   # the canonical size only

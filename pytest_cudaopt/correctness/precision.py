@@ -157,6 +157,14 @@ class Precision:
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Precision":
+        """`to_json`'s dict read back (a JSON report writes NaN as null)."""
+        errors = {k: math.nan if data.get(k) is None else float(data[k])
+                  for k in ("candidate_error", "reference_error")}
+        return cls(**errors, tier=str(data["tier"]), note=str(data.get("note") or ""), bound=data.get("bound"),
+                   vacuous=bool(data.get("vacuous", False)))
+
 
 def float64_copy(model: torch.nn.Module) -> torch.nn.Module | None:
     """A float64 copy of the reference (None when it cannot be made)."""

@@ -197,7 +197,9 @@ def arrange(*, workdir: Any, settings: Any, seed: int, target: Any = None, known
             model, model_new = workdir.make_models(device, seed=weights)
         feed = _feed(workdir, model, model_new, seed, device)
         _, example = feed.next()
-        elements = float_elements(feed.expected(example))
+        expected = feed.expected(example)
+        out_bytes, elements = nbytes(expected), float_elements(expected)
+        del expected   # not kept through the compiles below
         precision, note = _custom_precision(model, model_new, feed, example, elements)
         tier, note = _workdir_tier(precision.tier, note, known)
         canonical = [p for case, p in known if re.fullmatch(r"canonical seed\d+", case)]   # model.py's values
@@ -218,7 +220,7 @@ def arrange(*, workdir: Any, settings: Any, seed: int, target: Any = None, known
             if contender.key not in tiers:
                 between()
                 tiers[contender.key] = _tier(model, contender.fn, example, contender.scope)[0]
-        sizes = (nbytes(example), nbytes(feed.expected(example)))
+        sizes = (nbytes(example), out_bytes)
         del example  # every timed call draws its own
     return Arranged(model, model_new, feed, line, tiers, note, sizes, peak.bytes, timed_bound)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -64,16 +63,12 @@ def judged_precisions(results: list, path: Any, report: str | None = None) -> li
 
 
 def reported_precisions(path: str) -> list[tuple[str, Any]]:
-    """(case, Precision) of every correctness result of the JSON report at `path` (a report's NaN is its null)."""
+    """(case, Precision) of every correctness result of the JSON report at `path`."""
     from pytest_cudaopt.correctness.precision import Precision
-
-    def precision(data: dict) -> Precision:
-        errors = {k: math.nan if data.get(k) is None else float(data[k]) for k in ("candidate_error", "reference_error")}
-        return Precision(**errors, tier=str(data["tier"]), note=str(data.get("note") or ""))
 
     try:
         results = json.loads(Path(path).read_text()).get("results", [])
-        return [(str(r["data"]["case"]), precision(r["data"]["precision"])) for r in results
+        return [(str(r["data"]["case"]), Precision.from_json(r["data"]["precision"])) for r in results
                 if r.get("kind") == "correctness" and r.get("data", {}).get("precision")]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise RuntimeError(f"cudaopt_correctness_report: {path} is not a readable cudaopt JSON report: "
@@ -96,8 +91,6 @@ def gate_shortfall(model_new: Any, workdir: Any, settings: Any) -> tuple[str, st
 
 def failed_correctness(results: list, path: Any) -> str:
     """The first failed correctness item of this session for the workdir at `path`, or ""."""
-    from pathlib import Path
-
     where = Path(path).resolve()
     for r in results:
         if getattr(r, "kind", "") == "correctness" and not r.passed and Path(r.workdir).resolve() == where:
@@ -134,12 +127,11 @@ class TestPerf:
             turn.pause_within()
             cudaopt_session.workers.make_context(cudaopt_workdir_path)   # its worker's context: not in the turn
             workdir = cudaopt_session.loaded_or_fail(cudaopt_workdir_path, request.node.nodeid, "run")
+            known = judged_precisions(cudaopt_session.results, workdir.path, cudaopt_settings.correctness_report)
             turn.pause_within()
             with torch.no_grad(), lineup.quiet_compile_log():
                 arranged = arrange(workdir=workdir, settings=cudaopt_settings, seed=cudaopt_session.seed,
-                                   target=cudaopt_session.target_workdir(), prepared=prepared,
-                                   known=judged_precisions(cudaopt_session.results, workdir.path,
-                                                          cudaopt_settings.correctness_report),
+                                   target=cudaopt_session.target_workdir(), prepared=prepared, known=known,
                                    between=turn.pause_within)
             # its workers stopped while it waits: no candidate code runs beside another workdir's turn
             with watchdog.harness_step("waiting for the device to itself (the judge's other stages on it)"):
@@ -150,14 +142,13 @@ class TestPerf:
                     cudaopt_session.workers.hold(False)
         else:
             workdir = cudaopt_session.loaded_or_fail(cudaopt_workdir_path, request.node.nodeid, "run")
+            known = judged_precisions(cudaopt_session.results, workdir.path, cudaopt_settings.correctness_report)
         clock = (cudaopt_session.verdict_hook(request.node, "pytest_cudaopt_perf_clock", device=device)
                  or clocks.default_clock(device, cuda_graph=cudaopt_settings.cuda_graph))
         with torch.no_grad(), lineup.quiet_compile_log():
             result, extra = judge(workdir=workdir, settings=cudaopt_settings, seed=cudaopt_session.seed,
                                   clock=clock, test=request.node.nodeid, tracer=tracer,
-                                  target=cudaopt_session.target_workdir(), arranged=arranged,
-                                  known=judged_precisions(cudaopt_session.results, workdir.path,
-                                                          cudaopt_settings.correctness_report))
+                                  target=cudaopt_session.target_workdir(), arranged=arranged, known=known)
             changed = clocks.tampered()
             if changed:
                 result.failure = (f"the timing functions {', '.join(changed)} were replaced while "
