@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from pytest_cudaopt.correctness.compare import compare_outputs
-from pytest_cudaopt.correctness.precision import Precision, relative_l2_error
-from pytest_cudaopt.perf import timed_precision
-from pytest_cudaopt.perf.timed_precision import Bound, TimedErrors, bound, pooled
+from pytest_cudaopt.correctness import precision
+from pytest_cudaopt.correctness.precision import Precision, combined, pooled, relative_l2_error
+from pytest_cudaopt.perf.timed_precision import Bound, TimedErrors, bound
 
 
 def test_the_comparison_carries_the_relative_l2_error_of_every_float_output_over_its_finite_pairs():
@@ -38,13 +38,18 @@ def test_a_small_output_is_measured_over_several_input_sets_and_a_large_one_once
         return _p(next(draws))
 
     found = pooled(measure, elements=1)
-    assert len(calls) == timed_precision.POOL_SETS and found.candidate_error == pytest.approx(math.sqrt(5e-12))
+    assert len(calls) == precision.POOL_SETS and found.candidate_error == pytest.approx(math.sqrt(5e-12))
     assert found.tier == "fp32" and "over 8 input sets" in found.describe()
     calls.clear()
     assert pooled(lambda: (calls.append(1), _p(2e-7))[1], elements=4096).candidate_error == 2e-7 and len(calls) == 1
     assert len([pooled(lambda: _p(1e-7), elements=1024)]) == 1   # 4 sets reach 4096 elements
     unknown = Precision(math.nan, math.nan, "unknown", "no float64 run")
     assert pooled(lambda: unknown, elements=1) is unknown
+    assert found.sets == 8 and found.steady(1) and not _p(1e-6).steady(1) and _p(1e-6).steady(4096)
+    # A wrong set ends the pool: its precision is the answer.
+    wrong = iter([_p(1e-6), _p(0.5, tier="wrong"), _p(1e-6)])
+    assert pooled(lambda: next(wrong), elements=1).tier == "wrong"
+    assert Precision.from_json(found.to_json()) == found
 
 
 def test_the_bound_is_four_times_the_untimed_error_and_never_below_the_fp32_edge():
@@ -57,7 +62,7 @@ def test_the_bound_is_four_times_the_untimed_error_and_never_below_the_fp32_edge
     assert unmeasured.value == 1e-2 and "not measured" in unmeasured.why
 
 
-def test_the_check_stages_figure_on_model_values_bounds_too_where_one_draw_is_steady():
+def test_the_check_stages_figure_on_model_values_bounds_too_where_it_is_steady():
     """A worker that computes less in the perf stage's own correctness calls than in the check stage's gains nothing."""
     own, checked = _p(2e-3, tier="half-like"), [_p(3e-6), _p(5e-6)]
     held = bound(own, "half-like", 1e-2, checked, elements=4096)
@@ -65,6 +70,12 @@ def test_the_check_stages_figure_on_model_values_bounds_too_where_one_draw_is_st
     assert bound(own, "half-like", 1e-2, checked, elements=100).value == pytest.approx(8e-3 + 4e-8)   # a noisy draw
     assert bound(Precision(math.nan, math.nan, "unknown"), "fp32", 1e-2, checked, elements=10**6).value == \
         pytest.approx(1.2e-5 + 4e-8)   # the perf stage's own measurement ran out of memory
+    # A small output's check-stage figure bounds once it is pooled over enough input sets (its canonical item's).
+    steady = combined([_p(3e-6)] * precision.pool_sets(100))
+    assert steady.sets == precision.pool_sets(100) == precision.POOL_SETS
+    assert bound(own, "half-like", 1e-2, [steady], elements=100).value == pytest.approx(1.2e-5 + 4e-8)
+    assert bound(own, "half-like", 1e-2, [combined([_p(3e-6)] * 2)], elements=100).value == \
+        pytest.approx(8e-3 + 4e-8)   # two sets of 100 elements: still a draw
 
 
 def test_timed_errors_fail_a_contender_whose_timed_outputs_are_less_precise_than_its_bound():

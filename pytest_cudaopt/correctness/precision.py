@@ -30,6 +30,10 @@ TYPICAL_REFERENCE_ERROR = 1e-7
 # The bound grows with the conditioning at most this much (uncapped, GPT-2 attention's spikes
 # allowed a relative L2 error of 0.74); past it, the sensitivity term decides.
 BOUND_CONDITIONING_CAP = 10.0
+# One scalar's error is a draw, not a figure: a precision is measured over input sets until their outputs hold
+# POOL_ELEMENTS float elements, or over POOL_SETS sets (`pooled`).
+POOL_ELEMENTS = 4096
+POOL_SETS = 8
 
 
 def conditioning(reference_error: float) -> float:
@@ -104,6 +108,7 @@ class Precision:
     note: str = ""
     bound: float | None = None   # the relative L2 bound the candidate was held to
     vacuous: bool = False        # atol >= max|expected| for some float output
+    sets: int = 1                # input sets its errors are the root mean square over (`pooled`)
 
     @classmethod
     def measure(cls, candidate_out: Any, reference_out: Any, reference64_out: Any,
@@ -163,7 +168,43 @@ class Precision:
         errors = {k: math.nan if data.get(k) is None else float(data[k])
                   for k in ("candidate_error", "reference_error")}
         return cls(**errors, tier=str(data["tier"]), note=str(data.get("note") or ""), bound=data.get("bound"),
-                   vacuous=bool(data.get("vacuous", False)))
+                   vacuous=bool(data.get("vacuous", False)), sets=int(data.get("sets") or 1))
+
+    def steady(self, elements: int) -> bool:
+        """Whether its figures are steady for outputs of `elements` float elements: over POOL_ELEMENTS of them,
+        or over POOL_SETS input sets."""
+        return self.sets >= pool_sets(elements)
+
+
+def pool_sets(elements: int) -> int:
+    """How many input sets a steady precision of outputs of `elements` float elements is measured over."""
+    return max(1, min(POOL_SETS, math.ceil(POOL_ELEMENTS / max(1, elements))))
+
+
+def pooled(measure: Callable[[], Precision], elements: int) -> Precision:
+    """The precision over one input set, or for outputs of fewer than POOL_ELEMENTS float elements over up to
+    POOL_SETS (`measure()` draws the next; `combined`). An exact, unknown or wrong set ends it: its precision is
+    the answer."""
+    found = [measure()]
+    while len(found) < pool_sets(elements) and found[-1].tier not in (EXACT, UNKNOWN, WRONG):
+        found.append(measure())
+    return found[-1] if found[-1].tier in (EXACT, UNKNOWN, WRONG) else combined(found)
+
+
+def combined(found: list[Precision]) -> Precision:
+    """One precision of several input sets' (each measured, none exact or unknown): each error the root mean square
+    of theirs, the tier theirs names."""
+    if len(found) == 1:
+        return found[0]
+
+    def rms(values: list[float]) -> float:
+        return math.sqrt(sum(v * v for v in values) / len(values))
+
+    candidate, reference = rms([p.candidate_error for p in found]), rms([p.reference_error for p in found])
+    first = found[0]
+    note = f"root mean square over {len(found)} input sets" + (f"; {first.note}" if first.note else "")
+    return Precision(candidate, reference, precision_tier(candidate, reference), note=note, bound=first.bound,
+                     vacuous=any(p.vacuous for p in found), sets=len(found))
 
 
 def float64_copy(model: torch.nn.Module) -> torch.nn.Module | None:

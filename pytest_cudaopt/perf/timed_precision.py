@@ -3,40 +3,19 @@ frames, grad mode, the calls' pattern), so a candidate could be exact where it i
 timed: a loss over a subsample, a lower precision, a stale output that the element-wise tolerance cannot see (a wide
 softmax's outputs all lie below atol). Its precision is measured on correctness calls, over enough input sets for a
 steady figure; the relative L2 error of its checked timed outputs against the float32 reference, a root mean square
-over the calls, may be at most SLACK times that (or the correctness items' on model.py's values, where less and the
-outputs large), fp32's edge, or SLACK times torch.compile's own timed error, where larger."""
+over the calls, may be at most SLACK times that (or the correctness items' on model.py's values, where less and
+steady), fp32's edge, or SLACK times torch.compile's own timed error, where larger."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from pytest_cudaopt.correctness.compare import Comparison
-from pytest_cudaopt.correctness.precision import EXACT, FP32_FACTOR, FP32_FLOOR, UNKNOWN, Precision, precision_tier
+from pytest_cudaopt.correctness.precision import EXACT, FP32_FACTOR, FP32_FLOOR, UNKNOWN, Precision
 
 SLACK = 4.0            # how much less precise than measured untimed a timed output may be (input sets differ)
-POOL_ELEMENTS = 4096   # the untimed precision is measured over input sets until their outputs hold this many
-POOL_SETS = 8          # float elements, or over this many sets: one scalar's error is a draw, not a figure
-
-
-def pooled(measure: Callable[[], Precision], elements: int) -> Precision:
-    """The precision over one input set, or for outputs of fewer than POOL_ELEMENTS float elements over up to
-    POOL_SETS (`measure()` draws the next): each error the root mean square of the sets' errors."""
-    first = measure()
-    sets = min(POOL_SETS, math.ceil(POOL_ELEMENTS / max(1, elements)))
-    if sets <= 1 or first.tier in (EXACT, UNKNOWN):
-        return first
-    found = [first] + [measure() for _ in range(sets - 1)]
-    if any(p.tier in (EXACT, UNKNOWN) for p in found):
-        return next(p for p in found if p.tier in (EXACT, UNKNOWN))
-
-    def rms(values: list[float]) -> float:
-        return math.sqrt(sum(v * v for v in values) / len(values))
-
-    candidate, reference = rms([p.candidate_error for p in found]), rms([p.reference_error for p in found])
-    return Precision(candidate, reference, precision_tier(candidate, reference),
-                     note=f"root mean square over {len(found)} input sets")
 
 
 @dataclass(frozen=True)
@@ -52,13 +31,13 @@ def bound(precision: Precision, tier: str, max_rel_error: float, checked: Sequen
     """The timed bound of a contender whose untimed calls measured `precision` and whose tier is `tier` (its own,
     or a less precise one from the correctness items): SLACK times the error measured, at least fp32's edge; None
     for integer/bool outputs (compared exactly). `checked`: what the correctness items measured on model.py's values
-    at this shape (the check stage's, under `cudaopt judge`); where the outputs hold `elements` >= POOL_ELEMENTS float
-    elements (one draw is then a steady figure), the least of those counts as measured too, so that a worker that
-    tells the perf stage from the check stage gains nothing by computing less in the perf stage's own calls."""
+    at this shape (the check stage's, under `cudaopt judge`); the least of those steady for outputs of `elements`
+    float elements (Precision.steady) counts as measured too, so that a worker that tells the perf stage from the
+    check stage gains nothing by computing less in the perf stage's own calls."""
     if EXACT in (tier, precision.tier):
         return None
     found = [(p.candidate_error, p.reference_error, p.tier, "its correctness items measured on model.py's values")
-             for p in checked if elements >= POOL_ELEMENTS and p.tier not in (EXACT, UNKNOWN)
+             for p in checked if p.steady(elements) and p.tier not in (EXACT, UNKNOWN)
              and not math.isnan(p.candidate_error) and not math.isnan(p.reference_error)]
     if not (math.isnan(precision.candidate_error) or math.isnan(precision.reference_error)):
         found.append((precision.candidate_error, precision.reference_error, precision.tier,

@@ -14,7 +14,7 @@ from pytest_cudaopt.primitives import memory
 from pytest_cudaopt.primitives.environment import environment
 from pytest_cudaopt.correctness.compare import compare_outputs
 from pytest_cudaopt.correctness.guards import derive_seed
-from pytest_cudaopt.correctness.precision import FP32, TIER_ORDER, UNKNOWN, WRONG, Precision, below_fp32, \
+from pytest_cudaopt.correctness.precision import FP32, TIER_ORDER, UNKNOWN, WRONG, Precision, below_fp32, pooled, \
     measure_precision
 from pytest_cudaopt.perf import engine, decision as gate, lineup, timed_precision, trace
 from pytest_cudaopt.perf.feed import Feed
@@ -54,7 +54,7 @@ def _tier(model: torch.nn.Module, candidate: Any, inputs: list, scope: Any = Non
 
 def _custom_precision(model: torch.nn.Module, model_new: Any, feed: Feed, example: list,
                       elements: int) -> tuple[Precision, str]:
-    """ModelNew's untimed precision, over enough input sets for a steady figure (timed_precision.pooled), and its note.
+    """ModelNew's untimed precision, over enough input sets for a steady figure (precision.pooled), and its note.
     Its calls are correctness calls (`checked_call`), which its worker cannot tell from the correctness items': what
     the timed outputs are held to (timed_precision.bound)."""
     sets = iter([example])
@@ -63,7 +63,7 @@ def _custom_precision(model: torch.nn.Module, model_new: Any, feed: Feed, exampl
         return model_new.checked_call(list(inputs), frozenset(), None)["output"]
 
     try:
-        precision = timed_precision.pooled(lambda: _measure(model, checked, next(sets, None) or feed.next()[1]),
+        precision = pooled(lambda: _measure(model, checked, next(sets, None) or feed.next()[1]),
                                            elements)
     except Exception as exc:
         return Precision(math.nan, math.nan, UNKNOWN), f"not measured: {type(exc).__name__}: {exc}"
