@@ -108,6 +108,7 @@ def judge_canonical(loaded: Workdir, settings, session, nodeid: str, seed_index:
         seen: dict[str, values.Seen] = {}
         values.record(seen, outcome.family, result.precision,
                       f"the canonical inputs{values.worst_element(outcome.comparison)}", outcome.skipped)
+        seen[outcome.family].cases += len(extra)   # model.py's values, pooled
         result.values = {name: entry.to_json() for name, entry in seen.items()}
         if outcome.skipped:
             result.case = f"canonical seed{seed_index} (values {family} skipped: model.py's)"
