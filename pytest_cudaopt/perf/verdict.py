@@ -92,7 +92,7 @@ def _workdir_tier(tier: str, note: str, known: Sequence[tuple[str, Any]]) -> tup
         return tier, note
     case, worst = max(cases, key=lambda cp: (TIER_ORDER.index(cp[1].tier), cp[1].candidate_error))
     if tier in TIER_ORDER and TIER_ORDER.index(tier) >= TIER_ORDER.index(worst.tier):
-        return tier, f"{note} (no less precise on the {len(cases)} correctness results of this workdir)"
+        return tier, f"{note} (the {len(cases)} correctness results of this workdir are no less precise)"
     return worst.tier, (f"{worst.describe()} on {case}, the least precise of {len(cases)} correctness "
                         f"results of this workdir; on the timed inputs {note}")
 
