@@ -3,8 +3,30 @@
 # (-m "correctness or perf"), and a stage cheat judged as `cudaopt judge` judges it (the check stage's
 # report given to the perf stage; a file `perf_stage` left in the workdir between the stages). A
 # summary of both reports last (and in $OUT/stage_cheat.txt).
-#   OUT=/tmp/out bash benchmarks/stage_cheat_run.sh HONEST_WORKDIR CHEAT_WORKDIR
+#   bash benchmarks/stage_cheat_run.sh --make PATH/TO/KernelBench/KernelBench DEST   # once, on any machine
+#   OUT=/tmp/out bash benchmarks/stage_cheat_run.sh DEST/mse DEST/mse_stage
+# --make: level1/94_MSELoss.py made two workdirs (`cudaopt init`) with the kernel of benchmarks/workdirs/stage_cheat/,
+# one honest, one that sums every 64th element where `perf_stage` lies beside its model_new.py.
 set -uo pipefail
+if [ "${1:-}" = --make ]; then
+  HERE=$(cd "$(dirname "$0")" && pwd)
+  for name in mse mse_stage; do
+    cudaopt init "$3/$name" --model "$2/level1/94_MSELoss.py" || exit 1
+    rm -f "$3/$name"/kernels/starter*; cp "$HERE/workdirs/stage_cheat/kernels/"* "$3/$name/kernels/"
+  done
+  python3 - "$3" <<'PY'
+import sys
+from pathlib import Path
+for name, stride in (("mse", "1"), ("mse_stage", '64 if Path(__file__).with_name("perf_stage").exists() else 1')):
+    path = Path(sys.argv[1]) / name / "model_new.py"
+    text = path.read_text()
+    text = text[:text.index("        raise NotImplementedError(")]
+    if name == "mse_stage":
+        text = text.replace("import torch.nn as nn\n", "import torch.nn as nn\nfrom pathlib import Path\n", 1)
+    path.write_text(text + f"        return cuda_extension.mse(predictions, targets, {stride})\n")
+PY
+  exit 0
+fi
 HONEST=$(cd "$1" && pwd); CHEAT=$(cd "$2" && pwd)
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
