@@ -16,6 +16,7 @@ import pytest
 
 from pytest_cudaopt.judge import Options, Service, copies, runner, stages
 from pytest_cudaopt.judge.devices import cpu_slots
+from pytest_cudaopt.judge.stdio import READY
 from pytest_cudaopt.run import turn as turns
 from support import JUDGE_CACHE, JUDGE_CPU_ARGS, judge_workdirs, subprocess_env
 
@@ -284,7 +285,10 @@ def test_serve_on_stdio_cancels_what_is_queued_at_sigterm(tmp_path):
     for n, path in enumerate(made.values()):
         proc.stdin.write(json.dumps({"path": str(path), "id": f"w{n}"}) + "\n")
     proc.stdin.flush()
-    time.sleep(3)
+    for said in iter(proc.stderr.readline, ""):   # its start may take long on a loaded machine
+        if said.startswith(READY):
+            break
+    time.sleep(2)   # the lines read and queued
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     found = [json.loads(raw) for raw in out.splitlines()]

@@ -50,6 +50,9 @@ def test_a_small_output_is_measured_over_several_input_sets_and_a_large_one_once
     wrong = iter([_p(1e-6), _p(0.5, tier="wrong"), _p(1e-6)])
     assert pooled(lambda: next(wrong), elements=1).tier == "wrong"
     assert Precision.from_json(found.to_json()) == found
+    # A set whose float64 run did not fit is left out of the pool, not made its figure.
+    partly = combined([_p(1e-6), Precision(math.nan, math.nan, "unknown", "float64 reference skipped"), _p(3e-6)])
+    assert partly.sets == 2 and partly.candidate_error == pytest.approx(math.sqrt(5e-12)) and partly.tier == "fp32"
 
 
 def test_the_bound_is_four_times_the_untimed_error_and_never_below_the_fp32_edge():

@@ -192,8 +192,10 @@ def pooled(measure: Callable[[], Precision], elements: int) -> Precision:
 
 
 def combined(found: list[Precision]) -> Precision:
-    """One precision of several input sets' (each measured, none exact or unknown): each error the root mean square
-    of theirs, the tier theirs names."""
+    """One precision of several input sets' (none exact): each error the root mean square of the measured ones', the
+    tier theirs names. A set without a float64 run (memory) is left out; `sets` counts the others."""
+    measured = [p for p in found if not (math.isnan(p.candidate_error) or math.isnan(p.reference_error))]
+    found = measured or found[:1]
     if len(found) == 1:
         return found[0]
 

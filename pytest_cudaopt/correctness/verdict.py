@@ -94,6 +94,8 @@ def judge_canonical(loaded: Workdir, settings, session, nodeid: str, seed_index:
             except CaseFailed as exc:
                 exc.diagnose(loaded, settings)  # may raise Abort
                 raise
+            shapes_seen = describe_inputs(inputs, names)
+            del inputs   # not held while the further sets run: each case's memory budget is its own
             extra = _more_sets(loaded, settings, seed, replay, seed_index, outcome)
         except Abort as exc:
             return _fault(nodeid, session, result, exc)
@@ -101,7 +103,7 @@ def judge_canonical(loaded: Workdir, settings, session, nodeid: str, seed_index:
             exc.fill(result)
             return _fail(result, exc.check, exc.report)
         result.passed, result.cases = True, 1 + len(extra)
-        result.shapes = describe_inputs(inputs, names)
+        result.shapes = shapes_seen
         comparisons = [outcome.comparison] + [o.comparison for o in extra]
         result.max_abs, result.max_rel = max(c.max_abs for c in comparisons), max(c.max_rel for c in comparisons)
         result.precision = combined([outcome.precision] + [o.precision for o in extra])

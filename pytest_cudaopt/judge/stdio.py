@@ -16,6 +16,7 @@ from pytest_cudaopt.judge.service import Service
 # Exit codes: those of `cudaopt judge` after end of input (0 every line passed, 1 some failed,
 # 3 some not judged or no device); after a signal, 128 + its number (143 SIGTERM, 130 SIGINT).
 STOPPING = (signal.SIGTERM, signal.SIGINT)
+READY = "cudaopt judge --serve: ready"   # on stderr, once its signal handlers are in place
 
 
 def request(raw: str) -> tuple[str, Any]:
@@ -93,6 +94,8 @@ def serve(options: Options, stdin: TextIO | None = None, stdout: TextIO | None =
     previous = {sig: signal.signal(sig, on_signal) for sig in STOPPING}
     try:
         threading.Thread(target=front.read, args=(stdin,), name="cudaopt-serve-stdin", daemon=True).start()
+        # From here a signal cancels what is queued (before, it ends the process as the default would).
+        print(READY, file=sys.stderr, flush=True)
         while not front.ended.wait(0.2):
             pass
         if not caught:   # end of input: drain, unless a signal comes first
