@@ -13,6 +13,7 @@ import torch
 
 from pytest_cudaopt.primitives import memory
 from pytest_cudaopt.correctness import guards, shapes, values
+from pytest_cudaopt.correctness.compare import Comparison
 from pytest_cudaopt.correctness.case import Abort, CaseFailed, free_bytes, holder, run_case, shortfall_text
 from pytest_cudaopt.correctness.faults import WorkerCrash, fault_line
 from pytest_cudaopt.correctness.precision import EXACT, UNKNOWN, WRONG, Precision, combined, pool_sets
@@ -91,12 +92,12 @@ def judge_canonical(loaded: Workdir, settings, session, nodeid: str, seed_index:
                 outcome, inputs, names = run_case(
                     loaded, settings, {}, seed, replay=replay, moved=seed_index > 0, family=family,
                     label=f"canonical inputs of get_inputs(), seed {seed}, values {family}")
+                shapes_seen = describe_inputs(inputs, names)
+                del inputs   # not held while the further sets run: each case's memory budget is its own
+                extra = _more_sets(loaded, settings, seed, replay, seed_index, outcome)
             except CaseFailed as exc:
                 exc.diagnose(loaded, settings)  # may raise Abort
                 raise
-            shapes_seen = describe_inputs(inputs, names)
-            del inputs   # not held while the further sets run: each case's memory budget is its own
-            extra = _more_sets(loaded, settings, seed, replay, seed_index, outcome)
         except Abort as exc:
             return _fault(nodeid, session, result, exc)
         except CaseFailed as exc:
@@ -104,8 +105,10 @@ def judge_canonical(loaded: Workdir, settings, session, nodeid: str, seed_index:
             return _fail(result, exc.check, exc.report)
         result.passed, result.cases = True, 1 + len(extra)
         result.shapes = shapes_seen
-        comparisons = [outcome.comparison] + [o.comparison for o in extra]
-        result.max_abs, result.max_rel = max(c.max_abs for c in comparisons), max(c.max_rel for c in comparisons)
+        first = outcome.comparison   # every set's outputs as one comparison's (its NaN rules)
+        every = Comparison(True, first.atol, first.rtol, [leaf for o in [outcome, *extra] for leaf in
+                                                          o.comparison.leaves])
+        result.max_abs, result.max_rel = every.max_abs, every.max_rel
         result.precision = combined([outcome.precision] + [o.precision for o in extra])
         seen: dict[str, values.Seen] = {}
         values.record(seen, outcome.family, result.precision,
@@ -128,14 +131,9 @@ def _more_sets(loaded: Workdir, settings, seed: int, replay: str, seed_index: in
     found = []
     for k in range(1, count):
         extra = guards.derive_seed(seed, "pool", k)
-        try:
-            outcome, _, _ = run_case(loaded, settings, {}, extra, replay=replay, moved=seed_index > 0,
-                                     label=f"canonical inputs of get_inputs(), seed {extra} (input set {k + 1} of "
-                                           f"{count}: one small output's error is a draw, not a figure)")
-        except CaseFailed as exc:
-            exc.diagnose(loaded, settings)  # may raise Abort
-            raise
-        found.append(outcome)
+        found.append(run_case(loaded, settings, {}, extra, replay=replay, moved=seed_index > 0,
+                              label=f"canonical inputs of get_inputs(), seed {extra} (input set {k + 1} of "
+                                    f"{count}: one small output's error is a draw, not a figure)")[0])
     return found
 
 

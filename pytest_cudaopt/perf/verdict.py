@@ -63,8 +63,7 @@ def _custom_precision(model: torch.nn.Module, model_new: Any, feed: Feed, exampl
         return model_new.checked_call(list(inputs), frozenset(), None)["output"]
 
     try:
-        precision = pooled(lambda: _measure(model, checked, next(sets, None) or feed.next()[1]),
-                                           elements)
+        precision = pooled(lambda: _measure(model, checked, next(sets, None) or feed.next()[1]), elements)
     except Exception as exc:
         return Precision(math.nan, math.nan, UNKNOWN), f"not measured: {type(exc).__name__}: {exc}"
     return precision, precision.describe()
