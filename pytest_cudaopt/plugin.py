@@ -337,6 +337,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     signals.uninstall()
 
 
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """pytest-xdist controller: `load` keeps each workdir's perf item with its canonical correctness items."""
+    from pytest_cudaopt.suite.scheduling import scheduler
+
+    return scheduler(config, log)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:
     """pytest-xdist controller: every worker gets the controller's seed (the header's seed replays any failure)."""

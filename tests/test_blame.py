@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -260,6 +261,20 @@ def test_memory_held_by_other_processes_names_them_and_is_the_environments():
     assert who == blame.ENVIRONMENT and "pid 41 70.00 GiB, pid 42 1.00 GiB" in why and "pid 7" not in why, why
     who, why = blame.memory_blame(4 * GiB, 2 * GiB, 7, table)
     assert who == blame.CANDIDATE and why == "ModelNew's process (pid 7) holds 3.00 GiB; this case allows 2.00 GiB"
+
+
+def test_memory_the_judging_process_kept_is_the_harness_not_another_process():
+    # The judging process (pid 9) holds what earlier cases left cached: named as itself, blamed on the harness.
+    kept = [{"pid": 9, "used_bytes": 76 * GiB}, {"pid": 7, "used_bytes": 1 * GiB}]
+    who, why = blame.memory_blame(20 * GiB, 60 * GiB, 7, kept, judge_pid=9)
+    assert who == blame.HARNESS and why.startswith("the judging process (pid 9) holds 76.00 GiB"), why
+    assert blame.memory_blame(20 * GiB, 60 * GiB, 7, kept, own=True, judge_pid=9)[0] == blame.HARNESS
+    # What a case needs, or less than a neighbour holds, is not the judge's fault; it is never listed as another's.
+    for table in ([{"pid": 9, "used_bytes": 3 * GiB}, {"pid": 41, "used_bytes": 70 * GiB}],
+                  [{"pid": 9, "used_bytes": 30 * GiB}, {"pid": 41, "used_bytes": 40 * GiB}]):
+        who, why = blame.memory_blame(20 * GiB, 60 * GiB, 7, table, judge_pid=9)
+        assert who == blame.ENVIRONMENT and "pid 41" in why and "pid 9" not in why, why
+    assert blame.memory_blame(4 * GiB, 6 * GiB, 7, [{"pid": os.getpid(), "used_bytes": 9 * GiB}])[0] == blame.HARNESS
 
 
 def test_the_candidates_own_out_of_memory_is_the_environments_only_where_others_hold_more_than_its_budget():

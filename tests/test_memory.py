@@ -1,5 +1,7 @@
 """memory.py with made-up sizes: the case budget, the shrinking size cap, queued passes that fit, the failure that says what to do."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -88,6 +90,30 @@ def test_nbytes_counts_every_tensor_of_a_nest():
 
 def test_free_bytes_is_none_where_it_cannot_be_told():
     assert memory.free_bytes("meta") is None
+
+
+def test_free_bytes_releases_this_process_cache_only_where_the_device_falls_short(monkeypatch):
+    # A fake device: 10 GiB free outside the cache, 30 GiB cached by this process (unallocated); a release gives
+    # the cache back to the driver (what the candidate's worker can then use).
+    device = {"free": 10 * GiB, "cached": 30 * GiB, "released": 0}
+
+    def release():
+        device["free"] += device["cached"]
+        device["cached"], device["released"] = 0, device["released"] + 1
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (device["free"], 80 * GiB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: device["cached"] + GiB)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: GiB)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "ipc_collect", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", release)
+    monkeypatch.setattr(torch.cuda, "device", lambda *a: contextlib.nullcontext())
+    assert memory.free_bytes("cuda:0") == 40 * GiB and device["released"] == 0     # no need named: as before
+    assert memory.free_bytes("cuda:0", 8 * GiB) == 40 * GiB and device["released"] == 0   # it fits outside the cache
+    assert memory.free_bytes("cuda:0", 12 * GiB) == 40 * GiB and device["released"] == 1
+    assert device == {"free": 40 * GiB, "cached": 0, "released": 1}
+    memory.release("cpu")   # nothing to give back on the host
+    assert device["released"] == 1
 
 
 def test_nested_peaks_keep_their_own_figures(monkeypatch):

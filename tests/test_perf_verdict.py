@@ -535,6 +535,19 @@ def test_a_perf_run_given_a_correctness_report_finds_the_tier_a_whole_session_fi
     assert "cudaopt_correctness_report: nowhere.json is not a readable cudaopt JSON report" in broken.stdout.str()
 
 
+def test_under_pytest_xdist_the_perf_item_runs_after_its_workdirs_canonical_items_on_their_worker(
+        pytester, make_workdir, monkeypatch):
+    """`pytest -n` (`--dist load`) sends the perf item where the 3 canonical items ran (their precision bounds its
+    timed outputs); the drawn shapes' item goes elsewhere, so the tier is theirs (fp32), not the drawn shapes'."""
+    _half_off_canonical(pytester, make_workdir, monkeypatch)
+    result = run_pytest(pytester, "wd", "-m", "correctness or perf", "-p", "no:randomly", "-p", "xdist", "-n", "2",
+                        "--cudaopt-report=report.json")
+    result.assert_outcomes(passed=5)
+    perf = next(r["data"] for r in json.loads((pytester.path / "report.json").read_text())["results"]
+                if r["kind"] == "perf")
+    assert "(the 3 correctness results of this workdir are no less precise)" in perf["precision_note"], perf
+
+
 def test_the_judges_perf_stage_finds_the_workdirs_tier_from_its_check_stage(tmp_path, make_workdir):
     """The workdir above judged by `cudaopt judge` (correctness and perf in two processes): its perf result names the
     half-like tier of the correctness items, as `pytest` alone does, not the timed inputs' fp32."""

@@ -60,10 +60,10 @@ class CaseFailed(Exception):
             result.precision = self.precision
 
 
-def free_bytes(device: str) -> int | None:
+def free_bytes(device: str, need: int = 0) -> int | None:
     """Free device memory (`memory.free_bytes`), None when there is no usable device."""
     try:
-        return memory.free_bytes(device)
+        return memory.free_bytes(device, need)
     except Exception:  # noqa: BLE001 - no usable device: nothing to plan (the item reports it)
         return None
 
@@ -189,15 +189,15 @@ def _check_memory(workdir: Workdir, settings, constants: dict[str, int], label: 
                   replay: str) -> tuple[int, int] | None:
     """Fail the case at once when its inputs and outputs cannot fit in free device memory; else
     (what it needs, what it may take), None where that cannot be planned."""
-    free = free_bytes(settings.device)
-    if free is None:
-        return None
     check = shapes.check_on_meta(workdir.reference, constants)
     if not check.valid:
         return None
+    need = memory.case_need(check.input_bytes, check.output_bytes)
+    free = free_bytes(settings.device, need)
+    if free is None:
+        return None
     lower = ("lower --cudaopt-max-elements (cudaopt_max_elements) to draw smaller shapes" if constants else
              sizes.shrink_hint(workdir.reference, workdir.model_file, workdir.path))
-    need = memory.case_need(check.input_bytes, check.output_bytes)
     budget = memory.case_budget(check.input_bytes, check.output_bytes)
     try:
         memory.check_fits(f"{label} (inputs {memory.gib(check.input_bytes)}, outputs "

@@ -188,6 +188,7 @@ def arrange(*, workdir: Any, settings: Any, seed: int, target: Any = None, known
     `between`: called between its steps, none of its device work in flight (a judge's pause point)."""
     device = torch.device(settings.device)
     weights = derive_seed(seed, "perf", "weights")
+    memory.release(device)  # what the session's earlier items left cached: the worker's outputs need it
     with memory.Peak(device) as peak, saved_rng():
         if prepared is not None:
             model = prepared.model

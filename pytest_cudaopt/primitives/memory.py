@@ -42,15 +42,30 @@ def weights_on_meta(reference: Any) -> int:
         return 0
 
 
-def free_bytes(device: torch.device | str) -> int | None:
-    """Free memory on `device` as the process can use it; None where it cannot be told."""
+def free_bytes(device: torch.device | str, need: int = 0) -> int | None:
+    """Free memory on `device` as the process can use it; None where it cannot be told. Where the device has less
+    than `need` free outside this process's cache, the cache is released first (`release`)."""
     device = torch.device(device)
     if device.type == "cpu":
         return host_free_bytes()
     if device.type != "cuda":
         return None
     free, _total = torch.cuda.mem_get_info(device)
+    if free < need:
+        release(device)
+        free, _total = torch.cuda.mem_get_info(device)
     return free + max(torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device), 0)
+
+
+def release(device: torch.device | str) -> None:
+    """Give this process's cached device memory back to the driver. Only this process can use what torch's cache
+    holds, not the candidate's worker, and blocks this process sent over CUDA IPC stay cached until the receiver lets
+    them go: a worker's outputs the size of the problem's need them back."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_initialized():
+        torch.cuda.ipc_collect()
+        with torch.cuda.device(device):
+            torch.cuda.empty_cache()
 
 
 def _read_int(path: str) -> int | None:

@@ -69,21 +69,29 @@ def exit_status(blame: str | None) -> int | None:
 
 
 def memory_blame(need: int, budget: int, worker_pid: int | None, processes: Sequence[Mapping[str, int]],
-                 what: str = "this case", own: bool = False) -> tuple[str, str]:
+                 what: str = "this case", own: bool = False, judge_pid: int | None = None) -> tuple[str, str]:
     """Who holds the device memory a case could not get: (blame, why). `processes` are NVML's ({"pid", "used_bytes"});
-    the candidate's worker (`worker_pid`) holding more than the case's `budget` is the candidate's fault, anything else
-    the environment's (with the other holders). `own`: the candidate's own call ran out; it is the environment's only
-    where other processes hold more than the case's budget (else the candidate asked for more than the device has)."""
+    the candidate's worker (`worker_pid`) holding more than the case's `budget` is the candidate's fault, the judging
+    process (`judge_pid`, default this one) holding more than the case `need`s and than the other processes is the
+    harness's (it kept what earlier cases or items left), anything else the environment's (with the other holders). `own`: the candidate's own call
+    ran out; it is the environment's only where other processes hold more than the case's budget (else the candidate
+    asked for more than the device has)."""
+    import os
+
     from pytest_cudaopt.primitives.memory import gib
 
-    mine = sum(p["used_bytes"] for p in processes if worker_pid is not None and p["pid"] == worker_pid)
-    if mine > budget:
-        return CANDIDATE, f"ModelNew's process (pid {worker_pid}) holds {gib(mine)}; {what} allows {gib(budget)}"
-    others = sorted((p for p in processes if p["pid"] != worker_pid and p["used_bytes"]), key=lambda p: -p["used_bytes"])
+    judge_pid = os.getpid() if judge_pid is None else judge_pid
+    held = {pid: sum(p["used_bytes"] for p in processes if p["pid"] == pid) for pid in (worker_pid, judge_pid)}
+    if worker_pid is not None and held[worker_pid] > budget:
+        return CANDIDATE, f"ModelNew's process (pid {worker_pid}) holds {gib(held[worker_pid])}; {what} allows {gib(budget)}"
+    others = sorted((p for p in processes if p["pid"] not in (worker_pid, judge_pid) and p["used_bytes"]),
+                    key=lambda p: -p["used_bytes"])
+    if held[judge_pid] > max(need, sum(p["used_bytes"] for p in others)):
+        return HARNESS, (f"the judging process (pid {judge_pid}) holds {gib(held[judge_pid])}, more than {what} needs "
+                         f"({gib(need)}) and more than any other process: its own plan fell short")
     if own and sum(p["used_bytes"] for p in others) <= budget:
         return CANDIDATE, ""
     if not others:  # no process table (no NVML) or no other holder: the machine is short of it
         return ENVIRONMENT, ""
-    held = ", ".join(f"pid {p['pid']} {gib(p['used_bytes'])}" for p in others[:8])
-    return ENVIRONMENT, f"other processes hold the device memory {what} needs ({gib(need)}): {held}"
-
+    listed = ", ".join(f"pid {p['pid']} {gib(p['used_bytes'])}" for p in others[:8])
+    return ENVIRONMENT, f"other processes hold the device memory {what} needs ({gib(need)}): {listed}"

@@ -1,0 +1,32 @@
+"""pytest-xdist's `load` distribution with one exception: a workdir's perf item runs on the worker that ran its
+canonical correctness items, after them. The perf item holds ModelNew's timed outputs to the precision those items
+measured on model.py's values (perf/timed_precision.py) and reports the workdir's tier over them; on another worker
+it would see neither, and a candidate that computes less when only timed calls come would go unchecked."""
+
+from __future__ import annotations
+
+from pytest_cudaopt.results.ledger import kind_of
+
+
+def unit_of(nodeid: str) -> str:
+    """The work unit a node id goes to a worker in: a workdir's file for its perf and canonical correctness items,
+    else the item alone (as `load` sends it)."""
+    kind, name = kind_of(nodeid), nodeid.split("[")[0].rsplit("::", 1)[-1]
+    if kind == "perf" or (kind == "correctness" and name == "test_canonical"):
+        return "cudaopt-workdir:" + nodeid.split("::")[0]
+    return nodeid
+
+
+def scheduler(config, log):
+    """The scheduler for `--dist load` (pytest-xdist's default with `-n`); None for any other distribution."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkdirScheduling(LoadScopeScheduling):
+        """LoadScopeScheduling over `unit_of`'s units (in collection order within each)."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return WorkdirScheduling(config, log)
