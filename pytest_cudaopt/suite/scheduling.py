@@ -29,4 +29,18 @@ def scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return unit_of(nodeid)
 
+        def remove_node(self, node):
+            """As LoadScopeScheduling's, but the item a crashed worker was running is not sent again: requeued with
+            its unit, a hang or a crash would end each replacement worker in turn (as `load`, it fails once)."""
+            workload = self.assigned_work.pop(node)
+            pending = [(scope, nodeid) for scope, unit in workload.items() for nodeid, done in unit.items() if not done]
+            if not pending:
+                return None
+            scope, crashed = pending[0]
+            workload[scope][crashed] = True
+            self.workqueue.update((s, unit) for s, unit in workload.items() if not all(unit.values()))
+            for other in self.assigned_work:
+                self._reschedule(other)
+            return crashed
+
     return WorkdirScheduling(config, log)
