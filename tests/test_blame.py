@@ -244,6 +244,22 @@ def test_an_out_of_memory_error_is_the_harnesss_only_where_the_judging_process_h
     # the candidate's own out-of-memory error reaches the harness wrapped: it stays the candidate's
     wrapped = blame.classify(type("CandidateError", (Exception,), {})("ModelNew: CUDA out of memory. " + own))
     assert wrapped == blame.CANDIDATE
+    # model.py's get_inputs() ran out in the judging process: wrapped as the workdir's error, still not the candidate's
+    workdir_error = type("WorkdirError", (Exception,), {})
+    try:
+        try:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. {own}")
+        except torch.OutOfMemoryError as exc:
+            raise workdir_error("model.py: get_inputs() raised: ...") from exc
+    except workdir_error as exc:
+        assert blame.classify(exc) == blame.HARNESS
+    try:   # an error that hides what it replaced (`from None`) is judged by itself
+        try:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. {own}")
+        except torch.OutOfMemoryError:
+            raise workdir_error("model.py: get_inputs() raised: ...") from None
+    except workdir_error as exc:
+        assert blame.classify(exc) == blame.CANDIDATE
 
 
 def test_a_device_busy_or_unavailable_is_the_environments_and_our_own_bugs_are_the_harnesss():

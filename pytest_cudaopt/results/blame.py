@@ -34,11 +34,24 @@ def classify(exc: BaseException | None, text: str = "") -> str:
     """Whose a failure is, from its exception (None: a failure text alone) and text."""
     if environmental(text) or (exc is not None and environmental(str(exc))):
         return ENVIRONMENT
+    cause = _local_out_of_memory(exc)
+    if cause is not None:  # this process's own allocation (model.py's get_inputs, say), whatever wraps it
+        return out_of_memory(str(cause))
     if exc is None or any(cls.__name__ in CANDIDATE_ERRORS for cls in type(exc).__mro__):
         return CANDIDATE
-    if any(cls.__name__ == "OutOfMemoryError" for cls in type(exc).__mro__):
-        return out_of_memory(str(exc))
     return HARNESS
+
+
+def _local_out_of_memory(exc: BaseException | None) -> BaseException | None:
+    """A torch out-of-memory error among `exc`'s causes (as Python shows them): raised in this process, the judging
+    one; the candidate's worker's errors arrive as text, never as torch's exception."""
+    seen = 0
+    while exc is not None and seen < 16:
+        if any(cls.__name__ == "OutOfMemoryError" for cls in type(exc).__mro__):
+            return exc
+        exc = exc.__cause__ if exc.__cause__ is not None else (None if exc.__suppress_context__ else exc.__context__)
+        seen += 1
+    return None
 
 
 def out_of_memory(text: str) -> str:
