@@ -646,3 +646,33 @@ def test_a_judges_perf_child_makes_its_candidate_before_its_turn_and_waits_with_
     result.assert_outcomes(passed=1)
     doc = json.loads((pytester.path / "report.json").read_text())
     assert "compile" in doc["results"][0]["data"]["compile_seconds"]   # compiled before the turn, timed after
+
+
+def test_a_cuda_feed_gives_the_default_pools_cache_back_where_the_next_set_would_not_fit(monkeypatch):
+    """The perf inputs live in the worker's sharing pool, whose own out-of-memory retry frees only that pool's
+    cache: before each draw, the device must have twice the last set free outside this process's default pool
+    (`memory.free_bytes(device, need)` releases that pool where it has not)."""
+    import contextlib
+
+    import torch
+
+    from pytest_cudaopt.perf import verdict
+
+    asked = []
+    monkeypatch.setattr(verdict.memory, "free_bytes", lambda device, need=0: asked.append((str(device), need)))
+
+    class Workdir:
+        def inputs(self, seed, device, isolated):
+            return [torch.ones(256), torch.ones(128)]   # 1,536 bytes a set
+
+    class Candidate:
+        def sharing(self):
+            return contextlib.nullcontext()
+
+    feed = verdict._feed(Workdir(), None, Candidate(), 7, torch.device("cuda", 0))
+    feed.next()
+    feed.next()
+    assert asked == [("cuda:0", 0), ("cuda:0", 2 * 1536)]
+    asked.clear()
+    verdict._feed(Workdir(), None, Candidate(), 7, torch.device("cpu")).next()
+    assert asked == []   # the host has no such pools

@@ -98,10 +98,18 @@ def _workdir_tier(tier: str, note: str, known: Sequence[tuple[str, Any]]) -> tup
 
 def _feed(workdir: Any, model: torch.nn.Module, candidate: Candidate, seed: int, device: torch.device) -> Feed:
     """Input set n: get_inputs() under its own secret seed; the expected output: Model in float32 (TF32 off)."""
+    last = [0]   # the bytes of the last input set drawn
+
     def draw(n: int) -> list:
+        # A private pool's own out-of-memory retry frees only that pool's cache: where the next set (and
+        # get_inputs()'s temporaries) would not fit beside the default pool's, that one is given back first.
+        if device.type == "cuda":
+            memory.free_bytes(device, 2 * last[0])
         # In the candidate's sharing scope (a worker's pool on CUDA: the segments it maps hold inputs only).
         with candidate.sharing():
-            return workdir.inputs(derive_seed(seed, "perf", "inputs", n), device, isolated=False)
+            inputs = workdir.inputs(derive_seed(seed, "perf", "inputs", n), device, isolated=False)
+        last[0] = nbytes(inputs)
+        return inputs
 
     def reference(*inputs: Any) -> Any:
         with lineup.fp32_strict():
