@@ -222,3 +222,15 @@ def test_init_says_when_the_canonical_size_cannot_fit_this_machine(tmp_path, cap
     monkeypatch.setattr(memory, "host_free_bytes", lambda *a, **k: 64 * GiB)
     assert cli.main(["init", str(tmp_path / "wd2"), "--model", str(model), "--device", "cpu"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_a_skipped_float64_run_says_what_it_needs_what_this_process_holds_and_what_is_free(monkeypatch):
+    from pytest_cudaopt.correctness import precision
+
+    monkeypatch.setattr(memory, "free_bytes", lambda *a, **k: 3 * GiB)
+    monkeypatch.setattr(memory, "allocated", lambda *a, **k: 20 * GiB)
+    model = torch.nn.Identity()
+    inputs = [torch.ones(4)]
+    out, why = precision.run_float64(model, inputs, model(*inputs), "cpu")
+    assert out is None and why.startswith("float64 reference skipped: it needs about "), why
+    assert why.endswith("beside the 20.00 GiB this process holds, or the 3.00 GiB free"), why

@@ -223,10 +223,12 @@ def run_float64(model: torch.nn.Module, inputs: list, expected: Any, device: tor
     float64 copies of `inputs`, or (None, why not). A CUDA error that loses the context is raised."""
     free = memory.free_bytes(device) if device is not None else None
     in_bytes, out_bytes = nbytes(list(inputs)), nbytes(expected)
-    if not memory.float64_fits(in_bytes, out_bytes, memory.allocated(device), free):
+    held = memory.allocated(device)
+    if not memory.float64_fits(in_bytes, out_bytes, held, free):
         return None, (f"float64 reference skipped: it needs about "
                       f"{memory.gib(memory.float64_need(in_bytes, out_bytes))}, beyond the case's budget of "
-                      f"{memory.gib(memory.case_budget(in_bytes, out_bytes))} or the {memory.gib(free or 0)} free")
+                      f"{memory.gib(memory.case_budget(in_bytes, out_bytes))} beside the {memory.gib(held)} this "
+                      f"process holds, or the {memory.gib(free or 0)} free")
     model64 = model64 if model64 is not None else float64_copy(model)
     if model64 is None:
         return None, "no float64 copy of the reference"
