@@ -5,6 +5,7 @@ leaves the run incomplete, with exit status 75 (run it again) or 70 (a bug of ou
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -86,17 +87,16 @@ def memory_blame(need: int, budget: int, worker_pid: int | None, processes: Sequ
     """Who holds the device memory a case could not get: (blame, why). `processes` are NVML's ({"pid", "used_bytes"});
     the candidate's worker (`worker_pid`) holding more than the case's `budget` is the candidate's fault, the judging
     process (`judge_pid`, default this one) holding more than the case `need`s and than the other processes is the
-    harness's (it kept what earlier cases or items left), anything else the environment's (with the other holders). `own`: the candidate's own call
-    ran out; it is the environment's only where other processes hold more than the case's budget (else the candidate
-    asked for more than the device has)."""
-    import os
-
+    harness's (it kept what earlier cases or items left), anything else the environment's (with the other holders).
+    `own`: the candidate's own call ran out; it is the environment's only where other processes hold more than the
+    case's budget (else the candidate asked for more than the device has)."""
     from pytest_cudaopt.primitives.memory import gib
 
     judge_pid = os.getpid() if judge_pid is None else judge_pid
     held = {pid: sum(p["used_bytes"] for p in processes if p["pid"] == pid) for pid in (worker_pid, judge_pid)}
     if worker_pid is not None and held[worker_pid] > budget:
-        return CANDIDATE, f"ModelNew's process (pid {worker_pid}) holds {gib(held[worker_pid])}; {what} allows {gib(budget)}"
+        return CANDIDATE, (f"ModelNew's process (pid {worker_pid}) holds {gib(held[worker_pid])}; {what} allows "
+                           f"{gib(budget)}")
     others = sorted((p for p in processes if p["pid"] not in (worker_pid, judge_pid) and p["used_bytes"]),
                     key=lambda p: -p["used_bytes"])
     if held[judge_pid] > max(need, sum(p["used_bytes"] for p in others)):
