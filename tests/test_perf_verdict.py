@@ -651,7 +651,7 @@ def test_a_judges_perf_child_makes_its_candidate_before_its_turn_and_waits_with_
 def test_a_cuda_feed_gives_the_default_pools_cache_back_where_the_next_set_would_not_fit(monkeypatch):
     """The perf inputs live in the worker's sharing pool, whose own out-of-memory retry frees only that pool's
     cache: before each draw, the device must have twice the last set free outside this process's default pool
-    (`memory.free_bytes(device, need)` releases that pool where it has not)."""
+    (`memory.make_room(device, need)` releases that pool where it has not)."""
     import contextlib
 
     import torch
@@ -659,7 +659,7 @@ def test_a_cuda_feed_gives_the_default_pools_cache_back_where_the_next_set_would
     from pytest_cudaopt.perf import verdict
 
     asked = []
-    monkeypatch.setattr(verdict.memory, "free_bytes", lambda device, need=0: asked.append((str(device), need)))
+    monkeypatch.setattr(verdict.memory, "make_room", lambda device, need: asked.append((str(device), need)))
 
     class Workdir:
         def inputs(self, seed, device, isolated):

@@ -104,7 +104,7 @@ def _feed(workdir: Any, model: torch.nn.Module, candidate: Candidate, seed: int,
         # A private pool's own out-of-memory retry frees only that pool's cache: where the next set (and
         # get_inputs()'s temporaries) would not fit beside the default pool's, that one is given back first.
         if device.type == "cuda":
-            memory.free_bytes(device, 2 * last[0])
+            memory.make_room(device, 2 * last[0])
         # In the candidate's sharing scope (a worker's pool on CUDA: the segments it maps hold inputs only).
         with candidate.sharing():
             inputs = workdir.inputs(derive_seed(seed, "perf", "inputs", n), device, isolated=False)

@@ -44,17 +44,23 @@ def weights_on_meta(reference: Any) -> int:
 
 def free_bytes(device: torch.device | str, need: int = 0) -> int | None:
     """Free memory on `device` as the process can use it; None where it cannot be told. Where the device has less
-    than `need` free outside this process's cache, the cache is released first (`release`)."""
+    than `need` free outside this process's cache, the cache is released first (`make_room`)."""
     device = torch.device(device)
     if device.type == "cpu":
         return host_free_bytes()
     if device.type != "cuda":
         return None
+    if need:
+        make_room(device, need)
     free, _total = torch.cuda.mem_get_info(device)
-    if free < need:
-        release(device)
-        free, _total = torch.cuda.mem_get_info(device)
     return free + max(torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device), 0)
+
+
+def make_room(device: torch.device | str, need: int) -> None:
+    """`release` this process's cache where a CUDA device has less than `need` free outside it."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.mem_get_info(device)[0] < need:
+        release(device)
 
 
 def release(device: torch.device | str) -> None:
