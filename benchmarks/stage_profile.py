@@ -2,7 +2,8 @@
 
     python3 benchmarks/stage_profile.py [--problem leaky_relu --variant honest] [--out DIR]     # GPU
     python3 benchmarks/stage_profile.py --cpu --out DIR                                         # CPU (cpu_scale)
-    python3 benchmarks/stage_profile.py --turns ...      # the perf stage as a judge's with turns: asks, granted at once
+    python3 benchmarks/stage_profile.py --turns ...      # each stage as a judge's: asks for its place (and the perf
+                                                         # stage for its turn), granted at once
     python3 benchmarks/stage_profile.py --turns --plain  # ... with no cProfile in the judging process (honest exit time)
 
 The workdir is built once first (`cudaopt build`, not profiled). Each stage is a fresh
@@ -19,10 +20,12 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import importlib
 import io
 import json
 import os
 import pstats
+import shutil
 import subprocess
 import sys
 import threading
@@ -81,6 +84,10 @@ def pytest_configure(config):
     from pytest_cudaopt.remote import worker as client
     from pytest_cudaopt.run import zygote
 
+    # A judge's children are forks of its zygote, which imported these: here too, or their first uses (the first
+    # meta-device operation imports sympy, about 1 s) land in the place, where a judge's child never pays them.
+    for name in zygote.PRELOAD:
+        importlib.import_module(name)
     W = client.Worker
     W.stop = _stop_and_collect(W.stop)
     W.request = _timed(_requests, lambda a, k: str(a[1].get("op")))(W.request)
@@ -192,7 +199,7 @@ def _granting(folder: Path, started: float, times: dict) -> threading.Thread:
                 return
             time.sleep(0.002)
         turn.grant()
-        times["asked"], times["granted"] = turn.asked_at - started, turn.granted_at
+        times["asked"], times["granted"], times["turn"] = turn.asked_at - started, turn.granted_at, turn
     thread = threading.Thread(target=grant, daemon=True)
     thread.start()
     return thread
@@ -209,9 +216,13 @@ def run_stage(stage: str, workdir: Path, args: list[str], out: Path, env: dict, 
                "--rootdir", str(workdir), "-p", "no:cacheprovider", "-p", "no:benchmark", "-p", "stage_profile",
                "-m", STAGES[stage], "--durations=0", "--durations-min=0.05", "-q", *args]
     started, times, extra = time.monotonic(), {}, {}
-    if turns and stage == "perf":
-        extra["CUDAOPT_TURN"] = str(out / "turn")
-        granter = _granting(out / "turn", started, times)
+    granters = []
+    if turns:   # a place for every stage, a turn for the perf stage: each granted as soon as asked
+        channels = [("CUDAOPT_PLACE", "place")] + ([("CUDAOPT_TURN", "turn")] if stage == "perf" else [])
+        for env_name, name in channels:
+            extra[env_name] = str(out / f"{stage}-{name}")
+            shutil.rmtree(out / f"{stage}-{name}", ignore_errors=True)
+            granters.append((name, _granting(out / f"{stage}-{name}", started, times.setdefault(name, {}))))
     proc = subprocess.run(command, cwd=workdir, env={**env, **extra, "STAGE_PROFILE_JSON": str(data),
                                                      "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])},
                           capture_output=True, text=True)
@@ -222,16 +233,20 @@ def run_stage(stage: str, workdir: Path, args: list[str], out: Path, env: dict, 
         doc, unread = json.loads(data.read_text()), None
     except (OSError, ValueError) as exc:
         doc, unread = {}, exc
-    if extra:
-        times["ended"] = True
+    for name, granter in granters:
+        times[name]["ended"] = True
         granter.join()
-        asked = times.get("asked")
+        asked = times[name].get("asked")
+        if name == "place":   # held until the child left it (its work on the device done), as a judge counts
+            lines.append("place: never asked" if asked is None else
+                         f"place: asked {asked:.2f} s after the start, held {times[name]['turn'].held():.2f} s")
+            continue
         lines.append("turn: never asked" if asked is None else
                      f"turn: asked {asked:.2f} s after the start, held {wall - asked:.2f} s to the end")
         marks = doc.get("marks", {})
         if asked is not None and marks.get("item ended") and marks.get("worker stopped"):
             item, stopped = marks["item ended"], marks["worker stopped"]
-            lines.append(f"  of it: {item - times['granted']:.2f} s to the perf item's end, then "
+            lines.append(f"  of it: {item - times[name]['granted']:.2f} s to the perf item's end, then "
                          f"{stopped - item:.2f} s to the worker's stop, {ended - stopped:.2f} s to the process's end")
             after = [(k, v) for k, v in sorted(marks.items(), key=lambda kv: kv[1]) if v >= item]
             lines.append("  after the item: " + ", ".join(f"{k} +{v - item:.2f} s" for k, v in after)
@@ -276,7 +291,7 @@ def main() -> int:
     parser.add_argument("--cpu", action="store_true", help="the repo's cpu_scale on the CPU")
     parser.add_argument("--stages", default="check,perf")
     parser.add_argument("--out", type=Path, default=Path("out"))
-    parser.add_argument("--turns", action="store_true", help="the perf stage asks for its turn (granted at once)")
+    parser.add_argument("--turns", action="store_true", help="each stage asks for its place, the perf stage for its turn (granted at once)")
     parser.add_argument("--plain", action="store_true",
                         help="the judging process without cProfile (its exit then holds no profile dump)")
     opts = parser.parse_args()
