@@ -181,7 +181,8 @@ def table(pytest_run: dict | None, judge_run: dict | None, devices: int) -> tupl
             continue
         n, wall = len(run["results"]), max(run["wall_s"], 1e-3)   # a judge that refused at once took ~0 s
         notes.append(f"{label}: {n} workdirs in {wall:.1f} s = {n * 3600 / wall:.0f} workdirs/hour, "
-                     f"{n * 3600 / (wall * devices):.0f} per device-hour")
+                     f"{n * 3600 / (wall * devices):.0f} per device-hour"
+                     + (f" (its lines in {run['from_lines']}: by its last line)" if run.get("from_lines") else ""))
     if pytest_run and judge_run:
         rate = {k: len(r["results"]) / r["wall_s"] for k, r in (("pytest", pytest_run), ("judge", judge_run))}
         notes.append(f"cudaopt judge / pytest sessions: {rate['judge'] / rate['pytest']:.2f}x the workdirs per hour")
@@ -256,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
                              "call per part; --combine puts the parts together)")
     parser.add_argument("--combine", nargs="+", default=None, metavar="JSON",
                         help="no run: the table of earlier runs' judge_gallery.json files, their pytest arms "
-                             "added up (sessions one after another in every part) and the last judge arm")
+                             "added up (sessions one after another in every part) and the last judge arm; a "
+                             "judge.jsonl is a judge arm from its lines (a run cut at its time limit writes no "
+                             "judge_gallery.json): its wall is its last line's time")
     parser.add_argument("--no-fork", action="store_true",
                         help="the judge arm executes each stage's child instead of forking it from its zygote")
     parser.add_argument("--sandbox", choices=("require", "auto", "off"), default=None,
@@ -333,6 +336,9 @@ def combine(files: list[Path]) -> tuple[dict | None, dict | None]:
     """The pytest arms of several runs as one (their sessions ran one after another) and the last judge arm."""
     pytest_run = judge_run = None
     for path in files:
+        if path.suffix == ".jsonl":
+            judge_run = judge_lines(path)
+            continue
         doc = json.loads(path.read_text())
         if doc.get("pytest"):
             pytest_run = pytest_run or {"wall_s": 0.0, "results": {}}
@@ -340,6 +346,14 @@ def combine(files: list[Path]) -> tuple[dict | None, dict | None]:
             pytest_run["results"].update(doc["pytest"]["results"])
         judge_run = doc.get("judge") or judge_run
     return pytest_run, judge_run
+
+
+def judge_lines(path: Path) -> dict:
+    """A judge arm from its lines as they came (judge.jsonl), the run cut or not: the workdirs judged by then, its wall
+    the last line's `seconds.total` (from the judge's start), no busy fractions."""
+    lines = [json.loads(text) for text in path.read_text().splitlines() if text.strip()]
+    return {"wall_s": max((line["seconds"].get("total", 0.0) for line in lines), default=0.0), "busy": {},
+            "from_lines": str(path), "results": {Path(line["workdir"]).name: line for line in lines}}
 
 
 def _show(pytest_run: dict | None, judge_run: dict | None, out: Path, devices: int | None = None) -> int:

@@ -40,6 +40,26 @@ def test_the_pytest_arm_split_over_calls_adds_up_to_one_arm(tmp_path):
     assert "cpu_scale-honest" in proc.stdout and "cpu_scale-wrong" in proc.stdout
 
 
+def test_a_judge_arm_cut_at_its_limit_is_combined_from_its_lines(tmp_path):
+    """A rate step cut at its time limit leaves judge.jsonl only: --combine takes it as the judge arm, its wall
+    the last line's time, its verdicts against the pytest arm's (a copy against its first copy's session)."""
+    def line(name: str, passed: bool, total: float) -> dict:
+        return {"workdir": f"/x/judge/{name}", "passed": passed, "status": "judged", "verdicts": {"perf": "FAIL"},
+                "seconds": {"total": total}, "time": {"perf": 1.0}, "objects": {}}
+
+    (tmp_path / "judge.jsonl").write_text("".join(json.dumps(line(*args)) + "\n" for args in (
+        ("cpu_scale-honest", True, 40.0), ("cpu_scale-wrong", False, 50.0), ("cpu_scale-honest-2", False, 90.0))))
+    sessions = {"pytest": {"wall_s": 60.0, "results": {
+        name: {"passed": passed, "exit": 0 if passed else 1, "seconds": 30.0, "time": {}, "verdicts": {}}
+        for name, passed in (("cpu_scale-honest", True), ("cpu_scale-wrong", False))}}, "judge": None}
+    (tmp_path / "pytest.json").write_text(json.dumps(sessions))
+    proc = run_python([str(REPO_ROOT / "benchmarks" / "judge_gallery.py"), "--out", str(tmp_path / "combined"),
+                       "--combine", str(tmp_path / "pytest.json"), str(tmp_path / "judge.jsonl")], timeout=600)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]   # the second copy's verdict differs
+    assert "cudaopt judge: 3 workdirs in 90.0 s = 120 workdirs/hour" in proc.stdout
+    assert [row.split()[0] for row in proc.stdout.splitlines() if " NO " in row] == ["cpu_scale-honest-2"]
+
+
 def test_a_gallery_copy_builds_from_cold_and_is_compared_with_the_first_copys_pytest_verdict(tmp_path):
     import sys
 
