@@ -238,8 +238,11 @@ def run_stage(stage: str, workdir: Path, args: list[str], out: Path, env: dict, 
         granter.join()
         asked = times[name].get("asked")
         if name == "place":   # held until the child left it (its work on the device done), as a judge counts
+            place = times[name].get("turn")
+            held = place.held() if place is not None and place.left() else None
             lines.append("place: never asked" if asked is None else
-                         f"place: asked {asked:.2f} s after the start, held {times[name]['turn'].held():.2f} s")
+                         f"place: asked {asked:.2f} s after the start, held {held:.2f} s" if held is not None else
+                         f"place: asked {asked:.2f} s after the start, never left")
             continue
         lines.append("turn: never asked" if asked is None else
                      f"turn: asked {asked:.2f} s after the start, held {wall - asked:.2f} s to the end")
@@ -292,6 +295,9 @@ def main() -> int:
     parser.add_argument("--stages", default="check,perf")
     parser.add_argument("--out", type=Path, default=Path("out"))
     parser.add_argument("--turns", action="store_true", help="each stage asks for its place, the perf stage for its turn (granted at once)")
+    parser.add_argument("--warm", action="store_true",
+                        help="run each stage once unmeasured first (its modules' bytecode written, the Inductor cache "
+                             "filled), as in a judge that has judged before")
     parser.add_argument("--plain", action="store_true",
                         help="the judging process without cProfile (its exit then holds no profile dump)")
     opts = parser.parse_args()
@@ -311,7 +317,10 @@ def main() -> int:
         if not workdir.is_dir():
             judge_gallery.gpu_gallery(scratch)
         args = judge_gallery.GPU_ARGS
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # Bytecode in a folder of its own, as a judge's children read the one its zygote writes: a machine whose Python
+    # packages ship none would otherwise compile every module from source inside the measured stages.
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPYCACHEPREFIX=str(out / "bytecode"))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     t = time.monotonic()
     built = subprocess.run([sys.executable, "-m", "pytest_cudaopt.cli", "build", str(workdir)], cwd=workdir, env=env,
                            capture_output=True, text=True)
@@ -324,6 +333,9 @@ def main() -> int:
                               stdout=subprocess.PIPE, env=dict(env, PYTHONPATH=str(ROOT)), start_new_session=True)
     zygote.stdout.readline()
     env["CUDAOPT_WORKER_ZYGOTE"] = name
+    (out / "warm").mkdir(exist_ok=True)
+    for stage in opts.stages.split(",") if opts.warm else ():   # unmeasured: the modules each stage imports compiled
+        run_stage(stage, workdir, args, out / "warm", env, opts.turns, plain=True)
     for stage in opts.stages.split(","):
         text = run_stage(stage, workdir, args, out, env, opts.turns, opts.plain)
         (out / f"{stage}.txt").write_text(text)
