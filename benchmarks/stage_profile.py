@@ -317,9 +317,13 @@ def main() -> int:
         if not workdir.is_dir():
             judge_gallery.gpu_gallery(scratch)
         args = judge_gallery.GPU_ARGS
-    # Bytecode in a folder of its own, as a judge's children read the one its zygote writes: a machine whose Python
-    # packages ship none would otherwise compile every module from source inside the measured stages.
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPYCACHEPREFIX=str(out / "bytecode"))
+    from pytest_cudaopt.judge.options import Options
+    from pytest_cudaopt.judge.stages import common_environment
+
+    # What a judge gives every child (Inductor compiling in the child's own process: no pool to shut down at its
+    # exit), and bytecode in a folder of its own, as a judge's children read the one its zygote writes: a machine
+    # whose Python packages ship none would otherwise compile every module from source inside the measured stages.
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **common_environment(Options(bytecode=out / "bytecode")))
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     t = time.monotonic()
     built = subprocess.run([sys.executable, "-m", "pytest_cudaopt.cli", "build", str(workdir)], cwd=workdir, env=env,
