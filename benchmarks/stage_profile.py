@@ -5,6 +5,7 @@
     python3 benchmarks/stage_profile.py --turns ...      # each stage as a judge's: asks for its place (and the perf
                                                          # stage for its turn), granted at once
     python3 benchmarks/stage_profile.py --turns --plain  # ... with no cProfile in the judging process (honest exit time)
+    python3 benchmarks/stage_profile.py --turns --warm   # ... each stage run once unmeasured first (bytecode, caches)
 
 The workdir is built once first (`cudaopt build`, not profiled). Each stage is a fresh
 `python -m cProfile -m pytest` with this file as a plugin (`-p stage_profile`), which wraps
@@ -239,10 +240,12 @@ def run_stage(stage: str, workdir: Path, args: list[str], out: Path, env: dict, 
         asked = times[name].get("asked")
         if name == "place":   # held until the child left it (its work on the device done), as a judge counts
             place = times[name].get("turn")
-            held = place.held() if place is not None and place.left() else None
-            lines.append("place: never asked" if asked is None else
-                         f"place: asked {asked:.2f} s after the start, held {held:.2f} s" if held is not None else
-                         f"place: asked {asked:.2f} s after the start, never left")
+            if asked is None:
+                lines.append("place: never asked")
+            elif place is not None and place.left():
+                lines.append(f"place: asked {asked:.2f} s after the start, held {place.held():.2f} s")
+            else:
+                lines.append(f"place: asked {asked:.2f} s after the start, never left")
             continue
         lines.append("turn: never asked" if asked is None else
                      f"turn: asked {asked:.2f} s after the start, held {wall - asked:.2f} s to the end")
@@ -294,7 +297,8 @@ def main() -> int:
     parser.add_argument("--cpu", action="store_true", help="the repo's cpu_scale on the CPU")
     parser.add_argument("--stages", default="check,perf")
     parser.add_argument("--out", type=Path, default=Path("out"))
-    parser.add_argument("--turns", action="store_true", help="each stage asks for its place, the perf stage for its turn (granted at once)")
+    parser.add_argument("--turns", action="store_true",
+                        help="each stage asks for its place, the perf stage for its turn (granted at once)")
     parser.add_argument("--warm", action="store_true",
                         help="run each stage once unmeasured first (its modules' bytecode written, the Inductor cache "
                              "filled), as in a judge that has judged before")
@@ -337,9 +341,10 @@ def main() -> int:
                               stdout=subprocess.PIPE, env=dict(env, PYTHONPATH=str(ROOT)), start_new_session=True)
     zygote.stdout.readline()
     env["CUDAOPT_WORKER_ZYGOTE"] = name
-    (out / "warm").mkdir(exist_ok=True)
-    for stage in opts.stages.split(",") if opts.warm else ():   # unmeasured: the modules each stage imports compiled
-        run_stage(stage, workdir, args, out / "warm", env, opts.turns, plain=True)
+    if opts.warm:   # unmeasured: the modules each stage imports compiled, the caches filled
+        (out / "warm").mkdir(exist_ok=True)
+        for stage in opts.stages.split(","):
+            run_stage(stage, workdir, args, out / "warm", env, opts.turns, plain=True)
     for stage in opts.stages.split(","):
         text = run_stage(stage, workdir, args, out, env, opts.turns, opts.plain)
         (out / f"{stage}.txt").write_text(text)
