@@ -200,7 +200,7 @@ def _granting(folder: Path, started: float, times: dict) -> threading.Thread:
                 return
             time.sleep(0.002)
         turn.grant()
-        times["asked"], times["granted"], times["turn"] = turn.asked_at - started, turn.granted_at, turn
+        times["asked"], times["granted"], times["channel"] = turn.asked_at - started, turn.granted_at, turn
     thread = threading.Thread(target=grant, daemon=True)
     thread.start()
     return thread
@@ -221,9 +221,10 @@ def run_stage(stage: str, workdir: Path, args: list[str], out: Path, env: dict, 
     if turns:   # a place for every stage, a turn for the perf stage: each granted as soon as asked
         channels = [("CUDAOPT_PLACE", "place")] + ([("CUDAOPT_TURN", "turn")] if stage == "perf" else [])
         for env_name, name in channels:
-            extra[env_name] = str(out / f"{stage}-{name}")
-            shutil.rmtree(out / f"{stage}-{name}", ignore_errors=True)
-            granters.append((name, _granting(out / f"{stage}-{name}", started, times.setdefault(name, {}))))
+            folder = out / f"{stage}-{name}"
+            shutil.rmtree(folder, ignore_errors=True)
+            extra[env_name] = str(folder)
+            granters.append((name, _granting(folder, started, times.setdefault(name, {}))))
     proc = subprocess.run(command, cwd=workdir, env={**env, **extra, "STAGE_PROFILE_JSON": str(data),
                                                      "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])},
                           capture_output=True, text=True)
@@ -239,7 +240,7 @@ def run_stage(stage: str, workdir: Path, args: list[str], out: Path, env: dict, 
         granter.join()
         asked = times[name].get("asked")
         if name == "place":   # held until the child left it (its work on the device done), as a judge counts
-            place = times[name].get("turn")
+            place = times[name].get("channel")
             if asked is None:
                 lines.append("place: never asked")
             elif place is not None and place.left():
