@@ -535,13 +535,15 @@ def test_a_perf_run_given_a_correctness_report_finds_the_tier_a_whole_session_fi
     assert "cudaopt_correctness_report: nowhere.json is not a readable cudaopt JSON report" in broken.stdout.str()
 
 
+@pytest.mark.parametrize("dist", ["load", "worksteal", "loadgroup", "loadscope"])
 def test_under_pytest_xdist_the_perf_item_runs_after_its_workdirs_canonical_items_on_their_worker(
-        pytester, make_workdir, monkeypatch):
-    """`pytest -n` (`--dist load`) sends the perf item where the 3 canonical items ran (their precision bounds its
-    timed outputs); the drawn shapes' item goes elsewhere, so the tier is theirs (fp32), not the drawn shapes'."""
+        pytester, make_workdir, monkeypatch, dist):
+    """`pytest -n` sends the perf item where the 3 canonical items ran (their precision bounds its timed outputs),
+    under each distribution that spreads items one by one; the drawn shapes' item goes elsewhere, so the tier is
+    theirs (fp32), not the drawn shapes'."""
     _half_off_canonical(pytester, make_workdir, monkeypatch)
     result = run_pytest(pytester, "wd", "-m", "correctness or perf", "-p", "no:randomly", "-p", "xdist", "-n", "2",
-                        "--cudaopt-report=report.json")
+                        f"--dist={dist}", "--cudaopt-report=report.json")
     result.assert_outcomes(passed=5)
     perf = next(r["data"] for r in json.loads((pytester.path / "report.json").read_text())["results"]
                 if r["kind"] == "perf")
@@ -676,3 +678,25 @@ def test_a_cuda_feed_gives_the_default_pools_cache_back_where_the_next_set_would
     asked.clear()
     verdict._feed(Workdir(), None, Candidate(), 7, torch.device("cpu")).next()
     assert asked == []   # the host has no such pools
+
+
+@pytest.mark.parametrize("dist, grouped", [
+    ("load", ["tests/test_a.py::TestX::test_one", "tests/test_a.py::TestX::test_two@g"]),
+    ("worksteal", ["tests/test_a.py::TestX::test_one", "tests/test_a.py::TestX::test_two@g"]),
+    ("loadgroup", ["tests/test_a.py::TestX::test_one", "g"]),
+    ("loadscope", ["tests/test_a.py::TestX", "tests/test_a.py::TestX"]),
+])
+def test_the_xdist_scheduler_keeps_a_workdirs_perf_and_canonical_items_and_sends_other_items_as_its_distribution(
+        dist, grouped):
+    from types import SimpleNamespace
+
+    from pytest_cudaopt.suite.scheduling import scheduler
+
+    config = SimpleNamespace(getvalue=lambda name: {"dist": dist, "tx": ["2*popen"]}[name])
+    split = scheduler(config, None)._split_scope
+    workdir = ["wd/model_new.py::TestPerf::test_speedup", "wd/model_new.py::TestCorrectness::test_canonical[seed0]"]
+    assert {split(nodeid) for nodeid in workdir} == {"cudaopt-workdir:wd/model_new.py"}
+    drawn = "wd/model_new.py::TestCorrectness::test_drawn_shapes"
+    assert split(drawn) == ("wd/model_new.py::TestCorrectness" if dist == "loadscope" else drawn)
+    assert [split(n) for n in ("tests/test_a.py::TestX::test_one", "tests/test_a.py::TestX::test_two@g")] == grouped
+    assert scheduler(SimpleNamespace(getvalue=lambda name: "loadfile"), None) is None

@@ -1,6 +1,6 @@
-"""pytest-xdist's `load` distribution with one exception: a workdir's perf item runs on the worker that ran its
-canonical correctness items, after them. The perf item holds ModelNew's timed outputs to the precision those items
-measured on model.py's values (perf/timed_precision.py) and reports the workdir's tier over them; on another worker
+"""pytest-xdist's distributions with one exception: a workdir's perf item runs on the worker that ran its canonical
+correctness items, after them. The perf item holds ModelNew's timed outputs to the precision those items measured on
+model.py's values (perf/timed_precision.py) and reports the workdir's tier over them; on another worker
 it would see neither, and a candidate that computes less when only timed calls come would go unchecked."""
 
 from __future__ import annotations
@@ -18,16 +18,27 @@ def unit_of(nodeid: str) -> str:
 
 
 def scheduler(config, log):
-    """The scheduler for `--dist load` (pytest-xdist's default with `-n`); None for any other distribution."""
-    if config.getvalue("dist") != "load":
+    """The scheduler for the distributions that could part a workdir's perf item from its canonical items: `load`
+    (pytest-xdist's default with `-n`), `worksteal` (its units as `load`'s, none stolen), `loadgroup` (an
+    `xdist_group` mark's items together, as its own) and `loadscope` (a class's items together, as its own: the perf
+    and correctness items are classes of their own); None for `loadfile` and `each`, which keep a file's items on one
+    worker."""
+    dist = config.getvalue("dist")
+    if dist not in ("load", "worksteal", "loadgroup", "loadscope"):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class WorkdirScheduling(LoadScopeScheduling):
-        """LoadScopeScheduling over `unit_of`'s units (in collection order within each)."""
+        """LoadScopeScheduling over `unit_of`'s units (in collection order within each), other items as `dist`
+        sends them."""
 
         def _split_scope(self, nodeid: str) -> str:
-            return unit_of(nodeid)
+            unit = unit_of(nodeid)
+            if unit != nodeid:
+                return unit
+            if dist == "loadgroup" and nodeid.rfind("@") > nodeid.rfind("]"):   # as LoadGroupScheduling's
+                return nodeid.split("@")[-1]
+            return super()._split_scope(nodeid) if dist == "loadscope" else nodeid
 
         def remove_node(self, node):
             """As LoadScopeScheduling's, but the item a crashed worker was running is not sent again: requeued with
