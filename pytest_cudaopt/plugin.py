@@ -236,9 +236,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=own))
 
 
+@pytest.hookimpl(tryfirst=True)   # before a pytest-xdist worker sends its collection to the controller
 def pytest_collection_finish(session: pytest.Session) -> None:
     from pytest_cudaopt.run.supervision import start_sentinel
 
+    # In whatever order the plugins and options left (pytest-randomly; --ff and --nf reorder after every other
+    # pytest_collection_modifyitems), a workdir's perf item runs after its correctness items: their precision bounds
+    # its timed outputs (perf/timed_precision.py).
+    session.items.sort(key=lambda i: workdir_node(i) is not None and i.get_closest_marker("perf") is not None)
     cudaopt = _session(session.config)
     for item in session.items:
         node = workdir_node(item)

@@ -47,18 +47,18 @@ def subprocess_env() -> dict[str, str]:
 
 
 def run_pytest(pytester: pytest.Pytester, *args: str, timeout: float | None = None,
-               fork: bool = True) -> pytest.RunResult:
+               fork: bool = True, cache: bool = False) -> pytest.RunResult:
     """`pytester.runpytest_subprocess(*args)` with the plugin loaded whether or not the
-    package is installed. The subprocess runs in `pytester.path`: a fork of the fork server
-    (forkserver.py), or a plain subprocess without `fork` (a test of what a fresh process has
+    package is installed, and without pytest's cache unless `cache`. The subprocess runs in `pytester.path`: a fork of
+    the fork server (forkserver.py), or a plain subprocess without `fork` (a test of what a fresh process has
     imported) or with CUDAOPT_TEST_FORK=0."""
+    no_cache = () if cache else ("-p", "no:cacheprovider")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONPATH", subprocess_env()["PYTHONPATH"])
         if not (fork and forkserver.enabled()):
-            return pytester.runpytest_subprocess(*plugin_args(), "-p", "no:cacheprovider", *args,
-                                                 timeout=timeout)
+            return pytester.runpytest_subprocess(*plugin_args(), *no_cache, *args, timeout=timeout)
         basetemp = pytester.mkdir(f"runpytest-{next(_RUNS)}")
-        return run_forked(["--basetemp", str(basetemp), *plugin_args(), "-p", "no:cacheprovider", *args],
+        return run_forked(["--basetemp", str(basetemp), *plugin_args(), *no_cache, *args],
                           cwd=pytester.path, timeout=timeout)
 
 

@@ -517,6 +517,36 @@ def test_the_perf_verdict_names_the_workdirs_worst_tier_and_on_the_cpu_times_no_
     assert perf["gate"]["baseline"] == "compile"
 
 
+REVERSED = """
+def pytest_collection_modifyitems(items):   # as a reordering plugin (pytest-randomly, --ff, --nf) may
+    items.reverse()
+"""
+
+
+@pytest.mark.parametrize("reorder", ["plugin", "--ff"])
+def test_in_any_order_of_the_items_the_perf_item_runs_after_its_workdirs_correctness_items(
+        pytester, make_workdir, monkeypatch, reorder):
+    """A reordering plugin (pytest-randomly; here one that reverses the items) or option (`--ff` with the perf item
+    failed last time: pytest moves it first after every other plugin's reordering) must not run the perf item before
+    the correctness items whose precision bounds its timed outputs: it would not see them, and a candidate that
+    computes less when only timed calls come would go unchecked."""
+    _half_off_canonical(pytester, make_workdir, monkeypatch)
+    if reorder == "plugin":
+        with open(pytester.path / "wd" / "conftest.py", "a") as conftest:
+            conftest.write(REVERSED)
+    else:
+        cache = pytester.path / "wd" / ".pytest_cache" / "v" / "cache"
+        cache.mkdir(parents=True)
+        (cache / "lastfailed").write_text(json.dumps({"model_new.py::TestPerf::test_speedup": True}))   # rootdir: wd
+    result = run_pytest(pytester, "wd", "-m", "correctness or perf", "-p", "no:randomly", "-v",
+                        *(["--ff"] if reorder == "--ff" else []), cache=reorder == "--ff")
+    result.assert_outcomes(passed=5)
+    ran = [line.split(" ")[0] for line in result.stdout.lines if line.startswith("wd/model_new.py::")]
+    assert len(ran) == 5 and ran[-1].endswith("TestPerf::test_speedup"), ran
+    result.stdout.fnmatch_lines(["precision of ModelNew (custom): half-like: * on drawn shapes (* cases), the least "
+                                 "precise of 4 correctness results of this workdir; on the timed inputs fp32: *"])
+
+
 def test_a_perf_run_given_a_correctness_report_finds_the_tier_a_whole_session_finds(pytester, make_workdir, monkeypatch):
     """`cudaopt judge` runs correctness and perf in two processes, and names the first's report to the second."""
     _half_off_canonical(pytester, make_workdir, monkeypatch)
