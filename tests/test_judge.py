@@ -177,6 +177,41 @@ def test_sigterm_ends_the_children_and_writes_a_cancelled_line_for_each_unfinish
     assert not left
 
 
+INTERRUPTED_WHILE_WRITING = """
+import sys
+from pytest_cudaopt import cli
+from pytest_cudaopt.judge import display
+
+shown = display.Progress.line
+
+def line(self, line):   # Ctrl-C while the judge writes a finished workdir's line, outside its pool
+    shown(self, line)
+    raise KeyboardInterrupt
+
+display.Progress.line = line
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_an_interrupt_while_a_line_is_written_still_gives_every_unfinished_workdir_its_cancelled_line(tmp_path):
+    """Ctrl-C (or SIGTERM) lands where it lands: here in the writing of the first finished workdir's line, not in
+    the pool, whose own handler ends the children and gives each workdir left its `cancelled` line. Nothing is lost."""
+    made = judge_workdirs(tmp_path / "gallery", names=("honest", "hang"))
+    out, scratch = tmp_path / "lines.jsonl", tmp_path / "scratch"
+    (tmp_path / "interrupted.py").write_text(INTERRUPTED_WHILE_WRITING)
+    done = run_python(["interrupted.py", "judge", *map(str, made.values()), "--cpu-slots", "2", "--jobs", "2",
+                       "--timeout", "600", "--cache-dir", str(JUDGE_CACHE), "--out", str(out), "--scratch",
+                       str(scratch), "--", *JUDGE_CPU_ARGS], cwd=tmp_path, timeout=600)
+    assert done.returncode == 130, done.stdout[-2000:] + done.stderr[-3000:]
+    found = {Path(line["workdir"]).name: line for line in judge_lines.read_lines(out)}
+    assert sorted(found) == ["hang", "honest"], done.stderr[-3000:]
+    assert (found["honest"]["status"], found["hang"]["status"]) == ("judged", "cancelled")
+    assert found["hang"]["reason"] == "the judge was interrupted while this workdir was judged"
+    assert len(out.read_text().splitlines()) == 2
+    left = [c for c in Path("/proc").glob("[0-9]*/cmdline") if _reads(c, str(scratch).encode())]
+    assert not left
+
+
 def _reads(cmdline: Path, part: bytes) -> bool:
     try:
         return any(part in arg for arg in cmdline.read_bytes().split(b"\0"))

@@ -207,10 +207,12 @@ def hanging_stages(log: Path, pids: Path):
     return run
 
 
+@pytest.mark.parametrize("how", ["in the driver", "while a line is written"])
 def test_an_interrupted_driver_ends_the_nodes_children_and_writes_a_cancelled_line_for_each_workdir_left(
-        cluster, tmp_path):
+        cluster, tmp_path, how):
     """Ctrl-C (or SIGTERM, which `cudaopt judge` turns into it) while a node judges: as with the local pool, every
-    workdir gets one line, those unfinished `cancelled`, and no child outlives the run on the node."""
+    workdir gets one line, those unfinished `cancelled`, and no child outlives the run on the node. Raised outside
+    the driver's iteration (while `cudaopt judge` writes a line), the driver is stopped and iterated on."""
     workdirs = _fake_workdirs(tmp_path / "w", 3)
     pids = tmp_path / "pids"
     pool = RayPool(workdirs, _gpu_options(), "local",
@@ -227,7 +229,10 @@ def test_an_interrupted_driver_ends_the_nodes_children_and_writes_a_cancelled_li
         time.sleep(0.1)
     child = int(pids.read_text())
     with pytest.raises(KeyboardInterrupt):
-        found.append(running.throw(KeyboardInterrupt))
+        if how == "in the driver":
+            found.append(running.throw(KeyboardInterrupt))
+        else:
+            pool.stop("the judge was interrupted")
         found.extend(running)
     assert sorted(line["workdir"] for line in found) == sorted(str(w) for w in workdirs)
     last = found[-1]

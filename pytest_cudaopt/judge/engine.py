@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,6 +31,7 @@ class Judge:
         self.ray, self.on_event, self.skip = ray, on_event, skip
         self.busy: dict[str, float] = {}
         self.wall_s = 0.0
+        self._backend = None
 
     def __len__(self) -> int:
         return len(self.workdirs) + len(self.problems)
@@ -69,12 +71,19 @@ class Judge:
             backend = LocalPool(todo, self.options, on_event=self.on_event)
             backend.fed = bool(backend.devices.names)   # else each workdir's line says at once there is no device
             lines = self._with_retries(backend, len(todo)) if backend.fed else backend.lines()
+        self._backend = backend
         try:
             yield from lines
         finally:
             self.wall_s += backend.wall_s
             for device, busy in backend.busy.items():
                 self.busy[device] = busy if device not in self.busy else max(self.busy[device], busy)
+
+    def stop(self, why: str) -> None:
+        """Every child ended; the lines still to come (iterate on) are a `cancelled` one for each workdir left. For
+        an interrupt raised outside the iteration (while a line is written): one raised in it does this itself."""
+        if self._backend is not None:
+            self._backend.stop(why)
 
     def _with_retries(self, pool, count: int) -> Iterator[dict]:
         """The lines of a fed `pool` holding `count` workdirs; one that blames the environment goes back into it
@@ -150,14 +159,30 @@ def run(paths: Sequence[str | Path], options: Options, *, out: Path, ray: str | 
     with open(out, "w", encoding="utf-8") as handle:
         for line in kept:
             handle.write(line_module.dumps(line) + "\n")
-        try:
-            for line in job:
+
+        shown: list[dict] = []
+
+        def write(line: dict) -> None:   # once each, whatever an interrupt cut short
+            if not any(line is had for had in written.lines):
                 handle.write(line_module.dumps(line) + "\n")
                 handle.flush()
                 os.fsync(handle.fileno())
                 written.lines.append(line)
-                if progress is not None:
-                    progress.line(line)
+            if progress is not None and not any(line is had for had in shown):
+                shown.append(line)
+                progress.line(line)
+
+        lines, line = iter(job), None
+        try:
+            for line in lines:
+                write(line)
+        except KeyboardInterrupt:
+            # Raised in the judging, the pool ended its children and gave each workdir left its `cancelled` line (the
+            # iteration is over); raised here, while a line was written, the pool is stopped now and gives them.
+            job.stop("the judge was interrupted")
+            for line in itertools.chain([] if line is None else [line], lines):
+                write(line)
+            raise
         finally:
             if progress is not None:
                 progress.close()

@@ -139,6 +139,12 @@ class RayPool:
         self.duplicates = 0
         self.restarts = 0
         self._starting: dict[Any, tuple[Any, str, float]] = {}   # describe() call -> (judge, node, since)
+        self._stopping: str | None = None
+
+    def stop(self, why: str) -> None:
+        """As an interrupt in `lines()`: every judge stopped, a `cancelled` line for each workdir left, then it raises
+        KeyboardInterrupt (an interrupt raised while its caller wrote a line, outside it)."""
+        self._stopping = why
 
     def _start_missing(self, judges: list[_Node]) -> None:
         """Start a judge on every live node that has none and starts none, holding the node's GPUs (or one CPU)."""
@@ -185,14 +191,15 @@ class RayPool:
                 yield line
             finished = True
         except KeyboardInterrupt:   # as the local pool: every child ended, a `cancelled` line for each workdir left
+            why = self._stopping or "the judge was interrupted"
             held = {name for judge in judges for name, _ in judge.holding.values()}
             if judges:
-                ray.wait([judge.handle.stop.remote("the judge was interrupted") for judge in judges],
-                         num_returns=len(judges), timeout=STOP_S)
+                ray.wait([judge.handle.stop.remote(why) for judge in judges], num_returns=len(judges),
+                         timeout=STOP_S)
             for name in self.names:
                 if name not in told:
                     yield lines.unjudged(name, result_key(name, "", self.options), "cancelled",
-                                         lines.cancelled_reason("the judge was interrupted", name in held))
+                                         lines.cancelled_reason(why, name in held))
             raise
         finally:
             self._wind_down(ray, judges, stats=finished)
@@ -204,6 +211,8 @@ class RayPool:
         attempts = lines.Attempts(self.options.judge_again)   # per key: its lines (judged again for the environment)
         seen: set[str] = set()
         while todo or any(j.holding for j in judges):
+            if self._stopping is not None:
+                raise KeyboardInterrupt
             if not judges and not self._starting:
                 kind = "a CPU" if self.options.cpu else "a GPU"
                 yield from self._unjudged([name for name, _ in todo], f"not judged: no live node of the Ray cluster at "
