@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -136,6 +137,40 @@ def test_the_run_ends_with_a_table_and_exit_3_when_something_could_not_be_judged
 def test_the_fixed_binding_compiles_once_and_later_workdirs_take_it_from_the_cache(judged):
     objects = [judged["lines"][n]["objects"] for n in ("honest", "wrong", "segfault", "hang")]
     assert sum(o.get("cached", 0) for o in objects) >= 3 * 2   # binding.cpp and scale_binding.cpp at least
+
+
+def test_a_line_judged_by_another_cudaopt_or_torch_has_another_key_and_resume_keeps_none(tmp_path, monkeypatch):
+    """`--resume` keeps a line only if this judge would give it: a cudaopt changed since (a verdict's hole fixed) or
+    another torch judges again."""
+    from pytest_cudaopt.judge import options as options_module
+
+    package = tmp_path / "pytest_cudaopt"
+    shutil.copytree(Path(options_module.__file__).resolve().parents[1], package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    first = options_module.code_digest(package, "2.11.0")
+    assert options_module.code_digest(package, "2.11.0") == first
+    assert options_module.code_digest(package, "2.12.0") != first
+    with open(package / "perf" / "decision.py", "a") as changed:
+        changed.write("# fixed\n")
+    assert options_module.code_digest(package, "2.11.0") != first
+    before = options_module.result_key("w", "c", Options())
+    monkeypatch.setattr(options_module, "judge_digest", lambda: "another judge")
+    assert options_module.result_key("w", "c", Options()) != before
+
+
+def test_resume_keeps_no_line_this_run_would_key_otherwise_and_no_superseded_line(tmp_path):
+    """A named workdir whose line has another key (its files changed, or another judge wrote it) is judged again, and
+    its old line is not carried into the new file beside the new one; a line of a workdir not named is kept."""
+    from pytest_cudaopt.judge.engine import Judge, _kept, _key
+
+    made = judge_workdirs(tmp_path / "gallery", names=("honest", "wrong"))
+    job = Judge(list(made.values()), Options())
+    honest, wrong = (_key(made[n], job.options) for n in ("honest", "wrong"))
+    found = [{"workdir": str(made["honest"]), "key": honest, "status": "judged"},
+             {"workdir": str(made["wrong"]), "key": "judged-before-it-changed", "status": "judged"},
+             {"workdir": str(tmp_path / "elsewhere"), "key": "k", "status": "judged"},
+             {"workdir": str(made["wrong"]), "key": wrong, "status": "cancelled"}]
+    assert [line["key"] for line in _kept(found, job)] == [honest, "k"]
 
 
 def test_resume_keeps_the_judged_lines_and_judges_only_the_rest(judged):

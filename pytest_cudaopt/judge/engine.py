@@ -118,6 +118,14 @@ def _key(workdir: Path, options: Options) -> str | None:
         return None
 
 
+def _kept(found: list[dict], job: Judge) -> list[dict]:
+    """The lines `--resume` keeps: each that judged its workdir (not `error` or `cancelled`), unless this run names
+    that workdir and would give it another key (its files changed, or the options or the judge that decide it)."""
+    now = {str(w): _key(w, job.options) for w in job.workdirs}
+    return [line for line in found if line.get("status") not in ("error", "cancelled")
+            and now.get(line.get("workdir"), line.get("key")) == line.get("key")]
+
+
 def judge(paths: Sequence[str | Path], options: Options | None = None, **kwargs) -> Iterator[dict]:
     """One line per workdir under `paths` (workdirs, or folders holding them), each as it finishes."""
     return iter(Judge(paths, options, **kwargs))
@@ -149,9 +157,9 @@ def run(paths: Sequence[str | Path], options: Options, *, out: Path, ray: str | 
         progress=None) -> Written:
     """Judge and write each line to `out` (JSON lines) as it comes. `resume`: the lines of `out` that judged a
     workdir are kept, and those workdirs, unchanged, skipped."""
-    kept = [line for line in line_module.read_lines(out) if line.get("status") not in ("error", "cancelled")] if resume else []
-    job = Judge(paths, options, ray=ray, skip=frozenset(line["key"] for line in kept),
-                on_event=progress.event if progress is not None else None)
+    job = Judge(paths, options, ray=ray, on_event=progress.event if progress is not None else None)
+    kept = _kept(line_module.read_lines(out), job) if resume else []
+    job.skip = frozenset(line["key"] for line in kept)
     if progress is not None:
         progress.total = len(job)
     written = Written(lines=list(kept), kept=len(kept))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -75,8 +76,9 @@ class Options:
         return line.get("blame") == "environment" and attempts <= self.environment_retries
 
     def fingerprint(self) -> str:
-        """What changes a verdict (pytest arguments, seed, stages): part of every result key."""
-        wanted = {"pytest_args": self.pytest_args, "seed": self.seed, "all_stages": self.all_stages}
+        """What changes a verdict (pytest arguments, seed, stages, the judge itself): part of every result key."""
+        wanted = {"pytest_args": self.pytest_args, "seed": self.seed, "all_stages": self.all_stages,
+                  "judge": judge_digest()}
         return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_json(self) -> dict:
@@ -86,6 +88,27 @@ class Options:
     def from_json(cls, data: dict) -> "Options":
         paths = {k: None if data.get(k) is None else Path(data[k]) for k in ("cache_dir", "scratch", "bytecode")}
         return cls(**{**data, **paths})
+
+
+@functools.cache
+def judge_digest() -> str:
+    """The judge's own code and torch's version, digested: a line judged by another cudaopt (a verdict's hole fixed
+    since) or another torch is not kept by `--resume`, nor taken for this judge's by a consumer of keys."""
+    import importlib.metadata
+
+    try:
+        torch = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch = None
+    return code_digest(Path(__file__).resolve().parents[1], torch)
+
+
+def code_digest(package: Path, *extra: str | None) -> str:
+    """A digest of every file under `package` (names and bytes; bytecode caches left out) and of `extra`."""
+    digest = hashlib.sha256(json.dumps(extra).encode())
+    for path in sorted(p for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def result_key(workdir: str, content: str, options: Options) -> str:
