@@ -365,7 +365,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """pytest-xdist controller: each workdir's perf item goes with its canonical correctness items (suite/scheduling.py)."""
+    """pytest-xdist controller: each workdir's perf item goes with its canonical correctness items (scheduling.py)."""
     from pytest_cudaopt.suite.scheduling import scheduler
 
     return scheduler(config, log)
