@@ -236,27 +236,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=own))
 
 
-def _perf_after_correctness(items: list[pytest.Item]) -> list[pytest.Item]:
-    """`items` with each workdir's perf items that come before its last correctness item moved just after it."""
-    def node(item, marker):
-        found = workdir_node(item)
-        return None if found is None or item.get_closest_marker(marker) is None else str(found.workdir_path)
-
-    last = {node(item, "correctness"): n for n, item in enumerate(items)}
-    moved: dict[str, list[pytest.Item]] = {}
-    ordered = []
-    for n, item in enumerate(items):
-        workdir = node(item, "perf")
-        if workdir is not None and last.get(workdir, -1) > n:
-            moved.setdefault(workdir, []).append(item)
-            continue
-        ordered.append(item)
-        workdir = node(item, "correctness")
-        if workdir is not None and last[workdir] == n:
-            ordered.extend(moved.pop(workdir, []))
-    return ordered
-
-
 @pytest.hookimpl(tryfirst=True)   # before a pytest-xdist worker sends its collection to the controller
 def pytest_collection_finish(session: pytest.Session) -> None:
     from pytest_cudaopt.run.supervision import start_sentinel
@@ -264,7 +243,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     # In whatever order the plugins and options left (pytest-randomly; --ff and --nf reorder after every other
     # pytest_collection_modifyitems), a workdir's perf item runs after its correctness items: their precision bounds
     # its timed outputs (perf/timed_precision.py).
-    session.items[:] = _perf_after_correctness(session.items)
+    from pytest_cudaopt.suite.scheduling import perf_after_correctness
+
+    session.items[:] = perf_after_correctness(session.items)
     cudaopt = _session(session.config)
     for item in session.items:
         node = workdir_node(item)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
+import functools
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -41,7 +41,7 @@ class Judge:
         order = {str(w): n for n, w in enumerate(self.workdirs)}
         for n, (raw, why) in enumerate(self.problems):
             yield line_module.unjudged(raw, result_key(raw, "", self.options), "error", why, id=len(order) + n)
-        todo = [w for w in self.workdirs if not self.skip or _key(w, self.options) not in self.skip]
+        todo = [w for w in self.workdirs if not self.skip or self.keys[str(w)] not in self.skip]
         named: set[str] = set()
         try:
             for line in self._lines(todo):
@@ -55,6 +55,11 @@ class Judge:
                 if str(workdir) not in named:
                     yield line_module.unjudged(str(workdir), result_key(str(workdir), "", self.options), "error", why,
                                                id=order[str(workdir)])
+
+    @functools.cached_property
+    def keys(self) -> dict[str, str | None]:
+        """Each workdir's result key now (its files digested once), by its path."""
+        return {str(w): _key(w, self.options) for w in self.workdirs}
 
     def _lines(self, todo: list[Path]) -> Iterator[dict]:
         """One line per workdir of `todo`; the busy fractions and wall time add up. A line that blames the
@@ -121,9 +126,8 @@ def _key(workdir: Path, options: Options) -> str | None:
 def _kept(found: list[dict], job: Judge) -> list[dict]:
     """The lines `--resume` keeps: each that judged its workdir (not `error` or `cancelled`), unless this run names
     that workdir and would give it another key (its files changed, or the options or the judge that decide it)."""
-    now = {str(w): _key(w, job.options) for w in job.workdirs}
     return [line for line in found if line.get("status") not in ("error", "cancelled")
-            and now.get(line.get("workdir"), line.get("key")) == line.get("key")]
+            and job.keys.get(line.get("workdir"), line.get("key")) == line.get("key")]
 
 
 def judge(paths: Sequence[str | Path], options: Options | None = None, **kwargs) -> Iterator[dict]:
@@ -168,27 +172,26 @@ def run(paths: Sequence[str | Path], options: Options, *, out: Path, ray: str | 
         for line in kept:
             handle.write(line_module.dumps(line) + "\n")
 
-        shown: list[dict] = []
-
-        def write(line: dict) -> None:   # once each, whatever an interrupt cut short
-            if not any(line is had for had in written.lines):
-                handle.write(line_module.dumps(line) + "\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-                written.lines.append(line)
-            if progress is not None and not any(line is had for had in shown):
-                shown.append(line)
+        def write(line: dict) -> None:
+            handle.write(line_module.dumps(line) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+            written.lines.append(line)
+            if progress is not None:
                 progress.line(line)
 
-        lines, line = iter(job), None
+        lines, writing = iter(job), None
         try:
-            for line in lines:
-                write(line)
+            for writing in lines:
+                write(writing)
+                writing = None
         except KeyboardInterrupt:
             # Raised in the judging, the pool ended its children and gave each workdir left its `cancelled` line (the
             # iteration is over); raised here, while a line was written, the pool is stopped now and gives them.
             job.stop("the judge was interrupted")
-            for line in itertools.chain([] if line is None else [line], lines):
+            if writing is not None and not (written.lines and written.lines[-1] is writing):
+                write(writing)   # cut short before it was in the file
+            for line in lines:
                 write(line)
             raise
         finally:

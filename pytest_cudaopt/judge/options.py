@@ -104,11 +104,11 @@ def judge_digest() -> str:
 
 
 def code_digest(package: Path, *extra: str | None) -> str:
-    """A digest of every file under `package` (names and bytes; bytecode caches left out) and of `extra`."""
-    digest = hashlib.sha256(json.dumps(extra).encode())
-    for path in sorted(p for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
+    """A digest of the files under `package`, as a workdir's content is digested (copies.digest), and of `extra`."""
+    from pytest_cudaopt.judge import copies
+
+    files = copies.digest(copies.workdir_files(package))
+    return hashlib.sha256(json.dumps([files, *extra]).encode()).hexdigest()[:16]
 
 
 def result_key(workdir: str, content: str, options: Options) -> str:

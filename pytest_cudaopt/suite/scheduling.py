@@ -17,6 +17,27 @@ def unit_of(nodeid: str) -> str:
     return nodeid
 
 
+def perf_after_correctness(items: list) -> list:
+    """`items` with each workdir's perf item that comes before its last correctness item moved just after it: the
+    order within one process, as `scheduler`'s units are across pytest-xdist's workers."""
+    def workdir(item, kind: str) -> str | None:
+        return item.nodeid.split("::")[0] if kind_of(item.nodeid) == kind else None
+
+    last = {file: n for n, item in enumerate(items) if (file := workdir(item, "correctness")) is not None}
+    moved: dict[str, list] = {}
+    ordered = []
+    for n, item in enumerate(items):
+        file = workdir(item, "perf")
+        if file is not None and last.get(file, -1) > n:
+            moved.setdefault(file, []).append(item)
+            continue
+        ordered.append(item)
+        file = workdir(item, "correctness")
+        if file is not None and last[file] == n:
+            ordered.extend(moved.pop(file, []))
+    return ordered
+
+
 def scheduler(config, log):
     """The scheduler for the distributions that could part a workdir's perf item from its canonical items: `load`
     (pytest-xdist's default with `-n`), `worksteal` (its units as `load`'s, none stolen), `loadgroup` (an
