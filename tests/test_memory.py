@@ -200,7 +200,9 @@ def test_a_cpu_case_that_cannot_fit_fails_at_once_with_the_figure_the_constants_
         case._check_memory(workdir, settings, {}, "canonical inputs of get_inputs(), seed 1", "pytest x")
     text = info.value.report
     assert info.value.check == SHORTFALL
-    assert "needs about 25.00 GiB of host memory, only 20.00 GiB is free" in text
+    # x * mask, 4 GiB, is held while the cumsum writes its 4 GiB output
+    assert ("(inputs 5.00 GiB, outputs 4.00 GiB, the reference's intermediates 4.00 GiB) needs about 29.00 GiB of "
+            "host memory, only 20.00 GiB is free") in text
     assert "model.py's constants (batch_size=32768, input_shape[0]=32768" in text
     assert f"`cudaopt init --lock-only {tmp_path}`" in text
     with shapes.applied(module, {"batch_size": 64, "input_shape[0]": 64}):
@@ -215,8 +217,8 @@ def test_init_says_when_the_canonical_size_cannot_fit_this_machine(tmp_path, cap
     monkeypatch.setattr(memory, "host_free_bytes", lambda *a, **k: 20 * GiB)
     assert cli.main(["init", str(tmp_path / "wd"), "--model", str(model), "--device", "cpu"]) == 0
     err = capsys.readouterr().err
-    assert "cudaopt init: warning: one correctness case at model.py's sizes (inputs 5.00 GiB, outputs 4.00 GiB) " \
-           "needs about 25.00 GiB of host memory, only 20.00 GiB is free" in err
+    assert "cudaopt init: warning: one correctness case at model.py's sizes (inputs 5.00 GiB, outputs 4.00 GiB, the " \
+           "reference's intermediates 4.00 GiB) needs about 29.00 GiB of host memory, only 20.00 GiB is free" in err
     assert f"shrink them in {tmp_path / 'wd' / 'model.py'}, then record the change with " \
            f"`cudaopt init --lock-only {tmp_path / 'wd'}`" in err
     monkeypatch.setattr(memory, "host_free_bytes", lambda *a, **k: 64 * GiB)
@@ -234,3 +236,201 @@ def test_a_skipped_float64_run_says_what_it_needs_what_this_process_holds_and_wh
     out, why = precision.run_float64(model, inputs, model(*inputs), "cpu")
     assert out is None and why.startswith("float64 reference skipped: it needs about "), why
     assert why.endswith("beside the 20.00 GiB this process holds, or the 3.00 GiB free"), why
+
+
+HINGE_LOSS = '''
+import torch
+import torch.nn as nn
+
+batch_size = 32768
+input_shape = (32768,)
+
+
+class Model(nn.Module):
+    def forward(self, predictions, targets):
+        return torch.mean(torch.clamp(1 - predictions * targets, min=0))
+
+
+def get_inputs():
+    return [torch.rand(batch_size, *input_shape), torch.randint(0, 2, (batch_size,)).float() * 2 - 1]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def _module(tmp_path, source: str, name: str):
+    import types
+
+    (tmp_path / "model.py").write_text(source)
+    module = types.ModuleType(name)
+    exec(compile(source, str(tmp_path / "model.py"), "exec"), module.__dict__)
+    return module
+
+
+def test_the_references_intermediates_on_meta_count_each_storage_once_and_leave_inputs_and_views_out():
+    with torch.device("meta"):
+        p, t = torch.empty(1024, 1024), torch.empty(1024)
+        with memory.Intermediates([p, t]) as held:
+            out = torch.mean(torch.clamp(1 - p * t, min=0))
+        assert held.peak == 2 * p.nbytes   # 1 - p * t holds p * t and its own result at once
+        x = torch.empty(1024, 1024)
+        with memory.Intermediates([x]) as held:
+            x.add_(1)
+            y = x.view(-1)[:10]
+            z = torch.relu(x)
+            w = z.view(1024, 1024).t()
+        assert held.peak == x.nbytes and held.now == x.nbytes   # only z, its views not again
+        del z, w
+        assert held.now == 0 and out.shape == () and y.shape == (10,)
+
+
+def test_a_hinge_loss_at_kernelbenchs_size_is_refused_before_its_intermediates_exhaust_the_host(tmp_path, monkeypatch):
+    # KernelBench level1/100_HingeLoss: 4 GiB of predictions, two [32768, 32768] intermediates at once in the
+    # reference. Planned on inputs and outputs alone (14 GiB) it started on a 23 GiB machine and was killed there.
+    from pytest_cudaopt.correctness import case, shapes
+    from pytest_cudaopt.correctness.case import CaseFailed
+
+    module = _module(tmp_path, HINGE_LOSS, "hinge_loss")
+    check = shapes.check_on_meta(module, {})
+    assert check.work_bytes == 8 * GiB - 4 and check.input_bytes == 4 * GiB + 32768 * 4
+    workdir = types_namespace(reference=module, model_file=tmp_path / "model.py", path=tmp_path, worker=None)
+    monkeypatch.setattr(memory, "host_free_bytes", lambda *a, **k: 20 * GiB)
+    with pytest.raises(CaseFailed) as info:
+        case._check_memory(workdir, types_namespace(device="cpu"), {}, "canonical inputs", "")
+    assert "the reference's intermediates 8.00 GiB) needs about 22.00 GiB of host memory, only 20.00 GiB" \
+           in info.value.report
+
+
+def types_namespace(**kwargs):
+    import types
+
+    return types.SimpleNamespace(**kwargs)
+
+
+def test_a_host_short_of_memory_first_lets_go_of_the_last_cases_tensors_then_plans_again(tmp_path, monkeypatch):
+    from pytest_cudaopt.correctness import case
+    from pytest_cudaopt.correctness.case import CaseFailed
+
+    module = _module(tmp_path, HINGE_LOSS, "hinge_loss")
+    pings = []
+    worker = types_namespace(proc=types_namespace(pid=1), ping=lambda: pings.append(1))
+    workdir = types_namespace(reference=module, model_file=tmp_path / "model.py", path=tmp_path, worker=worker)
+    # 20 GiB free until the worker drops the last reply it keeps, 24 after
+    monkeypatch.setattr(memory, "host_free_bytes", lambda *a, **k: (24 if pings else 20) * GiB)
+    need, _budget, work = case._check_memory(workdir, types_namespace(device="cpu"), {}, "canonical inputs", "")
+    assert pings == [1] and round(need / GiB, 2) == 22.0 and work == 8 * GiB - 4
+    pings.clear()
+    monkeypatch.setattr(memory, "host_free_bytes", lambda *a, **k: 20 * GiB)   # nothing to let go of
+    with pytest.raises(CaseFailed, match="only 20.00 GiB is free"):
+        case._check_memory(workdir, types_namespace(device="cpu"), {}, "canonical inputs", "")
+    assert pings == [1]
+
+
+def test_a_float64_run_is_skipped_where_its_intermediates_would_not_fit(monkeypatch):
+    from pytest_cudaopt.correctness import precision
+
+    monkeypatch.setattr(memory, "free_bytes", lambda *a, **k: 3 * GiB)
+    model = torch.nn.Identity()
+    inputs = [torch.ones(4)]
+    out, why = precision.run_float64(model, inputs, model(*inputs), "cpu", work_bytes=2 * GiB)
+    assert out is None and why.startswith("float64 reference skipped: it needs about 4.00 GiB (4.00 GiB of it "
+                                          "intermediates)"), why
+    out, why = precision.run_float64(model, inputs, model(*inputs), "cpu")
+    assert why == "" and out.dtype == torch.float64
+
+
+def test_the_worker_lets_go_of_a_calls_inputs_once_it_replied_and_of_its_reply_at_the_next_request(tmp_path):
+    # Inputs over the arena travel as torch's shared-memory files; a file the worker still maps is host memory the
+    # next case's plan cannot count on.
+    import os
+    import textwrap
+
+    from pytest_cudaopt.remote.worker import Worker
+
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    (wd / "model.py").write_text(textwrap.dedent('''
+        import torch
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return x + 1
+        def get_inputs():
+            return [torch.randn(4)]
+        def get_init_inputs():
+            return []
+        '''))
+    (wd / "model_new.py").write_text(textwrap.dedent('''
+        import torch
+        class ModelNew(torch.nn.Module):
+            def forward(self, x):
+                return x + 1
+        '''))
+
+    def mapped(pid: int) -> set[str]:
+        with open(f"/proc/{pid}/maps", encoding="ascii", errors="replace") as handle:
+            return {line.split("/dev/shm/")[1].split()[0] for line in handle if "/dev/shm/torch_" in line}
+
+    worker = Worker(wd, None, "cpu").start()
+    try:
+        key = worker.request({"op": "make", "init": [], "seed": 0})["id"]
+        inputs = [torch.randn(32 << 20)]   # 128 MiB
+        reply = worker.request({"op": "call", "id": key, "inputs": inputs, "device": "cpu", "allowed": [],
+                                "names": ["x"]})
+        assert torch.equal(reply["output"], inputs[0] + 1)
+        held = mapped(worker.proc.pid)
+        assert not [name for name in held if name.startswith(f"torch_{os.getpid()}_")], held   # the inputs
+        assert held, "the reply is kept until the next request"
+        del reply
+        worker.ping()
+        assert not mapped(worker.proc.pid)
+    finally:
+        worker.stop()
+
+
+# Records, at each item's start, the CPU tensors of a megabyte or more this process still holds. The cycle
+# collector is off: what a failed case left must be let go of by reference counts, as a busy judge cannot wait.
+HELD_AT_EACH_ITEM = '''
+import gc
+import json
+
+import torch
+
+gc.disable()
+seen = []
+
+
+def pytest_runtest_setup(item):
+    seen.append([item.name, [list(o.shape) for o in gc.get_objects() if isinstance(o, torch.Tensor)
+                             and o.device.type == "cpu" and o.dtype == torch.float32
+                             and o.untyped_storage().nbytes() >= 1 << 20]])
+
+
+def pytest_sessionfinish(session):
+    with open("held.json", "w") as handle:
+        json.dump(seen, handle)
+'''
+
+
+def test_a_failed_case_holds_none_of_its_tensors_while_the_next_case_runs(pytester, make_workdir):
+    import json
+
+    from support import run_pytest
+
+    from pytest_cudaopt import policy
+
+    work = make_workdir("cpu_scale", pytester.path / "wd")
+    model = (work / "model.py").read_text()
+    (work / "model.py").write_text(model.replace("batch_size = 16", "batch_size = 512").replace(
+        "features = 64", "features = 1024"))   # 2 MiB inputs
+    text = (work / "model_new.py").read_text()
+    (work / "model_new.py").write_text(text.replace("self.bias)", "self.bias) + 0"))   # an op the audit refuses
+    policy.write_lock(work)
+    (pytester.path / "conftest.py").write_text(HELD_AT_EACH_ITEM)
+    result = run_pytest(pytester, "wd/model_new.py", "-m", "correctness", "-k", "canonical", "--cudaopt-device=cpu",
+                        timeout=300)
+    assert result.ret == 1 and "op audit" in result.stdout.str(), result.stdout.str()[-2000:]
+    held = json.loads((pytester.path / "held.json").read_text())
+    assert [name for name, _ in held] == ["test_canonical[seed0]", "test_canonical[seed1]", "test_canonical[seed2]"]
+    assert all(not shapes for _, shapes in held), held

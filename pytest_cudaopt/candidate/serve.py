@@ -40,6 +40,7 @@ class Server:
 
     def serve(self) -> int:
         while True:
+            request = None   # a call's inputs are not held while the next request is awaited (its reply is: `kept`)
             try:
                 request = protocol.receive(self.conn, self.arena, "judge")
             except (EOFError, OSError):

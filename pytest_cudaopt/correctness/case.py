@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import gc
+import traceback
 from typing import Callable
 
 import torch
@@ -74,12 +76,34 @@ def run_case(workdir: Workdir, settings, constants: dict[str, int], seed: int, l
     """One case: models and inputs built with `constants` applied to model.py, then every guard; a skipped
     `family` is judged on model.py's values. Raises CaseFailed, Abort, or ReferenceError_ (`reference_decides`)."""
     args = (workdir, settings, constants, seed, label, replay, reference_decides, moved)
-    try:  # model.py's own values are never skipped
-        return _run_case(*args, family)
-    except values.FamilySkipped as exc:
+    try:
+        try:
+            return _run_case(*args, family)
+        except values.FamilySkipped as exc:
+            skipped = str(exc)
+            let_go(exc)
+        # model.py's own values are never skipped; run outside the handler, which would hold the skipped case
         outcome, inputs, names = _run_case(*args, values.MODEL)
-        outcome.family, outcome.skipped = family, str(exc)
+        outcome.family, outcome.skipped = family, skipped
         return outcome, inputs, names
+    except (CaseFailed, guards.ReferenceError_) as exc:
+        let_go(exc)
+        raise
+
+
+def let_go(exc: BaseException) -> None:
+    """Clear the locals of the finished frames that `exc`'s traceback, and its causes' and contexts', hold: a failed
+    case's inputs, outputs and models are not held while the next case runs. Without it they wait for the cycle
+    collector (the frame that raised CaseFailed holds it, its context holds that frame), or for Hypothesis to
+    let go of the example."""
+    pending, seen = [exc], set()
+    while pending:
+        exc = pending.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        pending += [exc.__cause__, exc.__context__]
 
 
 def _run_case(workdir: Workdir, settings, constants: dict[str, int], seed: int, label: str, replay: str,
@@ -108,14 +132,15 @@ def _run_case(workdir: Workdir, settings, constants: dict[str, int], seed: int, 
             rtol=settings.rtol, max_rel_error=settings.max_rel_error, input_names=names,
             nondeterministic=workdir.nondeterministic or settings.nondeterministic,
             extra_allowed=frozenset(op.strip() for op in (settings.allow_ops or "").split(",") if op.strip()),
-            judge_family=functools.partial(family_case.judge, applied) if applied else None)
+            judge_family=functools.partial(family_case.judge, applied) if applied else None,
+            work_bytes=planned[2] if planned else 0)
         described = describe_inputs(inputs, names)
         footer = (f"\ncase: {label}; inputs {described}" + (f"\n{applied.describe()}" if applied else "")
                   + (f"\n{state.describe(done)}" if moved else "") + (f"\nreplay: {replay}" if replay else ""))
         short = shapes.format_case(constants) or "canonical"
         try:
             outcome = _guarded(trial, inputs, label, footer, short, described,
-                               planned and functools.partial(holder, workdir, settings, *planned))
+                               planned and functools.partial(holder, workdir, settings, *planned[:2]))
         except guards.GuardFailure as exc:
             failed = CaseFailed(exc.check, f"{exc.message}{footer}", short, described, exc.comparison, exc.precision)
             failed.moved = (dict(constants), seed) if done else None
@@ -186,29 +211,45 @@ def _guarded(trial: guards.Trial, inputs: list, label: str, footer: str, short: 
 
 
 def _check_memory(workdir: Workdir, settings, constants: dict[str, int], label: str,
-                  replay: str) -> tuple[int, int] | None:
-    """Fail the case at once when its inputs and outputs cannot fit in free device memory; else
-    (what it needs, what it may take), None where that cannot be planned."""
+                  replay: str) -> tuple[int, int, int] | None:
+    """Fail the case at once when its inputs, outputs and the reference's intermediates cannot fit in free device
+    memory (on the host, running past it is a kill, not an error); else (what it needs, what it may take, the
+    intermediates), None where that cannot be planned."""
     check = shapes.check_on_meta(workdir.reference, constants)
     if not check.valid:
         return None
-    need = memory.case_need(check.input_bytes, check.output_bytes)
+    need = memory.case_need(check.input_bytes, check.output_bytes, check.work_bytes)
     free = free_bytes(settings.device, need)
+    if free is not None and need > free and torch.device(settings.device).type == "cpu":
+        free = _host_room(workdir, settings.device)
     if free is None:
         return None
     lower = ("lower --cudaopt-max-elements (cudaopt_max_elements) to draw smaller shapes" if constants else
              sizes.shrink_hint(workdir.reference, workdir.model_file, workdir.path))
     budget = memory.case_budget(check.input_bytes, check.output_bytes)
     try:
-        memory.check_fits(f"{label} (inputs {memory.gib(check.input_bytes)}, outputs "
-                          f"{memory.gib(check.output_bytes)})", need, free, lower, memory.where(settings.device))
+        memory.check_fits(f"{label} ({memory.sizes(check.input_bytes, check.output_bytes, check.work_bytes)})",
+                          need, free, lower, memory.where(settings.device))
     except memory.DoesNotFit as exc:
         who, why = holder(workdir, settings, need, budget)
         failed = CaseFailed(SHORTFALL, shortfall_text(who, why, str(exc)) + (f"\nreplay: {replay}" if replay else ""),
                             shapes.format_case(constants) or "canonical")
         failed.blame = who
         raise failed from None
-    return need, budget
+    return need, budget, check.work_bytes
+
+
+def _host_room(workdir: Workdir, device: str) -> int | None:
+    """Free host memory once the last cases' tensors are let go: cycles through them collected here, and the worker
+    asked for nothing (a ping), so that it drops the last reply it keeps until its next request."""
+    gc.collect()
+    worker = workdir.worker
+    if worker is not None and worker.proc is not None:
+        try:
+            worker.ping()
+        except Exception:  # noqa: BLE001 - a worker that does not answer holds what it holds; its case reports it
+            pass
+    return free_bytes(device)
 
 
 def shortfall_text(who: str, why: str, text: str) -> str:

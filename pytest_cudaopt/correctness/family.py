@@ -51,7 +51,8 @@ def _rounded64(trial: guards.Trial, inputs: list, expected: Any) -> Any:
         signs = torch.randint(2, x.shape, generator=generator, device=x.device).to(x.dtype) * 2 - 1
         return x * (1 + values.ROUNDING * signs)
 
-    return run_float64(trial.model, [round_(x) for x in inputs], expected, trial.device, trial.model64)[0]
+    return run_float64(trial.model, [round_(x) for x in inputs], expected, trial.device, trial.model64,
+                       trial.work_bytes)[0]
 
 
 def _allowance(expected: Any, reference64: Any, rounded64: Any, ill: bool) -> dict[str, torch.Tensor]:

@@ -154,6 +154,7 @@ class Trial:
     nondeterministic: bool = False
     extra_allowed: frozenset[str] = frozenset()
     input_names: list[str] | None = None
+    work_bytes: int = 0    # the reference's intermediates at their peak (MetaCheck.work_bytes), for its float64 run
     # A value-family case's comparison and precision (family.judge); None: model.py's own values.
     judge_family: Callable[..., tuple[compare.Comparison, Precision]] | None = None
 
@@ -283,7 +284,7 @@ def check_comparison(comparison: compare.Comparison, extra: str = "") -> None:
 def float64_reference(trial: Trial, inputs: list, expected: Any) -> tuple[Any, str]:
     """`run_float64` of the trial's reference; a CUDA error that loses the context is a CudaFault."""
     try:
-        return run_float64(trial.model, inputs, expected, trial.device, trial.model64)
+        return run_float64(trial.model, inputs, expected, trial.device, trial.model64, trial.work_bytes)
     except Exception as exc:  # the float64 run lost the CUDA context
         raise CudaFault(f"Model.forward in float64 raised: {exc}") from exc
 

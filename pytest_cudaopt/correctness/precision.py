@@ -218,16 +218,18 @@ def float64_copy(model: torch.nn.Module) -> torch.nn.Module | None:
 
 
 def run_float64(model: torch.nn.Module, inputs: list, expected: Any, device: torch.device | str | None,
-                model64: torch.nn.Module | None = None) -> tuple[Any, str]:
-    """(outputs, "") of a float64 copy of the reference (`model64`, else one made here) on
-    float64 copies of `inputs`, or (None, why not). A CUDA error that loses the context is raised."""
+                model64: torch.nn.Module | None = None, work_bytes: int = 0) -> tuple[Any, str]:
+    """(outputs, "") of a float64 copy of the reference (`model64`, else one made here) on float64 copies of
+    `inputs`, or (None, why not). `work_bytes`: the float32 reference's intermediates (MetaCheck.work_bytes).
+    A CUDA error that loses the context is raised."""
     free = memory.free_bytes(device) if device is not None else None
     in_bytes, out_bytes = nbytes(list(inputs)), nbytes(expected)
     held = memory.allocated(device)
-    if not memory.float64_fits(in_bytes, out_bytes, held, free):
-        return None, (f"float64 reference skipped: it needs about "
-                      f"{memory.gib(memory.float64_need(in_bytes, out_bytes))}, beyond the case's budget of "
-                      f"{memory.gib(memory.case_budget(in_bytes, out_bytes))} beside the {memory.gib(held)} this "
+    if not memory.float64_fits(in_bytes, out_bytes, held, free, work_bytes):
+        need = memory.float64_need(in_bytes, out_bytes, work_bytes)
+        within = f" ({memory.gib(2 * work_bytes)} of it intermediates)" if work_bytes else ""
+        return None, (f"float64 reference skipped: it needs about {memory.gib(need)}{within}, beyond the case's "
+                      f"budget of {memory.gib(memory.case_budget(in_bytes, out_bytes))} beside the {memory.gib(held)} this "
                       f"process holds, or the {memory.gib(free or 0)} free")
     model64 = model64 if model64 is not None else float64_copy(model)
     if model64 is None:

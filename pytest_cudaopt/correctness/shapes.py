@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, Phase, settings as hsettings, strategies as 
 from hypothesis.strategies import SearchStrategy
 
 from pytest_cudaopt.correctness import derived
+from pytest_cudaopt.primitives import memory
 
 DECLARATION = "CUDAOPT_SHAPES"
 ENTRY_POINTS = ("get_inputs", "get_init_inputs")
@@ -278,6 +279,7 @@ class MetaCheck:
     shapes: list[tuple[int, ...]] = field(default_factory=list)
     input_bytes: int = 0                             # bytes of the tensor inputs
     output_bytes: int = 0                            # bytes of the reference's tensor outputs
+    work_bytes: int = 0                              # its intermediates at their peak, beyond the outputs
 
 
 def check_on_meta(module: types.ModuleType, constants: Mapping[str, int]) -> MetaCheck:
@@ -292,7 +294,8 @@ def check_on_meta(module: types.ModuleType, constants: Mapping[str, int]) -> Met
             inputs = module.get_inputs()
             inputs = [x.to("meta") if isinstance(x, torch.Tensor) else x for x in inputs]
             model.eval()
-            outputs = model(*inputs)
+            with memory.Intermediates([*inputs, *model.parameters(), *model.buffers()]) as held:
+                outputs = model(*inputs)
     except ShapeError:
         raise
     except Exception as exc:
@@ -303,8 +306,9 @@ def check_on_meta(module: types.ModuleType, constants: Mapping[str, int]) -> Met
     from pytest_cudaopt.primitives.tensors import nbytes
 
     tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    output_bytes = nbytes(outputs)
     return MetaCheck(True, "", sum(x.numel() for x in tensors), [tuple(x.shape) for x in tensors],
-                     nbytes(list(inputs)), nbytes(outputs))
+                     nbytes(list(inputs)), output_bytes, max(held.peak - output_bytes, 0))
 
 
 @dataclass

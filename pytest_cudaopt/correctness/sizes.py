@@ -37,11 +37,12 @@ def check_new_workdir(workdir: Path, device: str) -> str:
         if free is None:
             return ""
         check = shapes.check_on_meta(module, {})
-        need = memory.case_need(check.input_bytes, check.output_bytes)
+        need = memory.case_need(check.input_bytes, check.output_bytes, check.work_bytes)
         if not check.valid or need <= free:
             return ""
-        return (f"one correctness case at {model_file.name}'s sizes (inputs {memory.gib(check.input_bytes)}, outputs "
-                f"{memory.gib(check.output_bytes)}) needs about {memory.gib(need)} of {memory.where(device)}, only "
+        return (f"one correctness case at {model_file.name}'s sizes "
+                f"({memory.sizes(check.input_bytes, check.output_bytes, check.work_bytes)}) "
+                f"needs about {memory.gib(need)} of {memory.where(device)}, only "
                 f"{memory.gib(free)} is free; {shrink_hint(module, model_file, Path(workdir))}")
     except Exception:  # noqa: BLE001 - a model that does not import here is the items' to report
         return ""

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 GiB = 1 << 30
 FACTOR = 4            # a case may use this many times its inputs + outputs ...
@@ -171,22 +174,69 @@ def check_fits(what: str, need: int, free: int | None, lower: str, memory: str =
         raise DoesNotFit(f"{what} needs about {gib(need)} of {memory}, only {gib(free)} is free; {lower}")
 
 
-def case_need(input_bytes: int, output_bytes: int) -> int:
-    """What one correctness case holds at its peak: three input sets, two outputs, OVERHEAD."""
-    return 3 * input_bytes + 2 * output_bytes + OVERHEAD
+def sizes(input_bytes: int, output_bytes: int, work_bytes: int = 0) -> str:
+    """"inputs 4.00 GiB, outputs 0.00 GiB, the reference's intermediates 8.00 GiB" (the last where there are)."""
+    text = f"inputs {gib(input_bytes)}, outputs {gib(output_bytes)}"
+    return text + (f", the reference's intermediates {gib(work_bytes)}" if work_bytes else "")
 
 
-def float64_need(input_bytes: int, output_bytes: int) -> int:
-    """A float64 run of the reference: its inputs and outputs at twice the float32 size."""
-    return 2 * (input_bytes + output_bytes)
+def case_need(input_bytes: int, output_bytes: int, work_bytes: int = 0) -> int:
+    """What one correctness case holds at its peak: three input sets, two outputs, the reference's
+    intermediates (`work_bytes`, `Intermediates`), OVERHEAD."""
+    return 3 * input_bytes + 2 * output_bytes + work_bytes + OVERHEAD
 
 
-def float64_fits(input_bytes: int, output_bytes: int, held: int, free: int | None) -> bool:
-    """Whether a float64 run of the reference fits in free memory and, with `held`, the case's budget."""
-    need = float64_need(input_bytes, output_bytes)
-    if free is not None and need > free:
+def float64_need(input_bytes: int, output_bytes: int, work_bytes: int = 0) -> int:
+    """A float64 run of the reference: its inputs, outputs and intermediates at twice the float32 size."""
+    return 2 * (input_bytes + output_bytes + work_bytes)
+
+
+def float64_fits(input_bytes: int, output_bytes: int, held: int, free: int | None, work_bytes: int = 0) -> bool:
+    """Whether a float64 run of the reference, intermediates and all, fits in free memory and, with `held`, the
+    case's budget (which counts its inputs and outputs only, as it always has: no float64 run it allowed is lost)."""
+    if free is not None and float64_need(input_bytes, output_bytes, work_bytes) > free:
         return False
-    return held + need <= case_budget(input_bytes, output_bytes)
+    return held + float64_need(input_bytes, output_bytes) <= case_budget(input_bytes, output_bytes)
+
+
+class Intermediates(TorchDispatchMode):
+    """The most bytes of tensors that the ops run inside it held at once (`peak`), storages of `known` tensors
+    (the inputs, the parameters) left out, a storage counted once however many views it has. On the meta device
+    it tells what an eager run of the same code holds beyond its inputs without allocating a byte: a hinge loss
+    over a [32768, 32768] input holds two more of that size at once (`1 - p * t`, then the clamp)."""
+
+    def __init__(self, known: Iterable[torch.Tensor] = ()):
+        super().__init__()
+        self.known = {x.untyped_storage()._cdata for x in known if isinstance(x, torch.Tensor)}
+        self.live: dict[int, list[int]] = {}   # storage -> [bytes, tensors referring to it]
+        self.now = self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self._hold(leaf)
+        return out
+
+    def _hold(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        if key in self.known:
+            return
+        entry = self.live.setdefault(key, [storage.nbytes(), 0])
+        if entry[1] == 0:
+            self.now += entry[0]
+            self.peak = max(self.peak, self.now)
+        entry[1] += 1
+        weakref.finalize(tensor, self._drop, key)
+
+    def _drop(self, key: int) -> None:
+        entry = self.live.get(key)
+        if entry is not None:
+            entry[1] -= 1
+            if entry[1] == 0:
+                self.now -= entry[0]
+                del self.live[key]
 
 
 def cap_max_elements(max_elements: int | None, canonical_elements: int, canonical_bytes: int,
