@@ -304,6 +304,8 @@ def test_the_build_child_estimates_one_checks_memory_from_the_reference_on_meta(
         "def get_inputs():\n    return [torch.randn(256, 1024, 1024)]\n\n\ndef get_init_inputs():\n    return []\n")
     gib, mib = 1 << 30, 1 << 20
     assert check_need(tmp_path) == 4 * 2 * gib + 2 * gib + 3 * 4 * mib
+    (tmp_path / "model.py").write_text((tmp_path / "model.py").read_text().replace("x * 2", "(x * 2).exp() + 1"))
+    assert check_need(tmp_path) == 4 * 2 * gib + 2 * gib + 3 * 4 * mib + gib   # x * 2, held while exp() runs
     (tmp_path / "model.py").write_text("raise RuntimeError('no meta here')\n")
     assert check_need(tmp_path) is None   # the scheduler learns it from the first check instead
 

@@ -67,13 +67,15 @@ def _allowance(expected: Any, reference64: Any, rounded64: Any, ill: bool) -> di
         if ill:
             found[path] = torch.full_like(e, torch.finfo(e.dtype).max)
             continue
-        allowed = FP32_FACTOR * (e.double() - r).abs()
+        # In place: one float64 copy of the output at a time besides `allowed` (host memory on the CPU is the plan's).
+        allowed = e.double().sub_(r).abs_().mul_(FP32_FACTOR)
         n = rounded.get(path)
         if isinstance(n, torch.Tensor) and n.shape == r.shape:
-            moved = (n - r).abs().nan_to_num(0.0, 0.0, 0.0)
+            moved = (n - r).abs_().nan_to_num_(0.0, 0.0, 0.0)
             if moved.dim():  # a row (softmax's, attention's) that rounding moves may move anywhere in it
                 moved = moved.amax(dim=-1, keepdim=True).expand_as(moved)
-            allowed += values.ROUNDED_FACTOR * moved
+            allowed.add_(moved, alpha=values.ROUNDED_FACTOR)
+            del moved
         found[path] = allowed.float()
     return found
 

@@ -225,6 +225,7 @@ class ShapeSpace:
     meta_usable: bool = True             # the reference runs on the meta device
     meta_note: str = ""
     canonical_bytes: int = 0             # inputs + outputs of the canonical case
+    canonical_work: int = 0              # the reference's intermediates there (MetaCheck.work_bytes)
     cap_note: str = ""                   # set when the size cap shrank to fit device memory
     derived: dict[str, str] = field(default_factory=dict)  # name -> expression: follows the drawn values
 
@@ -243,7 +244,8 @@ def shape_space(module: types.ModuleType, max_elements: int | None = None, free_
     canonical = check_on_meta(module, {})
     space = ShapeSpace(strategy=None, defaults=defaults, source="",
                        meta_usable=canonical.valid, meta_note=canonical.reason, canonical_elements=canonical.elements,
-                       canonical_bytes=canonical.input_bytes + canonical.output_bytes)
+                       canonical_bytes=canonical.input_bytes + canonical.output_bytes,
+                       canonical_work=canonical.work_bytes)
     if canonical.valid:
         if max_elements is None:
             max_elements = max(GROWTH * canonical.elements, 4096)

@@ -17,7 +17,8 @@ TIMEOUT_CODE = 3
 
 def check_need(workdir: Path, max_elements: int | None = None) -> int | None:
     """The device memory one check of this problem may take, from its reference on meta: the largest case's budget
-    plus three copies of Model's parameters (the reference, float64, ModelNew); None when it does not run on meta."""
+    and the reference's intermediates there, plus three copies of Model's parameters (the reference, float64,
+    ModelNew); None when it does not run on meta."""
     try:
         from pytest_cudaopt.correctness.shapes import shape_space
         from pytest_cudaopt.primitives.memory import largest_case_budget, weights_on_meta
@@ -30,7 +31,8 @@ def check_need(workdir: Path, max_elements: int | None = None) -> int | None:
             return None
         weights = weights_on_meta(reference)
         drawn = space.max_elements if space.strategy is not None else None   # nothing to draw: the canonical case
-        return largest_case_budget(space.canonical_bytes, space.canonical_elements, drawn) + 3 * weights
+        return largest_case_budget(space.canonical_bytes, space.canonical_elements, drawn,
+                                   space.canonical_work) + 3 * weights
     except Exception:  # noqa: BLE001 - an estimate, never a verdict
         return None
 

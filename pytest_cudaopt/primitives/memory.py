@@ -28,11 +28,13 @@ def case_budget(input_bytes: int, output_bytes: int) -> int:
     return FACTOR * (input_bytes + output_bytes) + OVERHEAD
 
 
-def largest_case_budget(canonical_bytes: int, canonical_elements: int, max_elements: int | None) -> int:
-    """The budget of the largest case a correctness run may judge (canonical or drawn)."""
+def largest_case_budget(canonical_bytes: int, canonical_elements: int, max_elements: int | None,
+                        work_bytes: int = 0) -> int:
+    """The budget of the largest case a correctness run may judge (canonical or drawn); with `work_bytes`, the
+    canonical reference's intermediates, those too (grown with the case as its inputs grow)."""
     if canonical_elements <= 0 or not max_elements or max_elements <= canonical_elements:
-        return FACTOR * canonical_bytes + OVERHEAD
-    return FACTOR * canonical_bytes * max_elements // canonical_elements + OVERHEAD
+        return FACTOR * canonical_bytes + work_bytes + OVERHEAD
+    return (FACTOR * canonical_bytes + work_bytes) * max_elements // canonical_elements + OVERHEAD
 
 
 def weights_on_meta(reference: Any) -> int:
