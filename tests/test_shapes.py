@@ -556,3 +556,22 @@ def test_a_dimension_index_takes_zero_and_negative_values_among_its_draws():
 
     draw()
     assert {0, -1, -2} <= seen, seen
+
+
+def test_the_meta_check_runs_once_per_module_constants_and_module_values(monkeypatch):
+    module = types.ModuleType("kept")
+    exec(compile("import torch\nimport torch.nn as nn\n\nbatch_size = 8\nfeatures = 4\n\n\n"
+                 "class Model(nn.Module):\n    def forward(self, x):\n        return (x * 2).exp()\n\n\n"
+                 "def get_inputs():\n    return [torch.randn(batch_size, features)]\n\n\n"
+                 "def get_init_inputs():\n    return []\n", "model.py", "exec"), module.__dict__)
+    runs = []
+    run = shapes.run_on_meta
+    monkeypatch.setattr(shapes, "run_on_meta", lambda *args: runs.append(args[1]) or run(*args))
+    first = shapes.check_on_meta(module, {})
+    first.shapes.append("changed by a caller")
+    again = shapes.check_on_meta(module, {})
+    assert len(runs) == 1 and again.shapes == [(8, 4)] and again.work_bytes == 8 * 4 * 4
+    assert shapes.check_on_meta(module, {"batch_size": 2}).shapes == [(2, 4)] and len(runs) == 2
+    with shapes.applied(module, {"batch_size": 3}):   # a drawn case's constants, applied while the check is asked
+        assert shapes.check_on_meta(module, {}).shapes == [(3, 4)]
+    assert shapes.check_on_meta(module, {}).shapes == [(8, 4)] and len(runs) == 3
